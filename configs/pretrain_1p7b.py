@@ -1,0 +1,51 @@
+"""MegaDLMs' 1.7B masked-diffusion pre-training (examples/dlm_training/dlm_pretrain_1.7b.sh).
+
+    python -m dlmjax.train --config=configs/pretrain_1p7b.py \
+        --config.data.train_prefixes="/data/corpus_text_document" \
+        --config.data.tokenizer=/data/tokenizer.json --config.output_dir=/ckpt/dlm1p7b
+
+Qwen3-1.7B shape (28 x 2048, 16 heads x 128, SwiGLU 6144, QK-norm, untied), vocab 50289 padded to
+50304, seq 2048, AdamW(0.9, 0.95, wd 0.1), lr 2e-4 -> 2e-5 WSD with 2000 warmup steps and an
+exponential anneal over the last 1000, clip 1.0, 256 sequences (524,288 tokens) per step.
+`train.micro_batch_size` counts rows per accumulation step over the whole mesh: MegaDLMs' 4 per
+GPU on 8 GPUs is 32. `:smoke` shrinks it to a CPU-sized model for a dry run of the same recipe.
+"""
+
+from dlmjax import config as config_lib
+from dlmjax.model import presets
+
+
+def get_config(arg=None):
+  c = config_lib.defaults()
+  presets.apply_preset(c.model, '1p7b')
+  c.output_dir = 'runs/pretrain_1p7b'
+  c.data.source = 'megatron'
+  c.model.dtype = 'bfloat16'
+  c.model.attention_backend = 'cudnn'
+  c.model.remat = 'full'
+  c.train.steps = 19_073_486  # 1e13 tokens / 524,288, as upstream; override for real runs.
+  c.train.global_batch_size = 256
+  c.train.micro_batch_size = 8
+  c.train.lr = 2e-4
+  c.train.min_lr = 2e-5
+  c.train.schedule = 'wsd'
+  c.train.warmup_steps = 2000
+  c.train.wsd_decay_steps = 1000
+  c.train.wsd_decay_style = 'exponential'
+  c.train.weight_decay = 0.1
+  c.train.clip_grad_norm = 1.0
+  c.checkpoint.every = 19_073
+  c.log.every = 50
+  if arg == 'smoke':
+    presets.apply_preset(c.model, 'tiny')
+    c.model.dtype = 'float32'
+    c.model.attention_backend = 'xla'
+    c.model.remat = 'none'
+    c.data.source = 'builtin'
+    c.model.vocab_size, c.model.mask_token_id, c.model.eos_token_id = 4096, 3, 2
+    c.model.pad_token_id = 0
+    c.train.steps, c.train.warmup_steps, c.train.wsd_decay_steps = 20, 2, 5
+    c.train.global_batch_size, c.train.micro_batch_size = 16, 8
+    c.checkpoint.every, c.log.every = 0, 5
+    c.output_dir = 'runs/pretrain_1p7b_smoke'
+  return c

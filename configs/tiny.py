@@ -1,0 +1,30 @@
+"""The embedded default: a ~4M-parameter masked-diffusion LM on the bundled Python-stdlib corpus.
+
+    python -m dlmjax.train --config=configs/tiny.py
+
+Needs no download and no GPU: the first run builds the corpus and a 4096-piece SentencePiece
+tokenizer from the Python installation (cached in ~/.cache/dlmjax). On a 2-core CPU it trains 200
+steps in a few minutes; the loss falls from ~8.3 (uniform over 4096) to about 6.
+Batch sizes divide by 8, so any 8-device mesh works, e.g. --config.mesh.fsdp=8 with
+XLA_FLAGS=--xla_force_host_platform_device_count=8.
+"""
+
+from dlmjax import config as config_lib
+from dlmjax.model import presets
+
+
+def get_config(arg=None):
+  del arg
+  c = config_lib.defaults()
+  presets.apply_preset(c.model, 'tiny')
+  c.output_dir = 'runs/tiny'
+  c.train.steps = 200
+  c.train.global_batch_size = 32
+  c.train.micro_batch_size = 16
+  c.train.lr = 3e-3
+  c.train.min_lr = 3e-4
+  c.train.warmup_steps = 20
+  c.train.wsd_decay_steps = 40
+  c.checkpoint.every = 100
+  c.log.every = 10
+  return c

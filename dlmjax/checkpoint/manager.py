@@ -1,0 +1,191 @@
+"""Orbax checkpoints of a run: save, resume, and params-only restore for other stages and tools.
+
+A step directory `<run>/checkpoints/<step>/` holds three orbax items: `params` (the model),
+`opt_state` (absent in params-only checkpoints, e.g. imports) and `meta` (JSON: step and the data
+iterator state). Restores go straight into the target shardings; nothing is gathered on one host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+from dlmjax import config as config_lib
+
+CONFIG_FILE = 'config.json'
+CHECKPOINT_DIR = 'checkpoints'
+_ITEMS = ('params', 'opt_state', 'meta')
+# Keys that must match between a checkpoint and the run resuming from it: they change the
+# parameters' shapes or the sample/mask streams. Run-time knobs (backend, remat, mesh) may change.
+_RESUME_KEYS = ('model.num_layers', 'model.d_model', 'model.num_heads', 'model.num_kv_heads',
+                'model.head_dim', 'model.ffn_dim', 'model.vocab_size', 'model.tie_embeddings',
+                'seed', 'train.global_batch_size', 'diffusion.objective')
+_ARCHITECTURE_KEYS = _RESUME_KEYS[:8]
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint that is missing, incomplete or incompatible; the message names the fix."""
+
+
+def _abstract(shapes, shardings):
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                      shapes, shardings)
+
+
+class RunCheckpoints:
+  """The checkpoints of one run directory."""
+
+  def __init__(self, run_dir: str, *, keep: int = 3, async_save: bool = True):
+    self.directory = os.path.join(os.path.abspath(run_dir), CHECKPOINT_DIR)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep,
+                                           enable_async_checkpointing=async_save, create=True)
+    self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def save(self, state: dict, data_state=None) -> None:
+    step = int(jax.device_get(state['step']))
+    meta = dict(step=step, data_state=data_state)
+    self._manager.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(state['params']),
+        opt_state=ocp.args.StandardSave(state['opt_state']),
+        meta=ocp.args.JsonSave(meta)), force=True)
+
+  def restore(self, step: int, setup) -> tuple[dict, object]:
+    """(train state in the setup's shardings, data iterator state) of `step`."""
+    target = _abstract(setup.state_shapes, setup.state_shardings)
+    restored = self._manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(target['params']),
+        opt_state=ocp.args.StandardRestore(target['opt_state']),
+        meta=ocp.args.JsonRestore()))
+    meta = restored['meta']
+    state = dict(step=jax.device_put(jax.numpy.int32(meta['step']), setup.replicated),
+                 params=restored['params'], opt_state=restored['opt_state'])
+    return state, meta['data_state']
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Run directories and params-only access (conversion, verification, init_from, inference)
+
+
+def write_run_config(run_dir: str, config) -> None:
+  if jax.process_index() == 0:
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, CONFIG_FILE), 'w') as f:
+      f.write(config.to_json(indent=2, sort_keys=True))
+
+
+def load_run_config(run_dir: str) -> ml_collections.ConfigDict:
+  path = os.path.join(run_dir, CONFIG_FILE)
+  if not os.path.exists(path):
+    raise CheckpointError(f'{path} is missing: {run_dir} is not a dlmjax run directory.')
+  with open(path) as f:
+    saved = json.load(f)
+  config = config_lib.defaults()
+  _update_known(config, saved)
+  return config
+
+
+def _update_known(node, values):
+  """Copies saved values onto the defaults, ignoring keys this version no longer has."""
+  for key, value in values.items():
+    if key not in node:
+      continue
+    if isinstance(node[key], ml_collections.ConfigDict):
+      _update_known(node[key], value)
+    else:
+      node[key] = type(node[key])(value) if node[key] is not None else value
+
+
+def resolve_step_dir(path: str) -> tuple[str, str, int]:
+  """(run_dir, step_dir, step) for a run directory (its latest step) or a step directory."""
+  path = os.path.abspath(path)
+  if not os.path.isdir(path):
+    raise CheckpointError(f'checkpoint path {path} does not exist.')
+  if os.path.exists(os.path.join(path, CONFIG_FILE)):
+    steps = _committed_steps(os.path.join(path, CHECKPOINT_DIR))
+    if not steps:
+      raise CheckpointError(f'run directory {path} has no complete checkpoint under '
+                            f'{CHECKPOINT_DIR}/.')
+    return path, os.path.join(path, CHECKPOINT_DIR, str(steps[-1])), steps[-1]
+  parent = os.path.dirname(path)
+  name = os.path.basename(path)
+  if name.isdigit() and os.path.basename(parent) == CHECKPOINT_DIR:
+    if not os.path.isdir(os.path.join(path, 'params')):
+      raise CheckpointError(f'{path} has no params item: the checkpoint is incomplete.')
+    return os.path.dirname(parent), path, int(name)
+  raise CheckpointError(f'{path} is neither a run directory (with {CONFIG_FILE}) nor a '
+                        f'checkpoint step directory (<run>/{CHECKPOINT_DIR}/<step>).')
+
+
+def _committed_steps(directory: str) -> list[int]:
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(n) for n in os.listdir(directory)
+                if n.isdigit() and os.path.isdir(os.path.join(directory, n, 'params')))
+
+
+def restore_params(step_dir: str, config, mesh=None) -> dict:
+  """The params of a step directory, placed in the mesh's shardings (or on one device)."""
+  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.parallel import rules  # pylint: disable=import-outside-toplevel
+
+  cfg = model_lib.ModelConfig.from_config(config)
+  _, shapes, axes = model_lib.abstract(cfg)
+  if mesh is None:
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shardings = jax.tree.map(lambda _: device, shapes)
+  else:
+    shardings = rules.tree_shardings(mesh, axes)
+  path = os.path.join(os.path.abspath(step_dir), 'params')
+  if not os.path.isdir(path):
+    raise CheckpointError(f'{path} is missing: the checkpoint is incomplete.')
+  try:
+    return ocp.StandardCheckpointer().restore(path, _abstract(shapes, shardings))
+  except (ValueError, KeyError) as e:
+    raise CheckpointError(f'the params in {path} do not match the model of its config '
+                          f'({e}); was the config edited?') from e
+
+
+def save_params_checkpoint(output_dir: str, config, params: dict, step: int = 0) -> str:
+  """A run directory holding only params (imports, exports of other stages); returns the step dir."""
+  write_run_config(output_dir, config)
+  directory = os.path.join(os.path.abspath(output_dir), CHECKPOINT_DIR)
+  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=True),
+                                  item_names=_ITEMS)
+  manager.save(step, args=ocp.args.Composite(
+      params=ocp.args.StandardSave(params),
+      meta=ocp.args.JsonSave(dict(step=step, data_state=None))), force=True)
+  manager.wait_until_finished()
+  manager.close()
+  return os.path.join(directory, str(step))
+
+
+def check_resumable(saved, config, *, keys=_RESUME_KEYS) -> None:
+  """Raises CheckpointError listing keys whose change would make a resume wrong."""
+  differing = []
+  for key in keys:
+    a, b = config_lib.get_key(saved, key), config_lib.get_key(config, key)
+    if a != b:
+      differing.append(f'{key}: checkpoint {a!r}, run {b!r}')
+  if differing:
+    raise CheckpointError('the checkpoint in output_dir was made with a different config ('
+                          + '; '.join(differing) + '). Use a new --config.output_dir, or set '
+                          'these keys back to the checkpoint\'s values.')
+
+
+def check_architecture(saved, config) -> None:
+  """For init_from: only the architecture has to match."""
+  check_resumable(saved, config, keys=_ARCHITECTURE_KEYS)

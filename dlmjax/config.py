@@ -1,0 +1,225 @@
+"""The configuration schema: every key, its default, derived values and cross-field validation.
+
+One source of truth: configs/*.py start from `defaults()` and set only what differs; code reads
+keys directly (never `config.get(key, default)`), so an unknown override fails at parse time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+  """A config that cannot work; the message names the key and the fix."""
+
+
+def defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.stage = 'pretrain'  # pretrain (later: sft | rl): selects the batch source and loss.
+  c.output_dir = 'runs/default'
+  c.seed = 1234
+  c.init_from = ''  # a checkpoint to start from when output_dir has none (fine-tuning stages).
+
+  c.model = ml_collections.ConfigDict()
+  c.model.preset = ''  # informational: the size preset the dimensions came from.
+  c.model.num_layers = 2
+  c.model.d_model = 128
+  c.model.num_heads = 4
+  c.model.num_kv_heads = 4
+  c.model.head_dim = 32
+  c.model.ffn_dim = 384
+  c.model.vocab_size = 4096  # the tokenizer's vocabulary; the embedding is padded (below).
+  c.model.vocab_multiple = 128  # pad the embedding to a multiple of this x mesh.tensor (Megatron).
+  c.model.seq_len = 128
+  c.model.rope_theta = 10000.0
+  c.model.norm_eps = 1e-6
+  c.model.init_std = 0.02
+  c.model.tie_embeddings = False
+  c.model.attention_mask = 'bidirectional'  # bidirectional | causal | block_causal
+  c.model.block_size = 32  # block_causal only: tokens per block.
+  c.model.attention_backend = 'xla'  # xla | cudnn
+  c.model.dtype = 'float32'  # compute dtype: float32 | bfloat16; params stay float32.
+  c.model.remat = 'none'  # none | minimal | save_dots | full
+  c.model.scan_layers = True
+  c.model.mask_token_id = 3
+  c.model.eos_token_id = 2
+  c.model.pad_token_id = 0
+
+  c.diffusion = ml_collections.ConfigDict()
+  c.diffusion.objective = 'mdm'  # mdm (masked diffusion) | ar (autoregressive baseline)
+  c.diffusion.varlen_prob = 0.01  # share of micro-batches truncated to a random length.
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = 'builtin'  # builtin | megatron
+  c.data.train_prefixes = ''  # Megatron blend: "0.7 /data/a 0.3 /data/b" or "/data/a".
+  c.data.valid_prefixes = ''
+  c.data.split = '969,30,1'
+  c.data.tokenizer = ''
+  c.data.cache_dir = ''  # '' means ~/.cache/dlmjax
+  c.data.num_workers = 0
+  c.data.prefetch = 2
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 200
+  # Rows per optimizer step, and rows per accumulation step across the WHOLE mesh (Megatron's
+  # per-rank micro-batch times the data-parallel size). Both are mesh-independent, so a run gives
+  # the same losses on any mesh.
+  c.train.global_batch_size = 32
+  c.train.micro_batch_size = 16
+  c.train.lr = 3e-3
+  c.train.min_lr = 3e-4
+  c.train.schedule = 'wsd'  # wsd | cosine | constant
+  c.train.warmup_steps = 20
+  c.train.decay_steps = 0  # cosine: steps to decay over after warmup (0 = until train.steps).
+  c.train.wsd_decay_steps = 40  # wsd: length of the final anneal.
+  c.train.wsd_decay_style = 'exponential'  # exponential | linear | cosine
+  c.train.b1 = 0.9
+  c.train.b2 = 0.95
+  c.train.eps = 1e-8
+  c.train.weight_decay = 0.1
+  c.train.clip_grad_norm = 1.0
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = 1
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
+  c.mesh.pipeline = 1
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 100  # 0 turns periodic saves off (the final step is still saved).
+  c.checkpoint.keep = 3
+  c.checkpoint.async_save = True
+
+  c.log = ml_collections.ConfigDict()
+  c.log.every = 10
+  c.log.peak_tflops = 0.0  # per device, for MFU; 0 = guess from the device kind.
+  return c
+
+
+# ----------------------------------------------------------------------------------------------
+# Derived values
+
+
+def padded_vocab_size(config) -> int:
+  """The embedding rows: vocab rounded up to vocab_multiple x tensor, as Megatron pads."""
+  multiple = config.model.vocab_multiple * config.mesh.tensor
+  return int(math.ceil(config.model.vocab_size / multiple) * multiple)
+
+
+def num_microbatches(config) -> int:
+  return config.train.global_batch_size // config.train.micro_batch_size
+
+
+def batch_parallelism(config) -> int:
+  """Devices the batch is split over (data x fsdp)."""
+  return config.mesh.data * config.mesh.fsdp
+
+
+def mesh_size(config) -> int:
+  m = config.mesh
+  return m.data * m.fsdp * m.tensor * m.pipeline
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+
+_CHOICES = {
+    'stage': ('pretrain',),
+    'model.attention_mask': ('bidirectional', 'causal', 'block_causal'),
+    'model.attention_backend': ('xla', 'cudnn'),
+    'model.dtype': ('float32', 'bfloat16'),
+    'model.remat': ('none', 'minimal', 'save_dots', 'full'),
+    'diffusion.objective': ('mdm', 'ar'),
+    'data.source': ('builtin', 'megatron'),
+    'train.schedule': ('wsd', 'cosine', 'constant'),
+    'train.wsd_decay_style': ('exponential', 'linear', 'cosine'),
+}
+
+
+def get_key(config, dotted):
+  """config["a"]["b"] for "a.b"."""
+  node = config
+  for part in dotted.split('.'):
+    node = node[part]
+  return node
+
+
+def validate(config, num_devices: int | None = None) -> None:
+  """Raises ConfigError naming the key and the fix for a config that cannot work."""
+  for key, choices in _CHOICES.items():
+    value = get_key(config, key)
+    if value not in choices:
+      raise ConfigError(f'{key}={value!r} is not one of {choices}; set --config.{key}=<one of them>.')
+
+  m, t = config.model, config.train
+  for key in ('num_layers', 'd_model', 'num_heads', 'num_kv_heads', 'head_dim', 'ffn_dim',
+              'vocab_size', 'seq_len'):
+    if m[key] <= 0:
+      raise ConfigError(f'model.{key}={m[key]} must be positive.')
+  if m.num_heads % m.num_kv_heads:
+    raise ConfigError(f'model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads='
+                      f'{m.num_kv_heads}; grouped-query attention needs whole groups.')
+  if m.head_dim % 2:
+    raise ConfigError(f'model.head_dim={m.head_dim} must be even for rotary embeddings.')
+  for key in ('mask_token_id', 'eos_token_id', 'pad_token_id'):
+    if not 0 <= m[key] < m.vocab_size:
+      raise ConfigError(f'model.{key}={m[key]} is outside the vocabulary [0, {m.vocab_size}); '
+                        f'set it to the tokenizer\'s id.')
+  if m.attention_mask == 'block_causal' and m.seq_len % m.block_size:
+    raise ConfigError(f'model.seq_len={m.seq_len} is not a multiple of model.block_size='
+                      f'{m.block_size}; block-causal attention needs whole blocks.')
+  if m.attention_backend == 'cudnn' and m.attention_mask == 'block_causal':
+    raise ConfigError('model.attention_backend=cudnn cannot express block_causal masks without a '
+                      'dense mask; use --config.model.attention_backend=xla.')
+  if config.diffusion.objective == 'ar' and m.attention_mask != 'causal':
+    raise ConfigError('diffusion.objective=ar needs --config.model.attention_mask=causal.')
+  if not 0.0 <= config.diffusion.varlen_prob <= 1.0:
+    raise ConfigError(f'diffusion.varlen_prob={config.diffusion.varlen_prob} must be in [0, 1].')
+
+  for key in ('steps', 'global_batch_size', 'micro_batch_size'):
+    if t[key] <= 0:
+      raise ConfigError(f'train.{key}={t[key]} must be positive.')
+  if t.global_batch_size % t.micro_batch_size:
+    raise ConfigError(f'train.global_batch_size={t.global_batch_size} is not a multiple of '
+                      f'train.micro_batch_size={t.micro_batch_size}; pick a micro-batch that divides '
+                      'it (gradients accumulate over global/micro steps).')
+  if t.schedule == 'wsd' and t.warmup_steps + t.wsd_decay_steps > t.steps:
+    raise ConfigError(f'train.warmup_steps + train.wsd_decay_steps = '
+                      f'{t.warmup_steps + t.wsd_decay_steps} exceeds train.steps={t.steps}.')
+  if config.checkpoint.every < 0 or config.checkpoint.keep < 1:
+    raise ConfigError('checkpoint.every must be >= 0 and checkpoint.keep >= 1.')
+  if config.log.every < 1:
+    raise ConfigError(f'log.every={config.log.every} must be >= 1.')
+
+  _validate_mesh(config, num_devices)
+
+
+def _validate_mesh(config, num_devices):
+  m, mesh = config.model, config.mesh
+  for axis in ('data', 'fsdp', 'tensor', 'pipeline'):
+    if mesh[axis] < 1:
+      raise ConfigError(f'mesh.{axis}={mesh[axis]} must be >= 1.')
+  if mesh.pipeline != 1:
+    raise ConfigError('mesh.pipeline > 1 is not implemented yet; set --config.mesh.pipeline=1.')
+  for key in ('num_heads', 'num_kv_heads', 'ffn_dim'):
+    if m[key] % mesh.tensor:
+      raise ConfigError(f'model.{key}={m[key]} is not divisible by mesh.tensor={mesh.tensor}; '
+                        'pick a tensor size that divides it.')
+  if m.d_model % mesh.fsdp:
+    raise ConfigError(f'model.d_model={m.d_model} is not divisible by mesh.fsdp={mesh.fsdp}.')
+  total = mesh_size(config)
+  if num_devices is not None and total > num_devices:
+    raise ConfigError(f'the mesh needs {total} devices (data {mesh.data} x fsdp {mesh.fsdp} x '
+                      f'tensor {mesh.tensor} x pipeline {mesh.pipeline}) but only {num_devices} '
+                      'exist; shrink the mesh axes.')
+  if num_devices is not None and total < num_devices:
+    raise ConfigError(f'the mesh uses {total} of {num_devices} devices; make data x fsdp x tensor '
+                      f'x pipeline = {num_devices} (e.g. --config.mesh.fsdp='
+                      f'{num_devices // (mesh.data * mesh.tensor * mesh.pipeline) or 1}).')
+  dp = batch_parallelism(config)
+  if config.train.micro_batch_size % dp:
+    raise ConfigError(f'train.micro_batch_size={config.train.micro_batch_size} is not divisible by '
+                      f'the batch-parallel devices mesh.data x mesh.fsdp = {dp}; set '
+                      f'--config.train.micro_batch_size to a multiple of {dp}.')

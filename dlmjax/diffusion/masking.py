@@ -1,0 +1,59 @@
+"""The forward (masking) process of masked diffusion, with randomness derived from example ids.
+
+Every random draw is a pure function of (seed, step, example index) or (seed, step, micro-batch
+index), never of the device layout, so every mesh and a resumed run see the same masks. MegaDLMs
+instead seeds a per-rank torch generator and restarts it on resume (reference section 1.8).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# Stream tags keep the per-example and per-micro-batch key families apart.
+_EXAMPLE_STREAM = 0
+_VARLEN_STREAM = 1
+
+
+def example_keys(seed: int, step, example_ids_B):
+  """One key per example: fold_in(seed, stream, step, global example index)."""
+  base = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _EXAMPLE_STREAM), step)
+  return jax.vmap(lambda i: jax.random.fold_in(base, i))(example_ids_B)
+
+
+def varlen_length(seed: int, step, micro_index, *, seq_len: int, prob: float):
+  """Tokens kept in this micro-batch: seq_len, or U{1..seq_len} with probability `prob`.
+
+  MegaDLMs truncates 1% of micro-batches to one random length shared by the micro-batch and
+  identical on all ranks (reference 1.3). It draws r in [2, S] and then drops a token by the
+  unshift; we train on all S tokens, so the kept length is uniform in [1, S] (as LLaDA).
+  """
+  key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _VARLEN_STREAM), step)
+  key_u, key_r = jax.random.split(jax.random.fold_in(key, micro_index))
+  truncate = jax.random.uniform(key_u) < prob
+  length = jax.random.randint(key_r, (), 1, seq_len + 1)
+  return jnp.where(truncate, length, seq_len).astype(jnp.int32)
+
+
+def forward_process(keys_B, tokens_BL, *, mask_id: int, length):
+  """MegaDLMs' difflm_forward_process on the first `length` tokens of each row.
+
+  t ~ U[0,1) per row; each token masked with probability t; a row with no mask gets one at a
+  uniform position; p = realised mask ratio n/l (not t, and no eps floor).
+
+  Returns (noisy tokens [B,L], masked [B,L] bool, p [B] float32). Positions >= length are never
+  masked (they are padding of a truncated micro-batch).
+  """
+  seq_len = tokens_BL.shape[1]
+  valid_L = jnp.arange(seq_len) < length
+
+  def one_row(key, tokens_L):
+    key_t, key_u, key_pos = jax.random.split(key, 3)
+    t = jax.random.uniform(key_t)
+    masked_L = (jax.random.uniform(key_u, (seq_len,)) < t) & valid_L
+    forced = jax.random.randint(key_pos, (), 0, length)
+    masked_L = jnp.where(masked_L.any(), masked_L, jnp.arange(seq_len) == forced)
+    p = masked_L.sum() / length
+    return jnp.where(masked_L, mask_id, tokens_L), masked_L, p.astype(jnp.float32)
+
+  return jax.vmap(one_row)(keys_B, tokens_BL)

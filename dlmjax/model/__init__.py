@@ -1,0 +1,47 @@
+"""The model as pure functions of a parameter dict: build, abstract shapes, logical axes, apply.
+
+Training state holds plain nested dicts of arrays (`nnx.to_pure_dict`), which optax, orbax and the
+PyTorch converter all read directly; `apply` merges them into the NNX module at trace time.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from flax import nnx
+
+from dlmjax.model.presets import PRESETS, ModelConfig, apply_preset
+from dlmjax.model.transformer import Transformer
+
+__all__ = ['ModelConfig', 'PRESETS', 'Transformer', 'apply_preset', 'init_params', 'abstract',
+           'merge']
+
+
+def _is_variable(x):
+  return isinstance(x, nnx.Variable)
+
+
+def init_params(cfg: ModelConfig, key) -> dict:
+  """Random float32 parameters as a nested dict (jit this with out_shardings to init sharded)."""
+  model = Transformer(cfg, rngs=nnx.Rngs(params=key))
+  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+@functools.lru_cache(maxsize=16)
+def abstract(cfg: ModelConfig):
+  """(graphdef, params as ShapeDtypeStructs, params' logical axes) without allocating anything."""
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(model, nnx.Param)
+  shapes = nnx.to_pure_dict(
+      jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.value.shape, v.value.dtype), state,
+                   is_leaf=_is_variable))
+  axes = nnx.to_pure_dict(jax.tree.map(lambda v: v.get_metadata()['axes'], state,
+                                       is_leaf=_is_variable))
+  return graphdef, shapes, axes
+
+
+def merge(cfg: ModelConfig, params: dict) -> Transformer:
+  """The Transformer module holding `params` (cheap: reuses the cached graph definition)."""
+  graphdef, _, _ = abstract(cfg)
+  return nnx.merge(graphdef, params)

@@ -1,0 +1,112 @@
+"""Self-attention: the Qwen3-style module (QK-norm before RoPE, GQA) and its backends.
+
+Backends share one signature so a config switch picks them: `xla` (plain einsums, every mask,
+every device) and `cudnn` (jax.nn.dot_product_attention, GPU; bidirectional or causal plus
+padding lengths, never a dense mask).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from dlmjax.model import layers
+from dlmjax.parallel import rules
+
+MASK_KINDS = ('bidirectional', 'causal', 'block_causal')
+_NEG_INF = -1e30  # finite, so a fully masked (padding) row stays NaN-free.
+
+
+def attention_mask(length: int, *, kind: str, block_size: int = 0, segment_ids_BL=None,
+                   valid_length_B=None):
+  """Boolean visibility [B or 1, L(query), L(key)] for a mask kind, documents and padding."""
+  q = jnp.arange(length)[:, None]
+  k = jnp.arange(length)[None, :]
+  if kind == 'bidirectional':
+    visible = jnp.ones((length, length), bool)
+  elif kind == 'causal':
+    visible = q >= k
+  elif kind == 'block_causal':  # bidirectional inside a block, causal across blocks (BD3LM).
+    visible = (q // block_size) >= (k // block_size)
+  else:
+    raise ValueError(f'unknown attention mask kind {kind!r}; known: {MASK_KINDS}')
+  visible = visible[None]
+  if segment_ids_BL is not None:
+    visible = visible & (segment_ids_BL[:, :, None] == segment_ids_BL[:, None, :])
+  if valid_length_B is not None:
+    visible = visible & (k[None] < valid_length_B[:, None, None])
+  return visible
+
+
+def xla_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None,
+                  valid_length_B=None):
+  """Reference attention: fp32 softmax over einsum logits; grouped heads share K/V."""
+  batch, length, num_heads, head_dim = q_BLNH.shape
+  num_kv = k_BLKH.shape[2]
+  q_BLKGH = q_BLNH.reshape(batch, length, num_kv, num_heads // num_kv, head_dim)
+  logits = jnp.einsum('blkgh,bskh->bkgls', q_BLKGH, k_BLKH, preferred_element_type=jnp.float32)
+  logits = logits * (head_dim ** -0.5)
+  visible = attention_mask(length, kind=kind, block_size=block_size, segment_ids_BL=segment_ids_BL,
+                           valid_length_B=valid_length_B)
+  logits = jnp.where(visible[:, None, None], logits, _NEG_INF)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v_BLKH.dtype)
+  out = jnp.einsum('bkgls,bskh->blkgh', probs, v_BLKH)
+  return out.reshape(batch, length, num_heads, head_dim)
+
+
+def cudnn_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None,
+                    valid_length_B=None):
+  """cuDNN flash attention. Refuses what it could only do through a slow dense mask."""
+  del block_size
+  if kind == 'block_causal' or segment_ids_BL is not None:
+    raise ValueError('the cudnn attention backend supports bidirectional and causal masks with '
+                     'padding only; use model.attention_backend=xla for block_causal or segments.')
+  lengths = None
+  if valid_length_B is not None:
+    lengths = valid_length_B.astype(jnp.int32)
+  return jax.nn.dot_product_attention(
+      q_BLNH, k_BLKH, v_BLKH, is_causal=(kind == 'causal'), query_seq_lengths=lengths,
+      key_value_seq_lengths=lengths, implementation='cudnn')
+
+
+BACKENDS = {'xla': xla_attention, 'cudnn': cudnn_attention}
+
+
+class Attention(nnx.Module):
+  """Multi-head attention with RMSNorm on q and k over the head dim, applied before RoPE."""
+
+  def __init__(self, *, d_model, num_heads, num_kv_heads, head_dim, norm_eps, rope_theta, std,
+               out_std, rngs: nnx.Rngs, num_stacked: int = 0):
+    kw = dict(num_stacked=num_stacked)
+    self.rope_theta = rope_theta
+    self.q_proj = layers.stacked_param(rngs, (d_model, num_heads, head_dim),
+                                       (rules.EMBED, rules.HEADS, rules.HEAD_DIM), std=std, **kw)
+    self.k_proj = layers.stacked_param(rngs, (d_model, num_kv_heads, head_dim),
+                                       (rules.EMBED, rules.KV_HEADS, rules.HEAD_DIM), std=std, **kw)
+    self.v_proj = layers.stacked_param(rngs, (d_model, num_kv_heads, head_dim),
+                                       (rules.EMBED, rules.KV_HEADS, rules.HEAD_DIM), std=std, **kw)
+    self.o_proj = layers.stacked_param(rngs, (num_heads, head_dim, d_model),
+                                       (rules.HEADS, rules.HEAD_DIM, rules.EMBED), std=out_std, **kw)
+    self.q_norm = layers.RMSNorm(head_dim, eps=norm_eps, rngs=rngs, **kw)
+    self.k_norm = layers.RMSNorm(head_dim, eps=norm_eps, rngs=rngs, **kw)
+
+  def __call__(self, x_BLD, positions_BL, *, kind, block_size, backend, segment_ids_BL=None,
+               valid_length_B=None):
+    dtype = x_BLD.dtype
+    q = jnp.einsum('bld,dnh->blnh', x_BLD, self.q_proj.value.astype(dtype))
+    k = jnp.einsum('bld,dkh->blkh', x_BLD, self.k_proj.value.astype(dtype))
+    v = jnp.einsum('bld,dkh->blkh', x_BLD, self.v_proj.value.astype(dtype))
+    q = checkpoint_name(q, 'query_proj')
+    k = checkpoint_name(k, 'key_proj')
+    v = checkpoint_name(v, 'value_proj')
+    q = layers.rotary_embedding(self.q_norm(q), positions_BL, self.rope_theta)
+    k = layers.rotary_embedding(self.k_norm(k), positions_BL, self.rope_theta)
+    heads = (rules.BATCH, rules.LENGTH, rules.ACT_HEADS, None)
+    q, k, v = (rules.constrain(t, heads) for t in (q, k, v))
+    out = BACKENDS[backend](q, k, v, kind=kind, block_size=block_size,
+                            segment_ids_BL=segment_ids_BL, valid_length_B=valid_length_B)
+    out = checkpoint_name(rules.constrain(out, heads), 'context')
+    return checkpoint_name(jnp.einsum('blnh,nhd->bld', out, self.o_proj.value.astype(dtype)),
+                           'out_proj')

@@ -1,0 +1,89 @@
+"""Model size presets (one table) and the frozen ModelConfig that layers are built from.
+
+The ConfigDict stops here: layers receive a ModelConfig (or their own dims), never the whole config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from dlmjax import config as config_lib
+
+PRESETS: dict[str, dict] = {
+    # A few-million-parameter model that learns visibly on a 2-core CPU in minutes.
+    'tiny': dict(num_layers=4, d_model=256, num_heads=4, num_kv_heads=4, head_dim=64,
+                 ffn_dim=768, seq_len=128),
+    # MegaDLMs examples/dlm_training/dlm_pretrain_1.7b.sh (Qwen3-1.7B shape, plain MHA, untied).
+    '1p7b': dict(num_layers=28, d_model=2048, num_heads=16, num_kv_heads=16, head_dim=128,
+                 ffn_dim=6144, seq_len=2048, vocab_size=50289, rope_theta=10000.0, norm_eps=1e-6,
+                 init_std=0.02, tie_embeddings=False, mask_token_id=50277, eos_token_id=0,
+                 pad_token_id=1),
+}
+
+
+def apply_preset(model_config, name: str) -> None:
+  """Sets every dimension of `name` on a config.model node (configs call this, then override)."""
+  if name not in PRESETS:
+    raise config_lib.ConfigError(f'unknown model preset {name!r}; known: {sorted(PRESETS)}.')
+  model_config.update(PRESETS[name])
+  model_config.preset = name
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  num_layers: int
+  d_model: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  ffn_dim: int
+  vocab_size: int  # padded: the number of embedding rows and logits.
+  seq_len: int
+  rope_theta: float = 10000.0
+  norm_eps: float = 1e-6
+  init_std: float = 0.02
+  tie_embeddings: bool = False
+  attention_mask: str = 'bidirectional'
+  block_size: int = 32
+  attention_backend: str = 'xla'
+  dtype: str = 'float32'
+  remat: str = 'none'
+  scan_layers: bool = True
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @classmethod
+  def from_config(cls, config) -> 'ModelConfig':
+    m = config.model
+    return cls(num_layers=m.num_layers, d_model=m.d_model, num_heads=m.num_heads,
+               num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, ffn_dim=m.ffn_dim,
+               vocab_size=config_lib.padded_vocab_size(config), seq_len=m.seq_len,
+               rope_theta=m.rope_theta, norm_eps=m.norm_eps, init_std=m.init_std,
+               tie_embeddings=m.tie_embeddings, attention_mask=m.attention_mask,
+               block_size=m.block_size, attention_backend=m.attention_backend, dtype=m.dtype,
+               remat=m.remat, scan_layers=m.scan_layers)
+
+  def num_params(self) -> int:
+    """Exact parameter count, without building the model."""
+    d, h = self.d_model, self.head_dim
+    attn = d * h * (2 * self.num_heads + 2 * self.num_kv_heads) + 2 * h
+    mlp = 3 * d * self.ffn_dim
+    per_layer = attn + mlp + 2 * d
+    embed = self.vocab_size * d
+    return self.num_layers * per_layer + embed * (1 if self.tie_embeddings else 2) + d
+
+  def flops_per_token(self) -> int:
+    """Training FLOPs per token: 6 x (params - input embedding) + attention (full, bidirectional).
+
+    DESIGN.md: 6 * (params - input embedding) + 12 * layers * seq * d_model. The attention term
+    uses num_heads * head_dim, which equals d_model for the presets here.
+    """
+    non_embedding = self.num_params() - self.vocab_size * self.d_model
+    if self.tie_embeddings:  # the head is the embedding: its matmul still costs 6*V*D per token.
+      non_embedding += self.vocab_size * self.d_model
+    attention = 12 * self.num_layers * self.seq_len * self.num_heads * self.head_dim
+    return 6 * non_embedding + attention

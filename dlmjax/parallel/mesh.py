@@ -1,0 +1,23 @@
+"""Builds the device mesh from config.mesh (axis order: pipeline, data, fsdp, tensor)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+
+from dlmjax import config as config_lib
+from dlmjax.parallel import rules
+
+
+def make_mesh(config, devices=None) -> jax.sharding.Mesh:
+  """A mesh over all (or the given) devices; validates the shape first, so errors are readable."""
+  devices = jax.devices() if devices is None else devices
+  config_lib.validate(config, num_devices=len(devices))
+  m = config.mesh
+  shape = tuple(m[axis] for axis in rules.MESH_AXES)
+  try:
+    device_grid = mesh_utils.create_device_mesh(shape, devices=devices)
+  except (ValueError, AssertionError, NotImplementedError):
+    device_grid = np.asarray(devices).reshape(shape)
+  return jax.sharding.Mesh(device_grid, rules.MESH_AXES)

@@ -1,0 +1,90 @@
+"""Logical axis names and the ONE table that maps them to mesh axes.
+
+Model code names the axes of every parameter and activation with these constants; only this module
+(and mesh construction) knows the mesh axis names. Changing a parallel layout means editing RULES.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+# Mesh axes, outermost (slowest links) first.
+MESH_AXES = ('pipeline', 'data', 'fsdp', 'tensor')
+
+# Logical axes of parameters.
+LAYERS = 'layers'
+VOCAB = 'vocab'
+EMBED = 'embed'
+HEADS = 'heads'
+KV_HEADS = 'kv_heads'
+HEAD_DIM = 'head_dim'
+MLP = 'mlp'
+NORM = 'norm'
+# Logical axes of activations.
+BATCH = 'batch'
+LENGTH = 'length'
+ACT_EMBED = 'act_embed'
+ACT_HEADS = 'act_heads'
+ACT_MLP = 'act_mlp'
+ACT_VOCAB = 'act_vocab'
+
+RULES: dict[str, tuple[str, ...]] = {
+    LAYERS: (),  # the scanned layer axis; the pipeline issue maps it to 'pipeline'.
+    VOCAB: ('tensor',),
+    EMBED: ('fsdp',),
+    HEADS: ('tensor',),
+    KV_HEADS: ('tensor',),
+    HEAD_DIM: (),
+    MLP: ('tensor',),
+    NORM: (),
+    BATCH: ('data', 'fsdp'),
+    LENGTH: (),
+    ACT_EMBED: (),
+    ACT_HEADS: ('tensor',),
+    ACT_MLP: ('tensor',),
+    ACT_VOCAB: ('tensor',),
+}
+
+
+def spec(logical_axes) -> PartitionSpec:
+  """PartitionSpec for a tuple of logical axis names (None = replicated dimension)."""
+  parts = []
+  for name in logical_axes:
+    mesh_axes = RULES[name] if name is not None else ()
+    parts.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
+  return PartitionSpec(*parts)
+
+
+def named_sharding(mesh, logical_axes) -> NamedSharding:
+  return NamedSharding(mesh, spec(logical_axes))
+
+
+def tree_shardings(mesh, axes_tree):
+  """NamedShardings for a pytree whose leaves are logical-axis tuples."""
+  return jax.tree.map(lambda axes: named_sharding(mesh, axes), axes_tree,
+                      is_leaf=lambda x: isinstance(x, tuple))
+
+
+_ACTIVE_MESH: contextvars.ContextVar = contextvars.ContextVar('dlmjax_mesh', default=None)
+
+
+@contextlib.contextmanager
+def activation_mesh(mesh):
+  """While tracing under this context, `constrain` pins activations to `mesh`."""
+  token = _ACTIVE_MESH.set(mesh)
+  try:
+    yield
+  finally:
+    _ACTIVE_MESH.reset(token)
+
+
+def constrain(x, logical_axes):
+  """Sharding constraint on an activation; a no-op outside `activation_mesh` (e.g. eager CPU)."""
+  mesh = _ACTIVE_MESH.get()
+  if mesh is None:
+    return x
+  return jax.lax.with_sharding_constraint(x, named_sharding(mesh, logical_axes))

@@ -1,0 +1,114 @@
+"""The training loop every stage runs: setup -> state -> data -> step -> loop -> finish."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+
+from dlmjax import config as config_lib
+from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.parallel import mesh as mesh_lib
+from dlmjax.train import reporting, stages
+from dlmjax.train import state as state_lib
+from dlmjax.train import step as step_lib
+
+
+def check_output_dir(output_dir: str) -> None:
+  """Fails before any work when the run directory cannot be written."""
+  try:
+    os.makedirs(output_dir, exist_ok=True)
+    probe = os.path.join(output_dir, f'.write_test_{jax.process_index()}')
+    with open(probe, 'w') as f:
+      f.write('ok')
+    os.remove(probe)
+  except OSError as e:
+    raise config_lib.ConfigError(f'output_dir {output_dir!r} is not writable ({e.strerror}); set '
+                                 '--config.output_dir to a writable directory.') from e
+
+
+def initial_state(config, setup, checkpoints):
+  """The resume order, written once: this run's latest checkpoint -> init_from -> scratch."""
+  latest = checkpoints.latest_step()
+  if latest is not None:
+    saved = checkpoint_lib.load_run_config(config.output_dir)
+    checkpoint_lib.check_resumable(saved, config)
+    print(f'resuming from {checkpoints.directory}/{latest}', flush=True)
+    return checkpoints.restore(latest, setup)
+  if config.init_from:
+    run_dir, step_dir, _ = checkpoint_lib.resolve_step_dir(config.init_from)
+    checkpoint_lib.check_architecture(checkpoint_lib.load_run_config(run_dir), config)
+    print(f'initialising from {step_dir}', flush=True)
+    params = checkpoint_lib.restore_params(step_dir, config, setup.mesh)
+    return setup.state_from_params(params), None
+  return setup.init_state(config.seed), None
+
+
+def _should_save(config, step: int) -> bool:
+  every = config.checkpoint.every
+  return step == config.train.steps or (every > 0 and step % every == 0)
+
+
+def train(config) -> dict | None:
+  """Runs config.stage to config.train.steps; returns the last logged metrics row."""
+  # Setup.
+  config_lib.validate(config, num_devices=jax.device_count())
+  check_output_dir(config.output_dir)
+  mesh = mesh_lib.make_mesh(config)
+  setup = state_lib.TrainSetup(config, mesh)
+  stage = stages.STAGES[config.stage]
+  checkpoints = checkpoint_lib.RunCheckpoints(config.output_dir, keep=config.checkpoint.keep,
+                                              async_save=config.checkpoint.async_save)
+  # State.
+  state, data_state = initial_state(config, setup, checkpoints)
+  checkpoint_lib.write_run_config(config.output_dir, config)
+  start = int(jax.device_get(state['step']))
+  # Data.
+  batches = stage.batch_iterator(config, process_index=jax.process_index(),
+                                 process_count=jax.process_count())
+  if data_state is not None:
+    batches.set_state(data_state)
+  # Step.
+  step_fn = step_lib.CompiledStep(setup, stage.loss_fn(config))
+  reporter = reporting.Reporter(config.output_dir, total_steps=config.train.steps,
+                                flops_per_token=setup.model_config.flops_per_token(),
+                                peak_tflops=config.log.peak_tflops)
+  # Loop: dispatch step n, then read back step n-1's metrics, so the device never waits on us.
+  pending, last_row = None, None
+  reporter.start(start)
+  compile_start = time.time()
+  for step in range(start + 1, config.train.steps + 1):
+    local = next(batches)
+    batch = {'tokens': jax.make_array_from_process_local_data(step_fn.batch_sharding,
+                                                              local['tokens'])}
+    state, metrics = step_fn(state, batch)
+    if pending is not None:
+      last_row = _report(reporter, config, *pending) or last_row
+    elif step == start + 1:
+      jax.block_until_ready(metrics)
+      print(f'compiled and ran the first step in {time.time() - compile_start:.1f}s', flush=True)
+      reporter.start(start)
+    pending = (step, metrics)
+    if _should_save(config, step):
+      checkpoints.save(state, batches.get_state())
+  # Finish.
+  if pending is not None:
+    last_row = _report(reporter, config, *pending) or last_row
+  checkpoints.close()
+  return last_row
+
+
+def _report(reporter, config, step, metrics):
+  write = step % config.log.every == 0 or step == config.train.steps
+  row = reporter.record(step, metrics, write=write)
+  if row is not None and not all(map(_finite, (row['loss'], row['grad_norm']))):
+    raise FloatingPointError(
+        f'loss {row["loss"]} / grad norm {row["grad_norm"]} is not finite at step {step} (last '
+        f'checkpoint: see {config.output_dir}/checkpoints); lower --config.train.lr or resume '
+        'from the last checkpoint.')
+  return row
+
+
+def _finite(x: float) -> bool:
+  return x == x and abs(x) != float('inf')

@@ -1,0 +1,78 @@
+"""What a run reports: metrics.jsonl rows and a console progress line (step, loss, tok/s, MFU, ETA)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+
+# Dense bf16 peak per device, for MFU when log.peak_tflops is not set.
+_PEAK_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'B200': 2250.0, 'GH200': 989.0}
+
+
+def peak_flops_per_device(configured_tflops: float) -> float:
+  if configured_tflops > 0:
+    return configured_tflops * 1e12
+  kind = jax.devices()[0].device_kind
+  for name, tflops in _PEAK_TFLOPS.items():
+    if name in kind:
+      return tflops * 1e12
+  return 0.0  # unknown (e.g. CPU): MFU is not reported.
+
+
+class Reporter:
+  """Turns per-step device metrics into throughput figures, a jsonl row and a console line."""
+
+  def __init__(self, run_dir: str, *, total_steps: int, flops_per_token: int, peak_tflops: float):
+    self.total_steps = total_steps
+    self.flops_per_token = flops_per_token
+    self.peak_flops = peak_flops_per_device(peak_tflops) * jax.device_count()
+    self.is_writer = jax.process_index() == 0
+    self.path = os.path.join(run_dir, 'metrics.jsonl')
+    self._last_time = None
+    self._last_step = None
+    self._tokens_since = 0.0
+    self.started = time.time()
+
+  def start(self, step: int) -> None:
+    self._last_time, self._last_step, self._tokens_since = time.time(), step, 0.0
+
+  def record(self, step: int, metrics: dict, *, write: bool) -> dict | None:
+    """Accumulates tokens; when `write`, returns (and logs) the row for `step`."""
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    self._tokens_since += metrics['tokens']
+    if not write:
+      return None
+    now = time.time()
+    elapsed = max(now - self._last_time, 1e-9)
+    steps_done = step - self._last_step
+    row = dict(step=step, **metrics)
+    row['tokens_per_s'] = self._tokens_since / elapsed
+    row['step_time_s'] = elapsed / max(steps_done, 1)
+    if self.peak_flops:
+      row['mfu'] = row['tokens_per_s'] * self.flops_per_token / self.peak_flops
+    self._last_time, self._last_step, self._tokens_since = now, step, 0.0
+    if self.is_writer:
+      with open(self.path, 'a') as f:
+        f.write(json.dumps(row) + '\n')
+      print(self._line(row), flush=True)
+    return row
+
+  def _line(self, row) -> str:
+    eta = row['step_time_s'] * (self.total_steps - row['step'])
+    parts = [f'step {row["step"]}/{self.total_steps}', f'loss {row["loss"]:.4f}',
+             f'masked_ce {row["masked_ce"]:.4f}', f'lr {row["lr"]:.2e}',
+             f'grad_norm {row["grad_norm"]:.3f}', f'{row["tokens_per_s"]:,.0f} tok/s']
+    if 'mfu' in row:
+      parts.append(f'MFU {100 * row["mfu"]:.1f}%')
+    parts.append(f'ETA {_duration(eta)}')
+    return ' | '.join(parts)
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(seconds)
+  if seconds >= 3600:
+    return f'{seconds // 3600}h{seconds % 3600 // 60:02d}m'
+  return f'{seconds // 60}m{seconds % 60:02d}s'

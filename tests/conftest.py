@@ -1,0 +1,57 @@
+"""Test set-up: 8 virtual CPU devices for mesh tests, and tiny configs built from real presets."""
+
+import os
+
+# Before JAX initialises its backends.
+os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+from dlmjax import config as config_lib  # noqa: E402
+
+
+def tiny_test_config(**overrides):
+  """configs/tiny.py shrunk further so a step compiles in seconds on 2 cores."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  path = os.path.join(os.path.dirname(__file__), '..', 'configs', 'tiny.py')
+  spec = importlib.util.spec_from_file_location('tiny_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config()
+  c.model.num_layers = 2
+  c.model.d_model = 64
+  c.model.num_heads = 4
+  c.model.num_kv_heads = 2
+  c.model.head_dim = 16
+  c.model.ffn_dim = 128
+  c.model.seq_len = 32
+  c.train.global_batch_size = 16
+  c.train.micro_batch_size = 8
+  c.train.warmup_steps = 2
+  c.train.wsd_decay_steps = 2
+  c.train.steps = 10
+  c.log.every = 1
+  for dotted, value in overrides.items():
+    node = c
+    *parents, leaf = dotted.split('.')
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+@pytest.fixture
+def tiny_config():
+  return tiny_test_config()
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  if any(d.platform == 'gpu' for d in jax.devices()):
+    return
+  skip = pytest.mark.skip(reason='needs an NVIDIA GPU')
+  for item in items:
+    if 'gpu' in item.keywords:
+      item.add_marker(skip)

@@ -1,0 +1,100 @@
+"""The transformer: layers against numpy statements, parameter count, scan == unrolled, remat."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dlmjax import model as model_lib
+from dlmjax.model import layers
+
+CFG = model_lib.ModelConfig(num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                            ffn_dim=64, vocab_size=128, seq_len=16)
+
+
+def test_rmsnorm_matches_formula():
+  import flax.nnx as nnx  # pylint: disable=import-outside-toplevel
+  norm = layers.RMSNorm(8, eps=1e-6, rngs=nnx.Rngs(0))
+  norm.scale.value = jnp.arange(8, dtype=jnp.float32)
+  x = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
+  expected = np.arange(8) * x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(norm(jnp.asarray(x)), expected, rtol=1e-5)
+
+
+def test_rope_rotate_half():
+  x = np.random.default_rng(1).normal(size=(1, 5, 2, 8)).astype(np.float32)
+  pos = np.arange(5)[None]
+  inv = 1e4 ** (-np.arange(0, 8, 2) / 8)
+  ang = pos[..., None] * inv
+  cos = np.cos(np.concatenate([ang, ang], -1))[:, :, None]
+  sin = np.sin(np.concatenate([ang, ang], -1))[:, :, None]
+  rot = np.concatenate([-x[..., 4:], x[..., :4]], -1)
+  np.testing.assert_allclose(layers.rotary_embedding(jnp.asarray(x), jnp.asarray(pos), 1e4),
+                             x * cos + rot * sin, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('tie', [False, True])
+def test_param_count_matches_tree(tie):
+  cfg = dataclasses.replace(CFG, tie_embeddings=tie)
+  _, shapes, axes = model_lib.abstract(cfg)
+  assert sum(np.prod(s.shape) for s in jax.tree.leaves(shapes)) == cfg.num_params()
+  assert ('lm_head' in shapes) is (not tie)
+  for s, a in zip(jax.tree.leaves(shapes), jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple))):
+    assert len(s.shape) == len(a)
+
+
+def test_1p7b_param_count():
+  cfg = dataclasses.replace(CFG, num_layers=28, d_model=2048, num_heads=16, num_kv_heads=16,
+                            head_dim=128, ffn_dim=6144, vocab_size=50304, seq_len=2048)
+  assert cfg.num_params() == 1_732_895_744  # reference: MegaDLMs 1.7B with V padded to 50304
+  assert abs(cfg.flops_per_token() - 1.119e10) / 1.119e10 < 1e-3
+
+
+def test_init_statistics():
+  cfg = dataclasses.replace(CFG, num_layers=4, d_model=256, ffn_dim=512, num_heads=4,
+                            num_kv_heads=4, head_dim=64)
+  params = model_lib.init_params(cfg, jax.random.key(0))
+  assert abs(float(params['blocks']['attn']['q_proj'].std()) - 0.02) < 1e-3
+  assert abs(float(params['blocks']['mlp']['down_proj'].std()) - 0.02 / np.sqrt(8)) < 3e-4
+  np.testing.assert_array_equal(params['final_norm']['scale'], 1.0)
+
+
+def _logits(cfg, params, tokens):
+  return model_lib.merge(cfg, params)(tokens)
+
+
+@pytest.mark.parametrize('remat', ['none', 'minimal', 'save_dots', 'full'])
+def test_scan_unrolled_and_remat_agree(remat):
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+  ref = _logits(CFG, params, tokens)
+  cfg = dataclasses.replace(CFG, remat=remat, scan_layers=remat != 'full')
+  np.testing.assert_allclose(_logits(cfg, params, tokens), ref, rtol=1e-5, atol=1e-5)
+
+  def loss(p, c):
+    return _logits(c, p, tokens).sum()
+  g_ref = jax.grad(loss)(params, CFG)
+  g = jax.grad(loss)(params, cfg)
+  for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_bidirectional_model_sees_the_future_causal_does_not():
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (1, 16), 0, 128)
+  changed = tokens.at[0, 10].set((tokens[0, 10] + 1) % 128)
+  for kind, moves in (('bidirectional', True), ('causal', False)):
+    cfg = dataclasses.replace(CFG, attention_mask=kind)
+    delta = jnp.abs(_logits(cfg, params, tokens) - _logits(cfg, params, changed))[0, :10].max()
+    assert (float(delta) > 1e-4) is moves, kind
+
+
+def test_bfloat16_compute_stays_close():
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+  ref = _logits(CFG, params, tokens)
+  got = _logits(dataclasses.replace(CFG, dtype='bfloat16'), params, tokens)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, ref, atol=0.05)
