@@ -63,6 +63,7 @@ def defaults() -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 200
+  c.train.exit_at_step = 0  # stop (with a checkpoint) on reaching this step; 0 = run to the end.
   # Rows per optimizer step, and rows per accumulation step across the WHOLE mesh (Megatron's
   # per-rank micro-batch times the data-parallel size). Both are mesh-independent, so a run gives
   # the same losses on any mesh.
@@ -151,7 +152,8 @@ def validate(config, num_devices: int | None = None) -> None:
   for key, choices in _CHOICES.items():
     value = get_key(config, key)
     if value not in choices:
-      raise ConfigError(f'{key}={value!r} is not one of {choices}; set --config.{key}=<one of them>.')
+      raise ConfigError(f'{key}={value!r} is not one of {choices}; '
+                        f'set --config.{key}=<one of them>.')
 
   m, t = config.model, config.train
   for key in ('num_layers', 'd_model', 'num_heads', 'num_kv_heads', 'head_dim', 'ffn_dim',
@@ -183,7 +185,8 @@ def validate(config, num_devices: int | None = None) -> None:
       raise ConfigError(f'train.{key}={t[key]} must be positive.')
   if t.global_batch_size % t.micro_batch_size:
     raise ConfigError(f'train.global_batch_size={t.global_batch_size} is not a multiple of '
-                      f'train.micro_batch_size={t.micro_batch_size}; pick a micro-batch that divides '
+                      f'train.micro_batch_size={t.micro_batch_size}; pick a micro-batch that '
+                      'divides '
                       'it (gradients accumulate over global/micro steps).')
   if t.schedule == 'wsd' and t.warmup_steps + t.wsd_decay_steps > t.steps:
     raise ConfigError(f'train.warmup_steps + train.wsd_decay_steps = '

@@ -8,11 +8,10 @@ own memory analysis.
 
 from __future__ import annotations
 
-import sys
-
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from dlmjax import cli
 from dlmjax import config as config_lib
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/tiny.py', 'config file',
@@ -56,11 +55,12 @@ def summarize(config, num_devices: int | None) -> str:
   memory = estimate_memory_per_device(config)
   m = config.mesh
   tokens_per_step = config.train.global_batch_size * cfg.seq_len
+  embedding = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
   lines = [
       f'parameters: {cfg.num_params():,} with the embedding padded to {cfg.vocab_size} rows '
       f'(the count used everywhere); {unpadded:,} with the tokenizer vocab '
       f'{config.model.vocab_size}',
-      f'non-embedding parameters: {cfg.num_params() - cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2):,}',
+      f'non-embedding parameters: {cfg.num_params() - embedding:,}',
       f'FLOPs per token (train): {cfg.flops_per_token():.4e}; per step: '
       f'{cfg.flops_per_token() * tokens_per_step:.4e} ({tokens_per_step:,} tokens)',
       f'mesh: data {m.data} x fsdp {m.fsdp} x tensor {m.tensor} x pipeline {m.pipeline}; '
@@ -96,14 +96,10 @@ def compiled_memory(config) -> str:
 
 def main(argv):
   del argv
-  try:
-    print(summarize(_CONFIG.value, _DEVICES.value or None))
-    if _COMPILE.value:
-      print(compiled_memory(_CONFIG.value))
-  except config_lib.ConfigError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+  print(summarize(_CONFIG.value, _DEVICES.value or None))
+  if _COMPILE.value:
+    print(compiled_memory(_CONFIG.value))
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

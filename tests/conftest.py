@@ -9,7 +9,6 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from dlmjax import config as config_lib  # noqa: E402
 
 
 def tiny_test_config(**overrides):

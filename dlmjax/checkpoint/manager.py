@@ -160,7 +160,7 @@ def restore_params(step_dir: str, config, mesh=None) -> dict:
 
 
 def save_params_checkpoint(output_dir: str, config, params: dict, step: int = 0) -> str:
-  """A run directory holding only params (imports, exports of other stages); returns the step dir."""
+  """Writes a run directory holding only params (imports, exports); returns the step dir."""
   write_run_config(output_dir, config)
   directory = os.path.join(os.path.abspath(output_dir), CHECKPOINT_DIR)
   manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=True),

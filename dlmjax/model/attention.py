@@ -88,7 +88,8 @@ class Attention(nnx.Module):
     self.v_proj = layers.stacked_param(rngs, (d_model, num_kv_heads, head_dim),
                                        (rules.EMBED, rules.KV_HEADS, rules.HEAD_DIM), std=std, **kw)
     self.o_proj = layers.stacked_param(rngs, (num_heads, head_dim, d_model),
-                                       (rules.HEADS, rules.HEAD_DIM, rules.EMBED), std=out_std, **kw)
+                                       (rules.HEADS, rules.HEAD_DIM, rules.EMBED), std=out_std,
+                                       **kw)
     self.q_norm = layers.RMSNorm(head_dim, eps=norm_eps, rngs=rngs, **kw)
     self.k_norm = layers.RMSNorm(head_dim, eps=norm_eps, rngs=rngs, **kw)
 

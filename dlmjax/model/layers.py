@@ -57,8 +57,9 @@ class MLP(nnx.Module):
   def __init__(self, d_model: int, ffn_dim: int, *, std: float, out_std: float,
                rngs: nnx.Rngs, num_stacked: int = 0):
     kw = dict(num_stacked=num_stacked)
-    self.gate_proj = stacked_param(rngs, (d_model, ffn_dim), (rules.EMBED, rules.MLP), std=std, **kw)
-    self.up_proj = stacked_param(rngs, (d_model, ffn_dim), (rules.EMBED, rules.MLP), std=std, **kw)
+    in_axes = (rules.EMBED, rules.MLP)
+    self.gate_proj = stacked_param(rngs, (d_model, ffn_dim), in_axes, std=std, **kw)
+    self.up_proj = stacked_param(rngs, (d_model, ffn_dim), in_axes, std=std, **kw)
     self.down_proj = stacked_param(rngs, (ffn_dim, d_model), (rules.MLP, rules.EMBED),
                                    std=out_std, **kw)
 
@@ -68,6 +69,7 @@ class MLP(nnx.Module):
                                'mlp_gate')
     up_BLF = checkpoint_name(jnp.einsum('bld,df->blf', x_BLD, self.up_proj.value.astype(dtype)),
                              'mlp_up')
-    h_BLF = rules.constrain(jax.nn.silu(gate_BLF) * up_BLF, (rules.BATCH, rules.LENGTH, rules.ACT_MLP))
+    h_BLF = rules.constrain(jax.nn.silu(gate_BLF) * up_BLF,
+                            (rules.BATCH, rules.LENGTH, rules.ACT_MLP))
     out_BLD = jnp.einsum('blf,fd->bld', h_BLF, self.down_proj.value.astype(dtype))
     return checkpoint_name(out_BLD, 'mlp_out')

@@ -45,9 +45,14 @@ def initial_state(config, setup, checkpoints):
   return setup.init_state(config.seed), None
 
 
+def _last_step(config) -> int:
+  exit_at = config.train.exit_at_step
+  return min(exit_at, config.train.steps) if exit_at > 0 else config.train.steps
+
+
 def _should_save(config, step: int) -> bool:
   every = config.checkpoint.every
-  return step == config.train.steps or (every > 0 and step % every == 0)
+  return step == _last_step(config) or (every > 0 and step % every == 0)
 
 
 def train(config) -> dict | None:
@@ -78,7 +83,7 @@ def train(config) -> dict | None:
   pending, last_row = None, None
   reporter.start(start)
   compile_start = time.time()
-  for step in range(start + 1, config.train.steps + 1):
+  for step in range(start + 1, _last_step(config) + 1):
     local = next(batches)
     batch = {'tokens': jax.make_array_from_process_local_data(step_fn.batch_sharding,
                                                               local['tokens'])}
@@ -100,7 +105,7 @@ def train(config) -> dict | None:
 
 
 def _report(reporter, config, step, metrics):
-  write = step % config.log.every == 0 or step == config.train.steps
+  write = step % config.log.every == 0 or step == _last_step(config)
   row = reporter.record(step, metrics, write=write)
   if row is not None and not all(map(_finite, (row['loss'], row['grad_norm']))):
     raise FloatingPointError(

@@ -1,4 +1,4 @@
-"""AdamW with MegaDLMs' learning-rate schedules and no weight decay on norm (1-D per layer) params."""
+"""AdamW with MegaDLMs' learning-rate schedules, and no weight decay on norms (1-D per layer)."""
 
 from __future__ import annotations
 

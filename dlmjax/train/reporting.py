@@ -1,4 +1,4 @@
-"""What a run reports: metrics.jsonl rows and a console progress line (step, loss, tok/s, MFU, ETA)."""
+"""What a run reports: metrics.jsonl rows and a console line (step, loss, tok/s, MFU, ETA)."""
 
 from __future__ import annotations
 

@@ -60,7 +60,8 @@ def make_step_fn(setup, loss_fn):
       return (grads_acc, sums_acc), None
 
     zero_grads = jax.tree.map(jnp.zeros_like, params)
-    _, zero_sums = jax.eval_shape(lambda: micro_step(params, step, micro_tokens[0], micro_ids[0], 0))
+    _, zero_sums = jax.eval_shape(
+        lambda: micro_step(params, step, micro_tokens[0], micro_ids[0], 0))
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_sums)
     (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_sums),
                                     (micro_tokens, micro_ids, jnp.arange(num_micro)))

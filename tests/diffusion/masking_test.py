@@ -1,6 +1,5 @@
 """The forward process: MegaDLMs' rules, and randomness that depends on example ids only."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

@@ -41,7 +41,8 @@ def test_param_count_matches_tree(tie):
   _, shapes, axes = model_lib.abstract(cfg)
   assert sum(np.prod(s.shape) for s in jax.tree.leaves(shapes)) == cfg.num_params()
   assert ('lm_head' in shapes) is (not tie)
-  for s, a in zip(jax.tree.leaves(shapes), jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple))):
+  axes_leaves = jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple))
+  for s, a in zip(jax.tree.leaves(shapes), axes_leaves):
     assert len(s.shape) == len(a)
 
 

@@ -1,4 +1,4 @@
-"""Sharding rules: every large parameter is split on an 8-device mesh (MaxText's sharding assert)."""
+"""Sharding rules: every large parameter is split on an 8-device mesh (MaxText's assert)."""
 
 import jax
 import numpy as np

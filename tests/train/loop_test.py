@@ -1,0 +1,78 @@
+"""The loop end to end on the built-in corpus: run directory, exact resume, clear failures."""
+
+import json
+import os
+
+import pytest
+
+from dlmjax import config as config_lib
+from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.train import loop
+from tests.conftest import tiny_test_config
+
+
+def _config(output_dir, **overrides):
+  c = tiny_test_config(**{'train.steps': 12, 'checkpoint.every': 4, 'checkpoint.keep': 2,
+                          'diffusion.varlen_prob': 0.2, **overrides})
+  c.output_dir = str(output_dir)
+  if os.environ.get('DLMJAX_CACHE_DIR'):
+    c.data.cache_dir = os.environ['DLMJAX_CACHE_DIR']
+  return c
+
+
+def _losses(run_dir):
+  with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
+    return {row['step']: row['loss'] for row in map(json.loads, f)}
+
+
+@pytest.fixture(scope='module')
+def straight_run(tmp_path_factory):
+  run_dir = tmp_path_factory.mktemp('straight')
+  loop.train(_config(run_dir))
+  return run_dir
+
+
+def test_run_directory_contract(straight_run):
+  with open(os.path.join(straight_run, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  assert [r['step'] for r in rows] == list(range(1, 13))
+  for key in ('step', 'loss', 'masked_ce', 'lr', 'tokens_per_s', 'grad_norm'):
+    assert key in rows[0]
+  saved = checkpoint_lib.load_run_config(straight_run)
+  assert saved.model.d_model == 64
+  # keep=2 of the saves at 4, 8, 12.
+  assert sorted(os.listdir(os.path.join(straight_run, 'checkpoints'))) == ['12', '8']
+  assert rows[-1]['loss'] < rows[0]['loss']
+
+
+def test_resume_is_exact(straight_run, tmp_path):
+  loop.train(_config(tmp_path, **{'train.exit_at_step': 6}))
+  first = _losses(tmp_path)
+  assert max(first) == 6
+  loop.train(_config(tmp_path))  # the same output_dir: resumes from step 6
+  expected = _losses(straight_run)
+  resumed = _losses(tmp_path)
+  assert [resumed[s] for s in range(7, 13)] == [expected[s] for s in range(7, 13)]
+
+
+def test_resume_refuses_a_different_model(straight_run, tmp_path):
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.copytree(straight_run, tmp_path / 'run')
+  with pytest.raises(checkpoint_lib.CheckpointError, match='model.d_model'):
+    loop.train(_config(tmp_path / 'run', **{'model.d_model': 128, 'train.steps': 20}))
+
+
+def test_init_from_starts_a_new_run(straight_run, tmp_path):
+  c = _config(tmp_path, **{'train.steps': 2})
+  c.init_from = str(straight_run)
+  row = loop.train(c)
+  assert row['step'] == 2
+  # Starts from trained weights: its first loss is far below a fresh model's.
+  assert _losses(tmp_path)[1] < _losses(straight_run)[1] - 0.5
+
+
+def test_unwritable_output_dir(tmp_path):
+  blocker = tmp_path / 'file'
+  blocker.write_text('not a directory')
+  with pytest.raises(config_lib.ConfigError, match='not writable'):
+    loop.train(_config(blocker / 'run'))
