@@ -18,13 +18,13 @@ def get_config(arg=None):
   c = config_lib.defaults()
   presets.apply_preset(c.model, 'tiny')
   c.output_dir = 'runs/tiny'
-  c.train.steps = 200
+  c.train.steps = 120
   c.train.global_batch_size = 32
   c.train.micro_batch_size = 16
   c.train.lr = 3e-3
   c.train.min_lr = 3e-4
-  c.train.warmup_steps = 20
-  c.train.wsd_decay_steps = 40
-  c.checkpoint.every = 100
+  c.train.warmup_steps = 10
+  c.train.wsd_decay_steps = 24
+  c.checkpoint.every = 60
   c.log.every = 10
   return c

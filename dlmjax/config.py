@@ -82,9 +82,11 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.weight_decay = 0.1
   c.train.clip_grad_norm = 1.0
 
+  # Devices per mesh axis; one axis may be -1: it takes whatever the others leave (default: FSDP
+  # over every device, MaxText's default inside a node).
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1
-  c.mesh.fsdp = 1
+  c.mesh.fsdp = -1
   c.mesh.tensor = 1
   c.mesh.pipeline = 1
 
@@ -123,6 +125,27 @@ def mesh_size(config) -> int:
   return m.data * m.fsdp * m.tensor * m.pipeline
 
 
+MESH_AXES = ('data', 'fsdp', 'tensor', 'pipeline')
+
+
+def resolve_mesh(config, num_devices: int) -> None:
+  """Replaces a -1 mesh axis, in place, by the size that makes the mesh fill num_devices."""
+  mesh = config.mesh
+  fill = [axis for axis in MESH_AXES if mesh[axis] == -1]
+  if len(fill) > 1:
+    raise ConfigError(f'mesh axes {fill} are all -1; at most one axis can fill the devices.')
+  if not fill:
+    return
+  others = 1
+  for axis in MESH_AXES:
+    if axis != fill[0]:
+      others *= max(mesh[axis], 1)
+  if num_devices % others:
+    raise ConfigError(f'mesh.{fill[0]}=-1 cannot fill {num_devices} devices: the other axes '
+                      f'multiply to {others}, which does not divide it.')
+  mesh[fill[0]] = num_devices // others
+
+
 # ----------------------------------------------------------------------------------------------
 # Validation
 
@@ -148,7 +171,10 @@ def get_key(config, dotted):
 
 
 def validate(config, num_devices: int | None = None) -> None:
-  """Raises ConfigError naming the key and the fix for a config that cannot work."""
+  """Raises ConfigError naming the key and the fix for a config that cannot work.
+
+  With num_devices, a -1 mesh axis is checked as resolved for that many devices.
+  """
   for key, choices in _CHOICES.items():
     value = get_key(config, key)
     if value not in choices:
@@ -186,8 +212,7 @@ def validate(config, num_devices: int | None = None) -> None:
   if t.global_batch_size % t.micro_batch_size:
     raise ConfigError(f'train.global_batch_size={t.global_batch_size} is not a multiple of '
                       f'train.micro_batch_size={t.micro_batch_size}; pick a micro-batch that '
-                      'divides '
-                      'it (gradients accumulate over global/micro steps).')
+                      'divides it (gradients accumulate over global/micro steps).')
   if t.schedule == 'wsd' and t.warmup_steps + t.wsd_decay_steps > t.steps:
     raise ConfigError(f'train.warmup_steps + train.wsd_decay_steps = '
                       f'{t.warmup_steps + t.wsd_decay_steps} exceeds train.steps={t.steps}.')
@@ -200,10 +225,23 @@ def validate(config, num_devices: int | None = None) -> None:
 
 
 def _validate_mesh(config, num_devices):
-  m, mesh = config.model, config.mesh
-  for axis in ('data', 'fsdp', 'tensor', 'pipeline'):
+  m = config.model
+  tensor = config.mesh.tensor
+  for key in ('num_heads', 'num_kv_heads', 'ffn_dim'):
+    if tensor > 0 and m[key] % tensor:
+      raise ConfigError(f'model.{key}={m[key]} is not divisible by mesh.tensor={tensor}; '
+                        'pick a tensor size that divides it.')
+  # Check a resolved copy: with a device count a -1 axis takes its size, without one it counts 1.
+  config = ml_collections.ConfigDict(config.to_dict())
+  if num_devices is None:
+    for axis in MESH_AXES:
+      config.mesh[axis] = max(config.mesh[axis], 1)
+  else:
+    resolve_mesh(config, num_devices)
+  mesh = config.mesh
+  for axis in MESH_AXES:
     if mesh[axis] < 1:
-      raise ConfigError(f'mesh.{axis}={mesh[axis]} must be >= 1.')
+      raise ConfigError(f'mesh.{axis}={mesh[axis]} must be >= 1 (or -1 to fill the devices).')
   if mesh.pipeline != 1:
     raise ConfigError('mesh.pipeline > 1 is not implemented yet; set --config.mesh.pipeline=1.')
   for key in ('num_heads', 'num_kv_heads', 'ffn_dim'):
@@ -219,8 +257,7 @@ def _validate_mesh(config, num_devices):
                       'exist; shrink the mesh axes.')
   if num_devices is not None and total < num_devices:
     raise ConfigError(f'the mesh uses {total} of {num_devices} devices; make data x fsdp x tensor '
-                      f'x pipeline = {num_devices} (e.g. --config.mesh.fsdp='
-                      f'{num_devices // (mesh.data * mesh.tensor * mesh.pipeline) or 1}).')
+                      f'x pipeline = {num_devices}, or set one axis to -1 to fill them.')
   dp = batch_parallelism(config)
   if config.train.micro_batch_size % dp:
     raise ConfigError(f'train.micro_batch_size={config.train.micro_batch_size} is not divisible by '

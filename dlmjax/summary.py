@@ -48,7 +48,11 @@ def estimate_memory_per_device(config) -> dict:
 
 def summarize(config, num_devices: int | None) -> str:
   from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
+  if num_devices is None:
+    import jax  # pylint: disable=import-outside-toplevel
+    num_devices = jax.device_count()
   config_lib.validate(config, num_devices=num_devices)
+  config_lib.resolve_mesh(config, num_devices)
   cfg = model_lib.ModelConfig.from_config(config)
   unpadded = cfg.num_params() - (cfg.vocab_size - config.model.vocab_size) * cfg.d_model * (
       1 if cfg.tie_embeddings else 2)

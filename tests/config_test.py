@@ -38,6 +38,7 @@ def test_pretrain_1p7b_recipe():
 
 def test_tiny_batches_fit_every_8_device_mesh():
   c = _load(os.path.join(ROOT, 'configs', 'tiny.py'))
+  config_lib.validate(c, num_devices=8)  # the default: fsdp fills the devices
   for data, fsdp, tensor in ((8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 4, 2), (1, 1, 8)):
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = data, fsdp, tensor
     if c.model.num_heads % tensor == 0:
@@ -46,10 +47,13 @@ def test_tiny_batches_fit_every_8_device_mesh():
 
 @pytest.mark.parametrize('overrides,message', [
     ({'mesh.tensor': 3}, 'not divisible by mesh.tensor=3'),
-    ({'mesh.data': 16}, 'only 8 exist'),
-    ({'mesh.data': 2}, 'uses 2 of 8 devices'),
+    ({'mesh.data': 16, 'mesh.fsdp': 1}, 'only 8 exist'),
+    ({'mesh.data': 3}, 'cannot fill 8 devices'),
+    ({'mesh.data': -1, 'mesh.fsdp': -1}, 'at most one axis'),
+    ({'mesh.data': 2, 'mesh.fsdp': 1}, 'uses 2 of 8 devices'),
     ({'train.micro_batch_size': 6}, 'not a multiple of train.micro_batch_size'),
-    ({'mesh.data': 8, 'train.micro_batch_size': 4, 'train.global_batch_size': 16},
+    ({'mesh.data': 8, 'mesh.fsdp': 1, 'train.micro_batch_size': 4,
+      'train.global_batch_size': 16},
      'not divisible by the batch-parallel devices'),
     ({'model.attention_mask': 'sideways'}, 'model.attention_mask'),
     ({'model.mask_token_id': 99999}, 'outside the vocabulary'),
@@ -60,5 +64,4 @@ def test_bad_configs_name_the_fix(overrides, message):
   config = tiny_test_config(**overrides)
   devices = 8
   with pytest.raises(config_lib.ConfigError, match=message):
-    config_lib.validate(config, num_devices=devices if 'mesh.data' in overrides or
-                        'mesh.tensor' in overrides else None)
+    config_lib.validate(config, num_devices=devices)

@@ -58,9 +58,8 @@ def _should_save(config, step: int) -> bool:
 def train(config) -> dict | None:
   """Runs config.stage to config.train.steps; returns the last logged metrics row."""
   # Setup.
-  config_lib.validate(config, num_devices=jax.device_count())
   check_output_dir(config.output_dir)
-  mesh = mesh_lib.make_mesh(config)
+  mesh = mesh_lib.make_mesh(config)  # validates config, resolves a -1 mesh axis
   setup = state_lib.TrainSetup(config, mesh)
   stage = stages.STAGES[config.stage]
   checkpoints = checkpoint_lib.RunCheckpoints(config.output_dir, keep=config.checkpoint.keep,

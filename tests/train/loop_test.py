@@ -63,7 +63,8 @@ def test_resume_refuses_a_different_model(straight_run, tmp_path):
 
 
 def test_init_from_starts_a_new_run(straight_run, tmp_path):
-  c = _config(tmp_path, **{'train.steps': 2})
+  c = _config(tmp_path, **{'train.steps': 2, 'train.warmup_steps': 0,
+                           'train.wsd_decay_steps': 1})
   c.init_from = str(straight_run)
   row = loop.train(c)
   assert row['step'] == 2

@@ -29,7 +29,7 @@ def run_steps(config, num_steps=5):
 
 @pytest.fixture(scope='module')
 def single_device_losses():
-  return run_steps(tiny_test_config(**{'diffusion.varlen_prob': 0.3}))[0]
+  return run_steps(tiny_test_config(**{'diffusion.varlen_prob': 0.3, 'mesh.fsdp': 1}))[0]
 
 
 @pytest.mark.parametrize('data,fsdp,tensor', [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 4, 2)])
@@ -45,9 +45,9 @@ def test_mesh_layouts_match_single_device(single_device_losses, data, fsdp, tens
 
 
 def test_gradient_accumulation_is_exact():
-  one, _ = run_steps(tiny_test_config(**{'diffusion.varlen_prob': 0.0,
+  one, _ = run_steps(tiny_test_config(**{'diffusion.varlen_prob': 0.0, 'mesh.fsdp': 1,
                                          'train.micro_batch_size': 16}), num_steps=3)
-  two, _ = run_steps(tiny_test_config(**{'diffusion.varlen_prob': 0.0,
+  two, _ = run_steps(tiny_test_config(**{'diffusion.varlen_prob': 0.0, 'mesh.fsdp': 1,
                                          'train.micro_batch_size': 8}), num_steps=3)
   np.testing.assert_allclose(one, two, rtol=1e-5)
 
