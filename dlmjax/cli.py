@@ -1,4 +1,4 @@
-"""Shared entry-point plumbing: flag parsing and user errors as one readable line, not a traceback."""
+"""Shared entry-point plumbing: bad flags and user errors as one readable line, no traceback."""
 
 from __future__ import annotations
 

@@ -101,6 +101,24 @@ def defaults() -> ml_collections.ConfigDict:
   return c
 
 
+def from_dict(values: dict) -> ml_collections.ConfigDict:
+  """The defaults updated with saved values (a run's config.json), ignoring keys this version
+  no longer has, so old run directories stay loadable."""
+  config = defaults()
+  _update_known(config, values)
+  return config
+
+
+def _update_known(node, values):
+  for key, value in values.items():
+    if key not in node:
+      continue
+    if isinstance(node[key], ml_collections.ConfigDict):
+      _update_known(node[key], value)
+    else:
+      node[key] = type(node[key])(value) if node[key] is not None else value
+
+
 # ----------------------------------------------------------------------------------------------
 # Derived values
 

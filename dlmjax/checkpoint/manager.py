@@ -15,6 +15,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from dlmjax import config as config_lib
+from dlmjax.checkpoint import checksums
 
 CONFIG_FILE = 'config.json'
 CHECKPOINT_DIR = 'checkpoints'
@@ -49,8 +50,9 @@ class RunCheckpoints:
     return self._manager.latest_step()
 
   def save(self, state: dict, data_state=None) -> None:
+    """Starts an (async) save; the params' checksums go in the same atomic commit."""
     step = int(jax.device_get(state['step']))
-    meta = dict(step=step, data_state=data_state)
+    meta = dict(step=step, data_state=data_state, checksums=checksums.compute(state['params']))
     self._manager.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(state['params']),
         opt_state=ocp.args.StandardSave(state['opt_state']),
@@ -92,21 +94,7 @@ def load_run_config(run_dir: str) -> ml_collections.ConfigDict:
   if not os.path.exists(path):
     raise CheckpointError(f'{path} is missing: {run_dir} is not a dlmjax run directory.')
   with open(path) as f:
-    saved = json.load(f)
-  config = config_lib.defaults()
-  _update_known(config, saved)
-  return config
-
-
-def _update_known(node, values):
-  """Copies saved values onto the defaults, ignoring keys this version no longer has."""
-  for key, value in values.items():
-    if key not in node:
-      continue
-    if isinstance(node[key], ml_collections.ConfigDict):
-      _update_known(node[key], value)
-    else:
-      node[key] = type(node[key])(value) if node[key] is not None else value
+    return config_lib.from_dict(json.load(f))
 
 
 def resolve_step_dir(path: str) -> tuple[str, str, int]:
@@ -137,6 +125,15 @@ def _committed_steps(directory: str) -> list[int]:
                 if n.isdigit() and os.path.isdir(os.path.join(directory, n, 'params')))
 
 
+def read_meta(step_dir: str) -> dict:
+  """The step's JSON item: step, data iterator state and the params' sha256 checksums."""
+  path = os.path.join(step_dir, 'meta', 'metadata')
+  if not os.path.exists(path):
+    raise CheckpointError(f'{path} is missing: the checkpoint is incomplete.')
+  with open(path) as f:
+    return json.load(f)
+
+
 def restore_params(step_dir: str, config, mesh=None) -> dict:
   """The params of a step directory, placed in the mesh's shardings (or on one device)."""
   from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
@@ -165,9 +162,9 @@ def save_params_checkpoint(output_dir: str, config, params: dict, step: int = 0)
   directory = os.path.join(os.path.abspath(output_dir), CHECKPOINT_DIR)
   manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=True),
                                   item_names=_ITEMS)
+  meta = dict(step=step, data_state=None, checksums=checksums.compute(params))
   manager.save(step, args=ocp.args.Composite(
-      params=ocp.args.StandardSave(params),
-      meta=ocp.args.JsonSave(dict(step=step, data_state=None))), force=True)
+      params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)), force=True)
   manager.wait_until_finished()
   manager.close()
   return os.path.join(directory, str(step))

@@ -12,7 +12,7 @@ from tests.conftest import tiny_test_config
 
 
 def _config(output_dir, **overrides):
-  c = tiny_test_config(**{'train.steps': 12, 'checkpoint.every': 4, 'checkpoint.keep': 2,
+  c = tiny_test_config(**{'train.steps': 20, 'checkpoint.every': 8, 'checkpoint.keep': 2,
                           'diffusion.varlen_prob': 0.2, **overrides})
   c.output_dir = str(output_dir)
   if os.environ.get('DLMJAX_CACHE_DIR'):
@@ -35,24 +35,24 @@ def straight_run(tmp_path_factory):
 def test_run_directory_contract(straight_run):
   with open(os.path.join(straight_run, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
-  assert [r['step'] for r in rows] == list(range(1, 13))
+  assert [r['step'] for r in rows] == list(range(1, 21))
   for key in ('step', 'loss', 'masked_ce', 'lr', 'tokens_per_s', 'grad_norm'):
     assert key in rows[0]
   saved = checkpoint_lib.load_run_config(straight_run)
   assert saved.model.d_model == 64
-  # keep=2 of the saves at 4, 8, 12.
-  assert sorted(os.listdir(os.path.join(straight_run, 'checkpoints'))) == ['12', '8']
+  # keep=2 of the saves at 8, 16, 20.
+  assert sorted(os.listdir(os.path.join(straight_run, 'checkpoints'))) == ['16', '20']
   assert rows[-1]['loss'] < rows[0]['loss']
 
 
 def test_resume_is_exact(straight_run, tmp_path):
-  loop.train(_config(tmp_path, **{'train.exit_at_step': 6}))
+  loop.train(_config(tmp_path, **{'train.exit_at_step': 10}))
   first = _losses(tmp_path)
-  assert max(first) == 6
-  loop.train(_config(tmp_path))  # the same output_dir: resumes from step 6
+  assert max(first) == 10
+  loop.train(_config(tmp_path))  # the same output_dir: resumes from step 10
   expected = _losses(straight_run)
   resumed = _losses(tmp_path)
-  assert [resumed[s] for s in range(7, 13)] == [expected[s] for s in range(7, 13)]
+  assert [resumed[s] for s in range(11, 21)] == [expected[s] for s in range(11, 21)]
 
 
 def test_resume_refuses_a_different_model(straight_run, tmp_path):

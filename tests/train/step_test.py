@@ -56,3 +56,12 @@ def test_microbatch_split_is_strided():
   x = np.arange(12)
   np.testing.assert_array_equal(step_lib.microbatch_split(x, 3),
                                 [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]])
+
+
+@pytest.mark.parametrize('objective,mask', [('ar', 'causal'), ('mdm', 'block_causal')])
+def test_other_objectives_and_masks_train(objective, mask):
+  losses, _ = run_steps(tiny_test_config(**{
+      'diffusion.objective': objective, 'model.attention_mask': mask, 'model.block_size': 8,
+      'mesh.fsdp': 1, 'train.lr': 1e-2, 'train.warmup_steps': 0}), num_steps=4)
+  assert np.isfinite(losses).all()
+  assert losses[-1] < losses[0]

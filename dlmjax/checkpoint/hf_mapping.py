@@ -1,0 +1,308 @@
+"""The one map between dlmjax's parameter dict and Hugging Face tensor names and layouts.
+
+Ours: one array per parameter kind stacked over layers (leading axis L), attention kernels split
+by head ([D, N, H], [N, H, D]), matmul kernels as [in, out]. Hugging Face: one tensor per layer,
+nn.Linear weights as [out, in]. Both directions stream: export yields one HF tensor at a time;
+import fills each stacked array from one HF tensor at a time, so a model is never held twice.
+
+Exports use transformers' Qwen3 names. Imports read the names of every architecture in
+hf_config.ARCHITECTURES; what a checkpoint has that our model cannot express (non-zero biases,
+missing QK-norm) is refused with the reason, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+
+import numpy as np
+
+from dlmjax.model.presets import ModelConfig
+
+MISSING_QK_NORM = ('error', 'ones')
+
+
+class MappingError(ValueError):
+  """Tensors that do not fit the model: names the tensor, what was expected and what was found."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Naming:
+  """Tensor names of one Hugging Face architecture; `{i}` in `layer` is the layer index."""
+  embed: str
+  final_norm: str
+  lm_head: str
+  layer: str
+  layer_keys: dict  # our per-layer slot -> name suffix
+  bias_slots: tuple = ()  # slots whose `.bias` may exist; accepted only when all zero
+  ignored: str = r'.*rotary_emb\.inv_freq$'  # buffers some exporters write (MegaDLMs does)
+
+  def layer_name(self, i: int, slot: str) -> str:
+    return self.layer.format(i=i) + self.layer_keys[slot]
+
+
+_LLAMA_KEYS = dict(input_norm='input_layernorm.weight',
+                   post_attn_norm='post_attention_layernorm.weight', q='self_attn.q_proj.weight',
+                   k='self_attn.k_proj.weight', v='self_attn.v_proj.weight',
+                   o='self_attn.o_proj.weight', gate='mlp.gate_proj.weight',
+                   up='mlp.up_proj.weight', down='mlp.down_proj.weight')
+_QWEN3_KEYS = dict(_LLAMA_KEYS, q_norm='self_attn.q_norm.weight', k_norm='self_attn.k_norm.weight')
+_LLAMA_LIKE = dict(embed='model.embed_tokens.weight', final_norm='model.norm.weight',
+                   lm_head='lm_head.weight', layer='model.layers.{i}.')
+NAMINGS = {
+    'qwen3': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
+    'difflm': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
+    'qwen2': Naming(**_LLAMA_LIKE, layer_keys=_LLAMA_KEYS, bias_slots=('q', 'k', 'v')),
+    'llama': Naming(**_LLAMA_LIKE, layer_keys=_LLAMA_KEYS, bias_slots=('q', 'k', 'v', 'o')),
+    # LLaDA's OLMo-derived LLaDALlamaBlock (GSAI-ML/LLaDA-8B-*, modeling_llada.py):
+    # ff_proj is the SwiGLU gate, up_proj the up projection, ff_out the down projection.
+    'llada': Naming(embed='model.transformer.wte.weight',
+                    final_norm='model.transformer.ln_f.weight',
+                    lm_head='model.transformer.ff_out.weight',
+                    layer='model.transformer.blocks.{i}.',
+                    layer_keys=dict(input_norm='attn_norm.weight', post_attn_norm='ff_norm.weight',
+                                    q='q_proj.weight', k='k_proj.weight', v='v_proj.weight',
+                                    o='attn_out.weight', gate='ff_proj.weight',
+                                    up='up_proj.weight', down='ff_out.weight'),
+                    bias_slots=('q', 'k', 'v')),
+}
+
+# Our per-layer slots: path in the param dict and layout kind.
+#   vector:    [X]        <-> [X]
+#   in_heads:  [D, X, H]  <-> [X*H, D]   (q/k/v: nn.Linear(D, X*H))
+#   heads_out: [N, H, D]  <-> [D, N*H]   (o:     nn.Linear(N*H, D))
+#   matrix:    [I, O]     <-> [O, I]     (MLP)
+_SLOTS = {
+    'input_norm': (('blocks', 'input_norm', 'scale'), 'vector'),
+    'q': (('blocks', 'attn', 'q_proj'), 'in_heads'),
+    'k': (('blocks', 'attn', 'k_proj'), 'in_heads'),
+    'v': (('blocks', 'attn', 'v_proj'), 'in_heads'),
+    'q_norm': (('blocks', 'attn', 'q_norm', 'scale'), 'vector'),
+    'k_norm': (('blocks', 'attn', 'k_norm', 'scale'), 'vector'),
+    'o': (('blocks', 'attn', 'o_proj'), 'heads_out'),
+    'post_attn_norm': (('blocks', 'post_attn_norm', 'scale'), 'vector'),
+    'gate': (('blocks', 'mlp', 'gate_proj'), 'matrix'),
+    'up': (('blocks', 'mlp', 'up_proj'), 'matrix'),
+    'down': (('blocks', 'mlp', 'down_proj'), 'matrix'),
+}
+_EMBED, _FINAL_NORM, _LM_HEAD = ('embed_tokens',), ('final_norm', 'scale'), ('lm_head',)
+
+
+def _hf_shape(shape, layout):
+  if layout == 'vector':
+    return tuple(shape)
+  if layout == 'in_heads':
+    return (shape[1] * shape[2], shape[0])
+  if layout == 'heads_out':
+    return (shape[2], shape[0] * shape[1])
+  return (shape[1], shape[0])
+
+
+def _to_hf(array, layout):
+  if layout == 'vector':
+    return array
+  if layout == 'in_heads':
+    return array.reshape(array.shape[0], -1).T
+  if layout == 'heads_out':
+    return array.reshape(-1, array.shape[-1]).T
+  return array.T
+
+
+def _from_hf(tensor, layout, shape):
+  return tensor if layout == 'vector' else tensor.T.reshape(shape)
+
+
+def _layer_shapes(cfg: ModelConfig) -> dict:
+  """Per-layer shape of each slot (our layout, without the layer axis)."""
+  d, n, k, h, f = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim
+  return dict(input_norm=(d,), q=(d, n, h), k=(d, k, h), v=(d, k, h), q_norm=(h,), k_norm=(h,),
+              o=(n, h, d), post_attn_norm=(d,), gate=(d, f), up=(d, f), down=(f, d))
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _set(tree, path, value):
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+# ----------------------------------------------------------------------------------------------
+# Export: our params -> Hugging Face Qwen3 tensors
+
+
+def export_entries(cfg: ModelConfig, *, vocab_rows: int) -> list[tuple[str, tuple]]:
+  """(name, shape) of every exported tensor, in the order export_tensors yields them."""
+  naming, shapes = NAMINGS['qwen3'], _layer_shapes(cfg)
+  entries = [(naming.embed, (vocab_rows, cfg.d_model))]
+  for i in range(cfg.num_layers):
+    for slot, (_, layout) in _SLOTS.items():
+      entries.append((naming.layer_name(i, slot), _hf_shape(shapes[slot], layout)))
+  entries.append((naming.final_norm, (cfg.d_model,)))
+  if not cfg.tie_embeddings:  # tied: transformers re-creates lm_head from the embedding.
+    entries.append((naming.lm_head, (vocab_rows, cfg.d_model)))
+  return entries
+
+
+def export_tensors(params: dict, cfg: ModelConfig, *, vocab_rows: int,
+                   to_host=np.asarray) -> Iterator[tuple[str, np.ndarray]]:
+  """Yields (Hugging Face name, float32 numpy array), one tensor at a time.
+
+  `vocab_rows` <= the padded vocab: the padded size keeps every row (MegaDLMs exports the padded
+  50304), the tokenizer's size drops the padding. `to_host` turns one (possibly sharded, on-device)
+  array into numpy; only that slice is ever on the host.
+  """
+  if not 0 < vocab_rows <= cfg.vocab_size:
+    raise MappingError(f'vocab_rows={vocab_rows} must be in (0, {cfg.vocab_size}].')
+  naming = NAMINGS['qwen3']
+  yield naming.embed, np.asarray(to_host(_get(params, _EMBED)[:vocab_rows]), np.float32)
+  for i in range(cfg.num_layers):
+    for slot, (path, layout) in _SLOTS.items():
+      layer = np.asarray(to_host(_get(params, path)[i]), np.float32)
+      yield naming.layer_name(i, slot), np.ascontiguousarray(_to_hf(layer, layout))
+  yield naming.final_norm, np.asarray(to_host(_get(params, _FINAL_NORM)), np.float32)
+  if not cfg.tie_embeddings:
+    head_DV = np.asarray(to_host(_get(params, _LM_HEAD)[:, :vocab_rows]), np.float32)
+    yield naming.lm_head, np.ascontiguousarray(head_DV.T)
+
+
+# ----------------------------------------------------------------------------------------------
+# Import: Hugging Face tensors -> our params
+
+
+class DictSource:
+  """A tensor source over an in-memory mapping (a torch state dict, numpy arrays)."""
+
+  def __init__(self, tensors: dict, to_numpy=np.asarray):
+    self._tensors, self._to_numpy = tensors, to_numpy
+
+  def keys(self):
+    return list(self._tensors)
+
+  def __contains__(self, name):
+    return name in self._tensors
+
+  def shape(self, name):
+    return tuple(self._tensors[name].shape)
+
+  def get(self, name):
+    return self._to_numpy(self._tensors[name])
+
+
+def _expected(naming: Naming, cfg: ModelConfig, slots) -> list[str]:
+  names = [naming.embed, naming.final_norm]
+  if not cfg.tie_embeddings:
+    names.append(naming.lm_head)
+  names += [naming.layer_name(i, s) for i in range(cfg.num_layers) for s in slots]
+  return names
+
+
+def _bias_names(naming: Naming, cfg: ModelConfig) -> list[str]:
+  return [naming.layer_name(i, s)[:-len('weight')] + 'bias'
+          for i in range(cfg.num_layers) for s in naming.bias_slots]
+
+
+def _listing(names, limit=8) -> str:
+  shown = ', '.join(names[:limit])
+  return shown + (f' and {len(names) - limit} more' if len(names) > limit else '')
+
+
+def check_source(source, arch: str, cfg: ModelConfig, *, vocab_size: int,
+                 missing_qk_norm: str = 'error') -> None:
+  """Raises MappingError for missing, unexpected or misshaped tensors, before reading any data."""
+  if arch not in NAMINGS:
+    raise MappingError(f'unknown architecture {arch!r}; known: {", ".join(NAMINGS)}.')
+  if missing_qk_norm not in MISSING_QK_NORM:
+    raise MappingError(f'missing_qk_norm={missing_qk_norm!r} is not one of {MISSING_QK_NORM}.')
+  naming = NAMINGS[arch]
+  if 'q_norm' not in naming.layer_keys and missing_qk_norm == 'error':
+    raise MappingError(
+        f'{arch} has no QK-norm, but dlmjax\'s attention always RMS-normalises q and k per head '
+        'before RoPE, so these weights would compute a different function. To use them anyway as '
+        'the start of further training, convert with --missing-qk-norm=ones (unit q/k norm '
+        'scales; expect a higher loss at first, and verify will show the gap).')
+  slots = [s for s in _SLOTS if s in naming.layer_keys]
+  expected = _expected(naming, cfg, slots)
+  present = set(source.keys())
+  missing = [n for n in expected if n not in present]
+  if missing:
+    raise MappingError(f'{len(missing)} tensors missing from the {arch} checkpoint: '
+                       f'{_listing(missing)}. Is it complete, and is the architecture right?')
+  allowed = set(expected) | set(_bias_names(naming, cfg))
+  if cfg.tie_embeddings:
+    allowed.add(naming.lm_head)  # some exporters write the tied head too; it is the embedding.
+  unexpected = sorted(n for n in present - allowed if not re.fullmatch(naming.ignored, n))
+  if unexpected:
+    raise MappingError(f'the checkpoint has tensors dlmjax\'s {arch} mapping does not know: '
+                       f'{_listing(unexpected)}; the model has parts ours lacks (or more layers '
+                       'than its config says).')
+  shapes = _layer_shapes(cfg)
+  rows = source.shape(naming.embed)[0]
+  if rows < vocab_size:
+    raise MappingError(f'{naming.embed} has {rows} rows, fewer than the {vocab_size} tokens of '
+                       'the config\'s vocabulary.')
+  want = {naming.embed: (rows, cfg.d_model), naming.final_norm: (cfg.d_model,)}
+  if not cfg.tie_embeddings:
+    want[naming.lm_head] = (rows, cfg.d_model)
+  for i in range(cfg.num_layers):
+    for slot in slots:
+      want[naming.layer_name(i, slot)] = _hf_shape(shapes[slot], _SLOTS[slot][1])
+  for name, shape in want.items():
+    if source.shape(name) != shape:
+      raise MappingError(f'{name} has shape {source.shape(name)}, expected {shape} from the '
+                         'model config (num_heads, head_dim, ffn_dim, ...).')
+
+
+def _vocab_rows(tensor_VD, padded: int) -> np.ndarray:
+  """Rows [0, padded): rows past the padded size are dropped (they lie beyond the tokenizer,
+  which check_source guaranteed fits), missing ones are zero."""
+  out = np.zeros((padded, tensor_VD.shape[1]), np.float32)
+  rows = min(padded, tensor_VD.shape[0])
+  out[:rows] = tensor_VD[:rows]
+  return out
+
+
+def import_params(source, arch: str, cfg: ModelConfig, *, vocab_size: int,
+                  missing_qk_norm: str = 'error', place=lambda array: array) -> dict:
+  """Our float32 param dict from a tensor source (keys(), shape(name), get(name)).
+
+  Each finished array goes through `place` (e.g. jax.device_put) before the next is built, so the
+  host holds one stacked array at a time, not the model (numpy arrays when `place` is identity).
+
+  Vocabulary: the checkpoint's embedding rows V_hf may differ from our padded vocab V (cfg):
+  rows [0, min(V_hf, V)) are copied, rows [V_hf, V) are zero (their logits are 0; they are
+  never targets), rows past V are dropped; the tokenizer's `vocab_size` must be <= V_hf.
+  Biases are accepted only when zero. Without QK-norm, `missing_qk_norm='ones'` fills unit scales.
+  """
+  check_source(source, arch, cfg, vocab_size=vocab_size, missing_qk_norm=missing_qk_norm)
+  naming = NAMINGS[arch]
+  for name in _bias_names(naming, cfg):
+    if name in source:
+      bias = np.asarray(source.get(name), np.float32)
+      if np.any(bias != 0):
+        raise MappingError(f'{name} is non-zero (max |b| = {np.abs(bias).max():.3g}); dlmjax\'s '
+                           'attention has no biases, so this model cannot be imported exactly.')
+  params: dict = {}
+  _set(params, _EMBED, place(_vocab_rows(np.asarray(source.get(naming.embed), np.float32),
+                                         cfg.vocab_size)))
+  shapes = _layer_shapes(cfg)
+  for slot, (path, layout) in _SLOTS.items():
+    stacked = np.empty((cfg.num_layers, *shapes[slot]), np.float32)
+    for i in range(cfg.num_layers):
+      if slot not in naming.layer_keys:  # q_norm / k_norm with missing_qk_norm='ones'.
+        stacked[i] = 1.0
+        continue
+      tensor = np.asarray(source.get(naming.layer_name(i, slot)), np.float32)
+      stacked[i] = _from_hf(tensor, layout, shapes[slot])
+    _set(params, path, place(stacked))
+    del stacked
+  _set(params, _FINAL_NORM, place(np.asarray(source.get(naming.final_norm), np.float32)))
+  if not cfg.tie_embeddings:
+    head_VD = _vocab_rows(np.asarray(source.get(naming.lm_head), np.float32), cfg.vocab_size)
+    _set(params, _LM_HEAD, place(np.ascontiguousarray(head_VD.T)))
+  return params

@@ -1,0 +1,123 @@
+"""PyTorch forwards of an exported checkpoint, for parity checks against our JAX model.
+
+Two of them: transformers' Qwen3ForCausalLM with our attention mask kind registered as an
+attention function (transformers' own Qwen3 is causal), and `Reference`, a small module written
+here from the same equations, for machines without transformers. Both read Qwen3-named tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION_NAME = 'dlmjax_masked_sdpa'
+
+
+def visibility(length: int, kind: str, block_size: int = 0, device=None) -> torch.Tensor | None:
+  """Boolean [L, L] (query, key) visibility, or None for full bidirectional attention."""
+  if kind == 'bidirectional':
+    return None
+  q = torch.arange(length, device=device)[:, None]
+  k = torch.arange(length, device=device)[None, :]
+  if kind == 'causal':
+    return q >= k
+  if kind == 'block_causal':
+    return (q // block_size) >= (k // block_size)
+  raise ValueError(f'unknown attention mask kind {kind!r}')
+
+
+def masked_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+  """transformers attention interface: our mask kind (config.attn_mask_type), GQA, fp32 softmax.
+
+  transformers' mask (causal for Qwen3) is ignored, as MegaDLMs' DiffLM ignores it.
+  """
+  del attention_mask, dropout, kwargs
+  config = module.config
+  mask = visibility(query.shape[2], getattr(config, 'attn_mask_type', 'bidirectional'),
+                    getattr(config, 'block_size', 0), query.device)
+  out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                       enable_gqa=True)
+  return out.transpose(1, 2).contiguous(), None
+
+
+def transformers_model(hf_dir: str, dtype: torch.dtype = torch.float32):
+  """Qwen3ForCausalLM loaded from an exported directory, attending with our mask kind."""
+  import transformers  # pylint: disable=import-outside-toplevel
+  transformers.AttentionInterface.register(ATTENTION_NAME, masked_sdpa)
+  transformers.utils.logging.disable_progress_bar()
+  model = transformers.Qwen3ForCausalLM.from_pretrained(hf_dir, dtype=dtype,
+                                                        attn_implementation=ATTENTION_NAME)
+  return model.eval()
+
+
+def _rms_norm(x, weight, eps):
+  x32 = x.float()
+  return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rope(x_BNLH, theta):
+  """Rotate-half RoPE computed in float32, as dlmjax.model.layers.rotary_embedding."""
+  length, head_dim = x_BNLH.shape[-2:]
+  device = x_BNLH.device
+  inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+  angles = torch.arange(length, dtype=torch.float32, device=device)[:, None] * inv_freq
+  angles = torch.cat([angles, angles], dim=-1)
+  x = x_BNLH.float()
+  x1, x2 = x.chunk(2, dim=-1)
+  return (x * angles.cos() + torch.cat([-x2, x1], dim=-1) * angles.sin()).to(x_BNLH.dtype)
+
+
+class Reference(torch.nn.Module):
+  """Our transformer in plain PyTorch over a Qwen3-named state dict (weights [out, in])."""
+
+  def __init__(self, hf_config: dict, state_dict: dict, dtype: torch.dtype = torch.float32,
+               device='cpu'):
+    super().__init__()
+    self.c = hf_config
+    self.w = {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}
+    if hf_config['tie_word_embeddings']:
+      self.w['lm_head.weight'] = self.w['model.embed_tokens.weight']
+
+  def _attention(self, x, i, mask):
+    c, w = self.c, self.w
+    p = f'model.layers.{i}.self_attn.'
+    batch, length, _ = x.shape
+    h, eps = c['head_dim'], c['rms_norm_eps']
+
+    def heads(name, count):
+      y = F.linear(x, w[p + name + '.weight']).view(batch, length, count, h)
+      return y.transpose(1, 2)
+
+    q = _rope(_rms_norm(heads('q_proj', c['num_attention_heads']), w[p + 'q_norm.weight'], eps),
+              c['rope_theta'])
+    k = _rope(_rms_norm(heads('k_proj', c['num_key_value_heads']), w[p + 'k_norm.weight'], eps),
+              c['rope_theta'])
+    v = heads('v_proj', c['num_key_value_heads'])
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    logits = torch.einsum('bnqh,bnkh->bnqk', q.float(), k.float()) / math.sqrt(h)
+    if mask is not None:
+      logits = logits.masked_fill(~mask, -1e30)
+    probs = logits.softmax(-1).to(v.dtype)
+    out = torch.einsum('bnqk,bnkh->bqnh', probs, v).reshape(batch, length, -1)
+    return F.linear(out, w[p + 'o_proj.weight'])
+
+  @torch.no_grad()
+  def forward(self, tokens_BL: torch.Tensor) -> torch.Tensor:
+    """float32 logits [B, L, vocab rows of the export]."""
+    c, w = self.c, self.w
+    eps = c['rms_norm_eps']
+    mask = visibility(tokens_BL.shape[1], c.get('attn_mask_type', 'bidirectional'),
+                      c.get('block_size', 0), tokens_BL.device)
+    x = w['model.embed_tokens.weight'][tokens_BL]
+    for i in range(c['num_hidden_layers']):
+      p = f'model.layers.{i}.'
+      x = x + self._attention(_rms_norm(x, w[p + 'input_layernorm.weight'], eps), i, mask)
+      h = _rms_norm(x, w[p + 'post_attention_layernorm.weight'], eps)
+      gate = F.linear(h, w[p + 'mlp.gate_proj.weight'])
+      up = F.linear(h, w[p + 'mlp.up_proj.weight'])
+      x = x + F.linear(F.silu(gate) * up, w[p + 'mlp.down_proj.weight'])
+    x = _rms_norm(x, w['model.norm.weight'], eps)
+    return F.linear(x.float(), w['lm_head.weight'].float())  # fp32 products, as our head.

@@ -1,0 +1,299 @@
+"""python -m dlmjax.convert: orbax checkpoints <-> Hugging Face safetensors and PyTorch files.
+
+    python -m dlmjax.convert to-hf --checkpoint-path runs/x [--dtype bf16|fp32] --output-dir hf/x
+    python -m dlmjax.convert from-hf --hf-dir hf/x --output-dir runs/y [--config configs/z.py]
+    python -m dlmjax.convert to-torch --checkpoint-path runs/x --output x.pt [--dtype fp32|bf16]
+    python -m dlmjax.convert from-torch --input x.pt --output-dir runs/y [--config configs/z.py]
+
+The HF directory is transformers' Qwen3 (Qwen3ForCausalLM loads it) with MegaDLMs DiffLM's
+`mask_token_id` and `attn_mask_type`, our full config in dlmjax_config.json and the tokenizer files.
+The .pt file holds {'state_dict' (the same Qwen3 names), 'hf_config', 'dlmjax_config'}.
+Tensors move one at a time (hf_mapping): exports hold one tensor on the host beside the restored
+params, imports build one stacked array at a time and move it to the device. Orbax's own restore
+and save buffers dominate host memory (1.7B on an H200: to-hf 29 s, 11.7 GiB peak RSS; from-hf
+38 s, 22.6 GiB, as much as orbax needs to save those params from the GPU).
+`write_hf` may be called from a multi-process job: every process gathers, process 0 writes. The
+command line itself runs as one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import sys
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from dlmjax import config as config_lib
+from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint import hf_mapping
+from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import safetensors_io
+from dlmjax.model.presets import ModelConfig
+
+DTYPES = {'fp32': np.dtype(np.float32), 'bf16': np.dtype(ml_dtypes.bfloat16)}
+TORCH_FORMAT = 'dlmjax-torch-v1'
+# Files of a Hugging Face tokenizer; whichever exist are copied with an export.
+TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json',
+                   'tokenizer.model', 'vocab.json', 'merges.txt', 'added_tokens.json',
+                   'generation_config.json')
+
+
+class ConvertError(RuntimeError):
+  """A conversion that cannot proceed; the message says why and what to do."""
+
+
+def load_config_file(spec: str):
+  """`configs/x.py` or `configs/x.py:arg` -> that file's get_config(arg)."""
+  path, _, arg = spec.partition(':')
+  if not os.path.exists(path):
+    raise ConvertError(f'config file {path} does not exist.')
+  module_spec = importlib.util.spec_from_file_location('dlmjax_convert_config', path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def _vocab_rows(config, trim_vocab: bool) -> int:
+  return config.model.vocab_size if trim_vocab else config_lib.padded_vocab_size(config)
+
+
+# ----------------------------------------------------------------------------------------------
+# Export
+
+
+def write_hf(output_dir: str, config, params: dict, *, dtype: str = 'bf16',
+             max_shard_size: str | int = '5GB', trim_vocab: bool = False,
+             copy_tokenizer: bool = True) -> str:
+  """Writes params (ours, any placement) as a Hugging Face Qwen3 directory; returns it."""
+  if dtype not in DTYPES:
+    raise ConvertError(f'--dtype={dtype!r} is not one of {sorted(DTYPES)}.')
+  cfg = ModelConfig.from_config(config)
+  rows = _vocab_rows(config, trim_vocab)
+  np_dtype = DTYPES[dtype]
+  entries = [(n, s, np_dtype) for n, s in hf_mapping.export_entries(cfg, vocab_rows=rows)]
+  tensors = ((n, a.astype(np_dtype)) for n, a in
+             hf_mapping.export_tensors(params, cfg, vocab_rows=rows, to_host=checksums.to_host))
+  if jax.process_index() != 0:
+    for _ in tensors:  # take part in any cross-process gathers; write nothing.
+      pass
+    return output_dir
+  safetensors_io.write_model(output_dir, entries, tensors,
+                             max_shard_bytes=safetensors_io.parse_size(max_shard_size),
+                             metadata={'format': 'pt'})
+  with open(os.path.join(output_dir, 'config.json'), 'w') as f:
+    json.dump(hf_config.to_hf(config, vocab_rows=rows, dtype=dtype), f, indent=2)
+  with open(os.path.join(output_dir, hf_config.DLMJAX_CONFIG_FILE), 'w') as f:
+    f.write(config.to_json(indent=2, sort_keys=True))
+  if copy_tokenizer:
+    _copy_tokenizer(config.data.tokenizer, output_dir)
+  return output_dir
+
+
+def _copy_tokenizer(tokenizer: str, output_dir: str) -> None:
+  """Copies the run's tokenizer: a Hugging Face tokenizer directory, or a SentencePiece model."""
+  if not tokenizer or not os.path.exists(tokenizer):
+    print(f'note: no tokenizer copied (data.tokenizer={tokenizer!r} is not a local path).')
+    return
+  if os.path.isdir(tokenizer):
+    for name in TOKENIZER_FILES:
+      if os.path.exists(os.path.join(tokenizer, name)):
+        shutil.copy(os.path.join(tokenizer, name), os.path.join(output_dir, name))
+  elif tokenizer.endswith('.model'):
+    shutil.copy(tokenizer, os.path.join(output_dir, 'tokenizer.model'))
+  else:
+    shutil.copy(tokenizer, os.path.join(output_dir, os.path.basename(tokenizer)))
+
+
+def _restore(checkpoint_path: str):
+  run_dir, step_dir, step = manager.resolve_step_dir(checkpoint_path)
+  config = manager.load_run_config(run_dir)
+  return config, manager.restore_params(step_dir, config), step
+
+
+def hf_from_checkpoint(checkpoint_path: str, output_dir: str, **kwargs) -> str:
+  """Exports a run directory (latest step) or step directory to a Hugging Face directory."""
+  config, params, _ = _restore(checkpoint_path)
+  return write_hf(output_dir, config, params, **kwargs)
+
+
+def torch_from_checkpoint(checkpoint_path: str, output_file: str, *, dtype: str = 'fp32',
+                          trim_vocab: bool = False) -> str:
+  """Writes {'state_dict', 'hf_config', 'dlmjax_config', 'format'} with torch.save.
+
+  torch.save needs the whole dict in host memory, so the model is on the host once as torch
+  tensors (beside the params, which stay on their device).
+  """
+  import torch  # pylint: disable=import-outside-toplevel
+  config, params, _ = _restore(checkpoint_path)
+  cfg = ModelConfig.from_config(config)
+  rows = _vocab_rows(config, trim_vocab)
+  torch_dtype = {'fp32': torch.float32, 'bf16': torch.bfloat16}[dtype]
+  tensors = hf_mapping.export_tensors(params, cfg, vocab_rows=rows, to_host=checksums.to_host)
+  state_dict = {name: torch.from_numpy(np.require(array, requirements='W')).to(torch_dtype)
+                for name, array in tensors}
+  if jax.process_index() == 0:
+    payload = dict(format=TORCH_FORMAT, state_dict=state_dict,
+                   hf_config=hf_config.to_hf(config, vocab_rows=rows, dtype=dtype),
+                   dlmjax_config=config.to_json(sort_keys=True))
+    os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
+    torch.save(payload, output_file + '.partial')
+    os.replace(output_file + '.partial', output_file)
+  return output_file
+
+
+# ----------------------------------------------------------------------------------------------
+# Import
+
+
+def _resolve_config(hf: dict, config, saved_json: str | None):
+  """The config of an import: --config (checked against the weights), else the exporter's
+  dlmjax config, else one derived from the Hugging Face config."""
+  if config is not None:
+    hf_config.check_matches(hf, config)
+    return config
+  base = None
+  if saved_json is not None:
+    base = config_lib.from_dict(json.loads(saved_json))
+  return hf_config.config_from_hf(hf, base)
+
+
+def params_from_source(source, hf: dict, config, *, missing_qk_norm: str = 'error') -> dict:
+  """Our params, each array moved to the default device as soon as it is built."""
+  arch = hf_config.detect_architecture(hf)
+  device = jax.local_devices()[0]
+  return hf_mapping.import_params(source, arch, ModelConfig.from_config(config),
+                                  vocab_size=config.model.vocab_size,
+                                  missing_qk_norm=missing_qk_norm,
+                                  place=lambda array: jax.device_put(array, device))
+
+
+def load_hf(hf_dir: str, *, config=None, missing_qk_norm: str = 'error'):
+  """(config, params on the first local device) of a Hugging Face directory we can read."""
+  hf = hf_config.read(hf_dir)
+  saved_path = os.path.join(hf_dir, hf_config.DLMJAX_CONFIG_FILE)
+  saved_json = None
+  if os.path.exists(saved_path):
+    with open(saved_path) as f:
+      saved_json = f.read()
+  given = config is not None
+  config = _resolve_config(hf, config, saved_json)
+  if not given and not os.path.exists(config.data.tokenizer):
+    _point_at_tokenizer(config, hf_dir)
+  config_lib.validate(config)
+  source = safetensors_io.SafetensorsReader(hf_dir)
+  return config, params_from_source(source, hf, config, missing_qk_norm=missing_qk_norm)
+
+
+def _point_at_tokenizer(config, hf_dir: str) -> None:
+  """data.tokenizer -> the tokenizer shipped in the Hugging Face directory, if there is one."""
+  if os.path.exists(os.path.join(hf_dir, 'tokenizer.json')):
+    config.data.tokenizer = os.path.abspath(hf_dir)
+  elif os.path.exists(os.path.join(hf_dir, 'tokenizer.model')):
+    config.data.tokenizer = os.path.abspath(os.path.join(hf_dir, 'tokenizer.model'))
+
+
+def _save(output_dir: str, config, params: dict) -> str:
+  if os.path.exists(os.path.join(output_dir, manager.CHECKPOINT_DIR)):
+    raise ConvertError(f'{output_dir} already holds checkpoints; choose a new --output-dir.')
+  return manager.save_params_checkpoint(output_dir, config, params)
+
+
+def checkpoint_from_hf(hf_dir: str, output_dir: str, *, config=None,
+                       missing_qk_norm: str = 'error') -> str:
+  """Imports a Hugging Face directory as a params-only run directory; returns the step dir."""
+  config, params = load_hf(hf_dir, config=config, missing_qk_norm=missing_qk_norm)
+  config.output_dir = os.path.abspath(output_dir)
+  return _save(output_dir, config, params)
+
+
+def checkpoint_from_torch(input_file: str, output_dir: str, *, config=None,
+                          missing_qk_norm: str = 'error') -> str:
+  """Imports a .pt written by to-torch (or a plain Qwen3-named state dict, with --config)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  payload = torch.load(input_file, map_location='cpu', weights_only=True, mmap=True)
+  if isinstance(payload, dict) and payload.get('format') == TORCH_FORMAT:
+    state_dict, hf, saved_json = (payload['state_dict'], payload['hf_config'],
+                                  payload['dlmjax_config'])
+  elif isinstance(payload, dict) and all(isinstance(v, torch.Tensor) for v in payload.values()):
+    if config is None:
+      raise ConvertError(f'{input_file} is a bare state dict; pass --config to say which model.')
+    state_dict, hf, saved_json = payload, hf_config.to_hf(
+        config, vocab_rows=payload['model.embed_tokens.weight'].shape[0], dtype='fp32'), None
+  else:
+    raise ConvertError(f'{input_file} is neither a dlmjax .pt ({TORCH_FORMAT}) nor a state dict '
+                       'of tensors.')
+  config = _resolve_config(hf, config, saved_json)
+  config.output_dir = os.path.abspath(output_dir)
+  source = hf_mapping.DictSource(state_dict, to_numpy=lambda t: t.float().numpy())
+  params = params_from_source(source, hf, config, missing_qk_norm=missing_qk_norm)
+  return _save(output_dir, config, params)
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog='python -m dlmjax.convert', description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest='command', required=True)
+  to_hf = sub.add_parser('to-hf', help='orbax checkpoint -> Hugging Face directory')
+  to_hf.add_argument('--checkpoint-path', required=True, help='run directory or step directory')
+  to_hf.add_argument('--output-dir', required=True)
+  to_hf.add_argument('--dtype', choices=sorted(DTYPES), default='bf16')
+  to_hf.add_argument('--max-shard-size', default='5GB')
+  to_torch = sub.add_parser('to-torch', help='orbax checkpoint -> PyTorch .pt')
+  to_torch.add_argument('--checkpoint-path', required=True)
+  to_torch.add_argument('--output', required=True)
+  to_torch.add_argument('--dtype', choices=sorted(DTYPES), default='fp32')
+  for p in (to_hf, to_torch):
+    p.add_argument('--trim-vocab', action='store_true',
+                   help='write only the tokenizer\'s rows, not the padded embedding')
+  from_hf = sub.add_parser('from-hf', help='Hugging Face directory -> orbax run directory')
+  from_hf.add_argument('--hf-dir', required=True)
+  from_torch = sub.add_parser('from-torch', help='PyTorch .pt -> orbax run directory')
+  from_torch.add_argument('--input', required=True)
+  for p in (from_hf, from_torch):
+    p.add_argument('--output-dir', required=True)
+    p.add_argument('--config', default=None, help='configs/x.py[:arg]; default: from the input')
+    p.add_argument('--missing-qk-norm', choices=hf_mapping.MISSING_QK_NORM, default='error',
+                   help='models without QK-norm (Llama, Qwen2, LLaDA): refuse, or fill unit '
+                        'scales (a different function; a start for further training only)')
+  return parser
+
+
+def main(argv=None) -> int:
+  args = _parser().parse_args(argv)
+  try:
+    if args.command == 'to-hf':
+      out = hf_from_checkpoint(args.checkpoint_path, args.output_dir, dtype=args.dtype,
+                               max_shard_size=args.max_shard_size, trim_vocab=args.trim_vocab)
+    elif args.command == 'to-torch':
+      out = torch_from_checkpoint(args.checkpoint_path, args.output, dtype=args.dtype,
+                                  trim_vocab=args.trim_vocab)
+    else:
+      config = load_config_file(args.config) if args.config else None
+      if args.command == 'from-hf':
+        out = checkpoint_from_hf(args.hf_dir, args.output_dir, config=config,
+                                 missing_qk_norm=args.missing_qk_norm)
+      else:
+        out = checkpoint_from_torch(args.input, args.output_dir, config=config,
+                                    missing_qk_norm=args.missing_qk_norm)
+  except (ConvertError, manager.CheckpointError, hf_config.HFConfigError, hf_mapping.MappingError,
+          safetensors_io.SafetensorsError, config_lib.ConfigError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  if jax.process_index() == 0:
+    print(f'wrote {out}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

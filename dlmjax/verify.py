@@ -1,0 +1,298 @@
+"""python -m dlmjax.verify --checkpoint-path P [--hf-dir D] [--dtype fp32|bf16]
+
+Two questions about a checkpoint. Integrity: is every array its config implies there, with the
+right shape and dtype, finite, matching its saved checksum, with optimizer state shaped like the
+params? Parity: does a PyTorch forward of the converted weights (transformers' Qwen3 with our mask
+kind, else dlmjax.checkpoint.torch_reference) give our JAX forward's logits on the same random
+masked tokens? MegaDLMs' verify_correctness_dlm.py prints differences without a threshold; we
+pass or fail. Exit 0 when every check passes, 1 otherwise.
+
+Tolerances, relative to max(1, max |logit|) and to max(1, masked CE), with what we measured on
+the 1.7B shape (random weights, transformers on an H200, 2x128 / 4x512 tokens):
+  fp32: 1e-4 for both. Measured 5e-6 (max |dlogit| 2.6e-5 at max |logit| 5.1) and 1.5e-8 (CE).
+        TF32 is off on both sides; with it on, this check would fail, as it should.
+  bf16: 1e-1 for logits, 1e-2 for CE. Measured 2.5e-2 (max |dlogit| 0.12, mean 0.018) and 1e-4.
+        Both sides round activations to bf16 at different points (torch after each op, XLA after
+        fused ones), so single logits drift; the CE over many tokens averages that out. bf16 is
+        a smoke test; judge a conversion by fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from dlmjax import config as config_lib
+from dlmjax import model as model_lib
+from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint import hf_mapping
+from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import safetensors_io
+
+TOLERANCES = {'fp32': (1e-4, 1e-4), 'bf16': (1e-1, 1e-2)}  # (logits, masked CE)
+_COMPUTE = {'fp32': 'float32', 'bf16': 'bfloat16'}
+
+
+@dataclasses.dataclass
+class Check:
+  name: str
+  ok: bool
+  detail: str
+
+
+def _flat(tree) -> dict:
+  """{'a/b/c': leaf} of a nested dict / orbax metadata tree."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path): leaf
+          for path, leaf in leaves}
+
+
+def _metadata(item_dir: str) -> dict:
+  meta = ocp.StandardCheckpointer().metadata(item_dir)
+  return _flat(getattr(meta, 'item_metadata', meta))
+
+
+# ----------------------------------------------------------------------------------------------
+# Integrity
+
+
+def _check_params_metadata(step_dir, cfg) -> Check:
+  expected = {k: (tuple(v.shape), np.dtype(v.dtype))
+              for k, v in _flat(model_lib.abstract(cfg)[1]).items()}
+  try:
+    saved = {k: (tuple(v.shape), np.dtype(v.dtype))
+             for k, v in _metadata(f'{step_dir}/params').items()}
+  except (OSError, ValueError, KeyError) as e:
+    return Check('params present', False, f'cannot read {step_dir}/params ({e}); half-written?')
+  if not saved:
+    return Check('params present', False, f'no arrays readable in {step_dir}/params: the '
+                 'checkpoint is half-written or corrupt.')
+  problems = [f'{k} missing' for k in sorted(set(expected) - set(saved))]
+  problems += [f'{k} not in the model' for k in sorted(set(saved) - set(expected))]
+  problems += [f'{k}: saved {saved[k][0]} {saved[k][1]}, config implies {v[0]} {v[1]}'
+               for k, v in sorted(expected.items()) if k in saved and saved[k] != v]
+  return Check('params present', not problems,
+               '; '.join(problems) or f'{len(expected)} arrays with the shapes and dtypes of '
+               'the config')
+
+
+def _check_opt_state(step_dir, cfg) -> Check:
+  """Every param-shaped subtree of the optimizer state (Adam's mu, nu) covers all params."""
+  params = {k: tuple(v.shape) for k, v in _flat(model_lib.abstract(cfg)[1]).items()}
+  if not os.path.isdir(f'{step_dir}/opt_state'):
+    return Check('optimizer state', True, 'none saved (params-only checkpoint)')
+  try:
+    opt = {k: tuple(v.shape) for k, v in _metadata(f'{step_dir}/opt_state').items()}
+  except (OSError, ValueError, KeyError) as e:
+    return Check('optimizer state', False, f'cannot read opt_state ({e}); half-written?')
+  prefixes = {k[:-len(p)] for k in opt for p in params if k == p or k.endswith('/' + p)}
+  problems = []
+  for prefix in sorted(prefixes):
+    for p, shape in params.items():
+      if opt.get(prefix + p) != shape:
+        problems.append(f'{prefix}{p}: {opt.get(prefix + p, "missing")}, param {shape}')
+  ok = not problems
+  return Check('optimizer state', ok, '; '.join(problems[:8]) if problems else
+               f'{len(prefixes)} param-shaped subtrees ({", ".join(sorted(prefixes))}) match')
+
+
+def _check_checksums(meta, params) -> Check:
+  saved = meta.get('checksums')
+  if saved is None:
+    return Check('checksums', True, 'none saved with this checkpoint; skipped')
+  problems = checksums.compare(saved, checksums.compute(params))
+  return Check('checksums', not problems, '; '.join(problems[:8]) or
+               f'{len(saved)} sha256 digests match')
+
+
+def check_integrity(step_dir: str, config, step: int):
+  """(checks, params or None) of a step directory."""
+  cfg = model_lib.ModelConfig.from_config(config)
+  checks = [_check_params_metadata(step_dir, cfg)]
+  if not checks[0].ok:
+    return checks, None
+  params = manager.restore_params(step_dir, config)
+  bad = [k for k, v in _flat(params).items() if not bool(jnp.isfinite(v).all())]
+  checks.append(Check('params finite', not bad, 'non-finite values in ' + ', '.join(bad) if bad
+                      else 'no NaN or inf'))
+  try:
+    meta = manager.read_meta(step_dir)
+  except (manager.CheckpointError, ValueError) as e:
+    return checks + [Check('step metadata', False, str(e))], params
+  checks += [_check_checksums(meta, params), _check_opt_state(step_dir, cfg),
+             Check('step metadata', meta.get('step') == step,
+                   f'step {meta.get("step")} in a directory named {step}')]
+  return checks, params
+
+
+# ----------------------------------------------------------------------------------------------
+# Parity
+
+
+def _round_to(params, dtype):
+  return jax.tree.map(lambda x: jnp.asarray(x).astype(dtype).astype(jnp.float32), params)
+
+
+def check_hf_weights(hf_dir: str, params, config) -> Check:
+  """Every tensor in hf_dir equals our export of params, rounded to the file's dtype."""
+  cfg = model_lib.ModelConfig.from_config(config)
+  reader = safetensors_io.SafetensorsReader(hf_dir)
+  rows = reader.shape('model.embed_tokens.weight')[0]
+  problems = []
+  for name, ours in hf_mapping.export_tensors(params, cfg, vocab_rows=rows,
+                                              to_host=checksums.to_host):
+    if name not in reader:
+      problems.append(f'{name} missing')
+      continue
+    theirs = reader.get(name)
+    if theirs.shape != ours.shape:
+      problems.append(f'{name}: shape {theirs.shape}, ours {ours.shape}')
+    elif np.any(ours.astype(theirs.dtype).astype(np.float32) != theirs.astype(np.float32)):
+      diff = np.abs(ours - theirs.astype(np.float32)).max()
+      problems.append(f'{name}: differs (max |diff| {diff:.3g})')
+  return Check('exported weights', not problems, '; '.join(problems[:8]) or
+               f'every tensor equals ours in {reader.dtype("model.embed_tokens.weight")}')
+
+
+def _masked_ce(logits_BLV, targets_BL, mask_BL) -> float:
+  x = logits_BLV.astype(np.float64)
+  x = x - x.max(-1, keepdims=True)
+  logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(logp, targets_BL[..., None], -1)[..., 0]
+  return float((nll * mask_BL).sum() / mask_BL.sum())
+
+
+def torch_logits(hf_dir: str, tokens_BL: np.ndarray, dtype: str, backend: str = 'auto'):
+  """(float32 logits, description) of the PyTorch forward of an exported directory (on a GPU
+  when torch sees one)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from dlmjax.checkpoint import torch_reference  # pylint: disable=import-outside-toplevel
+  torch_dtype = {'fp32': torch.float32, 'bf16': torch.bfloat16}[dtype]
+  device = 'cuda' if torch.cuda.is_available() else 'cpu'
+  if backend == 'auto':
+    has_transformers = importlib.util.find_spec('transformers') is not None
+    backend = 'transformers' if has_transformers else 'reference'
+  tokens = torch.as_tensor(tokens_BL, dtype=torch.long, device=device)
+  with torch.no_grad():
+    if backend == 'transformers':
+      model = torch_reference.transformers_model(hf_dir, torch_dtype).to(device)
+      logits = model(input_ids=tokens, use_cache=False).logits
+    else:
+      reader = safetensors_io.SafetensorsReader(hf_dir)
+      state = {k: torch.from_numpy(reader.get(k).astype(np.float32)) for k in reader.keys()}
+      model = torch_reference.Reference(hf_config.read(hf_dir), state, torch_dtype, device)
+      logits = model(tokens)
+  return logits.float().cpu().numpy(), f'{backend} on {device}'
+
+
+def check_parity(params, config, hf_dir: str, *, dtype: str = 'fp32', batch: int = 2,
+                 length: int = 0, seed: int = 0, backend: str = 'auto') -> list[Check]:
+  """Our JAX logits vs the PyTorch forward of hf_dir on random tokens, about half masked."""
+  m = config.model
+  length = length or min(m.seq_len, 128)
+  rng = np.random.default_rng(seed)
+  targets = rng.integers(0, m.vocab_size, (batch, length))
+  mask = rng.random((batch, length)) < 0.5
+  mask[:, 0] |= ~mask.any(1)  # at least one masked token per row, as the training loss does.
+  tokens = np.where(mask, m.mask_token_id, targets)
+
+  file_dtype = safetensors_io.SafetensorsReader(hf_dir).dtype('model.embed_tokens.weight')
+  if file_dtype != np.float32:  # compare the mapping, not the export's rounding.
+    params = _round_to(params, jnp.dtype(file_dtype))
+  cfg = dataclasses.replace(model_lib.ModelConfig.from_config(config), dtype=_COMPUTE[dtype],
+                            attention_backend='xla')
+  with jax.default_matmul_precision('highest' if dtype == 'fp32' else 'default'):  # no TF32
+    forward = jax.jit(lambda p, t: model_lib.merge(cfg, p)(t))
+    ours = np.asarray(forward(params, tokens), np.float32)
+  theirs, used = torch_logits(hf_dir, tokens, dtype, backend)
+  columns = min(ours.shape[-1], theirs.shape[-1])
+  ours, theirs = ours[..., :columns], theirs[..., :columns]
+  logit_tol, ce_tol = TOLERANCES[dtype]
+  max_diff = float(np.abs(ours - theirs).max())
+  scale = max(1.0, float(np.abs(theirs).max()))
+  ce_ours, ce_theirs = _masked_ce(ours, targets, mask), _masked_ce(theirs, targets, mask)
+  ce_diff = abs(ce_ours - ce_theirs)
+  where = f'{used}, {dtype}, {batch}x{length} tokens, {int(mask.sum())} masked'
+  return [
+      Check('logits parity', max_diff <= logit_tol * scale,
+            f'max |dlogit| {max_diff:.3g} (max |logit| {scale:.3g}, tolerance '
+            f'{logit_tol:g} x that; mean |dlogit| {np.abs(ours - theirs).mean():.3g}) [{where}]'),
+      Check('masked CE parity', ce_diff <= ce_tol * max(1.0, ce_theirs),
+            f'CE ours {ce_ours:.6f}, torch {ce_theirs:.6f}, |diff| {ce_diff:.3g} '
+            f'(tolerance {ce_tol:g} relative)'),
+  ]
+
+
+# ----------------------------------------------------------------------------------------------
+# Driver
+
+
+def verify(checkpoint_path: str, *, hf_dir: str | None = None, dtype: str = 'fp32',
+           parity: bool = True, **parity_kwargs) -> list[Check]:
+  """Every check on one checkpoint; parity exports to a temporary directory unless hf_dir."""
+  try:
+    run_dir, step_dir, step = manager.resolve_step_dir(checkpoint_path)
+    config = manager.load_run_config(run_dir)
+  except manager.CheckpointError as e:
+    return [Check('checkpoint found', False, str(e))]
+  checks = [Check('checkpoint found', True, f'{step_dir} (step {step})')]
+  try:
+    more, params = check_integrity(step_dir, config, step)
+  except Exception as e:  # pylint: disable=broad-except  # any unreadable array is a finding.
+    return checks + [Check('params readable', False, f'{type(e).__name__}: {e}')]
+  checks += more
+  if params is None or not parity:
+    return checks
+  if hf_dir is not None:
+    checks.append(check_hf_weights(hf_dir, params, config))
+    return checks + check_parity(params, config, hf_dir, dtype=dtype, **parity_kwargs)
+  from dlmjax import convert  # pylint: disable=import-outside-toplevel
+  with tempfile.TemporaryDirectory(prefix='dlmjax_verify_') as tmp:
+    convert.write_hf(tmp, config, params, dtype=dtype, copy_tokenizer=False)
+    return checks + check_parity(params, config, tmp, dtype=dtype, **parity_kwargs)
+
+
+def report(checks: list[Check]) -> str:
+  lines = [f'[{"PASS" if c.ok else "FAIL"}] {c.name}: {c.detail}' for c in checks]
+  failed = sum(not c.ok for c in checks)
+  lines.append(f'{len(checks) - failed}/{len(checks)} checks passed' +
+               (f'; {failed} FAILED' if failed else ''))
+  return '\n'.join(lines)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog='python -m dlmjax.verify', description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--checkpoint-path', required=True, help='run directory or step directory')
+  parser.add_argument('--hf-dir', default=None, help='an export of it to check (default: export '
+                      'to a temporary directory)')
+  parser.add_argument('--dtype', choices=sorted(TOLERANCES), default='fp32')
+  parser.add_argument('--batch', type=int, default=2)
+  parser.add_argument('--seq-len', type=int, default=0, help='default: min(model.seq_len, 128)')
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--backend', choices=('auto', 'transformers', 'reference'), default='auto')
+  parser.add_argument('--no-parity', action='store_true', help='integrity checks only')
+  args = parser.parse_args(argv)
+  try:
+    checks = verify(args.checkpoint_path, hf_dir=args.hf_dir, dtype=args.dtype,
+                    parity=not args.no_parity, batch=args.batch, length=args.seq_len,
+                    seed=args.seed, backend=args.backend)
+  except (config_lib.ConfigError, hf_config.HFConfigError, hf_mapping.MappingError,
+          safetensors_io.SafetensorsError) as e:
+    checks = [Check('verification', False, str(e))]
+  print(report(checks))
+  return 0 if all(c.ok for c in checks) else 1
+
+
+if __name__ == '__main__':
+  sys.exit(main())

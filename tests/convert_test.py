@@ -1,0 +1,143 @@
+"""Conversion end to end: orbax -> HF / torch -> orbax exactly, transformers parity, bad inputs."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from dlmjax import convert
+from dlmjax import model as model_lib
+from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint import hf_mapping
+from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import safetensors_io
+from tests.checkpoint import tiny_run
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+  """(run dir, config, params) of an untied tiny model with a tokenizer directory."""
+  root = tmp_path_factory.mktemp('convert')
+  tokenizer = root / 'tokenizer'
+  tokenizer.mkdir()
+  (tokenizer / 'tokenizer.json').write_text('{"model": {}}')
+  config, params, _ = tiny_run.make_run(root / 'run', **{'data.tokenizer': str(tokenizer)})
+  return str(root / 'run'), config, params
+
+
+def _restored(step_dir):
+  run_dir, step_dir, _ = manager.resolve_step_dir(step_dir)
+  config = manager.load_run_config(run_dir)
+  return config, manager.restore_params(step_dir, config)
+
+
+def test_hf_round_trip_is_exact(run, tmp_path):
+  run_dir, config, params = run
+  hf_dir = convert.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32',
+                                      max_shard_size='100KB')
+  files = sorted(os.listdir(hf_dir))
+  assert safetensors_io.INDEX_FILE in files
+  assert len([f for f in files if f.startswith('model-')]) > 1
+  assert {'config.json', 'dlmjax_config.json', 'tokenizer.json'} <= set(files)
+  hf = json.loads(open(os.path.join(hf_dir, 'config.json')).read())
+  assert (hf['model_type'], hf['mask_token_id'], hf['attn_mask_type']) == (
+      'qwen3', config.model.mask_token_id, 'bidirectional')
+  step_dir = convert.checkpoint_from_hf(hf_dir, str(tmp_path / 'back'))
+  back_config, back = _restored(step_dir)
+  tiny_run.assert_same_params(params, back)
+  assert back_config.model == config.model
+  assert manager.read_meta(step_dir)['checksums'] == checksums.compute(params)
+
+
+def test_torch_round_trip_is_exact(run, tmp_path):
+  pytest.importorskip('torch')
+  run_dir, config, params = run
+  out = convert.torch_from_checkpoint(run_dir, str(tmp_path / 'model.pt'))
+  step_dir = convert.checkpoint_from_torch(out, str(tmp_path / 'back'))
+  back_config, back = _restored(step_dir)
+  tiny_run.assert_same_params(params, back)
+  assert back_config.model.to_dict() == config.model.to_dict(), (back_config.model, config.model)
+
+
+def test_import_without_our_config_derives_it(run, tmp_path):
+  run_dir, config, params = run
+  hf_dir = convert.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='bf16')
+  os.remove(os.path.join(hf_dir, hf_config.DLMJAX_CONFIG_FILE))
+  derived, back = convert.load_hf(hf_dir)
+  for key in ('num_layers', 'num_kv_heads', 'head_dim', 'ffn_dim', 'vocab_size', 'mask_token_id'):
+    assert derived.model[key] == config.model[key]
+  assert derived.data.tokenizer == os.path.abspath(hf_dir)
+  import ml_dtypes  # pylint: disable=import-outside-toplevel
+  rounded = params['blocks']['mlp']['up_proj'].astype(ml_dtypes.bfloat16).astype(np.float32)
+  np.testing.assert_array_equal(back['blocks']['mlp']['up_proj'], rounded)
+  assert safetensors_io.SafetensorsReader(hf_dir).dtype('lm_head.weight') == ml_dtypes.bfloat16
+
+
+@pytest.mark.parametrize('tie', [False, True])
+def test_transformers_qwen3_gives_our_logits(tmp_path, tie):
+  pytest.importorskip('transformers')
+  from dlmjax.checkpoint import torch_reference  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  config, params, step_dir = tiny_run.make_run(tmp_path / 'run', **{'model.tie_embeddings': tie})
+  hf_dir = str(tmp_path / 'hf')
+  assert convert.main(['to-hf', '--checkpoint-path', step_dir, '--output-dir', hf_dir,
+                       '--dtype', 'fp32']) == 0
+  tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
+  ours = np.asarray(model_lib.merge(model_lib.ModelConfig.from_config(config), params)(tokens))
+  model = torch_reference.transformers_model(hf_dir)
+  with torch.no_grad():
+    theirs = model(input_ids=torch.as_tensor(tokens), use_cache=False).logits.numpy()
+  np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-4 * np.abs(ours).max())
+
+
+def test_config_that_does_not_fit_is_refused(run, tmp_path, capsys):
+  run_dir, _, _ = run
+  hf_dir = convert.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32')
+  config_file = tmp_path / 'wrong.py'
+  config_file.write_text('from tests.checkpoint import tiny_run\n'
+                         'def get_config():\n'
+                         '  return tiny_run.tiny_config(**{"model.ffn_dim": 96})\n')
+  code = convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', str(tmp_path / 'x'),
+                       '--config', str(config_file)])
+  assert code == 2
+  assert 'model.ffn_dim: checkpoint 128, config 96' in capsys.readouterr().err
+
+
+def test_unknown_architecture_and_bad_files_are_refused(run, tmp_path, capsys):
+  run_dir, _, _ = run
+  hf_dir = convert.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32')
+  hf = json.loads(open(os.path.join(hf_dir, 'config.json')).read())
+  with open(os.path.join(hf_dir, 'config.json'), 'w') as f:
+    json.dump(dict(hf, model_type='gpt2', architectures=['GPT2LMHeadModel']), f)
+  assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', str(tmp_path / 'x')]) == 2
+  assert 'unknown architecture' in capsys.readouterr().err
+  with open(os.path.join(hf_dir, 'config.json'), 'w') as f:
+    json.dump(hf, f)
+  shard = os.path.join(hf_dir, 'model.safetensors')
+  with open(shard, 'r+b') as f:
+    f.truncate(os.path.getsize(shard) - 100)
+  with pytest.raises(safetensors_io.SafetensorsError, match='truncated'):
+    convert.load_hf(hf_dir)
+
+
+def test_half_written_checkpoint_is_refused(run, tmp_path):
+  run_dir, _, _ = run
+  copy = tmp_path / 'run'
+  shutil.copytree(run_dir, copy)
+  shutil.rmtree(copy / 'checkpoints' / '0' / 'params')
+  with pytest.raises(manager.CheckpointError, match='no complete checkpoint'):
+    convert.hf_from_checkpoint(str(copy), str(tmp_path / 'hf'))
+
+
+def test_missing_tensor_in_torch_file_is_named(run, tmp_path):
+  torch = pytest.importorskip('torch')
+  run_dir, _, _ = run
+  out = convert.torch_from_checkpoint(run_dir, str(tmp_path / 'model.pt'))
+  payload = torch.load(out, weights_only=True)
+  del payload['state_dict']['model.layers.0.self_attn.k_norm.weight']
+  torch.save(payload, out)
+  with pytest.raises(hf_mapping.MappingError, match=r'model\.layers\.0\.self_attn\.k_norm'):
+    convert.checkpoint_from_torch(out, str(tmp_path / 'back'))

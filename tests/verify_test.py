@@ -1,0 +1,110 @@
+"""verify: passes good checkpoints (fp32 and bf16), names what is wrong with bad ones."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from dlmjax import convert
+from dlmjax import verify
+from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import safetensors_io
+from tests.checkpoint import tiny_run
+
+pytest.importorskip('torch')
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+  root = tmp_path_factory.mktemp('verify')
+  config, params, _ = tiny_run.make_run(root / 'run')
+  return str(root / 'run'), config, params
+
+
+def _by_name(checks):
+  return {c.name: c for c in checks}
+
+
+@pytest.mark.parametrize('dtype, backend', [('fp32', 'reference'), ('bf16', 'reference'),
+                                            ('fp32', 'transformers')])
+def test_good_checkpoint_passes(run, dtype, backend, capsys):
+  if backend == 'transformers':
+    pytest.importorskip('transformers')
+  code = verify.main(['--checkpoint-path', run[0], '--dtype', dtype, '--backend', backend])
+  out = capsys.readouterr().out
+  assert code == 0, out
+  assert '8/8 checks passed' in out
+  assert f'[{backend} on ' in out and f', {dtype}, 2x32 tokens' in out
+  assert '2 sha256' not in out and 'sha256 digests match' in out
+
+
+def test_exported_directory_is_checked_tensor_by_tensor(run, tmp_path):
+  run_dir, _, _ = run
+  hf_dir = convert.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='bf16')
+  checks = _by_name(verify.verify(run_dir, hf_dir=hf_dir, dtype='fp32', backend='reference'))
+  assert all(c.ok for c in checks.values()), checks
+  # Change one tensor of the export: the weight check names it.
+  reader = safetensors_io.SafetensorsReader(hf_dir)
+  tensors = [(k, reader.get(k).copy()) for k in reader.keys()]
+  name = 'model.layers.1.mlp.up_proj.weight'
+  dict(tensors)[name][0, 0] += 1
+  os.remove(os.path.join(hf_dir, 'model.safetensors'))
+  safetensors_io.write_model(hf_dir, [(k, a.shape, a.dtype) for k, a in tensors], iter(tensors),
+                             max_shard_bytes=10**9)
+  checks = _by_name(verify.verify(run_dir, hf_dir=hf_dir, dtype='fp32', backend='reference'))
+  assert not checks['exported weights'].ok
+  assert checks['exported weights'].detail.startswith(f'{name}: differs')
+
+
+def test_non_finite_and_changed_params_are_named(run, tmp_path):
+  _, config, params = run
+  params = dict(params, final_norm={'scale': params['final_norm']['scale'].copy()})
+  params['final_norm']['scale'][3] = np.nan
+  step_dir = manager.save_params_checkpoint(str(tmp_path / 'nan'), config, params)
+  meta_file = os.path.join(step_dir, 'meta', 'metadata')
+  meta = json.loads(open(meta_file).read())
+  meta['checksums'] = checksums.compute(run[2])  # the digests of the good params
+  with open(meta_file, 'w') as f:
+    json.dump(meta, f)
+  checks = _by_name(verify.verify(step_dir, parity=False))
+  assert checks['params finite'].detail == 'non-finite values in final_norm/scale'
+  assert checks['checksums'].detail.startswith('final_norm/scale: sha256 differs')
+  assert verify.main(['--checkpoint-path', step_dir, '--no-parity']) == 1
+
+
+def test_train_checkpoint_optimizer_state(tmp_path):
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.train import optimizer as optimizer_lib  # pylint: disable=import-outside-toplevel
+  config = tiny_run.tiny_config(output_dir=str(tmp_path))
+  params = tiny_run.random_params(config)
+  axes = model_lib.abstract(model_lib.ModelConfig.from_config(config))[2]
+  opt_state = optimizer_lib.make_optimizer(config.train, axes).init(params)
+  checkpoints = manager.RunCheckpoints(str(tmp_path), async_save=False)
+  manager.write_run_config(str(tmp_path), config)
+  checkpoints.save(dict(step=jnp.int32(3), params=params, opt_state=opt_state))
+  checkpoints.close()
+  checks = _by_name(verify.verify(str(tmp_path), parity=False))
+  assert all(c.ok for c in checks.values()), checks
+  assert '2 param-shaped subtrees' in checks['optimizer state'].detail  # Adam's mu and nu
+
+
+def test_wrong_shapes_and_missing_items_fail(run, tmp_path):
+  run_dir, _, _ = run
+  copy = tmp_path / 'run'
+  shutil.copytree(run_dir, copy)
+  saved = json.loads((copy / 'config.json').read_text())
+  saved['model']['ffn_dim'] = 96
+  (copy / 'config.json').write_text(json.dumps(saved))
+  checks = _by_name(verify.verify(str(copy)))
+  assert not checks['params present'].ok
+  assert ('blocks/mlp/down_proj: saved (2, 128, 64) float32, config implies (2, 96, 64) float32'
+          in checks['params present'].detail)
+  shutil.rmtree(copy / 'checkpoints' / '0' / 'params' / 'd')  # the arrays of a half-written save
+  checks = _by_name(verify.verify(str(copy)))
+  assert 'half-written or corrupt' in checks['params present'].detail
+  checks = verify.verify(str(tmp_path / 'nowhere'))
+  assert [(c.name, c.ok) for c in checks] == [('checkpoint found', False)]
