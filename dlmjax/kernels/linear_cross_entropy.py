@@ -1,0 +1,134 @@
+"""Output head + cross-entropy fused so the float32 [T, V] logits never exist.
+
+At 16k tokens x 50k vocab the f32 logits and their gradient take 3.3 GB each. A `lax.scan` over
+token chunks keeps one [C, V] chunk alive at a time, and a custom VJP recomputes each chunk's
+logits in the backward pass instead of saving them: 4 head matmuls instead of 3, for T/C times
+less memory (the idea of MaxText's vocabulary tiling and Levanter's blockwise CE).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+def linear_cross_entropy(hidden_TD, weight_DV, targets_T, *, chunk_size: int = 4096,
+                         compute_dtype=None, token_shards: int = 1):
+  """Per-token float32 `logsumexp(h W) - (h W)[target]`, computed chunk by chunk.
+
+  Args:
+    hidden_TD: final hidden states, bf16 or f32 (flatten [B, L, D] to [B*L, D] first).
+    weight_DV: the output head (the f32 master weight); cast to the compute dtype for the matmuls,
+      which accumulate in f32.
+    targets_T: integer token ids.
+    chunk_size: most tokens per chunk, counted over all devices (each computes chunk_size /
+      token_shards rows at a time). T is split into ceil(T / chunk_size) equal chunks, padding
+      fewer than that many rows when T does not divide (padding a sharded T costs a reshard).
+    compute_dtype: dtype of the matmul inputs; the hidden's dtype when None.
+    token_shards: the number of devices the tokens are sharded over (a multiple of it also works).
+      The backward then keeps one f32 d_W partial per shard, so XLA sums d_W across devices once
+      after the loop instead of all-reducing [D, V] once per chunk. Costs token_shards * D * V
+      f32 in all, one [D, V] per device when sharded; leave it at 1 on a single device.
+
+  Returns:
+    ce_T in float32. Gradients reach hidden (in its dtype) and weight (in its dtype, accumulated
+    in f32); targets get none.
+  """
+  num_tokens, _ = hidden_TD.shape
+  if targets_T.shape != (num_tokens,):
+    raise ValueError(f'targets {targets_T.shape} do not match hidden {hidden_TD.shape}')
+  if chunk_size < 1 or token_shards < 1:
+    raise ValueError(f'chunk_size {chunk_size} and token_shards {token_shards} must be positive')
+  dtype = jnp.dtype(hidden_TD.dtype if compute_dtype is None else compute_dtype)
+  num_chunks = max(1, -(-num_tokens // chunk_size))
+  rows = -(-num_tokens // num_chunks)
+  if rows % token_shards:
+    raise ValueError(f'{rows} tokens per chunk (T={num_tokens}, chunk_size={chunk_size}) do not '
+                     f'split over token_shards={token_shards}; use a chunk_size that divides T '
+                     'into chunks of a multiple of token_shards rows')
+  pad = num_chunks * rows - num_tokens
+  if pad:  # Padded rows get a zero cotangent from the slice below, so they add nothing to d_W.
+    hidden_TD = jnp.pad(hidden_TD, ((0, pad), (0, 0)))
+    targets_T = jnp.pad(targets_T, (0, pad))
+  return _fused(hidden_TD, weight_DV, targets_T, num_chunks, dtype, token_shards)[:num_tokens]
+
+
+def _split(x_T, num_chunks):
+  """[T, ...] -> [N, C, ...] with chunk n holding tokens c * N + n.
+
+  Strided, not contiguous: a T sharded in contiguous blocks over devices reshapes to a C sharded
+  the same way, so every chunk is spread over all devices and each works on its own tokens.
+  Contiguous chunks would put the scanned axis on the devices: XLA then all-gathers the hidden
+  states and every device computes every chunk.
+  """
+  x_CN = x_T.reshape(-1, num_chunks, *x_T.shape[1:])
+  return jnp.swapaxes(x_CN, 0, 1)
+
+
+def _merge(x_NC):
+  """Inverse of `_split`."""
+  return jnp.swapaxes(x_NC, 0, 1).reshape(-1, *x_NC.shape[2:])
+
+
+def _logits(h_CD, w_DV):
+  return jnp.einsum('cd,dv->cv', h_CD.astype(w_DV.dtype), w_DV,
+                    preferred_element_type=jnp.float32)
+
+
+def _is_target(t_C, vocab):
+  """One-hot mask by comparing with an iota rather than gathering, so a vocab-sharded chunk
+  needs no gather across devices: the target logit is a masked sum XLA reduces like the lse."""
+  return t_C[:, None] == jax.lax.broadcasted_iota(t_C.dtype, (t_C.shape[0], vocab), 1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _fused(hidden_TD, weight_DV, targets_T, num_chunks, dtype, token_shards):
+  return _fused_fwd(hidden_TD, weight_DV, targets_T, num_chunks, dtype, token_shards)[0]
+
+
+def _fused_fwd(hidden_TD, weight_DV, targets_T, num_chunks, dtype, token_shards):
+  del token_shards  # Only the backward's d_W sum needs it.
+  w_DV = weight_DV.astype(dtype)
+  vocab = w_DV.shape[1]
+
+  def chunk(carry, xs):
+    h_CD, t_C = xs
+    logits_CV = _logits(h_CD, w_DV)
+    max_C = jnp.max(logits_CV, axis=-1)
+    lse_C = max_C + jnp.log(jnp.sum(jnp.exp(logits_CV - max_C[:, None]), axis=-1))
+    target_C = jnp.sum(jnp.where(_is_target(t_C, vocab), logits_CV, 0.0), axis=-1)
+    return carry, (lse_C - target_C, lse_C)
+
+  xs = (_split(hidden_TD, num_chunks), _split(targets_T, num_chunks))
+  _, (ce_NC, lse_NC) = jax.lax.scan(chunk, None, xs)
+  return _merge(ce_NC), (hidden_TD, weight_DV, targets_T, lse_NC)
+
+
+def _fused_bwd(num_chunks, dtype, token_shards, residuals, d_ce_T):
+  hidden_TD, weight_DV, targets_T, lse_NC = residuals
+  w_DV = weight_DV.astype(dtype)
+  dim, vocab = w_DV.shape
+
+  def chunk(d_w_GDV, xs):
+    h_CD, t_C, lse_C, g_C = xs
+    probs_CV = jnp.exp(_logits(h_CD, w_DV) - lse_C[:, None])
+    # Cast to the compute dtype so both matmuls run at bf16 rate, as autodiff of the bf16 head
+    # would; their sums still accumulate in f32.
+    d_logits_CV = ((probs_CV - _is_target(t_C, vocab)) * g_C[:, None]).astype(dtype)
+    d_h_CD = jnp.einsum('cv,dv->cd', d_logits_CV, w_DV, preferred_element_type=jnp.float32)
+    # Group g holds the g-th contiguous block of the chunk's rows: one device's tokens.
+    h_GCD = h_CD.astype(dtype).reshape(token_shards, -1, dim)
+    d_w_GDV += jnp.einsum('gcd,gcv->gdv', h_GCD, d_logits_CV.reshape(token_shards, -1, vocab),
+                          preferred_element_type=jnp.float32)
+    return d_w_GDV, d_h_CD.astype(hidden_TD.dtype)
+
+  xs = (_split(hidden_TD, num_chunks), _split(targets_T, num_chunks), lse_NC,
+        _split(d_ce_T.astype(jnp.float32), num_chunks))
+  zeros_GDV = jnp.zeros((token_shards, dim, vocab), jnp.float32)
+  d_w_GDV, d_h_NCD = jax.lax.scan(chunk, zeros_GDV, xs)
+  return _merge(d_h_NCD), jnp.sum(d_w_GDV, axis=0).astype(weight_DV.dtype), None
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
