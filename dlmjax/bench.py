@@ -47,6 +47,7 @@ def peak_memory_bytes() -> int | None:
 
 def run(config, steps: int, warmup: int, matmul: bool) -> dict:
   # pylint: disable=import-outside-toplevel
+  from dlmjax.data import pipeline
   from dlmjax.parallel import mesh as mesh_lib
   from dlmjax.train import stages
   from dlmjax.train import state as state_lib
@@ -60,7 +61,10 @@ def run(config, steps: int, warmup: int, matmul: bool) -> dict:
 
   def batch():
     tokens = rng.integers(0, config.model.mask_token_id, size=shape, dtype=np.int32)
-    return {'tokens': jax.device_put(tokens, step_fn.batch_sharding)}
+    arrays = {'tokens': tokens}
+    if config.data.packing:
+      arrays['segment_ids'] = pipeline.document_segment_ids(tokens, config.model.eos_token_id)
+    return {k: jax.device_put(v, step_fn.batch_sharding) for k, v in arrays.items()}
 
   start = time.perf_counter()
   state, metrics = step_fn(state, batch())

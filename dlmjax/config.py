@@ -52,14 +52,19 @@ def defaults() -> ml_collections.ConfigDict:
   c.diffusion.varlen_prob = 0.01  # share of micro-batches truncated to a random length.
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = 'builtin'  # builtin | megatron
+  c.data.source = 'builtin'  # builtin | megatron | tfds:NAME:SPLIT (the `tfds` extra)
   c.data.train_prefixes = ''  # Megatron blend: "0.7 /data/a 0.3 /data/b" or "/data/a".
   c.data.valid_prefixes = ''
   c.data.split = '969,30,1'
   c.data.tokenizer = ''
+  c.data.tfds_data_dir = ''  # tfds sources: where the prepared datasets live ('' = TFDS default).
   c.data.cache_dir = ''  # '' means ~/.cache/dlmjax
   c.data.num_workers = 0
   c.data.prefetch = 2
+  # Document-aware packing: attention, RoPE positions and the mask ratio t stay inside each
+  # document (split at model.eos_token_id) of a sample; off packs as Megatron (documents see each
+  # other). xla attention only.
+  c.data.packing = False
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 200
@@ -174,7 +179,7 @@ _CHOICES = {
     'model.dtype': ('float32', 'bfloat16'),
     'model.remat': ('none', 'minimal', 'save_dots', 'full'),
     'diffusion.objective': ('mdm', 'ar'),
-    'data.source': ('builtin', 'megatron'),
+    'data.source': ('builtin', 'megatron', 'tfds:NAME:SPLIT'),
     'train.schedule': ('wsd', 'cosine', 'constant'),
     'train.wsd_decay_style': ('exponential', 'linear', 'cosine'),
 }
@@ -195,6 +200,11 @@ def validate(config, num_devices: int | None = None) -> None:
   """
   for key, choices in _CHOICES.items():
     value = get_key(config, key)
+    if key == 'data.source' and value.startswith('tfds:'):
+      if len(value.split(':')) != 3 or not all(value.split(':')[1:]):
+        raise ConfigError(f'data.source={value!r} is not tfds:NAME:SPLIT; set e.g. '
+                          '--config.data.source=tfds:lm1b:train.')
+      continue
     if value not in choices:
       raise ConfigError(f'{key}={value!r} is not one of {choices}; '
                         f'set --config.{key}=<one of them>.')
@@ -219,6 +229,10 @@ def validate(config, num_devices: int | None = None) -> None:
   if m.attention_backend == 'cudnn' and m.attention_mask == 'block_causal':
     raise ConfigError('model.attention_backend=cudnn cannot express block_causal masks without a '
                       'dense mask; use --config.model.attention_backend=xla.')
+  if config.data.packing and m.attention_backend == 'cudnn':
+    raise ConfigError('data.packing=True needs per-document attention, which the cudnn backend '
+                      'could only do with a dense mask; use --config.model.attention_backend=xla '
+                      'or --config.data.packing=False.')
   if config.diffusion.objective == 'ar' and m.attention_mask != 'causal':
     raise ConfigError('diffusion.objective=ar needs --config.model.attention_mask=causal.')
   if not 0.0 <= config.diffusion.varlen_prob <= 1.0:

@@ -35,6 +35,9 @@ from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_mapping
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
+from dlmjax.data import builtin
+from dlmjax.data import errors as data_errors
+from dlmjax.data import tokenizer as tokenizer_lib
 from dlmjax.model.presets import ModelConfig
 
 DTYPES = {'fp32': np.dtype(np.float32), 'bf16': np.dtype(ml_dtypes.bfloat16)}
@@ -64,6 +67,39 @@ def _vocab_rows(config, trim_vocab: bool) -> int:
   return config.model.vocab_size if trim_vocab else config_lib.padded_vocab_size(config)
 
 
+def run_tokenizer(config) -> str | None:
+  """The run's tokenizer: data.tokenizer, else the built-in corpus's (when built), else None."""
+  if config.data.tokenizer and os.path.exists(config.data.tokenizer):
+    return config.data.tokenizer
+  if config.data.source == 'builtin':
+    corpus = builtin.cached_corpus(config.data.cache_dir or None, config.model.vocab_size)
+    return corpus.tokenizer_path if corpus else None
+  return None
+
+
+def check_tokenizer_vocab(tokenizer: str | None, vocab_size: int, what: str) -> None:
+  """Refuses a tokenizer with more ids than the model has embedding rows (`what` names them).
+
+  Its ids past vocab_size would index rows that do not exist: the tokenizer is not the one the
+  model was trained with. A smaller tokenizer is normal (Qwen pads its embedding past it).
+  """
+  if tokenizer is None:
+    return
+  try:
+    size = tokenizer_lib.vocab_size(tokenizer)
+  except ImportError as e:
+    print(f'note: tokenizer {tokenizer} not checked against the vocabulary ({e}).')
+    return
+  except (data_errors.DataError, OSError, RuntimeError, ValueError) as e:
+    raise ConvertError(f'cannot read the tokenizer {tokenizer} ({e}); fix or remove it.') from e
+  if size > vocab_size:
+    raise ConvertError(
+        f'vocab mismatch: the tokenizer {tokenizer} has {size} tokens but {what} is {vocab_size}, '
+        f'so ids {vocab_size}..{size - 1} have no embedding row. Use the tokenizer the model was '
+        f'trained with (data.tokenizer, or the tokenizer files beside the weights), or give the '
+        f'model {size} rows (model.vocab_size) and train it.')
+
+
 # ----------------------------------------------------------------------------------------------
 # Export
 
@@ -74,12 +110,14 @@ def write_hf(output_dir: str, config, params: dict, *, dtype: str = 'bf16',
   """Writes params (ours, any placement) as a Hugging Face Qwen3 directory; returns it."""
   if dtype not in DTYPES:
     raise ConvertError(f'--dtype={dtype!r} is not one of {sorted(DTYPES)}.')
+  tokenizer = run_tokenizer(config) if copy_tokenizer else None
+  check_tokenizer_vocab(tokenizer, config.model.vocab_size, 'the run\'s model.vocab_size')
   cfg = ModelConfig.from_config(config)
   rows = _vocab_rows(config, trim_vocab)
   np_dtype = DTYPES[dtype]
   entries = [(n, s, np_dtype) for n, s in hf_mapping.export_entries(cfg, vocab_rows=rows)]
-  tensors = ((n, a.astype(np_dtype)) for n, a in
-             hf_mapping.export_tensors(params, cfg, vocab_rows=rows, to_host=checksums.to_host))
+  tensors = _cast_each(hf_mapping.export_tensors(params, cfg, vocab_rows=rows,
+                                                 to_host=checksums.to_host), np_dtype)
   if jax.process_index() != 0:
     for _ in tensors:  # take part in any cross-process gathers; write nothing.
       pass
@@ -92,14 +130,24 @@ def write_hf(output_dir: str, config, params: dict, *, dtype: str = 'bf16',
   with open(os.path.join(output_dir, hf_config.DLMJAX_CONFIG_FILE), 'w') as f:
     f.write(config.to_json(indent=2, sort_keys=True))
   if copy_tokenizer:
-    _copy_tokenizer(config.data.tokenizer, output_dir)
+    _copy_tokenizer(tokenizer, output_dir)
   return output_dir
+
+
+def _cast_each(tensors, dtype):
+  """(name, array) -> (name, array as dtype), dropping the source before the cast one is yielded
+  (no copy at all when it already has the dtype), so at most one tensor is held at a time."""
+  for name, array in tensors:
+    array = array.astype(dtype, copy=False)
+    yield name, array
+    del array  # not kept alive while the next tensor is gathered.
 
 
 def _copy_tokenizer(tokenizer: str, output_dir: str) -> None:
   """Copies the run's tokenizer: a Hugging Face tokenizer directory, or a SentencePiece model."""
-  if not tokenizer or not os.path.exists(tokenizer):
-    print(f'note: no tokenizer copied (data.tokenizer={tokenizer!r} is not a local path).')
+  if tokenizer is None:
+    print('note: no tokenizer copied (data.tokenizer is not a local path, and the run does not '
+          'use a built-in corpus built here).')
     return
   if os.path.isdir(tokenizer):
     for name in TOKENIZER_FILES:
@@ -187,16 +235,32 @@ def load_hf(hf_dir: str, *, config=None, missing_qk_norm: str = 'error'):
   if not given and not os.path.exists(config.data.tokenizer):
     _point_at_tokenizer(config, hf_dir)
   config_lib.validate(config)
+  arch = hf_config.detect_architecture(hf)
+  shipped = _shipped_tokenizer(hf_dir)
+  check_tokenizer_vocab(shipped, hf_config.embedding_rows(hf, arch),
+                        f'the embedding\'s rows (vocab_size in {hf_dir}/config.json)')
+  tokenizer = run_tokenizer(config)
+  if tokenizer is not None and (shipped is None or
+                                os.path.abspath(tokenizer) != os.path.abspath(shipped)):
+    check_tokenizer_vocab(tokenizer, config.model.vocab_size, 'model.vocab_size')
   source = safetensors_io.SafetensorsReader(hf_dir)
   return config, params_from_source(source, hf, config, missing_qk_norm=missing_qk_norm)
 
 
+def _shipped_tokenizer(hf_dir: str) -> str | None:
+  """The tokenizer in a Hugging Face directory, as data.tokenizer would name it, or None."""
+  if os.path.exists(os.path.join(hf_dir, 'tokenizer.json')):
+    return os.path.abspath(hf_dir)
+  if os.path.exists(os.path.join(hf_dir, 'tokenizer.model')):
+    return os.path.abspath(os.path.join(hf_dir, 'tokenizer.model'))
+  return None
+
+
 def _point_at_tokenizer(config, hf_dir: str) -> None:
   """data.tokenizer -> the tokenizer shipped in the Hugging Face directory, if there is one."""
-  if os.path.exists(os.path.join(hf_dir, 'tokenizer.json')):
-    config.data.tokenizer = os.path.abspath(hf_dir)
-  elif os.path.exists(os.path.join(hf_dir, 'tokenizer.model')):
-    config.data.tokenizer = os.path.abspath(os.path.join(hf_dir, 'tokenizer.model'))
+  shipped = _shipped_tokenizer(hf_dir)
+  if shipped is not None:
+    config.data.tokenizer = shipped
 
 
 def _save(output_dir: str, config, params: dict) -> str:
@@ -230,6 +294,7 @@ def checkpoint_from_torch(input_file: str, output_dir: str, *, config=None,
     raise ConvertError(f'{input_file} is neither a dlmjax .pt ({TORCH_FORMAT}) nor a state dict '
                        'of tensors.')
   config = _resolve_config(hf, config, saved_json)
+  check_tokenizer_vocab(run_tokenizer(config), config.model.vocab_size, 'model.vocab_size')
   config.output_dir = os.path.abspath(output_dir)
   source = hf_mapping.DictSource(state_dict, to_numpy=lambda t: t.float().numpy())
   params = params_from_source(source, hf, config, missing_qk_norm=missing_qk_norm)

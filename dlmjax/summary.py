@@ -87,9 +87,9 @@ def compiled_memory(config) -> str:
   from dlmjax.train import step as step_lib
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
   step_fn = step_lib.CompiledStep(setup, stages.STAGES[config.stage].loss_fn(config))
-  batch = {'tokens': jax.ShapeDtypeStruct(
-      (config.train.global_batch_size, config.model.seq_len + 1), 'int32',
-      sharding=step_fn.batch_sharding)}
+  shape = (config.train.global_batch_size, config.model.seq_len + 1)
+  batch = {k: jax.ShapeDtypeStruct(shape, 'int32', sharding=step_fn.batch_sharding)
+           for k in step_lib.batch_keys(config)}
   analysis = step_fn.lower(batch).compile().memory_analysis()
   if analysis is None:
     return 'compiled memory: not reported by this backend'

@@ -59,6 +59,7 @@ def test_tiny_batches_fit_every_8_device_mesh():
     ({'model.mask_token_id': 99999}, 'outside the vocabulary'),
     ({'model.attention_backend': 'cudnn', 'model.attention_mask': 'block_causal'}, 'xla'),
     ({'diffusion.objective': 'ar'}, 'attention_mask=causal'),
+    ({'data.packing': True, 'model.attention_backend': 'cudnn'}, 'attention_backend=xla'),
 ])
 def test_bad_configs_name_the_fix(overrides, message):
   config = tiny_test_config(**overrides)

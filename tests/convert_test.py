@@ -4,9 +4,11 @@ import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
+import dlmjax
 from dlmjax import convert
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
@@ -21,10 +23,8 @@ from tests.checkpoint import tiny_run
 def run(tmp_path_factory):
   """(run dir, config, params) of an untied tiny model with a tokenizer directory."""
   root = tmp_path_factory.mktemp('convert')
-  tokenizer = root / 'tokenizer'
-  tokenizer.mkdir()
-  (tokenizer / 'tokenizer.json').write_text('{"model": {}}')
-  config, params, _ = tiny_run.make_run(root / 'run', **{'data.tokenizer': str(tokenizer)})
+  tokenizer = tiny_run.write_tokenizer(root / 'tokenizer', 256)
+  config, params, _ = tiny_run.make_run(root / 'run', **{'data.tokenizer': tokenizer})
   return str(root / 'run'), config, params
 
 
@@ -141,3 +141,73 @@ def test_missing_tensor_in_torch_file_is_named(run, tmp_path):
   torch.save(payload, out)
   with pytest.raises(hf_mapping.MappingError, match=r'model\.layers\.0\.self_attn\.k_norm'):
     convert.checkpoint_from_torch(out, str(tmp_path / 'back'))
+
+
+def test_1p7b_structure_exports_one_tensor_at_a_time(tmp_path):
+  """The 1.7B preset's structure (28 layers, 16 heads, vocab 50289 padded to 50304, untied) at
+  d_model 64 (~33 MB fp32): the export's extra host memory stays near its largest tensor."""
+  import tracemalloc  # pylint: disable=import-outside-toplevel
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.model import presets  # pylint: disable=import-outside-toplevel
+  config = config_lib.defaults()
+  presets.apply_preset(config.model, '1p7b')
+  config.model.update(d_model=64, head_dim=4, ffn_dim=192)
+  cfg = model_lib.ModelConfig.from_config(config)
+  assert (cfg.num_layers, cfg.num_heads, cfg.vocab_size, cfg.tie_embeddings) == (28, 16, 50304,
+                                                                                 False)
+  rng = np.random.default_rng(0)
+  params = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(
+      model_lib.abstract(cfg)[1])[0]:
+    node = params
+    keys = [k.key for k in path]
+    for key in keys[:-1]:
+      node = node.setdefault(key, {})
+    node[keys[-1]] = rng.standard_normal(leaf.shape, dtype=np.float32)
+  largest = params['embed_tokens'].nbytes  # 50304 x 64 fp32 = 12.9 MB; lm_head is as large.
+  total = sum(a.nbytes for a in jax.tree.leaves(params))
+  assert 25e6 < total < 50e6
+  tracemalloc.start()
+  try:
+    convert.write_hf(str(tmp_path), config, params, dtype='fp32', max_shard_size='4MB')
+    _, peak = tracemalloc.get_traced_memory()
+  finally:
+    tracemalloc.stop()
+  assert peak < 1.5 * largest, f'peak {peak / 1e6:.1f} MB, largest tensor {largest / 1e6:.1f} MB'
+
+  files = sorted(os.listdir(tmp_path))
+  assert not [f for f in files if f.endswith('.partial')]
+  shards = [f for f in files if f.endswith('.safetensors')]
+  index = json.loads((tmp_path / safetensors_io.INDEX_FILE).read_text())
+  entries = hf_mapping.export_entries(cfg, vocab_rows=cfg.vocab_size)
+  assert list(index['weight_map']) == [n for n, _ in entries]
+  assert sorted(set(index['weight_map'].values())) == shards and len(shards) > 3
+  assert shards[0] == f'model-00001-of-{len(shards):05d}.safetensors'
+  assert index['metadata']['total_size'] == total
+  hf = json.loads((tmp_path / 'config.json').read_text())
+  assert (hf['vocab_size'], hf['num_hidden_layers'], hf['tie_word_embeddings']) == (50304, 28,
+                                                                                    False)
+  reader = safetensors_io.SafetensorsReader(str(tmp_path))
+  np.testing.assert_array_equal(reader.get('model.embed_tokens.weight'), params['embed_tokens'])
+  np.testing.assert_array_equal(reader.get('lm_head.weight'), params['lm_head'].T)
+  np.testing.assert_array_equal(reader.get('model.layers.27.mlp.down_proj.weight'),
+                                params['blocks']['mlp']['down_proj'][27].T)
+
+
+def test_tokenizer_larger_than_the_vocab_is_refused(run, tmp_path, capsys):
+  run_dir, config, params = run
+  # Export: the run's tokenizer has more ids than model.vocab_size.
+  wrong = config.copy_and_resolve_references()
+  wrong.data.tokenizer = tiny_run.write_tokenizer(tmp_path / 'big', 300)
+  with pytest.raises(convert.ConvertError, match=r'has 300 tokens but the run\'s model.vocab_size '
+                     r'is 256, so ids 256..299 have no embedding row'):
+    convert.write_hf(str(tmp_path / 'out'), wrong, params)
+  assert not (tmp_path / 'out').exists()
+  # Import: the Hugging Face directory ships a tokenizer larger than its embedding.
+  hf_dir = convert.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32')
+  tiny_run.write_tokenizer(hf_dir, 300)
+  assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', str(tmp_path / 'x')]) == 2
+  err = capsys.readouterr().err
+  assert 'vocab mismatch' in err and '300 tokens' in err and 'config.json) is 256' in err
+  with pytest.raises(convert.ConvertError, match='vocab mismatch'):
+    dlmjax.load_pretrained(hf_dir)

@@ -108,3 +108,48 @@ def test_wrong_shapes_and_missing_items_fail(run, tmp_path):
   assert 'half-written or corrupt' in checks['params present'].detail
   checks = verify.verify(str(tmp_path / 'nowhere'))
   assert [(c.name, c.ok) for c in checks] == [('checkpoint found', False)]
+
+
+@pytest.mark.slow  # ~60 s on 2 cores, half of it compiling the train step.
+def test_trained_run_exports_imports_and_verifies_in_all_three_forms(tmp_path, capsys,
+                                                                    monkeypatch):
+  """Issue 4's "done when": a run trained by dlmjax.train verifies, exports to a directory that
+  transformers loads with the same logits, imports back exactly, and each form verifies."""
+  pytest.importorskip('transformers')
+  import runpy  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  import dlmjax  # pylint: disable=import-outside-toplevel
+  from dlmjax.train import loop  # pylint: disable=import-outside-toplevel
+  from tests.conftest import tiny_test_config  # pylint: disable=import-outside-toplevel
+  run_dir, hf_dir, back_dir = (str(tmp_path / n) for n in ('run', 'hf', 'back'))
+  config = tiny_test_config(**{'train.steps': 2, 'train.warmup_steps': 0,
+                               'train.wsd_decay_steps': 1, 'model.num_layers': 1,
+                               'log.every': 1, 'output_dir': run_dir})
+  if os.environ.get('DLMJAX_CACHE_DIR'):
+    config.data.cache_dir = os.environ['DLMJAX_CACHE_DIR']
+  loop.train(config)
+
+  script = os.path.join(os.path.dirname(__file__), '..', 'scripts', 'verify_correctness_dlm.py')
+  monkeypatch.setattr(sys, 'argv', [script, '--checkpoint-path', run_dir])
+  with pytest.raises(SystemExit) as exit_info:
+    runpy.run_path(script, run_name='__main__')
+  assert exit_info.value.code == 0, capsys.readouterr().out
+  assert '[PASS] optimizer state' in capsys.readouterr().out
+
+  assert convert.main(['to-hf', '--checkpoint-path', run_dir, '--output-dir', hf_dir,
+                       '--dtype', 'fp32', '--max-shard-size', '100KB']) == 0
+  # The built-in corpus's SentencePiece tokenizer travels with the weights.
+  assert os.path.exists(os.path.join(hf_dir, 'tokenizer.model'))
+  # --hf-dir: tensor-by-tensor against the run, and transformers' Qwen3 on that directory.
+  assert verify.main(['--checkpoint-path', run_dir, '--hf-dir', hf_dir,
+                      '--backend', 'transformers']) == 0, capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert '[PASS] exported weights' in out and '[transformers on ' in out
+
+  assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', back_dir]) == 0
+  assert verify.main(['--checkpoint-path', back_dir]) == 0, capsys.readouterr().out
+  trained = dlmjax.load_pretrained(run_dir)
+  tiny_run.assert_same_params(trained.params, dlmjax.load_pretrained(back_dir).params)
+  tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, (2, 16))
+  np.testing.assert_array_equal(dlmjax.load_pretrained(hf_dir).logits(tokens),
+                                trained.logits(tokens))

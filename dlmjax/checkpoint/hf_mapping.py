@@ -160,15 +160,17 @@ def export_tensors(params: dict, cfg: ModelConfig, *, vocab_rows: int,
   if not 0 < vocab_rows <= cfg.vocab_size:
     raise MappingError(f'vocab_rows={vocab_rows} must be in (0, {cfg.vocab_size}].')
   naming = NAMINGS['qwen3']
+  # No named intermediates: a host copy that is transposed into a new array is freed before the
+  # yield, so the generator never holds two copies of one tensor.
   yield naming.embed, np.asarray(to_host(_get(params, _EMBED)[:vocab_rows]), np.float32)
   for i in range(cfg.num_layers):
     for slot, (path, layout) in _SLOTS.items():
-      layer = np.asarray(to_host(_get(params, path)[i]), np.float32)
-      yield naming.layer_name(i, slot), np.ascontiguousarray(_to_hf(layer, layout))
+      yield naming.layer_name(i, slot), np.ascontiguousarray(
+          _to_hf(np.asarray(to_host(_get(params, path)[i]), np.float32), layout))
   yield naming.final_norm, np.asarray(to_host(_get(params, _FINAL_NORM)), np.float32)
   if not cfg.tie_embeddings:
-    head_DV = np.asarray(to_host(_get(params, _LM_HEAD)[:, :vocab_rows]), np.float32)
-    yield naming.lm_head, np.ascontiguousarray(head_DV.T)
+    yield naming.lm_head, np.ascontiguousarray(
+        np.asarray(to_host(_get(params, _LM_HEAD)[:, :vocab_rows]), np.float32).T)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -102,6 +102,7 @@ def write_model(directory: str, entries, tensors, *, max_shard_bytes: int, metad
         np.ascontiguousarray(array).tofile(f)
         weight_map[name] = file_name
         total += array.nbytes
+        del array  # freed before the next tensor is produced: one tensor on the host at a time.
     os.replace(path + '.partial', path)  # a crash never leaves a plausible-looking shard.
   if next(iterator, None) is not None:
     raise SafetensorsError('more tensors arrived than were planned.')

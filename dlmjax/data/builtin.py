@@ -126,6 +126,12 @@ def _build(directory: str, vocab_size: int) -> dict:
   return meta
 
 
+def cached_corpus(cache_dir: str | None = None, vocab_size: int = 4096) -> BuiltinCorpus | None:
+  """The built-in corpus if it is already built under cache_dir, else None (nothing is built)."""
+  final = os.path.join(cache_dir or default_cache_dir(), _fingerprint(vocab_size))
+  return _corpus(final) if os.path.isfile(os.path.join(final, 'meta.json')) else None
+
+
 def ensure_builtin_corpus(cache_dir: str | None = None, vocab_size: int = 4096) -> BuiltinCorpus:
   """The built-in corpus and its tokenizer, built on the first call and cached under cache_dir.
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from dlmjax.data import blend
 from dlmjax.data import builtin
+from dlmjax.data import tfds_source
 from dlmjax.data.errors import DataError
 
 
@@ -27,16 +28,20 @@ def cache_dir(config) -> str:
 def _blend_and_split(config, split: str) -> tuple[str, str | None]:
   """Which prefixes a split reads and how they are cut.
 
-  builtin: the built-in corpus cut by data.split. megatron: data.train_prefixes cut by
-  data.split; or, when data.valid_prefixes is set, each whole (Megatron's --train-data-path /
-  --valid-data-path), with no test split.
+  builtin: the built-in corpus cut by data.split. tfds:NAME:SPLIT: that split, tokenized and
+  cut by data.split. megatron: data.train_prefixes cut by data.split; or, when
+  data.valid_prefixes is set, each whole (Megatron's --train-data-path / --valid-data-path),
+  with no test split.
   """
   data = config.data
   if data.source == 'builtin':
     corpus = builtin.ensure_builtin_corpus(cache_dir(config), vocab_size=config.model.vocab_size)
     return corpus.prefix, data.split
+  if data.source.startswith(tfds_source.PREFIX):
+    return tfds_source.ensure_tfds_prefix(config, cache_dir(config)), data.split
   if data.source != 'megatron':
-    raise DataError(f"data.source {data.source!r} is not 'builtin' or 'megatron'")
+    raise DataError(f"data.source {data.source!r} is not 'builtin', 'megatron' or "
+                    "'tfds:NAME:SPLIT'")
   if not data.valid_prefixes:
     return data.train_prefixes, data.split
   if split == 'train':
@@ -68,16 +73,27 @@ def make_train_source(config) -> grain.MapDataset:
   return grain.MapDataset.source(make_dataset(config, 'train'))
 
 
+def document_segment_ids(tokens_BS: np.ndarray, eod_id: int) -> np.ndarray:
+  """1-based document index of each token within its row; a document ends at (and includes)
+  an end-of-document token, so a new one starts right after it."""
+  ends_BS = (tokens_BS == eod_id).astype(np.int32)
+  return (1 + np.cumsum(ends_BS, axis=1) - ends_BS).astype(np.int32)
+
+
 class _ReadBatch:
   """Batch k -> this process's rows of it; a class so worker processes can pickle it."""
 
-  def __init__(self, samples, global_batch_size: int, rows: int, first_row: int):
+  def __init__(self, samples, global_batch_size: int, rows: int, first_row: int,
+               eod_id: int | None = None):
     self.samples, self.global_batch_size = samples, global_batch_size
-    self.rows, self.first_row = rows, first_row
+    self.rows, self.first_row, self.eod_id = rows, first_row, eod_id
 
   def __call__(self, k: int) -> dict[str, np.ndarray]:
     start = int(k) * self.global_batch_size + self.first_row
-    return {'tokens': np.stack([self.samples[i] for i in range(start, start + self.rows)])}
+    tokens = np.stack([self.samples[i] for i in range(start, start + self.rows)])
+    if self.eod_id is None:
+      return {'tokens': tokens}
+    return {'tokens': tokens, 'segment_ids': document_segment_ids(tokens, self.eod_id)}
 
 
 class BatchIterator(grain.DatasetIterator):
@@ -147,7 +163,8 @@ class BatchIterator(grain.DatasetIterator):
 
 def make_batch_iterator(config, *, split: str = 'train', process_index: int = 0,
                         process_count: int = 1) -> grain.DatasetIterator:
-  """Yields {'tokens': np.int32 [global_batch_size // process_count, seq_len + 1]}.
+  """Yields {'tokens': np.int32 [global_batch_size // process_count, seq_len + 1]}, plus
+  'segment_ids' of the same shape when data.packing is on.
 
   Deterministic given the config; checkpoint it with get_state() / set_state().
   """
@@ -162,5 +179,6 @@ def make_batch_iterator(config, *, split: str = 'train', process_index: int = 0,
                     f'of {global_batch_size}; use more data or a smaller batch or seq_len.')
   rows = global_batch_size // process_count
   batches = grain.MapDataset.range(num_batches).map(
-      _ReadBatch(samples, global_batch_size, rows, process_index * rows))
+      _ReadBatch(samples, global_batch_size, rows, process_index * rows,
+                 config.model.eos_token_id if config.data.packing else None))
   return BatchIterator(batches, global_batch_size, config.data.prefetch, config.data.num_workers)

@@ -148,6 +148,12 @@ def load_tokenizer(path: str, *, eod_token=None, mask_token=None, pad_token=None
                    require_mask=require_mask)
 
 
+def vocab_size(path: str) -> int:
+  """The number of ids a tokenizer (file or directory) can produce, special tokens included."""
+  path = _resolve_path(path)
+  return (_HuggingFace(path) if path.endswith('.json') else _SentencePiece(path)).vocab_size
+
+
 # ----------------------------------------------------------------------------------------------
 # Training
 

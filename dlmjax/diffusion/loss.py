@@ -20,22 +20,36 @@ def token_cross_entropy(logits_BLV, targets_BL):
   return jax.nn.logsumexp(logits_BLV, axis=-1) - target_logit
 
 
-def mdm_loss(apply_fn, tokens_BS, *, seed, step, micro_index, example_ids_B, mask_id, varlen_prob):
+def mdm_loss(apply_fn, tokens_BS, *, seed, step, micro_index, example_ids_B, mask_id, varlen_prob,
+             segment_ids=None):
   """Masked-diffusion loss on tokens [B, S+1] (the sample's first S tokens are trained).
 
   loss = sum_{b,i} CE_bi * m_bi / p_b / (B * l), with l the kept length of the micro-batch.
+  With segment_ids [B, S+1] (data.packing), t, p and the at-least-one-mask rule are per
+  document, p_b becomes p of token i's document, and attention and positions stay per document.
+  Input and target are the same token, so no label crosses a document or sample boundary
+  (MegaDLMs' THD quirk (a), reference 3.6).
   """
   x_BL = tokens_BS[:, :-1]
-  seq_len = x_BL.shape[1]
+  batch, seq_len = x_BL.shape
   length = masking.varlen_length(seed, step, micro_index, seq_len=seq_len, prob=varlen_prob)
   keys = masking.example_keys(seed, step, example_ids_B)
-  noisy_BL, masked_BL, p_B = masking.forward_process(keys, x_BL, mask_id=mask_id, length=length)
-  batch = x_BL.shape[0]
   valid_length_B = jnp.full((batch,), length, jnp.int32)
-  logits_BLV = apply_fn(noisy_BL, valid_length_B=None if varlen_prob == 0 else valid_length_B)
+  model_kwargs = dict(valid_length_B=None if varlen_prob == 0 else valid_length_B)
+  if segment_ids is None:
+    noisy_BL, masked_BL, p_B = masking.forward_process(keys, x_BL, mask_id=mask_id, length=length)
+    p_BL = p_B[:, None]
+  else:
+    segments_BL = segment_ids[:, :-1]
+    noisy_BL, masked_BL, p_BL = masking.forward_process_segments(
+        keys, x_BL, segments_BL, mask_id=mask_id, length=length)
+    p_B = masked_BL.sum(1) / length  # the row's realised ratio, for the mask_ratio metric only.
+    model_kwargs.update(segment_ids_BL=segments_BL,
+                        positions_BL=masking.segment_positions(segments_BL))
+  logits_BLV = apply_fn(noisy_BL, **model_kwargs)
   ce_BL = token_cross_entropy(logits_BLV, x_BL)
   masked = masked_BL.astype(jnp.float32)
-  num = jnp.sum(ce_BL * masked / p_B[:, None])
+  num = jnp.sum(ce_BL * masked / p_BL)
   den = (batch * length).astype(jnp.float32)
   sums = dict(loss_num=num, loss_den=den, masked_ce_sum=jnp.sum(ce_BL * masked),
               masked_count=jnp.sum(masked), mask_ratio_sum=jnp.sum(p_B), rows=jnp.float32(batch),
@@ -43,15 +57,24 @@ def mdm_loss(apply_fn, tokens_BS, *, seed, step, micro_index, example_ids_B, mas
   return num / den, sums
 
 
-def ar_loss(apply_fn, tokens_BS, *, seed, step, micro_index, example_ids_B, mask_id, varlen_prob):
-  """Next-token CE on the sample's shifted tokens (MegaDLMs `vanilla` mode), mean over tokens."""
+def ar_loss(apply_fn, tokens_BS, *, seed, step, micro_index, example_ids_B, mask_id, varlen_prob,
+            segment_ids=None):
+  """Next-token CE on the sample's shifted tokens (MegaDLMs `vanilla` mode), mean over tokens.
+
+  With segment_ids, attention and positions stay per document (Megatron's reset flags).
+  """
   del example_ids_B, mask_id
   inputs_BL, targets_BL = tokens_BS[:, :-1], tokens_BS[:, 1:]
   batch, seq_len = inputs_BL.shape
   length = masking.varlen_length(seed, step, micro_index, seq_len=seq_len, prob=varlen_prob)
   valid_BL = (jnp.arange(seq_len) < length)[None].astype(jnp.float32)
   # Causal attention never looks right, so truncation needs only the loss to stop at `length`.
-  ce_BL = token_cross_entropy(apply_fn(inputs_BL, valid_length_B=None), targets_BL)
+  model_kwargs = {}
+  if segment_ids is not None:
+    segments_BL = segment_ids[:, :-1]
+    model_kwargs = dict(segment_ids_BL=segments_BL,
+                        positions_BL=masking.segment_positions(segments_BL))
+  ce_BL = token_cross_entropy(apply_fn(inputs_BL, valid_length_B=None, **model_kwargs), targets_BL)
   num = jnp.sum(ce_BL * valid_BL)
   den = (batch * length).astype(jnp.float32)
   sums = dict(loss_num=num, loss_den=den, masked_ce_sum=num, masked_count=den,

@@ -57,3 +57,47 @@ def forward_process(keys_B, tokens_BL, *, mask_id: int, length):
     return jnp.where(masked_L, mask_id, tokens_L), masked_L, p.astype(jnp.float32)
 
   return jax.vmap(one_row)(keys_B, tokens_BL)
+
+
+def forward_process_segments(keys_B, tokens_BL, segment_ids_BL, *, mask_id: int, length):
+  """forward_process per document of packed rows (segment ids: 1-based, non-decreasing per row).
+
+  t ~ U[0,1) per document; the at-least-one-mask rule and p = n/l apply per document (l counts
+  the document's tokens before `length`). This fixes MegaDLMs' THD packing, which draws one t
+  for the whole packed micro-batch and takes p over all of it (reference 3.6 (b), section 8.6).
+
+  Returns (noisy tokens [B,L], masked [B,L] bool, p [B,L] float32: each token's document ratio).
+  """
+  seq_len = tokens_BL.shape[1]
+  valid_L = jnp.arange(seq_len) < length
+  num_segments = seq_len + 1  # ids are 1-based and a row holds at most seq_len documents.
+
+  def one_row(key, tokens_L, segments_L):
+    key_t, key_u, key_pos = jax.random.split(key, 3)
+
+    def document_total(x_L):  # each token gets the sum of x over its document
+      return jax.ops.segment_sum(x_L, segments_L, num_segments)[segments_L]
+
+    t_L = jax.random.uniform(key_t, (num_segments,))[segments_L]
+    masked_L = (jax.random.uniform(key_u, (seq_len,)) < t_L) & valid_L
+    # A document with no mask gets one at a uniform position: the highest of distinct random
+    # ranks among its valid tokens.
+    rank_L = jnp.where(valid_L, jax.random.permutation(key_pos, seq_len), -1)
+    top_L = jax.ops.segment_max(rank_L, segments_L, num_segments)[segments_L]
+    unmasked_L = document_total(masked_L.astype(jnp.int32)) == 0
+    masked_L = masked_L | (valid_L & unmasked_L & (rank_L == top_L))
+    count_L = document_total(masked_L.astype(jnp.float32))
+    tokens_in_doc_L = document_total(valid_L.astype(jnp.float32))
+    p_L = jnp.where(valid_L, count_L / jnp.maximum(tokens_in_doc_L, 1.0), 1.0)
+    return jnp.where(masked_L, mask_id, tokens_L), masked_L, p_L.astype(jnp.float32)
+
+  return jax.vmap(one_row)(keys_B, tokens_BL, segment_ids_BL)
+
+
+def segment_positions(segment_ids_BL):
+  """Positions restarting at 0 where each segment starts (RoPE per document)."""
+  index_L = jnp.arange(segment_ids_BL.shape[1])
+  starts_BL = jnp.concatenate([jnp.ones_like(segment_ids_BL[:, :1], bool),
+                               segment_ids_BL[:, 1:] != segment_ids_BL[:, :-1]], axis=1)
+  first_BL = jax.lax.cummax(jnp.where(starts_BL, index_L, 0), axis=1)
+  return index_L - first_BL

@@ -84,8 +84,8 @@ def train(config) -> dict | None:
   compile_start = time.time()
   for step in range(start + 1, _last_step(config) + 1):
     local = next(batches)
-    batch = {'tokens': jax.make_array_from_process_local_data(step_fn.batch_sharding,
-                                                              local['tokens'])}
+    batch = {k: jax.make_array_from_process_local_data(step_fn.batch_sharding, v)
+             for k, v in local.items()}
     state, metrics = step_fn(state, batch)
     if pending is not None:
       last_row = _report(reporter, config, *pending) or last_row

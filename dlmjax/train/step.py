@@ -25,9 +25,14 @@ def microbatch_split(x, num_micro: int):
   return jnp.swapaxes(x.reshape(per_micro, num_micro, *x.shape[1:]), 0, 1)
 
 
+def batch_keys(config) -> tuple[str, ...]:
+  """The arrays of a batch, each [global_batch_size, seq_len + 1] int32."""
+  return ('tokens', 'segment_ids') if config.data.packing else ('tokens',)
+
+
 def make_step_fn(setup, loss_fn):
-  """step(state, batch) -> (state, metrics); loss_fn(apply_fn, tokens, **randomness) as in
-  dlmjax.diffusion.loss."""
+  """step(state, batch) -> (state, metrics); loss_fn(apply_fn, tokens, **randomness, **fields)
+  as in dlmjax.diffusion.loss, where fields are the batch's other arrays (segment_ids)."""
   config, cfg = setup.config, setup.model_config
   num_micro = config_lib.num_microbatches(config)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
@@ -35,11 +40,11 @@ def make_step_fn(setup, loss_fn):
                      varlen_prob=config.diffusion.varlen_prob)
   batch_axes = (rules.BATCH, None)
 
-  def micro_step(params, step, tokens, example_ids, micro_index):
+  def micro_step(params, step, tokens, fields, example_ids, micro_index):
     def objective(p):
       module = model_lib.merge(cfg, p)
       return loss_fn(module, tokens, step=step, micro_index=micro_index,
-                     example_ids_B=example_ids, **loss_kwargs)
+                     example_ids_B=example_ids, **fields, **loss_kwargs)
 
     (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(params)
     return grads, sums
@@ -49,22 +54,29 @@ def make_step_fn(setup, loss_fn):
     tokens = batch['tokens']
     example_ids = step * tokens.shape[0] + jnp.arange(tokens.shape[0])
     micro_tokens = rules.constrain(microbatch_split(tokens, num_micro), (None, *batch_axes))
+    # Other per-row arrays (segment_ids) are split and laid out like the tokens.
+    micro_fields = {k: rules.constrain(microbatch_split(v, num_micro), (None, *batch_axes))
+                    for k, v in batch.items() if k != 'tokens'}
     micro_ids = microbatch_split(example_ids, num_micro)
 
     def accumulate(carry, xs):
       grads_acc, sums_acc = carry
-      tokens_mb, ids_mb, index = xs
-      grads, sums = micro_step(params, step, rules.constrain(tokens_mb, batch_axes), ids_mb, index)
+      tokens_mb, fields_mb, ids_mb, index = xs
+      fields_mb = {k: rules.constrain(v, batch_axes) for k, v in fields_mb.items()}
+      grads, sums = micro_step(params, step, rules.constrain(tokens_mb, batch_axes), fields_mb,
+                               ids_mb, index)
       grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
       sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
       return (grads_acc, sums_acc), None
 
     zero_grads = jax.tree.map(jnp.zeros_like, params)
     _, zero_sums = jax.eval_shape(
-        lambda: micro_step(params, step, micro_tokens[0], micro_ids[0], 0))
+        lambda: micro_step(params, step, micro_tokens[0],
+                           {k: v[0] for k, v in micro_fields.items()}, micro_ids[0], 0))
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_sums)
     (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_sums),
-                                    (micro_tokens, micro_ids, jnp.arange(num_micro)))
+                                    (micro_tokens, micro_fields, micro_ids,
+                                     jnp.arange(num_micro)))
     # MegaDLMs back-propagates num/den per micro-batch divided by the micro-batch count.
     grads = jax.tree.map(lambda g: g / num_micro, grads)
     grad_norm = optax.global_norm(grads)
@@ -93,7 +105,8 @@ class CompiledStep:
     self.batch_sharding = rules.named_sharding(setup.mesh, (rules.BATCH, None))
     self._jitted = jax.jit(
         make_step_fn(setup, loss_fn),
-        in_shardings=(setup.state_shardings, {'tokens': self.batch_sharding}),
+        in_shardings=(setup.state_shardings,
+                      {k: self.batch_sharding for k in batch_keys(setup.config)}),
         out_shardings=(setup.state_shardings, setup.replicated),
         donate_argnums=0)
 

@@ -1,5 +1,7 @@
 """A tiny params-only run directory for the conversion, verification and inference tests."""
 
+import os
+
 import jax
 import numpy as np
 
@@ -29,6 +31,16 @@ def make_run(directory, seed=0, **overrides):
   params = random_params(config, seed)
   step_dir = manager.save_params_checkpoint(str(directory), config, params)
   return config, params, step_dir
+
+
+def write_tokenizer(directory, size=256) -> str:
+  """A Hugging Face tokenizer.json with `size` ids (a word-level one) in `directory`."""
+  import tokenizers  # pylint: disable=import-outside-toplevel
+  vocab = {f't{i}': i for i in range(size)}
+  os.makedirs(directory, exist_ok=True)
+  tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token='t0')).save(
+      os.path.join(directory, 'tokenizer.json'))
+  return str(directory)
 
 
 def assert_same_params(a, b):

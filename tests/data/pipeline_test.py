@@ -119,3 +119,25 @@ def test_worker_processes_give_the_same_stream(config):
   got = _take(it, 2)
   it.close()
   np.testing.assert_array_equal(got, expected[1:])
+
+
+def test_document_segment_ids_start_after_each_eod():
+  tokens = np.array([[5, 2, 7, 8, 2, 9], [2, 2, 4, 4, 4, 4]])
+  np.testing.assert_array_equal(pipeline.document_segment_ids(tokens, eod_id=2),
+                                [[1, 1, 2, 2, 2, 3], [1, 2, 3, 3, 3, 3]])
+
+
+def test_packing_adds_segment_ids(tmp_path):
+  c = config_lib.defaults()
+  c.data.source, c.data.packing = 'megatron', True
+  c.data.cache_dir, c.data.prefetch = str(tmp_path / 'cache'), 0
+  c.data.train_prefixes = str(tmp_path / 'docs')
+  c.model.seq_len, c.train.global_batch_size, c.train.steps = 16, 4, 2
+  with indexed.IndexedDatasetWriter(c.data.train_prefixes) as writer:
+    for n in range(1, 40):
+      writer.add_document(np.append(np.full(n % 7 + 1, 10 + n), c.model.eos_token_id))
+  batch = next(pipeline.make_batch_iterator(c))
+  assert batch['segment_ids'].shape == batch['tokens'].shape == (4, 17)
+  np.testing.assert_array_equal(
+      batch['segment_ids'], pipeline.document_segment_ids(batch['tokens'], c.model.eos_token_id))
+  assert (batch['segment_ids'][:, -1] > 1).all()  # every 17-token row spans documents.

@@ -75,3 +75,40 @@ def test_identity_per_row_mean_when_untruncated():
   m = np.asarray(masked)
   per_row = [(ce[b] * m[b]).sum() / m[b].sum() for b in range(4)]
   np.testing.assert_allclose(float(objective), np.mean(per_row), rtol=1e-5)
+
+
+@pytest.mark.parametrize('varlen_prob', [0.0, 1.0])
+def test_packed_mdm_loss_weights_each_document_by_its_ratio(varlen_prob):
+  rng = np.random.default_rng(1)
+  table = rng.normal(size=(V, V)).astype(np.float32)
+  tokens = rng.integers(0, MASK, size=(4, 21)).astype(np.int32)
+  segments = np.array([[1] * 7 + [2] * 9 + [3] * 5, [1] * 21, [1] * 3 + [2] * 18,
+                       [1] * 10 + [2] * 11], np.int32)
+  seen = {}
+
+  def model(tokens_BL, valid_length_B=None, segment_ids_BL=None, positions_BL=None):
+    del valid_length_B
+    seen.update(segments=segment_ids_BL, positions=positions_BL)
+    return jnp.asarray(table)[tokens_BL]
+
+  objective, sums = loss_lib.mdm_loss(
+      model, jnp.asarray(tokens), seed=1, step=2, micro_index=0, example_ids_B=jnp.arange(4),
+      mask_id=MASK, varlen_prob=varlen_prob, segment_ids=jnp.asarray(segments))
+  length = int(sums['length_sum'])
+  np.testing.assert_array_equal(seen['segments'], segments[:, :-1])
+  assert seen['positions'][0, 7] == 0 and seen['positions'][0, 15] == 8
+  keys = masking.example_keys(1, 2, jnp.arange(4))
+  noisy, _, _ = masking.forward_process_segments(keys, jnp.asarray(tokens[:, :-1]),
+                                                 jnp.asarray(segments[:, :-1]), mask_id=MASK,
+                                                 length=length)
+  noisy = np.asarray(noisy)
+  m = noisy == MASK
+  ce = numpy_ce(table[noisy], tokens[:, :-1])
+  # sum over documents d of sum_{i in d, masked} CE_i / p_d, p_d = n_d / l_d, over all B*l tokens.
+  num = 0.0
+  for b in range(4):
+    for s in np.unique(segments[b, :length]):
+      doc = (segments[b, :-1] == s) & (np.arange(20) < length)
+      p_d = m[b, doc].sum() / doc.sum()
+      num += (ce[b, doc] * m[b, doc]).sum() / p_d
+  np.testing.assert_allclose(float(objective), num / (4 * length), rtol=1e-5)

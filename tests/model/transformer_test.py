@@ -99,3 +99,28 @@ def test_bfloat16_compute_stays_close():
   got = _logits(dataclasses.replace(CFG, dtype='bfloat16'), params, tokens)
   assert got.dtype == jnp.float32
   np.testing.assert_allclose(got, ref, atol=0.05)
+
+
+def test_packed_documents_are_isolated_with_restarted_positions():
+  """A document's hidden states do not depend on its neighbours or where it sits in the row."""
+  from dlmjax.diffusion import masking  # pylint: disable=import-outside-toplevel
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  rng = np.random.default_rng(0)
+  a, b = rng.integers(0, 128, size=6), rng.integers(0, 128, size=10)
+  segments = jnp.asarray([[1] * 6 + [2] * 10, [1] * 10 + [2] * 6])
+  # Rows [a b] and [b a]; the stand-in embedding table holds position j's input in row j, so
+  # its gradient is the gradient w.r.t. each input position.
+  table = params['embed_tokens'][np.concatenate([a, b, b, a])]
+
+  def hidden(table_TD):
+    module = model_lib.merge(CFG, dict(params, embed_tokens=table_TD))
+    out = module.hidden(jnp.arange(32).reshape(2, 16), segment_ids_BL=segments,
+                        positions_BL=masking.segment_positions(segments))
+    return out[0, 2].sum(), out  # an output inside document a of row 0
+
+  (_, out), grad = jax.jit(jax.value_and_grad(hidden, has_aux=True))(table)
+  np.testing.assert_allclose(out[0, 6:], out[1, :10], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(out[0, :6], out[1, 10:], rtol=1e-5, atol=1e-5)
+  grad = np.asarray(grad)
+  assert np.abs(grad[:6]).sum(axis=1).min() > 0
+  np.testing.assert_array_equal(grad[6:], 0.0)  # document b and row 1

@@ -4,6 +4,8 @@ import jax
 import numpy as np
 import pytest
 
+from dlmjax import model as model_lib
+from dlmjax.data import pipeline
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.train import stages
 from dlmjax.train import state as state_lib
@@ -11,7 +13,8 @@ from dlmjax.train import step as step_lib
 from tests.conftest import tiny_test_config
 
 
-def run_steps(config, num_steps=5):
+def run_steps(config, num_steps=5, learnable=False):
+  """Losses of num_steps steps on random tokens, or, when learnable, on rows that count up."""
   devices = jax.devices()[:config.mesh.data * config.mesh.fsdp * config.mesh.tensor]
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, devices))
   state = setup.init_state(config.seed)
@@ -19,9 +22,16 @@ def run_steps(config, num_steps=5):
   rng = np.random.default_rng(0)
   losses = []
   for _ in range(num_steps):
-    tokens = rng.integers(4, config.model.vocab_size,
-                          size=(config.train.global_batch_size, config.model.seq_len + 1))
-    batch = {'tokens': jax.device_put(tokens.astype(np.int32), step_fn.batch_sharding)}
+    shape = (config.train.global_batch_size, config.model.seq_len + 1)
+    tokens = rng.integers(4, config.model.vocab_size, size=shape)
+    if learnable:  # uniform random tokens are at the loss floor already: give the model a rule
+      tokens = 4 + (tokens[:, :1] + np.arange(shape[1])) % 64
+    arrays = {'tokens': tokens.astype(np.int32)}
+    if config.data.packing:  # documents of ~8 tokens
+      arrays['tokens'][rng.random(tokens.shape) < 0.125] = config.model.eos_token_id
+      arrays['segment_ids'] = pipeline.document_segment_ids(arrays['tokens'],
+                                                             config.model.eos_token_id)
+    batch = {k: jax.device_put(v, step_fn.batch_sharding) for k, v in arrays.items()}
     state, metrics = step_fn(state, batch)
     losses.append(float(metrics['loss']))
   return np.array(losses), state
@@ -62,6 +72,35 @@ def test_microbatch_split_is_strided():
 def test_other_objectives_and_masks_train(objective, mask):
   losses, _ = run_steps(tiny_test_config(**{
       'diffusion.objective': objective, 'model.attention_mask': mask, 'model.block_size': 8,
-      'mesh.fsdp': 1, 'train.lr': 1e-2, 'train.warmup_steps': 0}), num_steps=4)
+      'mesh.fsdp': 1, 'train.lr': 1e-2, 'train.warmup_steps': 0}), num_steps=4, learnable=True)
   assert np.isfinite(losses).all()
   assert losses[-1] < losses[0]
+
+
+def test_packing_off_gives_the_previous_losses(single_device_losses):
+  # Recorded on commit b39aa8f, before data.packing existed: the default path must not move.
+  np.testing.assert_allclose(single_device_losses, [8.361833572387695, 8.340507507324219,
+                                                    8.344910621643066, 8.305867195129395,
+                                                    8.34926986694336], rtol=1e-5)
+
+
+def test_packed_step_accumulates_segment_ids_exactly():
+  """segment_ids travel with their rows through the micro-batch split: the 2-micro-batch step's
+  loss equals the packed loss of the whole batch at once."""
+  config = tiny_test_config(**{'data.packing': True, 'diffusion.varlen_prob': 0.0,
+                               'mesh.fsdp': 1})
+  losses, _ = run_steps(config, num_steps=1)
+  setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
+  params = setup.init_state(config.seed)['params']
+  rng = np.random.default_rng(0)  # the first batch of run_steps
+  tokens = rng.integers(4, config.model.vocab_size,
+                        size=(config.train.global_batch_size, config.model.seq_len + 1))
+  tokens[rng.random(tokens.shape) < 0.125] = config.model.eos_token_id
+  segment_ids = pipeline.document_segment_ids(tokens, config.model.eos_token_id)
+  assert segment_ids.max() > 3
+  loss_fn = stages.STAGES['pretrain'].loss_fn(config)
+  whole, _ = jax.jit(lambda p: loss_fn(
+      model_lib.merge(setup.model_config, p), tokens, segment_ids=segment_ids, step=0,
+      micro_index=0, example_ids_B=np.arange(16), seed=config.seed,
+      mask_id=config.model.mask_token_id, varlen_prob=0.0))(params)
+  np.testing.assert_allclose(losses[0], float(whole), rtol=1e-5)

@@ -9,9 +9,8 @@ from dlmjax.diffusion import loss as loss_lib
 def loss_fn(config):
   objective = loss_lib.OBJECTIVES[config.diffusion.objective]
 
-  def fn(module, tokens, **randomness):
-    return objective(lambda x, valid_length_B: module(x, valid_length_B=valid_length_B),
-                     tokens, **randomness)
+  def fn(module, tokens, **kwargs):
+    return objective(lambda x, **model_kwargs: module(x, **model_kwargs), tokens, **kwargs)
 
   return fn
 
