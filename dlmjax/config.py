@@ -43,6 +43,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.dtype = 'float32'  # compute dtype: float32 | bfloat16; params stay float32.
   c.model.remat = 'none'  # none | minimal | save_dots | full
   c.model.scan_layers = True
+  # Output head + cross-entropy fused over chunks of this many tokens (never materialising fp32
+  # [tokens, vocab] logits); 0 computes the full logits first.
+  c.model.loss_chunk_tokens = 4096
   c.model.mask_token_id = 3
   c.model.eos_token_id = 2
   c.model.pad_token_id = 0
@@ -219,6 +222,9 @@ def validate(config, num_devices: int | None = None) -> None:
                       f'{m.num_kv_heads}; grouped-query attention needs whole groups.')
   if m.head_dim % 2:
     raise ConfigError(f'model.head_dim={m.head_dim} must be even for rotary embeddings.')
+  if m.loss_chunk_tokens < 0:
+    raise ConfigError(f'model.loss_chunk_tokens={m.loss_chunk_tokens} must be >= 0 (0 = full '
+                      'logits).')
   for key in ('mask_token_id', 'eos_token_id', 'pad_token_id'):
     if not 0 <= m[key] < m.vocab_size:
       raise ConfigError(f'model.{key}={m[key]} is outside the vocabulary [0, {m.vocab_size}); '

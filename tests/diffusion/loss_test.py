@@ -11,11 +11,11 @@ V, MASK = 16, 15
 
 
 def fake_model(table):
-  """logits = table[token]: a fixed function, so the formula is all that is tested."""
-  def apply_fn(tokens_BL, valid_length_B=None):
+  """CE of logits = table[token]: a fixed function, so the formula is all that is tested."""
+  def ce_fn(tokens_BL, targets_BL, valid_length_B=None):
     del valid_length_B
-    return jnp.asarray(table)[tokens_BL]
-  return apply_fn
+    return loss_lib.token_cross_entropy(jnp.asarray(table)[tokens_BL], targets_BL)
+  return ce_fn
 
 
 def numpy_ce(logits, targets):
@@ -86,10 +86,10 @@ def test_packed_mdm_loss_weights_each_document_by_its_ratio(varlen_prob):
                        [1] * 10 + [2] * 11], np.int32)
   seen = {}
 
-  def model(tokens_BL, valid_length_B=None, segment_ids_BL=None, positions_BL=None):
+  def model(tokens_BL, targets_BL, valid_length_B=None, segment_ids_BL=None, positions_BL=None):
     del valid_length_B
     seen.update(segments=segment_ids_BL, positions=positions_BL)
-    return jnp.asarray(table)[tokens_BL]
+    return loss_lib.token_cross_entropy(jnp.asarray(table)[tokens_BL], targets_BL)
 
   objective, sums = loss_lib.mdm_loss(
       model, jnp.asarray(tokens), seed=1, step=2, micro_index=0, example_ids_B=jnp.arange(4),
@@ -112,3 +112,20 @@ def test_packed_mdm_loss_weights_each_document_by_its_ratio(varlen_prob):
       p_d = m[b, doc].sum() / doc.sum()
       num += (ce[b, doc] * m[b, doc]).sum() / p_d
   np.testing.assert_allclose(float(objective), num / (4 * length), rtol=1e-5)
+
+
+@pytest.mark.parametrize('chunk_size', [0, 8, 4096])
+def test_model_cross_entropy_fused_equals_full_logits(chunk_size):
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
+  cfg = model_lib.ModelConfig(num_layers=1, d_model=32, num_heads=2, num_kv_heads=2, head_dim=16,
+                              ffn_dim=64, vocab_size=128, seq_len=16)
+  for tie in (False, True):
+    c = dataclasses.replace(cfg, tie_embeddings=tie)
+    module = model_lib.merge(c, model_lib.init_params(c, jax.random.key(0)))
+    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+    targets = jax.random.randint(jax.random.key(2), (2, 16), 0, 128)
+    expected = loss_lib.token_cross_entropy(module(tokens), targets)
+    got = loss_lib.model_cross_entropy(module, tokens, targets, chunk_size=chunk_size)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
