@@ -13,7 +13,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
   from dlmjax.checkpoint.manager import CheckpointError
   from dlmjax.config import ConfigError
   from dlmjax.data.errors import DataError
-  return ConfigError, CheckpointError, DataError
+  from dlmjax.train.loop import NonFiniteError
+  return ConfigError, CheckpointError, DataError, NonFiniteError
 
 
 def fail(message: str) -> None:

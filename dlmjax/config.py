@@ -89,6 +89,8 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.eps = 1e-8
   c.train.weight_decay = 0.1
   c.train.clip_grad_norm = 1.0
+  # A non-finite loss or gradient skips the update; this many in a row stop the run (0 = never).
+  c.train.max_consecutive_skips = 10
 
   # Devices per mesh axis; one axis may be -1: it takes whatever the others leave (default: FSDP
   # over every device, MaxText's default inside a node).
@@ -254,6 +256,8 @@ def validate(config, num_devices: int | None = None) -> None:
   if t.schedule == 'wsd' and t.warmup_steps + t.wsd_decay_steps > t.steps:
     raise ConfigError(f'train.warmup_steps + train.wsd_decay_steps = '
                       f'{t.warmup_steps + t.wsd_decay_steps} exceeds train.steps={t.steps}.')
+  if t.max_consecutive_skips < 0:
+    raise ConfigError(f'train.max_consecutive_skips={t.max_consecutive_skips} must be >= 0.')
   if config.checkpoint.every < 0 or config.checkpoint.keep < 1:
     raise ConfigError('checkpoint.every must be >= 0 and checkpoint.keep >= 1.')
   if config.log.every < 1:

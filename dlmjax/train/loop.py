@@ -15,6 +15,10 @@ from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 
 
+class NonFiniteError(RuntimeError):
+  """Too many consecutive steps had a non-finite loss or gradient."""
+
+
 def check_output_dir(output_dir: str) -> None:
   """Fails before any work when the run directory cannot be written."""
   try:
@@ -89,6 +93,7 @@ def train(config) -> dict | None:
     state, metrics = step_fn(state, batch)
     if pending is not None:
       last_row = _report(reporter, config, *pending) or last_row
+      _stop_if_diverged(config, reporter, checkpoints, state, batches)
     elif step == start + 1:
       jax.block_until_ready(metrics)
       print(f'compiled and ran the first step in {time.time() - compile_start:.1f}s', flush=True)
@@ -99,20 +104,28 @@ def train(config) -> dict | None:
   # Finish.
   if pending is not None:
     last_row = _report(reporter, config, *pending) or last_row
+    _stop_if_diverged(config, reporter, checkpoints, state, batches)
   checkpoints.close()
   return last_row
 
 
 def _report(reporter, config, step, metrics):
   write = step % config.log.every == 0 or step == _last_step(config)
-  row = reporter.record(step, metrics, write=write)
-  if row is not None and not all(map(_finite, (row['loss'], row['grad_norm']))):
-    raise FloatingPointError(
-        f'loss {row["loss"]} / grad norm {row["grad_norm"]} is not finite at step {step} (last '
-        f'checkpoint: see {config.output_dir}/checkpoints); lower --config.train.lr or resume '
-        'from the last checkpoint.')
-  return row
+  return reporter.record(step, metrics, write=write)
 
 
-def _finite(x: float) -> bool:
-  return x == x and abs(x) != float('inf')
+def _stop_if_diverged(config, reporter, checkpoints, state, batches) -> None:
+  """After max_consecutive_skips skipped updates: checkpoint the last good state, then stop.
+
+  Skipped steps leave params and optimizer untouched, so `state` holds the last good weights.
+  """
+  limit = config.train.max_consecutive_skips
+  if limit <= 0 or reporter.consecutive_skips < limit:
+    return
+  checkpoints.save(state, batches.get_state())
+  checkpoints.close()
+  raise NonFiniteError(
+      f'{reporter.consecutive_skips} consecutive steps had a non-finite loss or gradient '
+      f'(skipped {reporter.skipped_total} in all); the last good state is saved in '
+      f'{checkpoints.directory}. Lower --config.train.lr, check the data, or raise '
+      '--config.train.max_consecutive_skips.')

@@ -35,6 +35,8 @@ class Reporter:
     self._last_step = None
     self._tokens_since = 0.0
     self.started = time.time()
+    self.skipped_total = 0
+    self.consecutive_skips = 0
 
   def start(self, step: int) -> None:
     self._last_time, self._last_step, self._tokens_since = time.time(), step, 0.0
@@ -43,12 +45,20 @@ class Reporter:
     """Accumulates tokens; when `write`, returns (and logs) the row for `step`."""
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     self._tokens_since += metrics['tokens']
+    if metrics['skipped']:
+      self.skipped_total += 1
+      self.consecutive_skips += 1
+      if self.is_writer:
+        print(f'step {step}: loss {metrics["loss"]} / grad norm {metrics["grad_norm"]} is not '
+              f'finite; update skipped ({self.consecutive_skips} in a row)', flush=True)
+    else:
+      self.consecutive_skips = 0
     if not write:
       return None
     now = time.time()
     elapsed = max(now - self._last_time, 1e-9)
     steps_done = step - self._last_step
-    row = dict(step=step, **metrics)
+    row = dict(step=step, **metrics, skipped_total=self.skipped_total)
     row['tokens_per_s'] = self._tokens_since / elapsed
     row['step_time_s'] = elapsed / max(steps_done, 1)
     if self.peak_flops:

@@ -81,9 +81,15 @@ def make_step_fn(setup, loss_fn):
     grads = jax.tree.map(lambda g: g / num_micro, grads)
     grad_norm = optax.global_norm(grads)
     updates, opt_state = setup.optimizer.update(grads, state['opt_state'], params)
-    new_state = dict(step=step + 1, params=optax.apply_updates(params, updates),
-                     opt_state=opt_state)
+    # A non-finite loss or gradient skips the update: params and optimizer state (and with it the
+    # schedule's count, as Megatron's skipped iterations) stay as they were; the data moves on.
+    finite = jnp.isfinite(sums['loss_num']) & jnp.isfinite(grad_norm)
+    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    new_state = dict(step=step + 1,
+                     params=jax.tree.map(keep, optax.apply_updates(params, updates), params),
+                     opt_state=jax.tree.map(keep, opt_state, state['opt_state']))
     metrics = dict(
+        skipped=1.0 - finite.astype(jnp.float32),
         loss=sums['loss_num'] / sums['loss_den'],
         masked_ce=sums['masked_ce_sum'] / jnp.maximum(sums['masked_count'], 1.0),
         mask_ratio=sums['mask_ratio_sum'] / sums['rows'],

@@ -112,3 +112,30 @@ def test_smoke_recipe_trains_from_megatron_prefixes_on_the_command_line(tmp_path
   row = loop.train(config)
   assert row['step'] == 2 and np.isfinite(row['loss'])
   assert sorted(_losses(config.output_dir)) == [1, 2]
+
+
+def test_consecutive_non_finite_steps_stop_with_a_good_checkpoint(tmp_path, monkeypatch):
+  import types  # pylint: disable=import-outside-toplevel
+
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from dlmjax.train import stages  # pylint: disable=import-outside-toplevel
+  from tests.train.step_test import _nan_on  # pylint: disable=import-outside-toplevel
+  pretrain = stages.STAGES['pretrain']
+  faulty = types.SimpleNamespace(
+      loss_fn=lambda config: _nan_on([2, 3, 4, 5, 6, 7], pretrain.loss_fn(config)),
+      batch_iterator=pretrain.batch_iterator)
+  monkeypatch.setitem(stages.STAGES, 'pretrain', faulty)
+  c = _config(tmp_path, **{'train.max_consecutive_skips': 2, 'checkpoint.every': 0})
+  with pytest.raises(loop.NonFiniteError, match='2 consecutive steps'):
+    loop.train(c)
+  rows = [json.loads(line) for line in open(os.path.join(tmp_path, 'metrics.jsonl'))]
+  # The loss sees the 0-based step of the state: injected 2, 3 are logged steps 3 and 4.
+  assert [r['skipped'] for r in rows] == [0.0, 0.0, 1.0, 1.0]
+  assert rows[-1]['skipped_total'] == 2
+  # The saved state is the last good one: finite params, as step 2 left them.
+  _, step_dir, step = checkpoint_lib.resolve_step_dir(str(tmp_path))
+  params = checkpoint_lib.restore_params(step_dir, c)
+  assert step >= 3
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))

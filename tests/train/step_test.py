@@ -104,3 +104,37 @@ def test_packed_step_accumulates_segment_ids_exactly():
       micro_index=0, example_ids_B=np.arange(16), seed=config.seed,
       mask_id=config.model.mask_token_id, varlen_prob=0.0))(params)
   np.testing.assert_allclose(losses[0], float(whole), rtol=1e-5)
+
+
+def _nan_on(steps, base_loss):
+  """The stage's loss, made non-finite on the given steps (fault injection)."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  def fn(module, tokens, *, step, **kwargs):
+    objective, sums = base_loss(module, tokens, step=step, **kwargs)
+    bad = jnp.where(jnp.isin(step, jnp.asarray(steps)), jnp.nan, 1.0)
+    return objective * bad, dict(sums, loss_num=sums['loss_num'] * bad)
+
+  return fn
+
+
+def test_non_finite_step_skips_the_update():
+  config = tiny_test_config(**{'mesh.fsdp': 1})
+  setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
+  state = setup.init_state(config.seed)
+  step_fn = step_lib.CompiledStep(
+      setup, _nan_on([1], stages.STAGES['pretrain'].loss_fn(config)))
+  rng = np.random.default_rng(0)
+  snapshots, skipped = [], []
+  for _ in range(3):
+    tokens = rng.integers(4, 100, size=(16, 33)).astype(np.int32)
+    state, metrics = step_fn(state, {'tokens': jax.device_put(tokens, step_fn.batch_sharding)})
+    snapshots.append(jax.device_get((state['params'], state['opt_state'])))
+    skipped.append(float(metrics['skipped']))
+  assert skipped == [0.0, 1.0, 0.0]
+  assert int(state['step']) == 3
+  for a, b in zip(jax.tree.leaves(snapshots[0]), jax.tree.leaves(snapshots[1])):
+    np.testing.assert_array_equal(a, b)  # params and optimizer (and its count) untouched
+  changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(snapshots[1][0]),
+                                                      jax.tree.leaves(snapshots[2][0]))]
+  assert all(changed) and all(np.isfinite(x).all() for x in jax.tree.leaves(snapshots[2][0]))
