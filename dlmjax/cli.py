@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -37,6 +37,9 @@ def run(main) -> None:
   """app.run(main) with readable errors for bad flags and for user errors raised by main."""
 
   def guarded(argv):
+    # Library INFO logs (orbax, jax backends) drown the progress line; --verbosity=0 shows them.
+    if not flags.FLAGS['verbosity'].present:
+      logging.set_verbosity(logging.WARNING)
     try:
       return main(argv)
     except user_errors() as e:

@@ -68,6 +68,11 @@ def train(config) -> dict | None:
   stage = stages.STAGES[config.stage]
   checkpoints = checkpoint_lib.RunCheckpoints(config.output_dir, keep=config.checkpoint.keep,
                                               async_save=config.checkpoint.async_save)
+  if jax.process_index() == 0:
+    m = config.mesh
+    print(f'{config.stage}: {setup.model_config.num_params():,} parameters on '
+          f'{jax.device_count()} x {jax.devices()[0].device_kind} (data {m.data} x fsdp {m.fsdp} '
+          f'x tensor {m.tensor}); run directory {config.output_dir}', flush=True)
   # State.
   state, data_state = initial_state(config, setup, checkpoints)
   checkpoint_lib.write_run_config(config.output_dir, config)
