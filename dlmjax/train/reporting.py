@@ -8,6 +8,8 @@ import time
 
 import jax
 
+SPIKE_FRACTION = 0.2  # Megatron's SPIKY_LOSS_PERC
+
 # Dense bf16 peak per device, for MFU when log.peak_tflops is not set.
 _PEAK_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'B200': 2250.0, 'GH200': 989.0}
 
@@ -37,6 +39,8 @@ class Reporter:
     self.started = time.time()
     self.skipped_total = 0
     self.consecutive_skips = 0
+    self.loss_spikes = 0
+    self._last_loss = None
 
   def start(self, step: int) -> None:
     self._last_time, self._last_step, self._tokens_since = time.time(), step, 0.0
@@ -53,12 +57,14 @@ class Reporter:
               f'finite; update skipped ({self.consecutive_skips} in a row)', flush=True)
     else:
       self.consecutive_skips = 0
+      self._check_spike(step, metrics['loss'])
     if not write:
       return None
     now = time.time()
     elapsed = max(now - self._last_time, 1e-9)
     steps_done = step - self._last_step
-    row = dict(step=step, **metrics, skipped_total=self.skipped_total)
+    row = dict(step=step, **metrics, skipped_total=self.skipped_total,
+               loss_spikes=self.loss_spikes)
     row['tokens_per_s'] = self._tokens_since / elapsed
     row['step_time_s'] = elapsed / max(steps_done, 1)
     if self.peak_flops:
@@ -69,6 +75,16 @@ class Reporter:
         f.write(json.dumps(row) + '\n')
       print(self._line(row), flush=True)
     return row
+
+  def _check_spike(self, step: int, loss: float) -> None:
+    """MegaDLMs' spiky-loss rule: |loss - last| / last >= 20% is flagged (logged, not fatal)."""
+    last, self._last_loss = self._last_loss, loss
+    if last is None or last <= 0 or abs(loss - last) / last < SPIKE_FRACTION:
+      return
+    self.loss_spikes += 1
+    if self.is_writer:
+      print(f'step {step}: loss spike {last:.4f} -> {loss:.4f} '
+            f'({100 * (loss - last) / last:+.0f}%)', flush=True)
 
   def _line(self, row) -> str:
     eta = row['step_time_s'] * (self.total_steps - row['step'])
