@@ -266,6 +266,12 @@ def validate(config, num_devices: int | None = None) -> None:
   _validate_mesh(config, num_devices)
 
 
+def fit_to_devices(config, num_devices: int) -> None:
+  """Validates the config for num_devices, then resolves a -1 mesh axis in place."""
+  validate(config, num_devices=num_devices)
+  resolve_mesh(config, num_devices)
+
+
 def _validate_mesh(config, num_devices):
   m = config.model
   tensor = config.mesh.tensor

@@ -51,8 +51,7 @@ def summarize(config, num_devices: int | None) -> str:
   if num_devices is None:
     import jax  # pylint: disable=import-outside-toplevel
     num_devices = jax.device_count()
-  config_lib.validate(config, num_devices=num_devices)
-  config_lib.resolve_mesh(config, num_devices)
+  config_lib.fit_to_devices(config, num_devices)
   cfg = model_lib.ModelConfig.from_config(config)
   unpadded = cfg.num_params() - (cfg.vocab_size - config.model.vocab_size) * cfg.d_model * (
       1 if cfg.tie_embeddings else 2)

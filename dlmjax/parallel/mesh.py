@@ -14,8 +14,7 @@ def make_mesh(config, devices=None) -> jax.sharding.Mesh:
   """A mesh over all (or the given) devices. Resolves a -1 axis of config.mesh in place and
   validates the shape first, so a mis-sized mesh fails with a readable error."""
   devices = jax.devices() if devices is None else devices
-  config_lib.validate(config, num_devices=len(devices))
-  config_lib.resolve_mesh(config, len(devices))
+  config_lib.fit_to_devices(config, len(devices))
   m = config.mesh
   shape = tuple(m[axis] for axis in rules.MESH_AXES)
   try:

@@ -84,7 +84,10 @@ def make_step_fn(setup, loss_fn):
     # A non-finite loss or gradient skips the update: params and optimizer state (and with it the
     # schedule's count, as Megatron's skipped iterations) stay as they were; the data moves on.
     finite = jnp.isfinite(sums['loss_num']) & jnp.isfinite(grad_norm)
-    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+
+    def keep(new, old):
+      return jnp.where(finite, new, old)
+
     new_state = dict(step=step + 1,
                      params=jax.tree.map(keep, optax.apply_updates(params, updates), params),
                      opt_state=jax.tree.map(keep, opt_state, state['opt_state']))
