@@ -1,8 +1,9 @@
 """Self-attention: the Qwen3-style module (QK-norm before RoPE, GQA) and its backends.
 
 Backends share one signature so a config switch picks them: `xla` (plain einsums, every mask,
-every device) and `cudnn` (jax.nn.dot_product_attention, GPU; bidirectional or causal plus
-padding lengths, never a dense mask).
+every device), `cudnn` (jax.nn.dot_product_attention, GPU; bidirectional or causal plus
+padding lengths, never a dense mask), `pallas` (our flash kernel, every mask without a dense
+one; interpret mode off GPU) and `auto` (the fastest valid one, by the rule in auto_attention).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from dlmjax.kernels import flash_attention
 from dlmjax.model import layers
 from dlmjax.parallel import rules
 
@@ -62,7 +64,8 @@ def cudnn_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_B
   del block_size
   if kind == 'block_causal' or segment_ids_BL is not None:
     raise ValueError('the cudnn attention backend supports bidirectional and causal masks with '
-                     'padding only; use model.attention_backend=xla for block_causal or segments.')
+                     'padding only; use model.attention_backend=pallas (or xla) for block_causal '
+                     'or segments.')
   lengths = None
   if valid_length_B is not None:
     lengths = valid_length_B.astype(jnp.int32)
@@ -71,7 +74,50 @@ def cudnn_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_B
       key_value_seq_lengths=lengths, implementation='cudnn')
 
 
-BACKENDS = {'xla': xla_attention, 'cudnn': cudnn_attention}
+def pallas_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None,
+                     valid_length_B=None):
+  """The Pallas flash kernel; under an activation mesh it runs per shard (batch and heads).
+
+  A pallas_call has no partitioning rule: left to GSPMD, every device would gather and compute
+  the whole batch. shard_map hands each device its own rows and heads instead.
+  """
+  def attend(q, k, v, seg, valid):
+    return flash_attention.flash_attention(q, k, v, kind=kind, block_size=block_size,
+                                           segment_ids_BL=seg, valid_length_B=valid)
+  mesh = rules.current_mesh()
+  if mesh is None or mesh.size == 1:
+    return attend(q_BLNH, k_BLKH, v_BLKH, segment_ids_BL, valid_length_B)
+  heads = rules.spec((rules.BATCH, None, rules.ATTN_HEADS, None))
+  in_specs = (heads, heads, heads, None if segment_ids_BL is None else rules.spec(
+      (rules.BATCH, None)), None if valid_length_B is None else rules.spec((rules.BATCH,)))
+  return jax.shard_map(attend, mesh=mesh, in_specs=in_specs, out_specs=heads, check_vma=False)(
+      q_BLNH, k_BLKH, v_BLKH, segment_ids_BL, valid_length_B)
+
+
+def auto_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None,
+                   valid_length_B=None):
+  """The fastest valid backend, measured on an H200 (docs/benchmarks.md, flash attention).
+
+  cuDNN wherever it needs no dense mask (bidirectional or causal, padding lengths): it led the
+  Pallas kernel there by 1.43x (bidirectional) and 1.21x (causal) in forward + backward. The
+  Pallas kernel for documents (segment ids) and block_causal, where cuDNN needs a dense mask and
+  took 2.4x (4 documents) and 2.0x (block_causal) the kernel's time. XLA off GPU.
+  """
+  head_dim = q_BLNH.shape[-1]
+  if jax.default_backend() != 'gpu':
+    backend = xla_attention
+  elif kind != 'block_causal' and segment_ids_BL is None and head_dim % 8 == 0 and head_dim <= 256:
+    backend = cudnn_attention
+  elif flash_attention.supports_head_dim(head_dim):
+    backend = pallas_attention
+  else:
+    backend = xla_attention
+  return backend(q_BLNH, k_BLKH, v_BLKH, kind=kind, block_size=block_size,
+                 segment_ids_BL=segment_ids_BL, valid_length_B=valid_length_B)
+
+
+BACKENDS = {'xla': xla_attention, 'cudnn': cudnn_attention, 'pallas': pallas_attention,
+            'auto': auto_attention}
 
 
 class Attention(nnx.Module):
@@ -105,7 +151,11 @@ class Attention(nnx.Module):
     q = layers.rotary_embedding(self.q_norm(q), positions_BL, self.rope_theta)
     k = layers.rotary_embedding(self.k_norm(k), positions_BL, self.rope_theta)
     heads = (rules.BATCH, rules.LENGTH, rules.ACT_HEADS, None)
-    q, k, v = (rules.constrain(t, heads) for t in (q, k, v))
+    # The kernel sees whole sequences: with context parallelism the heads are split over the
+    # context devices instead of the sequence (an all-to-all each way, DeepSpeed-Ulysses), so
+    # every mask kind, document mask and backend stays exact.
+    kernel = (rules.BATCH, None, rules.ATTN_HEADS, None)
+    q, k, v = (rules.constrain(t, kernel) for t in (q, k, v))
     out = BACKENDS[backend](q, k, v, kind=kind, block_size=block_size,
                             segment_ids_BL=segment_ids_BL, valid_length_B=valid_length_B)
     out = checkpoint_name(rules.constrain(out, heads), 'context')

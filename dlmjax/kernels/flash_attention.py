@@ -1,0 +1,378 @@
+"""Flash attention as a Pallas kernel: every mask kind with documents and padding, no dense mask.
+
+cuDNN is fastest on plain attention but needs an [L, L] mask (slow) for packed documents and
+block-causal masks. This kernel builds the mask from iotas, segment ids and lengths per tile and
+skips key tiles that no query of the tile can see. Forward keeps the row logsumexp; the backward
+(custom VJP) recomputes probabilities from it in two kernels (dQ; dK and dV), so no [L, L] tensor
+ever reaches memory. It lowers through Pallas' Triton backend on GPU and runs in interpret mode
+on CPU: a Mosaic GPU kernel is built from TMA copies, barriers and wgmma, which interpret mode
+cannot run (so no CPU test), and would have had to be right within a 10-minute GPU budget.
+Matmuls take the input dtype (bf16) and accumulate in f32; the softmax is f32 in base 2 (exp2),
+the residual logsumexp too. Speed against cuDNN: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+MASK_KINDS = ('bidirectional', 'causal', 'block_causal')
+_NEG = -1e30  # finite: a masked logit minus a masked running max stays 0, never NaN.
+_LOG2E = math.log2(math.e)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+  """One kernel's tile: query rows x key rows, and Triton's warps and pipeline stages."""
+  block_q: int
+  block_k: int
+  num_warps: int = 4
+  num_stages: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+  """Tiles of the three kernels; sizes are powers of two, shrunk to divide the length."""
+  fwd: Tile = Tile(128, 128, 8, 3)
+  dq: Tile = Tile(64, 64, 4, 2)
+  dkv: Tile = Tile(64, 64, 4, 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mask:
+  """The static part of the mask: kind and which of segments / lengths apply."""
+  kind: str
+  block_size: int
+  segments: bool
+  lengths: bool
+
+  @property
+  def dense(self):
+    return self.kind != 'bidirectional' or self.segments or self.lengths
+
+
+def flash_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None,
+                    valid_length_B=None, tiles: Tiles | None = None, interpret: bool | None = None):
+  """Softmax(q k^T / sqrt(H)) v with the visibility of `model.attention.attention_mask`.
+
+  Same contract as `xla_attention`, except that a query that sees no key returns 0 (the dense
+  reference returns an arbitrary average there) and gets no gradient. Any length works: it is
+  padded to a whole tile, the padding hidden by the length mask. `interpret` defaults to True
+  off GPU.
+  """
+  batch, length, num_heads, head_dim = q_BLNH.shape
+  num_kv = k_BLKH.shape[2]
+  if k_BLKH.shape != (batch, length, num_kv, head_dim) or v_BLKH.shape != k_BLKH.shape:
+    raise ValueError(f'k {k_BLKH.shape} and v {v_BLKH.shape} must be [B, L, K, H] matching q '
+                     f'{q_BLNH.shape}')
+  if num_heads % num_kv:
+    raise ValueError(f'{num_heads} query heads do not split into {num_kv} kv head groups')
+  if kind not in MASK_KINDS:
+    raise ValueError(f'unknown attention mask kind {kind!r}; known: {MASK_KINDS}')
+  if kind == 'block_causal' and block_size < 1:
+    raise ValueError('block_causal attention needs block_size >= 1')
+  if interpret is None:
+    interpret = jax.default_backend() != 'gpu'
+  tiles = tiles or Tiles()
+  if not interpret and not supports_head_dim(head_dim):
+    raise ValueError(f'the pallas attention kernel needs a power-of-two head_dim >= 16, got '
+                     f'{head_dim}; use the xla or cudnn attention backend')
+  quantum = max(max(t.block_q, t.block_k) for t in (tiles.fwd, tiles.dq, tiles.dkv))
+  quantum = min(quantum, max(16, 1 << (length - 1).bit_length()))
+  padded = -(-length // quantum) * quantum
+  lengths = valid_length_B is not None or padded != length
+  if lengths:
+    valid_B = jnp.full((batch,), length, jnp.int32)
+    if valid_length_B is not None:
+      valid_B = jnp.minimum(valid_B, valid_length_B.astype(jnp.int32))
+  else:
+    valid_B = jnp.zeros((batch,), jnp.int32)
+  segments = segment_ids_BL is not None
+  seg_BL = (segment_ids_BL.astype(jnp.int32) if segments
+            else jnp.zeros((batch, length), jnp.int32))
+  if padded != length:
+    pad = ((0, 0), (0, padded - length), (0, 0), (0, 0))
+    q_BLNH, k_BLKH, v_BLKH = (jnp.pad(x, pad) for x in (q_BLNH, k_BLKH, v_BLKH))
+    seg_BL = jnp.pad(seg_BL, ((0, 0), (0, padded - length)))
+  mask = _Mask(kind, block_size, segments, lengths)
+  out = _flash(q_BLNH, k_BLKH, v_BLKH, seg_BL, valid_B, mask, _fit(tiles, padded), interpret)
+  return out[:, :length]
+
+
+def supports_head_dim(head_dim: int) -> bool:
+  """Triton tiles are powers of two, and its matmuls need at least 16 columns."""
+  return head_dim >= 16 and not head_dim & (head_dim - 1)
+
+
+def _fit(tiles, length):
+  """Shrinks each block to the largest power of two that divides the (padded) length."""
+  def shrink(block):
+    while length % block:
+      block //= 2
+    return block
+  return Tiles(*(dataclasses.replace(t, block_q=shrink(t.block_q), block_k=shrink(t.block_k))
+                 for t in (tiles.fwd, tiles.dq, tiles.dkv)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Which tiles can see which: computed once per call in plain JAX, read by the kernels.
+
+
+def _live_tiles(mask, seg_BL, valid_B, block_q, block_k):
+  """Bool [B, Q tiles, K tiles]: some query of the Q tile may see some key of the K tile."""
+  batch, length = seg_BL.shape
+  q_last = (jnp.arange(length // block_q) + 1) * block_q - 1
+  k_first = jnp.arange(length // block_k) * block_k
+  if mask.kind == 'causal':
+    live = k_first[None, :] <= q_last[:, None]
+  elif mask.kind == 'block_causal':
+    live = k_first[None, :] // mask.block_size <= q_last[:, None] // mask.block_size
+  else:
+    live = jnp.ones((q_last.size, k_first.size), bool)
+  live = jnp.broadcast_to(live[None], (batch, *live.shape))
+  if mask.lengths:
+    live = live & (k_first[None, None, :] < valid_B[:, None, None])
+  if mask.segments:  # Disjoint id ranges share no id; for packed documents this is exact.
+    seg_q = seg_BL.reshape(batch, -1, block_q)
+    seg_k = seg_BL.reshape(batch, -1, block_k)
+    live = live & ((seg_k.min(-1)[:, None, :] <= seg_q.max(-1)[:, :, None])
+                   & (seg_k.max(-1)[:, None, :] >= seg_q.min(-1)[:, :, None]))
+  return live
+
+
+def _ranges(live_BRC, valid_B):
+  """int32 [B, R, 4]: first and one-past-last live column per row (0, 0 if none), length, 0."""
+  num_cols = live_BRC.shape[-1]
+  any_live = live_BRC.any(-1)
+  lo = jnp.argmax(live_BRC, -1)
+  hi = num_cols - jnp.argmax(live_BRC[..., ::-1], -1)
+  lo, hi = jnp.where(any_live, lo, 0), jnp.where(any_live, hi, 0)
+  valid = jnp.broadcast_to(valid_B[:, None], lo.shape)
+  return jnp.stack([lo, hi, valid, jnp.zeros_like(lo)], -1).astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels. One program owns one tile of rows of one head of one sequence and loops over the live
+# tiles of the other side. Logits are kept in base 2: s = q.k * scale * log2(e).
+
+
+def _dot(a, b, *, trans_a=False, trans_b=False):
+  dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+  return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
+def _visible(mask, q0, k0, block_q, block_k, seg_q, seg_k, valid):
+  """Bool [block_q, block_k] tile of the mask starting at query q0, key k0."""
+  q_pos = q0 + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
+  k_pos = k0 + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
+  visible = None
+
+  def both(a, b):
+    return b if a is None else a & b
+  if mask.kind == 'causal':
+    visible = q_pos >= k_pos
+  elif mask.kind == 'block_causal':
+    visible = q_pos // mask.block_size >= k_pos // mask.block_size
+  if mask.segments:
+    visible = both(visible, seg_q[:, None] == seg_k[None, :])
+  if mask.lengths:
+    visible = both(visible, k_pos < valid)
+  return visible
+
+
+def _logits(q, k, scale, mask, q0, k0, seg_q, seg_k, valid):
+  s = _dot(q, k, trans_b=True) * scale
+  if mask.dense:
+    visible = _visible(mask, q0, k0, q.shape[0], k.shape[0], seg_q, seg_k, valid)
+    s = jnp.where(visible, s, _NEG)
+  return s
+
+
+def _fwd_kernel(range_ref, seg_q_ref, seg_k_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, mask,
+                block_k, scale):
+  block_q, head_dim = q_ref.shape
+  q0 = pl.program_id(0) * block_q
+  q = q_ref[...]
+  seg_q = seg_q_ref[...]
+  lo, hi, valid = range_ref[0], range_ref[1], range_ref[2]
+
+  def body(j, carry):
+    acc, m, denom = carry
+    ks = pl.ds(j * block_k, block_k)
+    s = _logits(q, k_ref[ks, :], scale, mask, q0, j * block_k, seg_q, seg_k_ref[ks], valid)
+    m_new = jnp.maximum(m, s.max(-1))
+    p = jnp.exp2(s - m_new[:, None])
+    alpha = jnp.exp2(m - m_new)
+    acc = acc * alpha[:, None] + _dot(p.astype(v_ref.dtype), v_ref[ks, :])
+    return acc, m_new, denom * alpha + p.sum(-1)
+
+  init = (jnp.zeros((block_q, head_dim), jnp.float32), jnp.full((block_q,), _NEG, jnp.float32),
+          jnp.zeros((block_q,), jnp.float32))
+  acc, m, denom = lax.fori_loop(lo, hi, body, init)
+  seen = m > 0.5 * _NEG  # Some key was visible: its logit is far above _NEG.
+  denom = jnp.where(seen, denom, 1.0)
+  o_ref[...] = jnp.where(seen[:, None], acc / denom[:, None], 0.0).astype(o_ref.dtype)
+  lse_ref[...] = jnp.where(seen, m + jnp.log2(denom), -_NEG)  # +big: no probability in backward.
+
+
+def _dq_kernel(range_ref, seg_q_ref, seg_k_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
+               dq_ref, *, mask, block_k, scale):
+  block_q, head_dim = q_ref.shape
+  q0 = pl.program_id(0) * block_q
+  q, do, seg_q = q_ref[...], do_ref[...], seg_q_ref[...]
+  lse, delta = lse_ref[...], delta_ref[...]
+  lo, hi, valid = range_ref[0], range_ref[1], range_ref[2]
+
+  def body(j, dq):
+    ks = pl.ds(j * block_k, block_k)
+    k = k_ref[ks, :]
+    s = _logits(q, k, scale, mask, q0, j * block_k, seg_q, seg_k_ref[ks], valid)
+    p = jnp.exp2(s - lse[:, None])
+    dp = _dot(do, v_ref[ks, :], trans_b=True)
+    ds = p * (dp - delta[:, None])
+    return dq + _dot(ds.astype(k.dtype), k)
+
+  dq = lax.fori_loop(lo, hi, body, jnp.zeros((block_q, head_dim), jnp.float32))
+  dq_ref[...] = (dq * (scale / _LOG2E)).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(range_ref, seg_q_ref, seg_k_ref, k_ref, v_ref, *refs, mask, block_q, groups,
+                scale):
+  q_refs, do_refs, lse_refs, delta_refs = (refs[i * groups:(i + 1) * groups] for i in range(4))
+  dk_ref, dv_ref = refs[4 * groups:]
+  block_k, head_dim = k_ref.shape
+  k0 = pl.program_id(0) * block_k
+  k, v, seg_k = k_ref[...], v_ref[...], seg_k_ref[...]
+  lo, hi, valid = range_ref[0], range_ref[1], range_ref[2]
+  dk = jnp.zeros((block_k, head_dim), jnp.float32)
+  dv = jnp.zeros((block_k, head_dim), jnp.float32)
+  for g in range(groups):  # The query heads sharing this kv head.
+    q_ref, do_ref, lse_ref, delta_ref = q_refs[g], do_refs[g], lse_refs[g], delta_refs[g]
+
+    def body(i, carry, q_ref=q_ref, do_ref=do_ref, lse_ref=lse_ref, delta_ref=delta_ref):
+      dk, dv = carry
+      qs = pl.ds(i * block_q, block_q)
+      q, do = q_ref[qs, :], do_ref[qs, :]
+      s = _logits(q, k, scale, mask, i * block_q, k0, seg_q_ref[qs], seg_k, valid)
+      p = jnp.exp2(s - lse_ref[qs][:, None])
+      dv = dv + _dot(p.astype(do.dtype), do, trans_a=True)
+      dp = _dot(do, v, trans_b=True)
+      ds = p * (dp - delta_ref[qs][:, None])
+      return dk + _dot(ds.astype(q.dtype), q, trans_a=True), dv
+
+    dk, dv = lax.fori_loop(lo, hi, body, (dk, dv))
+  dk_ref[...] = (dk * (scale / _LOG2E)).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# pallas_call wiring and the custom VJP.
+
+
+def _params(tile, interpret):
+  if interpret:
+    return {}
+  from jax.experimental.pallas import triton as pltriton  # pylint: disable=import-outside-toplevel
+  return dict(compiler_params=pltriton.CompilerParams(num_warps=tile.num_warps,
+                                                      num_stages=tile.num_stages))
+
+
+def _rows(block, head):
+  """BlockSpec of `block` rows of one head of [B, L, heads, H], grid (row tile, b, head)."""
+  return lambda head_dim: pl.BlockSpec((None, block, None, head_dim),
+                                       lambda i, b, n: (b, i, head(n), 0))
+
+
+def _forward(q, k, v, seg_BL, valid_B, mask, tiles, interpret):
+  batch, length, num_heads, head_dim = q.shape
+  groups = num_heads // k.shape[2]
+  t = tiles.fwd
+  ranges = _ranges(_live_tiles(mask, seg_BL, valid_B, t.block_q, t.block_k), valid_B)
+  scale = head_dim ** -0.5 * _LOG2E
+  full = pl.BlockSpec((None, length, None, head_dim), lambda i, b, n: (b, 0, n // groups, 0))
+  own = pl.BlockSpec((None, t.block_q, None, head_dim), lambda i, b, n: (b, i, n, 0))
+  o, lse = pl.pallas_call(
+      functools.partial(_fwd_kernel, mask=mask, block_k=t.block_k, scale=scale),
+      grid=(length // t.block_q, batch, num_heads),
+      in_specs=[pl.BlockSpec((None, None, 4), lambda i, b, n: (b, i, 0)),
+                pl.BlockSpec((None, t.block_q), lambda i, b, n: (b, i)),
+                pl.BlockSpec((None, length), lambda i, b, n: (b, 0)), own, full, full],
+      out_specs=[own, pl.BlockSpec((None, None, t.block_q), lambda i, b, n: (b, n, i))],
+      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                 jax.ShapeDtypeStruct((batch, num_heads, length), jnp.float32)],
+      interpret=interpret, name='flash_attention_fwd', **_params(t, interpret),
+  )(ranges, seg_BL, seg_BL, q, k, v)
+  return o, lse
+
+
+def _backward(q, k, v, seg_BL, valid_B, o, lse, do, mask, tiles, interpret):
+  batch, length, num_heads, head_dim = q.shape
+  num_kv = k.shape[2]
+  groups = num_heads // num_kv
+  scale = head_dim ** -0.5 * _LOG2E
+  delta = jnp.einsum('blnh,blnh->bnl', o.astype(jnp.float32), do.astype(jnp.float32))
+
+  t = tiles.dq
+  ranges = _ranges(_live_tiles(mask, seg_BL, valid_B, t.block_q, t.block_k), valid_B)
+  full = pl.BlockSpec((None, length, None, head_dim), lambda i, b, n: (b, 0, n // groups, 0))
+  own = pl.BlockSpec((None, t.block_q, None, head_dim), lambda i, b, n: (b, i, n, 0))
+  own_row = pl.BlockSpec((None, None, t.block_q), lambda i, b, n: (b, n, i))
+  dq = pl.pallas_call(
+      functools.partial(_dq_kernel, mask=mask, block_k=t.block_k, scale=scale),
+      grid=(length // t.block_q, batch, num_heads),
+      in_specs=[pl.BlockSpec((None, None, 4), lambda i, b, n: (b, i, 0)),
+                pl.BlockSpec((None, t.block_q), lambda i, b, n: (b, i)),
+                pl.BlockSpec((None, length), lambda i, b, n: (b, 0)),
+                own, full, full, own, own_row, own_row],
+      out_specs=own,
+      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+      interpret=interpret, name='flash_attention_dq', **_params(t, interpret),
+  )(ranges, seg_BL, seg_BL, q, k, v, do, lse, delta)
+
+  t = tiles.dkv
+  live = _live_tiles(mask, seg_BL, valid_B, t.block_q, t.block_k)
+  ranges = _ranges(jnp.swapaxes(live, 1, 2), valid_B)
+  own = pl.BlockSpec((None, t.block_k, None, head_dim), lambda j, b, h: (b, j, h, 0))
+
+  def query_head(g):
+    return (pl.BlockSpec((None, length, None, head_dim), lambda j, b, h: (b, 0, h * groups + g, 0)),
+            pl.BlockSpec((None, None, length), lambda j, b, h: (b, h * groups + g, 0)))
+  rows = [query_head(g) for g in range(groups)]
+  dk, dv = pl.pallas_call(
+      functools.partial(_dkv_kernel, mask=mask, block_q=t.block_q, groups=groups, scale=scale),
+      grid=(length // t.block_k, batch, num_kv),
+      in_specs=[pl.BlockSpec((None, None, 4), lambda j, b, h: (b, j, 0)),
+                pl.BlockSpec((None, length), lambda j, b, h: (b, 0)),
+                pl.BlockSpec((None, t.block_k), lambda j, b, h: (b, j)), own, own]
+               + [r[0] for r in rows] * 2 + [r[1] for r in rows] * 2,
+      out_specs=[own, own],
+      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+      interpret=interpret, name='flash_attention_dkv', **_params(t, interpret),
+  )(ranges, seg_BL, seg_BL, k, v, *[q] * groups, *[do] * groups, *[lse] * groups,
+    *[delta] * groups)
+  return dq, dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _flash(q, k, v, seg_BL, valid_B, mask, tiles, interpret):
+  return _forward(q, k, v, seg_BL, valid_B, mask, tiles, interpret)[0]
+
+
+def _flash_fwd(q, k, v, seg_BL, valid_B, mask, tiles, interpret):
+  o, lse = _forward(q, k, v, seg_BL, valid_B, mask, tiles, interpret)
+  return o, (q, k, v, seg_BL, valid_B, o, lse)
+
+
+def _flash_bwd(mask, tiles, interpret, res, do):
+  q, k, v, seg_BL, valid_B, o, lse = res
+  dq, dk, dv = _backward(q, k, v, seg_BL, valid_B, o, lse, do, mask, tiles, interpret)
+  return dq, dk, dv, None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)

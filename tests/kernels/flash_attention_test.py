@@ -1,0 +1,187 @@
+"""The Pallas flash attention against `xla_attention`: outputs, gradients, tile skipping, sharding.
+
+On CPU the kernels run in Pallas interpret mode (tiny shapes: each case compiles in ~10 s); the
+`gpu` tests run the Triton lowering in bf16.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from dlmjax import config as config_lib
+from dlmjax.kernels import flash_attention as fa
+from dlmjax.model import attention as attention_lib
+from dlmjax.parallel import rules
+from tests.conftest import tiny_test_config
+
+# Unequal query / key tiles, so a wrong index on either side shows.
+SMALL = fa.Tiles(fwd=fa.Tile(16, 8), dq=fa.Tile(8, 16), dkv=fa.Tile(16, 8))
+# Interpret-mode programs are long loops of small ops: XLA's optimisations cost compile time here
+# (about a third) and buy nothing at these sizes.
+FAST_COMPILE = dict(xla_backend_optimization_level=0, xla_llvm_disable_expensive_passes=True)
+
+
+@pytest.fixture(autouse=True)
+def _strict_ranks():
+  with jax.numpy_rank_promotion('raise'):
+    yield
+
+
+def documents(key, batch, length, docs):
+  """Segment ids of `docs` contiguous documents of random lengths per row."""
+  cuts = jnp.sort(jax.random.randint(key, (batch, docs - 1), 1, length), -1)
+  return (jnp.arange(length)[None, :, None] >= cuts[:, None, :]).sum(-1).astype(jnp.int32)
+
+
+def make_case(seed, *, batch, length, heads, kv_heads, head_dim, docs=0, valid=None,
+              dtype=jnp.float32):
+  k = jax.random.split(jax.random.key(seed), 5)
+  q = jax.random.normal(k[0], (batch, length, heads, head_dim), jnp.float32).astype(dtype)
+  kk = jax.random.normal(k[1], (batch, length, kv_heads, head_dim), jnp.float32).astype(dtype)
+  v = jax.random.normal(k[2], (batch, length, kv_heads, head_dim), jnp.float32).astype(dtype)
+  do = jax.random.normal(k[3], q.shape, jnp.float32).astype(dtype)
+  seg = documents(k[4], batch, length, docs) if docs else None
+  valid = None if valid is None else jnp.asarray(valid, jnp.int32)
+  return q, kk, v, do, seg, valid
+
+
+def value_and_grads(attend, q, k, v, do):
+  def run(q, k, v, do):
+    o, vjp = jax.vjp(attend, q, k, v)
+    return (o, *vjp(do))
+  options = FAST_COMPILE if jax.default_backend() == 'cpu' else None
+  return jax.jit(run).lower(q, k, v, do).compile(compiler_options=options)(q, k, v, do)
+
+
+def rel_err(got, want):
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+@pytest.mark.parametrize('kind, heads, kv_heads, length, docs, valid', [
+    ('causal', 4, 2, 32, 3, 'cut'),  # GQA, documents, padding: rows that see no key.
+    ('block_causal', 2, 2, 40, 2, None),  # 40 is no multiple of the tile: padded inside.
+])  # The mask-free path (plain bidirectional) is test_sharded_matches_reference's.
+def test_matches_reference(kind, heads, kv_heads, length, docs, valid):
+  q, k, v, do, seg, valid = make_case(0, batch=2, length=length, heads=heads, kv_heads=kv_heads,
+                                      head_dim=16, docs=docs, valid=None)
+  if valid == 'cut':  # Row 0 ends before its last document starts: that document sees nothing.
+    valid = jnp.array([int(jnp.argmax(seg[0] == seg[0].max())), length - 3], jnp.int32)
+  kw = dict(kind=kind, block_size=8, segment_ids_BL=seg, valid_length_B=valid)
+  sees_BL = np.asarray(attention_lib.attention_mask(length, **kw).any(-1))
+  live = sees_BL[:, :, None, None]
+  do = jnp.where(live, do, 0.0)  # The reference's output on rows that see nothing is arbitrary.
+  got = value_and_grads(lambda q, k, v: fa.flash_attention(q, k, v, tiles=SMALL, **kw),
+                        q, k, v, do)
+  want = value_and_grads(lambda q, k, v: attention_lib.xla_attention(q, k, v, **kw), q, k, v, do)
+  np.testing.assert_allclose(np.where(live, got[0], 0), np.where(live, want[0], 0), atol=2e-5)
+  for name, g, w in zip(('dq', 'dk', 'dv'), got[1:], want[1:]):
+    np.testing.assert_allclose(g, w, atol=5e-5, rtol=1e-4, err_msg=name)
+  assert (valid is None) == sees_BL.all()  # the padded case really has blind rows ...
+  assert np.all(np.asarray(got[0])[~np.broadcast_to(live, got[0].shape)] == 0)  # ... output 0.
+
+
+def brute_live(kind, block_size, seg, valid, block_q, block_k):
+  """Tile (i, j) is live iff some query of tile i sees some key of tile j."""
+  length = 64
+  vis = np.asarray(attention_lib.attention_mask(length, kind=kind, block_size=block_size,
+                                                segment_ids_BL=seg, valid_length_B=valid))
+  b = valid.shape[0]
+  return vis.reshape(b, length // block_q, block_q, length // block_k, block_k).any((2, 4))
+
+
+@pytest.mark.parametrize('kind', fa.MASK_KINDS)
+@pytest.mark.parametrize('segments', [False, True])
+def test_loops_skip_blind_tiles_and_keep_seen_ones(kind, segments):
+  """Loop bounds keep every tile someone sees; without documents they skip all the others."""
+  batch, length, block_q, block_k = 3, 64, 16, 8
+  seg = documents(jax.random.key(1), batch, length, 4)
+  valid = jnp.array([64, 41, 9], jnp.int32)
+  mask = fa._Mask(kind, 4, segments=segments, lengths=True)
+  live = np.asarray(fa._live_tiles(mask, seg, valid, block_q, block_k))
+  want = brute_live(kind, 4, seg if segments else None, valid, block_q, block_k)
+  if segments:  # id ranges per tile: a superset (a tile may hold ids 1 and 3 but not 2).
+    assert np.all(live >= want) and live.sum() < 1.2 * want.sum()
+  else:
+    np.testing.assert_array_equal(live, want)
+  ranges = np.asarray(fa._ranges(jnp.asarray(live), valid))
+  for b in range(batch):
+    for i in range(live.shape[1]):
+      lo, hi = ranges[b, i, :2]
+      cols = np.flatnonzero(live[b, i])
+      assert (lo, hi) == ((cols[0], cols[-1] + 1) if cols.size else (0, 0))
+  assert ranges[..., 2].tolist() == [[int(x)] * live.shape[1] for x in valid]
+  assert live.sum() < live.size  # something is skipped
+
+
+def test_sharded_matches_reference():
+  """Under an 8-device activation mesh the pallas backend runs per shard via shard_map.
+
+  Plain bidirectional attention: the kernels' mask-free path, forward and backward.
+  """
+  q, k, v, do, _, _ = make_case(2, batch=4, length=16, heads=4, kv_heads=2, head_dim=16)
+  devices = np.array(jax.devices()[:8]).reshape(1, 2, 2, 1, 2)
+  mesh = Mesh(devices, rules.MESH_AXES)
+
+  def sharded(q, k, v):
+    with rules.activation_mesh(mesh):
+      return attention_lib.pallas_attention(q, k, v, kind='bidirectional')
+  assert 'shard_map' in str(jax.make_jaxpr(sharded)(q, k, v))
+  got = value_and_grads(sharded, q, k, v, do)
+  want = value_and_grads(
+      lambda q, k, v: attention_lib.xla_attention(q, k, v, kind='bidirectional'), q, k, v, do)
+  for name, g, w in zip(('o', 'dq', 'dk', 'dv'), got, want):
+    np.testing.assert_allclose(g, w, atol=5e-5, rtol=1e-4, err_msg=name)
+
+
+def test_bad_inputs_name_the_problem():
+  q, k, v, *_ = make_case(0, batch=1, length=16, heads=3, kv_heads=2, head_dim=16)
+  with pytest.raises(ValueError, match='kv head groups'):
+    fa.flash_attention(q, k, v, kind='bidirectional')
+  with pytest.raises(ValueError, match='unknown attention mask kind'):
+    fa.flash_attention(k, k, v, kind='sliding')
+  with pytest.raises(ValueError, match='block_size'):
+    fa.flash_attention(k, k, v, kind='block_causal')
+  with pytest.raises(ValueError, match='must be'):
+    fa.flash_attention(k, k[:, :8], v[:, :8], kind='causal')
+  with pytest.raises(ValueError, match='power-of-two head_dim'):
+    fa.flash_attention(k[..., :12], k[..., :12], v[..., :12], kind='causal', interpret=False)
+
+
+def test_config_accepts_pallas_and_auto_and_checks_head_dim():
+  for backend in ('pallas', 'auto'):
+    config_lib.validate(tiny_test_config(**{'model.attention_backend': backend,
+                                            'model.attention_mask': 'block_causal',
+                                            'data.packing': True}))
+  with pytest.raises(config_lib.ConfigError, match='power-of-two model.head_dim'):
+    config_lib.validate(tiny_test_config(**{'model.attention_backend': 'pallas',
+                                            'model.head_dim': 24}))
+
+
+def test_auto_is_xla_off_gpu():
+  q, k, v, *_ = make_case(3, batch=1, length=16, heads=2, kv_heads=1, head_dim=16, docs=2)
+  if jax.default_backend() == 'gpu':
+    pytest.skip('CPU rule')
+  np.testing.assert_array_equal(attention_lib.auto_attention(q, k, v, kind='causal'),
+                                attention_lib.xla_attention(q, k, v, kind='causal'))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('kind', fa.MASK_KINDS)
+def test_gpu_bf16_matches_reference(kind):
+  """Triton lowering, bf16 in / f32 accumulate, against the f32 reference on the same inputs."""
+  q, k, v, do, seg, valid = make_case(4, batch=2, length=384, heads=4, kv_heads=2, head_dim=64,
+                                      docs=3, valid=[384, 301], dtype=jnp.bfloat16)
+  kw = dict(kind=kind, block_size=64, segment_ids_BL=seg, valid_length_B=valid)
+  live = np.asarray(attention_lib.attention_mask(384, **kw).any(-1))[:, :, None, None]
+  do = jnp.where(live, do, 0)
+  got = value_and_grads(lambda q, k, v: fa.flash_attention(q, k, v, **kw), q, k, v, do)
+  f32 = [x.astype(jnp.float32) for x in (q, k, v, do)]
+  want = value_and_grads(lambda q, k, v: attention_lib.xla_attention(q, k, v, **kw), *f32)
+  assert rel_err(np.where(live, got[0].astype(jnp.float32), 0), np.where(live, want[0], 0)) < 1e-2
+  for g, w in zip(got[1:], want[1:]):
+    assert rel_err(g.astype(jnp.float32), w) < 1e-2
+  auto = attention_lib.auto_attention(q, k, v, **kw)
+  assert rel_err(np.where(live, auto.astype(jnp.float32), 0), np.where(live, want[0], 0)) < 1e-2
