@@ -1,0 +1,289 @@
+"""SFT data: jsonl conversations -> token rows with roles, and the deterministic batch iterator.
+
+A row is prompt + response + EOS, EOS-padded to the canvas (LLaDA: the padding is part of the
+answer the model learns to end with), or several conversations packed into one row. Arrays are
+[seq_len + 1] like pre-training samples; the loss trains the first seq_len (the canvas), so the
+last column is always padding. Batch k takes rows k*GBS .. (k+1)*GBS - 1 of a sequence that
+reshuffles every epoch; process p reads its slice (as dlmjax/data/pipeline.py), and the
+iterator's state is the number of rows consumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+
+import grain
+import numpy as np
+
+from dlmjax.data import builtin
+from dlmjax.data import chat
+from dlmjax.data import pipeline
+from dlmjax.data import tokenizer as tokenizer_lib
+from dlmjax.data.errors import DataError
+from dlmjax.diffusion.sft_loss import PADDING, PROMPT, RESPONSE
+
+BUILTIN_TASKS = ('countdown3', 'countdown4', 'sudoku4', 'arithmetic')
+BUILTIN_EXAMPLES_PER_TASK = 1000
+BUILTIN_VERSION = 1  # bump when the built-in set's rows change.
+
+
+@dataclasses.dataclass
+class Report:
+  """What reading an SFT file did (printed at the start of a run)."""
+  source: str = ''
+  rows: int = 0
+  truncated: int = 0
+  dropped: int = 0
+  tokens: int = 0
+  packed_rows: int = 0
+
+  def summary(self) -> str:
+    text = (f'sft data {self.source}: {self.rows} conversations, {self.tokens:,} tokens; '
+            f'{self.truncated} truncated, {self.dropped} dropped as longer than the canvas')
+    if self.packed_rows:
+      text += f'; packed into {self.packed_rows} rows'
+    return text
+
+
+def read_conversations(path: str, template: str) -> list[tuple[int, str, str]]:
+  """(line number, prompt text, response text) of each jsonl row, rendered with the template.
+
+  Rows are {"prompt", "response"} (one user turn) or {"messages": [{"role", "content"}, ...]}
+  ending with the assistant's response. Any malformed row fails, naming the file and line.
+  """
+  if not os.path.isfile(path):
+    raise DataError(f'no SFT file {path!r}: set --config.sft.train_file to a jsonl file.')
+  chat.get_template(template)
+  out = []
+  for number, line in _lines(path):
+    where = f'{path}:{number}'
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise DataError(f'{where}: bad JSON ({e.msg}).') from e
+    if not isinstance(record, dict):
+      raise DataError(f'{where}: a JSON {type(record).__name__}, not an object.')
+    try:
+      if 'messages' in record:
+        prompt, response = chat.split_conversation(template, record['messages'])
+      elif isinstance(record.get('prompt'), str) and isinstance(record.get('response'), str):
+        prompt, response = chat.prompt_text(template, record['prompt']), record['response']
+      else:
+        raise DataError('a row needs string "prompt" and "response" keys, or "messages".')
+    except DataError as e:
+      raise DataError(f'{where}: {e}') from e
+    if not response.strip():
+      raise DataError(f'{where}: the response is empty; an SFT row needs an answer to learn '
+                      '(remove the row or fill it in).')
+    out.append((number, prompt, response))
+  if not out:
+    raise DataError(f'{path} has no rows.')
+  return out
+
+
+def _lines(path: str):
+  """(1-based line number, text) of the non-blank lines of a .jsonl or .jsonl.gz file."""
+  import gzip  # pylint: disable=import-outside-toplevel
+  opener = gzip.open if path.endswith('.gz') else open
+  with opener(path, 'rt', encoding='utf-8') as f:
+    for number, line in enumerate(f, start=1):
+      if line.strip():
+        yield number, line
+
+
+def encode_conversations(conversations, tokenizer, *, eos_id: int, canvas: int, too_long: str,
+                         source: str = '') -> tuple[list[tuple[list[int], list[int]]], Report]:
+  """[(prompt ids, response ids + EOS)] that fit the canvas, per the too_long policy.
+
+  truncate: cut the response to fill the canvas (no EOS: the answer goes on past the cut); a
+  prompt that leaves no room for a response token is dropped. drop: skip the row. error: fail.
+  """
+  report = Report(source=source)
+  prompts = tokenizer.encode_batch([p for _, p, _ in conversations])
+  responses = tokenizer.encode_batch([r for _, _, r in conversations])
+  out = []
+  for (number, _, _), prompt, response in zip(conversations, prompts, responses):
+    answer = list(response) + [eos_id]
+    length = len(prompt) + len(answer)
+    if length > canvas:
+      if too_long == 'error':
+        raise DataError(f'{source}:{number}: prompt + response + EOS is {length} tokens, more '
+                        f'than the canvas model.seq_len={canvas}; raise model.seq_len, shorten '
+                        'the row, or set --config.sft.too_long=truncate|drop.')
+      if too_long == 'drop' or len(prompt) >= canvas:
+        report.dropped += 1
+        continue
+      answer = answer[:canvas - len(prompt)]
+      report.truncated += 1
+    out.append((list(prompt), answer))
+    report.rows += 1
+    report.tokens += len(prompt) + len(answer)
+  if not out:
+    raise DataError(f'{source}: every row is longer than the canvas model.seq_len={canvas}; '
+                    'raise model.seq_len or set --config.sft.too_long=truncate.')
+  return out, report
+
+
+def padded_rows(encoded, *, eos_id: int, width: int) -> dict[str, np.ndarray]:
+  """One conversation per row, EOS-padded to `width` (LLaDA): {'tokens', 'roles'} [N, width]."""
+  tokens = np.full((len(encoded), width), eos_id, np.int32)
+  roles = np.full((len(encoded), width), PADDING, np.int32)
+  for i, (prompt, answer) in enumerate(encoded):
+    n = len(prompt) + len(answer)
+    tokens[i, :n] = prompt + answer
+    roles[i, :len(prompt)] = PROMPT
+    roles[i, len(prompt):n] = RESPONSE
+  return {'tokens': tokens, 'roles': roles}
+
+
+def packed_rows(encoded, *, eos_id: int, width: int, canvas: int) -> dict[str, np.ndarray]:
+  """Conversations packed in order into rows of `canvas` tokens (a new row when the next one
+  does not fit); the tail is padding with segment id 0. {'tokens', 'roles', 'segment_ids'}."""
+  rows, current, used = [], [], 0
+  for conversation in encoded:
+    size = len(conversation[0]) + len(conversation[1])
+    if current and used + size > canvas:
+      rows.append(current)
+      current, used = [], 0
+    current.append(conversation)
+    used += size
+  rows.append(current)
+  tokens = np.full((len(rows), width), eos_id, np.int32)
+  roles = np.full((len(rows), width), PADDING, np.int32)
+  segments = np.zeros((len(rows), width), np.int32)
+  for i, row in enumerate(rows):
+    start = 0
+    for segment, (prompt, answer) in enumerate(row, start=1):
+      n = len(prompt) + len(answer)
+      tokens[i, start:start + n] = prompt + answer
+      roles[i, start:start + len(prompt)] = PROMPT
+      roles[i, start + len(prompt):start + n] = RESPONSE
+      segments[i, start:start + n] = segment
+      start += n
+  return {'tokens': tokens, 'roles': roles, 'segment_ids': segments}
+
+
+# ----------------------------------------------------------------------------------------------
+# The built-in instruction set
+
+
+def ensure_builtin_set(cache_dir: str, seed: int = 0) -> str:
+  """The jsonl of the built-in set: worked solutions of dlmjax.tasks' training problems.
+
+  Generated once, offline, into the cache (temporary file, then an atomic rename).
+  """
+  try:
+    from dlmjax import tasks  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise DataError(f'the built-in SFT set is made from dlmjax.tasks, which cannot be imported '
+                    f'({e}); set --config.sft.train_file=PATH.') from e
+  key = json.dumps([BUILTIN_VERSION, BUILTIN_TASKS, BUILTIN_EXAMPLES_PER_TASK, seed])
+  name = f'sft-builtin-v{BUILTIN_VERSION}-{hashlib.md5(key.encode()).hexdigest()[:10]}.jsonl'
+  path = os.path.join(cache_dir, name)
+  if os.path.isfile(path):
+    return path
+  os.makedirs(cache_dir, exist_ok=True)
+  lines = []
+  for task in BUILTIN_TASKS:
+    for example in tasks.TASKS[task].examples('train', BUILTIN_EXAMPLES_PER_TASK, seed):
+      lines.append(json.dumps({'prompt': example.prompt, 'response': example.response,
+                               'task': task}))
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  os.replace(tmp, path)
+  return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Batches
+
+
+def train_file(config) -> str:
+  """sft.train_file, or the built-in set (data.source=builtin)."""
+  if config.sft.train_file:
+    return config.sft.train_file
+  if config.data.source != 'builtin':
+    raise DataError('stage sft reads sft.train_file, or the built-in set when '
+                    'data.source=builtin; set --config.sft.train_file=PATH.')
+  return ensure_builtin_set(pipeline.cache_dir(config))
+
+
+def load_tokenizer(config) -> tokenizer_lib.Tokenizer:
+  """data.tokenizer, else the built-in corpus's (the model's, when it was pre-trained on it)."""
+  path = config.data.tokenizer or builtin.ensure_builtin_corpus(
+      pipeline.cache_dir(config), vocab_size=config.model.vocab_size).tokenizer_path
+  tokenizer = tokenizer_lib.load_tokenizer(path, require_mask=False)
+  if tokenizer.vocab_size > config.model.vocab_size:
+    raise DataError(f'the tokenizer {path} has {tokenizer.vocab_size} ids but model.vocab_size '
+                    f'is {config.model.vocab_size}: use the tokenizer the model was trained with '
+                    '(data.tokenizer).')
+  return tokenizer
+
+
+def build_rows(config, log=print) -> dict[str, np.ndarray]:
+  """Every row of the SFT set, in file order (packed when sft.packing)."""
+  path = train_file(config)
+  conversations = read_conversations(path, config.sft.chat_template)
+  canvas = config.model.seq_len
+  encoded, report = encode_conversations(
+      conversations, load_tokenizer(config), eos_id=config.model.eos_token_id, canvas=canvas,
+      too_long=config.sft.too_long, source=path)
+  if config.sft.packing:
+    order = np.random.default_rng([config.seed, 1]).permutation(len(encoded))
+    rows = packed_rows([encoded[i] for i in order], eos_id=config.model.eos_token_id,
+                       width=canvas + 1, canvas=canvas)
+    report.packed_rows = len(rows['tokens'])
+  else:
+    rows = padded_rows(encoded, eos_id=config.model.eos_token_id, width=canvas + 1)
+  log(report.summary())
+  return rows
+
+
+class _ReadRows:
+  """Batch k -> this process's rows of it; rows are drawn in a fresh permutation per epoch."""
+
+  def __init__(self, rows: dict, global_batch_size: int, local_rows: int, first_row: int,
+               seed: int):
+    self.rows, self.global_batch_size = rows, global_batch_size
+    self.local_rows, self.first_row, self.seed = local_rows, first_row, seed
+    self.num_rows = len(next(iter(rows.values())))
+    self._orders = {}
+
+  def _order(self, epoch: int) -> np.ndarray:
+    order = self._orders.get(epoch)
+    if order is None:
+      order = np.random.default_rng([self.seed, 2, epoch]).permutation(self.num_rows)
+      self._orders = {**{e: o for e, o in self._orders.items() if e == epoch - 1}, epoch: order}
+    return order
+
+  def __call__(self, k: int) -> dict[str, np.ndarray]:
+    start = int(k) * self.global_batch_size + self.first_row
+    samples = np.arange(start, start + self.local_rows)
+    epochs = samples // self.num_rows
+    index = np.empty_like(samples)
+    for epoch in np.unique(epochs):  # a batch may straddle two epochs.
+      chosen = epochs == epoch
+      index[chosen] = self._order(int(epoch))[samples[chosen] % self.num_rows]
+    return {name: array[index] for name, array in self.rows.items()}
+
+
+def make_batch_iterator(config, *, process_index: int = 0, process_count: int = 1,
+                        rows: dict | None = None) -> grain.DatasetIterator:
+  """train.steps batches of {'tokens', 'roles'(, 'segment_ids')}: int32 [GBS / P, seq_len + 1].
+
+  Deterministic given the config; get_state() / set_state() as the pre-training iterator.
+  """
+  global_batch_size = config.train.global_batch_size
+  if global_batch_size % process_count:
+    raise DataError(f'train.global_batch_size {global_batch_size} is not divisible by the '
+                    f'{process_count} processes; make it a multiple.')
+  rows = build_rows(config) if rows is None else rows
+  local = global_batch_size // process_count
+  batches = grain.MapDataset.range(config.train.steps).map(
+      _ReadRows(rows, global_batch_size, local, process_index * local, config.seed))
+  return pipeline.BatchIterator(batches, global_batch_size, config.data.prefetch,
+                                config.data.num_workers)

@@ -1,0 +1,65 @@
+"""`init_from`: start a run from another model, which supplies the architecture and the weights.
+
+The source is a dlmjax run directory (its latest step), a step directory, or a Hugging Face
+directory (read through dlmjax.convert). Model keys the config leaves at their defaults take the
+source's values, so `configs/sft.py --config.init_from=PATH` needs no model keys; keys the config
+sets keep their values (and the architecture ones must then match the weights). Run-time knobs
+(compute dtype, attention backend, remat, scan, loss chunking) stay the config's own.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+from dlmjax import config as config_lib
+from dlmjax import inference
+from dlmjax.checkpoint import manager as checkpoint_lib
+
+RUNTIME_MODEL_KEYS = ('dtype', 'attention_backend', 'remat', 'scan_layers', 'loss_chunk_tokens')
+_ADOPTED_DATA_KEYS = ('tokenizer', 'cache_dir')  # where the source's tokenizer lives.
+
+
+def source_config(path: str):
+  """The config the source was trained (or imported) with."""
+  if not os.path.exists(path):
+    raise config_lib.ConfigError(
+        f'init_from={path!r} does not exist: train the model first (e.g. python -m dlmjax.train '
+        '--config=configs/tiny.py writes runs/tiny) or set --config.init_from to a run, step or '
+        'Hugging Face directory.')
+  if inference.is_hf_dir(path):
+    from dlmjax import convert  # pylint: disable=import-outside-toplevel
+    return convert.hf_dir_config(path)[1]
+  run_dir, _, _ = checkpoint_lib.resolve_step_dir(path)
+  return checkpoint_lib.load_run_config(run_dir)
+
+
+def adopt_source_config(config) -> list[str]:
+  """Copies, in place, the source's model keys (and tokenizer) that the config leaves at their
+  defaults; returns the adopted keys that changed."""
+  saved = source_config(config.init_from)
+  defaults = config_lib.defaults()
+  changed = []
+  groups = [('model', k) for k in defaults.model if k not in RUNTIME_MODEL_KEYS]
+  groups += [('data', k) for k in _ADOPTED_DATA_KEYS]
+  for group, key in groups:
+    current, default, source = config[group][key], defaults[group][key], saved[group][key]
+    if current == default and source != current:
+      config[group][key] = source
+      changed.append(f'{group}.{key}={source!r}')
+  return changed
+
+
+def restore_params(config, setup) -> dict:
+  """The source's params in the setup's shardings; the architecture must match the config."""
+  path = config.init_from
+  if inference.is_hf_dir(path):
+    from dlmjax import convert  # pylint: disable=import-outside-toplevel
+    _, params = convert.load_hf(path, config=config)  # checks the weights against config
+    return jax.device_put(params, setup.param_shardings)
+  run_dir, step_dir, _ = checkpoint_lib.resolve_step_dir(path)
+  checkpoint_lib.check_architecture(checkpoint_lib.load_run_config(run_dir), config)
+  if jax.process_index() == 0:
+    print(f'initialising from {step_dir}', flush=True)
+  return checkpoint_lib.restore_params(step_dir, config, setup.mesh)

@@ -1,0 +1,127 @@
+"""Pre-train (tiny) -> SFT through the same loop: init_from adopts the model, HF dirs work too."""
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dlmjax import config as config_lib
+from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.train import loop
+from tests.conftest import tiny_test_config
+
+ROOT = os.path.join(os.path.dirname(__file__), '..', '..')
+
+
+def _cache(config):
+  if os.environ.get('DLMJAX_CACHE_DIR'):
+    config.data.cache_dir = os.environ['DLMJAX_CACHE_DIR']
+  return config
+
+
+def sft_config(init_from, output_dir, train_file, **overrides):
+  """configs/sft.py as a user runs it: no model keys, a few steps on a small jsonl."""
+  spec = importlib.util.spec_from_file_location('sft_config', os.path.join(ROOT, 'configs',
+                                                                           'sft.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config()
+  c.init_from, c.output_dir, c.sft.train_file = str(init_from), str(output_dir), train_file
+  c.train.steps, c.train.global_batch_size, c.train.micro_batch_size = 2, 16, 8
+  c.train.warmup_steps, c.train.wsd_decay_steps, c.log.every = 0, 1, 1
+  c.checkpoint.async_save = False
+  for key, value in overrides.items():
+    group, name = key.split('.')
+    c[group][name] = value
+  return _cache(c)
+
+
+@pytest.fixture(scope='module')
+def pretrained(tmp_path_factory):
+  """One real pre-training step (its compilation is most of this module's ~80 s of CPU)."""
+  run_dir = tmp_path_factory.mktemp('pretrain')
+  c = _cache(tiny_test_config(**{'train.steps': 1, 'train.warmup_steps': 0,
+                                 'train.wsd_decay_steps': 1, 'diffusion.varlen_prob': 0.0}))
+  c.output_dir = str(run_dir)
+  loop.train(c)
+  return run_dir
+
+
+@pytest.fixture(scope='module')
+def train_file(tmp_path_factory):
+  rng = np.random.default_rng(0)
+  path = tmp_path_factory.mktemp('data') / 'sft.jsonl'
+  rows = []
+  for _ in range(40):
+    a, b = rng.integers(0, 50, 2)
+    rows.append(json.dumps({'prompt': f'{a}+{b}?', 'response': str(a + b)}))
+  path.write_text('\n'.join(rows) + '\n')
+  return str(path)
+
+
+@pytest.fixture(scope='module')
+def sft_run(pretrained, train_file, tmp_path_factory):
+  run_dir = tmp_path_factory.mktemp('sft')
+  row = loop.train(sft_config(pretrained, run_dir, train_file))
+  return run_dir, row
+
+
+def _rows(run_dir):
+  with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.slow  # ~80 s on 2 cores: it compiles the pre-training and the SFT step.
+def test_sft_runs_from_a_pretrained_run_and_adopts_its_model(sft_run, pretrained):
+  run_dir, last = sft_run
+  rows = _rows(run_dir)
+  assert [r['step'] for r in rows] == [1, 2] and last['step'] == 2
+  for key in ('loss', 'masked_ce', 'mask_ratio', 'response_tokens', 'tokens_per_s', 'lr'):
+    assert np.isfinite(rows[0][key]), key
+  assert 0 < rows[0]['mask_ratio'] < 1
+  saved = checkpoint_lib.load_run_config(str(run_dir))
+  source = checkpoint_lib.load_run_config(str(pretrained))
+  assert saved.stage == 'sft' and saved.sft.chat_template == 'plain'
+  for key in ('num_layers', 'd_model', 'num_kv_heads', 'ffn_dim', 'seq_len', 'vocab_size'):
+    assert saved.model[key] == source.model[key], key  # from the checkpoint, not the defaults
+  _, step_dir, step = checkpoint_lib.resolve_step_dir(str(run_dir))
+  assert step == 2 and os.path.isdir(step_dir)
+
+
+def test_init_from_a_hugging_face_export_adopts_its_model_and_weights(tmp_path, train_file):
+  import jax  # pylint: disable=import-outside-toplevel
+  from dlmjax import convert  # pylint: disable=import-outside-toplevel
+  from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.train import init_from as init_from_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
+  from tests.checkpoint import tiny_run  # pylint: disable=import-outside-toplevel
+  source, params, _ = tiny_run.make_run(tmp_path / 'run')
+  for path in (str(tmp_path / 'run'), convert.hf_from_checkpoint(
+      str(tmp_path / 'run'), str(tmp_path / 'hf'), dtype='fp32')):
+    c = sft_config(path, tmp_path / 'sft', train_file, **{'model.dtype': 'bfloat16'})
+    adopted = init_from_lib.adopt_source_config(c)
+    assert 'model.d_model=64' in adopted and 'model.vocab_size=256' in adopted
+    assert c.model.dtype == 'bfloat16'  # run-time knobs stay the config's
+    setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c))
+    restored = init_from_lib.restore_params(c, setup)
+    tiny_run.assert_same_params(jax.device_get(restored), params)
+    embedding = restored['embed_tokens']
+    assert embedding.sharding == setup.param_shardings['embed_tokens']
+
+
+def test_sft_needs_init_from(tmp_path, train_file):
+  c = sft_config('', tmp_path, train_file)
+  with pytest.raises(config_lib.ConfigError, match='set --config.init_from'):
+    config_lib.validate(c)
+  c.init_from = str(tmp_path / 'missing')
+  with pytest.raises(config_lib.ConfigError, match='does not exist: train the model first'):
+    loop.train(c)
+
+
+def test_packing_needs_unsupervised_padding():
+  c = tiny_test_config(**{'stage': 'sft', 'sft.packing': True})
+  c.init_from = 'x'
+  with pytest.raises(config_lib.ConfigError, match='sft.supervise_padding=False'):
+    config_lib.validate(c)
