@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -14,6 +15,7 @@ import numpy as np
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
+from dlmjax.parallel import rules
 
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16'}
 
@@ -28,10 +30,12 @@ def is_hf_dir(path: str) -> bool:
 class Pretrained:
   """Config, params and a jitted forward; `logits` returns the tokenizer's vocabulary."""
 
-  def __init__(self, config, params: dict, source: str = ''):
+  def __init__(self, config, params: dict, source: str = '', mesh=None):
     self.config = config
     self.params = params
     self.source = source
+    self.mesh = mesh
+    self._generate_fns = {}
     self.model_config = model_lib.ModelConfig.from_config(config)
     cfg = self.model_config
     self._forward = jax.jit(lambda p, tokens: model_lib.merge(cfg, p)(tokens))
@@ -58,6 +62,85 @@ class Pretrained:
     return np.asarray(jax.device_get(logits[..., :self.vocab_size]), np.float32)
 
 
+  # ---- Generation (dlmjax/diffusion/sampler.py; `python -m dlmjax.generate` calls these) ----
+
+  @functools.cached_property
+  def tokenizer(self):
+    """The run's tokenizer (data.tokenizer, the built-in corpus's, or a Hugging Face dir's)."""
+    # pylint: disable=import-outside-toplevel
+    from dlmjax import convert
+    from dlmjax.data import tokenizer as tokenizer_lib
+    path = convert.run_tokenizer(self.config)
+    if path is None:
+      raise manager.CheckpointError(
+          f'no tokenizer found for {self.source}: its config names none (data.tokenizer) and the '
+          'built-in corpus is not built; set data.tokenizer, or pass token ids instead of text.')
+    m = self.config.model
+    return tokenizer_lib.load_tokenizer(path, eod_token=m.eos_token_id, mask_token=m.mask_token_id,
+                                        pad_token=m.pad_token_id)
+
+  @property
+  def chat_template(self) -> str:
+    """'none' for pre-trained checkpoints, else the template it was fine-tuned with (contract 2)."""
+    if self.config.stage == 'pretrain':
+      return 'none'
+    return self.config.sft.chat_template
+
+  def generate_tokens(self, token_lists, *, seed: int = 0, batch_size: int = 8,
+                      **sampling) -> list[list[int]]:
+    """Completion token ids (cut before the first EOS) of each prompt's token ids.
+
+    `sampling` holds SamplingConfig fields. Prompts run batch_size at a time, left-padded to the
+    longest prompt; the last batch is filled up so one compilation serves every batch.
+    """
+    # pylint: disable=import-outside-toplevel
+    from dlmjax.diffusion import sampler
+    settings = sampler.SamplingConfig(**sampling).validate()
+    m = self.config.model
+    if batch_size < 1:
+      raise ValueError(f'batch_size must be positive, got {batch_size}.')
+    if self.mesh is not None:  # whole batches per batch shard of the mesh.
+      shards = int(np.prod([self.mesh.shape[a] for a in rules.RULES[rules.BATCH]]))
+      batch_size = -(-batch_size // shards) * shards
+    if settings not in self._generate_fns:
+      self._generate_fns[settings] = sampler.make_generate_fn(
+          self.model_config, settings, mask_id=m.mask_token_id, eos_id=m.eos_token_id,
+          pad_id=m.pad_token_id, mesh=self.mesh, vocab_size=m.vocab_size)
+    fn = self._generate_fns[settings]
+    token_lists = [list(t) for t in token_lists]
+    width = max((len(t) for t in token_lists), default=0)
+    if width + settings.gen_length > m.seq_len:
+      raise ValueError(f'the longest prompt has {width} tokens; with gen_length '
+                       f'{settings.gen_length} that exceeds the model context of {m.seq_len} '
+                       'tokens. Shorten the prompt or gen_length.')
+    key = jax.random.key(seed)
+    result = []
+    for start in range(0, len(token_lists), batch_size):
+      chunk = token_lists[start:start + batch_size]
+      chunk += [chunk[-1]] * (batch_size - len(chunk))
+      prompt_BP, lengths_B = sampler.pad_prompts(chunk, m.pad_token_id, width)
+      out = fn(self.params, prompt_BP, lengths_B, jax.random.fold_in(key, start))
+      rows = sampler.completions(jax.device_get(out), width, m.eos_token_id)
+      result += rows[:len(token_lists) - start]
+    return result
+
+  def generate(self, prompts, *, chat_template: str | None = None, seed: int = 0,
+               batch_size: int = 8, **sampling) -> list[str]:
+    """Completion text of each prompt (a str or a list of them -> a list of str).
+
+    The prompt is wrapped in the checkpoint's chat template (`chat_template` overrides; 'none' =
+    raw text) and the completion ends at the first EOS. `sampling` holds SamplingConfig fields.
+    """
+    from dlmjax.data import chat  # pylint: disable=import-outside-toplevel
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    template = self.chat_template if chat_template is None else chat_template
+    if template != 'none':
+      prompts = [chat.prompt_text(template, p) for p in prompts]
+    ids = self.tokenizer.encode_batch(prompts)
+    rows = self.generate_tokens(ids, seed=seed, batch_size=batch_size, **sampling)
+    return [self.tokenizer.decode(r) for r in rows]
+
+
 def load_pretrained(path: str, *, dtype: str | None = None, mesh=None,
                     missing_qk_norm: str = 'error') -> Pretrained:
   """Loads a checkpoint for inference.
@@ -80,4 +163,4 @@ def load_pretrained(path: str, *, dtype: str | None = None, mesh=None,
     config.model.dtype = _DTYPE_NAMES.get(dtype, dtype)
   if config.model.attention_backend == 'cudnn' and jax.default_backend() != 'gpu':
     config.model.attention_backend = 'xla'  # a GPU run's config, loaded on a CPU.
-  return Pretrained(config, params, source=path)
+  return Pretrained(config, params, source=path, mesh=mesh)

@@ -1,0 +1,324 @@
+"""The masked-diffusion sampler: LLaDA's semi-autoregressive remasking loop, jitted and batched.
+
+The completion canvas starts as MASK and is decoded block by block, left to right; each step runs
+the model, predicts every masked token of the current block, and commits the most confident ones
+(LLaDA generate.py, MegaDLMs DiffLM.generate: reference/dlm_peers.md 1.3, megadlms.md 4.5).
+Everything is a lax loop over fixed shapes, so one compilation serves every prompt of a width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+REMASKING = ('low_confidence', 'random')
+# 'none': the whole canvas every step. 'truncate': the canvas after the current block is never
+# computed, exact only where it cannot be seen (causal and block-causal attention; see generate).
+CACHE_MODES = ('none', 'truncate')
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """Sampling settings; defaults are LLaDA's demo (one token per step, blocks of 32)."""
+  gen_length: int = 128
+  steps: int = 128
+  block_length: int = 32
+  temperature: float = 0.0
+  top_p: float = 1.0
+  cfg_scale: float = 0.0
+  remasking: str = 'low_confidence'
+  threshold: float = 0.0  # > 0: also commit every masked token this confident (Fast-dLLM).
+  cache: str = 'none'
+  stop_at_eos: bool = False  # skip blocks once every row has committed an EOS (text-exact).
+
+  @property
+  def num_blocks(self) -> int:
+    return self.gen_length // self.block_length
+
+  @property
+  def steps_per_block(self) -> int:
+    return self.steps // self.num_blocks
+
+  def validate(self) -> 'SamplingConfig':
+    """Raises ValueError naming the setting to change; returns self."""
+    for name in ('gen_length', 'steps', 'block_length'):
+      if not isinstance(getattr(self, name), (int, np.integer)) or getattr(self, name) < 1:
+        raise ValueError(f'{name} must be a positive integer, got {getattr(self, name)!r}.')
+    if self.gen_length % self.block_length:
+      raise ValueError(f'gen_length={self.gen_length} is not a multiple of block_length='
+                       f'{self.block_length}; pick a block_length that divides it.')
+    if self.steps % self.num_blocks:
+      raise ValueError(f'steps={self.steps} is not a multiple of the {self.num_blocks} blocks '
+                       f'(gen_length / block_length); use steps = k * {self.num_blocks}.')
+    if self.temperature < 0:
+      raise ValueError(f'temperature must be >= 0 (0 = greedy), got {self.temperature}.')
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f'top_p must lie in (0, 1], got {self.top_p}.')
+    if self.cfg_scale < 0:
+      raise ValueError(f'cfg_scale must be >= 0 (0 = off), got {self.cfg_scale}.')
+    if self.remasking not in REMASKING:
+      raise ValueError(f'unknown remasking {self.remasking!r}; known: {REMASKING}.')
+    if not 0 <= self.threshold <= 1:
+      raise ValueError(f'threshold must lie in [0, 1] (0 = off), got {self.threshold}.')
+    if self.cache not in CACHE_MODES:
+      raise ValueError(f'unknown cache {self.cache!r}; known: {CACHE_MODES}.')
+    return self
+
+
+def num_transfer_tokens(num_masked_B, steps: int):
+  """[B, steps] tokens to commit per step: n // steps each, the remainder to the first steps.
+
+  LLaDA's get_num_transfer_tokens (the linear schedule of the masked-diffusion reverse process).
+  """
+  base_B1 = num_masked_B[:, None] // steps
+  remainder_B1 = num_masked_B[:, None] % steps
+  return base_B1 + (jnp.arange(steps)[None] < remainder_B1).astype(base_B1.dtype)
+
+
+def gumbel_noise(key, shape):
+  """Standard Gumbel noise -log(E), E ~ Exp(1), correct to float32 rounding far into both tails.
+
+  LLaDA draws Gumbel noise in float64: a float32 uniform (multiples of 2**-23 in jax) caps the noise
+  near 16, cutting off unlikely tokens, which lowers the effective temperature (arXiv 2409.02908).
+  x64 is off in JAX, so E = -log(W), W ~ U(0, 1), is built from 64 random bits split at W = 1/2:
+  W = v below it (-log v) and W = 1 - v above it (-log1p(-v)), with v ~ U(0, 1/2] carried in
+  float32's relative precision. Each half is then accurate to ~1e-7 relative, and the noise reaches
+  45 (float64 uniforms: 37), so no token of probability above ~e**-45 is ever cut off.
+  """
+  hi, lo = jax.random.bits(key, (2,) + tuple(shape), jnp.uint32)
+  upper = (hi >> 31) == 1
+  v = ((hi & 0x7FFFFFFF).astype(jnp.float32) * 2.0 ** -32
+       + lo.astype(jnp.float32) * 2.0 ** -64 + 2.0 ** -65)
+  exponential = jnp.where(upper, -jnp.log1p(-v), -jnp.log(v))
+  return -jnp.log(exponential)
+
+
+def top_p_filter(logits_V, top_p: float):
+  """Logits outside the smallest top set of probability >= top_p become -inf (HF TopPLogitsWarper).
+
+  A token is kept when the probability of the tokens strictly more likely than it is < top_p;
+  tokens tied with the last kept one are kept too.
+  """
+  sorted_V = -jnp.sort(-logits_V, axis=-1)
+  probs_V = jax.nn.softmax(sorted_V, axis=-1)
+  before_V = jnp.cumsum(probs_V, axis=-1) - probs_V
+  num_kept = jnp.sum(before_V < top_p, axis=-1, keepdims=True)
+  cutoff = jnp.take_along_axis(sorted_V, num_kept - 1, axis=-1)
+  return jnp.where(logits_V >= cutoff, logits_V, -jnp.inf)
+
+
+def sample_tokens(logits_V, key, temperature: float, top_p: float = 1.0):
+  """argmax at temperature 0; else a draw from softmax(top_p(logits) / T) by Gumbel-max.
+
+  Top-p comes before the temperature, as MegaDLMs does. argmax(l + T g) = argmax(l / T + g) is
+  LLaDA's argmax(exp(l) / E**T).
+  """
+  if temperature == 0:
+    return jnp.argmax(logits_V, axis=-1).astype(jnp.int32)
+  if top_p < 1:
+    logits_V = top_p_filter(logits_V, top_p)
+  noisy_V = logits_V + temperature * gumbel_noise(key, logits_V.shape)
+  return jnp.argmax(noisy_V, axis=-1).astype(jnp.int32)
+
+
+def step_keys(key, block, step):
+  """(noise key, remasking key) of one decoding step: a function of (key, block, step) only."""
+  return jax.random.split(jax.random.fold_in(jax.random.fold_in(key, block), step))
+
+
+def _rank_descending(conf_BK):
+  """Each entry's rank (0 = largest) along the last axis; ties broken by position (stable)."""
+  order_BK = jnp.argsort(-conf_BK, axis=-1, stable=True)
+  return jnp.argsort(order_BK, axis=-1)
+
+
+def pad_prompts(token_lists, pad_id: int, width: int | None = None):
+  """Left-pads token lists to one width: (prompt_BP int32, prompt_lengths_B int32), numpy."""
+  lengths = np.array([len(t) for t in token_lists], np.int32)
+  longest = int(lengths.max()) if len(lengths) else 0
+  width = longest if width is None else width
+  if width < longest:
+    raise ValueError(f'a prompt has {longest} tokens, more than width={width}; raise the width.')
+  prompt_BP = np.full((len(token_lists), width), pad_id, np.int32)
+  for row, tokens in enumerate(token_lists):
+    if len(tokens):
+      prompt_BP[row, width - len(tokens):] = tokens
+  return prompt_BP, lengths
+
+
+def completions(out_BL, prompt_width: int, eos_id: int) -> list[list[int]]:
+  """The generated tokens of each row, cut before the first EOS."""
+  result = []
+  for row in np.asarray(out_BL)[:, prompt_width:]:
+    eos = np.flatnonzero(row == eos_id)
+    result.append(row[:eos[0] if len(eos) else len(row)].tolist())
+  return result
+
+
+def _check_truncation(module, width: int, sampling: SamplingConfig) -> None:
+  """Truncating after the block is exact iff no position up to the block end sees past it."""
+  kind, size = module.cfg.attention_mask, module.cfg.block_size
+  if kind == 'causal':
+    return
+  ends = [width + (b + 1) * sampling.block_length for b in range(sampling.num_blocks)]
+  if kind == 'block_causal' and all(end % size == 0 for end in ends):
+    return
+  if kind == 'block_causal':
+    raise ValueError(f"cache='truncate' needs the prompt width ({width}) and block_length "
+                     f'({sampling.block_length}) to be multiples of model.block_size ({size}); '
+                     'pad prompts to such a width (pad_prompts(..., width=)).')
+  raise ValueError(f"cache='truncate' is exact only for causal or block_causal models; this one is "
+                   f"{kind} (every token sees the whole canvas): use cache='none'.")
+
+
+def generate(module, prompt_BP, prompt_lengths_B, sampling: SamplingConfig, key, *, mask_id: int,
+             eos_id: int, pad_id: int, vocab_size: int | None = None):
+  """Decodes gen_length tokens after each left-padded prompt: int32 [B, P + gen_length].
+
+  Per block of block_length tokens, steps_per_block steps; per step a forward over the canvas,
+  CFG (logits = u + (s + 1)(c - u), u from a copy whose prompt is MASK), predictions x0 (argmax or
+  Gumbel-max), confidence = softmax(logits)[x0] (low_confidence) or U(0, 1) (random), and the
+  num_transfer_tokens most confident masked tokens of the block are committed. Differences from
+  LLaDA, all without effect on the result: logits, noise and confidence are computed for the
+  current block only (positions after it get -inf confidence there, and before it nothing is
+  masked); only the completion is decoded (a MASK id inside a prompt stays). Two differences that
+  matter only for untrained models: MASK is never predicted (LLaDA would commit it and leave the
+  position masked), nor are padded vocabulary rows (>= vocab_size). Pads are excluded from
+  attention through segment ids and positions start at 0 at each row's first real token.
+  """
+  sampling.validate()
+  batch, width = prompt_BP.shape
+  block, spb = sampling.block_length, sampling.steps_per_block
+  length = width + sampling.gen_length
+  if mask_id == pad_id:
+    raise ValueError(f'pad_id and mask_id are both {mask_id}; pads would be decoded as masks.')
+  if length > module.cfg.seq_len:
+    raise ValueError(f'prompt width {width} + gen_length {sampling.gen_length} = {length} tokens '
+                     f'exceed the model context (seq_len {module.cfg.seq_len}); shorten the '
+                     'prompt or gen_length.')
+  if sampling.cache == 'truncate':
+    _check_truncation(module, width, sampling)
+  vocab_size = vocab_size or module.cfg.vocab_size
+
+  offset_B1 = (width - jnp.asarray(prompt_lengths_B, jnp.int32))[:, None]
+  index_1L = jnp.arange(length)[None]
+  real_BL = index_1L >= offset_B1
+  segment_ids_BL = jnp.broadcast_to(real_BL.astype(jnp.int32), (batch, length))
+  positions_BL = jnp.maximum(index_1L - offset_B1, 0)
+  prompt_real_BL = real_BL & (index_1L < width)
+  x_BL = jnp.concatenate([jnp.asarray(prompt_BP, jnp.int32),
+                          jnp.full((batch, sampling.gen_length), mask_id, jnp.int32)], axis=1)
+
+  def block_logits(x_BL, start, view):
+    """float32 logits [B, block, V] of the current block, CFG applied; the forward sees x[:view]."""
+    tokens, segments, positions = x_BL[:, :view], segment_ids_BL[:, :view], positions_BL[:, :view]
+    if sampling.cfg_scale > 0:
+      unconditional = jnp.where(prompt_real_BL[:, :view], mask_id, tokens)
+      tokens = jnp.concatenate([tokens, unconditional])
+      segments, positions = (jnp.concatenate([a, a]) for a in (segments, positions))
+    hidden = module.hidden(tokens, segment_ids_BL=segments, positions_BL=positions)
+    logits = module.logits(jax.lax.dynamic_slice_in_dim(hidden, start, block, axis=1))
+    if sampling.cfg_scale > 0:
+      cond, uncond = logits[:batch], logits[batch:]
+      logits = uncond + (sampling.cfg_scale + 1) * (cond - uncond)
+    vocab_V = jnp.arange(logits.shape[-1])
+    return jnp.where((vocab_V < vocab_size) & (vocab_V != mask_id), logits, -jnp.inf)
+
+  def decode_step(x_BL, block_index, step, start, view, transfer_B):
+    logits = block_logits(x_BL, start, view)
+    noise_key, remask_key = step_keys(key, block_index, step)
+    x_blk = jax.lax.dynamic_slice_in_dim(x_BL, start, block, axis=1)
+    masked = x_blk == mask_id
+    x0 = sample_tokens(logits, noise_key, sampling.temperature, sampling.top_p)
+    if sampling.remasking == 'low_confidence':  # the clean (un-noised, un-tempered) softmax.
+      chosen = jnp.take_along_axis(logits, x0[..., None], axis=-1)[..., 0]
+      conf = jnp.exp(chosen - jax.nn.logsumexp(logits, axis=-1))
+    else:
+      conf = jax.random.uniform(remask_key, (batch, block))
+    conf = jnp.where(masked, conf, -jnp.inf)
+    commit = masked & (_rank_descending(conf) < transfer_B[:, None])
+    if sampling.threshold > 0:
+      commit = commit | (masked & (conf >= sampling.threshold))
+    return jax.lax.dynamic_update_slice_in_dim(x_BL, jnp.where(commit, x0, x_blk), start, axis=1)
+
+  def decode_block(block_index, x_BL, view):
+    start = width + block_index * block
+    num_masked = jnp.sum(jax.lax.dynamic_slice_in_dim(x_BL, start, block, axis=1) == mask_id, -1)
+    transfer_BS = num_transfer_tokens(num_masked, spb)
+
+    def unfinished(carry):
+      step, x = carry
+      left = jnp.any(jax.lax.dynamic_slice_in_dim(x, start, block, axis=1) == mask_id)
+      return (step < spb) & left  # with a threshold, a block can finish early.
+
+    def body(carry):
+      step, x = carry
+      transfer_B = jax.lax.dynamic_index_in_dim(transfer_BS, step, axis=1, keepdims=False)
+      return step + 1, decode_step(x, block_index, step, start, view, transfer_B)
+
+    return jax.lax.while_loop(unfinished, body, (jnp.int32(0), x_BL))[1]
+
+  def maybe_decode_block(block_index, x_BL, view):
+    if not sampling.stop_at_eos:
+      return decode_block(block_index, x_BL, view)
+    start = width + block_index * block
+    done_B = jnp.any((x_BL == eos_id) & (index_1L >= width) & (index_1L < start), axis=1)
+    return jax.lax.cond(jnp.all(done_B), lambda x: x, lambda x: decode_block(block_index, x, view),
+                        x_BL)
+
+  if sampling.cache == 'truncate':  # static views: one unrolled loop iteration per block.
+    for b in range(sampling.num_blocks):
+      x_BL = maybe_decode_block(b, x_BL, width + (b + 1) * block)
+  else:
+    x_BL = jax.lax.fori_loop(0, sampling.num_blocks,
+                             lambda b, x: maybe_decode_block(b, x, length), x_BL)
+  if sampling.stop_at_eos:  # skipped blocks read as EOS, the end of the text anyway.
+    x_BL = jnp.where(x_BL == mask_id, eos_id, x_BL)
+  return x_BL
+
+
+@functools.lru_cache(maxsize=32)  # one compilation per setting, shared by every caller.
+def make_generate_fn(model_config, sampling: SamplingConfig, *, mask_id: int, eos_id: int,
+                     pad_id: int, mesh=None, vocab_size: int | None = None):
+  """jit(fn(params, prompt_BP, prompt_lengths_B, key) -> int32 [B, P + gen_length]).
+
+  With a mesh, params take their training shardings and the batch splits over the batch axes.
+  cuDNN attention cannot exclude left padding by segment ids: a cudnn model samples with 'auto'
+  attention (the Pallas kernel on GPU, XLA elsewhere).
+  """
+  # pylint: disable=import-outside-toplevel
+  from dlmjax import model as model_lib
+  from dlmjax.parallel import rules
+  sampling.validate()
+  if model_config.attention_backend == 'cudnn':
+    from dlmjax.model import attention
+    model_config = dataclasses.replace(
+        model_config, attention_backend='auto' if 'auto' in attention.BACKENDS else 'xla')
+
+  def fn(params, prompt_BP, prompt_lengths_B, key):
+    module = model_lib.merge(model_config, params)
+    return generate(module, prompt_BP, prompt_lengths_B, sampling, key, mask_id=mask_id,
+                    eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size)
+
+  if mesh is None:
+    return jax.jit(fn)
+  _, _, axes = model_lib.abstract(model_config)
+  rows = rules.named_sharding(mesh, (rules.BATCH, None))
+  jitted = jax.jit(fn, in_shardings=(rules.tree_shardings(mesh, axes), rows,
+                                     rules.named_sharding(mesh, (rules.BATCH,)),
+                                     rules.named_sharding(mesh, ())),
+                   out_shardings=rows)
+  shards = int(np.prod([mesh.shape[a] for a in rules.RULES[rules.BATCH]]))
+
+  def sharded(params, prompt_BP, prompt_lengths_B, key):
+    if prompt_BP.shape[0] % shards:
+      raise ValueError(f'batch {prompt_BP.shape[0]} does not split over the {shards} batch '
+                       f'shards of the mesh; pad the batch to a multiple of {shards}.')
+    with rules.activation_mesh(mesh):
+      return jitted(params, prompt_BP, prompt_lengths_B, key)
+
+  return sharded
