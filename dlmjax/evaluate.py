@@ -1,0 +1,280 @@
+"""python -m dlmjax.evaluate: likelihood of (context, continuation) rows, and task accuracy.
+
+  python -m dlmjax.evaluate --checkpoint-path P likelihood --data rows.jsonl [--mc-num 128]
+  python -m dlmjax.evaluate --checkpoint-path P tasks --tasks countdown3,sudoku4 [--num 100]
+
+likelihood rows are {"context", "continuation"} (log-likelihood per row and in sum) or
+multiple-choice {"context", "choices": [...], "label": i} (accuracy of the most likely choice,
+and acc_norm: per character, as lm-eval). Scores are LLaDA's Monte Carlo ELBO
+(dlmjax/diffusion/likelihood.py); tasks decode with the sampler and score with dlmjax.tasks.
+P is a run directory (latest step), a step directory or a Hugging Face directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+
+from dlmjax.diffusion import likelihood as likelihood_lib
+from dlmjax.diffusion import sampler as sampler_lib
+
+
+class EvalModel:
+  """A checkpoint with its tokenizer, scoring pairs and decoding prompts (CLI and lm-eval)."""
+
+  def __init__(self, path: str, *, settings=likelihood_lib.LikelihoodConfig(),
+               sampling=sampler_lib.SamplingConfig(), tokenizer: str = '', seed: int = 0,
+               batch_size: int = 8, dtype: str | None = None):
+    from dlmjax import inference  # pylint: disable=import-outside-toplevel
+    settings.validate()
+    sampling.validate()
+    if batch_size < 1:
+      raise ValueError(f'batch_size={batch_size} must be positive.')
+    self.pretrained = inference.load_pretrained(path, dtype=dtype)
+    self.config = config = self.pretrained.config
+    m = config.model
+    self.mask_id, self.eos_id, self.pad_id = m.mask_token_id, m.eos_token_id, m.pad_token_id
+    self.max_length = m.seq_len
+    self.tokenizer = _load_tokenizer(path, config, tokenizer)
+    self.settings, self.sampling, self.batch_size = settings, sampling, batch_size
+    self.key = jax.random.key(seed)
+    model_config = self.pretrained.model_config
+    if settings.chunk_tokens == 0 and settings.cfg_scale == 0:
+      settings = dataclasses.replace(settings, chunk_tokens=m.loss_chunk_tokens)
+    self._likelihood_fn = likelihood_lib.make_log_likelihood_fn(model_config, settings,
+                                                                mask_id=self.mask_id)
+    self._generate_fn = None
+    self._model_config = model_config
+
+  @property
+  def chat_template(self) -> str:
+    """The template prompts get: the fine-tuning one, except for pre-trained checkpoints."""
+    if self.config.stage == 'pretrain':
+      return 'none'
+    return self.config.sft.chat_template
+
+  def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """lm-eval's convention: trailing spaces of the context move to the continuation, and the
+    continuation is what the whole text adds to the context's tokens."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+      context, continuation = context[:-spaces], context[-spaces:] + continuation
+    whole = self.tokenizer.encode(context + continuation)
+    context_ids = self.tokenizer.encode(context) if context else []
+    return context_ids, whole[len(context_ids):]
+
+  def loglikelihood(self, pairs: list[tuple[str, str]]) -> np.ndarray:
+    """log p(continuation | context) per text pair, float64 [N]."""
+    return self.loglikelihood_tokens([self.encode_pair(c, y) for c, y in pairs])
+
+  def loglikelihood_tokens(self, pairs) -> np.ndarray:
+    return likelihood_lib.score_pairs(self._likelihood_fn, self.pretrained.params, pairs,
+                                      key=self.key, pad_id=self.pad_id,
+                                      max_length=self.max_length, batch_size=self.batch_size)
+
+  def prompt_ids(self, text: str, template: bool = True) -> list[int]:
+    """Tokens of a prompt, in the fine-tuning chat template unless template=False."""
+    if template and self.chat_template != 'none':
+      from dlmjax.data import chat  # pylint: disable=import-outside-toplevel
+      text = chat.prompt_text(self.chat_template, text)
+    return self.tokenizer.encode(text)
+
+  def generate(self, prompts: list[str], sampling=None, *, template: bool = True) -> list[str]:
+    """Completions (text up to the first EOS) for each prompt, batch_size at a time, one
+    compilation per prompt width (prompts are left-padded to the longest)."""
+    sampling = sampling or self.sampling
+    if sampling != self.sampling or self._generate_fn is None:
+      self.sampling = sampling.validate()
+      self._generate_fn = sampler_lib.make_generate_fn(
+          self._model_config, sampling, mask_id=self.mask_id, eos_id=self.eos_id,
+          pad_id=self.pad_id, vocab_size=self.config.model.vocab_size)
+    ids = [self.prompt_ids(p, template) for p in prompts]
+    width = max((len(t) for t in ids), default=1)
+    if width + sampling.gen_length > self.max_length:
+      raise ValueError(f'the longest prompt has {width} tokens; with gen_length '
+                       f'{sampling.gen_length} that exceeds the model length {self.max_length}. '
+                       'Shorten the prompts or the gen length.')
+    texts = []
+    for start in range(0, len(ids), self.batch_size):
+      chunk = ids[start:start + self.batch_size]
+      chunk = chunk + [chunk[-1]] * (self.batch_size - len(chunk))  # fixed batch: one compile
+      prompt_BP, lengths_B = sampler_lib.pad_prompts(chunk, self.pad_id, width)
+      out = self._generate_fn(self.pretrained.params, prompt_BP, lengths_B,
+                              jax.random.fold_in(self.key, start))
+      rows = sampler_lib.completions(np.asarray(out), width, self.eos_id)
+      texts += [self.tokenizer.decode(r) for r in rows[:len(ids) - start]]
+    return texts
+
+
+def _load_tokenizer(path: str, config, override: str):
+  from dlmjax.data import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.data.errors import DataError  # pylint: disable=import-outside-toplevel
+  candidates = [override] if override else [
+      os.path.join(path, name) for name in ('tokenizer.json', 'tokenizer.model')]
+  found = next((c for c in candidates if c and os.path.exists(c)), None)
+  if found is None and not override:
+    from dlmjax import convert  # pylint: disable=import-outside-toplevel
+    found = convert.run_tokenizer(config)
+  if found is None:
+    raise DataError(f'no tokenizer found for {path} (the run\'s data.tokenizer, the built-in '
+                    'corpus\'s, or tokenizer.json in the directory); pass --tokenizer PATH.')
+  return tokenizer_lib.load_tokenizer(found, require_mask=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Modes
+
+
+def read_rows(path: str) -> list[dict]:
+  """The jsonl rows, each checked to be a pair or a multiple-choice item."""
+  rows = []
+  with open(path) as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f'{path}:{number} is not JSON ({e.msg}).') from e
+      if not isinstance(row, dict) or not isinstance(row.get('context'), str):
+        raise ValueError(f'{path}:{number} needs a string "context".')
+      if 'choices' in row:
+        choices, label = row['choices'], row.get('label')
+        if (not isinstance(choices, list) or len(choices) < 2
+            or not all(isinstance(c, str) for c in choices)):
+          raise ValueError(f'{path}:{number}: "choices" must be a list of at least 2 strings.')
+        if not isinstance(label, int) or not 0 <= label < len(choices):
+          raise ValueError(f'{path}:{number}: "label" must be the index of the right choice, '
+                           f'0..{len(choices) - 1}.')
+      elif not isinstance(row.get('continuation'), str):
+        raise ValueError(f'{path}:{number} needs a string "continuation" (or "choices" and '
+                         '"label" for multiple choice).')
+      rows.append(row)
+  if not rows:
+    raise ValueError(f'{path} has no rows.')
+  return rows
+
+
+def likelihood_mode(model: EvalModel, rows: list[dict]) -> tuple[list[dict], dict]:
+  """Per-row results and a summary (log-likelihoods; accuracy for multiple-choice rows)."""
+  pairs, owners = [], []
+  for index, row in enumerate(rows):
+    for choice in row.get('choices', [row.get('continuation')]):
+      pairs.append(model.encode_pair(row['context'], choice))
+      owners.append(index)
+  scores = model.loglikelihood_tokens(pairs)
+  results = [dict(row) for row in rows]
+  for r in results:
+    r['log_likelihoods'] = []
+  for owner, score, (_, tokens) in zip(owners, scores, pairs):
+    results[owner]['log_likelihoods'].append(float(score))
+    results[owner].setdefault('tokens', []).append(len(tokens))
+  summary = dict(rows=len(rows), mc_num=model.settings.mc_num, cfg_scale=model.settings.cfg_scale)
+  plain = [r for r in results if 'choices' not in r]
+  for r in plain:
+    r['log_likelihood'], r['tokens'] = r.pop('log_likelihoods')[0], r['tokens'][0]
+  if plain:
+    total = sum(r['log_likelihood'] for r in plain)
+    summary.update(pair_rows=len(plain), log_likelihood_sum=total,
+                   log_likelihood_mean=total / len(plain),
+                   nll_per_token=-total / max(1, sum(r['tokens'] for r in plain)))
+  choice_rows = [r for r in results if 'choices' in r]
+  for r in choice_rows:
+    lls = np.array(r['log_likelihoods'])
+    r['prediction'] = int(np.argmax(lls))
+    r['prediction_norm'] = int(np.argmax(lls / np.array([max(1, len(c)) for c in r['choices']])))
+  if choice_rows:
+    summary.update(choice_rows=len(choice_rows),
+                   accuracy=float(np.mean([r['prediction'] == r['label'] for r in choice_rows])),
+                   accuracy_norm=float(np.mean([r['prediction_norm'] == r['label']
+                                                for r in choice_rows])))
+  return results, summary
+
+
+def tasks_mode(model: EvalModel, task_names: list[str], *, num: int, seed: int):
+  """Accuracy and mean reward of greedy (or sampled) completions on each task's test split."""
+  from dlmjax import tasks as tasks_lib  # pylint: disable=import-outside-toplevel
+  results, summary = [], {}
+  for name in task_names:
+    task = tasks_lib.get_task(name)
+    examples = task.examples('test', num, seed)
+    completions = model.generate([e.prompt for e in examples])
+    correct = [task.is_correct(e, c) for e, c in zip(examples, completions)]
+    rewards = [task.reward(e, c) for e, c in zip(examples, completions)]
+    results += [dict(task=name, prompt=e.prompt, answer=e.answer, completion=c, correct=ok,
+                     reward=r) for e, c, ok, r in zip(examples, completions, correct, rewards)]
+    summary[name] = dict(examples=len(examples), accuracy=float(np.mean(correct)),
+                         mean_reward=float(np.mean(rewards)))
+  return results, summary
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog='python -m dlmjax.evaluate', description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--checkpoint-path', required=True,
+                      help='run directory (latest step), step directory or Hugging Face directory')
+  parser.add_argument('--tokenizer', default='', help='default: the run\'s or the directory\'s')
+  parser.add_argument('--batch-size', type=int, default=8, help='sequences per forward pass')
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--dtype', choices=('float32', 'bfloat16'), default=None)
+  parser.add_argument('--output', default='', help='per-row results as jsonl')
+  sub = parser.add_subparsers(dest='mode', required=True)
+  ll = sub.add_parser('likelihood', help='MC log-likelihood of jsonl rows')
+  ll.add_argument('--data', required=True, help='jsonl: {"context", "continuation"} or '
+                  '{"context", "choices", "label"}')
+  ll.add_argument('--mc-num', type=int, default=128, help='Monte Carlo samples (LLaDA: 128)')
+  ll.add_argument('--mc-batch', type=int, default=32, help='samples per forward (LLaDA: 32)')
+  ll.add_argument('--cfg', type=float, default=0.0, help='unsupervised CFG scale')
+  tk = sub.add_parser('tasks', help='accuracy on the built-in tasks\' test splits')
+  tk.add_argument('--tasks', default='countdown3,sudoku4,arithmetic')
+  tk.add_argument('--num', type=int, default=100, help='test examples per task')
+  defaults = sampler_lib.SamplingConfig()
+  tk.add_argument('--gen-length', type=int, default=defaults.gen_length)
+  tk.add_argument('--steps', type=int, default=defaults.steps)
+  tk.add_argument('--block-length', type=int, default=defaults.block_length)
+  tk.add_argument('--temperature', type=float, default=0.0)
+  tk.add_argument('--cfg', type=float, default=0.0)
+  tk.add_argument('--remasking', choices=sampler_lib.REMASKING, default='low_confidence')
+  tk.add_argument('--threshold', type=float, default=0.0)
+  return parser
+
+
+def main(argv=None) -> int:
+  from dlmjax import cli  # pylint: disable=import-outside-toplevel
+  args = _parser().parse_args(argv)
+  try:
+    if args.mode == 'likelihood':
+      settings = likelihood_lib.LikelihoodConfig(mc_num=args.mc_num, mc_batch=args.mc_batch,
+                                                 cfg_scale=args.cfg)
+      rows = read_rows(args.data)
+      model = EvalModel(args.checkpoint_path, settings=settings, tokenizer=args.tokenizer,
+                        seed=args.seed, batch_size=args.batch_size, dtype=args.dtype)
+      results, summary = likelihood_mode(model, rows)
+    else:
+      sampling = sampler_lib.SamplingConfig(
+          gen_length=args.gen_length, steps=args.steps, block_length=args.block_length,
+          temperature=args.temperature, cfg_scale=args.cfg, remasking=args.remasking,
+          threshold=args.threshold)
+      model = EvalModel(args.checkpoint_path, sampling=sampling, tokenizer=args.tokenizer,
+                        seed=args.seed, batch_size=args.batch_size, dtype=args.dtype)
+      names = [n.strip() for n in args.tasks.split(',') if n.strip()]
+      results, summary = tasks_mode(model, names, num=args.num, seed=args.seed)
+  except (ValueError, OSError) + cli.user_errors() as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  if args.output:
+    with open(args.output, 'w') as f:
+      for row in results:
+        f.write(json.dumps(row) + '\n')
+  print(json.dumps(summary, indent=2))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,76 @@
+"""lm-evaluation-harness model `dlmjax`: loglikelihood by LLaDA's MC ELBO, text by the sampler.
+
+  python -m dlmjax.lm_eval_adapter --model dlmjax \\
+      --model_args checkpoint_path=runs/x,mc_num=128,mc_batch=32,cfg=0.5 --tasks arc_easy,piqa
+
+lm-eval finds models only in its own registry, so this module registers `dlmjax` and then runs
+lm-eval's command line (every lm-eval flag works); in Python, `import dlmjax.lm_eval_adapter`
+before `lm_eval.simple_evaluate(model='dlmjax', ...)`. Needs `pip install lm-eval` (the `eval`
+extra). As LLaDA's eval_llada.py: is_greedy is always False (its greedy check costs T forward
+passes per request and no reported metric uses it) and loglikelihood_rolling is not offered.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from dlmjax import evaluate
+from dlmjax.diffusion import likelihood as likelihood_lib
+from dlmjax.diffusion import sampler as sampler_lib
+
+
+@register_model('dlmjax')
+class DlmjaxLM(LM):
+  """model_args: checkpoint_path (required), mc_num, mc_batch, cfg, gen_length, steps,
+  block_length, remasking, temperature, seed, tokenizer, dtype; batch_size from lm-eval."""
+
+  def __init__(self, checkpoint_path: str, mc_num: int = 128, mc_batch: int = 32,
+               cfg: float = 0.0, gen_length: int = 128, steps: int = 128, block_length: int = 32,
+               remasking: str = 'low_confidence', temperature: float = 0.0, seed: int = 0,
+               tokenizer: str = '', dtype: str | None = None, batch_size=8, **unused):
+    super().__init__()
+    del unused  # lm-eval passes device / max_batch_size, which a JAX model does not use.
+    settings = likelihood_lib.LikelihoodConfig(mc_num=int(mc_num), mc_batch=int(mc_batch),
+                                               cfg_scale=float(cfg))
+    sampling = sampler_lib.SamplingConfig(
+        gen_length=int(gen_length), steps=int(steps), block_length=int(block_length),
+        temperature=float(temperature), cfg_scale=float(cfg), remasking=remasking)
+    rows = int(batch_size) if str(batch_size).isdigit() else 8  # 'auto' -> 8
+    self.model = evaluate.EvalModel(checkpoint_path, settings=settings, sampling=sampling,
+                                    tokenizer=tokenizer, seed=int(seed), batch_size=rows,
+                                    dtype=dtype)
+
+  def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+    scores = self.model.loglikelihood([tuple(r.args[:2]) for r in requests])
+    return [(float(s), False) for s in scores]
+
+  def loglikelihood_rolling(self, requests):
+    raise NotImplementedError('dlmjax scores (context, continuation) pairs; rolling perplexity '
+                              'has no diffusion counterpart here (as in LLaDA).')
+
+  def generate_until(self, requests) -> list[str]:
+    """The sampler's completion of each context, cut at the first stop string (`until`); the
+    length is model_args gen_length (max_gen_toks is not read: the canvas is fixed)."""
+    texts = self.model.generate([r.args[0] for r in requests], template=False)
+    out = []
+    for request, text in zip(requests, texts):
+      for stop in request.args[1].get('until') or []:
+        if stop and stop in text:
+          text = text.split(stop)[0]
+      out.append(text)
+    return out
+
+
+def main(argv=None) -> None:
+  """lm-eval's command line with `dlmjax` registered."""
+  from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
+  if argv is not None:
+    sys.argv = [sys.argv[0], *argv]
+  cli_evaluate()
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,135 @@
+"""Validation loss during training: the stage's own loss on held-out batches, comparable over time.
+
+MegaDLMs validates with fresh random masks (reference 1.2), so two evaluations of one model
+differ. Here the masks derive from eval.seed and each held-out example's index, never from the
+step, and no micro-batch is truncated: every evaluation scores the same tokens masked the same way,
+and val_loss moves only when the model does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from dlmjax import config as config_lib
+from dlmjax import model as model_lib
+from dlmjax.data import pipeline
+from dlmjax.parallel import rules
+from dlmjax.train import step as step_lib
+
+
+def _eval_config(config):
+  """The run's config with eval.seed as the mask seed and no variable-length truncation."""
+  eval_config = ml_collections.ConfigDict(config.to_dict())
+  eval_config.seed = config.eval.seed
+  eval_config.diffusion.varlen_prob = 0.0
+  return eval_config
+
+
+def valid_batches(config, stage, *, process_index: int, process_count: int):
+  """The held-out batches: the stage's `eval_batch_iterator` if it has one, else (pre-training)
+  the pipeline's 'valid' split."""
+  if hasattr(stage, 'eval_batch_iterator'):
+    return stage.eval_batch_iterator(config, process_index=process_index,
+                                     process_count=process_count)
+  if config.stage != 'pretrain':
+    raise config_lib.ConfigError(f'stage {config.stage} has no held-out split to evaluate on; set '
+                                 '--config.eval.every=0.')
+  return pipeline.make_batch_iterator(config, split='valid', process_index=process_index,
+                                      process_count=process_count)
+
+
+def make_eval_fn(setup, loss_fn):
+  """eval(params, batch, batch_index) -> the loss's sums over the batch's micro-batches."""
+  config, cfg = setup.config, setup.model_config
+  num_micro = config_lib.num_microbatches(config)
+
+  def eval_fn(params, batch, batch_index):
+    module = model_lib.merge(cfg, params)
+    rows = next(iter(batch.values())).shape[0]
+    example_ids = batch_index * rows + jnp.arange(rows)
+    xs = ({k: step_lib.microbatch_split(v, num_micro) for k, v in batch.items()},
+          step_lib.microbatch_split(example_ids, num_micro), jnp.arange(num_micro))
+
+    def sums_of(arrays, ids, index):
+      arrays = {k: rules.constrain(v, (rules.BATCH,) + (None,) * (v.ndim - 1))
+                for k, v in arrays.items()}
+      return loss_fn(module, step=jnp.int32(0), micro_index=index, example_ids_B=ids,
+                     **arrays)[1]
+
+    def accumulate(total, x):
+      return jax.tree.map(jnp.add, total, sums_of(*x)), None
+
+    first = jax.eval_shape(sums_of, *jax.tree.map(lambda x: x[0], xs))
+    zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), first)
+    return jax.lax.scan(accumulate, zero, xs)[0]
+
+  return eval_fn
+
+
+class Evaluator:
+  """Runs the validation loss every eval.every steps and at the last step."""
+
+  def __init__(self, config, setup, stage):
+    e = config.eval
+    if e.every < 0 or e.batches < 1:
+      raise config_lib.ConfigError(f'eval.every={e.every} must be >= 0 and eval.batches='
+                                   f'{e.batches} >= 1.')
+    self.config, self.setup, self.stage = config, setup, stage
+    self._batches = valid_batches(config, stage, process_index=jax.process_index(),
+                                  process_count=jax.process_count())
+    available = len(self._batches)
+    self.num_batches = min(e.batches, available)
+    if self.num_batches < e.batches and jax.process_index() == 0:
+      print(f'note: the valid split holds {available} global batches; evaluating on those '
+            f'instead of eval.batches={e.batches}.', flush=True)
+    self._sharding = rules.named_sharding(setup.mesh, (rules.BATCH,))
+    jitted = jax.jit(make_eval_fn(setup, stage.loss_fn(_eval_config(config))),
+                     in_shardings=(setup.param_shardings,
+                                   {k: self._sharding for k in stage.batch_keys(config)}, None),
+                     out_shardings=setup.replicated)
+    # Compiled now, from the first batch's shapes, so no logged interval pays for it.
+    first = next(self._batches)
+    shapes = {k: jax.ShapeDtypeStruct((v.shape[0] * jax.process_count(), *v.shape[1:]), v.dtype)
+              for k, v in first.items()}
+    with rules.activation_mesh(setup.mesh):
+      self._compiled = jitted.lower(setup.param_shapes, shapes,
+                                    jax.ShapeDtypeStruct((), jnp.int32)).compile()
+
+  def due(self, step: int, last_step: int) -> bool:
+    return step % self.config.eval.every == 0 or step == last_step
+
+  def sums(self, params) -> dict[str, np.ndarray]:
+    """The loss's sums over the first eval.batches held-out batches (float64, on the host)."""
+    self._batches.set_state({'consumed_samples': 0})
+    total = None
+    for index in range(self.num_batches):
+      local = next(self._batches)
+      batch = {k: jax.make_array_from_process_local_data(self._sharding, v)
+               for k, v in local.items()}
+      sums = self._compiled(params, batch, jnp.int32(index))
+      sums = jax.tree.map(lambda x: np.asarray(x, np.float64), jax.device_get(sums))
+      total = sums if total is None else jax.tree.map(np.add, total, sums)
+    return total
+
+  def run(self, step: int, params) -> dict[str, float]:
+    """The row {'step', 'val_loss', 'val_masked_ce', ...} for metrics.jsonl; prints a line."""
+    jax.block_until_ready(params)  # the train step in flight is not evaluation time
+    start = time.time()
+    metrics = self.stage.metrics(self.sums(params))
+    row = {'step': step}
+    row.update({f'val_{k}': float(v) for k, v in metrics.items() if k != 'tokens'})
+    if jax.process_index() == 0:
+      shown = [f'{k} {row[k]:.4f}' for k in ('val_loss', 'val_masked_ce') if k in row]
+      print(f'step {step}: ' + ' | '.join(shown)
+            + f' ({self.num_batches} held-out batches, {time.time() - start:.1f}s)', flush=True)
+    return row
+
+
+def make_evaluator(config, setup, stage) -> Evaluator | None:
+  """The run's evaluator, or None when eval.every is 0."""
+  return Evaluator(config, setup, stage) if config.eval.every else None
