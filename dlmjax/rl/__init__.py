@@ -1,0 +1,1 @@
+"""Reinforcement learning for masked DLMs: group advantages, log-prob estimators, policy losses."""

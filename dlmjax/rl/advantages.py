@@ -1,0 +1,42 @@
+"""Group-relative advantages (GRPO): each completion's reward against its prompt's group.
+
+Peers disagree on the scaling (dlm_peers.md 2.10): d1, SPG and ESPO subtract the group mean only
+('none'); dLLM-RL divides by the group's population std ('std'). Both are a config switch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SCALINGS = ('none', 'std')
+
+
+def group_advantages(rewards_B, group_size: int, scaling: str = 'none', eps: float = 1e-4):
+  """A_i = r_i - mean(group) [/ (std(group) + eps)]; rows i*G .. i*G+G-1 share a prompt."""
+  rewards_B = np.asarray(rewards_B, np.float64)
+  if group_size < 2:
+    raise ValueError(f'group size {group_size} < 2: a group needs two completions to compare.')
+  if rewards_B.shape[0] % group_size:
+    raise ValueError(f'{rewards_B.shape[0]} rewards do not split into groups of {group_size}.')
+  if scaling not in SCALINGS:
+    raise ValueError(f'advantage scaling {scaling!r} is not one of {SCALINGS}.')
+  groups = rewards_B.reshape(-1, group_size)
+  advantages = groups - groups.mean(axis=1, keepdims=True)
+  if scaling == 'std':
+    advantages = advantages / (groups.std(axis=1, keepdims=True) + eps)
+  return advantages.reshape(-1).astype(np.float32)
+
+
+def score(reward_fn, examples, completions):
+  """(rewards [B] float32, failures): a reward fn that raises or returns a non-number scores 0
+  and is counted, never a crash."""
+  rewards, failures = np.zeros(len(completions), np.float32), 0
+  for i, (example, completion) in enumerate(zip(examples, completions)):
+    try:
+      value = float(reward_fn(example, completion))
+      if not np.isfinite(value):
+        raise ValueError('non-finite reward')
+      rewards[i] = value
+    except Exception:  # pylint: disable=broad-except  # user reward code: count, never crash
+      failures += 1
+  return rewards, failures

@@ -1,0 +1,49 @@
+"""Policy losses on per-token (d1) or per-sequence (ESPO) log-likelihood estimates.
+
+Each returns per-unit losses and diagnostics; the stage weights them (token or sequence
+normalisation) so that the shared step's micro-batch accumulation gives the global average.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+OBJECTIVES = ('d1', 'espo')
+
+
+def clipped_surrogate(ratio, advantage, eps: float):
+  """-min(rho A, clip(rho, 1-eps, 1+eps) A) and whether the clip is active (TRL's clip ratio)."""
+  unclipped = ratio * advantage
+  clipped = jnp.clip(ratio, 1.0 - eps, 1.0 + eps) * advantage
+  is_clipped = ((ratio < 1.0 - eps) & (advantage < 0)) | ((ratio > 1.0 + eps) & (advantage > 0))
+  return -jnp.minimum(unclipped, clipped), is_clipped
+
+
+def k3(logp, ref_logp):
+  """Schulman's k3 estimate of KL(pi || ref) per token: exp(ref - logp) - (ref - logp) - 1."""
+  delta = ref_logp - logp
+  return jnp.exp(delta) - delta - 1.0
+
+
+def k2(elbo, ref_elbo):
+  """ESPO's k2 KL of the sequence: (ELBO - ELBO_ref)^2 / 2."""
+  return 0.5 * jnp.square(elbo - ref_elbo)
+
+
+def d1_token_loss(logp_BL, old_logp_BL, ref_logp_BL, advantages_B, *, eps: float, beta: float):
+  """diffu-GRPO per token: clipped ratio exp(logp - old) with the sequence advantage, plus
+  beta * k3 KL to the reference. Returns (loss [B, L], kl [B, L], clipped [B, L])."""
+  ratio_BL = jnp.exp(logp_BL - old_logp_BL)
+  surrogate_BL, clipped_BL = clipped_surrogate(ratio_BL, advantages_B[:, None], eps)
+  kl_BL = k3(logp_BL, ref_logp_BL)
+  return surrogate_BL + beta * kl_BL, kl_BL, clipped_BL
+
+
+def espo_sequence_loss(elbo_B, old_elbo_B, ref_elbo_B, advantages_B, length_B, *, eps: float,
+                       beta: float):
+  """ESPO per sequence: ratio exp((ELBO - ELBO_old) / L), clipped, plus beta * k2 KL.
+  Returns (loss [B], kl [B], clipped [B])."""
+  ratio_B = jnp.exp((elbo_B - old_elbo_B) / length_B)
+  surrogate_B, clipped_B = clipped_surrogate(ratio_B, advantages_B, eps)
+  kl_B = k2(elbo_B, ref_elbo_B)
+  return surrogate_B + beta * kl_B, kl_B, clipped_B

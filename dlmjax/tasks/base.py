@@ -1,0 +1,90 @@
+"""What every verifiable task shares: the Example record, the split rule and answer extraction.
+
+Tasks are generated offline and deterministically; a problem's split is a pure function of its
+solution, so no test answer can appear in training (SPG's leak-free split, dlm_peers.md 5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+
+SPLITS = ('train', 'test')
+TEST_FRACTION = 0.2  # share of solutions held out for the test split
+
+_ANSWER_RE = re.compile(r'<answer>(.*?)</answer>', re.DOTALL)
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  prompt: str
+  response: str  # a short worked solution ending in the answer, in the format `reward` parses.
+  answer: str
+
+
+def split_of(solution_key: str) -> str:
+  """'test' for a stable TEST_FRACTION of solution keys, 'train' otherwise (stable across runs)."""
+  digest = hashlib.sha256(solution_key.encode()).digest()
+  return 'test' if int.from_bytes(digest[:8], 'big') / 2**64 < TEST_FRACTION else 'train'
+
+
+def check_request(name: str, split: str, num: int) -> None:
+  if split not in SPLITS:
+    raise ValueError(f'{name}: split={split!r} is not one of {SPLITS}.')
+  if num < 0:
+    raise ValueError(f'{name}: num={num} must be >= 0.')
+
+
+def last_answer(completion: str) -> str | None:
+  """The text inside the last <answer>...</answer>, or None (d1's countdown/sudoku parsers)."""
+  matches = _ANSWER_RE.findall(completion)
+  return matches[-1] if matches else None
+
+
+def collect(name: str, split: str, num: int, seed: int, draw, *, max_misses: int = 5000):
+  """`num` distinct examples of `split`; draw(rng) -> (problem key, solution key, Example).
+
+  Problems are deduplicated by problem key; the split follows the solution key. Stops with a
+  clear error after max_misses draws in a row that add nothing (the split is exhausted)."""
+  import random  # pylint: disable=import-outside-toplevel
+  check_request(name, split, num)
+  rng = random.Random(f'{name}:{split}:{seed}')
+  seen, out, misses = set(), [], 0
+  while len(out) < num and misses < max_misses:
+    key, solution_key, example = draw(rng)
+    if key in seen or split_of(f'{name}:{solution_key}') != split:
+      misses += 1
+      continue
+    seen.add(key)
+    out.append(example)
+    misses = 0
+  if len(out) < num:
+    raise ValueError(f'{name}: only about {len(out)} distinct {split} examples exist (asked for '
+                     f'{num}); ask for fewer.')
+  return out
+
+
+class Task:
+  """A verifiable task: deterministic examples per split and an exact reward that never raises."""
+
+  name = ''
+  max_reward = 1.0  # the reward of a correct, well-formatted completion
+
+  def examples(self, split: str, num: int, seed: int) -> list[Example]:
+    raise NotImplementedError
+
+  def score(self, example: Example, completion: str) -> float:
+    """The reward; may raise on garbage (reward() turns that into 0)."""
+    raise NotImplementedError
+
+  def is_correct(self, example: Example, completion: str) -> bool:
+    """Whether the completion solves the problem (held-out accuracy)."""
+    return self.reward(example, completion) >= self.max_reward - 1e-9
+
+  def reward(self, example: Example, completion: str) -> float:
+    try:
+      value = float(self.score(example, completion))
+    except Exception:  # pylint: disable=broad-except  # garbage in -> no reward, never a crash
+      return 0.0
+    return value if value == value and abs(value) != float('inf') else 0.0

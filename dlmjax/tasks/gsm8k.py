@@ -1,0 +1,127 @@
+"""d1's GSM8K reward set, and a loader for GSM8K-style jsonl that users bring.
+
+The five additive rewards of d1 (diffu-grpo/reward_func.py, from the open GRPO demo), max 4.0:
+xml tag count (<= 0.5), soft format 0.5, strict format 0.5, integer answer 0.5, exact answer 2.0.
+Both format patterns match from the start of the completion, across lines (re.DOTALL), as d1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from dlmjax.tasks import base
+
+SYSTEM_PROMPT = ('Respond in the following format:\n<reasoning>\n...\n</reasoning>\n<answer>\n...\n'
+                 '</answer>')
+MAX_REWARD = 4.0
+_STRICT = r'^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$'
+_SOFT = r'<reasoning>.*?</reasoning>\s*<answer>.*?</answer>'
+
+
+def format_response(reasoning: str, answer: str) -> str:
+  """The completion d1's format rewards expect (all five rewards fire on it)."""
+  return f'<reasoning>\n{reasoning}\n</reasoning>\n<answer>\n{answer}\n</answer>\n'
+
+
+def extract_xml_answer(text: str) -> str:
+  return text.split('<answer>')[-1].split('</answer>')[0].strip()
+
+
+def correctness_reward(completion: str, answer: str) -> float:
+  return 2.0 if extract_xml_answer(completion) == answer else 0.0
+
+
+def int_reward(completion: str) -> float:
+  return 0.5 if extract_xml_answer(completion).isdigit() else 0.0
+
+
+def strict_format_reward(completion: str) -> float:
+  return 0.5 if re.match(_STRICT, completion, flags=re.DOTALL) else 0.0
+
+
+def soft_format_reward(completion: str) -> float:
+  return 0.5 if re.match(_SOFT, completion, flags=re.DOTALL) else 0.0
+
+
+def xml_count_reward(text: str) -> float:
+  count = 0.0
+  if text.count('<reasoning>\n') == 1:
+    count += 0.125
+  if text.count('\n</reasoning>\n') == 1:
+    count += 0.125
+  if text.count('\n<answer>\n') == 1:
+    count += 0.125
+    count -= len(text.split('\n</answer>\n')[-1]) * 0.001
+  if text.count('\n</answer>') == 1:
+    count += 0.125
+    count -= (len(text.split('\n</answer>')[-1]) - 1) * 0.001
+  return count
+
+
+def total_reward(completion: str, answer: str) -> float:
+  return (xml_count_reward(completion) + soft_format_reward(completion) +
+          strict_format_reward(completion) + int_reward(completion) +
+          correctness_reward(completion, answer))
+
+
+def final_answer(solution: str) -> str:
+  """GSM8K's answer field ends in '#### 42'; the number after it, without thousands commas."""
+  if '####' not in solution:
+    raise ValueError('no "#### <answer>" line')
+  return solution.split('####')[-1].strip().replace(',', '')
+
+
+def load_jsonl(path: str, *, question_key: str = 'question', answer_key: str = 'answer',
+               system_prompt: str = SYSTEM_PROMPT) -> list[base.Example]:
+  """Examples from GSM8K-style jsonl ({"question": ..., "answer": "... #### 42"} per line)."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'GSM8K jsonl {path!r} does not exist; pass the path of a jsonl file '
+                            f'with "{question_key}" and "{answer_key}" fields.')
+  examples = []
+  with open(path) as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+        question, solution = row[question_key], row[answer_key]
+        answer = final_answer(solution)
+      except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f'{path}:{number}: not a GSM8K row ({e}); each line needs '
+                         f'"{question_key}" and "{answer_key}" ending in "#### <answer>".') from e
+      reasoning = solution.split('####')[0].strip()
+      prompt = f'{system_prompt}\n\n{question}' if system_prompt else question
+      examples.append(base.Example(prompt=prompt, response=format_response(reasoning, answer),
+                                   answer=answer))
+  if not examples:
+    raise ValueError(f'{path} holds no examples.')
+  return examples
+
+
+class Gsm8kJsonl(base.Task):
+  """GSM8K-style data from jsonl files (one per split), scored with d1's five rewards."""
+
+  name = 'gsm8k'
+  max_reward = MAX_REWARD
+
+  def __init__(self, train_path: str, test_path: str = ''):
+    self.paths = {'train': train_path, 'test': test_path}
+
+  def examples(self, split, num, seed):
+    base.check_request(self.name, split, num)
+    if not self.paths[split]:
+      raise ValueError(f'gsm8k: no jsonl file for the {split} split.')
+    rows = load_jsonl(self.paths[split])
+    import random  # pylint: disable=import-outside-toplevel
+    random.Random(seed).shuffle(rows)
+    if num > len(rows):
+      raise ValueError(f'gsm8k: {self.paths[split]} has {len(rows)} examples, asked for {num}.')
+    return rows[:num]
+
+  def score(self, example, completion):
+    return total_reward(completion, example.answer)
+
+  def is_correct(self, example, completion):
+    return correctness_reward(completion, example.answer) > 0

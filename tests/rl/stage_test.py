@@ -1,0 +1,80 @@
+"""Stage rl end to end on a tiny random model: rollouts, d1 and ESPO steps, logged metrics."""
+
+import json
+import os
+
+import jax
+import pytest
+
+from dlmjax import config as config_lib
+from dlmjax.checkpoint import manager
+from dlmjax.train import loop
+from dlmjax.train import state as state_lib
+from dlmjax.parallel import mesh as mesh_lib
+from tests.conftest import tiny_test_config
+
+
+def _rl_config(tmp_path, init_dir, **overrides):
+  c = tiny_test_config(**{'model.seq_len': 64, 'train.global_batch_size': 16,
+                          'train.micro_batch_size': 8, 'train.schedule': 'constant',
+                          'train.warmup_steps': 0, 'train.steps': 2, 'stage': 'rl',
+                          'init_from': init_dir, 'output_dir': str(tmp_path / 'rl'),
+                          'rl.num_prompts': 16, 'rl.max_prompt_tokens': 32, 'rl.gen_length': 16,
+                          'rl.diffusion_steps': 2, 'rl.block_length': 16, 'rl.group_size': 4,
+                          'rl.inner_updates': 2, 'checkpoint.async_save': False,
+                          'log.tensorboard': False, 'log.plots': False, **overrides})
+  return c
+
+
+@pytest.fixture(scope='module')
+def init_dir(tmp_path_factory):
+  """A random tiny model saved as a run directory, standing in for an SFT checkpoint."""
+  out = str(tmp_path_factory.mktemp('init'))
+  c = tiny_test_config(**{'model.seq_len': 64, 'output_dir': out})
+  setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c))
+  params = setup.init_state(0)['params']
+  manager.save_params_checkpoint(out, c, jax.device_get(params))
+  return out
+
+
+@pytest.mark.slow  # ~90 s each on the shared 2-core machine: compiles sampler, scorer, step
+@pytest.mark.parametrize('objective', ['d1', 'espo'])
+def test_rl_runs_and_logs(tmp_path, init_dir, objective):
+  # ESPO also holds its reference in host memory, in bfloat16.
+  extra = {'rl.reference_on_host': True, 'rl.reference_dtype': 'bfloat16'} if objective == 'espo' \
+      else {}
+  c = _rl_config(tmp_path, init_dir, **{'rl.objective': objective, **extra})
+  last = loop.train(c)
+  assert last['step'] == 2
+  for key in ('loss', 'kl', 'clip_fraction', 'reward_mean', 'reward_std', 'completion_length'):
+    assert key in last and last[key] == last[key]
+  rows = [json.loads(line) for line in open(os.path.join(c.output_dir, 'metrics.jsonl'))]
+  rollout = [r for r in rows if 'generate_s' in r]
+  assert len(rollout) == 1 and rollout[0]['score_s'] > 0 and rollout[0]['reward_failures'] == 0
+  # mu = 2 updates on one rollout: the first has ratio 1 (old = current params), so no clipping.
+  first = [r for r in rows if r.get('step') == 1 and 'loss' in r][0]
+  assert first['clip_fraction'] == 0.0
+  if objective == 'd1':  # policy = reference at step 1 (ESPO's bf16 reference differs by rounding)
+    assert first['kl'] == pytest.approx(0.0, abs=1e-6)
+  assert first['kl'] >= 0.0
+
+
+@pytest.mark.parametrize('overrides, match', [
+    ({'rl.group_size': 1}, 'at least 2'),
+    ({'rl.group_size': 3}, 'does not divide'),  # 16 rows
+    ({'rl.num_prompts': 0}, 'must be >= 1'),
+    ({'rl.gen_length': 60}, 'exceed model.seq_len'),
+    ({'rl.block_length': 5}, 'block_length'),
+    ({'init_from': ''}, 'init_from'),
+])
+def test_bad_rl_configs_name_the_fix(tmp_path, overrides, match):
+  c = _rl_config(tmp_path, 'unused', **overrides)
+  with pytest.raises(config_lib.ConfigError, match=match):
+    config_lib.validate(c)
+
+
+def test_prompts_too_long_is_a_clear_error(tmp_path, init_dir):
+  from dlmjax.rl import rollout
+  c = _rl_config(tmp_path, init_dir, **{'rl.max_prompt_tokens': 2})
+  with pytest.raises(ValueError, match='max_prompt_tokens'):
+    rollout.RolloutSource(c)
