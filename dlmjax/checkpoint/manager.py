@@ -7,8 +7,10 @@ iterator state). Restores go straight into the target shardings; nothing is gath
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import sys
 
 import jax
 import ml_collections
@@ -26,6 +28,9 @@ _RESUME_KEYS = ('model.num_layers', 'model.d_model', 'model.num_heads', 'model.n
                 'model.head_dim', 'model.ffn_dim', 'model.vocab_size', 'model.tie_embeddings',
                 'seed', 'train.global_batch_size', 'diffusion.objective')
 _ARCHITECTURE_KEYS = _RESUME_KEYS[:8]
+# Test hook, "STEP:SECONDS": stall the commit of that step's save (its files written, the step not
+# yet committed), so a test can kill the process mid-save deterministically.
+COMMIT_DELAY_ENV = 'DLMJAX_TEST_COMMIT_DELAY'
 
 
 class CheckpointError(RuntimeError):
@@ -43,11 +48,70 @@ class RunCheckpoints:
   def __init__(self, run_dir: str, *, keep: int = 3, async_save: bool = True):
     self.directory = os.path.join(os.path.abspath(run_dir), CHECKPOINT_DIR)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep,
-                                           enable_async_checkpointing=async_save, create=True)
+                                           enable_async_checkpointing=async_save, create=True,
+                                           # a save killed mid-write leaves a temporary dir
+                                           cleanup_tmp_directories=True,
+                                           temporary_path_class=_commit_delay_hook())
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
+    self._closed = False
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
+
+  def restore_latest(self, setup) -> tuple[dict, object]:
+    """The newest checkpoint that restores and matches its params' checksums.
+
+    orbax commits a step atomically (written to a temporary directory, then renamed), so a crash
+    mid-save leaves no step behind; a step damaged later (truncated files, bit flips) is renamed
+    to `<step>.corrupt` with a warning naming it, and the one before it is tried.
+    """
+    problems = []
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        state, data_state = self.restore(step, setup)
+        self._verify(step, state['params'])
+      except Exception as e:  # pylint: disable=broad-except
+        # Any failure to read one step (orbax and tensorstore raise many kinds) means: try the
+        # previous one. Config mismatches were ruled out before (check_resumable); running out
+        # of memory says nothing about the files.
+        if 'RESOURCE_EXHAUSTED' in str(e):
+          raise
+        problem = f'{self.directory}/{step}: {type(e).__name__}: {str(e)[:500]}'
+        problems.append(problem)
+        moved = self._set_aside(step)
+        _warn(f'checkpoint {problem}; skipping it (kept as {moved}) and falling back to the '
+              'previous checkpoint.')
+        continue
+      if jax.process_index() == 0:
+        print(f'resuming from {self.directory}/{step}', flush=True)
+      return state, data_state
+    raise CheckpointError('no usable checkpoint in ' + self.directory + ': '
+                          + '; '.join(problems) + '. Start a new run with a new '
+                          '--config.output_dir (or --config.init_from a good checkpoint).')
+
+  def _verify(self, step: int, params) -> None:
+    meta = read_meta(os.path.join(self.directory, str(step)))
+    if not meta.get('checksums'):  # saved before checksums existed
+      return
+    problems = checksums.compare(meta['checksums'], checksums.compute(params))
+    if problems:
+      raise CheckpointError('params do not match the checksums saved with them ('
+                            + '; '.join(problems[:3]) + (' ...' if len(problems) > 3 else '')
+                            + ')')
+
+  def _set_aside(self, step: int) -> str:
+    """Renames a bad step to `<step>.corrupt[N]` (kept for inspection); returns the new name."""
+    src = os.path.join(self.directory, str(step))
+    dst, n = src + '.corrupt', 1
+    while os.path.exists(dst):
+      dst, n = f'{src}.corrupt{n}', n + 1
+    if jax.process_index() == 0 and os.path.exists(src):
+      os.rename(src, dst)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+      multihost_utils.sync_global_devices(f'dlmjax_set_aside_{step}')
+    self._manager.reload()
+    return os.path.basename(dst)
 
   def save(self, state: dict, data_state=None) -> None:
     """Starts an (async) save; the params' checksums go in the same atomic commit."""
@@ -74,8 +138,35 @@ class RunCheckpoints:
     self._manager.wait_until_finished()
 
   def close(self) -> None:
+    """Waits for saves in flight, then releases the manager; later calls do nothing."""
+    if self._closed:
+      return
+    self._closed = True
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def _warn(message: str) -> None:
+  if jax.process_index() == 0:
+    print(f'warning: {message}', file=sys.stderr, flush=True)
+
+
+def _commit_delay_hook():
+  """orbax's temporary-path class, stalled before the commit of one step (COMMIT_DELAY_ENV)."""
+  hook = os.environ.get(COMMIT_DELAY_ENV)
+  if not hook:
+    return None
+  step, seconds = hook.split(':')
+
+  class StalledCommit(ocp.path.atomicity.AtomicRenameTemporaryPath):
+
+    async def finalize(self, *args, **kwargs):
+      if self.get_final().name == step:
+        print(f'test hook: stalling the commit of checkpoint {step} for {seconds}s', flush=True)
+        await asyncio.sleep(float(seconds))
+      return await super().finalize(*args, **kwargs)
+
+  return StalledCommit
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Where a run's metrics go besides metrics.jsonl: TensorBoard event files, Weights & Biases."""

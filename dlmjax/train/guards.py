@@ -1,0 +1,103 @@
+"""Run-time checks that turn cluster and data faults into one clear error naming the fix.
+
+Before training: free disk for the next checkpoint. Every step: the batch's token ids and the
+data files behind it. Around the loop: device out-of-memory, translated into the knobs that help.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+
+import jax
+import numpy as np
+
+from dlmjax.data.errors import DataError
+
+# orbax writes arrays uncompressed plus small metadata; keep a margin for it and the filesystem.
+_CHECKPOINT_MARGIN = 1.1
+
+
+class ResourceError(RuntimeError):
+  """Not enough disk or device memory for the run as configured; the message names the knobs."""
+
+
+def checkpoint_bytes(state_shapes) -> int:
+  """Bytes of one checkpoint of the train state (params + optimizer state + step)."""
+  return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(state_shapes))
+
+
+def check_free_disk(output_dir: str, state_shapes) -> None:
+  """Fails before training when output_dir cannot hold one more checkpoint.
+
+  The next save is written before the oldest one is deleted, so it needs its full size free.
+  """
+  needed = int(checkpoint_bytes(state_shapes) * _CHECKPOINT_MARGIN)
+  free = shutil.disk_usage(output_dir).free
+  if free < needed:
+    raise ResourceError(
+        f'output_dir {output_dir} has {_gib(free)} free, but the next checkpoint needs about '
+        f'{_gib(needed)} (params + optimizer state). Free some space, lower '
+        '--config.checkpoint.keep, or set --config.output_dir to a larger disk.')
+
+
+def _gib(n: int) -> str:
+  return f'{n / 2**30:.2f} GiB'
+
+
+def describe_data_source(config) -> str:
+  data = config.data
+  if data.source == 'megatron':
+    return f'data.train_prefixes {data.train_prefixes!r}'
+  return f'data.source {data.source!r}'
+
+
+def next_batch(batches, config, step: int) -> dict[str, np.ndarray]:
+  """The next host batch, checked: a vanished or unreadable data file names itself."""
+  try:
+    batch = next(batches)
+  except OSError as e:
+    name = e.filename or describe_data_source(config)
+    raise DataError(
+        f'reading the batch of step {step} failed: {name}: {e.strerror or e}. A data file was '
+        'moved, deleted or became unreadable during the run; restore it and start the same '
+        'command again (it resumes from the last checkpoint).') from e
+  if 'tokens' in batch:  # every stage's model input; other arrays (segment ids, rewards) vary
+    check_token_ids(batch['tokens'], config, step)
+  return batch
+
+
+def check_token_ids(tokens: np.ndarray, config, step: int) -> None:
+  """Token ids outside [0, model.vocab_size) would index past the embedding silently on GPU."""
+  vocab = config.model.vocab_size
+  bad = (tokens < 0) | (tokens >= vocab)
+  if not bad.any():
+    return
+  row, position = (int(i) for i in np.argwhere(bad)[0])
+  raise DataError(
+      f'the batch of step {step} ({describe_data_source(config)}) has {int(bad.sum())} token ids '
+      f'outside [0, {vocab}), first {int(tokens[row, position])} at row {row}, position '
+      f'{position}. Re-tokenize the data with the model\'s tokenizer, or set '
+      '--config.model.vocab_size to the tokenizer\'s vocabulary.')
+
+
+OOM_HINT = ('reduce --config.train.micro_batch_size (gradients accumulate to the same global '
+            'batch), turn on --config.model.remat=full (or save_dots), or shard parameters and '
+            'optimizer state over more devices with --config.mesh.fsdp; '
+            '`python -m dlmjax.summary` shows the memory per device.')
+
+
+@contextlib.contextmanager
+def explain_out_of_memory():
+  """Re-raises a device RESOURCE_EXHAUSTED error as a ResourceError naming the memory knobs."""
+  try:
+    yield
+  except jax.errors.JaxRuntimeError as e:
+    if 'RESOURCE_EXHAUSTED' not in str(e):
+      raise
+    first_line = str(e).strip().splitlines()[0] if str(e).strip() else 'RESOURCE_EXHAUSTED'
+    raise ResourceError(f'the device ran out of memory ({first_line[:300]}). To fit, '
+                        + OOM_HINT) from e
+

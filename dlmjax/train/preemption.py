@@ -1,0 +1,54 @@
+"""Preemption: SIGTERM/SIGINT ask the loop to finish its step, checkpoint and exit cleanly.
+
+Clusters announce preemption with SIGTERM (Ctrl-C sends SIGINT); the handler only records the
+request, so the step in flight completes and the checkpoint holds a consistent state. A second
+signal of the same kind falls through to the default action (kill, KeyboardInterrupt).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import numpy as np
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequest:
+  """Context manager: installs the handlers (main thread only) and restores the old ones."""
+
+  def __init__(self, signals=SIGNALS):
+    self._signals = signals
+    self._previous = {}
+    self.signal_name: str | None = None
+
+  def __enter__(self) -> StopRequest:
+    if threading.current_thread() is threading.main_thread():
+      for sig in self._signals:
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous.clear()
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    self.signal_name = signal.Signals(signum).name
+    # The next identical signal acts as if we had never installed a handler.
+    signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+
+  def requested(self) -> bool:
+    """Whether any process was signalled; every process gets the same answer.
+
+    With several processes the flag is all-gathered (a tiny host collective each step), so all
+    stop after the same step instead of leaving the others waiting in the next collective.
+    """
+    import jax  # pylint: disable=import-outside-toplevel
+    local = self.signal_name is not None
+    if jax.process_count() == 1:
+      return local
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    return bool(np.asarray(multihost_utils.process_allgather(np.int32(local))).any())

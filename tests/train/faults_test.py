@@ -1,0 +1,166 @@
+"""Real faults on real training subprocesses: SIGTERM, kill -9 in the middle of a save, and a
+corrupt latest checkpoint; each resume must reproduce the uninterrupted run's losses exactly.
+
+One chain of runs shares one persistent compilation cache (only the first run compiles):
+  A  uninterrupted, 18 steps
+  B  SIGTERM while step 1 compiles -> checkpoint 1, exit 0
+  C  resumes B; saves 6; its save of 12 stalls (test hook) and is killed with SIGKILL
+  E  after checkpoint 6 is corrupted on disk: skips it with a warning, resumes from 1, finishes
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.observability import sinks, tensorboard
+
+REPO = os.path.join(os.path.dirname(__file__), '..', '..')
+STEPS = 18
+OVERRIDES = {
+    'model.num_layers': 1, 'model.d_model': 64, 'model.num_heads': 4, 'model.num_kv_heads': 2,
+    'model.head_dim': 16, 'model.ffn_dim': 128, 'model.seq_len': 32,
+    'train.global_batch_size': 16, 'train.micro_batch_size': 16, 'train.warmup_steps': 2,
+    'train.wsd_decay_steps': 2, 'train.steps': STEPS, 'checkpoint.every': 6,
+    'checkpoint.keep': 3, 'log.every': 1, 'log.plots': False,
+}
+
+
+def _command(run_dir):
+  flags = [f'--config.{k}={v}' for k, v in OVERRIDES.items()]
+  cache = os.environ.get('DLMJAX_CACHE_DIR')
+  if cache:
+    flags.append(f'--config.data.cache_dir={cache}')
+  return [sys.executable, '-u', '-m', 'dlmjax.train', f'--config={REPO}/configs/tiny.py',
+          f'--config.output_dir={run_dir}', *flags]
+
+
+def _env(compile_cache, **extra):
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS='--xla_force_host_platform_device_count=1',
+             JAX_COMPILATION_CACHE_DIR=str(compile_cache),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0', **extra)
+  env['PYTHONPATH'] = os.path.abspath(REPO)
+  return env
+
+
+def _run_until(run_dir, env, marker, action):
+  """Starts a run, applies `action(proc)` at the first output line containing `marker`;
+  returns (exit code, output)."""
+  proc = subprocess.Popen(_command(run_dir), env=env, cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  lines = []
+  for line in proc.stdout:
+    lines.append(line)
+    if marker in line:
+      action(proc)
+      break
+  rest, _ = proc.communicate(timeout=300)
+  return proc.returncode, ''.join(lines) + rest
+
+
+def _losses(run_dir):
+  """{step: loss}; a step logged twice (before and after a resume) keeps its last value."""
+  with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
+    return {row['step']: row['loss'] for row in map(json.loads, f)}
+
+
+def _committed(run_dir):
+  return sorted(int(n) for n in os.listdir(os.path.join(run_dir, 'checkpoints')) if n.isdigit())
+
+
+def _corrupt_params(step_dir):
+  """Overwrites bytes in the middle of the largest file of the params item (bit rot)."""
+  files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(step_dir, 'params'))
+           for f in fs]
+  target = max(files, key=os.path.getsize)
+  with open(target, 'r+b') as f:
+    size = os.path.getsize(target)
+    f.seek(size // 2)
+    chunk = bytearray(f.read(min(512, size - size // 2)))
+    f.seek(size // 2)
+    f.write(bytes(b ^ 0xFF for b in chunk))
+
+
+@pytest.fixture(scope='module')
+def chain(tmp_path_factory):
+  root = tmp_path_factory.mktemp('faults')
+  cache = root / 'compile_cache'
+  out = types.SimpleNamespace(straight=root / 'straight', run=root / 'run')
+  done = subprocess.run(_command(out.straight), env=_env(cache), cwd=REPO, capture_output=True,
+                        text=True, timeout=600)
+  assert done.returncode == 0, done.stdout + done.stderr
+  # B: the handler is in place before the banner line, so SIGTERM lands while step 1 compiles.
+  out.b_code, out.b_output = _run_until(out.run, _env(cache), 'parameters on',
+                                        lambda p: p.send_signal(signal.SIGTERM))
+  out.b_checkpoints = _committed(out.run)
+  out.b_losses = _losses(out.run)
+  # C: stalls inside the commit of checkpoint 12 (its files written); killed right there.
+  stall = _env(cache, **{checkpoint_lib.COMMIT_DELAY_ENV: '12:120'})
+  out.c_code, out.c_output = _run_until(out.run, stall, 'stalling the commit of checkpoint 12',
+                                        lambda p: p.kill())
+  out.c_entries = sorted(os.listdir(out.run / 'checkpoints'))
+  out.c_losses = _losses(out.run)
+  out.after_kill = checkpoint_lib.resolve_step_dir(str(out.run))
+  _corrupt_params(str(out.run / 'checkpoints' / '6'))
+  done = subprocess.run(_command(out.run), env=_env(cache), cwd=REPO, capture_output=True,
+                        text=True, timeout=600)
+  out.e_code, out.e_output = done.returncode, done.stdout + done.stderr
+  return out
+
+
+def test_sigterm_checkpoints_the_step_in_flight_and_exits_0(chain):
+  assert chain.b_code == 0, chain.b_output
+  assert 'SIGTERM: checkpointing step 1 and stopping' in chain.b_output
+  assert chain.b_checkpoints == [1]
+  assert chain.b_losses == {1: _losses(chain.straight)[1]}
+
+
+def test_kill_9_mid_save_leaves_the_previous_checkpoint_usable(chain):
+  assert chain.c_code == -signal.SIGKILL, chain.c_output
+  assert 'resuming from' in chain.c_output and chain.c_output.count('/checkpoints/1') >= 1
+  # Step 12 was being written (a temporary directory) but never committed.
+  assert '12' not in chain.c_entries and '6' in chain.c_entries
+  assert any(n.startswith('12.') for n in chain.c_entries), chain.c_entries
+  run_dir, step_dir, step = chain.after_kill
+  assert step == 6
+  params = checkpoint_lib.restore_params(step_dir, checkpoint_lib.load_run_config(run_dir))
+  saved = checkpoint_lib.read_meta(step_dir)['checksums']
+  assert checksums.compare(saved, checksums.compute(params)) == []
+  # The run resumed from SIGTERM's checkpoint reproduced the uninterrupted losses exactly.
+  straight = _losses(chain.straight)
+  resumed = [s for s in chain.c_losses if s > 1]
+  assert len(resumed) >= 10
+  assert [chain.c_losses[s] for s in resumed] == [straight[s] for s in resumed]
+
+
+def test_corrupt_latest_checkpoint_is_skipped_with_a_warning(chain):
+  assert chain.e_code == 0, chain.e_output
+  warning = [line for line in chain.e_output.splitlines() if line.startswith('warning:')]
+  assert warning and f'{chain.run}/checkpoints/6' in warning[0], chain.e_output
+  assert f'resuming from {chain.run}/checkpoints/1' in chain.e_output
+  assert os.path.isdir(chain.run / 'checkpoints' / '6.corrupt')
+  # The temporary directory of the killed save was cleaned up.
+  assert not [n for n in os.listdir(chain.run / 'checkpoints') if n.startswith('12.')]
+  straight, resumed = _losses(chain.straight), _losses(chain.run)
+  assert [resumed[s] for s in range(2, STEPS + 1)] == [straight[s] for s in range(2, STEPS + 1)]
+  assert _committed(chain.run) == [6, 12, 18]
+
+
+def test_tensorboard_scalars_are_written_by_default(chain):
+  (name,) = os.listdir(chain.straight / sinks.TENSORBOARD_DIR)
+  scalars = tensorboard.read_scalars(str(chain.straight / sinks.TENSORBOARD_DIR / name))
+  with open(chain.straight / 'metrics.jsonl') as f:
+    rows = [json.loads(line) for line in f]
+  for key in ('loss', 'masked_ce', 'lr', 'grad_norm', 'tokens_per_s'):
+    assert [s for s, _ in scalars[key]] == [r['step'] for r in rows]
+    np.testing.assert_array_equal([v for _, v in scalars[key]],
+                                  np.float32([r[key] for r in rows]))
