@@ -19,31 +19,19 @@ _CONFIG = config_flags.DEFINE_config_file('config', 'configs/tiny.py', 'config f
 _DEVICES = flags.DEFINE_integer('devices', 0, 'validate the mesh for this many devices '
                                 '(default: the devices present)')
 _COMPILE = flags.DEFINE_bool('compile', False, 'compile the step and print XLA memory analysis')
+_DEVICE_MEMORY = flags.DEFINE_float('device-memory-gib', 0.0, 'memory of one GPU in GiB, checked '
+                                    'against the estimate (default: the present GPU, or '
+                                    '--device-kind)')
+_DEVICE_KIND = flags.DEFINE_string('device-kind', '', 'a GPU kind (H100, H200, B200, ...) whose '
+                                   'memory the estimate is checked against')
 
 _GIB = 1024 ** 3
 
 
 def estimate_memory_per_device(config) -> dict:
-  """Bytes per device: sharded fp32 params + grads + 2 Adam moments, and activations."""
-  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
-  cfg = model_lib.ModelConfig.from_config(config)
-  mesh = config.mesh
-  shards = mesh.fsdp * mesh.tensor * mesh.pipeline
-  state = 16 * cfg.num_params() / shards
-  rows = config.train.micro_batch_size // config_lib.batch_parallelism(config)
-  act_bytes = 2 if cfg.dtype == 'bfloat16' else 4
-  tokens = rows * cfg.seq_len
-  width = cfg.d_model / mesh.tensor
-  # Per layer, what the backward pass keeps: the layer input only (full remat), the projections
-  # (minimal), or everything incl. attention probabilities for xla (none).
-  per_token_layer = {'full': cfg.d_model, 'minimal': 4 * width + 3 * cfg.ffn_dim / mesh.tensor,
-                     'save_dots': 6 * width + 3 * cfg.ffn_dim / mesh.tensor}.get(
-                         cfg.remat, 10 * width + 4 * cfg.ffn_dim / mesh.tensor)
-  saved = tokens * per_token_layer * act_bytes * cfg.num_layers
-  if cfg.remat == 'none' and cfg.attention_backend == 'xla':
-    saved += rows * cfg.num_heads / mesh.tensor * cfg.seq_len ** 2 * 4 * cfg.num_layers
-  logits = tokens * cfg.vocab_size / mesh.tensor * 4 * 3  # fp32 logits, softmax and its grad
-  return dict(state=state, activations=saved, logits=logits, total=state + saved + logits)
+  """Bytes per device: state, activations, recompute, logits, total (dlmjax.parallel.memory)."""
+  from dlmjax.parallel import memory  # pylint: disable=import-outside-toplevel
+  return memory.estimate_bytes_per_device(config)
 
 
 def summarize(config, num_devices: int | None) -> str:
@@ -66,14 +54,31 @@ def summarize(config, num_devices: int | None) -> str:
       f'non-embedding parameters: {cfg.num_params() - embedding:,}',
       f'FLOPs per token (train): {cfg.flops_per_token():.4e}; per step: '
       f'{cfg.flops_per_token() * tokens_per_step:.4e} ({tokens_per_step:,} tokens)',
-      f'mesh: data {m.data} x fsdp {m.fsdp} x tensor {m.tensor} x pipeline {m.pipeline}; '
-      f'{config_lib.num_microbatches(config)} micro-batches of {config.train.micro_batch_size} '
-      'rows per step',
+      f'mesh: data {m.data} x fsdp {m.fsdp} x tensor {m.tensor} x pipeline {m.pipeline} x '
+      f'context {m.context}; {config_lib.num_microbatches(config)} micro-batches of '
+      f'{config.train.micro_batch_size} rows per step',
+      _pipeline_line(config),
       f'memory per device (estimate): {memory["total"] / _GIB:.2f} GiB = state '
-      f'{memory["state"] / _GIB:.2f} + activations {memory["activations"] / _GIB:.2f} + logits '
-      f'{memory["logits"] / _GIB:.2f} (remat {cfg.remat}, {cfg.dtype})',
+      f'{memory["state"] / _GIB:.2f} + activations {memory["activations"] / _GIB:.2f} + '
+      f'recompute {memory["recompute"] / _GIB:.2f} + logits {memory["logits"] / _GIB:.2f} '
+      f'(remat {cfg.remat}, {cfg.dtype})',
   ]
   return '\n'.join(lines)
+
+
+def _pipeline_line(config) -> str:
+  """The schedule and its idle share (pipeline/bubble_fraction), or that there is none."""
+  from dlmjax.parallel import pipeline  # pylint: disable=import-outside-toplevel
+  m = config.mesh
+  if m.pipeline == 1:
+    return 'pipeline: off (bubble fraction 0)'
+  micro = config_lib.pipeline_microbatches(config)
+  kind = 'GPipe' if m.pipeline_repeats == 1 else f'circular, {m.pipeline_repeats} repeats'
+  bubble = pipeline.bubble_fraction(m.pipeline, m.pipeline_repeats, micro)
+  return (f'pipeline: {m.pipeline} stages ({kind}) x {micro} micro-batches of '
+          f'{config.train.micro_batch_size // micro} rows, '
+          f'{config.model.num_layers // (m.pipeline * m.pipeline_repeats)} layers per stage and '
+          f'repeat; bubble fraction {bubble:.3f}')
 
 
 def compiled_memory(config) -> str:
@@ -85,10 +90,12 @@ def compiled_memory(config) -> str:
   from dlmjax.train import state as state_lib
   from dlmjax.train import step as step_lib
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
-  step_fn = step_lib.CompiledStep(setup, stages.STAGES[config.stage].loss_fn(config))
+  stage = stages.STAGES[config.stage]
+  step_fn = step_lib.CompiledStep(setup, stage.loss_fn(config), batch_keys=stage.batch_keys(config),
+                                  metrics=stage.metrics)
   shape = (config.train.global_batch_size, config.model.seq_len + 1)
   batch = {k: jax.ShapeDtypeStruct(shape, 'int32', sharding=step_fn.batch_sharding)
-           for k in step_lib.batch_keys(config)}
+           for k in stage.batch_keys(config)}
   analysis = step_fn.lower(batch).compile().memory_analysis()
   if analysis is None:
     return 'compiled memory: not reported by this backend'
@@ -97,9 +104,31 @@ def compiled_memory(config) -> str:
   return f'compiled memory per device: arguments {args:.2f} GiB + temporaries {temp:.2f} GiB'
 
 
+def check_memory(config, device_memory_gib: float, device_kind: str) -> str:
+  """The fail-fast check `train` runs at start, against a named GPU; ConfigError if too big."""
+  from dlmjax.parallel import memory  # pylint: disable=import-outside-toplevel
+  if device_memory_gib > 0:
+    capacity, what = device_memory_gib * _GIB * memory.usable_fraction(), f'{device_memory_gib} GiB'
+  elif device_kind:
+    capacity, what = memory.device_memory_bytes(device_kind), device_kind
+    if capacity is None:
+      raise config_lib.ConfigError(f'--device-kind={device_kind} is not a known GPU ('
+                                   f'{", ".join(n for n, _ in memory.DEVICE_MEMORY_GIB)}); pass '
+                                   '--device-memory-gib instead.')
+  else:
+    capacity, what = memory.present_device_memory_bytes(), 'the present device'
+  if capacity is None:
+    return ('memory check: skipped (no GPU here; pass --device-memory-gib=G or '
+            '--device-kind=H200)')
+  estimate = memory.check_fits(config, capacity)
+  return (f'memory check: fits, {estimate["total"] / _GIB:.1f} of {capacity / _GIB:.1f} GiB usable '
+          f'on {what} (XLA_PYTHON_CLIENT_MEM_FRACTION {memory.usable_fraction():g})')
+
+
 def main(argv):
   del argv
   print(summarize(_CONFIG.value, _DEVICES.value or None))
+  print(check_memory(_CONFIG.value, _DEVICE_MEMORY.value, _DEVICE_KIND.value))
   if _COMPILE.value:
     print(compiled_memory(_CONFIG.value))
 

@@ -51,21 +51,32 @@ class ModelConfig:
   dtype: str = 'float32'
   remat: str = 'none'
   scan_layers: bool = True
+  # Pipeline schedule of the layer stack (dlmjax/parallel/pipeline.py); 1 stage = plain scan.
+  pipeline_stages: int = 1
+  pipeline_repeats: int = 1
+  pipeline_microbatches: int = 1
 
   @property
   def compute_dtype(self):
     return jnp.dtype(self.dtype)
 
   @classmethod
-  def from_config(cls, config) -> 'ModelConfig':
+  def from_config(cls, config, *, pipeline: bool = False) -> 'ModelConfig':
+    """The model of `config`; pipeline=True adds the mesh's pipeline schedule (the train step on
+    that mesh), off for everything that just evaluates the function (inference, export)."""
     m = config.model
+    schedule = {}
+    if pipeline and config.mesh.pipeline > 1:
+      schedule = dict(pipeline_stages=config.mesh.pipeline,
+                      pipeline_repeats=config.mesh.pipeline_repeats,
+                      pipeline_microbatches=config_lib.pipeline_microbatches(config))
     return cls(num_layers=m.num_layers, d_model=m.d_model, num_heads=m.num_heads,
                num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, ffn_dim=m.ffn_dim,
                vocab_size=config_lib.padded_vocab_size(config), seq_len=m.seq_len,
                rope_theta=m.rope_theta, norm_eps=m.norm_eps, init_std=m.init_std,
                tie_embeddings=m.tie_embeddings, attention_mask=m.attention_mask,
                block_size=m.block_size, attention_backend=m.attention_backend, dtype=m.dtype,
-               remat=m.remat, scan_layers=m.scan_layers)
+               remat=m.remat, scan_layers=m.scan_layers, **schedule)
 
   def num_params(self) -> int:
     """Exact parameter count, without building the model."""

@@ -14,7 +14,7 @@ from flax import nnx
 
 from dlmjax.model import attention, layers
 from dlmjax.model.presets import ModelConfig
-from dlmjax.parallel import rules
+from dlmjax.parallel import pipeline, rules
 
 # Names tagged with checkpoint_name in attention.py / layers.py.
 _PROJECTIONS = ('query_proj', 'key_proj', 'value_proj', 'out_proj', 'mlp_gate', 'mlp_up',
@@ -47,6 +47,26 @@ class Block(nnx.Module):
     return rules.constrain(x_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
 
 
+def _run_layers(cfg, graphdef, stacked, x_BLD, side):
+  """The stacked blocks (leading axis: layers) applied in order, scanned or unrolled, with remat."""
+  attention_kwargs = dict(kind=cfg.attention_mask, block_size=cfg.block_size,
+                          backend=cfg.attention_backend, segment_ids_BL=side.get('segment_ids_BL'),
+                          valid_length_B=side.get('valid_length_B'))
+
+  def layer(x, layer_params):
+    return nnx.merge(graphdef, layer_params)(x, side['positions_BL'], **attention_kwargs), None
+
+  if cfg.remat != 'none':
+    layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat],
+                           prevent_cse=not cfg.scan_layers)
+  if cfg.scan_layers:
+    x_BLD, _ = jax.lax.scan(layer, x_BLD, stacked)
+  else:
+    for i in range(jax.tree.leaves(stacked)[0].shape[0]):
+      x_BLD, _ = layer(x_BLD, jax.tree.map(lambda p, i=i: p[i], stacked))
+  return x_BLD
+
+
 class Transformer(nnx.Module):
   """Bidirectional (or causal / block-causal) transformer returning float32 logits."""
 
@@ -67,22 +87,23 @@ class Transformer(nnx.Module):
       positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]), tokens_BL.shape)
     x_BLD = jnp.take(self.embed_tokens.value, tokens_BL, axis=0).astype(cfg.compute_dtype)
     x_BLD = rules.constrain(x_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
-    attention_kwargs = dict(kind=cfg.attention_mask, block_size=cfg.block_size,
-                            backend=cfg.attention_backend, segment_ids_BL=segment_ids_BL,
-                            valid_length_B=valid_length_B)
+    # Per-row inputs every layer needs; the pipeline hands each stage its micro-batch's rows.
+    side = dict(positions_BL=positions_BL, segment_ids_BL=segment_ids_BL,
+                valid_length_B=valid_length_B)
+    side = {k: v for k, v in side.items() if v is not None}
     graphdef, stacked = nnx.split(self.blocks)
+    params = nnx.to_pure_dict(stacked)
 
-    def layer(x, layer_params):
-      return nnx.merge(graphdef, layer_params)(x, positions_BL, **attention_kwargs), None
+    def run_layers(layer_params, x_BLD, side):
+      return _run_layers(cfg, graphdef, layer_params, x_BLD, side)
 
-    policy = REMAT_POLICIES[cfg.remat]
-    if cfg.remat != 'none':
-      layer = jax.checkpoint(layer, policy=policy, prevent_cse=not cfg.scan_layers)
-    if cfg.scan_layers:
-      x_BLD, _ = jax.lax.scan(layer, x_BLD, stacked)
+    if cfg.pipeline_stages > 1:
+      axes = nnx.to_pure_dict(jax.tree.map(lambda v: v.get_metadata()['axes'], stacked,
+                                           is_leaf=lambda v: isinstance(v, nnx.Variable)))
+      x_BLD = pipeline.run(run_layers, params, axes, x_BLD, side, stages=cfg.pipeline_stages,
+                           repeats=cfg.pipeline_repeats, microbatches=cfg.pipeline_microbatches)
     else:
-      for i in range(cfg.num_layers):
-        x_BLD, _ = layer(x_BLD, jax.tree.map(lambda p, i=i: p[i], stacked))
+      x_BLD = run_layers(params, x_BLD, side)
     return self.final_norm(x_BLD)
 
   def head_weight_DV(self):

@@ -1,4 +1,4 @@
-"""Builds the device mesh from config.mesh (axis order: pipeline, data, fsdp, tensor)."""
+"""Builds the device mesh from config.mesh (axis order: pipeline, data, fsdp, context, tensor)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 # Mesh axes, outermost (slowest links) first.
-MESH_AXES = ('pipeline', 'data', 'fsdp', 'tensor')
+MESH_AXES = ('pipeline', 'data', 'fsdp', 'context', 'tensor')
 
 # Logical axes of parameters.
 LAYERS = 'layers'
@@ -31,22 +31,29 @@ ACT_EMBED = 'act_embed'
 ACT_HEADS = 'act_heads'
 ACT_MLP = 'act_mlp'
 ACT_VOCAB = 'act_vocab'
+# Query/key/value heads inside the attention kernel: with context parallelism the sequence is
+# gathered and the heads split instead (an all-to-all over heads, DeepSpeed-Ulysses), so every
+# mask kind and document mask stays exact.
+ATTN_HEADS = 'attn_heads'
+STAGE = 'stage'  # the pipeline-stage axis of the stage-major layer and activation views.
 
 RULES: dict[str, tuple[str, ...]] = {
-    LAYERS: (),  # the scanned layer axis; the pipeline issue maps it to 'pipeline'.
+    LAYERS: ('pipeline',),  # the stacked layer axis: GPipe stages are contiguous layer blocks.
+    STAGE: ('pipeline',),
     VOCAB: ('tensor',),
-    EMBED: ('fsdp',),
+    EMBED: ('fsdp', 'context'),  # context devices would otherwise hold copies: shard over both.
     HEADS: ('tensor',),
     KV_HEADS: ('tensor',),
     HEAD_DIM: (),
     MLP: ('tensor',),
     NORM: (),
     BATCH: ('data', 'fsdp'),
-    LENGTH: (),
+    LENGTH: ('context',),
     ACT_EMBED: (),
     ACT_HEADS: ('tensor',),
     ACT_MLP: ('tensor',),
     ACT_VOCAB: ('tensor',),
+    ATTN_HEADS: ('tensor', 'context'),
 }
 
 
@@ -57,6 +64,11 @@ def spec(logical_axes) -> PartitionSpec:
     mesh_axes = RULES[name] if name is not None else ()
     parts.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
   return PartitionSpec(*parts)
+
+
+def mesh_axes(logical_axis: str) -> tuple[str, ...]:
+  """The mesh axes a logical axis is split over (for vmap's spmd_axis_name and collectives)."""
+  return RULES[logical_axis]
 
 
 def named_sharding(mesh, logical_axes) -> NamedSharding:
@@ -80,6 +92,11 @@ def activation_mesh(mesh):
     yield
   finally:
     _ACTIVE_MESH.reset(token)
+
+
+def current_mesh():
+  """The mesh of the enclosing `activation_mesh`, or None (for kernels that shard_map)."""
+  return _ACTIVE_MESH.get()
 
 
 def constrain(x, logical_axes):

@@ -1,0 +1,116 @@
+"""Will a config fit? Bytes per device from the config alone, checked against the GPU's memory.
+
+The estimate (docs/scaling.md derives each term; calibrated on the H200 peaks in
+docs/benchmarks.md: 0-15% above each, so it errs towards refusing):
+  state        fp32 params + grads + Adam m, v = 16 bytes per parameter (20 with gradient
+               accumulation over micro-batches), split over fsdp x tensor x pipeline x context
+  activations  what the backward pass keeps per layer and token (by remat policy), for the
+               device's tokens of one micro-batch and its layers (num_layers / pipeline)
+  recompute    one layer's full activations, rebuilt during the backward of a remat policy
+  logits       fp32 logits and their gradient for one loss chunk (or all tokens without chunks)
+`train` refuses a config whose estimate exceeds the device's usable memory, before compiling.
+"""
+
+from __future__ import annotations
+
+import os
+
+from dlmjax import config as config_lib
+
+GIB = 1024 ** 3
+# Memory per GPU as nvidia-smi reports it (GiB); first match of the device kind wins.
+DEVICE_MEMORY_GIB = (('GH200', 95.6), ('H200', 140.4), ('H100', 79.6), ('B200', 179.1),
+                     ('A100-SXM4-40GB', 40.0), ('A100', 80.0))
+_DEFAULT_MEM_FRACTION = 0.75  # JAX preallocates this share unless XLA_PYTHON_CLIENT_MEM_FRACTION
+
+
+def _saved_per_token_layer(cfg, remat: str, tensor: int) -> float:
+  """Elements kept per token and layer for the backward pass (compute dtype)."""
+  d, f = cfg.d_model, cfg.ffn_dim / tensor
+  q, kv = cfg.num_heads * cfg.head_dim / tensor, cfg.num_kv_heads * cfg.head_dim / tensor
+  return {
+      'full': d,  # the layer input only
+      'save_dots': 3 * d + q + 2 * kv + 2 * f,  # input, q, k, v, out proj, gate, up, down
+      'minimal': 3 * d + 2 * q + 2 * kv + 2 * f,  # the same plus the attention output
+      'none': 10 * d + 3 * q + 4 * kv + 6 * f,  # everything (norms in fp32, rope, silu)
+  }[remat]
+
+
+def estimate_bytes_per_device(config) -> dict[str, float]:
+  """{'state', 'activations', 'recompute', 'logits', 'total'} in bytes, for a resolved mesh."""
+  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
+  cfg = model_lib.ModelConfig.from_config(config)
+  mesh = config.mesh
+  context = mesh.get('context', 1)  # the axis exists once context parallelism lands
+  shards = mesh.fsdp * mesh.tensor * mesh.pipeline * context
+  per_param = 20 if config_lib.num_microbatches(config) > 1 else 16
+  state = per_param * cfg.num_params() / shards
+  rows = config.train.micro_batch_size / config_lib.batch_parallelism(config)
+  tokens = rows * cfg.seq_len / context
+  act_bytes = 2 if cfg.dtype == 'bfloat16' else 4
+  layers = cfg.num_layers / mesh.pipeline
+  saved = tokens * layers * act_bytes * _saved_per_token_layer(cfg, cfg.remat, mesh.tensor)
+  if cfg.attention_backend == 'xla':  # scores and probabilities in fp32, per head
+    probs = tokens * cfg.num_heads / mesh.tensor * cfg.seq_len * 8
+    saved += probs * (layers if cfg.remat == 'none' else 0)
+  else:
+    probs = 0.0
+  recompute = 0.0
+  if cfg.remat != 'none':
+    recompute = tokens * act_bytes * _saved_per_token_layer(cfg, 'none', mesh.tensor) + probs
+  chunk_tokens = config.model.loss_chunk_tokens
+  chunk = min(chunk_tokens, tokens) if chunk_tokens else tokens
+  logits = 2 * chunk * cfg.vocab_size / mesh.tensor * 4
+  total = state + saved + recompute + logits
+  return dict(state=state, activations=saved, recompute=recompute, logits=logits, total=total)
+
+
+def usable_fraction(env=None) -> float:
+  env = os.environ if env is None else env
+  return float(env.get('XLA_PYTHON_CLIENT_MEM_FRACTION') or _DEFAULT_MEM_FRACTION)
+
+
+def device_memory_bytes(device_kind: str) -> float | None:
+  """Usable bytes of one GPU of this kind (memory x JAX's preallocated share), or None."""
+  for name, gib in DEVICE_MEMORY_GIB:
+    if name.lower() in device_kind.lower():
+      return gib * GIB * usable_fraction()
+  return None
+
+
+def present_device_memory_bytes() -> float | None:
+  """What the first local device may allocate (None on CPU: no fixed per-device memory)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  device = jax.local_devices()[0]
+  if device.platform == 'cpu':
+    return None
+  stats = device.memory_stats() or {}
+  return stats.get('bytes_limit') or device_memory_bytes(device.device_kind)
+
+
+def check_fits(config, capacity_bytes: float | None) -> dict[str, float]:
+  """Raises ConfigError naming the knob when the estimate exceeds capacity (None: no check)."""
+  estimate = estimate_bytes_per_device(config)
+  if capacity_bytes is None or estimate['total'] <= capacity_bytes:
+    return estimate
+  gib = {k: v / GIB for k, v in estimate.items()}
+  breakdown = (f'state {gib["state"]:.1f} + activations {gib["activations"]:.1f} + recompute '
+               f'{gib["recompute"]:.1f} + logits {gib["logits"]:.1f}')
+  raise config_lib.ConfigError(
+      f'the config needs about {gib["total"]:.1f} GiB per device ({breakdown}) but a device has '
+      f'{capacity_bytes / GIB:.1f} GiB usable; {_advice(config, estimate)} '
+      '(`python -m dlmjax.summary` shows the estimate; --config.train.check_memory=False skips '
+      'this check).')
+
+
+def _advice(config, estimate) -> str:
+  """The knob that removes the largest term."""
+  m = config.model
+  if estimate['activations'] + estimate['recompute'] >= estimate['state']:
+    if m.remat != 'full':
+      return (f'save less for the backward pass with --config.model.remat=full (now {m.remat}), '
+              'or lower --config.train.micro_batch_size')
+    return ('lower --config.train.micro_batch_size (gradient accumulation keeps the global '
+            'batch), or split the sequence or layers with mesh.context / mesh.pipeline')
+  return ('shard the state over more devices: raise mesh.fsdp (use more GPUs, or move devices '
+          'from mesh.data to mesh.fsdp), or add mesh.tensor / mesh.pipeline')

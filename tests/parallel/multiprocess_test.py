@@ -1,0 +1,113 @@
+"""Several local JAX processes with 2 CPU devices each, launched by scripts/dlm_pretrain_1p7b.sh
+exactly as on a cluster (envs/.env variables, one process per "GPU", two "nodes" for 4 processes).
+
+One run per process count: 2 processes train steps 1-2 and checkpoint; 4 processes resume that
+checkpoint (a different mesh and process count) and train steps 3-4. Every loss matches one
+process with the same number of devices; each process reads only its rows; one process writes.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.train import loop
+from tests.conftest import tiny_test_config
+
+pytestmark = pytest.mark.multiprocess
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+# tiny_test_config with 4 steps, as command-line overrides (the reference applies the same).
+OVERRIDES = {'model.num_layers': 2, 'model.d_model': 64, 'model.num_heads': 4,
+             'model.num_kv_heads': 2, 'model.head_dim': 16, 'model.ffn_dim': 128,
+             'model.seq_len': 32, 'train.global_batch_size': 16, 'train.micro_batch_size': 8,
+             'train.steps': 4, 'train.warmup_steps': 1, 'train.wsd_decay_steps': 1,
+             'log.every': 1, 'checkpoint.every': 0}
+_LAUNCH_VARS = ('COORDINATOR_ADDRESS', 'NUM_PROCESSES', 'PROCESS_ID', 'LOCAL_DEVICE_IDS',
+                'LOCAL_RANK', 'JAX_COORDINATOR_ADDRESS', 'XLA_FLAGS')
+
+
+def _cache_dir(tmp):
+  return os.environ.get('DLMJAX_CACHE_DIR') or str(tmp / 'cache')
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    return s.getsockname()[1]
+
+
+def _launch(tmp, run_dir, *, nodes, exit_at_step=0):
+  """Runs the pretrain script once per node (all at once); returns their combined output."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in _LAUNCH_VARS and not k.startswith('SLURM_')}
+  env.update(
+      PYTHON=sys.executable, DLMJAX_ENV_FILE=str(tmp / 'env'), CKPT_DIR=str(tmp),
+      OUTPUT_DIR=str(run_dir), CONFIG='configs/tiny.py', NUM_NODES=str(nodes),
+      MASTER_ADDR='localhost', MASTER_PORT=str(_free_port()), GPUS_PER_NODE='2',
+      PROCESSES_PER_NODE='2', JAX_PLATFORMS='cpu', JAX_NUM_CPU_DEVICES='2',
+      # A fraction of the compile time; all processes compile alike.
+      XLA_FLAGS='--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
+  args = [f'--config.{k}={v}' for k, v in OVERRIDES.items()]
+  args += [f'--config.data.cache_dir={_cache_dir(tmp)}',
+           f'--config.train.exit_at_step={exit_at_step}']
+  nodes = [subprocess.Popen(['bash', 'scripts/dlm_pretrain_1p7b.sh', *args], cwd=ROOT,
+                            env=dict(env, NODE_RANK=str(rank)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for rank in range(nodes)]
+  outputs = [node.communicate(timeout=600)[0] for node in nodes]
+  for node, output in zip(nodes, outputs):
+    assert node.returncode == 0, output[-3000:]
+  return '\n'.join(outputs)
+
+
+def _rows(run_dir):
+  with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
+def _reference(tmp, monkeypatch):
+  """One process: steps 1-2 on 4 devices, then resumed on 8 (the multi-process layouts)."""
+  config = tiny_test_config(**OVERRIDES)
+  config.output_dir, config.data.cache_dir = str(tmp / 'reference'), _cache_dir(tmp)
+  all_devices = jax.devices()
+  with monkeypatch.context() as patch:
+    patch.setattr(jax, 'devices', lambda *args: all_devices[:4])
+    first = config.copy_and_resolve_references()
+    first.train.exit_at_step = 2
+    loop.train(first)
+  loop.train(config)
+  return _rows(config.output_dir)
+
+
+def test_two_then_four_processes_match_one_process(tmp_path, monkeypatch):
+  run_dir = tmp_path / 'run'
+  two = _launch(tmp_path, run_dir, nodes=1, exit_at_step=2)  # 2 processes x 2 devices
+  rows_two = _rows(run_dir)
+  assert [r['step'] for r in rows_two] == [1, 2]  # one writer: no duplicated rows
+  assert two.count('step 2/4') == 1 and two.count('compiled and ran the first step') == 1
+  assert 'data 1 x fsdp 4' in two
+  # The checksums saved from 2 processes (of arrays no process holds whole) are the params'.
+  step_dir = os.path.join(run_dir, 'checkpoints', '2')
+  saved = checkpoint_lib.load_run_config(str(run_dir))
+  params = checkpoint_lib.restore_params(step_dir, saved)
+  assert checkpoint_lib.read_meta(step_dir)['checksums'] == checksums.compute(params)
+
+  four = _launch(tmp_path, run_dir, nodes=2)  # 2 "nodes" x 2 processes x 2 devices, resumed
+  rows = _rows(run_dir)
+  assert [r['step'] for r in rows] == [1, 2, 3, 4]
+  assert four.count('resuming from') == 1 and four.count('step 4/4') == 1
+  assert 'data 1 x fsdp 8' in four
+
+  reference = _reference(tmp_path, monkeypatch)
+  assert [r['step'] for r in reference] == [1, 2, 3, 4]
+  for key in ('loss', 'masked_ce', 'grad_norm'):
+    np.testing.assert_allclose([r[key] for r in rows], [r[key] for r in reference], rtol=1e-5,
+                               err_msg=key)
+  assert rows[3]['loss'] < rows[0]['loss']
