@@ -13,8 +13,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
   from dlmjax.checkpoint.manager import CheckpointError
   from dlmjax.config import ConfigError
   from dlmjax.data.errors import DataError
+  from dlmjax.train.guards import ResourceError
   from dlmjax.train.loop import NonFiniteError
-  return ConfigError, CheckpointError, DataError, NonFiniteError
+  return ConfigError, CheckpointError, DataError, NonFiniteError, ResourceError
 
 
 def fail(message: str) -> None:

@@ -39,7 +39,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.tie_embeddings = False
   c.model.attention_mask = 'bidirectional'  # bidirectional | causal | block_causal
   c.model.block_size = 32  # block_causal only: tokens per block.
-  c.model.attention_backend = 'xla'  # xla | cudnn
+  c.model.attention_backend = 'xla'  # xla | cudnn | pallas | auto (fastest valid; attention.py)
   c.model.dtype = 'float32'  # compute dtype: float32 | bfloat16; params stay float32.
   c.model.remat = 'none'  # none | minimal | save_dots | full
   c.model.scan_layers = True
@@ -91,6 +91,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.clip_grad_norm = 1.0
   # A non-finite loss or gradient skips the update; this many in a row stop the run (0 = never).
   c.train.max_consecutive_skips = 10
+  # Multi-host launch (issue 7): refuse at start a config whose estimated memory per device
+  # (dlmjax/parallel/memory.py) exceeds the GPU's; False skips the check.
+  c.train.check_memory = True
 
   # Devices per mesh axis; one axis may be -1: it takes whatever the others leave (default: FSDP
   # over every device, MaxText's default inside a node).
@@ -99,6 +102,14 @@ def defaults() -> ml_collections.ConfigDict:
   c.mesh.fsdp = -1
   c.mesh.tensor = 1
   c.mesh.pipeline = 1
+  # Pipeline and context parallelism (issue 7): the layer stack runs as mesh.pipeline stages,
+  # each micro-batch split into pipeline_microbatches (0 = one per stage); repeats > 1 makes the
+  # schedule circular (layer l sits on stage (l // (layers / (pipeline x repeats))) % pipeline),
+  # shrinking the bubble (pipeline-1) / (repeats x microbatches + pipeline-1). mesh.context splits
+  # the sequence (attention all-to-alls to heads; weights are sharded over it as over fsdp).
+  c.mesh.pipeline_repeats = 1
+  c.mesh.pipeline_microbatches = 0
+  c.mesh.context = 1
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 100  # 0 turns periodic saves off (the final step is still saved).
@@ -108,6 +119,55 @@ def defaults() -> ml_collections.ConfigDict:
   c.log = ml_collections.ConfigDict()
   c.log.every = 10
   c.log.peak_tflops = 0.0  # per device, for MFU; 0 = guess from the device kind.
+
+  # Supervised fine-tuning (stage sft): LLaDA's recipe (dlmjax/data/sft.py, diffusion/sft_loss.py).
+  c.sft = ml_collections.ConfigDict()
+  # jsonl rows {"prompt", "response"} or {"messages": [{"role", "content"}, ...]}; '' with
+  # data.source=builtin: the built-in instruction set made from dlmjax.tasks (no download).
+  c.sft.train_file = ''
+  c.sft.chat_template = 'plain'  # none | plain | llada | chatml (dlmjax/data/chat.py)
+  c.sft.packing = False  # pack conversations into rows (needs supervise_padding=False) vs pad.
+  c.sft.too_long = 'drop'  # rows longer than model.seq_len: truncate | drop | error
+  c.sft.normalisation = 'sequence'  # sequence (LLaDA: per answer length) | token | batch
+  c.sft.supervise_padding = True  # LLaDA: EOS padding is seen, masked and trained.
+  c.sft.weight_by_inverse_t = True  # CE of a masked token weighted by 1/p (LLaDA).
+  c.sft.time_eps = 1e-3  # p = (1 - eps) t + eps, t ~ U[0, 1) (LLaDA's forward process).
+  # Observability (issue 8): where logged rows go besides metrics.jsonl, and end-of-run plots.
+  c.log.tensorboard = True  # scalars to OUTPUT_DIR/tensorboard (no TensorFlow needed).
+  c.log.wandb = False  # Weights & Biases, offline mode, under OUTPUT_DIR/wandb (needs wandb).
+  c.log.wandb_project = 'dlmjax'
+  c.log.plots = True  # PNGs of loss/throughput/reward in OUTPUT_DIR/plots (needs matplotlib).
+
+  # Evaluation (issue 5 item 6, dlmjax/train/evaluation.py): the stage's loss on the held-out
+  # ('valid') split, logged as val_loss / val_masked_ce. Masks derive from eval.seed, never from
+  # the step, so every evaluation of a run scores the same tokens masked the same way.
+  c.eval = ml_collections.ConfigDict()
+  c.eval.every = 0  # steps between evaluations (and at the last step); 0 turns them off.
+  c.eval.batches = 4  # global batches of the valid split per evaluation.
+  c.eval.seed = 0
+
+  # Reinforcement learning (stage rl, issue 6): dlmjax/rl, dlmjax/train/stages/rl.py.
+  c.rl = ml_collections.ConfigDict()
+  c.rl.task = 'countdown3'  # a dlmjax.tasks name, or gsm8k (reads rl.task_data)
+  c.rl.task_data = ''  # gsm8k: TRAIN.jsonl[,TEST.jsonl]
+  c.rl.num_prompts = 1024  # training prompts drawn from the task's train split
+  c.rl.max_prompt_tokens = 48  # prompt width; longer prompts are dropped
+  c.rl.group_size = 4  # G completions per prompt; train.global_batch_size rows per rollout
+  c.rl.inner_updates = 2  # mu: optimizer steps per rollout batch (d1: 8 countdown/sudoku)
+  c.rl.objective = 'd1'  # d1 (diffu-GRPO, per-token one-step) | espo (sequence ELBO ratio)
+  c.rl.advantage_scaling = 'none'  # none (d1, SPG, ESPO: r - mean) | std (dLLM-RL z-score)
+  c.rl.loss_normalisation = 'token'  # d1: token (d1/DAPO) | sequence (GRPO); espo: per sequence
+  c.rl.kl_reference = 'init'  # init (frozen start model, d1) | old (rollout policy) | none
+  c.rl.kl_beta = 0.04  # d1's beta (k3 for d1, k2 for espo)
+  c.rl.clip_eps = 0.5  # d1's epsilon
+  c.rl.p_mask_prompt = 0.15  # d1: prompt tokens masked in the one-step estimate
+  c.rl.elbo_samples = 2  # espo: Monte Carlo samples per ELBO (ESPO's M)
+  c.rl.reference_dtype = 'float32'  # float32 | bfloat16 (halves the reference's memory)
+  c.rl.reference_on_host = False  # keep the reference in host memory between rollouts
+  c.rl.gen_length = 64  # rollout sampler (dlmjax/diffusion/sampler.py)
+  c.rl.diffusion_steps = 32
+  c.rl.block_length = 32
+  c.rl.temperature = 0.9
   return c
 
 
@@ -150,10 +210,15 @@ def batch_parallelism(config) -> int:
 
 def mesh_size(config) -> int:
   m = config.mesh
-  return m.data * m.fsdp * m.tensor * m.pipeline
+  return m.data * m.fsdp * m.tensor * m.pipeline * m.context
 
 
-MESH_AXES = ('data', 'fsdp', 'tensor', 'pipeline')
+def pipeline_microbatches(config) -> int:
+  """Pipeline micro-batches per train micro-batch (0 in the config = one per stage)."""
+  return config.mesh.pipeline_microbatches or config.mesh.pipeline
+
+
+MESH_AXES = ('data', 'fsdp', 'tensor', 'pipeline', 'context')
 
 
 def resolve_mesh(config, num_devices: int) -> None:
@@ -178,15 +243,23 @@ def resolve_mesh(config, num_devices: int) -> None:
 # Validation
 
 _CHOICES = {
-    'stage': ('pretrain',),
+    'stage': ('pretrain', 'sft', 'rl'),
+    'rl.objective': ('d1', 'espo'),
+    'rl.advantage_scaling': ('none', 'std'),
+    'rl.loss_normalisation': ('token', 'sequence'),
+    'rl.kl_reference': ('init', 'old', 'none'),
+    'rl.reference_dtype': ('float32', 'bfloat16'),
     'model.attention_mask': ('bidirectional', 'causal', 'block_causal'),
-    'model.attention_backend': ('xla', 'cudnn'),
+    'model.attention_backend': ('xla', 'cudnn', 'pallas', 'auto'),
     'model.dtype': ('float32', 'bfloat16'),
     'model.remat': ('none', 'minimal', 'save_dots', 'full'),
     'diffusion.objective': ('mdm', 'ar'),
     'data.source': ('builtin', 'megatron', 'tfds:NAME:SPLIT'),
     'train.schedule': ('wsd', 'cosine', 'constant'),
     'train.wsd_decay_style': ('exponential', 'linear', 'cosine'),
+    'sft.chat_template': ('none', 'plain', 'llada', 'chatml'),
+    'sft.too_long': ('truncate', 'drop', 'error'),
+    'sft.normalisation': ('sequence', 'token', 'batch'),
 }
 
 
@@ -236,11 +309,16 @@ def validate(config, num_devices: int | None = None) -> None:
                       f'{m.block_size}; block-causal attention needs whole blocks.')
   if m.attention_backend == 'cudnn' and m.attention_mask == 'block_causal':
     raise ConfigError('model.attention_backend=cudnn cannot express block_causal masks without a '
-                      'dense mask; use --config.model.attention_backend=xla.')
+                      'dense mask; use --config.model.attention_backend=pallas (or auto, or xla).')
   if config.data.packing and m.attention_backend == 'cudnn':
     raise ConfigError('data.packing=True needs per-document attention, which the cudnn backend '
-                      'could only do with a dense mask; use --config.model.attention_backend=xla '
-                      'or --config.data.packing=False.')
+                      'could only do with a dense mask; use '
+                      '--config.model.attention_backend=pallas (or auto), '
+                      '--config.model.attention_backend=xla or --config.data.packing=False.')
+  # Pallas flash attention (dlmjax/kernels/flash_attention.py): Triton tiles are powers of two.
+  if m.attention_backend == 'pallas' and (m.head_dim < 16 or m.head_dim & (m.head_dim - 1)):
+    raise ConfigError(f'model.attention_backend=pallas needs a power-of-two model.head_dim >= 16, '
+                      f'got {m.head_dim}; use --config.model.attention_backend=auto (or xla).')
   if config.diffusion.objective == 'ar' and m.attention_mask != 'causal':
     raise ConfigError('diffusion.objective=ar needs --config.model.attention_mask=causal.')
   if not 0.0 <= config.diffusion.varlen_prob <= 1.0:
@@ -263,7 +341,59 @@ def validate(config, num_devices: int | None = None) -> None:
   if config.log.every < 1:
     raise ConfigError(f'log.every={config.log.every} must be >= 1.')
 
+  _validate_sft(config)
+  _validate_rl(config)
   _validate_mesh(config, num_devices)
+
+
+def _validate_rl(config):
+  """Stage rl: the group, batch, sampler and prompt sizes must fit together."""
+  r = config.rl
+  if config.stage != 'rl':
+    return
+  if not config.init_from:
+    raise ConfigError('stage rl improves a trained (ideally fine-tuned) model: set '
+                      '--config.init_from to a dlmjax run or step directory.')
+  if r.group_size < 2:
+    raise ConfigError(f'rl.group_size={r.group_size}: group advantages need at least 2 '
+                      'completions per prompt; set --config.rl.group_size=2 or more.')
+  if config.train.global_batch_size % r.group_size:
+    raise ConfigError(f'rl.group_size={r.group_size} does not divide train.global_batch_size='
+                      f'{config.train.global_batch_size}; each rollout holds whole groups.')
+  for key in ('num_prompts', 'max_prompt_tokens', 'inner_updates', 'elbo_samples', 'gen_length'):
+    if r[key] < 1:
+      raise ConfigError(f'rl.{key}={r[key]} must be >= 1.')
+  if r.max_prompt_tokens + r.gen_length > config.model.seq_len:
+    raise ConfigError(f'rl.max_prompt_tokens + rl.gen_length = '
+                      f'{r.max_prompt_tokens + r.gen_length} exceed model.seq_len='
+                      f'{config.model.seq_len}; shorten them.')
+  if r.kl_beta < 0 or not 0 < r.clip_eps or not 0 <= r.p_mask_prompt <= 1:
+    raise ConfigError('rl.kl_beta must be >= 0, rl.clip_eps > 0 and rl.p_mask_prompt in [0, 1].')
+  from dlmjax.diffusion import sampler  # pylint: disable=import-outside-toplevel
+  try:
+    sampler.SamplingConfig(gen_length=r.gen_length, steps=r.diffusion_steps,
+                           block_length=r.block_length, temperature=r.temperature).validate()
+  except ValueError as e:
+    raise ConfigError(f'rl sampler settings: {e} (keys rl.gen_length, rl.diffusion_steps, '
+                      'rl.block_length, rl.temperature)') from e
+
+
+def _validate_sft(config):
+  s = config.sft
+  if config.stage == 'sft' and not config.init_from:
+    raise ConfigError('stage sft fine-tunes a trained model: set --config.init_from to a dlmjax '
+                      'run or step directory or a Hugging Face directory.')
+  if config.stage == 'sft' and not s.train_file and config.data.source != 'builtin':
+    raise ConfigError('stage sft reads sft.train_file (jsonl), or the built-in instruction set '
+                      'when data.source=builtin; set --config.sft.train_file=PATH.')
+  if s.packing and s.supervise_padding:
+    raise ConfigError('sft.packing=True leaves no EOS padding to supervise; set '
+                      '--config.sft.supervise_padding=False (or sft.packing=False, LLaDA).')
+  if s.packing and config.model.attention_backend == 'cudnn':
+    raise ConfigError('sft.packing=True needs per-conversation attention; use '
+                      '--config.model.attention_backend=xla.')
+  if not 0.0 <= s.time_eps < 1.0:
+    raise ConfigError(f'sft.time_eps={s.time_eps} must be in [0, 1).')
 
 
 def fit_to_devices(config, num_devices: int) -> None:
@@ -290,24 +420,61 @@ def _validate_mesh(config, num_devices):
   for axis in MESH_AXES:
     if mesh[axis] < 1:
       raise ConfigError(f'mesh.{axis}={mesh[axis]} must be >= 1 (or -1 to fill the devices).')
-  if mesh.pipeline != 1:
-    raise ConfigError('mesh.pipeline > 1 is not implemented yet; set --config.mesh.pipeline=1.')
+  _validate_pipeline_and_context(config)
   for key in ('num_heads', 'num_kv_heads', 'ffn_dim'):
     if m[key] % mesh.tensor:
       raise ConfigError(f'model.{key}={m[key]} is not divisible by mesh.tensor={mesh.tensor}; '
                         'pick a tensor size that divides it.')
-  if m.d_model % mesh.fsdp:
-    raise ConfigError(f'model.d_model={m.d_model} is not divisible by mesh.fsdp={mesh.fsdp}.')
+  if m.d_model % (mesh.fsdp * mesh.context):
+    raise ConfigError(f'model.d_model={m.d_model} is not divisible by mesh.fsdp x mesh.context = '
+                      f'{mesh.fsdp * mesh.context} (weights are sharded over both).')
   total = mesh_size(config)
   if num_devices is not None and total > num_devices:
     raise ConfigError(f'the mesh needs {total} devices (data {mesh.data} x fsdp {mesh.fsdp} x '
-                      f'tensor {mesh.tensor} x pipeline {mesh.pipeline}) but only {num_devices} '
+                      f'tensor {mesh.tensor} x pipeline {mesh.pipeline} x context '
+                      f'{mesh.context}) but only {num_devices} '
                       'exist; shrink the mesh axes.')
   if num_devices is not None and total < num_devices:
     raise ConfigError(f'the mesh uses {total} of {num_devices} devices; make data x fsdp x tensor '
-                      f'x pipeline = {num_devices}, or set one axis to -1 to fill them.')
+                      f'x pipeline x context = {num_devices}, or set one axis to -1 to fill '
+                      'them.')
   dp = batch_parallelism(config)
   if config.train.micro_batch_size % dp:
     raise ConfigError(f'train.micro_batch_size={config.train.micro_batch_size} is not divisible by '
                       f'the batch-parallel devices mesh.data x mesh.fsdp = {dp}; set '
                       f'--config.train.micro_batch_size to a multiple of {dp}.')
+
+
+def _validate_pipeline_and_context(config):
+  """Divisibility the pipeline schedule and the sequence split need (on a resolved mesh)."""
+  m, mesh = config.model, config.mesh
+  if mesh.pipeline_repeats < 1 or mesh.pipeline_microbatches < 0:
+    raise ConfigError(f'mesh.pipeline_repeats={mesh.pipeline_repeats} must be >= 1 and '
+                      f'mesh.pipeline_microbatches={mesh.pipeline_microbatches} >= 0 (0 = one per '
+                      'stage).')
+  if mesh.pipeline > 1:
+    stages, repeats = mesh.pipeline, mesh.pipeline_repeats
+    micro = pipeline_microbatches(config)
+    if m.num_layers % (stages * repeats):
+      raise ConfigError(f'model.num_layers={m.num_layers} is not divisible by mesh.pipeline x '
+                        f'mesh.pipeline_repeats = {stages} x {repeats}; every stage needs the '
+                        'same number of layers per repeat.')
+    if repeats > 1 and micro < stages:
+      raise ConfigError(f'the circular pipeline (mesh.pipeline_repeats={repeats}) needs '
+                        f'mesh.pipeline_microbatches >= mesh.pipeline={stages}, got {micro}.')
+    rows = micro * batch_parallelism(config)
+    if config.train.micro_batch_size % rows:
+      raise ConfigError(f'train.micro_batch_size={config.train.micro_batch_size} does not split '
+                        f'into {micro} pipeline micro-batches over mesh.data x mesh.fsdp = '
+                        f'{batch_parallelism(config)} devices; make it a multiple of {rows} or '
+                        'change mesh.pipeline_microbatches.')
+  if mesh.context > 1:
+    if m.seq_len % mesh.context:
+      raise ConfigError(f'model.seq_len={m.seq_len} is not divisible by mesh.context='
+                        f'{mesh.context}; every device holds an equal slice of the sequence.')
+    heads = mesh.tensor * mesh.context
+    for key in ('num_heads', 'num_kv_heads'):
+      if m[key] % heads:
+        raise ConfigError(f'model.{key}={m[key]} is not divisible by mesh.tensor x mesh.context '
+                          f'= {heads}: context-parallel attention splits the heads over both; '
+                          'lower mesh.context or mesh.tensor.')

@@ -222,8 +222,9 @@ def params_from_source(source, hf: dict, config, *, missing_qk_norm: str = 'erro
                                   place=lambda array: jax.device_put(array, device))
 
 
-def load_hf(hf_dir: str, *, config=None, missing_qk_norm: str = 'error'):
-  """(config, params on the first local device) of a Hugging Face directory we can read."""
+def hf_dir_config(hf_dir: str, config=None):
+  """The config of a Hugging Face directory (checked against `config` when given): what
+  load_hf uses, without reading the weights (init_from adopts its model keys)."""
   hf = hf_config.read(hf_dir)
   saved_path = os.path.join(hf_dir, hf_config.DLMJAX_CONFIG_FILE)
   saved_json = None
@@ -234,6 +235,12 @@ def load_hf(hf_dir: str, *, config=None, missing_qk_norm: str = 'error'):
   config = _resolve_config(hf, config, saved_json)
   if not given and not os.path.exists(config.data.tokenizer):
     _point_at_tokenizer(config, hf_dir)
+  return hf, config
+
+
+def load_hf(hf_dir: str, *, config=None, missing_qk_norm: str = 'error'):
+  """(config, params on the first local device) of a Hugging Face directory we can read."""
+  hf, config = hf_dir_config(hf_dir, config)
   config_lib.validate(config)
   arch = hf_config.detect_architecture(hf)
   shipped = _shipped_tokenizer(hf_dir)

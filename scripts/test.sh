@@ -9,6 +9,6 @@ PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip
 # The CPU build of PyTorch first, so the `torch` extra does not pull a multi-GB CUDA build.
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
-"$PY" -m pip install -q -e ".[dev,torch,tfds]"
+"$PY" -m pip install -q -e ".[dev,torch,tfds,eval,plot]"
 export DLMJAX_CACHE_DIR=${DLMJAX_CACHE_DIR:-$PWD/.cache/dlmjax}
 exec "$PY" -m pytest -n 2 -q "$@"

@@ -1,4 +1,8 @@
-"""python -m dlmjax.train --config=configs/<stage>.py [--config.a.b=value ...]"""
+"""python -m dlmjax.train --config=configs/<stage>.py [--config.a.b=value ...]
+
+On several hosts every process runs this same command; dlmjax.parallel.distributed reads the
+launch environment (explicit, MegaDLMs' envs/.env, or SLURM) before any device is touched.
+"""
 
 from ml_collections import config_flags
 
@@ -10,7 +14,10 @@ _CONFIG = config_flags.DEFINE_config_file('config', 'configs/tiny.py',
 
 def main(argv):
   del argv
-  from dlmjax.train import loop  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from dlmjax.parallel import distributed
+  distributed.initialize()
+  from dlmjax.train import loop
   loop.train(_CONFIG.value)
 
 

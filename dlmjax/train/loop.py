@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -9,8 +10,13 @@ import jax
 
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.observability import sinks as sinks_lib
+from dlmjax.parallel import distributed
+from dlmjax.parallel import memory
 from dlmjax.parallel import mesh as mesh_lib
-from dlmjax.train import reporting, stages
+from dlmjax.train import guards, preemption, reporting, stages
+from dlmjax.train import init_from as init_from_lib
+from dlmjax.train import evaluation
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 
@@ -34,18 +40,12 @@ def check_output_dir(output_dir: str) -> None:
 
 def initial_state(config, setup, checkpoints):
   """The resume order, written once: this run's latest checkpoint -> init_from -> scratch."""
-  latest = checkpoints.latest_step()
-  if latest is not None:
+  if checkpoints.latest_step() is not None:
     saved = checkpoint_lib.load_run_config(config.output_dir)
     checkpoint_lib.check_resumable(saved, config)
-    print(f'resuming from {checkpoints.directory}/{latest}', flush=True)
-    return checkpoints.restore(latest, setup)
-  if config.init_from:
-    run_dir, step_dir, _ = checkpoint_lib.resolve_step_dir(config.init_from)
-    checkpoint_lib.check_architecture(checkpoint_lib.load_run_config(run_dir), config)
-    print(f'initialising from {step_dir}', flush=True)
-    params = checkpoint_lib.restore_params(step_dir, config, setup.mesh)
-    return setup.state_from_params(params), None
+    return checkpoints.restore_latest(setup)  # skips corrupt steps, with a warning
+  if config.init_from:  # a run/step or Hugging Face directory (init_from.py)
+    return setup.state_from_params(init_from_lib.restore_params(config, setup)), None
   return setup.init_state(config.seed), None
 
 
@@ -60,58 +60,109 @@ def _should_save(config, step: int) -> bool:
 
 
 def train(config) -> dict | None:
-  """Runs config.stage to config.train.steps; returns the last logged metrics row."""
+  """Runs config.stage to config.train.steps; returns the last logged metrics row.
+
+  SIGTERM/SIGINT end the run early, after a checkpoint of the step in flight (preemption).
+  """
+  # On any error, saves already started (of good states) still finish before it propagates.
+  with contextlib.ExitStack() as cleanup, preemption.StopRequest() as stop, \
+      guards.explain_out_of_memory():
+    return _run(config, stop, cleanup)
+
+
+def _run(config, stop, cleanup) -> dict | None:
   # Setup.
   check_output_dir(config.output_dir)
+  if config.init_from:  # model keys left at their defaults come from the source model
+    adopted = init_from_lib.adopt_source_config(config)
+    if adopted and jax.process_index() == 0:
+      print(f'from init_from {config.init_from}: {", ".join(adopted)}', flush=True)
   mesh = mesh_lib.make_mesh(config)  # validates config, resolves a -1 mesh axis
+  if config.train.check_memory:  # fail in seconds, not after compiling or at the first OOM
+    memory.check_fits(config, memory.present_device_memory_bytes())
   setup = state_lib.TrainSetup(config, mesh)
   stage = stages.STAGES[config.stage]
   checkpoints = checkpoint_lib.RunCheckpoints(config.output_dir, keep=config.checkpoint.keep,
                                               async_save=config.checkpoint.async_save)
+  cleanup.callback(checkpoints.close)
   if jax.process_index() == 0:
     m = config.mesh
     print(f'{config.stage}: {setup.model_config.num_params():,} parameters on '
           f'{jax.device_count()} x {jax.devices()[0].device_kind} (data {m.data} x fsdp {m.fsdp} '
           f'x tensor {m.tensor}); run directory {config.output_dir}', flush=True)
   # State.
+  guards.check_free_disk(config.output_dir, setup.state_shapes)
   state, data_state = initial_state(config, setup, checkpoints)
   checkpoint_lib.write_run_config(config.output_dir, config)
   start = int(jax.device_get(state['step']))
-  # Data.
-  batches = stage.batch_iterator(config, process_index=jax.process_index(),
-                                 process_count=jax.process_count())
+  # Step.
+  step_fn = step_lib.CompiledStep(setup, stage.loss_fn(config), batch_keys=stage.batch_keys(config),
+                                  metrics=stage.metrics)
+  # Data: each process reads the rows its devices hold in the step's batch layout.
+  shard, shards = distributed.data_shard(step_fn.batch_sharding, config.train.global_batch_size)
+  batches = stage.batch_iterator(config, process_index=shard, process_count=shards)
   if data_state is not None:
     batches.set_state(data_state)
-  # Step.
-  step_fn = step_lib.CompiledStep(setup, stage.loss_fn(config))
   reporter = reporting.Reporter(config.output_dir, total_steps=config.train.steps,
                                 flops_per_token=setup.model_config.flops_per_token(),
-                                peak_tflops=config.log.peak_tflops)
+                                peak_tflops=config.log.peak_tflops,
+                                sinks=sinks_lib.make_sinks(config, config.output_dir))
+  cleanup.callback(reporter.close)
+  if hasattr(batches, 'attach'):  # RL rollouts sample from the live params (read when called)
+    batches.attach(setup, lambda: state['params'], reporter)
+  evaluator = evaluation.make_evaluator(config, setup, stage)  # None unless eval.every > 0
   # Loop: dispatch step n, then read back step n-1's metrics, so the device never waits on us.
   pending, last_row = None, None
   reporter.start(start)
   compile_start = time.time()
   for step in range(start + 1, _last_step(config) + 1):
-    local = next(batches)
+    local = guards.next_batch(batches, config, step)  # names a vanished file, bad token ids
     batch = {k: jax.make_array_from_process_local_data(step_fn.batch_sharding, v)
              for k, v in local.items()}
+    if step == start + 1 and jax.process_count() > 1:
+      # Compile, then line the processes up: a collective times out (gloo's after 30 s) while
+      # another process is still compiling. The call below reuses the compiled step.
+      step_fn.compile(state, batch)
+      distributed.barrier('first_step_compiled')
     state, metrics = step_fn(state, batch)
     if pending is not None:
       last_row = _report(reporter, config, *pending) or last_row
       _stop_if_diverged(config, reporter, checkpoints, state, batches)
     elif step == start + 1:
       jax.block_until_ready(metrics)
-      print(f'compiled and ran the first step in {time.time() - compile_start:.1f}s', flush=True)
+      if jax.process_index() == 0:
+        print(f'compiled and ran the first step in {time.time() - compile_start:.1f}s',
+              flush=True)
       reporter.start(start)
     pending = (step, metrics)
-    if _should_save(config, step):
+    if evaluator is not None and evaluator.due(step, _last_step(config)):
+      reporter.write_row(evaluator.run(step, state['params']))  # val_loss, val_masked_ce
+    preempted = stop.requested()
+    if preempted or _should_save(config, step):
       checkpoints.save(state, batches.get_state())
+    if preempted:
+      received = stop.signal_name or 'a stop signal on another process'
+      print(f'{received}: checkpointing step {step} and stopping; the same command resumes '
+            'from it.', flush=True)
+      break
   # Finish.
   if pending is not None:
     last_row = _report(reporter, config, *pending) or last_row
     _stop_if_diverged(config, reporter, checkpoints, state, batches)
   checkpoints.close()
+  reporter.close()
+  _draw_plots(config)
   return last_row
+
+
+def _draw_plots(config) -> None:
+  if not config.log.plots or jax.process_index() != 0:
+    return
+  from dlmjax import plot  # pylint: disable=import-outside-toplevel
+  try:
+    plot.draw(config.output_dir)
+  except plot.PlotError as e:
+    print(f'no plots: {e}', flush=True)
 
 
 def _report(reporter, config, step, metrics):

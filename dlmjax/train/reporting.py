@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import jax
+
+from dlmjax import progress
 
 SPIKE_FRACTION = 0.2  # Megatron's SPIKY_LOSS_PERC
 
@@ -27,8 +30,13 @@ def peak_flops_per_device(configured_tflops: float) -> float:
 class Reporter:
   """Turns per-step device metrics into throughput figures, a jsonl row and a console line."""
 
-  def __init__(self, run_dir: str, *, total_steps: int, flops_per_token: int, peak_tflops: float):
+  def __init__(self, run_dir: str, *, total_steps: int, flops_per_token: int, peak_tflops: float,
+               sinks=()):
     self.total_steps = total_steps
+    self.sinks = list(sinks)  # dlmjax.observability.sinks: TensorBoard, W&B
+    # Between logged lines, a progress bar on a terminal (never in log files).
+    self._bar = progress.Bar(total_steps, 'train', stream=sys.stdout,
+                             enabled=jax.process_index() == 0 and progress.is_tty(sys.stdout))
     self.flops_per_token = flops_per_token
     self.peak_flops = peak_flops_per_device(peak_tflops) * jax.device_count()
     self.is_writer = jax.process_index() == 0
@@ -59,7 +67,9 @@ class Reporter:
       self.consecutive_skips = 0
       self._check_spike(step, metrics['loss'])
     if not write:
+      self._bar.update(step, f'loss {metrics["loss"]:.4f}')
       return None
+    self._bar.clear()
     now = time.time()
     elapsed = max(now - self._last_time, 1e-9)
     steps_done = step - self._last_step
@@ -69,12 +79,28 @@ class Reporter:
     row['step_time_s'] = elapsed / max(steps_done, 1)
     if self.peak_flops:
       row['mfu'] = row['tokens_per_s'] * self.flops_per_token / self.peak_flops
+    row.update(device_memory())
     self._last_time, self._last_step, self._tokens_since = now, step, 0.0
+    self.write_row(row)
     if self.is_writer:
-      with open(self.path, 'a') as f:
-        f.write(json.dumps(row) + '\n')
       print(self._line(row), flush=True)
     return row
+
+  def write_row(self, row: dict) -> None:
+    """Appends a row ({'step': n, name: float, ...}) to metrics.jsonl and every sink; stages and
+    evaluations log extra metrics (val_loss, reward stats) through this too."""
+    if not self.is_writer:
+      return
+    with open(self.path, 'a') as f:
+      f.write(json.dumps(row) + '\n')
+    for sink in self.sinks:
+      sink.write(int(row['step']), row)
+
+  def close(self) -> None:
+    self._bar.close()
+    for sink in self.sinks:
+      sink.close()
+    self.sinks = []
 
   def _check_spike(self, step: int, loss: float) -> None:
     """MegaDLMs' spiky-loss rule: |loss - last| / last >= 20% is flagged (logged, not fatal)."""
@@ -88,13 +114,26 @@ class Reporter:
 
   def _line(self, row) -> str:
     eta = row['step_time_s'] * (self.total_steps - row['step'])
-    parts = [f'step {row["step"]}/{self.total_steps}', f'loss {row["loss"]:.4f}',
-             f'masked_ce {row["masked_ce"]:.4f}', f'lr {row["lr"]:.2e}',
-             f'grad_norm {row["grad_norm"]:.3f}', f'{row["tokens_per_s"]:,.0f} tok/s']
+    parts = [f'step {row["step"]}/{self.total_steps}', f'loss {row["loss"]:.4f}']
+    if 'masked_ce' in row:  # stages without masked tokens (RL) report other figures.
+      parts.append(f'masked_ce {row["masked_ce"]:.4f}')
+    parts += [f'lr {row["lr"]:.2e}', f'grad_norm {row["grad_norm"]:.3f}',
+              f'{row["tokens_per_s"]:,.0f} tok/s']
     if 'mfu' in row:
       parts.append(f'MFU {100 * row["mfu"]:.1f}%')
     parts.append(f'ETA {_duration(eta)}')
     return ' | '.join(parts)
+
+
+def device_memory() -> dict[str, float]:
+  """GiB in use and at peak on the first local device, where the backend reports it (GPU)."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  out = {}
+  if 'bytes_in_use' in stats:
+    out['memory_gib'] = stats['bytes_in_use'] / 2**30
+  if 'peak_bytes_in_use' in stats:
+    out['peak_memory_gib'] = stats['peak_bytes_in_use'] / 2**30
+  return out
 
 
 def _duration(seconds: float) -> str:

@@ -20,7 +20,7 @@ class TrainSetup:
   def __init__(self, config, mesh):
     self.config = config
     self.mesh = mesh
-    self.model_config = model_lib.ModelConfig.from_config(config)
+    self.model_config = model_lib.ModelConfig.from_config(config, pipeline=True)
     _, self.param_shapes, self.param_axes = model_lib.abstract(self.model_config)
     self.optimizer = optimizer_lib.make_optimizer(config.train, self.param_axes)
     self.param_shardings = rules.tree_shardings(mesh, self.param_axes)

@@ -125,7 +125,8 @@ def test_consecutive_non_finite_steps_stop_with_a_good_checkpoint(tmp_path, monk
   pretrain = stages.STAGES['pretrain']
   faulty = types.SimpleNamespace(
       loss_fn=lambda config: _nan_on([2, 3, 4, 5, 6, 7], pretrain.loss_fn(config)),
-      batch_iterator=pretrain.batch_iterator)
+      batch_iterator=pretrain.batch_iterator, batch_keys=pretrain.batch_keys,
+      metrics=pretrain.metrics)
   monkeypatch.setitem(stages.STAGES, 'pretrain', faulty)
   c = _config(tmp_path, **{'train.max_consecutive_skips': 2, 'checkpoint.every': 0})
   with pytest.raises(loop.NonFiniteError, match='2 consecutive steps'):
