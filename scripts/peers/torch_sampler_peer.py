@@ -1,8 +1,12 @@
 """Peer for sampler speed: LLaDA's generate loop (low-confidence remasking, temperature 0,
 semi-autoregressive blocks) over a transformers Qwen3 1.7B with bidirectional SDPA, bf16.
-Prints generated tokens/s. python torch_sampler_peer.py --batch 64 --prompt 64 --gen 256 --steps 256 --block 32
+Prints generated tokens/s (docs/benchmarks.md, Sampler):
+    python scripts/peers/torch_sampler_peer.py --batch 64 --prompt 64 --gen 256 --steps 256 \
+        --block 32 [--compile]
 """
-import argparse, json, time
+import argparse
+import json
+import time
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +21,8 @@ def bidirectional_sdpa(module, q, k, v, attention_mask, scaling=None, dropout=0.
 def transfer_counts(mask_count, steps):
   base = mask_count // steps
   rem = mask_count % steps
-  counts = torch.zeros(mask_count.size(0), steps, device=mask_count.device, dtype=torch.int64) + base[:, None]
+  counts = base[:, None] + torch.zeros(mask_count.size(0), steps, device=mask_count.device,
+                                       dtype=torch.int64)
   for i in range(mask_count.size(0)):
     counts[i, :rem[i]] += 1
   return counts
