@@ -43,14 +43,12 @@ class EvalModel:
     self.max_length = m.seq_len
     self.tokenizer = _load_tokenizer(path, config, tokenizer)
     self.settings, self.sampling, self.batch_size = settings, sampling, batch_size
-    self.key = jax.random.key(seed)
+    self.seed, self.key = seed, jax.random.key(seed)
     model_config = self.pretrained.model_config
     if settings.chunk_tokens == 0 and settings.cfg_scale == 0:
       settings = dataclasses.replace(settings, chunk_tokens=m.loss_chunk_tokens)
     self._likelihood_fn = likelihood_lib.make_log_likelihood_fn(model_config, settings,
                                                                 mask_id=self.mask_id)
-    self._generate_fn = None
-    self._model_config = model_config
 
   @property
   def chat_template(self) -> str:
@@ -86,30 +84,13 @@ class EvalModel:
     return self.tokenizer.encode(text)
 
   def generate(self, prompts: list[str], sampling=None, *, template: bool = True) -> list[str]:
-    """Completions (text up to the first EOS) for each prompt, batch_size at a time, one
-    compilation per prompt width (prompts are left-padded to the longest)."""
-    sampling = sampling or self.sampling
-    if sampling != self.sampling or self._generate_fn is None:
-      self.sampling = sampling.validate()
-      self._generate_fn = sampler_lib.make_generate_fn(
-          self._model_config, sampling, mask_id=self.mask_id, eos_id=self.eos_id,
-          pad_id=self.pad_id, vocab_size=self.config.model.vocab_size)
+    """Completions (text up to the first EOS) for each prompt, through the same batched sampler
+    as load_pretrained(...).generate (one compilation per prompt width)."""
+    self.sampling = (sampling or self.sampling).validate()
     ids = [self.prompt_ids(p, template) for p in prompts]
-    width = max((len(t) for t in ids), default=1)
-    if width + sampling.gen_length > self.max_length:
-      raise ValueError(f'the longest prompt has {width} tokens; with gen_length '
-                       f'{sampling.gen_length} that exceeds the model length {self.max_length}. '
-                       'Shorten the prompts or the gen length.')
-    texts = []
-    for start in range(0, len(ids), self.batch_size):
-      chunk = ids[start:start + self.batch_size]
-      chunk = chunk + [chunk[-1]] * (self.batch_size - len(chunk))  # fixed batch: one compile
-      prompt_BP, lengths_B = sampler_lib.pad_prompts(chunk, self.pad_id, width)
-      out = self._generate_fn(self.pretrained.params, prompt_BP, lengths_B,
-                              jax.random.fold_in(self.key, start))
-      rows = sampler_lib.completions(np.asarray(out), width, self.eos_id)
-      texts += [self.tokenizer.decode(r) for r in rows[:len(ids) - start]]
-    return texts
+    rows = self.pretrained.generate_tokens(ids, seed=self.seed, batch_size=self.batch_size,
+                                           **dataclasses.asdict(self.sampling))
+    return [self.tokenizer.decode(r) for r in rows]
 
 
 def _load_tokenizer(path: str, config, override: str):

@@ -119,7 +119,8 @@ class RolloutSource:
     the mesh with the training shardings, or in host memory (rl.reference_on_host)."""
     from dlmjax.train import init_from  # pylint: disable=import-outside-toplevel
     dtype = jnp.dtype(self.r.reference_dtype)
-    params = init_from.restore_params(self.config, self.setup)
+    params = init_from.restore_params(self.config, self.setup,
+                                       purpose='frozen KL reference model')
     params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p))(params)
     return jax.device_get(params) if self.r.reference_on_host else params
 

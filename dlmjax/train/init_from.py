@@ -51,8 +51,9 @@ def adopt_source_config(config) -> list[str]:
   return changed
 
 
-def restore_params(config, setup) -> dict:
-  """The source's params in the setup's shardings; the architecture must match the config."""
+def restore_params(config, setup, purpose: str = 'initialising') -> dict:
+  """The source's params in the setup's shardings; the architecture must match the config.
+  `purpose` names the use in the printed line (the RL reference model restores them again)."""
   path = config.init_from
   if inference.is_hf_dir(path):
     from dlmjax import convert  # pylint: disable=import-outside-toplevel
@@ -61,5 +62,5 @@ def restore_params(config, setup) -> dict:
   run_dir, step_dir, _ = checkpoint_lib.resolve_step_dir(path)
   checkpoint_lib.check_architecture(checkpoint_lib.load_run_config(run_dir), config)
   if jax.process_index() == 0:
-    print(f'initialising from {step_dir}', flush=True)
+    print(f'{purpose} from {step_dir}', flush=True)
   return checkpoint_lib.restore_params(step_dir, config, setup.mesh)

@@ -106,7 +106,8 @@ def _run(config, stop, cleanup) -> dict | None:
   reporter = reporting.Reporter(config.output_dir, total_steps=config.train.steps,
                                 flops_per_token=setup.model_config.flops_per_token(),
                                 peak_tflops=config.log.peak_tflops,
-                                sinks=sinks_lib.make_sinks(config, config.output_dir))
+                                sinks=sinks_lib.make_sinks(config, config.output_dir),
+                                flag_spikes=config.stage == 'pretrain')
   cleanup.callback(reporter.close)
   if hasattr(batches, 'attach'):  # RL rollouts sample from the live params (read when called)
     batches.attach(setup, lambda: state['params'], reporter)

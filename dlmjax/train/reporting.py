@@ -31,8 +31,11 @@ class Reporter:
   """Turns per-step device metrics into throughput figures, a jsonl row and a console line."""
 
   def __init__(self, run_dir: str, *, total_steps: int, flops_per_token: int, peak_tflops: float,
-               sinks=()):
+               sinks=(), flag_spikes: bool = True):
     self.total_steps = total_steps
+    # The 20% rule is for a language-modelling loss; an RL surrogate sits near zero and changes
+    # sign, and SFT's varies with each batch's answer lengths, so there it would only be noise.
+    self.flag_spikes = flag_spikes
     self.sinks = list(sinks)  # dlmjax.observability.sinks: TensorBoard, W&B
     # Between logged lines, a progress bar on a terminal (never in log files).
     self._bar = progress.Bar(total_steps, 'train', stream=sys.stdout,
@@ -105,7 +108,7 @@ class Reporter:
   def _check_spike(self, step: int, loss: float) -> None:
     """MegaDLMs' spiky-loss rule: |loss - last| / last >= 20% is flagged (logged, not fatal)."""
     last, self._last_loss = self._last_loss, loss
-    if last is None or last <= 0 or abs(loss - last) / last < SPIKE_FRACTION:
+    if not self.flag_spikes or last is None or last <= 0 or abs(loss - last) / last < SPIKE_FRACTION:
       return
     self.loss_spikes += 1
     if self.is_writer:
