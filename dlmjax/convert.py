@@ -30,6 +30,7 @@ import ml_dtypes
 import numpy as np
 
 from dlmjax import config as config_lib
+from dlmjax import progress
 from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_mapping
@@ -122,6 +123,7 @@ def write_hf(output_dir: str, config, params: dict, *, dtype: str = 'bf16',
     for _ in tensors:  # take part in any cross-process gathers; write nothing.
       pass
     return output_dir
+  tensors = progress.track(tensors, 'export', total=len(entries))
   safetensors_io.write_model(output_dir, entries, tensors,
                              max_shard_bytes=safetensors_io.parse_size(max_shard_size),
                              metadata={'format': 'pt'})

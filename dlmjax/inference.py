@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from dlmjax import model as model_lib
+from dlmjax import progress
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
 from dlmjax.parallel import rules
@@ -115,7 +116,7 @@ class Pretrained:
                        'tokens. Shorten the prompt or gen_length.')
     key = jax.random.key(seed)
     result = []
-    for start in range(0, len(token_lists), batch_size):
+    for start in progress.track(range(0, len(token_lists), batch_size), 'generate'):
       chunk = token_lists[start:start + batch_size]
       chunk += [chunk[-1]] * (batch_size - len(chunk))
       prompt_BP, lengths_B = sampler.pad_prompts(chunk, m.pad_token_id, width)

@@ -61,3 +61,16 @@ def is_tty(stream) -> bool:
     return stream.isatty()
   except (AttributeError, ValueError):
     return False
+
+
+def track(items, prefix: str, *, total: int | None = None, stream=None):
+  """Yields from `items`, drawing a bar of how many were taken (terminal only); the loops of
+  conversion, scoring and generation wrap their iterables in it."""
+  items = list(items) if total is None and not hasattr(items, '__len__') else items
+  bar = Bar(len(items) if total is None else total, prefix, stream=stream)
+  try:
+    for done, item in enumerate(items, 1):
+      yield item
+      bar.update(done)
+  finally:
+    bar.close()

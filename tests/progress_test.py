@@ -37,3 +37,16 @@ def test_bar_is_silent_off_a_terminal():
   bar.update(2)
   bar.close()
   assert stream.getvalue() == '' and not bar.enabled
+
+
+class _Terminal(io.StringIO):
+  def isatty(self):
+    return True
+
+
+def test_track_yields_everything_and_draws_the_last_count():
+  stream = _Terminal()
+  assert list(progress.track(range(0, 10, 4), 'score', stream=stream)) == [0, 4, 8]
+  assert 'score [' in stream.getvalue() and '3/3' in stream.getvalue()
+  assert stream.getvalue().endswith('\r')  # cleared for the next printed line
+  assert list(progress.track(iter('ab'), 'export', total=2, stream=io.StringIO())) == ['a', 'b']

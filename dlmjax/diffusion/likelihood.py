@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dlmjax import model as model_lib
+from dlmjax import progress
 from dlmjax.diffusion import loss as loss_lib
 
 
@@ -182,7 +183,7 @@ def score_pairs(fn, params, pairs, *, key, pad_id: int, max_length: int, batch_s
   pairs = [fit_pair(c, y, max_length) for c, y in pairs]
   order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
   scores = np.zeros(len(pairs), np.float64)
-  for start in range(0, len(order), batch_size):
+  for start in progress.track(range(0, len(order), batch_size), 'score'):
     chunk = order[start:start + batch_size]
     longest = max(len(pairs[i][0]) + len(pairs[i][1]) for i in chunk)
     width = min(max(width_multiple, -(-longest // width_multiple) * width_multiple), max_length)

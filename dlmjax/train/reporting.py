@@ -108,7 +108,9 @@ class Reporter:
   def _check_spike(self, step: int, loss: float) -> None:
     """MegaDLMs' spiky-loss rule: |loss - last| / last >= 20% is flagged (logged, not fatal)."""
     last, self._last_loss = self._last_loss, loss
-    if not self.flag_spikes or last is None or last <= 0 or abs(loss - last) / last < SPIKE_FRACTION:
+    if not self.flag_spikes or last is None or last <= 0:
+      return
+    if abs(loss - last) / last < SPIKE_FRACTION:
       return
     self.loss_spikes += 1
     if self.is_writer:
