@@ -125,6 +125,7 @@ def defaults() -> ml_collections.ConfigDict:
   # jsonl rows {"prompt", "response"} or {"messages": [{"role", "content"}, ...]}; '' with
   # data.source=builtin: the built-in instruction set made from dlmjax.tasks (no download).
   c.sft.train_file = ''
+  c.sft.eval_file = ''  # held-out jsonl for val_loss (eval.every); builtin: the tasks' test split
   c.sft.chat_template = 'plain'  # none | plain | llada | chatml (dlmjax/data/chat.py)
   c.sft.packing = False  # pack conversations into rows (needs supervise_padding=False) vs pad.
   c.sft.too_long = 'drop'  # rows longer than model.seq_len: truncate | drop | error

@@ -28,6 +28,7 @@ from dlmjax.diffusion.sft_loss import PADDING, PROMPT, RESPONSE
 BUILTIN_TASKS = ('countdown3', 'countdown4', 'sudoku4', 'arithmetic')
 BUILTIN_EXAMPLES_PER_TASK = 1000
 BUILTIN_VERSION = 1  # bump when the built-in set's rows change.
+BUILTIN_HELD_OUT_PER_TASK = 64  # test-split problems per task for the validation loss
 
 
 @dataclasses.dataclass
@@ -170,8 +171,9 @@ def packed_rows(encoded, *, eos_id: int, width: int, canvas: int) -> dict[str, n
 # The built-in instruction set
 
 
-def ensure_builtin_set(cache_dir: str, seed: int = 0) -> str:
-  """The jsonl of the built-in set: worked solutions of dlmjax.tasks' training problems.
+def ensure_builtin_set(cache_dir: str, seed: int = 0, split: str = 'train') -> str:
+  """The jsonl of the built-in set: worked solutions of dlmjax.tasks' problems of `split`
+  ('train' for training, 'test' for the validation loss; the tasks split by solution).
 
   Generated once, offline, into the cache (temporary file, then an atomic rename).
   """
@@ -180,15 +182,16 @@ def ensure_builtin_set(cache_dir: str, seed: int = 0) -> str:
   except ImportError as e:
     raise DataError(f'the built-in SFT set is made from dlmjax.tasks, which cannot be imported '
                     f'({e}); set --config.sft.train_file=PATH.') from e
-  key = json.dumps([BUILTIN_VERSION, BUILTIN_TASKS, BUILTIN_EXAMPLES_PER_TASK, seed])
-  name = f'sft-builtin-v{BUILTIN_VERSION}-{hashlib.md5(key.encode()).hexdigest()[:10]}.jsonl'
-  path = os.path.join(cache_dir, name)
+  per_task = BUILTIN_EXAMPLES_PER_TASK if split == 'train' else BUILTIN_HELD_OUT_PER_TASK
+  key = [BUILTIN_VERSION, BUILTIN_TASKS, per_task, seed] + ([] if split == 'train' else [split])
+  digest = hashlib.md5(json.dumps(key).encode()).hexdigest()[:10]
+  path = os.path.join(cache_dir, f'sft-builtin-v{BUILTIN_VERSION}-{digest}.jsonl')
   if os.path.isfile(path):
     return path
   os.makedirs(cache_dir, exist_ok=True)
   lines = []
   for task in BUILTIN_TASKS:
-    for example in tasks.TASKS[task].examples('train', BUILTIN_EXAMPLES_PER_TASK, seed):
+    for example in tasks.TASKS[task].examples(split, per_task, seed):
       lines.append(json.dumps({'prompt': example.prompt, 'response': example.response,
                                'task': task}))
   tmp = f'{path}.tmp{os.getpid()}'
@@ -212,6 +215,17 @@ def train_file(config) -> str:
   return ensure_builtin_set(pipeline.cache_dir(config))
 
 
+def eval_file(config) -> str:
+  """sft.eval_file, or the built-in set's held-out problems (data.source=builtin)."""
+  if config.sft.eval_file:
+    return config.sft.eval_file
+  if config.sft.train_file or config.data.source != 'builtin':
+    raise DataError('eval.every > 0 in stage sft scores a held-out set: set '
+                    '--config.sft.eval_file=PATH (jsonl like the train file), or '
+                    '--config.eval.every=0.')
+  return ensure_builtin_set(pipeline.cache_dir(config), split='test')
+
+
 def load_tokenizer(config) -> tokenizer_lib.Tokenizer:
   """data.tokenizer, else the built-in corpus's (the model's, when it was pre-trained on it)."""
   path = config.data.tokenizer or builtin.ensure_builtin_corpus(
@@ -224,9 +238,10 @@ def load_tokenizer(config) -> tokenizer_lib.Tokenizer:
   return tokenizer
 
 
-def build_rows(config, log=print) -> dict[str, np.ndarray]:
-  """Every row of the SFT set, in file order (packed when sft.packing)."""
-  path = train_file(config)
+def build_rows(config, log=print, path: str | None = None) -> dict[str, np.ndarray]:
+  """Every row of the SFT set (path, default the train file), in file order (packed when
+  sft.packing)."""
+  path = path or train_file(config)
   conversations = read_conversations(path, config.sft.chat_template)
   canvas = config.model.seq_len
   encoded, report = encode_conversations(
@@ -272,8 +287,10 @@ class _ReadRows:
 
 
 def make_batch_iterator(config, *, process_index: int = 0, process_count: int = 1,
-                        rows: dict | None = None) -> grain.DatasetIterator:
-  """train.steps batches of {'tokens', 'roles'(, 'segment_ids')}: int32 [GBS / P, seq_len + 1].
+                        rows: dict | None = None, steps: int | None = None
+                        ) -> grain.DatasetIterator:
+  """steps (default train.steps) batches of {'tokens', 'roles'(, 'segment_ids')}: int32
+  [GBS / P, seq_len + 1].
 
   Deterministic given the config; get_state() / set_state() as the pre-training iterator.
   """
@@ -283,7 +300,19 @@ def make_batch_iterator(config, *, process_index: int = 0, process_count: int = 
                     f'{process_count} processes; make it a multiple.')
   rows = build_rows(config) if rows is None else rows
   local = global_batch_size // process_count
-  batches = grain.MapDataset.range(config.train.steps).map(
+  batches = grain.MapDataset.range(config.train.steps if steps is None else steps).map(
       _ReadRows(rows, global_batch_size, local, process_index * local, config.seed))
   return pipeline.BatchIterator(batches, global_batch_size, config.data.prefetch,
                                 config.data.num_workers)
+
+
+def make_eval_batch_iterator(config, *, process_index: int = 0, process_count: int = 1):
+  """The held-out set (eval_file) as whole global batches, each row scored once per pass."""
+  path = eval_file(config)
+  rows = build_rows(config, log=lambda line: print(f'held-out {line}'), path=path)
+  count = len(rows['tokens'])
+  if count < config.train.global_batch_size:
+    raise DataError(f'{path}: the held-out set has {count} rows, fewer than one global batch '
+                    f'({config.train.global_batch_size}); add rows or set --config.eval.every=0.')
+  return make_batch_iterator(config, process_index=process_index, process_count=process_count,
+                             rows=rows, steps=count // config.train.global_batch_size)

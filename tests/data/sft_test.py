@@ -142,6 +142,19 @@ def test_builtin_set_is_generated_once_from_the_tasks(tmp_path, monkeypatch):
   assert sft.ensure_builtin_set(str(tmp_path)) == path and os.path.getmtime(path) == mtime
 
 
+def test_builtin_held_out_set_shares_no_problem_with_training(tmp_path, monkeypatch):
+  monkeypatch.setattr(sft, 'BUILTIN_EXAMPLES_PER_TASK', 20)
+  monkeypatch.setattr(sft, 'BUILTIN_HELD_OUT_PER_TASK', 5)
+  train = [json.loads(line) for line in open(sft.ensure_builtin_set(str(tmp_path)))]
+  test = [json.loads(line) for line in open(sft.ensure_builtin_set(str(tmp_path), split='test'))]
+  assert len(test) == 5 * len(sft.BUILTIN_TASKS)
+  assert not {r['prompt'] for r in train} & {r['prompt'] for r in test}
+  config = tiny_test_config(**{'stage': 'sft'})
+  config.sft.train_file = 'mine.jsonl'  # a user's own data: no built-in held-out set for it
+  with pytest.raises(DataError, match='sft.eval_file'):
+    sft.eval_file(config)
+
+
 def test_build_rows_with_the_builtin_tokenizer(tmp_path):
   config = tiny_test_config(**{'stage': 'sft', 'model.seq_len': 32})
   if os.environ.get('DLMJAX_CACHE_DIR'):

@@ -64,7 +64,10 @@ def train_file(tmp_path_factory):
 @pytest.fixture(scope='module')
 def sft_run(pretrained, train_file, tmp_path_factory):
   run_dir = tmp_path_factory.mktemp('sft')
-  row = loop.train(sft_config(pretrained, run_dir, train_file))
+  # The train file doubles as the held-out file: val_loss at step 2 (the last) is logged.
+  row = loop.train(sft_config(pretrained, run_dir, train_file,
+                              **{'sft.eval_file': train_file, 'eval.every': 2,
+                                 'eval.batches': 1}))
   return run_dir, row
 
 
@@ -77,9 +80,12 @@ def _rows(run_dir):
 def test_sft_runs_from_a_pretrained_run_and_adopts_its_model(sft_run, pretrained):
   run_dir, last = sft_run
   rows = _rows(run_dir)
+  val = [r for r in rows if 'val_loss' in r]
+  rows = [r for r in rows if 'val_loss' not in r]
   assert [r['step'] for r in rows] == [1, 2] and last['step'] == 2
   for key in ('loss', 'masked_ce', 'mask_ratio', 'response_tokens', 'tokens_per_s', 'lr'):
     assert np.isfinite(rows[0][key]), key
+  assert [r['step'] for r in val] == [2] and np.isfinite(val[0]['val_loss'])
   assert 0 < rows[0]['mask_ratio'] < 1
   saved = checkpoint_lib.load_run_config(str(run_dir))
   source = checkpoint_lib.load_run_config(str(pretrained))

@@ -31,6 +31,12 @@ def batch_iterator(config, *, process_index: int, process_count: int):
                                       process_count=process_count)
 
 
+def eval_batch_iterator(config, *, process_index: int, process_count: int):
+  """Held-out conversations for val_loss (eval.every): sft.eval_file or the built-in test set."""
+  return sft_data.make_eval_batch_iterator(config, process_index=process_index,
+                                           process_count=process_count)
+
+
 def batch_keys(config) -> tuple[str, ...]:
   """int32 [global_batch_size, seq_len + 1] each: tokens, roles (and segment_ids when packed)."""
   return ('tokens', 'roles', 'segment_ids') if config.sft.packing else ('tokens', 'roles')
