@@ -111,7 +111,9 @@ def test_tensorboard_reads_the_file(tmp_path):
   loader_module = pytest.importorskip('tensorboard.backend.event_processing.event_file_loader')
   path, expected = _write_random(tmp_path, np.random.default_rng(4))
   events = list(loader_module.EventFileLoader(path).Load())
-  got = [(e.step, v.tag, v.simple_value) for e in events for v in e.summary.value]
+  # The loader migrates simple_value scalars to tensor summaries (TensorBoard's data_compat).
+  got = [(e.step, v.tag, v.simple_value if v.HasField('simple_value') else v.tensor.float_val[0])
+         for e in events for v in e.summary.value]
   want = [(s, k, np.float32(v)) for k, pts in expected.items() for s, v in pts]
   assert sorted(got) == sorted(want)
 
