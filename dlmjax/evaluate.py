@@ -114,29 +114,23 @@ def _load_tokenizer(path: str, config, override: str):
 
 def read_rows(path: str) -> list[dict]:
   """The jsonl rows, each checked to be a pair or a multiple-choice item."""
+  from dlmjax.data import jsonl  # pylint: disable=import-outside-toplevel
   rows = []
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{number} is not JSON ({e.msg}).') from e
-      if not isinstance(row, dict) or not isinstance(row.get('context'), str):
-        raise ValueError(f'{path}:{number} needs a string "context".')
-      if 'choices' in row:
-        choices, label = row['choices'], row.get('label')
-        if (not isinstance(choices, list) or len(choices) < 2
-            or not all(isinstance(c, str) for c in choices)):
-          raise ValueError(f'{path}:{number}: "choices" must be a list of at least 2 strings.')
-        if not isinstance(label, int) or not 0 <= label < len(choices):
-          raise ValueError(f'{path}:{number}: "label" must be the index of the right choice, '
-                           f'0..{len(choices) - 1}.')
-      elif not isinstance(row.get('continuation'), str):
-        raise ValueError(f'{path}:{number} needs a string "continuation" (or "choices" and '
-                         '"label" for multiple choice).')
-      rows.append(row)
+  for number, row in jsonl.read_objects(path, error=ValueError):
+    if not isinstance(row.get('context'), str):
+      raise ValueError(f'{path}:{number} needs a string "context".')
+    if 'choices' in row:
+      choices, label = row['choices'], row.get('label')
+      if (not isinstance(choices, list) or len(choices) < 2
+          or not all(isinstance(c, str) for c in choices)):
+        raise ValueError(f'{path}:{number}: "choices" must be a list of at least 2 strings.')
+      if not isinstance(label, int) or not 0 <= label < len(choices):
+        raise ValueError(f'{path}:{number}: "label" must be the index of the right choice, '
+                         f'0..{len(choices) - 1}.')
+    elif not isinstance(row.get('continuation'), str):
+      raise ValueError(f'{path}:{number} needs a string "continuation" (or "choices" and '
+                       '"label" for multiple choice).')
+    rows.append(row)
   if not rows:
     raise ValueError(f'{path} has no rows.')
   return rows

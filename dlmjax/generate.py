@@ -47,20 +47,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _read_prompts(path: str) -> list[dict]:
-  from dlmjax.data.errors import DataError  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from dlmjax.data import jsonl
+  from dlmjax.data.errors import DataError
   rows = []
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise DataError(f'{path}:{number} is not JSON ({e}).') from None
-      if not isinstance(row, dict) or not isinstance(row.get('prompt'), str):
-        raise DataError(f'{path}:{number} has no "prompt" string; rows look like '
-                        '{"prompt": "..."}.')
-      rows.append(row)
+  for number, row in jsonl.read_objects(path):
+    if not isinstance(row.get('prompt'), str):
+      raise DataError(f'{path}:{number} has no "prompt" string; rows look like '
+                      '{"prompt": "..."}.')
+    rows.append(row)
   return rows
 
 

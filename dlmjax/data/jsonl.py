@@ -55,6 +55,24 @@ def read_lines(path: str) -> Iterator[tuple[int, bytes]]:
     yield from enumerate(f, start=1)
 
 
+def read_objects(path: str, error=DataError) -> Iterator[tuple[int, dict]]:
+  """(1-based line number, JSON object) of each non-blank line of a .jsonl(.gz) file, for the
+  readers that refuse a bad row (SFT data, prompts, evaluation pairs, GSM8K): `error` is raised
+  naming the file and line."""
+  if not os.path.isfile(path):
+    raise error(f'{path} does not exist; pass the path of a jsonl file.')
+  for number, line in read_lines(path):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line.decode('utf-8'))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise error(f'{path}:{number}: bad JSON ({getattr(e, "msg", e)}).') from None
+    if not isinstance(record, dict):
+      raise error(f'{path}:{number}: a JSON {type(record).__name__}, not an object.')
+    yield number, record
+
+
 def encode_line(line: bytes, keys: Sequence[str], tokenizer, append_eod: bool):
   """{key: (token ids, sequence lengths)} of one line, or a str saying why it is malformed.
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from dlmjax.data import builtin
 from dlmjax.data import chat
+from dlmjax.data import jsonl
 from dlmjax.data import pipeline
 from dlmjax.data import tokenizer as tokenizer_lib
 from dlmjax.data.errors import DataError
@@ -59,14 +60,8 @@ def read_conversations(path: str, template: str) -> list[tuple[int, str, str]]:
     raise DataError(f'no SFT file {path!r}: set --config.sft.train_file to a jsonl file.')
   chat.get_template(template)
   out = []
-  for number, line in _lines(path):
+  for number, record in jsonl.read_objects(path):
     where = f'{path}:{number}'
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise DataError(f'{where}: bad JSON ({e.msg}).') from e
-    if not isinstance(record, dict):
-      raise DataError(f'{where}: a JSON {type(record).__name__}, not an object.')
     try:
       if 'messages' in record:
         prompt, response = chat.split_conversation(template, record['messages'])
@@ -83,16 +78,6 @@ def read_conversations(path: str, template: str) -> list[tuple[int, str, str]]:
   if not out:
     raise DataError(f'{path} has no rows.')
   return out
-
-
-def _lines(path: str):
-  """(1-based line number, text) of the non-blank lines of a .jsonl or .jsonl.gz file."""
-  import gzip  # pylint: disable=import-outside-toplevel
-  opener = gzip.open if path.endswith('.gz') else open
-  with opener(path, 'rt', encoding='utf-8') as f:
-    for number, line in enumerate(f, start=1):
-      if line.strip():
-        yield number, line
 
 
 def encode_conversations(conversations, tokenizer, *, eos_id: int, canvas: int, too_long: str,

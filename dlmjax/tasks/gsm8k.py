@@ -7,10 +7,10 @@ Both format patterns match from the start of the completion, across lines (re.DO
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
+from dlmjax.data import jsonl
 from dlmjax.tasks import base
 
 SYSTEM_PROMPT = ('Respond in the following format:\n<reasoning>\n...\n</reasoning>\n<answer>\n...\n'
@@ -80,21 +80,17 @@ def load_jsonl(path: str, *, question_key: str = 'question', answer_key: str = '
     raise FileNotFoundError(f'GSM8K jsonl {path!r} does not exist; pass the path of a jsonl file '
                             f'with "{question_key}" and "{answer_key}" fields.')
   examples = []
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-        question, solution = row[question_key], row[answer_key]
-        answer = final_answer(solution)
-      except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise ValueError(f'{path}:{number}: not a GSM8K row ({e}); each line needs '
-                         f'"{question_key}" and "{answer_key}" ending in "#### <answer>".') from e
-      reasoning = solution.split('####')[0].strip()
-      prompt = f'{system_prompt}\n\n{question}' if system_prompt else question
-      examples.append(base.Example(prompt=prompt, response=format_response(reasoning, answer),
-                                   answer=answer))
+  for number, row in jsonl.read_objects(path, error=ValueError):
+    try:
+      question, solution = row[question_key], row[answer_key]
+      answer = final_answer(solution)
+    except (KeyError, TypeError, ValueError) as e:
+      raise ValueError(f'{path}:{number}: not a GSM8K row ({e}); each line needs '
+                       f'"{question_key}" and "{answer_key}" ending in "#### <answer>".') from e
+    reasoning = solution.split('####')[0].strip()
+    prompt = f'{system_prompt}\n\n{question}' if system_prompt else question
+    examples.append(base.Example(prompt=prompt, response=format_response(reasoning, answer),
+                                 answer=answer))
   if not examples:
     raise ValueError(f'{path} holds no examples.')
   return examples

@@ -9,6 +9,7 @@ import pytest
 from dlmjax.data import indexed
 from dlmjax.data import jsonl
 from dlmjax.data import tokenizer as tokenizer_lib
+from dlmjax.data.errors import DataError
 
 TEXTS = ['def f(x):\n    return x\n', 'hello world\n', 'class A:\n    pass\n'] * 10
 
@@ -72,3 +73,16 @@ def test_workers_keep_input_order(tok, tmp_path):
   for suffix in ('.bin', '.idx'):
     assert open(one.prefixes['text'] + suffix, 'rb').read() == open(two.prefixes['text'] + suffix,
                                                                     'rb').read()
+
+
+def test_read_objects_names_the_file_and_line_of_a_bad_row(tmp_path):
+  path = tmp_path / 'rows.jsonl'
+  path.write_text('{"a": 1}\n\n{"b": 2}\n')
+  assert list(jsonl.read_objects(str(path))) == [(1, {'a': 1}), (3, {'b': 2})]  # blanks skipped
+  for text, message in (('{"a": 1}\n{"a": \n', 'rows.jsonl:2: bad JSON'),
+                        ('[1, 2]\n', 'rows.jsonl:1: a JSON list, not an object')):
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+      list(jsonl.read_objects(str(path), error=ValueError))
+  with pytest.raises(DataError, match='does not exist'):
+    list(jsonl.read_objects(str(tmp_path / 'missing.jsonl')))
