@@ -1,0 +1,339 @@
+"""python -m dlmjax.demo: pre-train -> SFT -> RL on the tiny model, each stage scored held-out.
+
+  python -m dlmjax.demo [--seeds 0,1,2] [--output-dir runs/demo] [--task sudoku4]
+
+Per seed, the three stages run through the normal trainer (`dlmjax.train.loop.train` on
+configs/tiny.py, configs/sft.py and configs/rl.py with the RECIPE below on top), each from the
+previous one's checkpoint. Every stage's checkpoint is then decoded greedily on the task's
+held-out split with one sampler setting (dlmjax.evaluate's tasks mode) and checked with
+dlmjax.verify. The table gives per seed, then mean +- std over seeds: steps, final loss, held-out
+accuracy and mean reward, and the RL gain over SFT against the seed-to-seed spread. It is also
+written to OUTPUT_DIR/results.json. A rerun resumes finished or cut stages from their checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+STAGES = ('pretrain', 'sft', 'rl')
+_CONFIG_FILES = {'pretrain': 'tiny.py', 'sft': 'sft.py', 'rl': 'rl.py'}
+
+# The recipe: overrides of configs/{tiny,sft,rl}.py. Sized so one seed takes ~11 minutes (measured)
+# on a shared 2-core CPU and the SFT model earns partial (per-blank) reward, so RL has a signal.
+# Measured over seeds 0-2 (docs/benchmarks.md): RL gains +0.005..+0.009 reward on every seed, but
+# SFT's seed-to-seed spread is 0.06, so the gain is not yet beyond noise.
+CANVAS = 80  # model.seq_len of every stage: a sudoku4 prompt (44 tokens) + 32 generated fit.
+RECIPE = {
+    'pretrain': {
+        'model.seq_len': CANVAS,  # the task's canvas; RoPE has no length-bound weights.
+        'train.steps': 40,  # the code corpus barely helps sudoku: a short stage, as a start.
+        'train.wsd_decay_steps': 8,
+        'checkpoint.every': 0,  # the final step only
+    },
+    'sft': {
+        'model.seq_len': CANVAS,
+        'train.steps': 240,  # copy the givens, then fill: trial reward 0.24 / 0.36 / 0.66 at
+        'train.lr': 2e-3,  # 80 / 160 / 240 steps, but seed-dependent (demo seeds: 0.26-0.37).
+        'train.min_lr': 2e-4,
+        'train.warmup_steps': 10,
+        'train.wsd_decay_steps': 24,  # LLaDA: decay over the final 10%
+        'checkpoint.every': 0,
+    },
+    'rl': {
+        'model.seq_len': CANVAS,
+        'rl.max_prompt_tokens': CANVAS - 32,  # prompt width; gen_length fills the rest.
+        'rl.gen_length': 32,  # a sudoku4 answer is 27 tokens + EOS.
+        'rl.diffusion_steps': 16,  # two tokens per step: half the rollout time of one per step.
+        'rl.block_length': 32,
+        'rl.group_size': 4,  # 8 prompts x 4 per rollout: more prompts seen than 4 x 8.
+        'rl.inner_updates': 4,  # updates are cheap next to generation (d1: 8 on sudoku).
+        'train.global_batch_size': 32,
+        'train.micro_batch_size': 16,
+        'train.lr': 3e-4,  # 1e-4 barely moved it; 6e-4 collapsed (rollout reward 0.7 -> 0.35).
+        'train.warmup_steps': 4,  # Adam's first step at full lr is sign-like: KL 1.7 after it.
+        'train.steps': 60,  # 15 rollouts: about 6 of the 15 minutes.
+        'checkpoint.every': 0,
+    },
+}
+SFT_EXAMPLES = 4000  # task training examples written as the SFT set (worked solutions)
+EVAL_EXAMPLES = 128  # held-out problems per stage and seed (the same ones for every stage)
+EVAL_BATCH = 16
+EVAL_SEED = 0  # held-out set and decoding key: fixed, so stages and seeds see the same problems
+
+
+def eval_sampling(recipe=RECIPE):
+  """Greedy decoding with the rollouts' canvas, gen length, steps and blocks."""
+  from dlmjax.diffusion import sampler as sampler_lib  # pylint: disable=import-outside-toplevel
+  r = recipe['rl']
+  return sampler_lib.SamplingConfig(gen_length=r['rl.gen_length'], steps=r['rl.diffusion_steps'],
+                                    block_length=r['rl.block_length'], temperature=0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs
+
+
+def configs_dir() -> str:
+  return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
+
+
+def load_config_file(path: str, arg=None):
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{path} does not exist: the demo builds on the repository\'s '
+                            'configs/; run it from a source checkout of dlmjax.')
+  spec = importlib.util.spec_from_file_location(f'dlmjax_demo_{os.path.basename(path)[:-3]}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def apply_overrides(config, overrides: dict) -> None:
+  """Sets dotted keys, each to the type the config already has (a typo is a clear error)."""
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
+  for key, value in overrides.items():
+    *parents, leaf = key.split('.')
+    node = config
+    for p in parents:
+      node = node[p] if p in node else None
+      if node is None:
+        break
+    if node is None or leaf not in node:
+      raise config_lib.ConfigError(f'demo recipe key {key!r} is not a config key (see '
+                                   'dlmjax/config.py).')
+    node[leaf] = type(node[leaf])(value) if node[leaf] is not None else value
+
+
+def stage_configs(seed: int, run_dir: str, task: str, recipe=RECIPE) -> dict:
+  """The three stage configs of one seed: OUTPUT/seedN/{pretrain,sft,rl}, each from the last."""
+  configs = {}
+  for stage in STAGES:
+    c = load_config_file(os.path.join(configs_dir(), _CONFIG_FILES[stage]))
+    apply_overrides(c, recipe[stage])
+    c.seed = seed
+    c.output_dir = os.path.join(run_dir, stage)
+    c.log.plots = False
+    c.log.tensorboard = False
+    if stage == 'sft':
+      c.init_from = configs['pretrain'].output_dir
+      c.sft.train_file = os.path.join(run_dir, f'sft_{task}.jsonl')
+    elif stage == 'rl':
+      c.init_from = configs['sft'].output_dir
+      c.rl.task = task
+    configs[stage] = c
+  return configs
+
+
+def write_sft_set(path: str, task: str, num: int = SFT_EXAMPLES, seed: int = 0) -> str:
+  """Worked solutions of the task's TRAIN split as SFT rows (the held-out split never enters)."""
+  from dlmjax import tasks as tasks_lib  # pylint: disable=import-outside-toplevel
+  examples = tasks_lib.get_task(task).examples('train', num, seed)
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'w') as f:
+    for e in examples:
+      f.write(json.dumps({'prompt': e.prompt, 'response': e.response}) + '\n')
+  os.replace(tmp, path)
+  return path
+
+
+# ----------------------------------------------------------------------------------------------
+# One seed
+
+
+def final_loss(run_dir: str) -> tuple[int, float]:
+  """(last step, its loss) from the run's metrics.jsonl (rollout rows carry no loss)."""
+  step, loss = 0, float('nan')
+  with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
+    for line in f:
+      row = json.loads(line)
+      if 'loss' in row and row.get('step', 0) >= step:
+        step, loss = int(row['step']), float(row['loss'])
+  return step, loss
+
+
+def evaluate_stage(run_dir: str, task: str, *, num: int = EVAL_EXAMPLES, sampling=None) -> dict:
+  """Held-out accuracy and mean reward of the run's latest checkpoint (evaluate.tasks_mode)."""
+  from dlmjax import evaluate  # pylint: disable=import-outside-toplevel
+  model = evaluate.EvalModel(run_dir, sampling=sampling or eval_sampling(), seed=EVAL_SEED,
+                             batch_size=EVAL_BATCH)
+  _, summary = evaluate.tasks_mode(model, [task], num=num, seed=EVAL_SEED)
+  return summary[task]
+
+
+def verify_stage(run_dir: str) -> tuple[bool, str]:
+  """dlmjax.verify's integrity and fp32 parity checks; (all passed, the report)."""
+  from dlmjax import verify  # pylint: disable=import-outside-toplevel
+  checks = verify.verify(run_dir)
+  return all(c.ok for c in checks), verify.report(checks)
+
+
+def run_seed(seed: int, output_dir: str, task: str, recipe=RECIPE, log=print) -> list[dict]:
+  """Trains the three stages of one seed, then evaluates and verifies each; one row per stage."""
+  from dlmjax.train import loop  # pylint: disable=import-outside-toplevel
+  run_dir = os.path.join(output_dir, f'seed{seed}')
+  configs = stage_configs(seed, run_dir, task, recipe)
+  write_sft_set(configs['sft'].sft.train_file, task)
+  rows, start = [], time.time()
+  for stage in STAGES:
+    log(f'== seed {seed}: {stage} -> {configs[stage].output_dir}')
+    stage_start = time.time()
+    loop.train(configs[stage])
+    steps = final_loss(configs[stage].output_dir)[0]
+    if steps < configs[stage].train.steps:  # a stop signal checkpointed it early
+      raise InterruptedError(f'seed {seed}: {stage} stopped at step {steps} of '
+                             f'{configs[stage].train.steps}; the same command resumes it.')
+    rows.append(dict(seed=seed, stage=stage, train_s=time.time() - stage_start))
+  for row in rows:
+    stage_dir = configs[row['stage']].output_dir
+    stage_start = time.time()
+    row['steps'], row['loss'] = final_loss(stage_dir)
+    scores = evaluate_stage(stage_dir, task)
+    row.update(accuracy=scores['accuracy'], mean_reward=scores['mean_reward'],
+               eval_examples=scores['examples'])
+    ok, report = verify_stage(stage_dir)
+    row['verify'] = ok
+    row['eval_s'] = time.time() - stage_start
+    log(f'seed {seed} {row["stage"]}: accuracy {row["accuracy"]:.3f}, mean reward '
+        f'{row["mean_reward"]:.3f}, verify {"PASS" if ok else "FAIL"}')
+    if not ok:
+      log(report)
+  rows[-1]['seed_wall_s'] = time.time() - start
+  return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Table
+
+
+def _std(values) -> float:
+  """Sample standard deviation (ddof=1): the spread a new seed would show; 0 for one seed."""
+  values = np.asarray(values, np.float64)
+  return float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+
+def aggregate(rows: list[dict]) -> dict:
+  """Mean and std over seeds per stage, and RL's gain over SFT against the seed-to-seed spread.
+
+  The gain of a metric is mean(RL) - mean(SFT); the spread is the larger of the two stages'
+  sample stds over seeds; `beats_noise` says gain > spread (and the paired per-seed gains are
+  given too)."""
+  if not rows:
+    raise ValueError('no result rows to aggregate.')
+  seeds = sorted({r['seed'] for r in rows})
+  by = {(r['seed'], r['stage']): r for r in rows}
+  stages = [s for s in STAGES if any(r['stage'] == s for r in rows)]
+  summary = {}
+  for stage in stages:
+    missing = [s for s in seeds if (s, stage) not in by]
+    if missing:
+      raise ValueError(f'stage {stage} has no result for seeds {missing}.')
+    entry = {}
+    for metric in ('steps', 'loss', 'accuracy', 'mean_reward'):
+      values = [by[(s, stage)][metric] for s in seeds]
+      entry[metric] = dict(mean=float(np.mean(values)), std=_std(values))
+    entry['verify'] = all(by[(s, stage)]['verify'] for s in seeds)
+    summary[stage] = entry
+  gain = {}
+  if 'sft' in summary and 'rl' in summary:
+    for metric in ('accuracy', 'mean_reward'):
+      paired = [by[(s, 'rl')][metric] - by[(s, 'sft')][metric] for s in seeds]
+      spread = max(summary['sft'][metric]['std'], summary['rl'][metric]['std'])
+      delta = summary['rl'][metric]['mean'] - summary['sft'][metric]['mean']
+      gain[metric] = dict(gain=delta, spread=spread, paired=paired, paired_std=_std(paired),
+                          beats_noise=bool(delta > spread))
+  return dict(seeds=seeds, stages=summary, rl_gain=gain)
+
+
+def format_table(rows: list[dict], summary: dict) -> str:
+  head = (f'{"seed":>6} {"stage":<9} {"steps":>5} {"loss":>9} {"accuracy":>15} '
+          f'{"mean reward":>15}  verify')
+  lines = [head, '-' * len(head)]
+  for r in sorted(rows, key=lambda r: (r['seed'], STAGES.index(r['stage']))):
+    lines.append(f'{r["seed"]:>6} {r["stage"]:<9} {r["steps"]:>5} {r["loss"]:>9.4f} '
+                 f'{r["accuracy"]:>15.3f} {r["mean_reward"]:>15.3f}  '
+                 f'{"PASS" if r["verify"] else "FAIL"}')
+  lines.append('-' * len(head))
+  for stage, e in summary['stages'].items():
+    lines.append(f'{"mean":>6} {stage:<9} {e["steps"]["mean"]:>5.0f} {e["loss"]["mean"]:>9.4f} '
+                 f'{_pm(e["accuracy"]):>15} {_pm(e["mean_reward"]):>15}  '
+                 f'{"PASS" if e["verify"] else "FAIL"}')
+  walls = [f'seed {r["seed"]} {r["seed_wall_s"] / 60:.1f} min' for r in rows if 'seed_wall_s' in r]
+  if walls:
+    lines.append('wall time (train + evaluate + verify): ' + ', '.join(walls))
+  for metric, g in summary['rl_gain'].items():
+    verdict = 'beats' if g['beats_noise'] else 'does NOT beat'
+    paired = ', '.join(f'{p:+.3f}' for p in g['paired'])
+    lines.append(f'RL gain over SFT in {metric}: {g["gain"]:+.3f} (per seed {paired}); '
+                 f'seed-to-seed spread (std) {g["spread"]:.3f}: {verdict} the noise')
+  return '\n'.join(lines)
+
+
+def _pm(stat: dict) -> str:
+  return f'{stat["mean"]:.3f}+-{stat["std"]:.3f}'
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+
+
+def parse_seeds(text: str) -> list[int]:
+  parts = [p.strip() for p in text.split(',')]
+  if not text.strip() or not all(parts):
+    raise ValueError(f'--seeds {text!r}: give comma-separated integers, e.g. --seeds 0,1,2.')
+  try:
+    seeds = [int(p) for p in parts]
+  except ValueError:
+    raise ValueError(f'--seeds {text!r}: give comma-separated integers, e.g. --seeds 0,1,2.'
+                     ) from None
+  if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+    raise ValueError(f'--seeds {text!r}: seeds must be distinct and non-negative.')
+  return seeds
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog='python -m dlmjax.demo', description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--seeds', default='0,1,2', help='comma-separated, e.g. 0,1,2')
+  parser.add_argument('--output-dir', default='runs/demo')
+  parser.add_argument('--task', default='sudoku4', help='a dlmjax.tasks name; RECIPE is sized '
+                      'for sudoku4 (32 generated tokens: longer countdown/arithmetic answers '
+                      'are cut)')
+  return parser
+
+
+def main(argv=None) -> int:
+  from dlmjax import cli  # pylint: disable=import-outside-toplevel
+  from dlmjax import tasks as tasks_lib  # pylint: disable=import-outside-toplevel
+  args = _parser().parse_args(argv)
+  try:
+    seeds = parse_seeds(args.seeds)
+    if args.task not in tasks_lib.TASKS:
+      raise ValueError(f'--task {args.task!r}: choose one of {sorted(tasks_lib.TASKS)}.')
+    os.makedirs(args.output_dir, exist_ok=True)
+    start, rows = time.time(), []
+    for seed in seeds:
+      rows += run_seed(seed, args.output_dir, args.task)
+    summary = aggregate(rows)
+  except (ValueError, OSError) + cli.user_errors() as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  wall_s = time.time() - start
+  table = format_table(rows, summary)
+  print(table)
+  print(f'wall time {wall_s / 60:.1f} min for {len(seeds)} seed(s)')
+  result = dict(task=args.task, seeds=seeds, recipe=RECIPE, eval_examples=EVAL_EXAMPLES,
+                wall_s=wall_s, rows=rows, summary=summary, table=table)
+  with open(os.path.join(args.output_dir, 'results.json'), 'w') as f:
+    json.dump(result, f, indent=2)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

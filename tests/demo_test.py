@@ -1,0 +1,127 @@
+"""python -m dlmjax.demo: the stage chain, the table's aggregation, and bad input (no training)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from dlmjax import config as config_lib
+from dlmjax import demo
+from dlmjax import tasks as tasks_lib
+
+
+def _rows(rng, seeds=(0, 1, 2)):
+  return [dict(seed=s, stage=stage, steps=int(rng.integers(1, 100)), loss=float(rng.random()),
+               accuracy=float(rng.random()), mean_reward=float(rng.random()), verify=True)
+          for s in seeds for stage in demo.STAGES]
+
+
+def test_aggregate_matches_numpy():
+  rng = np.random.default_rng(0)
+  rows = _rows(rng)
+  rows[4]['verify'] = False  # seed 1, sft
+  summary = demo.aggregate(rows)
+  assert summary['seeds'] == [0, 1, 2]
+  for stage in demo.STAGES:
+    for metric in ('steps', 'loss', 'accuracy', 'mean_reward'):
+      values = np.array([r[metric] for r in rows if r['stage'] == stage], np.float64)
+      got = summary['stages'][stage][metric]
+      np.testing.assert_allclose(got['mean'], values.mean(), rtol=1e-12)
+      np.testing.assert_allclose(got['std'], np.sqrt(((values - values.mean())**2).sum() / 2),
+                                 rtol=1e-12)
+  assert not summary['stages']['sft']['verify'] and summary['stages']['rl']['verify']
+  for metric in ('accuracy', 'mean_reward'):
+    sft = np.array([r[metric] for r in rows if r['stage'] == 'sft'])
+    rl = np.array([r[metric] for r in rows if r['stage'] == 'rl'])
+    g = summary['rl_gain'][metric]
+    np.testing.assert_allclose(g['gain'], rl.mean() - sft.mean(), rtol=1e-12)
+    np.testing.assert_allclose(g['paired'], rl - sft, rtol=1e-12)
+    spread = max(sft.std(ddof=1), rl.std(ddof=1))
+    np.testing.assert_allclose(g['spread'], spread, rtol=1e-12)
+    assert g['beats_noise'] == (rl.mean() - sft.mean() > spread)
+
+
+def test_gain_against_noise_verdict_and_table():
+  rows = []
+  for seed, (sft, rl) in enumerate([(0.40, 0.60), (0.42, 0.63), (0.38, 0.58)]):
+    for stage, value in (('pretrain', 0.1), ('sft', sft), ('rl', rl)):
+      rows.append(dict(seed=seed, stage=stage, steps=10, loss=1.0, accuracy=value / 2,
+                       mean_reward=value, verify=True))
+  rows[2]['seed_wall_s'] = 600.0  # seed 0's rl row carries the seed's wall time
+  summary = demo.aggregate(rows)
+  g = summary['rl_gain']['mean_reward']
+  assert g['beats_noise'] and g['gain'] == pytest.approx(0.2033333, abs=1e-6)
+  assert g['spread'] == pytest.approx(np.std([0.60, 0.63, 0.58], ddof=1))
+  table = demo.format_table(rows, summary)
+  assert table.count('PASS') == 12  # 9 rows + 3 means
+  assert '0.603+-0.025' in table and '0.302+-0.013' in table  # rl: mean reward, accuracy
+  assert 'beats the noise' in table and 'NOT' not in table
+  assert 'wall time (train + evaluate + verify): seed 0 10.0 min' in table
+  # A gain within the spread is reported as such.
+  for r in rows:
+    if r['stage'] == 'rl':
+      r['mean_reward'] = 0.40 + 0.2 * r['seed']
+  flat = demo.aggregate(rows)['rl_gain']['mean_reward']
+  assert not flat['beats_noise']
+  assert 'does NOT beat' in demo.format_table(rows, demo.aggregate(rows))
+
+
+def test_one_seed_has_zero_spread_and_missing_rows_are_named():
+  rows = _rows(np.random.default_rng(1), seeds=(5,))
+  assert demo.aggregate(rows)['stages']['rl']['accuracy']['std'] == 0.0
+  with pytest.raises(ValueError, match=r'stage rl has no result for seeds \[6\]'):
+    demo.aggregate(rows + [dict(rows[0], seed=6), dict(rows[1], seed=6)])
+  with pytest.raises(ValueError, match='no result rows'):
+    demo.aggregate([])
+
+
+@pytest.mark.parametrize('text', ['', ' ', '0,,1', 'a,b', '1,1', '-1'])
+def test_bad_seeds(text):
+  with pytest.raises(ValueError, match='--seeds'):
+    demo.parse_seeds(text)
+  assert demo.parse_seeds(' 2, 0 ,1') == [2, 0, 1]
+
+
+def test_cli_bad_input_is_one_error_line(tmp_path, capsys):
+  assert demo.main(['--seeds', '', '--output-dir', str(tmp_path / 'out')]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith('error: --seeds') and 'e.g. --seeds 0,1,2' in err
+  assert not (tmp_path / 'out').exists()  # nothing ran
+  assert demo.main(['--task', 'chess', '--output-dir', str(tmp_path / 'out')]) == 2
+  assert 'choose one of' in capsys.readouterr().err
+
+
+def test_stage_configs_chain_and_validate(tmp_path):
+  configs = demo.stage_configs(7, str(tmp_path / 'seed7'), 'sudoku4')
+  assert list(configs) == list(demo.STAGES)
+  assert configs['sft'].init_from == configs['pretrain'].output_dir
+  assert configs['rl'].init_from == configs['sft'].output_dir
+  assert configs['rl'].rl.task == 'sudoku4'
+  for stage, c in configs.items():
+    assert c.seed == 7 and c.model.seq_len == demo.CANVAS
+    for key, value in demo.RECIPE[stage].items():
+      node = c
+      for part in key.split('.'):
+        node = node[part]
+      assert node == value, key
+  config_lib.validate(configs['rl'])  # the recipe is a valid RL config
+  r = configs['rl'].rl
+  assert r.max_prompt_tokens + r.gen_length <= configs['rl'].model.seq_len
+  with pytest.raises(config_lib.ConfigError, match="'rl.nope' is not a config key"):
+    demo.apply_overrides(configs['rl'], {'rl.nope': 1})
+
+
+def test_sft_set_is_train_split_only(tmp_path):
+  path = demo.write_sft_set(str(tmp_path / 'sft.jsonl'), 'sudoku4', num=50)
+  rows = [json.loads(line) for line in open(path)]
+  assert len(rows) == 50 and all(set(r) == {'prompt', 'response'} for r in rows)
+  test_answers = {e.answer for e in tasks_lib.get_task('sudoku4').examples('test', 40, 0)}
+  train = tasks_lib.get_task('sudoku4').examples('train', 50, 0)
+  assert [r['response'] for r in rows] == [e.response for e in train]
+  assert not test_answers & {e.answer for e in train}
+
+
+def test_final_loss_skips_rollout_rows(tmp_path):
+  lines = [dict(step=2, loss=0.5), dict(step=3, rollout=1, generate_s=1.0), dict(step=4, loss=0.25)]
+  (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in lines))
+  assert demo.final_loss(str(tmp_path)) == (4, 0.25)
