@@ -14,7 +14,6 @@ written to OUTPUT_DIR/results.json. A rerun resumes finished or cut stages from 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -84,16 +83,6 @@ def configs_dir() -> str:
   return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
 
 
-def load_config_file(path: str, arg=None):
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'{path} does not exist: the demo builds on the repository\'s '
-                            'configs/; run it from a source checkout of dlmjax.')
-  spec = importlib.util.spec_from_file_location(f'dlmjax_demo_{os.path.basename(path)[:-3]}', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 def apply_overrides(config, overrides: dict) -> None:
   """Sets dotted keys, each to the type the config already has (a typo is a clear error)."""
   from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
@@ -112,9 +101,13 @@ def apply_overrides(config, overrides: dict) -> None:
 
 def stage_configs(seed: int, run_dir: str, task: str, recipe=RECIPE) -> dict:
   """The three stage configs of one seed: OUTPUT/seedN/{pretrain,sft,rl}, each from the last."""
+  from dlmjax import convert  # pylint: disable=import-outside-toplevel
+  if not os.path.isdir(configs_dir()):
+    raise FileNotFoundError(f'{configs_dir()} does not exist: the demo builds on the '
+                            "repository's configs/; run it from a source checkout of dlmjax.")
   configs = {}
   for stage in STAGES:
-    c = load_config_file(os.path.join(configs_dir(), _CONFIG_FILES[stage]))
+    c = convert.load_config_file(os.path.join(configs_dir(), _CONFIG_FILES[stage]))
     apply_overrides(c, recipe[stage])
     c.seed = seed
     c.output_dir = os.path.join(run_dir, stage)
