@@ -100,17 +100,22 @@ def initialize(env: Mapping[str, str] | None = None) -> Launch:
 # Sources
 
 
+def _check_rank(rank_name: str, rank: int, count_name: str, count: int, hint: str) -> None:
+  """A count of at least 1 and a rank inside it, each named as the environment names it."""
+  if count < 1:
+    raise LaunchError(f'{count_name}={count} must be >= 1.')
+  if not 0 <= rank < count:
+    raise LaunchError(f'{rank_name}={rank} must be in [0, {count_name}={count}){hint}')
+
+
 def _explicit(env) -> Launch:
   _require(env, _EXPLICIT, 'explicit launch')
   address = env['COORDINATOR_ADDRESS']
   _check_address(address, 'COORDINATOR_ADDRESS')
   num = _int(env, 'NUM_PROCESSES')
   pid = _int(env, 'PROCESS_ID')
-  if num < 1:
-    raise LaunchError(f'NUM_PROCESSES={num} must be >= 1.')
-  if not 0 <= pid < num:
-    raise LaunchError(f'PROCESS_ID={pid} must be in [0, NUM_PROCESSES={num}); number the '
-                      'processes 0..NUM_PROCESSES-1.')
+  _check_rank('PROCESS_ID', pid, 'NUM_PROCESSES', num,
+              '; number the processes 0..NUM_PROCESSES-1.')
   return Launch('explicit', num, pid, address)
 
 
@@ -118,11 +123,8 @@ def _megadlms(env) -> Launch:
   _require(env, _MEGADLMS, 'MegaDLMs-style launch (envs/.env)')
   nodes, rank = _int(env, 'NUM_NODES'), _int(env, 'NODE_RANK')
   port = _int(env, 'MASTER_PORT')
-  if nodes < 1:
-    raise LaunchError(f'NUM_NODES={nodes} must be >= 1.')
-  if not 0 <= rank < nodes:
-    raise LaunchError(f'NODE_RANK={rank} must be in [0, NUM_NODES={nodes}); give each node its '
-                      'own rank 0..NUM_NODES-1.')
+  _check_rank('NODE_RANK', rank, 'NUM_NODES', nodes,
+              '; give each node its own rank 0..NUM_NODES-1.')
   if not 0 < port < 65536:
     raise LaunchError(f'MASTER_PORT={port} is not a TCP port (1..65535).')
   address = f'{env["MASTER_ADDR"]}:{port}'
@@ -131,10 +133,7 @@ def _megadlms(env) -> Launch:
   # One process per GPU: the launcher numbers the processes of a node with LOCAL_RANK.
   _require(env, ('GPUS_PER_NODE',), 'one process per GPU (LOCAL_RANK is set)')
   per_node, local = _int(env, 'GPUS_PER_NODE'), _int(env, 'LOCAL_RANK')
-  if per_node < 1:
-    raise LaunchError(f'GPUS_PER_NODE={per_node} must be >= 1.')
-  if not 0 <= local < per_node:
-    raise LaunchError(f'LOCAL_RANK={local} must be in [0, GPUS_PER_NODE={per_node}).')
+  _check_rank('LOCAL_RANK', local, 'GPUS_PER_NODE', per_node, '.')
   return Launch('megadlms', nodes * per_node, rank * per_node + local, address, (local,))
 
 
