@@ -4,6 +4,7 @@
     python -m dlmjax.train --config=configs/sft.py         # SFT on the task set: runs/sft
     python -m dlmjax.train --config=configs/rl.py --config.init_from=runs/sft
     python -m dlmjax.train --config=configs/rl.py:espo     # ESPO instead of d1
+    python -m dlmjax.train --config=configs/rl.py:spg      # SPG (ELBO / EUBO mixture)
 
 Each rollout samples rl.group_size completions for global_batch_size / group_size prompts of
 rl.task with the current params, scores them exactly, and takes rl.inner_updates optimizer steps
@@ -38,6 +39,10 @@ def get_config(arg=None):
   if arg == 'espo':
     c.rl.objective = 'espo'
     c.output_dir = 'runs/rl_espo'
+  elif arg == 'spg':  # SPG-Mixture (block-wise masks, no ratio, no KL)
+    c.rl.objective = 'spg'
+    c.rl.kl_beta = 0.0
+    c.output_dir = 'runs/rl_spg'
   elif arg:
-    raise ValueError(f'configs/rl.py takes no argument or "espo", got {arg!r}.')
+    raise ValueError(f'configs/rl.py takes no argument, "espo" or "spg", got {arg!r}.')
   return c

@@ -155,14 +155,20 @@ def defaults() -> ml_collections.ConfigDict:
   c.rl.max_prompt_tokens = 48  # prompt width; longer prompts are dropped
   c.rl.group_size = 4  # G completions per prompt; train.global_batch_size rows per rollout
   c.rl.inner_updates = 2  # mu: optimizer steps per rollout batch (d1: 8 countdown/sudoku)
-  c.rl.objective = 'd1'  # d1 (diffu-GRPO, per-token one-step) | espo (sequence ELBO ratio)
+  # d1 (diffu-GRPO, per-token one-step) | espo (sequence ELBO ratio) | spg (ELBO / EUBO bounds)
+  c.rl.objective = 'd1'
   c.rl.advantage_scaling = 'none'  # none (d1, SPG, ESPO: r - mean) | std (dLLM-RL z-score)
   c.rl.loss_normalisation = 'token'  # d1: token (d1/DAPO) | sequence (GRPO); espo: per sequence
   c.rl.kl_reference = 'init'  # init (frozen start model, d1) | old (rollout policy) | none
   c.rl.kl_beta = 0.04  # d1's beta (k3 for d1, k2 for espo)
   c.rl.clip_eps = 0.5  # d1's epsilon
   c.rl.p_mask_prompt = 0.15  # d1: prompt tokens masked in the one-step estimate
-  c.rl.elbo_samples = 2  # espo: Monte Carlo samples per ELBO (ESPO's M)
+  c.rl.elbo_samples = 2  # espo, spg: Monte Carlo mask samples per sequence (ESPO's M, SPG's m)
+  # spg: negative-advantage rows use mix_weight * EUBO + (1 - mix_weight) * ELBO (1 = EUBO alone,
+  # 0 = ELBO alone); eubo_beta is the Renyi order (SPG: 1.0 for sudoku, 1.5 for the others).
+  # Masks are SPG's block-wise ones over rl.block_length blocks. SPG has no KL: kl_beta = 0.
+  c.rl.spg_mix_weight = 0.5
+  c.rl.spg_eubo_beta = 1.0
   c.rl.reference_dtype = 'float32'  # float32 | bfloat16 (halves the reference's memory)
   c.rl.reference_on_host = False  # keep the reference in host memory between rollouts
   c.rl.gen_length = 64  # rollout sampler (dlmjax/diffusion/sampler.py)
@@ -245,7 +251,7 @@ def resolve_mesh(config, num_devices: int) -> None:
 
 _CHOICES = {
     'stage': ('pretrain', 'sft', 'rl'),
-    'rl.objective': ('d1', 'espo'),
+    'rl.objective': ('d1', 'espo', 'spg'),
     'rl.advantage_scaling': ('none', 'std'),
     'rl.loss_normalisation': ('token', 'sequence'),
     'rl.kl_reference': ('init', 'old', 'none'),
@@ -370,6 +376,14 @@ def _validate_rl(config):
                       f'{config.model.seq_len}; shorten them.')
   if r.kl_beta < 0 or not 0 < r.clip_eps or not 0 <= r.p_mask_prompt <= 1:
     raise ConfigError('rl.kl_beta must be >= 0, rl.clip_eps > 0 and rl.p_mask_prompt in [0, 1].')
+  if r.objective == 'spg':
+    if r.kl_beta > 0 and r.kl_reference != 'none':
+      raise ConfigError(f'rl.objective=spg has no KL term (SPG trains without one), but '
+                        f'rl.kl_beta={r.kl_beta}; set --config.rl.kl_beta=0.')
+    if not 0 <= r.spg_mix_weight <= 1 or r.spg_eubo_beta < 1:
+      raise ConfigError(f'rl.spg_mix_weight={r.spg_mix_weight} must be in [0, 1] and '
+                        f'rl.spg_eubo_beta={r.spg_eubo_beta} >= 1 (the EUBO is a bound for '
+                        'beta >= 1).')
   from dlmjax.diffusion import sampler  # pylint: disable=import-outside-toplevel
   try:
     sampler.SamplingConfig(gen_length=r.gen_length, steps=r.diffusion_steps,

@@ -1,4 +1,5 @@
-"""Log-likelihood estimates of a completion under a masked DLM, for the policy ratio and KL.
+"""Log-likelihood estimates of a completion under a masked DLM: d1's one-step token estimate,
+ESPO's sequence ELBO, and SPG's ELBO / EUBO pair from block-wise masks.
 
 Rows are right-padded: prompt [0, prompt_len), the completion canvas [prompt_len, length), pads
 after (no valid token attends to them). Every mask derives from (seed, mask_seed) per row, so
@@ -6,6 +7,8 @@ the policy, the old policy and the reference see the same masks within one inner
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -45,3 +48,65 @@ def sequence_elbo(module, tokens_BL, prompt_lengths_B, lengths_B, mask_seeds_B, 
                                          chunk_tokens=chunk_size)
   return likelihood.log_likelihood(module, tokens_BL, prompt_lengths_B, lengths_B,
                                    row_keys(seed, mask_seeds_B), settings, mask_id=mask_id)
+
+
+def spg_block_masks(key, prompt_length, completion_length, width: int, *, block_length: int,
+                    p_mask_prompt: float):
+  """SPG's block-wise mask for one row and MC sample: [width] bool, True = masked.
+
+  A block of the completion is drawn uniformly (blocks of block_length from the prompt's end);
+  earlier blocks stay clean, every later position is masked, and inside the block a uniform
+  number in [1, its completion tokens] of them is masked at random. Canvas positions after the
+  completion (after its first EOS) are always masked; prompt tokens w.p. p_mask_prompt.
+  """
+  block_key, count_key, order_key, prompt_key = jax.random.split(key, 4)
+  positions = jnp.arange(width)
+  num_blocks = (completion_length + block_length - 1) // block_length
+  block = jax.random.randint(block_key, (), 0, num_blocks)
+  start = prompt_length + block * block_length
+  in_block = jnp.minimum(block_length, completion_length - block * block_length)
+  count = jax.random.randint(count_key, (), 1, in_block + 1)
+  window = (positions >= start) & (positions < start + in_block)
+  order = jnp.where(window, jax.random.uniform(order_key, (width,)), 2.0)
+  rank = jnp.argsort(jnp.argsort(order))  # the window's positions come first, in random order
+  completion_end = prompt_length + completion_length
+  masked = (window & (rank < count)) | (positions >= start + block_length)
+  masked = masked | ((positions >= completion_end) & (positions >= prompt_length))
+  in_prompt = positions < prompt_length
+  prompt_masked = in_prompt & (jax.random.uniform(prompt_key, (width,)) < p_mask_prompt)
+  return (masked & ~in_prompt) | prompt_masked
+
+
+def spg_sequence_bounds(module, tokens_BL, prompt_lengths_B, lengths_B, completion_mask_BL,
+                        mask_seeds_B, *, seed: int, mask_id: int, num_samples: int,
+                        block_length: int, p_mask_prompt: float, eubo_beta: float,
+                        chunk_size: int = 0):
+  """SPG's two bounds on log pi(completion | prompt) from num_samples block-wise masks; ([B], [B]).
+
+  ELBO: per sample, the mean log-prob of the masked completion tokens, averaged over samples.
+  EUBO (Renyi, beta = eubo_beta): per token, the sample mean of p^beta * masked / t_hat (t_hat the
+  sample's masked share of the completion); then the mean log of that over the tokens masked in
+  some sample, divided by beta. The completion runs up to and including its first EOS.
+  """
+  batch, width = tokens_BL.shape
+  completion_lengths_B = completion_mask_BL.sum(axis=1).astype(jnp.int32)
+  keys_BS = jax.vmap(lambda k: jax.random.split(k, num_samples))(row_keys(seed, mask_seeds_B))
+  make = functools.partial(spg_block_masks, width=width, block_length=block_length,
+                           p_mask_prompt=p_mask_prompt)
+  masked_BSL = jax.vmap(lambda ks, p, c: jax.vmap(lambda k: make(k, p, c))(ks))(
+      keys_BS, prompt_lengths_B, completion_lengths_B)
+  tile = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731  rows b*S + s
+  noisy = jnp.where(masked_BSL.reshape(batch * num_samples, width), mask_id, tile(tokens_BL))
+  ce = loss_lib.model_cross_entropy(module, noisy, tile(tokens_BL), chunk_size=chunk_size,
+                                    valid_length_B=tile(lengths_B))
+  logp_BSL = -ce.reshape(batch, num_samples, width)
+  scored_BSL = (masked_BSL & (completion_mask_BL[:, None, :] > 0)).astype(jnp.float32)
+  per_sample = (logp_BSL * scored_BSL).sum(-1) / jnp.maximum(scored_BSL.sum(-1), 1.0)
+  elbo_B = per_sample.mean(axis=1)
+  t_hat_BS = scored_BSL.sum(-1) / jnp.maximum(completion_lengths_B[:, None], 1)
+  weighted_BL = (jnp.exp(eubo_beta * logp_BSL) * scored_BSL /
+                 jnp.maximum(t_hat_BS, 1e-8)[..., None]).mean(axis=1)
+  seen_BL = weighted_BL > 0
+  log_BL = jnp.log(jnp.where(seen_BL, weighted_BL, 1.0))
+  eubo_B = (log_BL * seen_BL).sum(-1) / jnp.maximum(seen_BL.sum(-1), 1) / eubo_beta
+  return elbo_B, eubo_B

@@ -1,4 +1,4 @@
-"""Policy losses on per-token (d1) or per-sequence (ESPO) log-likelihood estimates.
+"""Policy losses on per-token (d1) or per-sequence (ESPO, SPG) log-likelihood estimates.
 
 Each returns per-unit losses and diagnostics; the stage weights them (token or sequence
 normalisation) so that the shared step's micro-batch accumulation gives the global average.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-OBJECTIVES = ('d1', 'espo')
+OBJECTIVES = ('d1', 'espo', 'spg')
 
 
 def clipped_surrogate(ratio, advantage, eps: float):
@@ -47,3 +47,12 @@ def espo_sequence_loss(elbo_B, old_elbo_B, ref_elbo_B, advantages_B, length_B, *
   surrogate_B, clipped_B = clipped_surrogate(ratio_B, advantages_B, eps)
   kl_B = k2(elbo_B, ref_elbo_B)
   return surrogate_B + beta * kl_B, kl_B, clipped_B
+
+
+def spg_sequence_loss(elbo_B, eubo_B, advantages_B, *, mix_weight: float):
+  """SPG (sandwiched policy gradient): -A * log-likelihood bound per sequence, no ratio, no KL.
+
+  Rows with A > 0 push up the ELBO (a lower bound); the others push down the mixture
+  mix_weight * EUBO + (1 - mix_weight) * ELBO (SPG's upper-bound side). Returns loss [B]."""
+  negative_B = mix_weight * eubo_B + (1.0 - mix_weight) * elbo_B
+  return -advantages_B * jnp.where(advantages_B > 0, elbo_B, negative_B)

@@ -59,10 +59,14 @@ def loss_weights(completion_mask_BL, objective: str, normalisation: str):
   """Each unit's share of the global batch loss: per token (d1) or per sequence (ESPO).
 
   d1 'token': mask / total completion tokens (d1, DAPO); 'sequence': mask / (tokens of the row x
-  rows) (GRPO). ESPO: 1 / rows per sequence."""
+  rows) (GRPO). ESPO: 1 / rows per sequence. SPG: the row's completion length / all rows' (SPG's
+  length-weighted sequence average)."""
   rows = completion_mask_BL.shape[0]
   if objective == 'espo':
     return np.full((rows,), 1.0 / rows, np.float32)
+  if objective == 'spg':
+    lengths = completion_mask_BL.sum(axis=1)
+    return (lengths / max(lengths.sum(), 1.0)).astype(np.float32)
   if normalisation == 'token':
     return (completion_mask_BL / max(completion_mask_BL.sum(), 1.0)).astype(np.float32)
   per_row = np.maximum(completion_mask_BL.sum(axis=1, keepdims=True), 1.0)
@@ -179,11 +183,13 @@ class RolloutSource:
                       for j in range(r.inner_updates)]).astype(np.int32)
     old_all, ref_all = [], []
     reference = self._reference_params()
-    for j in range(r.inner_updates):
+    for j in range(r.inner_updates if r.objective != 'spg' else 0):
       old = self._score(params, tokens, prompt_lengths, lengths, seeds[j])
       old_all.append(old)
       ref_all.append(old if reference is None else
                      self._score(reference, tokens, prompt_lengths, lengths, seeds[j]))
+    if r.objective == 'spg':  # no ratio and no KL: nothing to precompute
+      old_all = ref_all = [np.zeros(tokens.shape[:1], np.float32)] * r.inner_updates
     score_s = time.time() - start
     if self.reporter is not None:
       self.reporter.write_row(dict(

@@ -1,4 +1,4 @@
-"""d1's one-step estimator against a direct forward of the hand-masked sequence."""
+"""The RL estimators (d1, ESPO, SPG) against direct forwards of hand-masked sequences."""
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +25,11 @@ class _Jitted:
     self._elbo = jax.jit(lambda params, tokens, prompt_lengths, lengths, seeds: (
         estimators.sequence_elbo(model_lib.merge(_CFG, params), tokens, prompt_lengths, lengths,
                                  seeds, seed=0, mask_id=3, num_samples=2)))
+    self._spg = jax.jit(lambda params, tokens, prompt_lengths, lengths, completion, seeds: (
+        estimators.spg_sequence_bounds(model_lib.merge(_CFG, params), tokens, prompt_lengths,
+                                       lengths, completion, seeds, seed=0, mask_id=3,
+                                       num_samples=3, block_length=4, p_mask_prompt=0.0,
+                                       eubo_beta=1.5)))
     self._forward = jax.jit(lambda params, tokens, lengths: model_lib.merge(_CFG, params)(
         tokens, valid_length_B=lengths))
 
@@ -33,6 +38,9 @@ class _Jitted:
 
   def elbo(self, *args):
     return np.asarray(self._elbo(self.params, *args))
+
+  def spg(self, *args):
+    return tuple(np.asarray(x) for x in self._spg(self.params, *args))
 
   def __call__(self, tokens, valid_length_B):
     return self._forward(self.params, tokens, valid_length_B)
@@ -88,3 +96,52 @@ def test_sequence_elbo_uses_shared_masks(module):
   b = module.elbo(*args, jnp.array([1, 2]))
   np.testing.assert_array_equal(a, b)
   assert a.shape == (2,) and np.all(np.asarray(a) < 0)
+
+
+def _masks(key, prompt_len, completion_len, width=16, block=4, p=0.0):
+  return np.asarray(estimators.spg_block_masks(key, prompt_len, completion_len, width,
+                                               block_length=block, p_mask_prompt=p))
+
+
+def test_spg_block_masks_follow_the_block_rule():
+  prompt_len, completion_len, width, block = 3, 10, 16, 4  # blocks [3,7) [7,11) [11,13)+
+  seen_blocks = set()
+  for i in range(200):
+    masked = _masks(jax.random.key(i), prompt_len, completion_len, width, block)
+    assert not masked[:prompt_len].any()  # p_mask_prompt = 0
+    assert masked[prompt_len + completion_len:].all()  # after the completion: always masked
+    canvas = masked[prompt_len:prompt_len + completion_len]
+    first = int(np.argmax(canvas))  # the drawn block holds the first masked token
+    b = first // block
+    seen_blocks.add(b)
+    in_block = canvas[b * block:min((b + 1) * block, completion_len)]
+    assert 1 <= in_block.sum() <= len(in_block)
+    assert not canvas[:b * block].any() and canvas[(b + 1) * block:].all()
+  assert seen_blocks == {0, 1, 2}
+  prompt_masked = np.mean([_masks(jax.random.key(i), 8, 4, p=0.5)[:8].mean() for i in range(200)])
+  assert 0.4 < prompt_masked < 0.6
+
+
+def test_spg_bounds_match_direct_forwards_of_the_same_masks(module):
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(4, 128, size=(2, 16)).astype(np.int32)
+  prompt_lengths, lengths = np.array([3, 5], np.int32), np.array([15, 16], np.int32)
+  completion = np.zeros((2, 16), np.float32)
+  completion[0, 3:12], completion[1, 5:16] = 1, 1  # row 0's first EOS at 11: pads after it
+  seeds = np.array([4, 9], np.int32)
+  elbo, eubo = module.spg(tokens, prompt_lengths, lengths, completion, seeds)
+  keys = jax.vmap(lambda k: jax.random.split(k, 3))(estimators.row_keys(0, jnp.asarray(seeds)))
+  for b in range(2):
+    comp_len = int(completion[b].sum())
+    per_sample, weighted = [], np.zeros(16)
+    for s in range(3):
+      masked = _masks(keys[b, s], int(prompt_lengths[b]), comp_len)
+      noisy = np.where(masked, 3, tokens[b])
+      logits = np.asarray(module(jnp.asarray(noisy[None]), jnp.array([lengths[b]])))[0]
+      logp = jax.nn.log_softmax(logits)[np.arange(16), tokens[b]]
+      scored = masked & (completion[b] > 0)
+      per_sample.append(logp[scored].mean())
+      weighted += np.exp(1.5 * logp) * scored / (scored.sum() / comp_len) / 3
+    np.testing.assert_allclose(elbo[b], np.mean(per_sample), rtol=1e-4)
+    np.testing.assert_allclose(eubo[b], np.log(weighted[weighted > 0]).mean() / 1.5, rtol=1e-4)
+  assert (eubo >= elbo).all()  # the sandwich: the upper bound is above the lower one

@@ -48,6 +48,15 @@ def test_espo_sequence_loss_matches_numpy():
   np.testing.assert_allclose(kl, 0.5 * (elbo - ref)**2, rtol=1e-5)
 
 
+def test_spg_sequence_loss_matches_numpy():
+  rng = np.random.default_rng(2)
+  elbo, eubo = rng.normal(-3, 1, 6).astype(np.float32), rng.normal(-2, 1, 6).astype(np.float32)
+  adv = np.array([0.5, -0.5, 0.0, 0.25, -0.25, 1.0], np.float32)
+  loss = objectives.spg_sequence_loss(elbo, eubo, adv, mix_weight=0.3)
+  bound = np.where(adv > 0, elbo, 0.3 * eubo + 0.7 * elbo)  # A > 0: ELBO; otherwise the mix
+  np.testing.assert_allclose(loss, -adv * bound, rtol=1e-6)
+
+
 def test_ratio_one_gives_the_policy_gradient_sign():
   zero = np.zeros((2, 3), np.float32)
   loss, _, clipped = objectives.d1_token_loss(zero, zero, zero, np.array([1.0, -2.0], np.float32),

@@ -38,11 +38,11 @@ def init_dir(tmp_path_factory):
 
 
 @pytest.mark.slow  # ~90 s each on the shared 2-core machine: compiles sampler, scorer, step
-@pytest.mark.parametrize('objective', ['d1', 'espo'])
+@pytest.mark.parametrize('objective', ['d1', 'espo', 'spg'])
 def test_rl_runs_and_logs(tmp_path, init_dir, objective):
-  # ESPO also holds its reference in host memory, in bfloat16.
-  extra = {'rl.reference_on_host': True, 'rl.reference_dtype': 'bfloat16'} if objective == 'espo' \
-      else {}
+  # ESPO also holds its reference in host memory, in bfloat16; SPG has no reference (no KL).
+  extra = {'espo': {'rl.reference_on_host': True, 'rl.reference_dtype': 'bfloat16'},
+           'spg': {'rl.kl_beta': 0.0}}.get(objective, {})
   c = _rl_config(tmp_path, init_dir, **{'rl.objective': objective, **extra})
   last = loop.train(c)
   assert last['step'] == 2
@@ -66,6 +66,8 @@ def test_rl_runs_and_logs(tmp_path, init_dir, objective):
     ({'rl.gen_length': 60}, 'exceed model.seq_len'),
     ({'rl.block_length': 5}, 'block_length'),
     ({'init_from': ''}, 'init_from'),
+    ({'rl.objective': 'spg'}, 'no KL term'),  # kl_beta 0.04 by default
+    ({'rl.objective': 'spg', 'rl.kl_beta': 0.0, 'rl.spg_eubo_beta': 0.5}, 'spg_eubo_beta'),
 ])
 def test_bad_rl_configs_name_the_fix(tmp_path, overrides, match):
   c = _rl_config(tmp_path, 'unused', **overrides)

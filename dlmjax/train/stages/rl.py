@@ -1,4 +1,4 @@
-"""RL from verifiable rewards: rollouts of the current policy, diffu-GRPO (d1) or ESPO loss.
+"""RL from verifiable rewards: rollouts of the current policy, diffu-GRPO (d1), ESPO or SPG loss.
 
 The batch source (dlmjax/rl/rollout.py) generates G completions per prompt with the current
 params, scores them, and serves the same rollouts rl.inner_updates times, each with its own mask
@@ -29,6 +29,13 @@ def loss_fn(config):
                                           p_mask_prompt=r.p_mask_prompt, **common)
       loss, kl, clipped = objectives.d1_token_loss(logp, old, ref, advantages, eps=r.clip_eps,
                                                    beta=beta)
+    elif r.objective == 'spg':
+      elbo, eubo = estimators.spg_sequence_bounds(
+          module, tokens, prompt_lengths, lengths, completion_mask, mask_seeds,
+          num_samples=r.elbo_samples, block_length=r.block_length, p_mask_prompt=r.p_mask_prompt,
+          eubo_beta=r.spg_eubo_beta, **common)
+      loss = objectives.spg_sequence_loss(elbo, eubo, advantages, mix_weight=r.spg_mix_weight)
+      kl = clipped = jnp.zeros_like(loss)  # SPG has neither a ratio nor a KL term
     else:
       elbo = estimators.sequence_elbo(module, tokens, prompt_lengths, lengths, mask_seeds,
                                       num_samples=r.elbo_samples, **common)
