@@ -3,11 +3,4 @@
 #   bash scripts/dlm_sft.sh CFG [--config.key=value ...]     e.g. CFG=configs/sft.py
 # OUTPUT_DIR sets the run directory (default: $CKPT_DIR/dlm_sft).
 source "$(dirname "$0")/launch.sh"
-if [ $# -lt 1 ] || [ ! -f "${1%%:*}" ]; then
-  echo "usage: bash scripts/dlm_sft.sh CFG [--config.key=value ...] (CFG a config file, e.g." \
-    "configs/sft.py)" >&2
-  exit 2
-fi
-config=$1
-shift
-dlm_launch "$config" --config.output_dir="${OUTPUT_DIR:-$CKPT_DIR/dlm_sft}" "$@"
+dlm_stage sft "$@"

@@ -41,3 +41,18 @@ dlm_launch() {
   done
   exit "$status"
 }
+
+# dlm_stage NAME CONFIG [--config.key=value ...]: a later stage (sft, rl) on this node, its run
+# directory OUTPUT_DIR (default: $CKPT_DIR/dlm_NAME).
+dlm_stage() {
+  local name=$1
+  shift
+  if [ $# -lt 1 ] || [ ! -f "${1%%:*}" ]; then
+    echo "usage: bash scripts/dlm_$name.sh CFG [--config.key=value ...] (CFG a config file, e.g." \
+      "configs/$name.py)" >&2
+    exit 2
+  fi
+  local config=$1
+  shift
+  dlm_launch "$config" --config.output_dir="${OUTPUT_DIR:-$CKPT_DIR/dlm_$name}" "$@"
+}
