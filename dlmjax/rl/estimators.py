@@ -57,7 +57,10 @@ def spg_block_masks(key, prompt_length, completion_length, width: int, *, block_
   A block of the completion is drawn uniformly (blocks of block_length from the prompt's end);
   earlier blocks stay clean, every later position is masked, and inside the block a uniform
   number in [1, its completion tokens] of them is masked at random. Canvas positions after the
-  completion (after its first EOS) are always masked; prompt tokens w.p. p_mask_prompt.
+  completion (after its first EOS) are always masked; prompt tokens w.p. p_mask_prompt (SPG's
+  code applies that rate to the clean completion tokens of earlier blocks too; here, as in d1,
+  it masks prompt tokens only). Each sample draws its block independently (SPG's code draws
+  distinct blocks, so it needs samples <= blocks).
   """
   block_key, count_key, order_key, prompt_key = jax.random.split(key, 4)
   positions = jnp.arange(width)
