@@ -1,6 +1,7 @@
 """python -m dlmjax.demo: pre-train -> SFT -> RL on the tiny model, each stage scored held-out.
 
   python -m dlmjax.demo [--seeds 0,1,2] [--output-dir runs/demo] [--task sudoku4]
+                        [--objective d1|espo|spg]
 
 Per seed, the three stages run through the normal trainer (`dlmjax.train.loop.train` on
 configs/tiny.py, configs/sft.py and configs/rl.py with the RECIPE below on top), each from the
@@ -8,12 +9,15 @@ previous one's checkpoint. Every stage's checkpoint is then decoded greedily on 
 held-out split with one sampler setting (dlmjax.evaluate's tasks mode) and checked with
 dlmjax.verify. The table gives per seed, then mean +- std over seeds: steps, final loss, held-out
 accuracy and mean reward, and the RL gain over SFT against the seed-to-seed spread. It is also
-written to OUTPUT_DIR/results.json. A rerun resumes finished or cut stages from their checkpoints.
+written to OUTPUT_DIR/results.json (results_<objective>.json for espo / spg). A rerun resumes
+finished or cut stages from their checkpoints; another --objective reuses the seeds' pre-training
+and SFT runs and trains only its own RL stage (OUTPUT/seedN/rl_<objective>).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -61,10 +65,24 @@ RECIPE = {
         'checkpoint.every': 0,
     },
 }
+# --objective: the RL stage's objective on top of RECIPE. SPG trains without a KL term, so it
+# gets lr 3e-5, the stable end of the GPU search (docs/benchmarks.md: 1e-4 collapses without KL).
+# Each objective has its own RL run directory; all start from the same SFT checkpoints.
+OBJECTIVES = {'d1': {}, 'espo': {'rl.objective': 'espo'},
+              'spg': {'rl.objective': 'spg', 'rl.kl_beta': 0.0, 'train.lr': 3e-5}}
 SFT_EXAMPLES = 4000  # task training examples written as the SFT set (worked solutions)
 EVAL_EXAMPLES = 128  # held-out problems per stage and seed (the same ones for every stage)
 EVAL_BATCH = 16
 EVAL_SEED = 0  # held-out set and decoding key: fixed, so stages and seeds see the same problems
+
+
+def recipe_for(objective: str) -> dict:
+  """RECIPE with the RL stage switched to `objective` (a key of OBJECTIVES)."""
+  if objective not in OBJECTIVES:
+    raise ValueError(f'--objective {objective!r}: choose one of {sorted(OBJECTIVES)}.')
+  recipe = copy.deepcopy(RECIPE)
+  recipe['rl'].update(OBJECTIVES[objective])
+  return recipe
 
 
 def eval_sampling(recipe=RECIPE):
@@ -110,7 +128,9 @@ def stage_configs(seed: int, run_dir: str, task: str, recipe=RECIPE) -> dict:
     c = convert.load_config_file(os.path.join(configs_dir(), _CONFIG_FILES[stage]))
     apply_overrides(c, recipe[stage])
     c.seed = seed
-    c.output_dir = os.path.join(run_dir, stage)
+    objective = recipe['rl'].get('rl.objective', 'd1')
+    c.output_dir = os.path.join(run_dir, stage if stage != 'rl' or objective == 'd1' else
+                                f'rl_{objective}')
     c.log.plots = False
     c.log.tensorboard = False
     if stage == 'sft':
@@ -295,6 +315,8 @@ def _parser() -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--seeds', default='0,1,2', help='comma-separated, e.g. 0,1,2')
   parser.add_argument('--output-dir', default='runs/demo')
+  parser.add_argument('--objective', default='d1', help='the RL stage: d1 | espo | spg (its '
+                      'own run directory rl_<objective>; pre-training and SFT are shared)')
   parser.add_argument('--task', default='sudoku4', help='a dlmjax.tasks name; RECIPE is sized '
                       'for sudoku4 (32 generated tokens: longer countdown/arithmetic answers '
                       'are cut)')
@@ -307,12 +329,13 @@ def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
     seeds = parse_seeds(args.seeds)
+    recipe = recipe_for(args.objective)
     if args.task not in tasks_lib.TASKS:
       raise ValueError(f'--task {args.task!r}: choose one of {sorted(tasks_lib.TASKS)}.')
     os.makedirs(args.output_dir, exist_ok=True)
     start, rows = time.time(), []
     for seed in seeds:
-      rows += run_seed(seed, args.output_dir, args.task)
+      rows += run_seed(seed, args.output_dir, args.task, recipe)
     summary = aggregate(rows)
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)
@@ -321,9 +344,11 @@ def main(argv=None) -> int:
   table = format_table(rows, summary)
   print(table)
   print(f'wall time {wall_s / 60:.1f} min for {len(seeds)} seed(s)')
-  result = dict(task=args.task, seeds=seeds, recipe=RECIPE, eval_examples=EVAL_EXAMPLES,
-                wall_s=wall_s, rows=rows, summary=summary, table=table)
-  with open(os.path.join(args.output_dir, 'results.json'), 'w') as f:
+  result = dict(task=args.task, objective=args.objective, seeds=seeds, recipe=recipe,
+                eval_examples=EVAL_EXAMPLES, wall_s=wall_s, rows=rows, summary=summary,
+                table=table)
+  name = 'results.json' if args.objective == 'd1' else f'results_{args.objective}.json'
+  with open(os.path.join(args.output_dir, name), 'w') as f:
     json.dump(result, f, indent=2)
   return 0
 

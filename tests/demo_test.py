@@ -111,6 +111,18 @@ def test_stage_configs_chain_and_validate(tmp_path):
     demo.apply_overrides(configs['rl'], {'rl.nope': 1})
 
 
+def test_other_objectives_share_pretraining_and_sft(tmp_path):
+  d1 = demo.stage_configs(3, str(tmp_path), 'sudoku4')
+  spg = demo.stage_configs(3, str(tmp_path), 'sudoku4', demo.recipe_for('spg'))
+  assert spg['sft'].output_dir == d1['sft'].output_dir  # the same SFT run feeds both RL runs
+  assert spg['rl'].output_dir == str(tmp_path / 'rl_spg') != d1['rl'].output_dir
+  assert spg['rl'].rl.objective == 'spg' and spg['rl'].rl.kl_beta == 0.0
+  config_lib.validate(spg['rl'])
+  assert demo.recipe_for('d1') == demo.RECIPE
+  with pytest.raises(ValueError, match='--objective'):
+    demo.recipe_for('ppo')
+
+
 def test_sft_set_is_train_split_only(tmp_path):
   path = demo.write_sft_set(str(tmp_path / 'sft.jsonl'), 'sudoku4', num=50)
   rows = [json.loads(line) for line in open(path)]
