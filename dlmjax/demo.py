@@ -105,12 +105,11 @@ def apply_overrides(config, overrides: dict) -> None:
   """Sets dotted keys, each to the type the config already has (a typo is a clear error)."""
   from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
   for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    node = config
-    for p in parents:
-      node = node[p] if p in node else None
-      if node is None:
-        break
+    parent, _, leaf = key.rpartition('.')
+    try:
+      node = config_lib.get_key(config, parent) if parent else config
+    except (KeyError, AttributeError):
+      node = None
     if node is None or leaf not in node:
       raise config_lib.ConfigError(f'demo recipe key {key!r} is not a config key (see '
                                    'dlmjax/config.py).')
@@ -123,14 +122,14 @@ def stage_configs(seed: int, run_dir: str, task: str, recipe=RECIPE) -> dict:
   if not os.path.isdir(configs_dir()):
     raise FileNotFoundError(f'{configs_dir()} does not exist: the demo builds on the '
                             "repository's configs/; run it from a source checkout of dlmjax.")
+  objective = recipe['rl'].get('rl.objective', 'd1')
+  names = dict(zip(STAGES, STAGES), rl='rl' if objective == 'd1' else f'rl_{objective}')
   configs = {}
   for stage in STAGES:
     c = convert.load_config_file(os.path.join(configs_dir(), _CONFIG_FILES[stage]))
     apply_overrides(c, recipe[stage])
     c.seed = seed
-    objective = recipe['rl'].get('rl.objective', 'd1')
-    c.output_dir = os.path.join(run_dir, stage if stage != 'rl' or objective == 'd1' else
-                                f'rl_{objective}')
+    c.output_dir = os.path.join(run_dir, names[stage])
     c.log.plots = False
     c.log.tensorboard = False
     if stage == 'sft':

@@ -72,12 +72,10 @@ def spg_block_masks(key, prompt_length, completion_length, width: int, *, block_
   window = (positions >= start) & (positions < start + in_block)
   order = jnp.where(window, jax.random.uniform(order_key, (width,)), 2.0)
   rank = jnp.argsort(jnp.argsort(order))  # the window's positions come first, in random order
-  completion_end = prompt_length + completion_length
-  masked = (window & (rank < count)) | (positions >= start + block_length)
-  masked = masked | ((positions >= completion_end) & (positions >= prompt_length))
+  masked = ((window & (rank < count)) | (positions >= start + block_length) |
+            (positions >= prompt_length + completion_length))  # none of these reach the prompt
   in_prompt = positions < prompt_length
-  prompt_masked = in_prompt & (jax.random.uniform(prompt_key, (width,)) < p_mask_prompt)
-  return (masked & ~in_prompt) | prompt_masked
+  return masked | (in_prompt & (jax.random.uniform(prompt_key, (width,)) < p_mask_prompt))
 
 
 def spg_sequence_bounds(module, tokens_BL, prompt_lengths_B, lengths_B, completion_mask_BL,

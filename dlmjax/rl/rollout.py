@@ -181,15 +181,7 @@ class RolloutSource:
         out, prompt_lengths, r.max_prompt_tokens, eos_id=m.eos_token_id, pad_id=m.pad_token_id)
     seeds = np.stack([(index * r.inner_updates + j) * rows + np.arange(rows, dtype=np.int64)
                       for j in range(r.inner_updates)]).astype(np.int32)
-    old_all, ref_all = [], []
-    reference = self._reference_params()
-    for j in range(r.inner_updates if r.objective != 'spg' else 0):
-      old = self._score(params, tokens, prompt_lengths, lengths, seeds[j])
-      old_all.append(old)
-      ref_all.append(old if reference is None else
-                     self._score(reference, tokens, prompt_lengths, lengths, seeds[j]))
-    if r.objective == 'spg':  # no ratio and no KL: nothing to precompute
-      old_all = ref_all = [np.zeros(tokens.shape[:1], np.float32)] * r.inner_updates
+    old_all, ref_all = self._old_and_reference(params, tokens, prompt_lengths, lengths, seeds)
     score_s = time.time() - start
     if self.reporter is not None:
       self.reporter.write_row(dict(
@@ -201,6 +193,22 @@ class RolloutSource:
                 mask_seeds_all=seeds, advantages=advantages, old_all=old_all, ref_all=ref_all,
                 weight=loss_weights(completion_mask, r.objective, r.loss_normalisation),
                 completion_mask=completion_mask, rewards=rewards)
+
+  def _old_and_reference(self, params, tokens, prompt_lengths, lengths, seeds):
+    """Per inner iteration, the rollout policy's and the reference's estimates with that
+    iteration's mask seeds (the reference's are the old ones when there is no reference).
+    SPG has neither a ratio nor a KL: zeros, nothing computed."""
+    if self.r.objective == 'spg':
+      zeros = np.zeros(tokens.shape[:1], np.float32)
+      return [zeros] * len(seeds), [zeros] * len(seeds)
+    old_all, ref_all = [], []
+    reference = self._reference_params()
+    for seeds_B in seeds:
+      old = self._score(params, tokens, prompt_lengths, lengths, seeds_B)
+      old_all.append(old)
+      ref_all.append(old if reference is None else
+                     self._score(reference, tokens, prompt_lengths, lengths, seeds_B))
+    return old_all, ref_all
 
   def _reference_params(self):
     if self.reference is None:

@@ -54,7 +54,8 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
         model_lib.merge(setup.model_config, params), tokens, prompt_lengths, lengths, completion,
         seeds, seed=c.seed, mask_id=c.model.mask_token_id, num_samples=c.rl.elbo_samples,
         block_length=GEN, p_mask_prompt=c.rl.p_mask_prompt, eubo_beta=c.rl.spg_eubo_beta)
-    return jnp.where(advantages > 0, elbo, 0.5 * eubo + 0.5 * elbo)
+    w = c.rl.spg_mix_weight
+    return jnp.where(advantages > 0, elbo, w * eubo + (1 - w) * elbo)
 
   def estimate(params):  # the objective's own per-row log-likelihood estimate
     if objective == 'spg':
