@@ -41,6 +41,10 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.block_size = 32  # block_causal only: tokens per block.
   c.model.attention_backend = 'xla'  # xla | cudnn | pallas | auto (fastest valid; attention.py)
   c.model.dtype = 'float32'  # compute dtype: float32 | bfloat16; params stay float32.
+  # The projections' matmuls (q/k/v/o, MLP gate/up/down): 'compute' runs them in model.dtype,
+  # 'fp8' in FP8 on Hopper (e4m3 forward, e5m2 gradients, per-tensor scales; model/fp8.py). The
+  # output head and the attention core stay in model.dtype either way.
+  c.model.matmul_dtype = 'compute'
   c.model.remat = 'none'  # none | minimal | save_dots | full
   c.model.scan_layers = True
   # Output head + cross-entropy fused over chunks of this many tokens (never materialising fp32
@@ -259,6 +263,7 @@ _CHOICES = {
     'model.attention_mask': ('bidirectional', 'causal', 'block_causal'),
     'model.attention_backend': ('xla', 'cudnn', 'pallas', 'auto'),
     'model.dtype': ('float32', 'bfloat16'),
+    'model.matmul_dtype': ('compute', 'fp8'),
     'model.remat': ('none', 'minimal', 'save_dots', 'full'),
     'diffusion.objective': ('mdm', 'ar'),
     'data.source': ('builtin', 'megatron', 'tfds:NAME:SPLIT'),

@@ -124,9 +124,10 @@ class Attention(nnx.Module):
   """Multi-head attention with RMSNorm on q and k over the head dim, applied before RoPE."""
 
   def __init__(self, *, d_model, num_heads, num_kv_heads, head_dim, norm_eps, rope_theta, std,
-               out_std, rngs: nnx.Rngs, num_stacked: int = 0):
+               out_std, rngs: nnx.Rngs, num_stacked: int = 0, matmul_dtype: str = 'compute'):
     kw = dict(num_stacked=num_stacked)
     self.rope_theta = rope_theta
+    self.matmul_dtype = matmul_dtype  # q/k/v/o only: the attention core stays in the compute dtype
     self.q_proj = layers.stacked_param(rngs, (d_model, num_heads, head_dim),
                                        (rules.EMBED, rules.HEADS, rules.HEAD_DIM), std=std, **kw)
     self.k_proj = layers.stacked_param(rngs, (d_model, num_kv_heads, head_dim),
@@ -141,10 +142,10 @@ class Attention(nnx.Module):
 
   def __call__(self, x_BLD, positions_BL, *, kind, block_size, backend, segment_ids_BL=None,
                valid_length_B=None):
-    dtype = x_BLD.dtype
-    q = jnp.einsum('bld,dnh->blnh', x_BLD, self.q_proj.value.astype(dtype))
-    k = jnp.einsum('bld,dkh->blkh', x_BLD, self.k_proj.value.astype(dtype))
-    v = jnp.einsum('bld,dkh->blkh', x_BLD, self.v_proj.value.astype(dtype))
+    mm = self.matmul_dtype
+    q = layers.project('bld,dnh->blnh', x_BLD, self.q_proj.value, mm)
+    k = layers.project('bld,dkh->blkh', x_BLD, self.k_proj.value, mm)
+    v = layers.project('bld,dkh->blkh', x_BLD, self.v_proj.value, mm)
     q = checkpoint_name(q, 'query_proj')
     k = checkpoint_name(k, 'key_proj')
     v = checkpoint_name(v, 'value_proj')
@@ -159,5 +160,5 @@ class Attention(nnx.Module):
     out = BACKENDS[backend](q, k, v, kind=kind, block_size=block_size,
                             segment_ids_BL=segment_ids_BL, valid_length_B=valid_length_B)
     out = checkpoint_name(rules.constrain(out, heads), 'context')
-    return checkpoint_name(jnp.einsum('blnh,nhd->bld', out, self.o_proj.value.astype(dtype)),
+    return checkpoint_name(layers.project('blnh,nhd->bld', out, self.o_proj.value, mm),
                            'out_proj')

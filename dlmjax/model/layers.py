@@ -1,4 +1,5 @@
-"""Building blocks of the transformer: parameters with logical axes, RMSNorm, RoPE, SwiGLU MLP.
+"""Building blocks of the transformer: parameters with logical axes, projections, RMSNorm, RoPE,
+SwiGLU MLP.
 
 Axis letters: B batch, L length, D d_model, N query heads, K kv heads, H head dim, F ffn, V vocab.
 Every parameter may carry a leading stacked-layer axis (`num_stacked`), so one Block module holds
@@ -12,7 +13,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from dlmjax.model import fp8
 from dlmjax.parallel import rules
+
+MATMUL_DTYPES = ('compute', 'fp8')  # model.matmul_dtype: the projections' operand precision.
 
 
 def stacked_param(rngs: nnx.Rngs, shape, axes, *, std=None, num_stacked=0) -> nnx.Param:
@@ -24,6 +28,16 @@ def stacked_param(rngs: nnx.Rngs, shape, axes, *, std=None, num_stacked=0) -> nn
   else:
     value = std * jax.random.normal(rngs.params(), shape, jnp.float32)
   return nnx.Param(value, axes=tuple(axes))
+
+
+def project(equation: str, x, w, matmul_dtype: str):
+  """A projection einsum of activations x and a float32 parameter w, the one path every
+  projection takes: operands in x's (compute) dtype, or FP8 (fp8.py) for matmul_dtype='fp8'."""
+  if matmul_dtype == 'fp8':
+    return fp8.einsum(equation, x, w)
+  if matmul_dtype != 'compute':
+    raise ValueError(f'matmul_dtype={matmul_dtype!r} is not one of {MATMUL_DTYPES}.')
+  return jnp.einsum(equation, x, w.astype(x.dtype))
 
 
 class RMSNorm(nnx.Module):
@@ -55,8 +69,9 @@ class MLP(nnx.Module):
   """SwiGLU: down(silu(gate(x)) * up(x))."""
 
   def __init__(self, d_model: int, ffn_dim: int, *, std: float, out_std: float,
-               rngs: nnx.Rngs, num_stacked: int = 0):
+               rngs: nnx.Rngs, num_stacked: int = 0, matmul_dtype: str = 'compute'):
     kw = dict(num_stacked=num_stacked)
+    self.matmul_dtype = matmul_dtype
     in_axes = (rules.EMBED, rules.MLP)
     self.gate_proj = stacked_param(rngs, (d_model, ffn_dim), in_axes, std=std, **kw)
     self.up_proj = stacked_param(rngs, (d_model, ffn_dim), in_axes, std=std, **kw)
@@ -64,12 +79,10 @@ class MLP(nnx.Module):
                                    std=out_std, **kw)
 
   def __call__(self, x_BLD):
-    dtype = x_BLD.dtype
-    gate_BLF = checkpoint_name(jnp.einsum('bld,df->blf', x_BLD, self.gate_proj.value.astype(dtype)),
-                               'mlp_gate')
-    up_BLF = checkpoint_name(jnp.einsum('bld,df->blf', x_BLD, self.up_proj.value.astype(dtype)),
-                             'mlp_up')
+    mm = self.matmul_dtype
+    gate_BLF = checkpoint_name(project('bld,df->blf', x_BLD, self.gate_proj.value, mm), 'mlp_gate')
+    up_BLF = checkpoint_name(project('bld,df->blf', x_BLD, self.up_proj.value, mm), 'mlp_up')
     h_BLF = rules.constrain(jax.nn.silu(gate_BLF) * up_BLF,
                             (rules.BATCH, rules.LENGTH, rules.ACT_MLP))
-    out_BLD = jnp.einsum('blf,fd->bld', h_BLF, self.down_proj.value.astype(dtype))
+    out_BLD = project('blf,fd->bld', h_BLF, self.down_proj.value, mm)
     return checkpoint_name(out_BLD, 'mlp_out')

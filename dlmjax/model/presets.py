@@ -49,6 +49,7 @@ class ModelConfig:
   block_size: int = 32
   attention_backend: str = 'xla'
   dtype: str = 'float32'
+  matmul_dtype: str = 'compute'  # compute | fp8 (the projections only; layers.project)
   remat: str = 'none'
   scan_layers: bool = True
   # Pipeline schedule of the layer stack (dlmjax/parallel/pipeline.py); 1 stage = plain scan.
@@ -76,7 +77,7 @@ class ModelConfig:
                rope_theta=m.rope_theta, norm_eps=m.norm_eps, init_std=m.init_std,
                tie_embeddings=m.tie_embeddings, attention_mask=m.attention_mask,
                block_size=m.block_size, attention_backend=m.attention_backend, dtype=m.dtype,
-               remat=m.remat, scan_layers=m.scan_layers, **schedule)
+               matmul_dtype=m.matmul_dtype, remat=m.remat, scan_layers=m.scan_layers, **schedule)
 
   def num_params(self) -> int:
     """Exact parameter count, without building the model."""

@@ -37,9 +37,10 @@ class Block(nnx.Module):
     self.attn = attention.Attention(
         d_model=cfg.d_model, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
-        std=cfg.init_std, out_std=out_std, **kw)
+        std=cfg.init_std, out_std=out_std, matmul_dtype=cfg.matmul_dtype, **kw)
     self.post_attn_norm = layers.RMSNorm(cfg.d_model, eps=cfg.norm_eps, **kw)
-    self.mlp = layers.MLP(cfg.d_model, cfg.ffn_dim, std=cfg.init_std, out_std=out_std, **kw)
+    self.mlp = layers.MLP(cfg.d_model, cfg.ffn_dim, std=cfg.init_std, out_std=out_std,
+                          matmul_dtype=cfg.matmul_dtype, **kw)
 
   def __call__(self, x_BLD, positions_BL, **attention_kwargs):
     x_BLD = x_BLD + self.attn(self.input_norm(x_BLD), positions_BL, **attention_kwargs)
