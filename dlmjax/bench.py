@@ -89,7 +89,7 @@ def run(config, steps: int, warmup: int, matmul: bool) -> dict:
       config=config.model.preset or 'custom', device=kind, devices=devices,
       mesh=dict(config.mesh), micro_batch=config.train.micro_batch_size,
       global_batch=config.train.global_batch_size, seq=config.model.seq_len,
-      dtype=config.model.dtype, remat=config.model.remat,
+      dtype=config.model.dtype, matmul_dtype=config.model.matmul_dtype, remat=config.model.remat,
       attention=config.model.attention_backend, params=setup.model_config.num_params(),
       tokens_per_s=round(tokens_per_s), step_time_s=round(step_s, 4),
       model_tflops_per_device=round(model_tflops, 1), compile_s=round(compile_s, 1),
