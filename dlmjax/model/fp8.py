@@ -115,6 +115,19 @@ def dot(x, w, contract: int = 1):
   return _fp8_dot(x, w, contract, jnp.dtype(w.dtype))
 
 
+def compiler_options(matmul_dtype: str) -> dict:
+  """XLA options for a jitted program with these matmuls: with FP8 on GPU, no Triton GEMMs.
+
+  Measured on an H200 (docs/benchmarks.md, FP8 matmuls): with XLA's Triton GEMM emitter on, it
+  claimed the dequantize + dot pattern before the FP8 rewrite, so the 1.7B step ran none of its
+  588 projection GEMMs in FP8 (bf16 GEMMs on dequantized operands, 0.92x bf16's speed); with it
+  off, all 588 were cuBLASLt FP8 GEMMs, and bf16 alone runs as fast either way.
+  """
+  if matmul_dtype == 'fp8' and jax.default_backend() == 'gpu':
+    return {'xla_gpu_enable_triton_gemm': False}
+  return {}
+
+
 def einsum(equation: str, x, w):
   """jnp.einsum(equation, x, w) in FP8, for projections: x's last axes contract with w's first.
 

@@ -13,6 +13,7 @@ import optax
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
+from dlmjax.model import fp8
 from dlmjax.parallel import rules
 from dlmjax.train import optimizer as optimizer_lib
 
@@ -120,7 +121,8 @@ class CompiledStep:
         make_step_fn(setup, loss_fn, metrics),
         in_shardings=(setup.state_shardings, {k: self.batch_sharding for k in batch_keys}),
         out_shardings=(setup.state_shardings, setup.replicated),
-        donate_argnums=0)
+        donate_argnums=0,
+        compiler_options=fp8.compiler_options(setup.model_config.matmul_dtype) or None)
 
   def __call__(self, state, batch):
     with rules.activation_mesh(self.setup.mesh):

@@ -174,3 +174,10 @@ def test_bad_matmul_dtype_is_a_config_error():
   with pytest.raises(config_lib.ConfigError, match=r'model\.matmul_dtype=.*compute.*fp8'):
     config_lib.validate(config)
   config_lib.validate(tiny_test_config(**{'model.matmul_dtype': 'fp8'}))
+
+
+def test_compiler_options_turn_triton_gemms_off_for_fp8_on_gpu(monkeypatch):
+  assert fp8.compiler_options('fp8') == {}  # this CPU: nothing to change
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  assert fp8.compiler_options('fp8') == {'xla_gpu_enable_triton_gemm': False}
+  assert fp8.compiler_options('compute') == {}
