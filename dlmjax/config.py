@@ -162,6 +162,9 @@ def defaults() -> ml_collections.ConfigDict:
   # d1 (diffu-GRPO, per-token one-step) | espo (sequence ELBO ratio) | spg (ELBO / EUBO bounds)
   c.rl.objective = 'd1'
   c.rl.advantage_scaling = 'none'  # none (d1, SPG, ESPO: r - mean) | std (dLLM-RL z-score)
+  # keep (every peer) | drop: A := max(A, 0), only above-average completions are reinforced
+  # (SPG's "w/o negative" ablation, filtered behaviour cloning); no push-down of sampled tokens.
+  c.rl.negative_advantages = 'keep'
   c.rl.loss_normalisation = 'token'  # d1: token (d1/DAPO) | sequence (GRPO); espo: per sequence
   c.rl.kl_reference = 'init'  # init (frozen start model, d1) | old (rollout policy) | none
   c.rl.kl_beta = 0.04  # d1's beta (k3 for d1, k2 for espo)
@@ -257,6 +260,7 @@ _CHOICES = {
     'stage': ('pretrain', 'sft', 'rl'),
     'rl.objective': ('d1', 'espo', 'spg'),
     'rl.advantage_scaling': ('none', 'std'),
+    'rl.negative_advantages': ('keep', 'drop'),
     'rl.loss_normalisation': ('token', 'sequence'),
     'rl.kl_reference': ('init', 'old', 'none'),
     'rl.reference_dtype': ('float32', 'bfloat16'),

@@ -9,10 +9,16 @@ from __future__ import annotations
 import numpy as np
 
 SCALINGS = ('none', 'std')
+NEGATIVES = ('keep', 'drop')
 
 
-def group_advantages(rewards_B, group_size: int, scaling: str = 'none', eps: float = 1e-4):
-  """A_i = r_i - mean(group) [/ (std(group) + eps)]; rows i*G .. i*G+G-1 share a prompt."""
+def group_advantages(rewards_B, group_size: int, scaling: str = 'none', eps: float = 1e-4,
+                     negatives: str = 'keep'):
+  """A_i = r_i - mean(group) [/ (std(group) + eps)]; rows i*G .. i*G+G-1 share a prompt.
+
+  negatives='drop' zeroes the below-average rows (max(A, 0)): the update then only raises the
+  likelihood of completions that beat their group, like fine-tuning on them, and never pushes
+  down sampled tokens, whose low probabilities make that push the unstable part at high lr."""
   rewards_B = np.asarray(rewards_B, np.float64)
   if group_size < 2:
     raise ValueError(f'group size {group_size} < 2: a group needs two completions to compare.')
@@ -20,10 +26,14 @@ def group_advantages(rewards_B, group_size: int, scaling: str = 'none', eps: flo
     raise ValueError(f'{rewards_B.shape[0]} rewards do not split into groups of {group_size}.')
   if scaling not in SCALINGS:
     raise ValueError(f'advantage scaling {scaling!r} is not one of {SCALINGS}.')
+  if negatives not in NEGATIVES:
+    raise ValueError(f'negative advantages {negatives!r}: choose one of {NEGATIVES}.')
   groups = rewards_B.reshape(-1, group_size)
   advantages = groups - groups.mean(axis=1, keepdims=True)
   if scaling == 'std':
     advantages = advantages / (groups.std(axis=1, keepdims=True) + eps)
+  if negatives == 'drop':
+    advantages = np.maximum(advantages, 0.0)
   return advantages.reshape(-1).astype(np.float32)
 
 

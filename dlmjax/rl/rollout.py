@@ -176,7 +176,8 @@ class RolloutSource:
              sampler_lib.completions(out, r.max_prompt_tokens, m.eos_token_id)]
     rewards, failures = advantages_lib.score(self.task.reward, examples, texts)
     correct = [_safe_correct(self.task, e, t) for e, t in zip(examples, texts)]
-    advantages = advantages_lib.group_advantages(rewards, group, r.advantage_scaling)
+    advantages = advantages_lib.group_advantages(rewards, group, r.advantage_scaling,
+                                                 negatives=r.negative_advantages)
     tokens, completion_mask, lengths = to_right_padded(
         out, prompt_lengths, r.max_prompt_tokens, eos_id=m.eos_token_id, pad_id=m.pad_token_id)
     seeds = np.stack([(index * r.inner_updates + j) * rows + np.arange(rows, dtype=np.int64)

@@ -79,6 +79,16 @@ def test_group_advantages():
     advantages.group_advantages(rewards, 3)
 
 
+def test_dropped_negative_advantages_keep_only_above_average_rows():
+  rewards = np.array([1.0, 0.0, 0.5, 0.5, 2.0, 2.0, 0.0, 4.0])
+  np.testing.assert_allclose(advantages.group_advantages(rewards, 4, negatives='drop'),
+                             [0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0])
+  scaled = advantages.group_advantages(rewards, 4, 'std', negatives='drop')
+  np.testing.assert_allclose(scaled, np.maximum(advantages.group_advantages(rewards, 4, 'std'), 0))
+  with pytest.raises(ValueError, match='keep.*drop'):
+    advantages.group_advantages(rewards, 4, negatives='clip')
+
+
 def test_score_counts_failing_reward_functions():
   def reward(example, completion):
     if completion == 'boom':
