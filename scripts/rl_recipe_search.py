@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import time
@@ -24,9 +25,20 @@ from dlmjax import demo
 from dlmjax.train import loop
 
 
-def held_out(path: str, task: str) -> list[float]:
-  scores = demo.evaluate_stage(path, task)
-  return [round(scores['mean_reward'], 4), round(scores['accuracy'], 4)]
+def held_out(path: str, task: str, steps: int | None = None, temperature: float = 0.0
+             ) -> list[float]:
+  """[mean reward, accuracy] greedily, with the RL variant's diffusion steps if it sets them;
+  with temperature > 0 also the mean reward of one sampled completion per puzzle."""
+  sampling = demo.eval_sampling()
+  if steps:
+    sampling = dataclasses.replace(sampling, steps=steps)
+  scores = demo.evaluate_stage(path, task, sampling=sampling)
+  row = [round(scores['mean_reward'], 4), round(scores['accuracy'], 4)]
+  if temperature > 0:
+    sampled = demo.evaluate_stage(path, task, sampling=dataclasses.replace(
+        sampling, temperature=temperature))
+    row.append(round(sampled['mean_reward'], 4))
+  return row
 
 
 def rollout_rewards(run_dir: str) -> list[float]:
@@ -45,6 +57,8 @@ def main() -> None:
   parser.add_argument('--work-dir', default='runs/rl_search')
   parser.add_argument('--out', default='runs/rl_search/results.json')
   parser.add_argument('--budget-s', type=float, default=0, help='stop starting variants after')
+  parser.add_argument('--eval-temperature', type=float, default=0.0,
+                      help='also score one sampled completion per puzzle at this temperature')
   args = parser.parse_args()
   variants = json.loads(args.variants)
   start, results = time.time(), []
@@ -66,7 +80,7 @@ def main() -> None:
       demo.write_sft_set(configs['sft'].sft.train_file, args.task)
       loop.train(configs['pretrain'])
       loop.train(configs['sft'])
-      sft = held_out(configs['sft'].output_dir, args.task)
+      sft = held_out(configs['sft'].output_dir, args.task, temperature=args.eval_temperature)
       record(dict(seed=seed, sft_steps=sft_steps, sft=sft))
       for name, overrides in variants.items():
         if args.budget_s and time.time() - start > args.budget_s:
@@ -76,11 +90,15 @@ def main() -> None:
         config.output_dir = os.path.join(run_dir, f'rl_{name}')
         demo.apply_overrides(config, overrides)
         variant_start = time.time()
+        eval_steps = overrides.get('rl.diffusion_steps')  # scored with the sampler it trained
         loop.train(config)
         checkpoints = os.path.join(config.output_dir, 'checkpoints')
         steps = sorted(int(d) for d in os.listdir(checkpoints) if d.isdigit())
         record(dict(seed=seed, sft_steps=sft_steps, variant=name, sft=sft,
-                    rl={s: held_out(os.path.join(checkpoints, str(s)), args.task) for s in steps},
+                    sft_at_variant_steps=held_out(configs['sft'].output_dir, args.task, eval_steps,
+                                                  args.eval_temperature),
+                    rl={s: held_out(os.path.join(checkpoints, str(s)), args.task, eval_steps,
+                                    args.eval_temperature) for s in steps},
                     rollout_rewards=rollout_rewards(config.output_dir),
                     rl_s=round(time.time() - variant_start)))
 
