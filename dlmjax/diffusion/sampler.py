@@ -286,7 +286,8 @@ def make_generate_fn(model_config, sampling: SamplingConfig, *, mask_id: int, eo
                      pad_id: int, mesh=None, vocab_size: int | None = None):
   """jit(fn(params, prompt_BP, prompt_lengths_B, key) -> int32 [B, P + gen_length]).
 
-  With a mesh, params take their training shardings and the batch splits over the batch axes.
+  With a mesh, params take their training shardings and the batch splits over the batch axes;
+  with several processes each passes the whole (identical) batch and gets a global array back.
   cuDNN attention cannot exclude left padding by segment ids: a cudnn model samples with 'auto'
   attention (the Pallas kernel on GPU, XLA elsewhere).
   """
@@ -318,6 +319,11 @@ def make_generate_fn(model_config, sampling: SamplingConfig, *, mask_id: int, eo
     if prompt_BP.shape[0] % shards:
       raise ValueError(f'batch {prompt_BP.shape[0]} does not split over the {shards} batch '
                        f'shards of the mesh; pad the batch to a multiple of {shards}.')
+    if jax.process_count() > 1:  # every process passes the whole batch; each places its rows
+      from dlmjax.parallel import distributed
+      prompt_BP = distributed.from_full_host(prompt_BP, rows)
+      prompt_lengths_B = distributed.from_full_host(
+          prompt_lengths_B, rules.named_sharding(mesh, (rules.BATCH,)))
     with rules.activation_mesh(mesh):
       return jitted(params, prompt_BP, prompt_lengths_B, key)
 

@@ -235,3 +235,13 @@ def data_shard(batch_sharding, global_batch_size: int) -> tuple[int, int]:
                       f'{global_batch_size}, not one contiguous block; the mesh device order '
                       'does not match the processes (report this with the mesh shape).')
   return first // count, global_batch_size // count
+
+
+def from_full_host(value, sharding):
+  """A jax.Array laid out by `sharding` from a host value every process holds whole (the same on
+  each): each process places the slices its devices own. jit refuses host numpy for a sharding
+  that spans other processes' devices; this is the conversion it asks for."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  value = np.asarray(value)
+  return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])

@@ -18,8 +18,9 @@ import numpy as np
 
 from dlmjax import model as model_lib
 from dlmjax import tasks as tasks_lib
+from dlmjax.checkpoint import checksums
 from dlmjax.diffusion import sampler as sampler_lib
-from dlmjax.parallel import rules
+from dlmjax.parallel import distributed, rules
 from dlmjax.rl import advantages as advantages_lib
 from dlmjax.rl import estimators
 
@@ -77,13 +78,12 @@ class RolloutSource:
   """Iterator of RL batches (dicts of numpy arrays, BATCH_KEYS); `attach` before `next`."""
 
   def __init__(self, config, *, process_index: int = 0, process_count: int = 1):
-    if process_count != 1:
-      raise NotImplementedError('stage rl runs on one process (any number of local devices); '
-                                'multi-host rollouts are not implemented yet.')
-    del process_index
     from dlmjax.data import sft as sft_data  # pylint: disable=import-outside-toplevel
     r = config.rl
     self.config, self.r = config, r
+    # Several processes: each builds the same whole rollout (same prompts and keys, the sampler
+    # and scorer run over the global mesh) and serves the block of rows its devices hold.
+    self.shard, self.shards = process_index, process_count
     self.sampling = sampling_config(config).validate()
     self.task = tasks_lib.get_task(r.task, data_path=r.task_data)
     self.tokenizer = sft_data.load_tokenizer(config)
@@ -126,7 +126,7 @@ class RolloutSource:
     params = init_from.restore_params(self.config, self.setup,
                                        purpose='frozen KL reference model')
     params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p))(params)
-    return jax.device_get(params) if self.r.reference_on_host else params
+    return jax.tree.map(checksums.to_host, params) if self.r.reference_on_host else params
 
   # grain-like iterator protocol used by the loop and the checkpoint manager
   def __iter__(self):
@@ -152,7 +152,8 @@ class RolloutSource:
     batch['old'], batch['ref'] = self._batch['old_all'][inner], self._batch['ref_all'][inner]
     del batch['mask_seeds_all']
     self.served += 1
-    return batch
+    rows = self.config.train.global_batch_size // self.shards
+    return {k: v[self.shard * rows:(self.shard + 1) * rows] for k, v in batch.items()}
 
   def _rollout(self, index: int) -> dict:
     config, r = self.config, self.r
@@ -168,7 +169,7 @@ class RolloutSource:
     start = time.time()
     params = self._params()
     key = jax.random.fold_in(jax.random.key(config.seed), index)
-    out = np.asarray(jax.device_get(self.generate_fn(params, prompt_BP, prompt_lengths, key)))
+    out = checksums.to_host(self.generate_fn(params, prompt_BP, prompt_lengths, key))
     generate_s = time.time() - start
     # Score: rewards, advantages, old and reference estimates for every inner iteration.
     start = time.time()
@@ -215,13 +216,12 @@ class RolloutSource:
     if self.reference is None:
       return None
     if self.r.reference_on_host:  # moved onto the mesh for this rollout only
-      return jax.device_put(self.reference, self.setup.param_shardings)
+      return jax.tree.map(distributed.from_full_host, self.reference, self.setup.param_shardings)
     return self.reference
 
   def _score(self, params, tokens, prompt_lengths, lengths, seeds):
     with rules.activation_mesh(self.setup.mesh):
-      return np.asarray(jax.device_get(self.score_fn(params, tokens, prompt_lengths, lengths,
-                                                     seeds)))
+      return checksums.to_host(self.score_fn(params, tokens, prompt_lengths, lengths, seeds))
 
 
 def make_score_fn(config, model_config):

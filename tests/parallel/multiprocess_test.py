@@ -44,8 +44,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(tmp, run_dir, *, nodes, exit_at_step=0):
-  """Runs the pretrain script once per node (all at once); returns their combined output."""
+def _launch(tmp, run_dir, *, nodes, exit_at_step=0, script=None):
+  """Runs the pretrain script (or `script`: [path, args...]) once per node (all at once);
+  returns their combined output."""
   env = {k: v for k, v in os.environ.items()
          if k not in _LAUNCH_VARS and not k.startswith('SLURM_')}
   env.update(
@@ -55,10 +56,12 @@ def _launch(tmp, run_dir, *, nodes, exit_at_step=0):
       PROCESSES_PER_NODE='2', JAX_PLATFORMS='cpu', JAX_NUM_CPU_DEVICES='2',
       # A fraction of the compile time; all processes compile alike.
       XLA_FLAGS='--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
-  args = [f'--config.{k}={v}' for k, v in OVERRIDES.items()]
-  args += [f'--config.data.cache_dir={_cache_dir(tmp)}',
-           f'--config.train.exit_at_step={exit_at_step}']
-  nodes = [subprocess.Popen(['bash', 'scripts/dlm_pretrain_1p7b.sh', *args], cwd=ROOT,
+  if script is None:
+    args = [f'--config.{k}={v}' for k, v in OVERRIDES.items()]
+    args += [f'--config.data.cache_dir={_cache_dir(tmp)}',
+             f'--config.train.exit_at_step={exit_at_step}']
+    script = ['scripts/dlm_pretrain_1p7b.sh', *args]
+  nodes = [subprocess.Popen(['bash', *script], cwd=ROOT,
                             env=dict(env, NODE_RANK=str(rank)), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True) for rank in range(nodes)]
   outputs = [node.communicate(timeout=600)[0] for node in nodes]
@@ -111,3 +114,48 @@ def test_two_then_four_processes_match_one_process(tmp_path, monkeypatch):
     np.testing.assert_allclose([r[key] for r in rows], [r[key] for r in reference], rtol=1e-5,
                                err_msg=key)
   assert rows[3]['loss'] < rows[0]['loss']
+
+
+# Stage rl from a random tiny model: 2 rollouts of 4 prompts x G=4, d1 with a frozen reference
+# kept in host memory between rollouts.
+RL_OVERRIDES = {'train.global_batch_size': 16, 'train.micro_batch_size': 8, 'train.steps': 4,
+                'train.warmup_steps': 0, 'rl.num_prompts': 16, 'rl.max_prompt_tokens': 32,
+                'rl.gen_length': 16, 'rl.diffusion_steps': 2, 'rl.block_length': 16,
+                'rl.group_size': 4, 'rl.inner_updates': 2, 'log.every': 1,
+                'rl.reference_on_host': True, 'checkpoint.every': 0, 'log.tensorboard': False,
+                'log.plots': False}
+
+
+def test_rl_on_two_processes_matches_one_process(tmp_path, monkeypatch):
+  """Each process generates and scores the same whole rollout on the global mesh and feeds its
+  rows; losses, KL and rewards equal one process on the same 4 devices."""
+  from dlmjax import convert  # pylint: disable=import-outside-toplevel
+  from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
+  init = str(tmp_path / 'init')
+  source = tiny_test_config(**{'model.seq_len': 64, 'output_dir': init})
+  source.data.cache_dir = _cache_dir(tmp_path)
+  setup = state_lib.TrainSetup(source, mesh_lib.make_mesh(source))
+  checkpoint_lib.save_params_checkpoint(init, source, jax.device_get(setup.init_state(0)['params']))
+  overrides = dict(RL_OVERRIDES, init_from=init, **{'data.cache_dir': _cache_dir(tmp_path)})
+  run_dir = tmp_path / 'rl'
+  args = [f'--config.{k}={v}' for k, v in overrides.items()]
+  out = _launch(tmp_path, run_dir, nodes=1, script=['scripts/dlm_rl.sh', 'configs/rl.py', *args])
+  assert 'data 1 x fsdp 4' in out and out.count('step 4/4') == 1
+  rows = _rows(run_dir)
+
+  config = convert.load_config_file(os.path.join(ROOT, 'configs', 'rl.py'))
+  for key, value in dict(overrides, output_dir=str(tmp_path / 'reference')).items():
+    parent, _, leaf = key.rpartition('.')
+    (config[parent] if parent else config)[leaf] = value
+  all_devices = jax.devices()
+  with monkeypatch.context() as patch:
+    patch.setattr(jax, 'devices', lambda *args: all_devices[:4])
+    loop.train(config)
+  reference = _rows(config.output_dir)
+  for name in ('loss', 'kl', 'grad_norm', 'reward_mean'):
+    ours, theirs = ([r[name] for r in rs if name in r] for rs in (rows, reference))
+    assert len(ours) == 4, name
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-7, err_msg=name)
+  rollouts = [[r['rollout_reward_mean'] for r in rs if 'rollout' in r] for rs in (rows, reference)]
+  assert len(rollouts[0]) == 2 and rollouts[0] == rollouts[1]
