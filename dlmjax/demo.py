@@ -32,6 +32,7 @@ _CONFIG_FILES = {'pretrain': 'tiny.py', 'sft': 'sft.py', 'rl': 'rl.py'}
 # on a shared 2-core CPU and the SFT model earns partial (per-blank) reward, so RL has a signal.
 # Measured over seeds 0-2 (docs/benchmarks.md): RL gains +0.005..+0.009 reward on every seed, but
 # SFT's seed-to-seed spread is 0.06, so the gain is not yet beyond noise.
+# RECIPE is sudoku4's; recipe_for() resizes the canvas and the sampler for the other tasks.
 CANVAS = 80  # model.seq_len of every stage: a sudoku4 prompt (44 tokens) + 32 generated fit.
 RECIPE = {
     'pretrain': {
@@ -76,11 +77,25 @@ EVAL_BATCH = 16
 EVAL_SEED = 0  # held-out set and decoding key: fixed, so stages and seeds see the same problems
 
 
-def recipe_for(objective: str) -> dict:
-  """RECIPE with the RL stage switched to `objective` (a key of OBJECTIVES)."""
+# Per task: (prompt width, generated tokens) of the rollouts and the held-out decoding; their sum
+# is the canvas, every stage's model.seq_len. From each task's longest plain-template prompt and
+# answer (+ EOS) on the built-in tokenizer. Two tokens per diffusion step, one block (RECIPE's).
+TASK_CANVAS = {'sudoku4': (48, 32), 'arithmetic': (22, 58), 'countdown3': (36, 44),
+               'countdown4': (40, 56)}
+
+
+def recipe_for(objective: str, task: str = 'sudoku4') -> dict:
+  """RECIPE sized for `task`'s canvas, with the RL stage switched to `objective`."""
   if objective not in OBJECTIVES:
     raise ValueError(f'--objective {objective!r}: choose one of {sorted(OBJECTIVES)}.')
+  if task not in TASK_CANVAS:
+    raise ValueError(f'--task {task!r}: the demo is sized for {sorted(TASK_CANVAS)}.')
+  prompt, gen = TASK_CANVAS[task]
   recipe = copy.deepcopy(RECIPE)
+  for stage in STAGES:
+    recipe[stage]['model.seq_len'] = prompt + gen
+  recipe['rl'].update({'rl.max_prompt_tokens': prompt, 'rl.gen_length': gen,
+                       'rl.diffusion_steps': gen // 2, 'rl.block_length': gen})
   recipe['rl'].update(OBJECTIVES[objective])
   return recipe
 
@@ -116,9 +131,11 @@ def apply_overrides(config, overrides: dict) -> None:
     node[leaf] = type(node[leaf])(value) if node[leaf] is not None else value
 
 
-def stage_configs(seed: int, run_dir: str, task: str, recipe=RECIPE) -> dict:
-  """The three stage configs of one seed: OUTPUT/seedN/{pretrain,sft,rl}, each from the last."""
+def stage_configs(seed: int, run_dir: str, task: str, recipe=None) -> dict:
+  """The three stage configs of one seed: OUTPUT/seedN/{pretrain,sft,rl}, each from the last
+  (recipe: recipe_for('d1', task) unless given)."""
   from dlmjax import convert  # pylint: disable=import-outside-toplevel
+  recipe = recipe or recipe_for('d1', task)
   if not os.path.isdir(configs_dir()):
     raise FileNotFoundError(f'{configs_dir()} does not exist: the demo builds on the '
                             "repository's configs/; run it from a source checkout of dlmjax.")
@@ -186,9 +203,10 @@ def verify_stage(run_dir: str) -> tuple[bool, str]:
   return all(c.ok for c in checks), verify.report(checks)
 
 
-def run_seed(seed: int, output_dir: str, task: str, recipe=RECIPE, log=print) -> list[dict]:
+def run_seed(seed: int, output_dir: str, task: str, recipe=None, log=print) -> list[dict]:
   """Trains the three stages of one seed, then evaluates and verifies each; one row per stage."""
   from dlmjax.train import loop  # pylint: disable=import-outside-toplevel
+  recipe = recipe or recipe_for('d1', task)
   run_dir = os.path.join(output_dir, f'seed{seed}')
   configs = stage_configs(seed, run_dir, task, recipe)
   write_sft_set(configs['sft'].sft.train_file, task)
@@ -206,7 +224,7 @@ def run_seed(seed: int, output_dir: str, task: str, recipe=RECIPE, log=print) ->
     stage_dir = configs[row['stage']].output_dir
     stage_start = time.time()
     row['steps'], row['loss'] = final_loss(stage_dir)
-    scores = evaluate_stage(stage_dir, task)
+    scores = evaluate_stage(stage_dir, task, sampling=eval_sampling(recipe))
     row.update(accuracy=scores['accuracy'], mean_reward=scores['mean_reward'],
                eval_examples=scores['examples'])
     ok, report = verify_stage(stage_dir)
@@ -316,9 +334,8 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--output-dir', default='runs/demo')
   parser.add_argument('--objective', default='d1', help='the RL stage: d1 | espo | spg (its '
                       'own run directory rl_<objective>; pre-training and SFT are shared)')
-  parser.add_argument('--task', default='sudoku4', help='a dlmjax.tasks name; RECIPE is sized '
-                      'for sudoku4 (32 generated tokens: longer countdown/arithmetic answers '
-                      'are cut)')
+  parser.add_argument('--task', default='sudoku4', help='one of TASK_CANVAS: sudoku4, '
+                      'arithmetic, countdown3, countdown4 (each with its canvas)')
   return parser
 
 
@@ -328,9 +345,9 @@ def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
     seeds = parse_seeds(args.seeds)
-    recipe = recipe_for(args.objective)
     if args.task not in tasks_lib.TASKS:
       raise ValueError(f'--task {args.task!r}: choose one of {sorted(tasks_lib.TASKS)}.')
+    recipe = recipe_for(args.objective, args.task)
     os.makedirs(args.output_dir, exist_ok=True)
     start, rows = time.time(), []
     for seed in seeds:

@@ -3,13 +3,13 @@
   python scripts/rl_recipe_search.py --seeds 0,1 --sft-steps 500 \
       --variants '{"d1_3e-5": {"train.steps": 800, "train.lr": 3e-5, "checkpoint.every": 200}}'
 
-Each seed pre-trains and fine-tunes once per --sft-steps value (dlmjax.demo's RECIPE, with the
-SFT length replaced), then runs every RL variant (dotted overrides of the demo's RL config) from
-that SFT model. Every RL checkpoint is scored greedily on the demo's 128 held-out puzzles. One
-JSON row per SFT model and per variant goes to stdout (prefixed RESULT) and to --out: held-out
-(mean reward, accuracy) of the SFT model and of each RL checkpoint, and the training rollouts'
-mean reward per rollout. Sized for a GPU (docs/benchmarks.md, "RL recipe search"); on the CPU
-each variant takes minutes.
+Each seed pre-trains and fine-tunes once per --sft-steps value (dlmjax.demo's recipe for
+--task, with the SFT length replaced), then runs every RL variant (dotted overrides of the
+demo's RL config) from that SFT model. Every RL checkpoint is scored greedily on the demo's 128
+held-out problems. One JSON row per SFT model and per variant goes to stdout (prefixed RESULT)
+and to --out: held-out (mean reward, accuracy) of the SFT model and of each RL checkpoint, and
+the training rollouts' mean reward per rollout. Sized for a GPU (docs/benchmarks.md, "RL recipe
+search"); on the CPU each variant takes minutes.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from dlmjax.train import loop
 
 def held_out(path: str, task: str, steps: int | None = None, temperature: float = 0.0
              ) -> list[float]:
-  """[mean reward, accuracy] greedily, with the RL variant's diffusion steps if it sets them;
-  with temperature > 0 also the mean reward of one sampled completion per puzzle."""
-  sampling = demo.eval_sampling()
+  """[mean reward, accuracy] greedily with the task's demo sampler (the RL variant's diffusion
+  steps if it sets them); with temperature > 0 also one sampled completion per problem."""
+  sampling = demo.eval_sampling(demo.recipe_for('d1', task))
   if steps:
     sampling = dataclasses.replace(sampling, steps=steps)
   scores = demo.evaluate_stage(path, task, sampling=sampling)
@@ -72,7 +72,7 @@ def main() -> None:
 
   for seed in [int(s) for s in args.seeds.split(',')]:
     for sft_steps in [int(s) for s in args.sft_steps.split(',')]:
-      recipe = copy.deepcopy(demo.RECIPE)
+      recipe = demo.recipe_for('d1', args.task)
       recipe['sft']['train.steps'] = sft_steps
       recipe['sft']['train.wsd_decay_steps'] = max(1, sft_steps // 10)
       run_dir = os.path.join(args.work_dir, f'seed{seed}_sft{sft_steps}')

@@ -1,6 +1,7 @@
 """python -m dlmjax.demo: the stage chain, the table's aggregation, and bad input (no training)."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -8,6 +9,8 @@ import pytest
 from dlmjax import config as config_lib
 from dlmjax import demo
 from dlmjax import tasks as tasks_lib
+from dlmjax.data import builtin, chat
+from dlmjax.data import tokenizer as tokenizer_lib
 
 
 def _rows(rng, seeds=(0, 1, 2)):
@@ -121,6 +124,28 @@ def test_other_objectives_share_pretraining_and_sft(tmp_path):
   assert demo.recipe_for('d1') == demo.RECIPE
   with pytest.raises(ValueError, match='--objective'):
     demo.recipe_for('ppo')
+
+
+@pytest.mark.parametrize('task', sorted(demo.TASK_CANVAS))
+def test_every_task_gets_its_own_canvas(tmp_path, task):
+  prompt, gen = demo.TASK_CANVAS[task]
+  configs = demo.stage_configs(1, str(tmp_path), task)
+  assert {c.model.seq_len for c in configs.values()} == {prompt + gen}
+  r = configs['rl'].rl
+  assert (r.max_prompt_tokens, r.gen_length, r.diffusion_steps) == (prompt, gen, gen // 2)
+  config_lib.validate(configs['rl'])
+  assert demo.eval_sampling(demo.recipe_for('d1', task)).gen_length == gen
+  # The widths hold the task's prompts (plain template) and answers + EOS on the tiny tokenizer.
+  cache = os.environ.get('DLMJAX_CACHE_DIR') or str(tmp_path / 'cache')
+  tok = tokenizer_lib.load_tokenizer(builtin.ensure_builtin_corpus(cache).tokenizer_path)
+  examples = tasks_lib.get_task(task).examples('train', 300, 0)
+  assert max(len(tok.encode(chat.prompt_text('plain', e.prompt))) for e in examples) <= prompt
+  assert max(len(tok.encode(e.response)) + 1 for e in examples) <= gen
+
+
+def test_a_task_without_a_canvas_is_a_clear_error():
+  with pytest.raises(ValueError, match='sized for'):
+    demo.recipe_for('d1', 'gsm8k')
 
 
 def test_sft_set_is_train_split_only(tmp_path):
