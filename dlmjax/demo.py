@@ -28,21 +28,38 @@ import numpy as np
 STAGES = ('pretrain', 'sft', 'rl')
 _CONFIG_FILES = {'pretrain': 'tiny.py', 'sft': 'sft.py', 'rl': 'rl.py'}
 
+# Per task: (prompt width, generated tokens) of the rollouts and the held-out decoding; their sum
+# is the canvas, every stage's model.seq_len (RoPE has no length-bound weights). From each task's
+# longest plain-template prompt and answer (+ EOS) on the built-in tokenizer; a sudoku4 prompt is
+# 44 tokens, its answer 27 + EOS. Two tokens per diffusion step (half the rollout time of one),
+# one block.
+TASK_CANVAS = {'sudoku4': (48, 32), 'arithmetic': (22, 58), 'countdown3': (36, 44),
+               'countdown4': (40, 56)}
+
+
+def canvas_overrides(task: str) -> dict:
+  """Per stage, the keys TASK_CANVAS sets: seq_len everywhere, the RL sampler's widths and steps."""
+  if task not in TASK_CANVAS:
+    raise ValueError(f'--task {task!r}: the demo is sized for {sorted(TASK_CANVAS)}.')
+  prompt, gen = TASK_CANVAS[task]
+  canvas = {'model.seq_len': prompt + gen}
+  return {'pretrain': canvas, 'sft': canvas,
+          'rl': {**canvas, 'rl.max_prompt_tokens': prompt, 'rl.gen_length': gen,
+                 'rl.diffusion_steps': gen // 2, 'rl.block_length': gen}}
+
+
 # The recipe: overrides of configs/{tiny,sft,rl}.py. Sized so one seed takes ~11 minutes (measured)
 # on a shared 2-core CPU and the SFT model earns partial (per-blank) reward, so RL has a signal.
 # Measured over seeds 0-2 (docs/benchmarks.md): RL gains +0.005..+0.009 reward on every seed, but
 # SFT's seed-to-seed spread is 0.06, so the gain is not yet beyond noise.
 # RECIPE is sudoku4's; recipe_for() resizes the canvas and the sampler for the other tasks.
-CANVAS = 80  # model.seq_len of every stage: a sudoku4 prompt (44 tokens) + 32 generated fit.
-RECIPE = {
+_STAGE_RECIPE = {
     'pretrain': {
-        'model.seq_len': CANVAS,  # the task's canvas; RoPE has no length-bound weights.
         'train.steps': 40,  # the code corpus barely helps sudoku: a short stage, as a start.
         'train.wsd_decay_steps': 8,
         'checkpoint.every': 0,  # the final step only
     },
     'sft': {
-        'model.seq_len': CANVAS,
         'train.steps': 240,  # copy the givens, then fill: trial reward 0.24 / 0.36 / 0.66 at
         'train.lr': 2e-3,  # 80 / 160 / 240 steps, but seed-dependent (demo seeds: 0.26-0.37).
         'train.min_lr': 2e-4,
@@ -51,11 +68,6 @@ RECIPE = {
         'checkpoint.every': 0,
     },
     'rl': {
-        'model.seq_len': CANVAS,
-        'rl.max_prompt_tokens': CANVAS - 32,  # prompt width; gen_length fills the rest.
-        'rl.gen_length': 32,  # a sudoku4 answer is 27 tokens + EOS.
-        'rl.diffusion_steps': 16,  # two tokens per step: half the rollout time of one per step.
-        'rl.block_length': 32,
         'rl.group_size': 4,  # 8 prompts x 4 per rollout: more prompts seen than 4 x 8.
         'rl.inner_updates': 4,  # updates are cheap next to generation (d1: 8 on sudoku).
         'train.global_batch_size': 32,
@@ -66,6 +78,9 @@ RECIPE = {
         'checkpoint.every': 0,
     },
 }
+RECIPE = {stage: {**canvas_overrides('sudoku4')[stage], **keys}
+          for stage, keys in _STAGE_RECIPE.items()}
+CANVAS = RECIPE['rl']['model.seq_len']  # sudoku4's: 80
 # --objective: the RL stage's objective on top of RECIPE. SPG trains without a KL term, so it
 # gets lr 3e-5, the stable end of the GPU search (docs/benchmarks.md: 1e-4 collapses without KL).
 # Each objective has its own RL run directory; all start from the same SFT checkpoints.
@@ -77,25 +92,13 @@ EVAL_BATCH = 16
 EVAL_SEED = 0  # held-out set and decoding key: fixed, so stages and seeds see the same problems
 
 
-# Per task: (prompt width, generated tokens) of the rollouts and the held-out decoding; their sum
-# is the canvas, every stage's model.seq_len. From each task's longest plain-template prompt and
-# answer (+ EOS) on the built-in tokenizer. Two tokens per diffusion step, one block (RECIPE's).
-TASK_CANVAS = {'sudoku4': (48, 32), 'arithmetic': (22, 58), 'countdown3': (36, 44),
-               'countdown4': (40, 56)}
-
-
 def recipe_for(objective: str, task: str = 'sudoku4') -> dict:
   """RECIPE sized for `task`'s canvas, with the RL stage switched to `objective`."""
   if objective not in OBJECTIVES:
     raise ValueError(f'--objective {objective!r}: choose one of {sorted(OBJECTIVES)}.')
-  if task not in TASK_CANVAS:
-    raise ValueError(f'--task {task!r}: the demo is sized for {sorted(TASK_CANVAS)}.')
-  prompt, gen = TASK_CANVAS[task]
   recipe = copy.deepcopy(RECIPE)
-  for stage in STAGES:
-    recipe[stage]['model.seq_len'] = prompt + gen
-  recipe['rl'].update({'rl.max_prompt_tokens': prompt, 'rl.gen_length': gen,
-                       'rl.diffusion_steps': gen // 2, 'rl.block_length': gen})
+  for stage, keys in canvas_overrides(task).items():
+    recipe[stage].update(keys)
   recipe['rl'].update(OBJECTIVES[objective])
   return recipe
 

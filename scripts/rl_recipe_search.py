@@ -95,8 +95,8 @@ def main() -> None:
         checkpoints = os.path.join(config.output_dir, 'checkpoints')
         steps = sorted(int(d) for d in os.listdir(checkpoints) if d.isdigit())
         record(dict(seed=seed, sft_steps=sft_steps, variant=name, sft=sft,
-                    sft_at_variant_steps=held_out(configs['sft'].output_dir, args.task, eval_steps,
-                                                  args.eval_temperature),
+                    sft_at_variant_steps=sft if eval_steps is None else held_out(
+                        configs['sft'].output_dir, args.task, eval_steps, args.eval_temperature),
                     rl={s: held_out(os.path.join(checkpoints, str(s)), args.task, eval_steps,
                                     args.eval_temperature) for s in steps},
                     rollout_rewards=rollout_rewards(config.output_dir),

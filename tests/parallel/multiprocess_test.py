@@ -129,7 +129,7 @@ RL_OVERRIDES = {'train.global_batch_size': 16, 'train.micro_batch_size': 8, 'tra
 def test_rl_on_two_processes_matches_one_process(tmp_path, monkeypatch):
   """Each process generates and scores the same whole rollout on the global mesh and feeds its
   rows; losses, KL and rewards equal one process on the same 4 devices."""
-  from dlmjax import convert  # pylint: disable=import-outside-toplevel
+  from dlmjax import convert, demo  # pylint: disable=import-outside-toplevel
   from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
   init = str(tmp_path / 'init')
@@ -145,9 +145,7 @@ def test_rl_on_two_processes_matches_one_process(tmp_path, monkeypatch):
   rows = _rows(run_dir)
 
   config = convert.load_config_file(os.path.join(ROOT, 'configs', 'rl.py'))
-  for key, value in dict(overrides, output_dir=str(tmp_path / 'reference')).items():
-    parent, _, leaf = key.rpartition('.')
-    (config[parent] if parent else config)[leaf] = value
+  demo.apply_overrides(config, dict(overrides, output_dir=str(tmp_path / 'reference')))
   all_devices = jax.devices()
   with monkeypatch.context() as patch:
     patch.setattr(jax, 'devices', lambda *args: all_devices[:4])
