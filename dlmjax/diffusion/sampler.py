@@ -293,6 +293,7 @@ def make_generate_fn(model_config, sampling: SamplingConfig, *, mask_id: int, eo
   """
   # pylint: disable=import-outside-toplevel
   from dlmjax import model as model_lib
+  from dlmjax.model import fp8
   from dlmjax.parallel import rules
   sampling.validate()
   if model_config.attention_backend == 'cudnn':
@@ -306,12 +307,13 @@ def make_generate_fn(model_config, sampling: SamplingConfig, *, mask_id: int, eo
                     eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size)
 
   if mesh is None:
-    return jax.jit(fn)
+    return fp8.jit(fn, model_config.matmul_dtype)
   _, _, axes = model_lib.abstract(model_config)
   rows = rules.named_sharding(mesh, (rules.BATCH, None))
-  jitted = jax.jit(fn, in_shardings=(rules.tree_shardings(mesh, axes), rows,
-                                     rules.named_sharding(mesh, (rules.BATCH,)),
-                                     rules.named_sharding(mesh, ())),
+  jitted = fp8.jit(fn, model_config.matmul_dtype,
+                   in_shardings=(rules.tree_shardings(mesh, axes), rows,
+                                 rules.named_sharding(mesh, (rules.BATCH,)),
+                                 rules.named_sharding(mesh, ())),
                    out_shardings=rows)
   shards = int(np.prod([mesh.shape[a] for a in rules.RULES[rules.BATCH]]))
 

@@ -20,6 +20,7 @@ from dlmjax import model as model_lib
 from dlmjax import tasks as tasks_lib
 from dlmjax.checkpoint import checksums
 from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.model import fp8
 from dlmjax.parallel import distributed, rules
 from dlmjax.rl import advantages as advantages_lib
 from dlmjax.rl import estimators
@@ -231,7 +232,6 @@ def make_score_fn(config, model_config):
   common = dict(seed=config.seed, mask_id=config.model.mask_token_id,
                 chunk_size=config.model.loss_chunk_tokens)
 
-  @jax.jit
   def fn(params, tokens, prompt_lengths, lengths, mask_seeds):
     params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
     module = model_lib.merge(model_config, params)
@@ -241,7 +241,7 @@ def make_score_fn(config, model_config):
     return estimators.sequence_elbo(module, tokens, prompt_lengths, lengths, mask_seeds,
                                     num_samples=r.elbo_samples, **common)
 
-  return fn
+  return fp8.jit(fn, model_config.matmul_dtype)
 
 
 def prompt_template(config) -> str:

@@ -117,12 +117,11 @@ class CompiledStep:
     if batch_keys is None:
       from dlmjax.train.stages import pretrain  # pylint: disable=import-outside-toplevel
       batch_keys = pretrain.batch_keys(setup.config)
-    self._jitted = jax.jit(
-        make_step_fn(setup, loss_fn, metrics),
+    self._jitted = fp8.jit(
+        make_step_fn(setup, loss_fn, metrics), setup.model_config.matmul_dtype,
         in_shardings=(setup.state_shardings, {k: self.batch_sharding for k in batch_keys}),
         out_shardings=(setup.state_shardings, setup.replicated),
-        donate_argnums=0,
-        compiler_options=fp8.compiler_options(setup.model_config.matmul_dtype) or None)
+        donate_argnums=0)
 
   def __call__(self, state, batch):
     with rules.activation_mesh(self.setup.mesh):

@@ -181,3 +181,30 @@ def test_compiler_options_turn_triton_gemms_off_for_fp8_on_gpu(monkeypatch):
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   assert fp8.compiler_options('fp8') == {'xla_gpu_enable_triton_gemm': False}
   assert fp8.compiler_options('compute') == {}
+
+
+def test_every_model_program_compiles_with_the_fp8_options(monkeypatch):
+  """Train step, sampler and RL scoring all jit through fp8.jit with the model's matmul dtype, and
+  a program built with the GPU options still compiles and runs (here, on the CPU)."""
+  from dlmjax.diffusion import sampler  # pylint: disable=import-outside-toplevel
+  from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.rl import rollout  # pylint: disable=import-outside-toplevel
+  from dlmjax.train import stages  # pylint: disable=import-outside-toplevel
+  from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.train import step as step_lib  # pylint: disable=import-outside-toplevel
+  seen, real_jit = [], fp8.jit
+  monkeypatch.setattr(fp8, 'compiler_options', lambda d: {'xla_gpu_enable_triton_gemm': False}
+                      if d == 'fp8' else {})
+  monkeypatch.setattr(fp8, 'jit', lambda fn, d, **kw: seen.append(d) or real_jit(fn, d, **kw))
+  config = tiny_test_config(**{'model.matmul_dtype': 'fp8', 'mesh.fsdp': 1})
+  setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
+  step_lib.CompiledStep(setup, stages.STAGES['pretrain'].loss_fn(config))
+  rollout.make_score_fn(config, setup.model_config)
+  cfg = dataclasses.replace(CFG, matmul_dtype='fp8')
+  generate = sampler.make_generate_fn.__wrapped__(  # uncached: this test's own build
+      cfg, sampler.SamplingConfig(gen_length=8, steps=4, block_length=8), mask_id=1, eos_id=2,
+      pad_id=0)
+  assert seen == ['fp8', 'fp8', 'fp8']
+  out = generate(model_lib.init_params(cfg, jax.random.key(0)), jnp.full((2, 4), 5, jnp.int32),
+                 jnp.array([4, 4], jnp.int32), jax.random.key(1))
+  assert out.shape == (2, 12) and not bool((out == 1).any())  # every mask decoded
