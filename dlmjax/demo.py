@@ -190,12 +190,13 @@ def final_loss(run_dir: str) -> tuple[int, float]:
   return step, loss
 
 
-def evaluate_stage(run_dir: str, task: str, *, num: int = EVAL_EXAMPLES, sampling=None) -> dict:
+def evaluate_stage(run_dir: str, task: str, *, num: int = EVAL_EXAMPLES, sampling=None,
+                   samples: int = 1) -> dict:
   """Held-out accuracy and mean reward of the run's latest checkpoint (evaluate.tasks_mode)."""
   from dlmjax import evaluate  # pylint: disable=import-outside-toplevel
   model = evaluate.EvalModel(run_dir, sampling=sampling or eval_sampling(), seed=EVAL_SEED,
                              batch_size=EVAL_BATCH)
-  _, summary = evaluate.tasks_mode(model, [task], num=num, seed=EVAL_SEED)
+  _, summary = evaluate.tasks_mode(model, [task], num=num, seed=EVAL_SEED, samples=samples)
   return summary[task]
 
 

@@ -172,19 +172,27 @@ def likelihood_mode(model: EvalModel, rows: list[dict]) -> tuple[list[dict], dic
   return results, summary
 
 
-def tasks_mode(model: EvalModel, task_names: list[str], *, num: int, seed: int):
-  """Accuracy and mean reward of greedy (or sampled) completions on each task's test split."""
+def tasks_mode(model: EvalModel, task_names: list[str], *, num: int, seed: int,
+               samples: int = 1):
+  """Accuracy and mean reward of greedy (or sampled) completions on each task's test split.
+
+  samples > 1 decodes every problem that many times (each row gets its own sampling noise) and
+  averages over all completions: the expected reward under the sampler, which is what RL
+  optimises, with less noise than one draw per problem."""
   from dlmjax import tasks as tasks_lib  # pylint: disable=import-outside-toplevel
+  if samples < 1:
+    raise ValueError(f'samples={samples}: decode each problem at least once.')
   results, summary = [], {}
   for name in task_names:
     task = tasks_lib.get_task(name)
-    examples = task.examples('test', num, seed)
+    examples = task.examples('test', num, seed) * samples
     completions = model.generate([e.prompt for e in examples])
     correct = [task.is_correct(e, c) for e, c in zip(examples, completions)]
     rewards = [task.reward(e, c) for e, c in zip(examples, completions)]
     results += [dict(task=name, prompt=e.prompt, answer=e.answer, completion=c, correct=ok,
                      reward=r) for e, c, ok, r in zip(examples, completions, correct, rewards)]
-    summary[name] = dict(examples=len(examples), accuracy=float(np.mean(correct)),
+    summary[name] = dict(examples=len(examples) // samples, samples=samples,
+                         accuracy=float(np.mean(correct)),
                          mean_reward=float(np.mean(rewards)))
   return results, summary
 
@@ -214,6 +222,8 @@ def _parser() -> argparse.ArgumentParser:
   tk.add_argument('--steps', type=int, default=defaults.steps)
   tk.add_argument('--block-length', type=int, default=defaults.block_length)
   tk.add_argument('--temperature', type=float, default=0.0)
+  tk.add_argument('--samples', type=int, default=1, help='completions per problem, averaged '
+                  '(with --temperature > 0)')
   tk.add_argument('--cfg', type=float, default=0.0)
   tk.add_argument('--remasking', choices=sampler_lib.REMASKING, default='low_confidence')
   tk.add_argument('--threshold', type=float, default=0.0)
@@ -239,7 +249,8 @@ def main(argv=None) -> int:
       model = EvalModel(args.checkpoint_path, sampling=sampling, tokenizer=args.tokenizer,
                         seed=args.seed, batch_size=args.batch_size, dtype=args.dtype)
       names = [n.strip() for n in args.tasks.split(',') if n.strip()]
-      results, summary = tasks_mode(model, names, num=args.num, seed=args.seed)
+      results, summary = tasks_mode(model, names, num=args.num, seed=args.seed,
+                                   samples=args.samples)
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

@@ -25,10 +25,11 @@ from dlmjax import demo
 from dlmjax.train import loop
 
 
-def held_out(path: str, task: str, steps: int | None = None, temperature: float = 0.0
-             ) -> list[float]:
+def held_out(path: str, task: str, steps: int | None = None, temperature: float = 0.0,
+             samples: int = 1) -> list[float]:
   """[mean reward, accuracy] greedily with the task's demo sampler (the RL variant's diffusion
-  steps if it sets them); with temperature > 0 also one sampled completion per problem."""
+  steps if it sets them); with temperature > 0 also the mean reward of `samples` sampled
+  completions per problem."""
   sampling = demo.eval_sampling(demo.recipe_for('d1', task))
   if steps:
     sampling = dataclasses.replace(sampling, steps=steps)
@@ -36,7 +37,7 @@ def held_out(path: str, task: str, steps: int | None = None, temperature: float 
   row = [round(scores['mean_reward'], 4), round(scores['accuracy'], 4)]
   if temperature > 0:
     sampled = demo.evaluate_stage(path, task, sampling=dataclasses.replace(
-        sampling, temperature=temperature))
+        sampling, temperature=temperature), samples=samples)
     row.append(round(sampled['mean_reward'], 4))
   return row
 
@@ -58,7 +59,9 @@ def main() -> None:
   parser.add_argument('--out', default='runs/rl_search/results.json')
   parser.add_argument('--budget-s', type=float, default=0, help='stop starting variants after')
   parser.add_argument('--eval-temperature', type=float, default=0.0,
-                      help='also score one sampled completion per puzzle at this temperature')
+                      help='also score sampled completions at this temperature')
+  parser.add_argument('--eval-samples', type=int, default=1,
+                      help='sampled completions per held-out problem (with --eval-temperature)')
   args = parser.parse_args()
   variants = json.loads(args.variants)
   start, results = time.time(), []
@@ -80,7 +83,8 @@ def main() -> None:
       demo.write_sft_set(configs['sft'].sft.train_file, args.task)
       loop.train(configs['pretrain'])
       loop.train(configs['sft'])
-      sft = held_out(configs['sft'].output_dir, args.task, temperature=args.eval_temperature)
+      sft = held_out(configs['sft'].output_dir, args.task, temperature=args.eval_temperature,
+                     samples=args.eval_samples)
       record(dict(seed=seed, sft_steps=sft_steps, sft=sft))
       for name, overrides in variants.items():
         if args.budget_s and time.time() - start > args.budget_s:
@@ -96,9 +100,10 @@ def main() -> None:
         steps = sorted(int(d) for d in os.listdir(checkpoints) if d.isdigit())
         record(dict(seed=seed, sft_steps=sft_steps, variant=name, sft=sft,
                     sft_at_variant_steps=sft if eval_steps is None else held_out(
-                        configs['sft'].output_dir, args.task, eval_steps, args.eval_temperature),
+                        configs['sft'].output_dir, args.task, eval_steps, args.eval_temperature,
+                        args.eval_samples),
                     rl={s: held_out(os.path.join(checkpoints, str(s)), args.task, eval_steps,
-                                    args.eval_temperature) for s in steps},
+                                    args.eval_temperature, args.eval_samples) for s in steps},
                     rollout_rewards=rollout_rewards(config.output_dir),
                     rl_s=round(time.time() - variant_start)))
 

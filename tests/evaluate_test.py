@@ -77,6 +77,27 @@ def test_tasks_mode_decodes_and_scores(run_dir, capsys):
   assert 0.0 <= summary['arithmetic']['accuracy'] <= 1.0
 
 
+def test_tasks_mode_averages_over_samples():
+  """samples=2 decodes each problem twice (the prompts repeated in order) and averages all."""
+  from dlmjax import tasks  # pylint: disable=import-outside-toplevel
+  task = tasks.get_task('arithmetic')
+  examples = task.examples('test', 3, 0)
+
+  class TwoDraws:  # the first draw of each problem right, the second garbage
+    def generate(self, prompts):
+      assert prompts == [e.prompt for e in examples] * 2
+      return [e.response for e in examples] + ['garbage'] * 3
+
+  _, summary = evaluate.tasks_mode(TwoDraws(), ['arithmetic'], num=3, seed=0, samples=2)
+  rewards = [task.reward(e, e.response) for e in examples] + [task.reward(examples[0],
+                                                                          'garbage')] * 3
+  assert summary['arithmetic'] == dict(examples=3, samples=2, accuracy=0.5,
+                                       mean_reward=pytest.approx(np.mean(rewards)))
+  assert rewards[0] == task.max_reward and rewards[-1] == 0.0
+  with pytest.raises(ValueError, match='samples=0'):
+    evaluate.tasks_mode(TwoDraws(), ['arithmetic'], num=3, seed=0, samples=0)
+
+
 @pytest.mark.parametrize('row,message', [
     ({'continuation': 'x'}, 'needs a string "context"'),
     ({'context': 'a'}, 'needs a string "continuation"'),
