@@ -256,8 +256,9 @@ def aggregate(rows: list[dict]) -> dict:
   """Mean and std over seeds per stage, and RL's gain over SFT against the seed-to-seed spread.
 
   The gain of a metric is mean(RL) - mean(SFT); the spread is the larger of the two stages'
-  sample stds over seeds; `beats_noise` says gain > spread (and the paired per-seed gains are
-  given too)."""
+  sample stds over seeds; `beats_noise` says gain > spread. The paired per-seed gains are given
+  too, with their std and t statistic (mean / (std / sqrt(seeds))): whether RL moves each
+  seed's own model, which the between-seed spread of the models does not say."""
   if not rows:
     raise ValueError('no result rows to aggregate.')
   seeds = sorted({r['seed'] for r in rows})
@@ -280,8 +281,10 @@ def aggregate(rows: list[dict]) -> dict:
       paired = [by[(s, 'rl')][metric] - by[(s, 'sft')][metric] for s in seeds]
       spread = max(summary['sft'][metric]['std'], summary['rl'][metric]['std'])
       delta = summary['rl'][metric]['mean'] - summary['sft'][metric]['mean']
-      gain[metric] = dict(gain=delta, spread=spread, paired=paired, paired_std=_std(paired),
-                          beats_noise=bool(delta > spread))
+      paired_std = _std(paired)
+      paired_t = delta / (paired_std / np.sqrt(len(seeds))) if paired_std > 0 else None
+      gain[metric] = dict(gain=delta, spread=spread, paired=paired, paired_std=paired_std,
+                          paired_t=paired_t, beats_noise=bool(delta > spread))
   return dict(seeds=seeds, stages=summary, rl_gain=gain)
 
 
@@ -306,6 +309,9 @@ def format_table(rows: list[dict], summary: dict) -> str:
     paired = ', '.join(f'{p:+.3f}' for p in g['paired'])
     lines.append(f'RL gain over SFT in {metric}: {g["gain"]:+.3f} (per seed {paired}); '
                  f'seed-to-seed spread (std) {g["spread"]:.3f}: {verdict} the noise')
+    if g.get('paired_t') is not None:
+      lines.append(f'  paired per seed: {g["gain"]:+.3f} +- {g["paired_std"]:.3f}, '
+                   f't {g["paired_t"]:.1f} over {len(g["paired"])} seeds')
   return '\n'.join(lines)
 
 

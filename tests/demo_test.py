@@ -42,6 +42,9 @@ def test_aggregate_matches_numpy():
     spread = max(sft.std(ddof=1), rl.std(ddof=1))
     np.testing.assert_allclose(g['spread'], spread, rtol=1e-12)
     assert g['beats_noise'] == (rl.mean() - sft.mean() > spread)
+    d = rl - sft
+    np.testing.assert_allclose(g['paired_t'], d.mean() / (d.std(ddof=1) / np.sqrt(3)),
+                               rtol=1e-12)
 
 
 def test_gain_against_noise_verdict_and_table():
@@ -60,6 +63,8 @@ def test_gain_against_noise_verdict_and_table():
   assert '0.603+-0.025' in table and '0.302+-0.013' in table  # rl: mean reward, accuracy
   assert 'beats the noise' in table and 'NOT' not in table
   assert 'wall time (train + evaluate + verify): seed 0 10.0 min' in table
+  # paired gains 0.20, 0.21, 0.20: mean 0.2033, std 0.0058, t = 0.2033 / (0.0058 / sqrt 3)
+  assert 'paired per seed: +0.203 +- 0.006, t 61.0 over 3 seeds' in table
   # A gain within the spread is reported as such.
   for r in rows:
     if r['stage'] == 'rl':
