@@ -145,7 +145,9 @@ def defaults() -> ml_collections.ConfigDict:
 
   # Evaluation (issue 5 item 6, dlmjax/train/evaluation.py): the stage's loss on the held-out
   # ('valid') split, logged as val_loss / val_masked_ce. Masks derive from eval.seed, never from
-  # the step, so every evaluation of a run scores the same tokens masked the same way.
+  # the step, so every evaluation of a run scores the same tokens masked the same way. Stage rl
+  # instead decodes rl.task's test problems greedily with the rollout sampler and logs
+  # val_reward / val_accuracy (eval.batches x train.global_batch_size problems, eval.seed's).
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 0  # steps between evaluations (and at the last step); 0 turns them off.
   c.eval.batches = 4  # global batches of the valid split per evaluation.

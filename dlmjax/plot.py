@@ -18,7 +18,7 @@ PLOTS_DIR = 'plots'
 FIGURES = {
     'loss': ('loss', 'masked_ce', 'val_loss'),
     'throughput': ('tokens_per_s', 'mfu'),
-    'reward': (),
+    'reward': ('val_reward',),
 }
 
 

@@ -8,6 +8,7 @@ rewards for scoring on the host.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 import time
@@ -88,23 +89,24 @@ class RolloutSource:
     self.sampling = sampling_config(config).validate()
     self.task = tasks_lib.get_task(r.task, data_path=r.task_data)
     self.tokenizer = sft_data.load_tokenizer(config)
-    self.examples, self.prompt_ids = self._prompts()
+    self.examples, self.prompt_ids = self._prompts('train', r.num_prompts, config.seed)
     self.served = 0  # batches handed out; rollout = served // inner_updates
     self._batch = None
+    self._held_out = None  # (examples, prompt ids) of the test split, built on first use
     self.setup = self._params = self.reporter = None
 
-  def _prompts(self):
+  def _prompts(self, split: str, num: int, seed: int):
+    """The split's examples whose templated prompt fits rl.max_prompt_tokens, and their ids."""
     r = self.r
-    examples = self.task.examples('train', r.num_prompts, self.config.seed)
+    examples = self.task.examples(split, num, seed)
     template = prompt_template(self.config)
     texts = [e.prompt if template == 'none' else _chat_prompt(template, e.prompt)
              for e in examples]
     ids = self.tokenizer.encode_batch(texts)
     kept = [(e, t) for e, t in zip(examples, ids) if 0 < len(t) <= r.max_prompt_tokens]
     if not kept:
-      raise ValueError(f'task {r.task}: no training prompt fits rl.max_prompt_tokens='
-                       f'{r.max_prompt_tokens} (asked for rl.num_prompts={r.num_prompts}); raise '
-                       'either.')
+      raise ValueError(f'task {r.task}: no {split} prompt fits rl.max_prompt_tokens='
+                       f'{r.max_prompt_tokens} (asked for {num}); raise rl.max_prompt_tokens.')
     return [e for e, _ in kept], [t for _, t in kept]
 
   def attach(self, setup, get_params, reporter=None):
@@ -115,6 +117,7 @@ class RolloutSource:
         setup.model_config, self.sampling, mask_id=m.mask_token_id, eos_id=m.eos_token_id,
         pad_id=m.pad_token_id, mesh=setup.mesh, vocab_size=m.vocab_size)
     self.score_fn = make_score_fn(config, setup.model_config)
+    self.greedy_fn = None  # the held-out sampler (temperature 0), compiled on first use
     self.reference = None
     if self.r.kl_reference == 'init' and self.r.kl_beta > 0:
       self.reference = self._load_reference()
@@ -128,6 +131,40 @@ class RolloutSource:
                                        purpose='frozen KL reference model')
     params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p))(params)
     return jax.tree.map(checksums.to_host, params) if self.r.reference_on_host else params
+
+  def held_out_reward(self, params, num: int, seed: int) -> dict:
+    """Mean reward and accuracy of greedy completions of `num` test-split problems, decoded with
+    the rollouts' canvas and steps: the held-out signal that the rollouts' own reward (on fresh
+    training prompts each time, item 3 of docs/benchmarks.md's RL diagnosis) cannot give."""
+    examples, texts = self.held_out_completions(params, num, seed)
+    rewards, failures = advantages_lib.score(self.task.reward, examples, texts)
+    correct = [_safe_correct(self.task, e, t) for e, t in zip(examples, texts)]
+    return dict(val_reward=float(rewards.mean()), val_accuracy=float(np.mean(correct)),
+                val_examples=len(examples), val_reward_failures=failures)
+
+  def held_out_completions(self, params, num: int, seed: int):
+    """(examples, greedy completion texts) of the test split's first `num` problems whose prompt
+    fits; every process decodes the same global batches, as in a rollout."""
+    config, m = self.config, self.config.model
+    if self._held_out is None:
+      self._held_out = self._prompts('test', num, seed)
+    if self.greedy_fn is None:
+      self.greedy_fn = sampler_lib.make_generate_fn(
+          self.setup.model_config, dataclasses.replace(self.sampling, temperature=0.0),
+          mask_id=m.mask_token_id, eos_id=m.eos_token_id, pad_id=m.pad_token_id,
+          mesh=self.setup.mesh, vocab_size=m.vocab_size)
+    examples, prompt_ids = self._held_out
+    rows, texts = config.train.global_batch_size, []
+    for start in range(0, len(examples), rows):
+      chunk = prompt_ids[start:start + rows]
+      chunk = chunk + [chunk[0]] * (rows - len(chunk))  # a full global batch; extras dropped
+      prompt_BP, prompt_lengths = sampler_lib.pad_prompts(chunk, m.pad_token_id,
+                                                          width=self.r.max_prompt_tokens)
+      key = jax.random.fold_in(jax.random.key(seed), start)  # unused at temperature 0
+      out = checksums.to_host(self.greedy_fn(params, prompt_BP, prompt_lengths, key))
+      texts += [self.tokenizer.decode(c) for c in sampler_lib.completions(
+          out, self.r.max_prompt_tokens, m.eos_token_id)]
+    return examples, texts[:len(examples)]
 
   # grain-like iterator protocol used by the loop and the checkpoint manager
   def __iter__(self):

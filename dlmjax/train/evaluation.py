@@ -72,15 +72,27 @@ def make_eval_fn(setup, loss_fn):
   return eval_fn
 
 
-class Evaluator:
-  """Runs the validation loss every eval.every steps and at the last step."""
+class Periodic:
+  """eval.every's schedule: every eval.every steps and at the last one."""
 
-  def __init__(self, config, setup, stage):
+  def __init__(self, config):
     e = config.eval
     if e.every < 0 or e.batches < 1:
       raise config_lib.ConfigError(f'eval.every={e.every} must be >= 0 and eval.batches='
                                    f'{e.batches} >= 1.')
-    self.config, self.setup, self.stage = config, setup, stage
+    self.config = config
+
+  def due(self, step: int, last_step: int) -> bool:
+    return step % self.config.eval.every == 0 or step == last_step
+
+
+class Evaluator(Periodic):
+  """Runs the validation loss every eval.every steps and at the last step."""
+
+  def __init__(self, config, setup, stage):
+    super().__init__(config)
+    e = config.eval
+    self.setup, self.stage = setup, stage
     self._batches = valid_batches(config, stage, process_index=jax.process_index(),
                                   process_count=jax.process_count())
     available = len(self._batches)
@@ -101,9 +113,6 @@ class Evaluator:
     with rules.activation_mesh(setup.mesh):
       self._compiled = jitted.lower(setup.param_shapes, shapes,
                                     jax.ShapeDtypeStruct((), jnp.int32)).compile()
-
-  def due(self, step: int, last_step: int) -> bool:
-    return step % self.config.eval.every == 0 or step == last_step
 
   def sums(self, params) -> dict[str, np.ndarray]:
     """The loss's sums over the first eval.batches held-out batches (float64, on the host)."""
@@ -132,6 +141,33 @@ class Evaluator:
     return row
 
 
-def make_evaluator(config, setup, stage) -> Evaluator | None:
-  """The run's evaluator, or None when eval.every is 0."""
-  return Evaluator(config, setup, stage) if config.eval.every else None
+class HeldOutReward(Periodic):
+  """RL's evaluation: mean reward and accuracy of greedy completions of eval.batches x
+  train.global_batch_size test-split problems of rl.task (eval.seed picks them), decoded by the
+  rollout source with its canvas and steps."""
+
+  def __init__(self, config, source):
+    super().__init__(config)
+    self.source = source
+    self.num = config.eval.batches * config.train.global_batch_size
+
+  def run(self, step: int, params) -> dict[str, float]:
+    """The row {'step', 'val_reward', 'val_accuracy', ...} for metrics.jsonl; prints a line."""
+    jax.block_until_ready(params)
+    start = time.time()
+    row = {'step': step, **self.source.held_out_reward(params, self.num, self.config.eval.seed)}
+    if jax.process_index() == 0:
+      print(f'step {step}: val_reward {row["val_reward"]:.4f} | val_accuracy '
+            f'{row["val_accuracy"]:.4f} ({row["val_examples"]} held-out problems, '
+            f'{time.time() - start:.1f}s)', flush=True)
+    return row
+
+
+def make_evaluator(config, setup, stage, batches=None) -> Periodic | None:
+  """The run's evaluator, or None when eval.every is 0: held-out loss, or for RL (whose batch
+  source `batches` decodes) held-out reward."""
+  if not config.eval.every:
+    return None
+  if config.stage == 'rl':
+    return HeldOutReward(config, batches)
+  return Evaluator(config, setup, stage)

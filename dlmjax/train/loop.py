@@ -111,7 +111,7 @@ def _run(config, stop, cleanup) -> dict | None:
   cleanup.callback(reporter.close)
   if hasattr(batches, 'attach'):  # RL rollouts sample from the live params (read when called)
     batches.attach(setup, lambda: state['params'], reporter)
-  evaluator = evaluation.make_evaluator(config, setup, stage)  # None unless eval.every > 0
+  evaluator = evaluation.make_evaluator(config, setup, stage, batches)  # None unless eval.every
   # Loop: dispatch step n, then read back step n-1's metrics, so the device never waits on us.
   pending, last_row = None, None
   reporter.start(start)
@@ -137,7 +137,7 @@ def _run(config, stop, cleanup) -> dict | None:
       reporter.start(start)
     pending = (step, metrics)
     if evaluator is not None and evaluator.due(step, _last_step(config)):
-      reporter.write_row(evaluator.run(step, state['params']))  # val_loss, val_masked_ce
+      reporter.write_row(evaluator.run(step, state['params']))  # val_loss / val_reward, ...
     preempted = stop.requested()
     if preempted or _should_save(config, step):
       checkpoints.save(state, batches.get_state())

@@ -41,8 +41,10 @@ def init_dir(tmp_path_factory):
 @pytest.mark.parametrize('objective', ['d1', 'espo', 'spg'])
 def test_rl_runs_and_logs(tmp_path, init_dir, objective):
   # ESPO also holds its reference in host memory, in bfloat16; SPG has no reference (no KL).
-  extra = {'espo': {'rl.reference_on_host': True, 'rl.reference_dtype': 'bfloat16'},
-           'spg': {'rl.kl_beta': 0.0}}.get(objective, {})
+  # d1 also evaluates held-out reward (eval.every) at steps 1 and 2, on 16 test problems.
+  extra = {'d1': {'eval.every': 1, 'eval.batches': 1},
+           'espo': {'rl.reference_on_host': True, 'rl.reference_dtype': 'bfloat16'},
+           'spg': {'rl.kl_beta': 0.0}}[objective]
   c = _rl_config(tmp_path, init_dir, **{'rl.objective': objective, **extra})
   last = loop.train(c)
   assert last['step'] == 2
@@ -57,6 +59,36 @@ def test_rl_runs_and_logs(tmp_path, init_dir, objective):
   if objective == 'd1':  # policy = reference at step 1 (ESPO's bf16 reference differs by rounding)
     assert first['kl'] == pytest.approx(0.0, abs=1e-6)
   assert first['kl'] >= 0.0
+  val = [r for r in rows if 'val_reward' in r]
+  if objective != 'd1':
+    assert not val
+    return
+  assert [r['step'] for r in val] == [1, 2]
+  assert all(r['val_examples'] == 16 and r['val_reward_failures'] == 0 for r in val)
+  _check_held_out_against_inference(c, val[-1])
+
+
+def _check_held_out_against_inference(c, row):
+  """The final checkpoint's held-out completions, decoded by the rollout source on the run's
+  mesh, are token for token those of dlmjax.inference (its own batching and padding, one device)
+  with the same sampler at temperature 0; the logged last row is their reward."""
+  from dlmjax import inference  # pylint: disable=import-outside-toplevel
+  from dlmjax.rl import advantages, rollout  # pylint: disable=import-outside-toplevel
+  setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c))
+  source = rollout.RolloutSource(c)
+  source.attach(setup, lambda: None)
+  on_mesh = inference.load_pretrained(c.output_dir, mesh=setup.mesh)
+  examples, texts = source.held_out_completions(on_mesh.params, 16, c.eval.seed)
+  _, prompt_ids = source._prompts('test', 16, c.eval.seed)  # pylint: disable=protected-access
+  rows = inference.load_pretrained(c.output_dir).generate_tokens(
+      prompt_ids, batch_size=4, gen_length=c.rl.gen_length, steps=c.rl.diffusion_steps,
+      block_length=c.rl.block_length, temperature=0.0)
+  assert texts == [source.tokenizer.decode(r) for r in rows]
+  assert len(set(texts)) > 1  # the problems really differ
+  rewards, _ = advantages.score(source.task.reward, examples, texts)
+  assert row['val_reward'] == pytest.approx(float(rewards.mean()), abs=1e-6)
+  correct = [source.task.is_correct(e, t) for e, t in zip(examples, texts)]
+  assert row['val_accuracy'] == pytest.approx(float(sum(correct)) / len(correct))
 
 
 @pytest.mark.parametrize('overrides, match', [
