@@ -146,7 +146,7 @@ def defaults() -> ml_collections.ConfigDict:
   # Evaluation (issue 5 item 6, dlmjax/train/evaluation.py): the stage's loss on the held-out
   # ('valid') split, logged as val_loss / val_masked_ce. Masks derive from eval.seed, never from
   # the step, so every evaluation of a run scores the same tokens masked the same way. Stage rl
-  # instead decodes rl.task's test problems greedily with the rollout sampler and logs
+  # instead decodes rl.task's problems (rl.eval_split) greedily with the rollout sampler and logs
   # val_reward / val_accuracy (eval.batches x train.global_batch_size problems, eval.seed's).
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 0  # steps between evaluations (and at the last step); 0 turns them off.
@@ -184,6 +184,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.rl.diffusion_steps = 32
   c.rl.block_length = 32
   c.rl.temperature = 0.9
+  # eval.every's problems: test (the task's test split) | valid (train-split problems outside
+  # rl.num_prompts' set: for choosing a checkpoint without looking at the test split)
+  c.rl.eval_split = 'test'
   return c
 
 
@@ -263,6 +266,7 @@ _CHOICES = {
     'rl.objective': ('d1', 'espo', 'spg'),
     'rl.advantage_scaling': ('none', 'std'),
     'rl.negative_advantages': ('keep', 'drop'),
+    'rl.eval_split': ('test', 'valid'),
     'rl.loss_normalisation': ('token', 'sequence'),
     'rl.kl_reference': ('init', 'old', 'none'),
     'rl.reference_dtype': ('float32', 'bfloat16'),

@@ -92,13 +92,14 @@ class RolloutSource:
     self.examples, self.prompt_ids = self._prompts('train', r.num_prompts, config.seed)
     self.served = 0  # batches handed out; rollout = served // inner_updates
     self._batch = None
-    self._held_out = None  # (examples, prompt ids) of the test split, built on first use
+    self._held_out = {}  # split -> (examples, prompt ids), built on first use
     self.setup = self._params = self.reporter = None
 
-  def _prompts(self, split: str, num: int, seed: int):
-    """The split's examples whose templated prompt fits rl.max_prompt_tokens, and their ids."""
+  def _prompts(self, split: str, num: int, seed: int, examples=None):
+    """The split's examples (or `examples`) whose templated prompt fits rl.max_prompt_tokens,
+    and their ids."""
     r = self.r
-    examples = self.task.examples(split, num, seed)
+    examples = self.task.examples(split, num, seed) if examples is None else examples
     template = prompt_template(self.config)
     texts = [e.prompt if template == 'none' else _chat_prompt(template, e.prompt)
              for e in examples]
@@ -132,28 +133,29 @@ class RolloutSource:
     params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p))(params)
     return jax.tree.map(checksums.to_host, params) if self.r.reference_on_host else params
 
-  def held_out_reward(self, params, num: int, seed: int) -> dict:
-    """Mean reward and accuracy of greedy completions of `num` test-split problems, decoded with
+  def held_out_reward(self, params, num: int, seed: int, split: str = 'test') -> dict:
+    """Mean reward and accuracy of greedy completions of `num` held-out problems, decoded with
     the rollouts' canvas and steps: the held-out signal that the rollouts' own reward (on fresh
     training prompts each time, item 3 of docs/benchmarks.md's RL diagnosis) cannot give."""
-    examples, texts = self.held_out_completions(params, num, seed)
+    examples, texts = self.held_out_completions(params, num, seed, split)
     rewards, failures = advantages_lib.score(self.task.reward, examples, texts)
     correct = [_safe_correct(self.task, e, t) for e, t in zip(examples, texts)]
     return dict(val_reward=float(rewards.mean()), val_accuracy=float(np.mean(correct)),
                 val_examples=len(examples), val_reward_failures=failures)
 
-  def held_out_completions(self, params, num: int, seed: int):
-    """(examples, greedy completion texts) of the test split's first `num` problems whose prompt
-    fits; every process decodes the same global batches, as in a rollout."""
+  def held_out_completions(self, params, num: int, seed: int, split: str = 'test'):
+    """(examples, greedy completion texts) of `num` held-out problems whose prompt fits: the
+    test split's, or for split 'valid' train-split problems that are not RL prompts. Every
+    process decodes the same global batches, as in a rollout."""
     config, m = self.config, self.config.model
-    if self._held_out is None:
-      self._held_out = self._prompts('test', num, seed)
+    if split not in self._held_out:
+      self._held_out[split] = self._held_out_prompts(split, num, seed)
     if self.greedy_fn is None:
       self.greedy_fn = sampler_lib.make_generate_fn(
           self.setup.model_config, dataclasses.replace(self.sampling, temperature=0.0),
           mask_id=m.mask_token_id, eos_id=m.eos_token_id, pad_id=m.pad_token_id,
           mesh=self.setup.mesh, vocab_size=m.vocab_size)
-    examples, prompt_ids = self._held_out
+    examples, prompt_ids = self._held_out[split]
     rows, texts = config.train.global_batch_size, []
     for start in range(0, len(examples), rows):
       chunk = prompt_ids[start:start + rows]
@@ -165,6 +167,20 @@ class RolloutSource:
       texts += [self.tokenizer.decode(c) for c in sampler_lib.completions(
           out, self.r.max_prompt_tokens, m.eos_token_id)]
     return examples, texts[:len(examples)]
+
+  def _held_out_prompts(self, split: str, num: int, seed: int):
+    if split == 'test':
+      return self._prompts('test', num, seed)
+    if split != 'valid':
+      raise ValueError(f'held-out split {split!r}: choose test or valid.')
+    used = {e.prompt for e in self.examples}
+    try:  # a prefix-stable draw: enough to skip every RL prompt even with the same seed
+      drawn = self.task.examples('train', num + len(used), seed)
+    except ValueError as e:
+      raise ValueError(f'rl.eval_split=valid needs {num} train problems besides the '
+                       f'{len(used)} RL prompts ({e}); lower rl.num_prompts or eval.batches, or '
+                       'use rl.eval_split=test.') from None
+    return self._prompts('train', num, seed, [e for e in drawn if e.prompt not in used][:num])
 
   # grain-like iterator protocol used by the loop and the checkpoint manager
   def __iter__(self):

@@ -143,8 +143,9 @@ class Evaluator(Periodic):
 
 class HeldOutReward(Periodic):
   """RL's evaluation: mean reward and accuracy of greedy completions of eval.batches x
-  train.global_batch_size test-split problems of rl.task (eval.seed picks them), decoded by the
-  rollout source with its canvas and steps."""
+  train.global_batch_size problems of rl.task (rl.eval_split: test, or valid = train-split
+  problems outside the RL prompts; eval.seed picks them), decoded by the rollout source with its
+  canvas and steps."""
 
   def __init__(self, config, source):
     super().__init__(config)
@@ -155,7 +156,8 @@ class HeldOutReward(Periodic):
     """The row {'step', 'val_reward', 'val_accuracy', ...} for metrics.jsonl; prints a line."""
     jax.block_until_ready(params)
     start = time.time()
-    row = {'step': step, **self.source.held_out_reward(params, self.num, self.config.eval.seed)}
+    row = {'step': step, **self.source.held_out_reward(params, self.num, self.config.eval.seed,
+                                                        self.config.rl.eval_split)}
     if jax.process_index() == 0:
       print(f'step {step}: val_reward {row["val_reward"]:.4f} | val_accuracy '
             f'{row["val_accuracy"]:.4f} ({row["val_examples"]} held-out problems, '

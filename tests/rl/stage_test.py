@@ -112,3 +112,19 @@ def test_prompts_too_long_is_a_clear_error(tmp_path, init_dir):
   c = _rl_config(tmp_path, init_dir, **{'rl.max_prompt_tokens': 2})
   with pytest.raises(ValueError, match='max_prompt_tokens'):
     rollout.RolloutSource(c)
+
+
+def test_valid_split_is_train_problems_outside_the_rl_prompts(tmp_path, init_dir):
+  """rl.eval_split=valid: train-split problems, none of them an RL prompt, even when eval.seed
+  draws the same sequence as the RL prompts (seed 0 both)."""
+  from dlmjax.rl import rollout  # pylint: disable=import-outside-toplevel
+  c = _rl_config(tmp_path, init_dir, **{'rl.task': 'arithmetic', 'seed': 0, 'eval.seed': 0})
+  source = rollout.RolloutSource(c)
+  examples, ids = source._held_out_prompts('valid', 24, 0)  # pylint: disable=protected-access
+  assert len(examples) == len(ids) == 24
+  assert not {e.prompt for e in examples} & {e.prompt for e in source.examples}
+  test = {e.answer for e in source.task.examples('test', 200, 0)}
+  assert not test & {e.answer for e in examples}  # the split is by answer: no test answer
+  with pytest.raises(ValueError, match='held-out split'):
+    source._held_out_prompts('dev', 4, 0)  # pylint: disable=protected-access
+
