@@ -48,6 +48,8 @@ def canvas_overrides(task: str) -> dict:
                  'rl.diffusion_steps': gen // 2, 'rl.block_length': gen}}
 
 
+SELECT_EVERY = 10  # RL steps between the validation scores that pick the RL stage's checkpoint
+
 # The recipe: overrides of configs/{tiny,sft,rl}.py. Sized so one seed takes ~11 minutes (measured)
 # on a shared 2-core CPU and the SFT model earns partial (per-blank) reward, so RL has a signal.
 # Measured over seeds 0-2 (docs/benchmarks.md): RL gains +0.005..+0.009 reward on every seed, but
@@ -75,7 +77,15 @@ _STAGE_RECIPE = {
         'train.lr': 3e-4,  # 1e-4 barely moved it; 6e-4 collapsed (rollout reward 0.7 -> 0.35).
         'train.warmup_steps': 4,  # Adam's first step at full lr is sign-like: KL 1.7 after it.
         'train.steps': 60,  # 15 rollouts: about 6 of the 15 minutes.
-        'checkpoint.every': 0,
+        # Held-out reward jumps by 0.2-0.7 between checkpoints 10 steps apart (docs/benchmarks.md
+        # RL diagnosis item 9), so the RL row is the checkpoint of best validation reward:
+        # 128 train-split problems outside the RL prompts, greedy, every 10 steps. The test
+        # split only scores the chosen one (and the final one, for comparison).
+        'eval.every': SELECT_EVERY,
+        'eval.batches': 4,
+        'rl.eval_split': 'valid',
+        'checkpoint.every': SELECT_EVERY,
+        'checkpoint.keep': 60 // SELECT_EVERY,
     },
 }
 RECIPE = {stage: {**canvas_overrides('sudoku4')[stage], **keys}
@@ -179,15 +189,35 @@ def write_sft_set(path: str, task: str, num: int = SFT_EXAMPLES, seed: int = 0) 
 # One seed
 
 
-def final_loss(run_dir: str) -> tuple[int, float]:
-  """(last step, its loss) from the run's metrics.jsonl (rollout rows carry no loss)."""
-  step, loss = 0, float('nan')
+def _metric_rows(run_dir: str) -> list[dict]:
   with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
-    for line in f:
-      row = json.loads(line)
-      if 'loss' in row and row.get('step', 0) >= step:
-        step, loss = int(row['step']), float(row['loss'])
-  return step, loss
+    return [json.loads(line) for line in f]
+
+
+def final_loss(run_dir: str, step: int | None = None) -> tuple[int, float]:
+  """(last step, its loss) from the run's metrics.jsonl (rollout rows carry no loss); with
+  `step`, that step's."""
+  found, loss = 0, float('nan')
+  for row in _metric_rows(run_dir):
+    if 'loss' in row and row.get('step', 0) >= found and (step is None or row['step'] == step):
+      found, loss = int(row['step']), float(row['loss'])
+  return found, loss
+
+
+def best_checkpoint(run_dir: str) -> str:
+  """The step directory of the RL run's best validation reward (val_reward rows; the later of
+  equal ones), or the latest checkpoint when the run logged none."""
+  scored = [r for r in _metric_rows(run_dir) if 'val_reward' in r]
+  checkpoints = os.path.join(run_dir, 'checkpoints')
+  if not scored:
+    return run_dir
+  best = max(scored, key=lambda r: (r['val_reward'], r['step']))['step']
+  path = os.path.join(checkpoints, str(best))
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f'{run_dir}: the best validation reward is at step {best}, but '
+                            f'{path} was not kept; set checkpoint.every to eval.every and '
+                            'checkpoint.keep to at least the number of evaluations.')
+  return path
 
 
 def evaluate_stage(run_dir: str, task: str, *, num: int = EVAL_EXAMPLES, sampling=None,
@@ -225,12 +255,18 @@ def run_seed(seed: int, output_dir: str, task: str, recipe=None, log=print) -> l
                              f'{configs[stage].train.steps}; the same command resumes it.')
     rows.append(dict(seed=seed, stage=stage, train_s=time.time() - stage_start))
   for row in rows:
-    stage_dir = configs[row['stage']].output_dir
+    run = configs[row['stage']].output_dir
     stage_start = time.time()
-    row['steps'], row['loss'] = final_loss(stage_dir)
+    stage_dir = best_checkpoint(run) if row['stage'] == 'rl' else run
+    chosen = None if stage_dir == run else int(os.path.basename(stage_dir))
+    row['steps'], row['loss'] = final_loss(run, chosen)
     scores = evaluate_stage(stage_dir, task, sampling=eval_sampling(recipe))
     row.update(accuracy=scores['accuracy'], mean_reward=scores['mean_reward'],
                eval_examples=scores['examples'])
+    if chosen is not None:  # what the last checkpoint scores, for comparison
+      last = final_loss(run)[0]
+      row['final'] = dict(step=last, **(scores if chosen == last else evaluate_stage(
+          run, task, sampling=eval_sampling(recipe))))
     ok, report = verify_stage(stage_dir)
     row['verify'] = ok
     row['eval_s'] = time.time() - stage_start
@@ -301,6 +337,12 @@ def format_table(rows: list[dict], summary: dict) -> str:
     lines.append(f'{"mean":>6} {stage:<9} {e["steps"]["mean"]:>5.0f} {e["loss"]["mean"]:>9.4f} '
                  f'{_pm(e["accuracy"]):>15} {_pm(e["mean_reward"]):>15}  '
                  f'{"PASS" if e["verify"] else "FAIL"}')
+  chosen = [r for r in sorted(rows, key=lambda r: r['seed']) if 'final' in r]
+  if chosen:
+    lines.append('rl rows: the checkpoint of best validation reward (train-split problems outside '
+                 'the RL prompts); the last checkpoint scored ' + ', '.join(
+                     f'{r["final"]["mean_reward"]:.3f} (seed {r["seed"]}, step '
+                     f'{r["final"]["step"]})' for r in chosen))
   walls = [f'seed {r["seed"]} {r["seed_wall_s"] / 60:.1f} min' for r in rows if 'seed_wall_s' in r]
   if walls:
     lines.append('wall time (train + evaluate + verify): ' + ', '.join(walls))

@@ -167,3 +167,24 @@ def test_final_loss_skips_rollout_rows(tmp_path):
   lines = [dict(step=2, loss=0.5), dict(step=3, rollout=1, generate_s=1.0), dict(step=4, loss=0.25)]
   (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in lines))
   assert demo.final_loss(str(tmp_path)) == (4, 0.25)
+  assert demo.final_loss(str(tmp_path), step=2) == (2, 0.5)
+
+
+def test_best_checkpoint_is_the_best_validation_reward(tmp_path):
+  lines = [dict(step=1, loss=0.1)] + [dict(step=s, val_reward=v) for s, v in
+                                      ((10, 0.5), (20, 0.9), (30, 0.4), (40, 0.9), (50, 0.2))]
+  (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in lines))
+  for step in (10, 20, 30, 50):
+    (tmp_path / 'checkpoints' / str(step)).mkdir(parents=True)
+  with pytest.raises(FileNotFoundError, match='step 40, but .* was not kept'):
+    demo.best_checkpoint(str(tmp_path))  # 20 and 40 tie: the later one, not kept
+  (tmp_path / 'checkpoints' / '40').mkdir()
+  assert demo.best_checkpoint(str(tmp_path)) == str(tmp_path / 'checkpoints' / '40')
+  (tmp_path / 'metrics.jsonl').write_text(json.dumps(dict(step=1, loss=0.1)) + '\n')
+  assert demo.best_checkpoint(str(tmp_path)) == str(tmp_path)  # no validation rows: the run
+
+
+def test_rl_stage_keeps_every_checkpoint_it_scores():
+  rl = demo.recipe_for('d1', 'arithmetic')['rl']
+  assert rl['checkpoint.every'] == rl['eval.every'] and rl['rl.eval_split'] == 'valid'
+  assert rl['checkpoint.keep'] * rl['checkpoint.every'] >= rl['train.steps']
