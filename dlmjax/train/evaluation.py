@@ -3,7 +3,9 @@
 MegaDLMs validates with fresh random masks (reference 1.2), so two evaluations of one model
 differ. Here the masks derive from eval.seed and each held-out example's index, never from the
 step, and no micro-batch is truncated: every evaluation scores the same tokens masked the same way,
-and val_loss moves only when the model does.
+and val_loss moves only when the model does. Stage rl has no loss to validate; it gets held-out
+reward instead (HeldOutReward: fixed problems, greedy decoding), which likewise moves only when
+the model does.
 """
 
 from __future__ import annotations
