@@ -49,6 +49,7 @@ def canvas_overrides(task: str) -> dict:
                  'rl.diffusion_steps': gen // 2, 'rl.block_length': gen}}
 
 
+RL_STEPS = 60  # 15 rollouts: about 4 minutes of a seed's 9
 SELECT_EVERY = 10  # RL steps between the validation scores that pick the RL stage's checkpoint
 
 # The recipe: overrides of configs/{tiny,sft,rl}.py, sized for minutes per seed on a shared 2-core
@@ -77,7 +78,7 @@ _STAGE_RECIPE = {
         'train.micro_batch_size': 16,
         'train.lr': 3e-4,  # 1e-4 barely moved it; 6e-4 collapsed (rollout reward 0.7 -> 0.35).
         'train.warmup_steps': 4,  # Adam's first step at full lr is sign-like: KL 1.7 after it.
-        'train.steps': 60,  # 15 rollouts: about 6 of the 15 minutes.
+        'train.steps': RL_STEPS,
         # Held-out reward jumps by 0.2-0.7 between checkpoints 10 steps apart (docs/benchmarks.md
         # RL diagnosis item 9), so the RL row is the checkpoint of best validation reward:
         # 128 train-split problems outside the RL prompts, greedy, every 10 steps. The test
@@ -86,7 +87,7 @@ _STAGE_RECIPE = {
         'eval.batches': 4,
         'rl.eval_split': 'valid',
         'checkpoint.every': SELECT_EVERY,
-        'checkpoint.keep': 60 // SELECT_EVERY,
+        'checkpoint.keep': RL_STEPS // SELECT_EVERY,
     },
 }
 RECIPE = {stage: {**canvas_overrides('sudoku4')[stage], **keys}
@@ -209,11 +210,10 @@ def best_checkpoint(run_dir: str) -> str:
   """The step directory of the RL run's best validation reward (val_reward rows; the later of
   equal ones), or the latest checkpoint when the run logged none."""
   scored = [r for r in _metric_rows(run_dir) if 'val_reward' in r]
-  checkpoints = os.path.join(run_dir, 'checkpoints')
   if not scored:
     return run_dir
   best = max(scored, key=lambda r: (r['val_reward'], r['step']))['step']
-  path = os.path.join(checkpoints, str(best))
+  path = os.path.join(run_dir, 'checkpoints', str(best))
   if not os.path.isdir(path):
     raise FileNotFoundError(f'{run_dir}: the best validation reward is at step {best}, but '
                             f'{path} was not kept; set checkpoint.every to eval.every and '

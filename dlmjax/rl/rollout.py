@@ -92,7 +92,7 @@ class RolloutSource:
     self.examples, self.prompt_ids = self._prompts('train', r.num_prompts, config.seed)
     self.served = 0  # batches handed out; rollout = served // inner_updates
     self._batch = None
-    self._held_out = {}  # split -> (examples, prompt ids), built on first use
+    self._held_out = {}  # (split, num, seed) -> (examples, prompt ids), built on first use
     self.setup = self._params = self.reporter = None
 
   def _prompts(self, split: str, num: int, seed: int, examples=None):
@@ -138,8 +138,7 @@ class RolloutSource:
     the rollouts' canvas and steps: the held-out signal that the rollouts' own reward (on fresh
     training prompts each time, item 3 of docs/benchmarks.md's RL diagnosis) cannot give."""
     examples, texts = self.held_out_completions(params, num, seed, split)
-    rewards, failures = advantages_lib.score(self.task.reward, examples, texts)
-    correct = [_safe_correct(self.task, e, t) for e, t in zip(examples, texts)]
+    rewards, failures, correct = self._score_texts(examples, texts)
     return dict(val_reward=float(rewards.mean()), val_accuracy=float(np.mean(correct)),
                 val_examples=len(examples), val_reward_failures=failures)
 
@@ -148,14 +147,14 @@ class RolloutSource:
     test split's, or for split 'valid' train-split problems that are not RL prompts. Every
     process decodes the same global batches, as in a rollout."""
     config, m = self.config, self.config.model
-    if split not in self._held_out:
-      self._held_out[split] = self._held_out_prompts(split, num, seed)
+    if (split, num, seed) not in self._held_out:
+      self._held_out[split, num, seed] = self._held_out_prompts(split, num, seed)
     if self.greedy_fn is None:
       self.greedy_fn = sampler_lib.make_generate_fn(
           self.setup.model_config, dataclasses.replace(self.sampling, temperature=0.0),
           mask_id=m.mask_token_id, eos_id=m.eos_token_id, pad_id=m.pad_token_id,
           mesh=self.setup.mesh, vocab_size=m.vocab_size)
-    examples, prompt_ids = self._held_out[split]
+    examples, prompt_ids = self._held_out[split, num, seed]
     rows, texts = config.train.global_batch_size, []
     for start in range(0, len(examples), rows):
       chunk = prompt_ids[start:start + rows]
@@ -163,10 +162,19 @@ class RolloutSource:
       prompt_BP, prompt_lengths = sampler_lib.pad_prompts(chunk, m.pad_token_id,
                                                           width=self.r.max_prompt_tokens)
       key = jax.random.fold_in(jax.random.key(seed), start)  # unused at temperature 0
-      out = checksums.to_host(self.greedy_fn(params, prompt_BP, prompt_lengths, key))
-      texts += [self.tokenizer.decode(c) for c in sampler_lib.completions(
-          out, self.r.max_prompt_tokens, m.eos_token_id)]
+      texts += self._decode(checksums.to_host(self.greedy_fn(params, prompt_BP, prompt_lengths,
+                                                             key)))
     return examples, texts[:len(examples)]
+
+  def _decode(self, out_BW) -> list[str]:
+    """The completion texts (up to the first EOS) of sampler output rows."""
+    return [self.tokenizer.decode(c) for c in sampler_lib.completions(
+        out_BW, self.r.max_prompt_tokens, self.config.model.eos_token_id)]
+
+  def _score_texts(self, examples, texts):
+    """(rewards [B], reward failures, correct [B]) of completions, never raising."""
+    rewards, failures = advantages_lib.score(self.task.reward, examples, texts)
+    return rewards, failures, [_safe_correct(self.task, e, t) for e, t in zip(examples, texts)]
 
   def _held_out_prompts(self, split: str, num: int, seed: int):
     if split == 'test':
@@ -227,10 +235,8 @@ class RolloutSource:
     generate_s = time.time() - start
     # Score: rewards, advantages, old and reference estimates for every inner iteration.
     start = time.time()
-    texts = [self.tokenizer.decode(c) for c in
-             sampler_lib.completions(out, r.max_prompt_tokens, m.eos_token_id)]
-    rewards, failures = advantages_lib.score(self.task.reward, examples, texts)
-    correct = [_safe_correct(self.task, e, t) for e, t in zip(examples, texts)]
+    texts = self._decode(out)
+    rewards, failures, correct = self._score_texts(examples, texts)
     advantages = advantages_lib.group_advantages(rewards, group, r.advantage_scaling,
                                                  negatives=r.negative_advantages)
     tokens, completion_mask, lengths = to_right_padded(
