@@ -45,7 +45,7 @@ def defaults() -> ml_collections.ConfigDict:
   # 'fp8' in FP8 on Hopper (e4m3 forward, e5m2 gradients, per-tensor scales; model/fp8.py). The
   # output head and the attention core stay in model.dtype either way.
   c.model.matmul_dtype = 'compute'
-  c.model.remat = 'none'  # none | minimal | save_dots | full
+  c.model.remat = 'none'  # a policy in model/transformer.py REMAT_POLICIES
   c.model.scan_layers = True
   # Output head + cross-entropy fused over chunks of this many tokens (never materialising fp32
   # [tokens, vocab] logits); 0 computes the full logits first.
@@ -274,7 +274,8 @@ _CHOICES = {
     'model.attention_backend': ('xla', 'cudnn', 'pallas', 'auto'),
     'model.dtype': ('float32', 'bfloat16'),
     'model.matmul_dtype': ('compute', 'fp8'),
-    'model.remat': ('none', 'minimal', 'save_dots', 'full'),
+    'model.remat': ('none', 'minimal', 'save_dots', 'save_dots_attention', 'save_activations',
+                    'full'),
     'diffusion.objective': ('mdm', 'ar'),
     'data.source': ('builtin', 'megatron', 'tfds:NAME:SPLIT'),
     'train.schedule': ('wsd', 'cosine', 'constant'),

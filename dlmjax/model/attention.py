@@ -149,8 +149,10 @@ class Attention(nnx.Module):
     q = checkpoint_name(q, 'query_proj')
     k = checkpoint_name(k, 'key_proj')
     v = checkpoint_name(v, 'value_proj')
-    q = layers.rotary_embedding(self.q_norm(q), positions_BL, self.rope_theta)
-    k = layers.rotary_embedding(self.k_norm(k), positions_BL, self.rope_theta)
+    q = checkpoint_name(layers.rotary_embedding(self.q_norm(q), positions_BL, self.rope_theta),
+                        'query_rope')
+    k = checkpoint_name(layers.rotary_embedding(self.k_norm(k), positions_BL, self.rope_theta),
+                        'key_rope')
     heads = (rules.BATCH, rules.LENGTH, rules.ACT_HEADS, None)
     # The kernel sees whole sequences: with context parallelism the heads are split over the
     # context devices instead of the sequence (an all-to-all each way, DeepSpeed-Ulysses), so

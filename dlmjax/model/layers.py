@@ -84,5 +84,6 @@ class MLP(nnx.Module):
     up_BLF = checkpoint_name(project('bld,df->blf', x_BLD, self.up_proj.value, mm), 'mlp_up')
     h_BLF = rules.constrain(jax.nn.silu(gate_BLF) * up_BLF,
                             (rules.BATCH, rules.LENGTH, rules.ACT_MLP))
+    h_BLF = checkpoint_name(h_BLF, 'mlp_hidden')
     out_BLD = project('blf,fd->bld', h_BLF, self.down_proj.value, mm)
     return checkpoint_name(out_BLD, 'mlp_out')

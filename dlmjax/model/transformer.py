@@ -11,6 +11,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from dlmjax.model import attention, layers
 from dlmjax.model.presets import ModelConfig
@@ -19,10 +20,33 @@ from dlmjax.parallel import pipeline, rules
 # Names tagged with checkpoint_name in attention.py / layers.py.
 _PROJECTIONS = ('query_proj', 'key_proj', 'value_proj', 'out_proj', 'mlp_gate', 'mlp_up',
                 'mlp_out')
+# Attention kernels: cuDNN's forward (inside jax.nn.dot_product_attention's custom VJP) and any
+# Pallas call (in a layer, only the flash kernels are). Their outputs, the attention output and
+# its softmax statistics, are what their backward needs.
+_ATTENTION_KERNELS = ('dot_product_attention_fwd_wrapper', 'dot_product_attention_fwd',
+                      'pallas_call')
+
+
+def _save_dots_and_attention(prim, *avals, **params):
+  """save_dots, plus the attention kernel's outputs: the backward then runs the attention
+  backward straight away instead of first re-running the whole attention forward (which under
+  save_dots costs a third of attention's time)."""
+  return (prim.name in _ATTENTION_KERNELS
+          or jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *avals, **params))
+
+
+# The elementwise results between the matmuls, in the compute dtype (attention.py / layers.py).
+_ACTIVATIONS = ('attn_norm', 'query_rope', 'key_rope', 'mlp_norm', 'mlp_hidden')
+
 REMAT_POLICIES = {
     'none': None,
     'minimal': jax.checkpoint_policies.save_only_these_names(*_PROJECTIONS, 'context'),
     'save_dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    'save_dots_attention': _save_dots_and_attention,
+    # Everything the backward reads, each once in the compute dtype: no recomputation but the
+    # norms' float32 statistics ('none' keeps their float32 intermediates instead).
+    'save_activations': jax.checkpoint_policies.save_from_both_policies(
+        _save_dots_and_attention, jax.checkpoint_policies.save_only_these_names(*_ACTIVATIONS)),
     'full': jax.checkpoint_policies.nothing_saveable,
 }
 
@@ -43,8 +67,9 @@ class Block(nnx.Module):
                           matmul_dtype=cfg.matmul_dtype, **kw)
 
   def __call__(self, x_BLD, positions_BL, **attention_kwargs):
-    x_BLD = x_BLD + self.attn(self.input_norm(x_BLD), positions_BL, **attention_kwargs)
-    x_BLD = x_BLD + self.mlp(self.post_attn_norm(x_BLD))
+    normed_BLD = checkpoint_name(self.input_norm(x_BLD), 'attn_norm')
+    x_BLD = x_BLD + self.attn(normed_BLD, positions_BL, **attention_kwargs)
+    x_BLD = x_BLD + self.mlp(checkpoint_name(self.post_attn_norm(x_BLD), 'mlp_norm'))
     return rules.constrain(x_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
 
 
@@ -61,11 +86,37 @@ def _run_layers(cfg, graphdef, stacked, x_BLD, side):
     layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat],
                            prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
-    x_BLD, _ = jax.lax.scan(layer, x_BLD, stacked)
+    x_BLD, _ = jax.lax.scan(layer, x_BLD, _compute_weights(cfg, stacked))
   else:
-    for i in range(jax.tree.leaves(stacked)[0].shape[0]):
-      x_BLD, _ = layer(x_BLD, jax.tree.map(lambda p, i=i: p[i], stacked))
+    for layer_params in _unstack(stacked):
+      x_BLD, _ = layer(x_BLD, _compute_weights(cfg, layer_params))
   return x_BLD
+
+
+def _unstack(stacked):
+  """Per-layer parameter trees, cut from the stacked ones with one split per leaf.
+
+  A split's transpose is one concatenate, so the stacked gradient is assembled in one pass.
+  Indexing each layer (p[i]) transposes to a zero-padded full-size array per layer, which XLA
+  sums in fusions that read every layer's gradient for each element: 15 ms of a 358 ms 1.7B
+  step on an H200 (docs/benchmarks.md).
+  """
+  num = jax.tree.leaves(stacked)[0].shape[0]
+  pieces = jax.tree.map(lambda p: [s[0] for s in jax.lax.split(p, [1] * num, axis=0)], stacked)
+  return [jax.tree.map(lambda ps, i=i: ps[i], pieces, is_leaf=lambda x: isinstance(x, list))
+          for i in range(num)]
+
+
+def _compute_weights(cfg, params):
+  """The layer's float32 parameters cast to the compute dtype, outside the remat region.
+
+  Every use in a layer casts them to that dtype anyway (projections, norm gains), so the values
+  are the same; cast here, the backward reuses the forward's copy instead of re-casting each
+  weight from float32. FP8 projections quantise from float32 and keep it.
+  """
+  if cfg.matmul_dtype != 'compute':
+    return params
+  return jax.tree.map(lambda p: p.astype(cfg.compute_dtype), params)
 
 
 class Transformer(nnx.Module):

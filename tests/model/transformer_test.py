@@ -73,7 +73,8 @@ def _logits_and_grads(cfg, params, tokens):
   return _logits(cfg, params, tokens), jax.grad(lambda p: _logits(cfg, p, tokens).sum())(params)
 
 
-@pytest.mark.parametrize('remat', ['none', 'minimal', 'save_dots', 'full'])
+@pytest.mark.parametrize('remat', ['none', 'minimal', 'save_dots', 'save_dots_attention',
+                                   'save_activations', 'full'])
 def test_scan_unrolled_and_remat_agree(remat):
   params = model_lib.init_params(CFG, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
@@ -83,6 +84,49 @@ def test_scan_unrolled_and_remat_agree(remat):
   np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
   for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def _saved(capsys, cfg, params, tokens):
+  """The residuals the backward keeps, one description per line (jax's public printer)."""
+  capsys.readouterr()
+  jax.ad_checkpoint.print_saved_residuals(
+      lambda p: model_lib.merge(cfg, p).hidden(tokens).astype(jnp.float32).sum(), params)
+  return capsys.readouterr().out.splitlines()
+
+
+def test_remat_policies_keep_what_they_say(capsys):
+  """Per layer: save_dots_attention adds the attention kernel's output and softmax stats,
+  save_activations the five named activations; every weight is kept as its bf16 cast, made once
+  outside the remat region, not as float32."""
+  cfg = dataclasses.replace(CFG, dtype='bfloat16', attention_backend='pallas', scan_layers=False)
+  params = model_lib.init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+  saved = {r: _saved(capsys, dataclasses.replace(cfg, remat=r), params, tokens)
+           for r in ('save_dots', 'save_dots_attention', 'save_activations')}
+  def kernel(lines):
+    return [line for line in lines if 'output of pallas_call' in line]
+
+  assert not kernel(saved['save_dots'])
+  assert len(kernel(saved['save_dots_attention'])) == 2 * CFG.num_layers  # output + stats
+  assert kernel(saved['save_dots_attention'])[0].startswith('bf16[2,16,4,8]')
+  for name in ('attn_norm', 'query_rope', 'key_rope', 'mlp_norm', 'mlp_hidden'):
+    tag = f"named '{name}'"
+    assert sum(tag in line for line in saved['save_activations']) == CFG.num_layers, name
+    assert not any(tag in line for line in saved['save_dots_attention'])
+  weight_shapes = {f'[{",".join(map(str, v.shape[1:]))}]'
+                   for v in jax.tree.leaves(params['blocks'])}
+  for lines in saved.values():
+    kept = [line for line in lines if line.split(' ')[0][line.index('['):] in weight_shapes]
+    assert kept and all(line.startswith('bf16') for line in kept), kept
+
+
+def test_unrolled_layers_assemble_the_stacked_gradient_in_one_concatenate():
+  """Per-layer indexing would transpose to one zero-padded full-size array per layer."""
+  cfg = dataclasses.replace(CFG, scan_layers=False, num_layers=3)
+  params = model_lib.init_params(cfg, jax.random.key(0))
+  tokens = jnp.zeros((1, 16), jnp.int32)
+  text = str(jax.make_jaxpr(jax.grad(lambda p: _logits(cfg, p, tokens).sum()))(params))
+  assert ' pad[' not in text and 'concatenate' in text
 
 
 def test_bidirectional_model_sees_the_future_causal_does_not():
