@@ -6,7 +6,7 @@ docs/benchmarks.md: 0-15% above each, so it errs towards refusing):
                accumulation over micro-batches), split over fsdp x tensor x pipeline x context
   activations  what the backward pass keeps per layer and token (by remat policy), for the
                device's tokens of one micro-batch and its layers (num_layers / pipeline)
-  recompute    one layer's full activations, rebuilt during the backward of a remat policy
+  recompute    what a remat policy did not save, for one layer, rebuilt during its backward
   logits       fp32 logits and their gradient for one loss chunk (or all tokens without chunks)
 `train` refuses a config whose estimate exceeds the device's usable memory, before compiling.
 """
@@ -32,6 +32,9 @@ def _saved_per_token_layer(cfg, remat: str, tensor: int) -> float:
       'full': d,  # the layer input only
       'save_dots': 3 * d + q + 2 * kv + 2 * f,  # input, q, k, v, out proj, gate, up, down
       'minimal': 3 * d + 2 * q + 2 * kv + 2 * f,  # the same plus the attention output
+      'save_dots_attention': 3 * d + 2 * q + 2 * kv + 2 * f,  # as minimal (+ softmax stats)
+      # + both norms' outputs, q and k after RoPE, the SwiGLU product
+      'save_activations': 5 * d + 3 * q + 3 * kv + 3 * f,
       'none': 10 * d + 3 * q + 4 * kv + 6 * f,  # everything (norms in fp32, rope, silu)
   }[remat]
 
@@ -56,8 +59,10 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
   else:
     probs = 0.0
   recompute = 0.0
-  if cfg.remat != 'none':
-    recompute = tokens * act_bytes * _saved_per_token_layer(cfg, 'none', mesh.tensor) + probs
+  if cfg.remat != 'none':  # one layer's worth of what the policy did not save, rebuilt at once
+    rebuilt = (_saved_per_token_layer(cfg, 'none', mesh.tensor)
+               - _saved_per_token_layer(cfg, cfg.remat, mesh.tensor))
+    recompute = tokens * act_bytes * rebuilt + probs
   chunk_tokens = config.model.loss_chunk_tokens
   chunk = min(chunk_tokens, tokens) if chunk_tokens else tokens
   logits = 2 * chunk * cfg.vocab_size / mesh.tensor * 4

@@ -35,19 +35,25 @@ def _8b(devices, mb, **mesh):
   return _config_1p7b(devices, **{
       'model.num_layers': 36, 'model.d_model': 4096, 'model.num_heads': 32,
       'model.num_kv_heads': 8, 'model.ffn_dim': 12288, 'model.vocab_size': 151936,
-      'train.micro_batch_size': mb, 'train.global_batch_size': mb,
+      'train.micro_batch_size': mb, 'train.global_batch_size': mb, 'model.remat': 'save_dots',
       **{f'mesh.{k}': v for k, v in mesh.items()}})
 
 
 def test_matches_the_formula_written_out():
-  c = _config_1p7b(1, **{'train.micro_batch_size': 8, 'train.global_batch_size': 8})
+  c = _config_1p7b(1, **{'train.micro_batch_size': 8, 'train.global_batch_size': 8,
+                         'model.remat': 'save_dots'})
   got = memory.estimate_bytes_per_device(c)
   params = 1_732_895_744
   tokens, layers, d, f = 8 * 2048, 28, 2048, 6144
   assert got['state'] == 16 * params
   # save_dots: layer input, q, k, v (16 heads x 128 each), out proj, gate, up, down; bf16.
   assert got['activations'] == tokens * layers * 2 * (d + 2048 + 2 * 2048 + d + 2 * f + d)
-  assert got['recompute'] == tokens * 2 * (10 * d + 3 * 2048 + 4 * 2048 + 6 * f)
+  # One layer of what save_dots did not keep: everything ('none') less the above.
+  assert got['recompute'] == tokens * 2 * ((10 * d + 3 * 2048 + 4 * 2048 + 6 * f)
+                                           - (d + 2048 + 2 * 2048 + d + 2 * f + d))
+  c.model.remat = 'save_activations'  # + both norms, q and k after RoPE, the SwiGLU product
+  assert memory.estimate_bytes_per_device(c)['activations'] == (
+      tokens * layers * 2 * (5 * d + 3 * 2048 + 3 * 2048 + 3 * f))
   assert got['logits'] == 2 * 4096 * 50304 * 4  # one fused chunk, fp32 logits and gradient
   assert got['total'] == pytest.approx(sum(got[k] for k in ('state', 'activations', 'recompute',
                                                               'logits')))
@@ -56,16 +62,26 @@ def test_matches_the_formula_written_out():
   assert memory.estimate_bytes_per_device(accumulating)['state'] == 20 * params
 
 
+def _save_dots(devices, **overrides):
+  return _config_1p7b(devices, **{'model.remat': 'save_dots', **overrides})
+
+
+def _mb(mb, **overrides):
+  return {'train.micro_batch_size': mb, 'train.global_batch_size': mb, **overrides}
+
+
 @pytest.mark.parametrize('config,measured_gib', [
-    (lambda: _config_1p7b(1, **{'train.micro_batch_size': 8, 'train.global_batch_size': 8}), 45.7),
-    (lambda: _config_1p7b(1, **{'train.micro_batch_size': 16, 'train.global_batch_size': 16}),
-     66.0),
-    (lambda: _config_1p7b(2, **{'train.micro_batch_size': 16, 'train.global_batch_size': 16}),
-     34.5),
-    (lambda: _config_1p7b(2, **{'train.micro_batch_size': 16, 'train.global_batch_size': 64,
-                                'mesh.data': 2, 'mesh.fsdp': 1}), 52.2),
-    (lambda: _config_1p7b(2, **{'train.micro_batch_size': 8, 'train.global_batch_size': 8,
-                                'mesh.tensor': 2, 'mesh.fsdp': 1}), 24.8),
+    # 2026-12-01, the current layer loop (weights cast once, split per layer).
+    (lambda: _save_dots(1, **_mb(8)), 43.8),
+    (lambda: _config_1p7b(1, **_mb(8, **{'model.remat': 'save_dots_attention'})), 45.6),
+    (lambda: _config_1p7b(1, **_mb(8, **{'model.remat': 'save_activations'})), 58.0),
+    (lambda: _config_1p7b(1, **_mb(16, **{'model.remat': 'save_activations'})), 91.5),
+    # 2026-11-30, before that loop (it kept each layer's float32 weights for the backward).
+    (lambda: _save_dots(1, **_mb(16)), 66.0),
+    (lambda: _save_dots(2, **_mb(16)), 34.5),
+    (lambda: _save_dots(2, **{'train.micro_batch_size': 16, 'train.global_batch_size': 64,
+                              'mesh.data': 2, 'mesh.fsdp': 1}), 52.2),
+    (lambda: _save_dots(2, **_mb(8, **{'mesh.tensor': 2, 'mesh.fsdp': 1})), 24.8),
     (lambda: _8b(4, 16), 57.0),
     (lambda: _8b(4, 32), 79.1),
 ])
