@@ -127,11 +127,12 @@ class CompiledStep:
     with rules.activation_mesh(self.setup.mesh):
       return self._jitted(state, batch)
 
-  def compile(self, state, batch) -> None:
+  def compile(self, state, batch):
     """Compiles for these arguments without running; the next call reuses the executable (a
-    multi-process run lines its processes up in between, see train/loop.py)."""
+    multi-process run lines its processes up in between, see train/loop.py). Returns it: its
+    HLO names the kernels a profile of the run shows (scripts/profile_step.py)."""
     with rules.activation_mesh(self.setup.mesh):
-      self._jitted.lower(state, batch).compile()
+      return self._jitted.lower(state, batch).compile()
 
   def lower(self, batch_shapes):
     """Lowered for the abstract state (summary uses this to report memory without running)."""
