@@ -22,7 +22,10 @@ def get_config(arg=None):
   c.data.source = 'megatron'
   c.model.dtype = 'bfloat16'
   c.model.attention_backend = 'cudnn'
-  c.model.remat = 'save_dots'  # fastest measured at micro-batch 8 (docs/benchmarks.md)
+  # Saves every activation the backward reads (bf16) and the attention kernel's outputs: the
+  # fastest measured at micro-batch 8 and 16, at 57 GiB (mb 8) against the peer's 64
+  # (docs/benchmarks.md); save_dots_attention needs 46 GiB for 1.2% less speed.
+  c.model.remat = 'save_activations'
   # Unrolled layers: the same speed on one GPU (41.9k vs 42.0k tokens/s) but FSDP overlaps its
   # gathers better, 95.3% vs 93.1% on 2 GPUs and 94.4% vs 90.6% on 4 (docs/benchmarks.md), for a
   # compile of ~20 s instead of ~10.
