@@ -28,6 +28,9 @@ if [ "$which" != 8b ]; then
   run "tensor2_fsdp$((n / 2))" $B --steps=10 $(rows $((4 * n))) --config.mesh.tensor=2 \
     --config.mesh.fsdp=$((n / 2))
 fi
+# The 8B rows keep the attention kernel's outputs but recompute the elementwise work
+# (save_dots_attention): save_activations, the 1.7B default, would need ~117 GiB per GPU at 8 rows.
+Q8="$Q8 --config.model.remat=save_dots_attention"
 if [ "$which" != 1p7b ] && [ "$n" -ge 4 ]; then
   run "8b_fsdp${n}" $B --steps=6 $Q8 $(rows $((4 * n))) --config.mesh.fsdp="$n"
   run "8b_fsdp$((n / 2))_tensor2" $B --steps=6 $Q8 $(rows $((4 * n))) \
@@ -35,4 +38,9 @@ if [ "$which" != 1p7b ] && [ "$n" -ge 4 ]; then
   run "8b_tensor4_fsdp$((n / 4))" $B --steps=6 $Q8 $(rows $((4 * n))) \
     --config.mesh.fsdp=$((n / 4)) --config.mesh.tensor=4
   run "8b_fsdp${n}_mb8" $B --steps=6 $Q8 $(rows $((8 * n))) --config.mesh.fsdp="$n"
+  # Pipeline (GPipe, 8 pipeline micro-batches per micro-batch): 36 layers split 4 or 2 ways.
+  run "8b_pipeline4_fsdp$((n / 4))" $B --steps=6 $Q8 $(rows $((4 * n))) --config.mesh.pipeline=4 \
+    --config.mesh.fsdp=$((n / 4)) --config.mesh.pipeline_microbatches=8
+  run "8b_pipeline2_fsdp$((n / 2))" $B --steps=6 $Q8 $(rows $((4 * n))) --config.mesh.pipeline=2 \
+    --config.mesh.fsdp=$((n / 2)) --config.mesh.pipeline_microbatches=8
 fi
