@@ -112,6 +112,10 @@ def _advice(config, estimate) -> str:
   """The knob that removes the largest term."""
   m = config.model
   if estimate['activations'] + estimate['recompute'] >= estimate['state']:
+    if m.remat in ('none', 'save_activations'):  # a middle step first: most of the speed
+      return (f'save less for the backward pass with --config.model.remat=save_dots_attention '
+              f'or --config.model.remat=full (now {m.remat}), or lower '
+              '--config.train.micro_batch_size')
     if m.remat != 'full':
       return (f'save less for the backward pass with --config.model.remat=full (now {m.remat}), '
               'or lower --config.train.micro_batch_size')

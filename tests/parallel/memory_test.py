@@ -103,7 +103,11 @@ def test_device_memory_table(monkeypatch):
 def test_check_names_the_knob():
   c = _config_1p7b(1, **{'train.micro_batch_size': 64, 'train.global_batch_size': 64})
   assert memory.check_fits(c, None)['total'] > 100 * GIB  # no capacity known: no check
-  with pytest.raises(config_lib.ConfigError, match='--config.model.remat=full'):
+  with pytest.raises(config_lib.ConfigError,
+                     match='remat=save_dots_attention or --config.model.remat=full'):
+    memory.check_fits(c, 80 * GIB)  # the default save_activations: the middle step first
+  c.model.remat = 'save_dots'
+  with pytest.raises(config_lib.ConfigError, match=r'remat=full \(now save_dots\)'):
     memory.check_fits(c, 80 * GIB)
   big = _8b(1, 1, fsdp=1)  # the state alone (131 GB) exceeds an H100
   with pytest.raises(config_lib.ConfigError, match='raise mesh.fsdp'):
