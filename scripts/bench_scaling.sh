@@ -9,7 +9,7 @@ Q8="--config.model.preset=qwen3_8b_shape --config.model.num_layers=36 --config.m
  --config.model.num_heads=32 --config.model.num_kv_heads=8 --config.model.head_dim=128
  --config.model.ffn_dim=12288 --config.model.vocab_size=151936 --config.model.mask_token_id=151669
  --config.model.eos_token_id=151645 --config.model.pad_token_id=151643
- --config.model.rope_theta=1000000"
+ --config.model.rope_theta=1000000 --config.model.remat=save_dots_attention"
 run() {
   local name=$1; shift
   "$@" 2>&1 | grep -E '^\{|rror' | tail -n 2 | sed "s/^/$name /"
@@ -28,9 +28,8 @@ if [ "$which" != 8b ]; then
   run "tensor2_fsdp$((n / 2))" $B --steps=10 $(rows $((4 * n))) --config.mesh.tensor=2 \
     --config.mesh.fsdp=$((n / 2))
 fi
-# The 8B rows keep the attention kernel's outputs but recompute the elementwise work
+# The 8B rows (Q8) keep the attention kernel's outputs but recompute the elementwise work
 # (save_dots_attention): save_activations, the 1.7B default, would need ~117 GiB per GPU at 8 rows.
-Q8="$Q8 --config.model.remat=save_dots_attention"
 if [ "$which" != 1p7b ] && [ "$n" -ge 4 ]; then
   run "8b_fsdp${n}" $B --steps=6 $Q8 $(rows $((4 * n))) --config.mesh.fsdp="$n"
   run "8b_fsdp$((n / 2))_tensor2" $B --steps=6 $Q8 $(rows $((4 * n))) \

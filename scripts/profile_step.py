@@ -11,7 +11,6 @@ with jax.profiler.ProfileData, so it needs no TensorBoard.
 """
 import collections
 import glob
-import itertools
 import os
 import re
 import sys
@@ -170,12 +169,8 @@ def main():
   if plane is None:
     raise SystemExit(f'no GPU:0 plane in the trace (planes: {[p.name for p in profile.planes]})')
   by_kernel, by_class, by_source = (collections.Counter() for _ in range(3))
-  shown = 0
   for line in plane.lines:
     if line.name.startswith('Stream'):
-      for event in itertools.islice(line.events, 3 if shown == 0 else 0):
-        shown += 1
-        print('event stats:', event.name[:60], [(n, str(v)[:60]) for n, v in event.stats])
       for event in line.events:
         ms = event.duration_ns / 1e6 / STEPS
         cls = kernel_class(event.name)

@@ -28,11 +28,12 @@ def _saved_per_token_layer(cfg, remat: str, tensor: int) -> float:
   """Elements kept per token and layer for the backward pass (compute dtype)."""
   d, f = cfg.d_model, cfg.ffn_dim / tensor
   q, kv = cfg.num_heads * cfg.head_dim / tensor, cfg.num_kv_heads * cfg.head_dim / tensor
+  with_attention_output = 3 * d + 2 * q + 2 * kv + 2 * f
   return {
       'full': d,  # the layer input only
       'save_dots': 3 * d + q + 2 * kv + 2 * f,  # input, q, k, v, out proj, gate, up, down
-      'minimal': 3 * d + 2 * q + 2 * kv + 2 * f,  # the same plus the attention output
-      'save_dots_attention': 3 * d + 2 * q + 2 * kv + 2 * f,  # as minimal (+ softmax stats)
+      'minimal': with_attention_output,  # the same plus the attention output
+      'save_dots_attention': with_attention_output,  # the same (+ softmax stats, ~0)
       # + both norms' outputs, q and k after RoPE, the SwiGLU product
       'save_activations': 5 * d + 3 * q + 3 * kv + 3 * f,
       'none': 10 * d + 3 * q + 4 * kv + 6 * f,  # everything (norms in fp32, rope, silu)
@@ -112,13 +113,12 @@ def _advice(config, estimate) -> str:
   """The knob that removes the largest term."""
   m = config.model
   if estimate['activations'] + estimate['recompute'] >= estimate['state']:
-    if m.remat in ('none', 'save_activations'):  # a middle step first: most of the speed
-      return (f'save less for the backward pass with --config.model.remat=save_dots_attention '
-              f'or --config.model.remat=full (now {m.remat}), or lower '
-              '--config.train.micro_batch_size')
     if m.remat != 'full':
-      return (f'save less for the backward pass with --config.model.remat=full (now {m.remat}), '
-              'or lower --config.train.micro_batch_size')
+      # From the heaviest policies, a middle step first: it keeps most of the speed.
+      lighter = ('save_dots_attention or --config.model.remat=full'
+                 if m.remat in ('none', 'save_activations') else 'full')
+      return (f'save less for the backward pass with --config.model.remat={lighter} (now '
+              f'{m.remat}), or lower --config.train.micro_batch_size')
     return ('lower --config.train.micro_batch_size (gradient accumulation keeps the global '
             'batch), or split the sequence or layers with mesh.context / mesh.pipeline')
   return ('shard the state over more devices: raise mesh.fsdp (use more GPUs, or move devices '

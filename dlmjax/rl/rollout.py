@@ -113,11 +113,8 @@ class RolloutSource:
   def attach(self, setup, get_params, reporter=None):
     """Called by the train loop: the mesh, a getter of the live params, the metrics reporter."""
     self.setup, self._params, self.reporter = setup, get_params, reporter
-    config, m = self.config, self.config.model
-    self.generate_fn = sampler_lib.make_generate_fn(
-        setup.model_config, self.sampling, mask_id=m.mask_token_id, eos_id=m.eos_token_id,
-        pad_id=m.pad_token_id, mesh=setup.mesh, vocab_size=m.vocab_size)
-    self.score_fn = make_score_fn(config, setup.model_config)
+    self.generate_fn = self._make_generate_fn(self.sampling)
+    self.score_fn = make_score_fn(self.config, setup.model_config)
     self.greedy_fn = None  # the held-out sampler (temperature 0), compiled on first use
     self.reference = None
     if self.r.kl_reference == 'init' and self.r.kl_beta > 0:
@@ -150,10 +147,7 @@ class RolloutSource:
     if (split, num, seed) not in self._held_out:
       self._held_out[split, num, seed] = self._held_out_prompts(split, num, seed)
     if self.greedy_fn is None:
-      self.greedy_fn = sampler_lib.make_generate_fn(
-          self.setup.model_config, dataclasses.replace(self.sampling, temperature=0.0),
-          mask_id=m.mask_token_id, eos_id=m.eos_token_id, pad_id=m.pad_token_id,
-          mesh=self.setup.mesh, vocab_size=m.vocab_size)
+      self.greedy_fn = self._make_generate_fn(dataclasses.replace(self.sampling, temperature=0.0))
     examples, prompt_ids = self._held_out[split, num, seed]
     rows, texts = config.train.global_batch_size, []
     for start in range(0, len(examples), rows):
@@ -165,6 +159,13 @@ class RolloutSource:
       texts += self._decode(checksums.to_host(self.greedy_fn(params, prompt_BP, prompt_lengths,
                                                              key)))
     return examples, texts[:len(examples)]
+
+  def _make_generate_fn(self, sampling):
+    """The sampler over the attached mesh with the model's special ids."""
+    m = self.config.model
+    return sampler_lib.make_generate_fn(
+        self.setup.model_config, sampling, mask_id=m.mask_token_id, eos_id=m.eos_token_id,
+        pad_id=m.pad_token_id, mesh=self.setup.mesh, vocab_size=m.vocab_size)
 
   def _decode(self, out_BW) -> list[str]:
     """The completion texts (up to the first EOS) of sampler output rows."""
