@@ -27,7 +27,7 @@ from dlmjax.train import step as step_lib
 STEPS = 3
 CLASSES = (  # (class, substrings of the kernel name), first match wins
     ('collective', ('nccl',)),
-    ('attention (cuDNN)', ('cudnn', 'fmha', 'flash', 'sdpa')),
+    ('attention', ('cudnn', 'fmha', 'flash', 'sdpa')),
     ('matmul', ('gemm', 'nvjet', 'cutlass', 'xmma', 'sm90_', 'cublas')),
     ('triton fusion', ('triton',)),
     ('reduction fusion', ('reduce', 'reduction')),
@@ -168,7 +168,7 @@ def main():
   plane = next((p for p in profile.planes if 'GPU:0' in p.name), None)
   if plane is None:
     raise SystemExit(f'no GPU:0 plane in the trace (planes: {[p.name for p in profile.planes]})')
-  by_kernel, by_class, by_source = (collections.Counter() for _ in range(3))
+  by_kernel, by_class, by_source, calls = (collections.Counter() for _ in range(4))
   for line in plane.lines:
     if line.name.startswith('Stream'):
       for event in line.events:
@@ -177,6 +177,7 @@ def main():
         # Under CUDA graphs hlo_op names the command buffer; the kernel name is the fusion's.
         source = sources.get(_key(_hlo_op(event))) or sources.get(_key(event.name), '?')
         by_kernel[f'{event.name[:80]}  [{source}]'] += ms
+        calls[f'{event.name[:80]}  [{source}]'] += 1 / STEPS
         by_class[cls] += ms
         by_source[f'{cls:18s} {source}'] += ms
   total = sum(by_class.values())
@@ -186,9 +187,9 @@ def main():
   print('by kernel class and source line (fwd / bwd):')
   for name, ms in by_source.most_common(45):
     print(f'    {ms:7.2f} ms  {name}')
-  print('by kernel:')
+  print('by kernel (ms per step, calls per step, mean ms per call):')
   for name, ms in by_kernel.most_common(30):
-    print(f'    {ms:7.2f} ms  {name}')
+    print(f'    {ms:7.2f} ms  {calls[name]:5.0f} x {ms / calls[name]:.3f}  {name}')
   print('the largest fusions, as HLO:')
   fusions = [(ms, n) for n, ms in by_kernel.items() if 'fusion' in n and 'gemm' not in n]
   for ms, name in sorted(fusions, reverse=True)[:4]:

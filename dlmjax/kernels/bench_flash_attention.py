@@ -1,15 +1,17 @@
 """python -m dlmjax.kernels.bench_flash_attention [--batch 8 --length 2048 ...] (GPU)
 
-Checks the Pallas flash attention against `xla_attention` (f32 on upcast inputs) on random bf16
-inputs for every mask kind, with and without documents and padding, then times forward and
-forward + backward at the 1.7B shape against cuDNN (plain, and with the dense mask it needs for
-documents or block-causal). Prints a table and writes one JSON line per row to --out.
+Checks the Pallas flash attention (Triton, every mask kind, with and without documents and
+padding; Mosaic GPU, bidirectional) against `xla_attention` (f32 on upcast inputs) on random bf16
+inputs, then times forward and forward + backward at the 1.7B shape against cuDNN (plain, and with
+the dense mask it needs for documents or block-causal). Prints a table and writes one JSON line
+per row to --out.
 TFLOP/s count the dense work, 4 B N L^2 H forward and 2.5 times that backward, for every mask.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 import traceback
@@ -21,6 +23,7 @@ from absl import app
 from absl import flags
 
 from dlmjax.kernels import flash_attention as fa
+from dlmjax.kernels import flash_attention_mgpu as fa_mgpu
 from dlmjax.model import attention as attention_lib
 
 _BATCH = flags.DEFINE_integer('batch', 8, 'sequences')
@@ -34,6 +37,10 @@ _ITERS = flags.DEFINE_integer('iters', 20, 'timed calls; the median is reported'
 _CHECK = flags.DEFINE_bool('check', True, 'run the correctness checks first')
 _TILES = flags.DEFINE_bool('tiles', True, 'also time other tile shapes (bidirectional)')
 _OUT = flags.DEFINE_string('out', '', 'append JSON lines here')
+_MASKS = flags.DEFINE_list('masks', [], 'time only the rows of these masks (default: all)')
+_MOSAIC_TILES = flags.DEFINE_multi_string(
+    'mosaic_tiles', [], 'extra Mosaic GPU tiles to time (bidirectional), each as '
+    'fwd_q,fwd_kv,fwd_stages,dq_q,dq_kv,dkv_kv,dkv_q,bwd_stages')
 
 
 def _inputs(key, batch, length, heads, kv_heads, head_dim, dtype=jnp.bfloat16):
@@ -73,7 +80,8 @@ def check(length=512, heads=4, kv_heads=2, head_dim=128, batch=2):
       'bidirectional+docs+pad': ('bidirectional', True, True),
       'causal+docs+pad': ('causal', True, True),
       'block_causal+docs': ('block_causal', True, False),
-      'causal, ragged length': ('causal', False, False)}.items():
+      'causal, ragged length': ('causal', False, False),
+      'bidirectional (mosaic)': ('bidirectional', False, False)}.items():
     n = length - 12 if 'ragged' in case else length
     key = jax.random.key(len(rows))
     q, k, v, do = _inputs(key, batch, n, heads, kv_heads, head_dim)
@@ -84,7 +92,10 @@ def check(length=512, heads=4, kv_heads=2, head_dim=128, batch=2):
     live = np.asarray(visible.any(-1))[:, :, None, None]  # rows that see some key
     do = jnp.where(live, do, 0)
     try:
-      got = _fwd_bwd(lambda q, k, v: fa.flash_attention(q, k, v, **kw))(q, k, v, do)
+      if 'mosaic' in case:
+        got = _fwd_bwd(fa_mgpu.flash_attention_mgpu)(q, k, v, do)
+      else:
+        got = _fwd_bwd(lambda q, k, v: fa.flash_attention(q, k, v, **kw))(q, k, v, do)
     except Exception as e:  # pylint: disable=broad-except
       traceback.print_exc()
       rows.append(dict(case=case, error=f'{type(e).__name__}: {str(e)[:300]}'))
@@ -131,6 +142,11 @@ def timings(batch, length, heads, kv_heads, head_dim, docs, block_size, iters, t
           q, k, v, kind='bidirectional')),
       ('bidirectional', 'pallas', lambda q, k, v: fa.flash_attention(
           q, k, v, kind='bidirectional')),
+      ('bidirectional', 'mosaic', fa_mgpu.flash_attention_mgpu),
+      ('bidirectional', 'mosaic + lengths (all full)', lambda q, k, v: fa_mgpu.flash_attention_mgpu(
+          q, k, v, valid_length_B=jnp.full((batch,), length, jnp.int32))),
+      ('bidirectional', 'cudnn + lengths (all full)', lambda q, k, v: attention_lib.cudnn_attention(
+          q, k, v, kind='bidirectional', valid_length_B=jnp.full((batch,), length, jnp.int32))),
       ('bidirectional', 'xla', lambda q, k, v: attention_lib.xla_attention(
           q, k, v, kind='bidirectional')),
       ('causal', 'cudnn', lambda q, k, v: attention_lib.cudnn_attention(q, k, v, kind='causal')),
@@ -151,6 +167,12 @@ def timings(batch, length, heads, kv_heads, head_dim, docs, block_size, iters, t
       name = ' '.join(f'{k}={tuple(dataclasses.astuple(getattr(t, k)))}'
                       for k in ('fwd', 'dq', 'dkv'))
       cases.append(('bidirectional', f'pallas {name}', _with_tiles(t)))
+  for spec in _MOSAIC_TILES.value:
+    t = fa_mgpu.MosaicTiles(*map(int, spec.split(',')))
+    cases.append(('bidirectional', f'mosaic {spec}',
+                  functools.partial(fa_mgpu.flash_attention_mgpu, tiles=t)))
+  if _MASKS.value:
+    cases = [c for c in cases if c[0] in _MASKS.value]
   rows = []
   for mask, backend, fn in cases:
     row = dict(mask=mask, backend=backend)

@@ -24,7 +24,7 @@ _PROJECTIONS = ('query_proj', 'key_proj', 'value_proj', 'out_proj', 'mlp_gate', 
 # Pallas call (in a layer, only the flash kernels are). Their outputs, the attention output and
 # its softmax statistics, are what their backward needs.
 _ATTENTION_KERNELS = ('dot_product_attention_fwd_wrapper', 'dot_product_attention_fwd',
-                      'pallas_call')
+                      'pallas_call', 'custom_vmap_call')
 
 
 def _save_dots_and_attention(prim, *avals, **params):
