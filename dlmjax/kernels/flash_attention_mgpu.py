@@ -120,6 +120,24 @@ def _hide_keys(s, valid, first_key, key_axis):
   return jnp.where(keys < valid, s, _NEG)
 
 
+def _warp_specialized(step, consumer, specs, steps, stages):
+  """The producer/consumer pipeline every kernel here runs: `steps` tiles through `stages` slots,
+  each consumer releasing a slot's buffers itself (as soon as its last matmul on them is done)."""
+  return plgpu.emit_pipeline_warp_specialized(
+      step, grid=(steps,), in_specs=specs, max_concurrent_steps=min(stages, steps),
+      num_compute_wgs=_COMPUTE_WGS, memory_registers=40, wg_axis='wg',
+      manual_consumed_barriers=True, compute_context=consumer)
+
+
+def _stream_kv(step, consumer, k_ref, v_ref, b, n, groups, block_kv, stages):
+  """Streams the keys and values of query head n's kv head past the consumers."""
+  length, head_dim = k_ref.shape[1], k_ref.shape[3]
+  spec = plgpu.BlockSpec((block_kv, head_dim), lambda j: (j, 0), transforms=_swizzled())
+  h = lax.div(n, jnp.int32(groups))
+  _warp_specialized(step, consumer, [spec, spec], length // block_kv, stages)(
+      k_ref.at[b, :, h], v_ref.at[b, :, h])
+
+
 def _pingpong(barrier):
   """Both consumer warpgroups meet here; staggered by one meeting, they alternate."""
   plgpu.barrier_arrive(barrier)
@@ -188,14 +206,7 @@ def _forward(q, k, v, valid_B, tiles: MosaicTiles, lengths: bool):
       plgpu.barrier_arrive(v_done)
       return acc, new_max, row_sum
 
-    kv_spec = plgpu.BlockSpec((block_kv, head_dim), lambda j: (j, 0), transforms=_swizzled())
-    pipeline = plgpu.emit_pipeline_warp_specialized(
-        step, grid=(length // block_kv,), in_specs=[kv_spec, kv_spec],
-        max_concurrent_steps=min(tiles.fwd_stages, length // block_kv),
-        num_compute_wgs=_COMPUTE_WGS, memory_registers=40, wg_axis='wg',
-        manual_consumed_barriers=True, compute_context=consumer)
-    h = lax.div(n, jnp.int32(groups))
-    pipeline(k_ref.at[b, :, h], v_ref.at[b, :, h])
+    _stream_kv(step, consumer, k_ref, v_ref, b, n, groups, block_kv, tiles.fwd_stages)
 
   return plgpu.kernel(
       kernel,
@@ -272,14 +283,7 @@ def _dq(q, k, v, do, lse, delta, valid_B, tiles: MosaicTiles, lengths: bool):
       plgpu.barrier_arrive(k_done)
       return dq, lse, delta
 
-    kv_spec = plgpu.BlockSpec((block_kv, head_dim), lambda j: (j, 0), transforms=_swizzled())
-    pipeline = plgpu.emit_pipeline_warp_specialized(
-        step, grid=(length // block_kv,), in_specs=[kv_spec, kv_spec],
-        max_concurrent_steps=min(tiles.bwd_stages, length // block_kv),
-        num_compute_wgs=_COMPUTE_WGS, memory_registers=40, wg_axis='wg',
-        manual_consumed_barriers=True, compute_context=consumer)
-    h = lax.div(n, jnp.int32(groups))
-    pipeline(k_ref.at[b, :, h], v_ref.at[b, :, h])
+    _stream_kv(step, consumer, k_ref, v_ref, b, n, groups, block_kv, tiles.bwd_stages)
 
   row_smem = plgpu.SMEM((_COMPUTE_WGS, block_q, head_dim), dtype, transforms=_swizzled())
   vec_smem = plgpu.SMEM((_COMPUTE_WGS, block_q), jnp.float32)
@@ -369,12 +373,9 @@ def _dkv(q, k, v, do, lse, delta, valid_B, tiles: MosaicTiles, lengths: bool):
     row_spec = plgpu.BlockSpec((block_q, head_dim), lambda t: (t % q_tiles, t // q_tiles),
                                transforms=_swizzled())
     vec_spec = plgpu.BlockSpec((block_q,), lambda t: (t,))
-    pipeline = plgpu.emit_pipeline_warp_specialized(
-        step, grid=(groups * q_tiles,), in_specs=[row_spec, row_spec, vec_spec, vec_spec],
-        max_concurrent_steps=min(tiles.bwd_stages, groups * q_tiles),
-        num_compute_wgs=_COMPUTE_WGS, memory_registers=40, wg_axis='wg',
-        manual_consumed_barriers=True, compute_context=consumer)
-    pipeline(q_ref.at[b, :, h], do_ref.at[b, :, h], lse_ref.at[b, h], delta_ref.at[b, h])
+    _warp_specialized(step, consumer, [row_spec, row_spec, vec_spec, vec_spec],
+                      groups * q_tiles, tiles.bwd_stages)(
+        q_ref.at[b, :, h], do_ref.at[b, :, h], lse_ref.at[b, h], delta_ref.at[b, h])
 
   kv_smem = plgpu.SMEM((_COMPUTE_WGS, block_kv, head_dim), dtype, transforms=_swizzled())
   kv_type = jax.ShapeDtypeStruct(k.shape, dtype)
