@@ -105,6 +105,13 @@ def _rows(ref_LH, first, count):
   return ref_LH.at[pl.ds(first, count)]
 
 
+def _own_rows(tile_axis, block):
+  """This consumer warpgroup and the first of the `block` rows it owns: the CTA's tile along
+  `tile_axis` holds one block per consumer."""
+  wg = lax.axis_index('wg')
+  return wg, (lax.axis_index(tile_axis) * _COMPUTE_WGS + wg) * block
+
+
 def _bcast_rows(x_R, shape):
   """[R] -> [R, C]: one value per row (queries in the forward and dq, keys in dkv)."""
   return lax.broadcast_in_dim(x_R, shape, [0])
@@ -157,8 +164,7 @@ def _forward(q, k, v, valid_B, tiles: MosaicTiles, lengths: bool):
 
   def kernel(valid_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, q_smem2, lse_smem2, q_barrier, turn):
     b, n = lax.axis_index('batch'), lax.axis_index('head')
-    wg = lax.axis_index('wg')
-    first = (lax.axis_index('q_tile') * _COMPUTE_WGS + wg) * block_q
+    wg, first = _own_rows('q_tile', block_q)
     q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
 
     def consumer(run_pipeline):
@@ -239,14 +245,14 @@ def _dq(q, k, v, do, lse, delta, valid_B, tiles: MosaicTiles, lengths: bool):
   def kernel(valid_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, q_smem2, do_smem2,
              lse_smem2, delta_smem2, *barriers):
     b, n = lax.axis_index('batch'), lax.axis_index('head')
-    wg = lax.axis_index('wg')
-    first = (lax.axis_index('q_tile') * _COMPUTE_WGS + wg) * block_q
+    wg, first = _own_rows('q_tile', block_q)
     q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
 
     def consumer(run_pipeline):
       own = pl.ds(first, block_q)
-      sources = (q_ref.at[b, own, n], do_ref.at[b, own, n], lse_ref.at[b, n, own],
-                 delta_ref.at[b, n, own])
+      sources = (_rows(q_ref.at[b, :, n], first, block_q),
+                 _rows(do_ref.at[b, :, n], first, block_q),
+                 lse_ref.at[b, n, own], delta_ref.at[b, n, own])
       for src, dst, barrier in zip(sources, (q_smem, do_smem, lse_smem2.at[wg],
                                              delta_smem2.at[wg]), barriers):
         plgpu.copy_gmem_to_smem(src, dst, barrier.at[wg])
@@ -315,8 +321,7 @@ def _dkv(q, k, v, do, lse, delta, valid_B, tiles: MosaicTiles, lengths: bool):
   def kernel(valid_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, k_smem2,
              v_smem2, k_barrier, v_barrier):
     b, h = lax.axis_index('batch'), lax.axis_index('head')
-    wg = lax.axis_index('wg')
-    first = (lax.axis_index('kv_tile') * _COMPUTE_WGS + wg) * block_kv
+    wg, first = _own_rows('kv_tile', block_kv)
     k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
 
     def consumer(run_pipeline):

@@ -21,8 +21,9 @@ from dlmjax.parallel import pipeline, rules
 _PROJECTIONS = ('query_proj', 'key_proj', 'value_proj', 'out_proj', 'mlp_gate', 'mlp_up',
                 'mlp_out')
 # Attention kernels: cuDNN's forward (inside jax.nn.dot_product_attention's custom VJP) and any
-# Pallas call (in a layer, only the flash kernels are). Their outputs, the attention output and
-# its softmax statistics, are what their backward needs.
+# Pallas call (in a layer, only the flash kernels are; a Mosaic GPU kernel shows up as the
+# custom_vmap_call that wraps it). Their outputs, the attention output and its softmax
+# statistics, are what their backward needs.
 _ATTENTION_KERNELS = ('dot_product_attention_fwd_wrapper', 'dot_product_attention_fwd',
                       'pallas_call', 'custom_vmap_call')
 

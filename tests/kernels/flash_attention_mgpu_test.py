@@ -76,15 +76,11 @@ def test_pallas_backend_takes_triton_off_hopper():
   assert not attention_lib._on_hopper()  # pylint: disable=protected-access
 
 
-def _hopper():
-  return attention_lib._on_hopper()  # pylint: disable=protected-access
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize('heads, kv_heads, head_dim, valid', [
     (4, 2, 128, None), (2, 2, 64, None), (8, 2, 128, [512, 301])])
 def test_gpu_matches_reference(heads, kv_heads, head_dim, valid):
-  if not _hopper():
+  if not attention_lib._on_hopper():  # pylint: disable=protected-access
     pytest.skip('needs a Hopper (sm90) GPU')
   q, k, v, do, _, valid = make_case(5, batch=2, length=512, heads=heads, kv_heads=kv_heads,
                                     head_dim=head_dim, valid=valid, dtype=jnp.bfloat16)
