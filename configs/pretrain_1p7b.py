@@ -22,6 +22,9 @@ def get_config(arg=None):
   c.data.source = 'megatron'
   c.model.dtype = 'bfloat16'
   c.model.attention_backend = 'cudnn'
+  # The Pallas norm kernels on GPU (kernels/rms_norm.py): 48.1k tokens/s against 47.5k for
+  # XLA's fusions, same lease (docs/benchmarks.md); the formula elsewhere.
+  c.model.norm_backend = 'auto'
   # Saves every activation the backward reads (bf16) and the attention kernel's outputs: the
   # fastest measured at micro-batch 8 and 16, at 57 GiB (mb 8) against the peer's 64
   # (docs/benchmarks.md); save_dots_attention needs 46 GiB for 1.2% less speed.

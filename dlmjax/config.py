@@ -40,6 +40,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.attention_mask = 'bidirectional'  # bidirectional | causal | block_causal
   c.model.block_size = 32  # block_causal only: tokens per block.
   c.model.attention_backend = 'xla'  # xla | cudnn | pallas | auto (fastest valid; attention.py)
+  # RMSNorm (and the QK-norm with RoPE): xla | pallas (one kernel pass each way,
+  # kernels/rms_norm.py) | auto (the kernel on GPU where it applies).
+  c.model.norm_backend = 'xla'
   c.model.dtype = 'float32'  # compute dtype: float32 | bfloat16; params stay float32.
   # The projections' matmuls (q/k/v/o, MLP gate/up/down): 'compute' runs them in model.dtype,
   # 'fp8' in FP8 on Hopper (e4m3 forward, e5m2 gradients, per-tensor scales; model/fp8.py). The
@@ -272,6 +275,7 @@ _CHOICES = {
     'rl.reference_dtype': ('float32', 'bfloat16'),
     'model.attention_mask': ('bidirectional', 'causal', 'block_causal'),
     'model.attention_backend': ('xla', 'cudnn', 'pallas', 'auto'),
+    'model.norm_backend': ('xla', 'pallas', 'auto'),
     'model.dtype': ('float32', 'bfloat16'),
     'model.matmul_dtype': ('compute', 'fp8'),
     'model.remat': ('none', 'minimal', 'save_dots', 'save_dots_attention', 'save_activations',
@@ -342,6 +346,11 @@ def validate(config, num_devices: int | None = None) -> None:
   if m.attention_backend == 'pallas' and (m.head_dim < 16 or m.head_dim & (m.head_dim - 1)):
     raise ConfigError(f'model.attention_backend=pallas needs a power-of-two model.head_dim >= 16, '
                       f'got {m.head_dim}; use --config.model.attention_backend=auto (or xla).')
+  if m.norm_backend == 'pallas':  # kernels/rms_norm.py: Triton tiles are powers of two.
+    for key in ('d_model', 'head_dim', 'num_heads', 'num_kv_heads'):
+      if m[key] & (m[key] - 1):
+        raise ConfigError(f'model.norm_backend=pallas needs a power-of-two model.{key}, got '
+                          f'{m[key]}; use --config.model.norm_backend=auto (or xla).')
   if config.diffusion.objective == 'ar' and m.attention_mask != 'causal':
     raise ConfigError('diffusion.objective=ar needs --config.model.attention_mask=causal.')
   if not 0.0 <= config.diffusion.varlen_prob <= 1.0:

@@ -210,7 +210,7 @@ def check_parity(params, config, hf_dir: str, *, dtype: str = 'fp32', batch: int
   if file_dtype != np.float32:  # compare the mapping, not the export's rounding.
     params = _round_to(params, jnp.dtype(file_dtype))
   cfg = dataclasses.replace(model_lib.ModelConfig.from_config(config), dtype=_COMPUTE[dtype],
-                            attention_backend='xla')
+                            attention_backend='xla', norm_backend='xla')
   with jax.default_matmul_precision('highest' if dtype == 'fp32' else 'default'):  # no TF32
     forward = jax.jit(lambda p, t: model_lib.merge(cfg, p)(t))
     ours = np.asarray(forward(params, tokens), np.float32)

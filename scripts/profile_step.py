@@ -28,6 +28,7 @@ STEPS = 3
 CLASSES = (  # (class, substrings of the kernel name), first match wins
     ('collective', ('nccl',)),
     ('attention', ('cudnn', 'fmha', 'flash', 'sdpa')),
+    ('norm kernel', ('rms_norm',)),
     ('matmul', ('gemm', 'nvjet', 'cutlass', 'xmma', 'sm90_', 'cublas')),
     ('triton fusion', ('triton',)),
     ('reduction fusion', ('reduce', 'reduction')),
@@ -192,7 +193,8 @@ def main():
     print(f'    {ms:7.2f} ms  {calls[name]:5.0f} x {ms / calls[name]:.3f}  {name}')
   print('the largest fusions, as HLO:')
   fusions = [(ms, n) for n, ms in by_kernel.items() if 'fusion' in n and 'gemm' not in n]
-  for ms, name in sorted(fusions, reverse=True)[:4]:
+  gemms = [(ms, n) for n, ms in by_kernel.items() if n.startswith('gemm_fusion')]
+  for ms, name in sorted(gemms, reverse=True)[:1] + sorted(fusions, reverse=True)[:4]:
     print(f'--- {ms:.2f} ms {name}')
     print(fused_computation_text(hlo_text, _key(name.split()[0]))[:2500])
 

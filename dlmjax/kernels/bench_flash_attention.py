@@ -24,6 +24,7 @@ from absl import flags
 
 from dlmjax.kernels import flash_attention as fa
 from dlmjax.kernels import flash_attention_mgpu as fa_mgpu
+from dlmjax.kernels import timing
 from dlmjax.model import attention as attention_lib
 
 _BATCH = flags.DEFINE_integer('batch', 8, 'sequences')
@@ -65,13 +66,6 @@ def _fwd_bwd(fn):
   return jax.jit(run)
 
 
-def _rel_err(got, want, live=None):
-  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-  if live is not None:
-    got, want = got * live, want * live
-  return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
 def check(length=512, heads=4, kv_heads=2, head_dim=128, batch=2):
   """Relative errors of output and gradients (bf16 kernel vs f32 reference) per mask case."""
   rows = []
@@ -102,7 +96,8 @@ def check(length=512, heads=4, kv_heads=2, head_dim=128, batch=2):
       continue
     f32 = [x.astype(jnp.float32) for x in (q, k, v, do)]
     want = _fwd_bwd(lambda q, k, v: attention_lib.xla_attention(q, k, v, **kw))(*f32)
-    errs = [_rel_err(g, w, live if i == 0 else None) for i, (g, w) in enumerate(zip(got, want))]
+    errs = [timing.rel_err(g, w, live if i == 0 else None)
+            for i, (g, w) in enumerate(zip(got, want))]
     dead_zero = bool(np.all(np.asarray(got[0], np.float32)[~np.broadcast_to(live, got[0].shape)]
                             == 0))
     rows.append(dict(case=case, err_o=errs[0], err_dq=errs[1], err_dk=errs[2], err_dv=errs[3],
@@ -110,19 +105,6 @@ def check(length=512, heads=4, kv_heads=2, head_dim=128, batch=2):
                      dead_rows_zero=dead_zero))
     print(json.dumps(rows[-1]), flush=True)
   return rows
-
-
-def _time(fn, args, iters, repeats=5):
-  """Median over `repeats` of the mean time of `iters` back-to-back calls (queue kept full)."""
-  compiled = jax.jit(fn).lower(*args).compile()
-  jax.block_until_ready(compiled(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    outs = [compiled(*args) for _ in range(iters)]
-    jax.block_until_ready(outs)
-    times.append((time.perf_counter() - start) / iters)
-  return 1e3 * float(np.median(times))
 
 
 def _cudnn_dense(q, k, v, *, kind, block_size, segment_ids_BL):
@@ -178,8 +160,8 @@ def timings(batch, length, heads, kv_heads, head_dim, docs, block_size, iters, t
   for mask, backend, fn in cases:
     row = dict(mask=mask, backend=backend)
     try:
-      row['fwd_ms'] = _time(fn, (q, k, v), iters)
-      row['fwd_bwd_ms'] = _time(_fwd_bwd(fn), (q, k, v, do), iters)
+      row['fwd_ms'] = timing.median_ms(fn, (q, k, v), iters)
+      row['fwd_bwd_ms'] = timing.median_ms(_fwd_bwd(fn), (q, k, v, do), iters)
       row['fwd_tflops'] = flops / row['fwd_ms'] / 1e9
       row['fwd_bwd_tflops'] = 3.5 * flops / row['fwd_bwd_ms'] / 1e9
     except Exception as e:  # pylint: disable=broad-except

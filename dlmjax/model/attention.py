@@ -78,25 +78,16 @@ def cudnn_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_B
 
 def pallas_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None,
                      valid_length_B=None):
-  """The Pallas flash kernel; under an activation mesh it runs per shard (batch and heads).
-
-  A pallas_call has no partitioning rule: left to GSPMD, every device would gather and compute
-  the whole batch. shard_map hands each device its own rows and heads instead.
-  """
+  """The Pallas flash kernel; under an activation mesh it runs per shard (batch and heads)."""
   def attend(q, k, v, seg, valid):
     if (kind == 'bidirectional' and seg is None and _on_hopper()
         and flash_attention_mgpu.supported(q.shape, k.shape, q.dtype) is None):
       return flash_attention_mgpu.flash_attention_mgpu(q, k, v, valid_length_B=valid)
     return flash_attention.flash_attention(q, k, v, kind=kind, block_size=block_size,
                                            segment_ids_BL=seg, valid_length_B=valid)
-  mesh = rules.current_mesh()
-  if mesh is None or mesh.size == 1:
-    return attend(q_BLNH, k_BLKH, v_BLKH, segment_ids_BL, valid_length_B)
-  heads = rules.spec((rules.BATCH, None, rules.ATTN_HEADS, None))
-  in_specs = (heads, heads, heads, None if segment_ids_BL is None else rules.spec(
-      (rules.BATCH, None)), None if valid_length_B is None else rules.spec((rules.BATCH,)))
-  return jax.shard_map(attend, mesh=mesh, in_specs=in_specs, out_specs=heads, check_vma=False)(
-      q_BLNH, k_BLKH, v_BLKH, segment_ids_BL, valid_length_B)
+  heads = (rules.BATCH, None, rules.ATTN_HEADS, None)
+  return rules.per_shard(attend, (q_BLNH, k_BLKH, v_BLKH, segment_ids_BL, valid_length_B),
+                         (heads, heads, heads, (rules.BATCH, None), (rules.BATCH,)), heads)
 
 
 def _on_hopper() -> bool:
@@ -136,7 +127,8 @@ class Attention(nnx.Module):
   """Multi-head attention with RMSNorm on q and k over the head dim, applied before RoPE."""
 
   def __init__(self, *, d_model, num_heads, num_kv_heads, head_dim, norm_eps, rope_theta, std,
-               out_std, rngs: nnx.Rngs, num_stacked: int = 0, matmul_dtype: str = 'compute'):
+               out_std, rngs: nnx.Rngs, num_stacked: int = 0, matmul_dtype: str = 'compute',
+               norm_backend: str = 'xla'):
     kw = dict(num_stacked=num_stacked)
     self.rope_theta = rope_theta
     self.matmul_dtype = matmul_dtype  # q/k/v/o only: the attention core stays in the compute dtype
@@ -149,8 +141,9 @@ class Attention(nnx.Module):
     self.o_proj = layers.stacked_param(rngs, (num_heads, head_dim, d_model),
                                        (rules.HEADS, rules.HEAD_DIM, rules.EMBED), std=out_std,
                                        **kw)
-    self.q_norm = layers.RMSNorm(head_dim, eps=norm_eps, rngs=rngs, **kw)
-    self.k_norm = layers.RMSNorm(head_dim, eps=norm_eps, rngs=rngs, **kw)
+    norm = dict(eps=norm_eps, rngs=rngs, backend=norm_backend, **kw)
+    self.q_norm = layers.RMSNorm(head_dim, **norm)
+    self.k_norm = layers.RMSNorm(head_dim, **norm)
 
   def __call__(self, x_BLD, positions_BL, *, kind, block_size, backend, segment_ids_BL=None,
                valid_length_B=None):
@@ -161,10 +154,8 @@ class Attention(nnx.Module):
     q = checkpoint_name(q, 'query_proj')
     k = checkpoint_name(k, 'key_proj')
     v = checkpoint_name(v, 'value_proj')
-    q = checkpoint_name(layers.rotary_embedding(self.q_norm(q), positions_BL, self.rope_theta),
-                        'query_rope')
-    k = checkpoint_name(layers.rotary_embedding(self.k_norm(k), positions_BL, self.rope_theta),
-                        'key_rope')
+    q = checkpoint_name(self.q_norm.with_rope(q, positions_BL, self.rope_theta), 'query_rope')
+    k = checkpoint_name(self.k_norm.with_rope(k, positions_BL, self.rope_theta), 'key_rope')
     heads = (rules.BATCH, rules.LENGTH, rules.ACT_HEADS, None)
     # The kernel sees whole sequences: with context parallelism the heads are split over the
     # context devices instead of the sequence (an all-to-all each way, DeepSpeed-Ulysses), so

@@ -8,15 +8,19 @@ all layers and the transformer scans over it.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from dlmjax.kernels import rms_norm as rms_norm_kernel
 from dlmjax.model import fp8
 from dlmjax.parallel import rules
 
 MATMUL_DTYPES = ('compute', 'fp8')  # model.matmul_dtype: the projections' operand precision.
+NORM_BACKENDS = ('xla', 'pallas', 'auto')  # model.norm_backend (RMSNorm)
 
 
 def stacked_param(rngs: nnx.Rngs, shape, axes, *, std=None, num_stacked=0) -> nnx.Param:
@@ -41,25 +45,82 @@ def project(equation: str, x, w, matmul_dtype: str):
 
 
 class RMSNorm(nnx.Module):
-  """w * normalise(x) computed in float32, cast back before the gain (as HF Qwen3 / MegaDLMs)."""
+  """w * normalise(x) computed in float32, cast back before the gain (as HF Qwen3 / MegaDLMs).
 
-  def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs, num_stacked: int = 0):
+  backend (model.norm_backend): 'xla' writes the formula and lets XLA fuse it; 'pallas' runs
+  dlmjax/kernels/rms_norm.py (one pass each way; interpret mode off GPU); 'auto' takes the kernel
+  on GPU where it applies and XLA elsewhere.
+  """
+
+  def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs, num_stacked: int = 0,
+               backend: str = 'xla'):
+    if backend not in NORM_BACKENDS:
+      raise ValueError(f'norm backend {backend!r} is not one of {NORM_BACKENDS}')
     self.eps = eps
+    self.backend = backend
     self.scale = stacked_param(rngs, (dim,), (rules.NORM,), num_stacked=num_stacked)
 
-  def __call__(self, x):
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return self.scale.value.astype(x.dtype) * normed.astype(x.dtype)
+  def __call__(self, x_BLD):
+    if self._kernel(x_BLD.shape[-1], rope=False):
+      return rules.per_shard(functools.partial(rms_norm_kernel.rms_norm, eps=self.eps),
+                             (x_BLD, self.scale.value), (_STREAM, ()), _STREAM)
+    return self._formula(x_BLD)
+
+  def _formula(self, x):
+    return rms_norm(x, self.scale.value, self.eps)
+
+  def with_residual(self, x_BLD):
+    """(x, self(x)) for a pre-norm residual stream: the kernel's backward then adds the stream's
+    own gradient in the pass that computes the norm's."""
+    if not self._kernel(x_BLD.shape[-1], rope=False):
+      return x_BLD, self(x_BLD)
+    return rules.per_shard(functools.partial(rms_norm_kernel.rms_norm_residual, eps=self.eps),
+                           (x_BLD, self.scale.value), (_STREAM, ()), [_STREAM, _STREAM])
+
+  def with_rope(self, x_BLNH, positions_BL, theta: float):
+    """rotary_embedding(self(x)) over heads: the QK-norm and RoPE, one kernel pass each way."""
+    if not self._kernel(x_BLNH.shape[-1], rope=True, heads=x_BLNH.shape[-2]):
+      return rotary_embedding(self._formula(x_BLNH), positions_BL, theta)
+    cos_BLh, sin_BLh = rope_tables(positions_BL, x_BLNH.shape[-1], theta)
+    heads = (rules.BATCH, rules.LENGTH, rules.ACT_HEADS, None)
+    tables = (rules.BATCH, rules.LENGTH, None)
+
+    def norm(x, scale, cos, sin):
+      return rms_norm_kernel.rms_norm(x, scale, eps=self.eps, cos=cos, sin=sin)
+    return rules.per_shard(norm, (x_BLNH, self.scale.value, cos_BLh, sin_BLh),
+                           (heads, (), tables, tables), heads)
+
+  def _kernel(self, width, *, rope, heads=1) -> bool:
+    if self.backend == 'pallas':
+      return True
+    if self.backend == 'auto' and jax.default_backend() == 'gpu':
+      mesh = rules.current_mesh()
+      tensor = 1 if mesh is None or heads == 1 else mesh.shape.get('tensor', 1)
+      return rms_norm_kernel.supported(max(1, heads // tensor), width, rope=rope) is None
+    return False
+
+
+_STREAM = (rules.BATCH, rules.LENGTH, rules.ACT_EMBED)
+
+
+def rms_norm(x, scale, eps: float):
+  """The formula over the last axis, as XLA is left to fuse it (the kernel's reference)."""
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return scale.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope_tables(positions_BL, head_dim: int, theta: float):
+  """cos and sin [B, L, H / 2] (float32) of each position's rotary angles."""
+  inv_freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+  angles_BLh = positions_BL.astype(jnp.float32)[..., None] * inv_freq
+  return jnp.cos(angles_BLh), jnp.sin(angles_BLh)
 
 
 def rotary_embedding(x_BLNH, positions_BL, theta: float):
   """Rotate-half RoPE (non-interleaved), as Megatron with rotary fraction 1 and HF Qwen3."""
-  head_dim = x_BLNH.shape[-1]
-  inv_freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
-  angles_BLh = positions_BL.astype(jnp.float32)[..., None] * inv_freq
-  angles_BLH = jnp.concatenate([angles_BLh, angles_BLh], axis=-1)[:, :, None, :]
-  cos, sin = jnp.cos(angles_BLH), jnp.sin(angles_BLH)
+  cos_BLh, sin_BLh = rope_tables(positions_BL, x_BLNH.shape[-1], theta)
+  cos, sin = (jnp.concatenate([t, t], axis=-1)[:, :, None, :] for t in (cos_BLh, sin_BLh))
   x1, x2 = jnp.split(x_BLNH.astype(jnp.float32), 2, axis=-1)
   rotated = jnp.concatenate([-x2, x1], axis=-1)
   return (x_BLNH.astype(jnp.float32) * cos + rotated * sin).astype(x_BLNH.dtype)

@@ -48,6 +48,7 @@ class ModelConfig:
   attention_mask: str = 'bidirectional'
   block_size: int = 32
   attention_backend: str = 'xla'
+  norm_backend: str = 'xla'  # xla | pallas | auto (layers.RMSNorm)
   dtype: str = 'float32'
   matmul_dtype: str = 'compute'  # compute | fp8 (the projections only; layers.project)
   remat: str = 'none'
@@ -76,7 +77,8 @@ class ModelConfig:
                vocab_size=config_lib.padded_vocab_size(config), seq_len=m.seq_len,
                rope_theta=m.rope_theta, norm_eps=m.norm_eps, init_std=m.init_std,
                tie_embeddings=m.tie_embeddings, attention_mask=m.attention_mask,
-               block_size=m.block_size, attention_backend=m.attention_backend, dtype=m.dtype,
+               block_size=m.block_size, attention_backend=m.attention_backend,
+               norm_backend=m.norm_backend, dtype=m.dtype,
                matmul_dtype=m.matmul_dtype, remat=m.remat, scan_layers=m.scan_layers, **schedule)
 
   def num_params(self) -> int:

@@ -20,20 +20,30 @@ from dlmjax.parallel import pipeline, rules
 # Names tagged with checkpoint_name in attention.py / layers.py.
 _PROJECTIONS = ('query_proj', 'key_proj', 'value_proj', 'out_proj', 'mlp_gate', 'mlp_up',
                 'mlp_out')
-# Attention kernels: cuDNN's forward (inside jax.nn.dot_product_attention's custom VJP) and any
-# Pallas call (in a layer, only the flash kernels are; a Mosaic GPU kernel shows up as the
-# custom_vmap_call that wraps it). Their outputs, the attention output and its softmax
-# statistics, are what their backward needs.
+# Attention kernels: cuDNN's forward (inside jax.nn.dot_product_attention's custom VJP), the
+# Triton flash kernel's forward (a pallas_call named flash_attention_fwd) and the Mosaic GPU
+# kernel (it shows up as the custom_vmap_call that wraps it). Their outputs, the attention output
+# and its softmax statistics, are what their backward needs.
 _ATTENTION_KERNELS = ('dot_product_attention_fwd_wrapper', 'dot_product_attention_fwd',
-                      'pallas_call', 'custom_vmap_call')
+                      'custom_vmap_call')
+
+
+def _pallas_kernel(prim, params, prefix: str) -> bool:
+  return prim.name == 'pallas_call' and str(params.get('name') or '').startswith(prefix)
 
 
 def _save_dots_and_attention(prim, *avals, **params):
   """save_dots, plus the attention kernel's outputs: the backward then runs the attention
   backward straight away instead of first re-running the whole attention forward (which under
   save_dots costs a third of attention's time)."""
-  return (prim.name in _ATTENTION_KERNELS
+  return (prim.name in _ATTENTION_KERNELS or _pallas_kernel(prim, params, 'flash_attention')
           or jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *avals, **params))
+
+
+def _save_norm_kernels(prim, *_, **params):
+  """The Pallas norm kernel's outputs (dlmjax/kernels/rms_norm.py): the normalised value, which
+  the activation names save anyway, and its float32 inverse rms, one value per row."""
+  return _pallas_kernel(prim, params, 'rms_norm')
 
 
 # The elementwise results between the matmuls, in the compute dtype (attention.py / layers.py).
@@ -47,7 +57,8 @@ REMAT_POLICIES = {
     # Everything the backward reads, each once in the compute dtype: no recomputation but the
     # norms' float32 statistics ('none' keeps their float32 intermediates instead).
     'save_activations': jax.checkpoint_policies.save_from_both_policies(
-        _save_dots_and_attention, jax.checkpoint_policies.save_only_these_names(*_ACTIVATIONS)),
+        _save_dots_and_attention, jax.checkpoint_policies.save_from_both_policies(
+            _save_norm_kernels, jax.checkpoint_policies.save_only_these_names(*_ACTIVATIONS))),
     'full': jax.checkpoint_policies.nothing_saveable,
 }
 
@@ -58,19 +69,23 @@ class Block(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, num_stacked: int = 0):
     out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)  # Megatron output_layer_init_method.
     kw = dict(rngs=rngs, num_stacked=num_stacked)
-    self.input_norm = layers.RMSNorm(cfg.d_model, eps=cfg.norm_eps, **kw)
+    norm = dict(eps=cfg.norm_eps, backend=cfg.norm_backend, **kw)
+    self.input_norm = layers.RMSNorm(cfg.d_model, **norm)
     self.attn = attention.Attention(
         d_model=cfg.d_model, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
-        std=cfg.init_std, out_std=out_std, matmul_dtype=cfg.matmul_dtype, **kw)
-    self.post_attn_norm = layers.RMSNorm(cfg.d_model, eps=cfg.norm_eps, **kw)
+        std=cfg.init_std, out_std=out_std, matmul_dtype=cfg.matmul_dtype,
+        norm_backend=cfg.norm_backend, **kw)
+    self.post_attn_norm = layers.RMSNorm(cfg.d_model, **norm)
     self.mlp = layers.MLP(cfg.d_model, cfg.ffn_dim, std=cfg.init_std, out_std=out_std,
                           matmul_dtype=cfg.matmul_dtype, **kw)
 
   def __call__(self, x_BLD, positions_BL, **attention_kwargs):
-    normed_BLD = checkpoint_name(self.input_norm(x_BLD), 'attn_norm')
-    x_BLD = x_BLD + self.attn(normed_BLD, positions_BL, **attention_kwargs)
-    x_BLD = x_BLD + self.mlp(checkpoint_name(self.post_attn_norm(x_BLD), 'mlp_norm'))
+    x_BLD, normed_BLD = self.input_norm.with_residual(x_BLD)
+    x_BLD = x_BLD + self.attn(checkpoint_name(normed_BLD, 'attn_norm'), positions_BL,
+                              **attention_kwargs)
+    x_BLD, normed_BLD = self.post_attn_norm.with_residual(x_BLD)
+    x_BLD = x_BLD + self.mlp(checkpoint_name(normed_BLD, 'mlp_norm'))
     return rules.constrain(x_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
 
 
@@ -128,7 +143,8 @@ class Transformer(nnx.Module):
     self.embed_tokens = layers.stacked_param(rngs, (cfg.vocab_size, cfg.d_model),
                                              (rules.VOCAB, rules.EMBED), std=cfg.init_std)
     self.blocks = Block(cfg, rngs=rngs, num_stacked=cfg.num_layers)
-    self.final_norm = layers.RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
+    self.final_norm = layers.RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs,
+                                     backend=cfg.norm_backend)
     if not cfg.tie_embeddings:
       self.lm_head = layers.stacked_param(rngs, (cfg.d_model, cfg.vocab_size),
                                           (rules.EMBED, rules.VOCAB), std=cfg.init_std)

@@ -99,6 +99,23 @@ def current_mesh():
   return _ACTIVE_MESH.get()
 
 
+def per_shard(fn, args, in_axes, out_axes):
+  """fn(*args) run on each device's shard under the activation mesh (plainly without one).
+
+  For kernels (pallas_call) that have no partitioning rule: left to GSPMD, every device would
+  gather and compute the whole array. in_axes gives each arg's logical axes (() replicates it;
+  a None arg stays None); out_axes one output's, or a list of them for a tuple of outputs.
+  """
+  mesh = _ACTIVE_MESH.get()
+  if mesh is None or mesh.size == 1:
+    return fn(*args)
+  in_specs = tuple(None if a is None else spec(axes) for a, axes in zip(args, in_axes))
+  out_specs = (tuple(spec(axes) for axes in out_axes) if isinstance(out_axes, list)
+               else spec(out_axes))
+  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                       check_vma=False)(*args)
+
+
 def constrain(x, logical_axes):
   """Sharding constraint on an activation; a no-op outside `activation_mesh` (e.g. eager CPU)."""
   mesh = _ACTIVE_MESH.get()
