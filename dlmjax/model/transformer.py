@@ -46,8 +46,9 @@ def _save_norm_kernels(prim, *_, **params):
   return _pallas_kernel(prim, params, 'rms_norm')
 
 
-# The elementwise results between the matmuls, in the compute dtype (attention.py / layers.py).
-_ACTIVATIONS = ('attn_norm', 'query_rope', 'key_rope', 'mlp_norm', 'mlp_hidden')
+# The elementwise results between the matmuls, in the compute dtype (attention.py / layers.py),
+# and the mid-layer residual stream, which the second norm's backward reads.
+_ACTIVATIONS = ('attn_norm', 'query_rope', 'key_rope', 'attn_residual', 'mlp_norm', 'mlp_hidden')
 
 REMAT_POLICIES = {
     'none': None,
@@ -55,7 +56,8 @@ REMAT_POLICIES = {
     'save_dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     'save_dots_attention': _save_dots_and_attention,
     # Everything the backward reads, each once in the compute dtype: no recomputation but the
-    # norms' float32 statistics ('none' keeps their float32 intermediates instead).
+    # XLA norms' float32 statistics (the norm kernels' are kept; 'none' keeps the float32
+    # intermediates instead).
     'save_activations': jax.checkpoint_policies.save_from_both_policies(
         _save_dots_and_attention, jax.checkpoint_policies.save_from_both_policies(
             _save_norm_kernels, jax.checkpoint_policies.save_only_these_names(*_ACTIVATIONS))),
@@ -84,7 +86,7 @@ class Block(nnx.Module):
     x_BLD, normed_BLD = self.input_norm.with_residual(x_BLD)
     x_BLD = x_BLD + self.attn(checkpoint_name(normed_BLD, 'attn_norm'), positions_BL,
                               **attention_kwargs)
-    x_BLD, normed_BLD = self.post_attn_norm.with_residual(x_BLD)
+    x_BLD, normed_BLD = self.post_attn_norm.with_residual(checkpoint_name(x_BLD, 'attn_residual'))
     x_BLD = x_BLD + self.mlp(checkpoint_name(normed_BLD, 'mlp_norm'))
     return rules.constrain(x_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
 

@@ -34,8 +34,8 @@ def _saved_per_token_layer(cfg, remat: str, tensor: int) -> float:
       'save_dots': 3 * d + q + 2 * kv + 2 * f,  # input, q, k, v, out proj, gate, up, down
       'minimal': with_attention_output,  # the same plus the attention output
       'save_dots_attention': with_attention_output,  # the same (+ softmax stats, ~0)
-      # + both norms' outputs, q and k after RoPE, the SwiGLU product
-      'save_activations': 5 * d + 3 * q + 3 * kv + 3 * f,
+      # + both norms' outputs, q and k after RoPE, the mid-layer stream, the SwiGLU product
+      'save_activations': 6 * d + 3 * q + 3 * kv + 3 * f,
       'none': 10 * d + 3 * q + 4 * kv + 6 * f,  # everything (norms in fp32, rope, silu)
   }[remat]
 

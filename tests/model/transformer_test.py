@@ -109,7 +109,7 @@ def test_remat_policies_keep_what_they_say(capsys):
   assert not kernel(saved['save_dots'])
   assert len(kernel(saved['save_dots_attention'])) == 2 * CFG.num_layers  # output + stats
   assert kernel(saved['save_dots_attention'])[0].startswith('bf16[2,16,4,8]')
-  for name in ('attn_norm', 'query_rope', 'key_rope', 'mlp_norm', 'mlp_hidden'):
+  for name in ('attn_norm', 'query_rope', 'key_rope', 'attn_residual', 'mlp_norm', 'mlp_hidden'):
     tag = f"named '{name}'"
     assert sum(tag in line for line in saved['save_activations']) == CFG.num_layers, name
     assert not any(tag in line for line in saved['save_dots_attention'])
