@@ -187,25 +187,30 @@ def _pad_rows(t, rows):
       t, [(0, rows - t.shape[0])] + [(0, 0)] * (t.ndim - 1))
 
 
+def _specs(rows, heads, head_dim):
+  """BlockSpecs of one program's `rows` tokens of an [R, N, H] array, of its inverse rms [R, N]
+  and of its RoPE tables [R, H / 2], and of the whole gain [H]."""
+  return (pl.BlockSpec((rows, heads, head_dim), lambda i: (i, 0, 0)),
+          pl.BlockSpec((rows, heads), lambda i: (i, 0)),
+          pl.BlockSpec((rows, head_dim // 2), lambda i: (i, 0)),
+          pl.BlockSpec((head_dim,), lambda i: (0,)))
+
+
 def _forward(x, scale, cos, sin, eps, blocks, interpret):
   rows, heads, head_dim = x.shape
   tokens, _, padded = _tiling(rows, heads, head_dim, blocks)
   rope = cos is not None
-  tile = pl.BlockSpec((tokens, heads, head_dim), lambda i: (i, 0, 0))
-  in_specs = [tile, pl.BlockSpec((head_dim,), lambda i: (0,))]
-  args = [_pad_rows(x, padded), scale]
-  if rope:
-    in_specs += [pl.BlockSpec((tokens, head_dim // 2), lambda i: (i, 0))] * 2
-    args += [_pad_rows(cos, padded), _pad_rows(sin, padded)]
+  tile, stats, table, gain = _specs(tokens, heads, head_dim)
+  x, cos, sin = (_pad_rows(t, padded) for t in (x, cos, sin))
   y, rstd = pl.pallas_call(
       functools.partial(_fwd_kernel, eps=eps, rope=rope),
       grid=(padded // tokens,),
-      in_specs=in_specs,
-      out_specs=[tile, pl.BlockSpec((tokens, heads), lambda i: (i, 0))],
+      in_specs=[tile, gain] + [table] * 2 * rope,
+      out_specs=[tile, stats],
       out_shape=[jax.ShapeDtypeStruct((padded, heads, head_dim), x.dtype),
                  jax.ShapeDtypeStruct((padded, heads), jnp.float32)],
       interpret=interpret, name='rms_norm_fwd', **_params(blocks, interpret),
-  )(*args)
+  )(x, scale, *([cos, sin] if rope else []))
   return y[:rows], rstd[:rows]
 
 
@@ -213,27 +218,18 @@ def _backward(x, scale, rstd, cos, sin, gy, gpass, blocks, interpret):
   rows, heads, head_dim = x.shape
   tokens, steps, padded = _tiling(rows, heads, head_dim, blocks)
   rope, residual = cos is not None, gpass is not None
-  span = tokens * steps
-  own = pl.BlockSpec((span, heads, head_dim), lambda i: (i, 0, 0))
-  in_specs = [own, pl.BlockSpec((head_dim,), lambda i: (0,)),
-              pl.BlockSpec((span, heads), lambda i: (i, 0))]
-  args = [x, scale, rstd]
-  if rope:
-    in_specs += [pl.BlockSpec((span, head_dim // 2), lambda i: (i, 0))] * 2
-    args += [cos, sin]
-  in_specs += [own] * (2 if residual else 1)
-  args += [gy] + ([gpass] if residual else [])
-  args = [a if a is scale else _pad_rows(a, padded) for a in args]
-  programs = padded // span
+  own, stats, table, gain = _specs(tokens * steps, heads, head_dim)
+  x, rstd, cos, sin, gy, gpass = (_pad_rows(t, padded) for t in (x, rstd, cos, sin, gy, gpass))
+  programs = padded // (tokens * steps)
   dx, partials = pl.pallas_call(
       functools.partial(_bwd_kernel, rope=rope, residual=residual, tokens=tokens, steps=steps),
       grid=(programs,),
-      in_specs=in_specs,
+      in_specs=[own, gain, stats] + [table] * 2 * rope + [own] * (1 + residual),
       out_specs=[own, pl.BlockSpec((None, head_dim), lambda i: (i, 0))],
       out_shape=[jax.ShapeDtypeStruct((padded, heads, head_dim), x.dtype),
                  jax.ShapeDtypeStruct((programs, head_dim), jnp.float32)],
       interpret=interpret, name='rms_norm_bwd', **_params(blocks, interpret),
-  )(*args)
+  )(x, scale, rstd, *([cos, sin] if rope else []), gy, *([gpass] if residual else []))
   return dx[:rows], partials.sum(0).astype(scale.dtype)
 
 
