@@ -19,6 +19,7 @@ from dlmjax.kernels import rms_norm as kernel
 from dlmjax.model import layers
 from dlmjax.parallel import rules
 from tests.conftest import tiny_test_config
+from tests.parallel import pipeline_test
 
 EPS = 1e-6
 # Tiles of 2 tokens, 3 per backward program: the loop, the partial sums and the row padding
@@ -120,6 +121,15 @@ def test_sharded_matches_unsharded():
     got = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, scale)
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_train_objective_on_a_pipeline_tensor_data_mesh_matches_one_device():
+  """The kernels inside the pipeline's vmapped stages, per shard of heads and rows."""
+  base = {'model.num_layers': 4, 'model.num_kv_heads': 4, 'mesh.fsdp': 1}
+  want = pipeline_test.objective_and_grads(tiny_test_config(**base))
+  got = pipeline_test.objective_and_grads(tiny_test_config(**base, **{
+      'model.norm_backend': 'pallas', 'mesh.pipeline': 2, 'mesh.tensor': 2, 'mesh.data': 2}))
+  pipeline_test.assert_same(got, want)
 
 
 @pytest.mark.parametrize('rope', [False, True])
