@@ -66,7 +66,7 @@ def rms_norm(x, scale, *, eps: float, cos=None, sin=None, blocks: Blocks | None 
   if rope:
     cos, sin = (t.reshape(x_RNH.shape[0], -1) for t in (cos, sin))
   blocks = blocks or (ROPE_BLOCKS if rope else STREAM_BLOCKS)
-  y = _norm(x_RNH, scale, cos, sin, eps, False, blocks, _interpret(interpret))
+  y = _norm(x_RNH, scale, cos, sin, eps, False, blocks, _interpret(interpret, x_RNH, rope))
   return y.reshape(shape)
 
 
@@ -81,12 +81,16 @@ def rms_norm_residual(x, scale, *, eps: float, blocks: Blocks | None = None,
   shape = x.shape
   x_RNH = x.reshape(-1, 1, shape[-1])
   x_RNH, y = _norm(x_RNH, scale, None, None, eps, True, blocks or STREAM_BLOCKS,
-                   _interpret(interpret))
+                   _interpret(interpret, x_RNH, False))
   return x_RNH.reshape(shape), y.reshape(shape)
 
 
-def _interpret(interpret):
-  return jax.default_backend() != 'gpu' if interpret is None else interpret
+def _interpret(interpret, x_RNH, rope):
+  interpret = jax.default_backend() != 'gpu' if interpret is None else interpret
+  reason = None if interpret else supported(x_RNH.shape[1], x_RNH.shape[2], rope=rope)
+  if reason:
+    raise ValueError(f'{reason}; use model.norm_backend=auto (or xla) for these shapes')
+  return interpret
 
 
 # ---------------------------------------------------------------------------------------------

@@ -160,6 +160,8 @@ def test_supported_and_config_name_the_problem():
                      'model.d_model'):
     config_lib.validate(config)
   config_lib.validate(tiny_test_config(**{'model.norm_backend': 'auto', 'model.d_model': 96}))
+  with pytest.raises(ValueError, match='power-of-two row width, got 96; use model.norm_backend'):
+    kernel.rms_norm_residual(jnp.ones((2, 96)), jnp.ones(96), eps=EPS, interpret=False)
 
 
 def test_auto_is_the_formula_off_gpu():
