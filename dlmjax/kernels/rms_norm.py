@@ -86,6 +86,8 @@ def rms_norm_residual(x, scale, *, eps: float, blocks: Blocks | None = None,
 
 
 def _interpret(interpret, x_RNH, rope):
+  """Interpret mode (default: off GPU); a compiled kernel first checks that Triton can tile the
+  rows, so a bad shape fails with the fix instead of inside the lowering."""
   interpret = jax.default_backend() != 'gpu' if interpret is None else interpret
   reason = None if interpret else supported(x_RNH.shape[1], x_RNH.shape[2], rope=rope)
   if reason:

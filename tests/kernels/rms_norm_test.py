@@ -102,9 +102,8 @@ def test_model_with_pallas_norms_matches_xla_norms():
   want, g_want = run(cfg)
   got, g_got = run(dataclasses.replace(cfg, norm_backend='pallas'))
   np.testing.assert_allclose(got, want, rtol=1e-6)
-  for path, a, b in zip(jax.tree_util.tree_leaves_with_path(g_got), jax.tree.leaves(g_got),
-                        jax.tree.leaves(g_want)):
-    np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path[0]))
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_got), jax.tree.leaves(g_want)):
+    np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
 
 def test_sharded_matches_unsharded():
