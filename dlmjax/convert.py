@@ -31,7 +31,6 @@ import numpy as np
 
 from dlmjax import config as config_lib
 from dlmjax import progress
-from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_mapping
 from dlmjax.checkpoint import manager
@@ -40,6 +39,7 @@ from dlmjax.data import builtin
 from dlmjax.data import errors as data_errors
 from dlmjax.data import tokenizer as tokenizer_lib
 from dlmjax.model.presets import ModelConfig
+from dlmjax.parallel import distributed
 
 DTYPES = {'fp32': np.dtype(np.float32), 'bf16': np.dtype(ml_dtypes.bfloat16)}
 TORCH_FORMAT = 'dlmjax-torch-v1'
@@ -118,7 +118,7 @@ def write_hf(output_dir: str, config, params: dict, *, dtype: str = 'bf16',
   np_dtype = DTYPES[dtype]
   entries = [(n, s, np_dtype) for n, s in hf_mapping.export_entries(cfg, vocab_rows=rows)]
   tensors = _cast_each(hf_mapping.export_tensors(params, cfg, vocab_rows=rows,
-                                                 to_host=checksums.to_host), np_dtype)
+                                                 to_host=distributed.to_host), np_dtype)
   if jax.process_index() != 0:
     for _ in tensors:  # take part in any cross-process gathers; write nothing.
       pass
@@ -185,7 +185,7 @@ def torch_from_checkpoint(checkpoint_path: str, output_file: str, *, dtype: str 
   cfg = ModelConfig.from_config(config)
   rows = _vocab_rows(config, trim_vocab)
   torch_dtype = {'fp32': torch.float32, 'bf16': torch.bfloat16}[dtype]
-  tensors = hf_mapping.export_tensors(params, cfg, vocab_rows=rows, to_host=checksums.to_host)
+  tensors = hf_mapping.export_tensors(params, cfg, vocab_rows=rows, to_host=distributed.to_host)
   state_dict = {name: torch.from_numpy(np.require(array, requirements='W')).to(torch_dtype)
                 for name, array in tensors}
   if jax.process_index() == 0:

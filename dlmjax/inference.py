@@ -16,7 +16,7 @@ from dlmjax import model as model_lib
 from dlmjax import progress
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
-from dlmjax.model import fp8
+from dlmjax.model import programs
 from dlmjax.parallel import rules
 
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16'}
@@ -40,7 +40,8 @@ class Pretrained:
     self._generate_fns = {}
     self.model_config = model_lib.ModelConfig.from_config(config)
     cfg = self.model_config
-    self._forward = fp8.jit(lambda p, tokens: model_lib.merge(cfg, p)(tokens), cfg.matmul_dtype)
+    self._forward = programs.jit_program(lambda p, tokens: model_lib.merge(cfg, p)(tokens),
+                                         cfg.matmul_dtype)
 
   @property
   def vocab_size(self) -> int:

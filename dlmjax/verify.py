@@ -38,6 +38,7 @@ from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_mapping
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
+from dlmjax.parallel import distributed
 
 TOLERANCES = {'fp32': (1e-4, 1e-4), 'bf16': (1e-1, 1e-2)}  # (logits, masked CE)
 _COMPUTE = {'fp32': 'float32', 'bf16': 'bfloat16'}
@@ -150,7 +151,7 @@ def check_hf_weights(hf_dir: str, params, config) -> Check:
   rows = reader.shape('model.embed_tokens.weight')[0]
   problems = []
   for name, ours in hf_mapping.export_tensors(params, cfg, vocab_rows=rows,
-                                              to_host=checksums.to_host):
+                                              to_host=distributed.to_host):
     if name not in reader:
       problems.append(f'{name} missing')
       continue

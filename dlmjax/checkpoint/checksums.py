@@ -12,12 +12,7 @@ import hashlib
 import jax
 import numpy as np
 
-def to_host(array) -> np.ndarray:
-  """The whole array as numpy, gathering shards from other processes when needed."""
-  if isinstance(array, jax.Array) and not array.is_fully_addressable:
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
-  return np.asarray(jax.device_get(array))
+from dlmjax.parallel import distributed
 
 
 def _path_name(path) -> str:
@@ -43,11 +38,11 @@ def digest(array) -> str:
 def _host_slabs(array):
   nbytes = getattr(array, 'nbytes', 0)
   if not isinstance(array, jax.Array) or array.ndim == 0 or nbytes <= SLAB_BYTES:
-    yield to_host(array)
+    yield distributed.to_host(array)
     return
   rows = max(1, SLAB_BYTES // (nbytes // array.shape[0]))
   for start in range(0, array.shape[0], rows):
-    yield to_host(array[start:start + rows])  # every process slices alike (a collective)
+    yield distributed.to_host(array[start:start + rows])  # every process slices alike (a collective)
 
 
 def compute(params) -> dict[str, str]:

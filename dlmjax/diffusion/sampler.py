@@ -293,7 +293,7 @@ def make_generate_fn(model_config, sampling: SamplingConfig, *, mask_id: int, eo
   """
   # pylint: disable=import-outside-toplevel
   from dlmjax import model as model_lib
-  from dlmjax.model import fp8
+  from dlmjax.model import programs
   from dlmjax.parallel import rules
   sampling.validate()
   if model_config.attention_backend == 'cudnn':
@@ -307,10 +307,10 @@ def make_generate_fn(model_config, sampling: SamplingConfig, *, mask_id: int, eo
                     eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size)
 
   if mesh is None:
-    return fp8.jit(fn, model_config.matmul_dtype)
+    return programs.jit_program(fn, model_config.matmul_dtype)
   _, _, axes = model_lib.abstract(model_config)
   rows = rules.named_sharding(mesh, (rules.BATCH, None))
-  jitted = fp8.jit(fn, model_config.matmul_dtype,
+  jitted = programs.jit_program(fn, model_config.matmul_dtype,
                    in_shardings=(rules.tree_shardings(mesh, axes), rows,
                                  rules.named_sharding(mesh, (rules.BATCH,)),
                                  rules.named_sharding(mesh, ())),

@@ -128,12 +128,6 @@ def compiler_options(matmul_dtype: str) -> dict:
   return {}
 
 
-def jit(fn, matmul_dtype: str, **jit_kwargs):
-  """jax.jit with compiler_options(matmul_dtype): every program that runs the model (train step,
-  eval, sampler, forward) compiles through this, so FP8 matmuls stay FP8 in all of them."""
-  return jax.jit(fn, compiler_options=compiler_options(matmul_dtype) or None, **jit_kwargs)
-
-
 def einsum(equation: str, x, w):
   """jnp.einsum(equation, x, w) in FP8, for projections: x's last axes contract with w's first.
 

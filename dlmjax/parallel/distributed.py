@@ -245,3 +245,14 @@ def from_full_host(value, sharding):
   import numpy as np  # pylint: disable=import-outside-toplevel
   value = np.asarray(value)
   return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
+def to_host(array):
+  """The whole array as numpy, gathering shards from other processes when needed: the one
+  device-to-host gather every program uses."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  if isinstance(array, jax.Array) and not array.is_fully_addressable:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+  return np.asarray(jax.device_get(array))

@@ -19,9 +19,8 @@ import numpy as np
 
 from dlmjax import model as model_lib
 from dlmjax import tasks as tasks_lib
-from dlmjax.checkpoint import checksums
 from dlmjax.diffusion import sampler as sampler_lib
-from dlmjax.model import fp8
+from dlmjax.model import programs
 from dlmjax.parallel import distributed, rules
 from dlmjax.rl import advantages as advantages_lib
 from dlmjax.rl import estimators
@@ -123,12 +122,12 @@ class RolloutSource:
   def _load_reference(self):
     """The frozen init model, restored again (also on resume), in rl.reference_dtype; kept on
     the mesh with the training shardings, or in host memory (rl.reference_on_host)."""
-    from dlmjax.train import init_from  # pylint: disable=import-outside-toplevel
+    from dlmjax.checkpoint import init_from  # pylint: disable=import-outside-toplevel
     dtype = jnp.dtype(self.r.reference_dtype)
     params = init_from.restore_params(self.config, self.setup,
                                        purpose='frozen KL reference model')
     params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p))(params)
-    return jax.tree.map(checksums.to_host, params) if self.r.reference_on_host else params
+    return jax.tree.map(distributed.to_host, params) if self.r.reference_on_host else params
 
   def held_out_reward(self, params, num: int, seed: int, split: str = 'test') -> dict:
     """Mean reward and accuracy of greedy completions of `num` held-out problems, decoded with
@@ -156,7 +155,7 @@ class RolloutSource:
       prompt_BP, prompt_lengths = sampler_lib.pad_prompts(chunk, m.pad_token_id,
                                                           width=self.r.max_prompt_tokens)
       key = jax.random.fold_in(jax.random.key(seed), start)  # unused at temperature 0
-      texts += self._decode(checksums.to_host(self.greedy_fn(params, prompt_BP, prompt_lengths,
+      texts += self._decode(distributed.to_host(self.greedy_fn(params, prompt_BP, prompt_lengths,
                                                              key)))
     return examples, texts[:len(examples)]
 
@@ -232,7 +231,7 @@ class RolloutSource:
     start = time.time()
     params = self._params()
     key = jax.random.fold_in(jax.random.key(config.seed), index)
-    out = checksums.to_host(self.generate_fn(params, prompt_BP, prompt_lengths, key))
+    out = distributed.to_host(self.generate_fn(params, prompt_BP, prompt_lengths, key))
     generate_s = time.time() - start
     # Score: rewards, advantages, old and reference estimates for every inner iteration.
     start = time.time()
@@ -282,7 +281,7 @@ class RolloutSource:
 
   def _score(self, params, tokens, prompt_lengths, lengths, seeds):
     with rules.activation_mesh(self.setup.mesh):
-      return checksums.to_host(self.score_fn(params, tokens, prompt_lengths, lengths, seeds))
+      return distributed.to_host(self.score_fn(params, tokens, prompt_lengths, lengths, seeds))
 
 
 def make_score_fn(config, model_config):
@@ -301,14 +300,14 @@ def make_score_fn(config, model_config):
     return estimators.sequence_elbo(module, tokens, prompt_lengths, lengths, mask_seeds,
                                     num_samples=r.elbo_samples, **common)
 
-  return fp8.jit(fn, model_config.matmul_dtype)
+  return programs.jit_program(fn, model_config.matmul_dtype)
 
 
 def prompt_template(config) -> str:
   """The chat template of the model RL starts from: 'none' for a pre-trained checkpoint."""
   if not config.init_from:
     return 'none'
-  from dlmjax.train import init_from  # pylint: disable=import-outside-toplevel
+  from dlmjax.checkpoint import init_from  # pylint: disable=import-outside-toplevel
   saved = init_from.source_config(config.init_from)
   return 'none' if saved.stage == 'pretrain' else saved.sft.chat_template
 

@@ -20,7 +20,7 @@ import numpy as np
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.data import pipeline
-from dlmjax.model import fp8
+from dlmjax.model import programs
 from dlmjax.parallel import rules
 from dlmjax.train import step as step_lib
 
@@ -103,7 +103,7 @@ class Evaluator(Periodic):
       print(f'note: the valid split holds {available} global batches; evaluating on those '
             f'instead of eval.batches={e.batches}.', flush=True)
     self._sharding = rules.named_sharding(setup.mesh, (rules.BATCH,))
-    jitted = fp8.jit(make_eval_fn(setup, stage.loss_fn(_eval_config(config))),
+    jitted = programs.jit_program(make_eval_fn(setup, stage.loss_fn(_eval_config(config))),
                      setup.model_config.matmul_dtype,
                      in_shardings=(setup.param_shardings,
                                    {k: self._sharding for k in stage.batch_keys(config)}, None),

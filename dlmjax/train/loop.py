@@ -15,7 +15,7 @@ from dlmjax.parallel import distributed
 from dlmjax.parallel import memory
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.train import guards, preemption, reporting, stages
-from dlmjax.train import init_from as init_from_lib
+from dlmjax.checkpoint import init_from as init_from_lib
 from dlmjax.train import evaluation
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib

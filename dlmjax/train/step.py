@@ -13,7 +13,7 @@ import optax
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.model import fp8
+from dlmjax.model import programs
 from dlmjax.parallel import rules
 from dlmjax.train import optimizer as optimizer_lib
 
@@ -117,7 +117,7 @@ class CompiledStep:
     if batch_keys is None:
       from dlmjax.train.stages import pretrain  # pylint: disable=import-outside-toplevel
       batch_keys = pretrain.batch_keys(setup.config)
-    self._jitted = fp8.jit(
+    self._jitted = programs.jit_program(
         make_step_fn(setup, loss_fn, metrics), setup.model_config.matmul_dtype,
         in_shardings=(setup.state_shardings, {k: self.batch_sharding for k in batch_keys}),
         out_shardings=(setup.state_shardings, setup.replicated),

@@ -100,7 +100,7 @@ def test_init_from_a_hugging_face_export_adopts_its_model_and_weights(tmp_path, 
   import jax  # pylint: disable=import-outside-toplevel
   from dlmjax import convert  # pylint: disable=import-outside-toplevel
   from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
-  from dlmjax.train import init_from as init_from_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.checkpoint import init_from as init_from_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
   from tests.checkpoint import tiny_run  # pylint: disable=import-outside-toplevel
   source, params, _ = tiny_run.make_run(tmp_path / 'run')
