@@ -47,24 +47,20 @@ def peak_memory_bytes() -> int | None:
 
 def run(config, steps: int, warmup: int, matmul: bool) -> dict:
   # pylint: disable=import-outside-toplevel
-  from dlmjax.data import pipeline
   from dlmjax.parallel import mesh as mesh_lib
   from dlmjax.train import stages
   from dlmjax.train import state as state_lib
   from dlmjax.train import step as step_lib
 
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
-  step_fn = step_lib.CompiledStep(setup, stages.STAGES[config.stage].loss_fn(config))
+  stage = stages.build(config)
+  step_fn = step_lib.CompiledStep(setup, stage)
   state = setup.init_state(config.seed)
-  shape = (config.train.global_batch_size, config.model.seq_len + 1)
   rng = np.random.default_rng(0)
 
-  def batch():
-    tokens = rng.integers(0, config.model.mask_token_id, size=shape, dtype=np.int32)
-    arrays = {'tokens': tokens}
-    if config.data.packing:
-      arrays['segment_ids'] = pipeline.document_segment_ids(tokens, config.model.eos_token_id)
-    return {k: jax.device_put(v, step_fn.batch_sharding) for k, v in arrays.items()}
+  def batch():  # the stage's own arrays, random but shaped as the run's
+    return {k: jax.device_put(v, step_fn.batch_sharding)
+            for k, v in stage.example_batch(rng).items()}
 
   start = time.perf_counter()
   state, metrics = step_fn(state, batch())
@@ -81,7 +77,7 @@ def run(config, steps: int, warmup: int, matmul: bool) -> dict:
   step_s = (time.perf_counter() - start) / steps
 
   devices = jax.device_count()
-  tokens_per_s = shape[0] * config.model.seq_len / step_s
+  tokens_per_s = config.train.global_batch_size * config.model.seq_len / step_s
   model_tflops = tokens_per_s * setup.model_config.flops_per_token() / devices / 1e12
   kind = jax.devices()[0].device_kind
   datasheet = next((v for k, v in _DATASHEET_TFLOPS.items() if k in kind), None)

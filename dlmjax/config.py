@@ -372,6 +372,9 @@ def validate(config, num_devices: int | None = None) -> None:
     raise ConfigError('checkpoint.every must be >= 0 and checkpoint.keep >= 1.')
   if config.log.every < 1:
     raise ConfigError(f'log.every={config.log.every} must be >= 1.')
+  if config.eval.every < 0 or config.eval.batches < 1:
+    raise ConfigError(f'eval.every={config.eval.every} must be >= 0 and eval.batches='
+                      f'{config.eval.batches} >= 1.')
 
   _validate_sft(config)
   _validate_rl(config)

@@ -85,17 +85,17 @@ def compiled_memory(config) -> str:
   """XLA's memory analysis of the real step on the present devices."""
   # pylint: disable=import-outside-toplevel
   import jax
+  import numpy as np
   from dlmjax.parallel import mesh as mesh_lib
   from dlmjax.train import stages
   from dlmjax.train import state as state_lib
   from dlmjax.train import step as step_lib
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
-  stage = stages.STAGES[config.stage]
-  step_fn = step_lib.CompiledStep(setup, stage.loss_fn(config), batch_keys=stage.batch_keys(config),
-                                  metrics=stage.metrics)
-  shape = (config.train.global_batch_size, config.model.seq_len + 1)
-  batch = {k: jax.ShapeDtypeStruct(shape, 'int32', sharding=step_fn.batch_sharding)
-           for k in stage.batch_keys(config)}
+  stage = stages.build(config)
+  step_fn = step_lib.CompiledStep(setup, stage)
+  example = stage.example_batch(np.random.default_rng(0))
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=step_fn.batch_sharding)
+           for k, v in example.items()}
   analysis = step_fn.lower(batch).compile().memory_analysis()
   if analysis is None:
     return 'compiled memory: not reported by this backend'

@@ -144,14 +144,14 @@ def main():
     old = config[section][key]
     config[section][key] = type(old)(value) if not isinstance(old, bool) else value == 'true'
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
-  step_fn = step_lib.CompiledStep(setup, stages.STAGES['pretrain'].loss_fn(config))
+  stage = stages.build(config)
+  step_fn = step_lib.CompiledStep(setup, stage)
   state = setup.init_state(0)
   rng = np.random.default_rng(0)
-  shape = (config.train.global_batch_size, config.model.seq_len + 1)
 
-  def batch():
-    tokens = rng.integers(0, config.model.mask_token_id, shape, dtype=np.int32)
-    return {'tokens': jax.device_put(tokens, step_fn.batch_sharding)}
+  def batch():  # the stage's own arrays, random but shaped as the run's
+    return {k: jax.device_put(v, step_fn.batch_sharding)
+            for k, v in stage.example_batch(rng).items()}
 
   compiled = step_fn.compile(state, batch())  # the very executable the trace then shows
   hlo_text = compiled.as_text()

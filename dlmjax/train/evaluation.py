@@ -3,9 +3,8 @@
 MegaDLMs validates with fresh random masks (reference 1.2), so two evaluations of one model
 differ. Here the masks derive from eval.seed and each held-out example's index, never from the
 step, and no micro-batch is truncated: every evaluation scores the same tokens masked the same way,
-and val_loss moves only when the model does. Stage rl has no loss to validate; it gets held-out
-reward instead (HeldOutReward: fixed problems, greedy decoding), which likewise moves only when
-the model does.
+and val_loss moves only when the model does. (Stage rl validates a reward instead:
+dlmjax/rl/evaluation.py.)
 """
 
 from __future__ import annotations
@@ -19,31 +18,18 @@ import numpy as np
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.data import pipeline
 from dlmjax.model import programs
 from dlmjax.parallel import rules
 from dlmjax.train import step as step_lib
 
 
-def _eval_config(config):
-  """The run's config with eval.seed as the mask seed and no variable-length truncation."""
-  eval_config = ml_collections.ConfigDict(config.to_dict())
-  eval_config.seed = config.eval.seed
-  eval_config.diffusion.varlen_prob = 0.0
-  return eval_config
-
-
-def valid_batches(config, stage, *, process_index: int, process_count: int):
-  """The held-out batches: the stage's `eval_batch_iterator` if it has one, else (pre-training)
-  the pipeline's 'valid' split."""
-  if hasattr(stage, 'eval_batch_iterator'):
-    return stage.eval_batch_iterator(config, process_index=process_index,
-                                     process_count=process_count)
-  if config.stage != 'pretrain':
-    raise config_lib.ConfigError(f'stage {config.stage} has no held-out split to evaluate on; set '
-                                 '--config.eval.every=0.')
-  return pipeline.make_batch_iterator(config, split='valid', process_index=process_index,
-                                      process_count=process_count)
+def eval_config(config):
+  """The run's config with eval.seed as the mask seed and no variable-length truncation: the
+  config a stage builds its evaluation loss from."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.seed = config.eval.seed
+  config.diffusion.varlen_prob = 0.0
+  return config
 
 
 def make_eval_fn(setup, loss_fn):
@@ -74,40 +60,26 @@ def make_eval_fn(setup, loss_fn):
   return eval_fn
 
 
-class Periodic:
-  """eval.every's schedule: every eval.every steps and at the last one."""
+class LossEvaluator:
+  """The stage's loss over the first eval.batches held-out batches (a stage's Evaluator).
 
-  def __init__(self, config):
-    e = config.eval
-    if e.every < 0 or e.batches < 1:
-      raise config_lib.ConfigError(f'eval.every={e.every} must be >= 0 and eval.batches='
-                                   f'{e.batches} >= 1.')
-    self.config = config
+  loss, batch_keys and metrics are the stage's (the loss built from `eval_config`);
+  make_batches(process_index, process_count) opens the held-out iterator.
+  """
 
-  def due(self, step: int, last_step: int) -> bool:
-    return step % self.config.eval.every == 0 or step == last_step
-
-
-class Evaluator(Periodic):
-  """Runs the validation loss every eval.every steps and at the last step."""
-
-  def __init__(self, config, setup, stage):
-    super().__init__(config)
-    e = config.eval
-    self.setup, self.stage = setup, stage
-    self._batches = valid_batches(config, stage, process_index=jax.process_index(),
-                                  process_count=jax.process_count())
+  def __init__(self, config, setup, loss, batch_keys, metrics, make_batches):
+    self.setup, self.metrics = setup, metrics
+    self._batches = make_batches(jax.process_index(), jax.process_count())
     available = len(self._batches)
-    self.num_batches = min(e.batches, available)
-    if self.num_batches < e.batches and jax.process_index() == 0:
+    self.num_batches = min(config.eval.batches, available)
+    if self.num_batches < config.eval.batches and jax.process_index() == 0:
       print(f'note: the valid split holds {available} global batches; evaluating on those '
-            f'instead of eval.batches={e.batches}.', flush=True)
+            f'instead of eval.batches={config.eval.batches}.', flush=True)
     self._sharding = rules.named_sharding(setup.mesh, (rules.BATCH,))
-    jitted = programs.jit_program(make_eval_fn(setup, stage.loss_fn(_eval_config(config))),
-                     setup.model_config.matmul_dtype,
-                     in_shardings=(setup.param_shardings,
-                                   {k: self._sharding for k in stage.batch_keys(config)}, None),
-                     out_shardings=setup.replicated)
+    jitted = programs.jit_program(
+        make_eval_fn(setup, loss), setup.model_config.matmul_dtype,
+        in_shardings=(setup.param_shardings, {k: self._sharding for k in batch_keys}, None),
+        out_shardings=setup.replicated)
     # Compiled now, from the first batch's shapes, so no logged interval pays for it.
     first = next(self._batches)
     shapes = {k: jax.ShapeDtypeStruct((v.shape[0] * jax.process_count(), *v.shape[1:]), v.dtype)
@@ -133,7 +105,7 @@ class Evaluator(Periodic):
     """The row {'step', 'val_loss', 'val_masked_ce', ...} for metrics.jsonl; prints a line."""
     jax.block_until_ready(params)  # the train step in flight is not evaluation time
     start = time.time()
-    metrics = self.stage.metrics(self.sums(params))
+    metrics = self.metrics(self.sums(params))
     row = {'step': step}
     row.update({f'val_{k}': float(v) for k, v in metrics.items() if k != 'tokens'})
     if jax.process_index() == 0:
@@ -141,37 +113,3 @@ class Evaluator(Periodic):
       print(f'step {step}: ' + ' | '.join(shown)
             + f' ({self.num_batches} held-out batches, {time.time() - start:.1f}s)', flush=True)
     return row
-
-
-class HeldOutReward(Periodic):
-  """RL's evaluation: mean reward and accuracy of greedy completions of eval.batches x
-  train.global_batch_size problems of rl.task (rl.eval_split: test, or valid = train-split
-  problems outside the RL prompts; eval.seed picks them), decoded by the rollout source with its
-  canvas and steps."""
-
-  def __init__(self, config, source):
-    super().__init__(config)
-    self.source = source
-    self.num = config.eval.batches * config.train.global_batch_size
-
-  def run(self, step: int, params) -> dict[str, float]:
-    """The row {'step', 'val_reward', 'val_accuracy', ...} for metrics.jsonl; prints a line."""
-    jax.block_until_ready(params)
-    start = time.time()
-    row = {'step': step, **self.source.held_out_reward(params, self.num, self.config.eval.seed,
-                                                        self.config.rl.eval_split)}
-    if jax.process_index() == 0:
-      print(f'step {step}: val_reward {row["val_reward"]:.4f} | val_accuracy '
-            f'{row["val_accuracy"]:.4f} ({row["val_examples"]} held-out problems, '
-            f'{time.time() - start:.1f}s)', flush=True)
-    return row
-
-
-def make_evaluator(config, setup, stage, batches=None) -> Periodic | None:
-  """The run's evaluator, or None when eval.every is 0: held-out loss, or for RL (whose batch
-  source `batches` decodes) held-out reward."""
-  if not config.eval.every:
-    return None
-  if config.stage == 'rl':
-    return HeldOutReward(config, batches)
-  return Evaluator(config, setup, stage)

@@ -54,19 +54,19 @@ def describe_data_source(config) -> str:
   return f'data.source {data.source!r}'
 
 
-def next_batch(batches, config, step: int) -> dict[str, np.ndarray]:
-  """The next host batch, checked: a vanished or unreadable data file names itself."""
+def next_batch(batches, params, config, step: int) -> tuple[dict[str, np.ndarray], dict | None]:
+  """The stage's next host batch and row (BatchSource.next), checked: a vanished or unreadable
+  data file names itself, and token ids must lie in the vocabulary."""
   try:
-    batch = next(batches)
+    batch, row = batches.next(params)
   except OSError as e:
     name = e.filename or describe_data_source(config)
     raise DataError(
         f'reading the batch of step {step} failed: {name}: {e.strerror or e}. A data file was '
         'moved, deleted or became unreadable during the run; restore it and start the same '
         'command again (it resumes from the last checkpoint).') from e
-  if 'tokens' in batch:  # every stage's model input; other arrays (segment ids, rewards) vary
-    check_token_ids(batch['tokens'], config, step)
-  return batch
+  check_token_ids(batch['tokens'], config, step)  # every stage's model input (Stage.batch_keys)
+  return batch, row
 
 
 def check_token_ids(tokens: np.ndarray, config, step: int) -> None:

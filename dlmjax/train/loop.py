@@ -9,14 +9,13 @@ import time
 import jax
 
 from dlmjax import config as config_lib
+from dlmjax.checkpoint import init_from as init_from_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.observability import sinks as sinks_lib
 from dlmjax.parallel import distributed
 from dlmjax.parallel import memory
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.train import guards, preemption, reporting, stages
-from dlmjax.checkpoint import init_from as init_from_lib
-from dlmjax.train import evaluation
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 
@@ -54,6 +53,10 @@ def _last_step(config) -> int:
   return min(exit_at, config.train.steps) if exit_at > 0 else config.train.steps
 
 
+def _should_evaluate(config, step: int) -> bool:
+  return step % config.eval.every == 0 or step == _last_step(config)
+
+
 def _should_save(config, step: int) -> bool:
   every = config.checkpoint.every
   return step == _last_step(config) or (every > 0 and step % every == 0)
@@ -81,7 +84,7 @@ def _run(config, stop, cleanup) -> dict | None:
   if config.train.check_memory:  # fail in seconds, not after compiling or at the first OOM
     memory.check_fits(config, memory.present_device_memory_bytes())
   setup = state_lib.TrainSetup(config, mesh)
-  stage = stages.STAGES[config.stage]
+  stage = stages.build(config)
   checkpoints = checkpoint_lib.RunCheckpoints(config.output_dir, keep=config.checkpoint.keep,
                                               async_save=config.checkpoint.async_save)
   cleanup.callback(checkpoints.close)
@@ -96,28 +99,29 @@ def _run(config, stop, cleanup) -> dict | None:
   checkpoint_lib.write_run_config(config.output_dir, config)
   start = int(jax.device_get(state['step']))
   # Step.
-  step_fn = step_lib.CompiledStep(setup, stage.loss_fn(config), batch_keys=stage.batch_keys(config),
-                                  metrics=stage.metrics)
+  step_fn = step_lib.CompiledStep(setup, stage)
   # Data: each process reads the rows its devices hold in the step's batch layout.
   shard, shards = distributed.data_shard(step_fn.batch_sharding, config.train.global_batch_size)
-  batches = stage.batch_iterator(config, process_index=shard, process_count=shards)
+  batches = stage.batches(setup, shard, shards)
   if data_state is not None:
     batches.set_state(data_state)
   reporter = reporting.Reporter(config.output_dir, total_steps=config.train.steps,
                                 flops_per_token=setup.model_config.flops_per_token(),
                                 peak_tflops=config.log.peak_tflops,
                                 sinks=sinks_lib.make_sinks(config, config.output_dir),
-                                flag_spikes=config.stage == 'pretrain')
+                                console_metrics=stage.console_metrics,
+                                flag_spikes=stage.flag_spikes)
   cleanup.callback(reporter.close)
-  if hasattr(batches, 'attach'):  # RL rollouts sample from the live params (read when called)
-    batches.attach(setup, lambda: state['params'], reporter)
-  evaluator = evaluation.make_evaluator(config, setup, stage, batches)  # None unless eval.every
+  evaluator = stage.evaluator(setup) if config.eval.every else None
   # Loop: dispatch step n, then read back step n-1's metrics, so the device never waits on us.
   pending, last_row = None, None
   reporter.start(start)
   compile_start = time.time()
   for step in range(start + 1, _last_step(config) + 1):
-    local = guards.next_batch(batches, config, step)  # names a vanished file, bad token ids
+    # The params of the step about to run (RL samples its rollouts from them).
+    local, row = guards.next_batch(batches, state['params'], config, step)
+    if row is not None:
+      reporter.write_row(row)
     batch = {k: jax.make_array_from_process_local_data(step_fn.batch_sharding, v)
              for k, v in local.items()}
     if step == start + 1 and jax.process_count() > 1:
@@ -136,7 +140,7 @@ def _run(config, stop, cleanup) -> dict | None:
               flush=True)
       reporter.start(start)
     pending = (step, metrics)
-    if evaluator is not None and evaluator.due(step, _last_step(config)):
+    if evaluator is not None and _should_evaluate(config, step):
       reporter.write_row(evaluator.run(step, state['params']))  # val_loss / val_reward, ...
     preempted = stop.requested()
     if preempted or _should_save(config, step):

@@ -31,11 +31,11 @@ class Reporter:
   """Turns per-step device metrics into throughput figures, a jsonl row and a console line."""
 
   def __init__(self, run_dir: str, *, total_steps: int, flops_per_token: int, peak_tflops: float,
-               sinks=(), flag_spikes: bool = True):
+               sinks=(), console_metrics=(), flag_spikes: bool = True):
+    """console_metrics: the stage's metrics the console line shows after the loss;
+    flag_spikes: whether the stage's loss gets MegaDLMs' 20% spike rule (Stage.flag_spikes)."""
     self.total_steps = total_steps
-    # The 20% rule is for a language-modelling loss; an RL surrogate sits near zero and changes
-    # sign, and SFT's varies with each batch's answer lengths, so there it would only be noise.
-    self.flag_spikes = flag_spikes
+    self.console_metrics, self.flag_spikes = tuple(console_metrics), flag_spikes
     self.sinks = list(sinks)  # dlmjax.observability.sinks: TensorBoard, W&B
     # Between logged lines, a progress bar on a terminal (never in log files).
     self._bar = progress.Bar(total_steps, 'train', stream=sys.stdout,
@@ -120,11 +120,10 @@ class Reporter:
   def _line(self, row) -> str:
     eta = row['step_time_s'] * (self.total_steps - row['step'])
     parts = [f'step {row["step"]}/{self.total_steps}', f'loss {row["loss"]:.4f}']
-    if 'masked_ce' in row:  # stages without masked tokens (RL) report other figures.
-      parts.append(f'masked_ce {row["masked_ce"]:.4f}')
+    parts += [f'{name} {row[name]:.4f}' for name in self.console_metrics]
     parts += [f'lr {row["lr"]:.2e}', f'grad_norm {row["grad_norm"]:.3f}',
               f'{row["tokens_per_s"]:,.0f} tok/s']
-    if 'mfu' in row:
+    if self.peak_flops:
       parts.append(f'MFU {100 * row["mfu"]:.1f}%')
     parts.append(f'ETA {_duration(eta)}')
     return ' | '.join(parts)

@@ -1,8 +1,10 @@
 """The one train step every stage shares: accumulate gradients over micro-batches, clip, AdamW.
 
-Stages differ only in what they plug in (dlmjax/train/stages): the loss, the batch's arrays and
-the metrics made of the loss's sums. The step is pure and jitted once with explicit shardings;
-the state is donated, and no value leaves the device inside it.
+Stages differ only in what they plug in (a dlmjax.train.stages.base.Stage): the loss, the batch's
+arrays and the metrics made of the loss's sums. The gradient is the SUM over micro-batches of each
+micro-batch objective's gradient: every stage's loss is written to that rule (stages/base.py).
+The step is pure and jitted once with explicit shardings; the state is donated, and no value
+leaves the device inside it.
 """
 
 from __future__ import annotations
@@ -32,18 +34,15 @@ def _row_axes(ndim: int, leading=()):
   return (*leading, rules.BATCH) + (None,) * (ndim - 1)
 
 
-def make_step_fn(setup, loss_fn, metrics_fn=None):
+def make_step_fn(setup, loss_fn, metrics_fn):
   """step(state, batch) -> (state, metrics).
 
   loss_fn(module, *, step, micro_index, example_ids_B, **arrays) -> (objective, sums) gets one
   micro-batch of every batch array ([rows, ...], e.g. tokens=, segment_ids=) and the indices its
   randomness derives from; metrics_fn(sums) -> {name: scalar} (with at least `loss` and `tokens`)
-  turns the sums accumulated over micro-batches into the step's metrics. Both come from the stage;
-  the default metrics are pre-training's.
+  turns the sums accumulated over micro-batches into the step's metrics (the stage's Stage.loss
+  and Stage.metrics).
   """
-  if metrics_fn is None:
-    from dlmjax.train.stages import pretrain  # pylint: disable=import-outside-toplevel
-    metrics_fn = pretrain.metrics
   config, cfg = setup.config, setup.model_config
   num_micro = config_lib.num_microbatches(config)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
@@ -82,8 +81,6 @@ def make_step_fn(setup, loss_fn, metrics_fn=None):
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_sums)
     (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_sums),
                                     (micro_arrays, micro_ids, jnp.arange(num_micro)))
-    # MegaDLMs back-propagates num/den per micro-batch divided by the micro-batch count.
-    grads = jax.tree.map(lambda g: g / num_micro, grads)
     grad_norm = optax.global_norm(grads)
     updates, opt_state = setup.optimizer.update(grads, state['opt_state'], params)
     # A non-finite loss or gradient skips the update: params and optimizer state (and with it the
@@ -105,21 +102,18 @@ def make_step_fn(setup, loss_fn, metrics_fn=None):
 
 
 class CompiledStep:
-  """The step jitted once for the mesh, with donated state and explicit shardings.
+  """The step of `stage` jitted once for the mesh, with donated state and explicit shardings:
+  the one way the loop, bench, summary and the profiler build it.
 
-  batch_keys and metrics come from the stage (default: pre-training's). Every batch array is
-  split by rows over the batch-parallel devices, whatever its rank.
+  Every batch array is split by rows over the batch-parallel devices, whatever its rank.
   """
 
-  def __init__(self, setup, loss_fn, *, batch_keys=None, metrics=None):
-    self.setup = setup
+  def __init__(self, setup, stage):
+    self.setup, self.stage = setup, stage
     self.batch_sharding = rules.named_sharding(setup.mesh, (rules.BATCH,))
-    if batch_keys is None:
-      from dlmjax.train.stages import pretrain  # pylint: disable=import-outside-toplevel
-      batch_keys = pretrain.batch_keys(setup.config)
     self._jitted = programs.jit_program(
-        make_step_fn(setup, loss_fn, metrics), setup.model_config.matmul_dtype,
-        in_shardings=(setup.state_shardings, {k: self.batch_sharding for k in batch_keys}),
+        make_step_fn(setup, stage.loss, stage.metrics), setup.model_config.matmul_dtype,
+        in_shardings=(setup.state_shardings, {k: self.batch_sharding for k in stage.batch_keys}),
         out_shardings=(setup.state_shardings, setup.replicated),
         donate_argnums=0)
 

@@ -148,7 +148,7 @@ def step_losses():
     config = tiny_test_config(**{'model.dtype': 'bfloat16', 'model.matmul_dtype': matmul_dtype,
                                  'mesh.fsdp': 1, 'diffusion.varlen_prob': 0.0})
     setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
-    step_fn = step_lib.CompiledStep(setup, stages.STAGES['pretrain'].loss_fn(config))
+    step_fn = step_lib.CompiledStep(setup, stages.build(config))
     state = setup.init_state(config.seed)
     rng = np.random.default_rng(0)
     shape = (config.train.global_batch_size, config.model.seq_len + 1)
@@ -198,7 +198,7 @@ def test_every_model_program_compiles_with_the_fp8_options(monkeypatch):
   monkeypatch.setattr(programs, 'jit_program', lambda fn, d, **kw: seen.append(d) or real_jit(fn, d, **kw))
   config = tiny_test_config(**{'model.matmul_dtype': 'fp8', 'mesh.fsdp': 1})
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
-  step_lib.CompiledStep(setup, stages.STAGES['pretrain'].loss_fn(config))
+  step_lib.CompiledStep(setup, stages.build(config))
   rollout.make_score_fn(config, setup.model_config)
   cfg = dataclasses.replace(CFG, matmul_dtype='fp8')
   generate = sampler.make_generate_fn.__wrapped__(  # uncached: this test's own build

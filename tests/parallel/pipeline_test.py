@@ -96,7 +96,7 @@ def objective_and_grads(config):
   if config.data.packing:  # documents of ~6 tokens
     tokens[rng.random(tokens.shape) < 0.16] = config.model.eos_token_id
     fields['segment_ids'] = data_pipeline.document_segment_ids(tokens, config.model.eos_token_id)
-  loss_fn = stages.STAGES['pretrain'].loss_fn(config)
+  loss_fn = stages.build(config).loss
 
   def objective(p):
     return loss_fn(model_lib.merge(setup.model_config, p), tokens.astype(np.int32), step=3,
@@ -140,7 +140,7 @@ def test_train_step_with_pipeline_fsdp_tensor_gives_the_recorded_losses():
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
   assert setup.model_config.pipeline_stages == 2
   state = setup.init_state(config.seed)
-  step_fn = step_lib.CompiledStep(setup, stages.STAGES['pretrain'].loss_fn(config))
+  step_fn = step_lib.CompiledStep(setup, stages.build(config))
   rng = np.random.default_rng(0)
   losses = []
   for _ in range(2):

@@ -69,9 +69,7 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
   batch = dict(tokens=tokens, prompt_lengths=prompt_lengths, lengths=lengths, mask_seeds=seeds,
                advantages=advantages, old=old, ref=old, completion_mask=completion,
                weight=rollout.loss_weights(completion, objective, 'token'), rewards=advantages)
-  stage = stages.STAGES['rl']
-  step_fn = step_lib.CompiledStep(setup, stage.loss_fn(c), batch_keys=rollout.BATCH_KEYS,
-                                  metrics=stage.metrics)
+  step_fn = step_lib.CompiledStep(setup, stages.build(c))
   state, metrics = step_fn(state, {k: jax.device_put(v, step_fn.batch_sharding)
                                    for k, v in batch.items()})
   assert float(metrics['clip_fraction']) == 0.0  # ratio 1 at the first update

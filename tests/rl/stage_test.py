@@ -9,6 +9,7 @@ import pytest
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import manager
 from dlmjax.train import loop
+from dlmjax.train.stages import rl as rl_stage
 from dlmjax.train import state as state_lib
 from dlmjax.parallel import mesh as mesh_lib
 from tests.conftest import tiny_test_config
@@ -73,21 +74,22 @@ def _check_held_out_against_inference(c, row):
   mesh, are token for token those of dlmjax.inference (its own batching and padding, one device)
   with the same sampler at temperature 0; the logged last row is their reward."""
   from dlmjax import inference  # pylint: disable=import-outside-toplevel
-  from dlmjax.rl import advantages, rollout  # pylint: disable=import-outside-toplevel
+  from dlmjax.rl import advantages  # pylint: disable=import-outside-toplevel
+  from dlmjax.rl import evaluation as rl_evaluation  # pylint: disable=import-outside-toplevel
   setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c))
-  source = rollout.RolloutSource(c)
-  source.attach(setup, lambda: None)
+  prompts = rl_stage.make_prompts(c)
+  held_out = rl_evaluation.HeldOutReward(c, setup, prompts)
   on_mesh = inference.load_pretrained(c.output_dir, mesh=setup.mesh)
-  examples, texts = source.held_out_completions(on_mesh.params, 16, c.eval.seed)
-  _, prompt_ids = source._prompts('test', 16, c.eval.seed)  # pylint: disable=protected-access
+  examples, texts = held_out.completions(on_mesh.params, 16, c.eval.seed)
+  prompt_ids = prompts.encode('test', 16, c.eval.seed).token_ids
   rows = inference.load_pretrained(c.output_dir).generate_tokens(
       prompt_ids, batch_size=4, gen_length=c.rl.gen_length, steps=c.rl.diffusion_steps,
       block_length=c.rl.block_length, temperature=0.0)
-  assert texts == [source.tokenizer.decode(r) for r in rows]
+  assert texts == [prompts.tokenizer.decode(r) for r in rows]
   assert len(set(texts)) > 1  # the problems really differ
-  rewards, _ = advantages.score(source.task.reward, examples, texts)
+  rewards, _ = advantages.score(prompts.task.reward, examples, texts)
   assert row['val_reward'] == pytest.approx(float(rewards.mean()), abs=1e-6)
-  correct = [source.task.is_correct(e, t) for e, t in zip(examples, texts)]
+  correct = [prompts.task.is_correct(e, t) for e, t in zip(examples, texts)]
   assert row['val_accuracy'] == pytest.approx(float(sum(correct)) / len(correct))
 
 
@@ -108,23 +110,22 @@ def test_bad_rl_configs_name_the_fix(tmp_path, overrides, match):
 
 
 def test_prompts_too_long_is_a_clear_error(tmp_path, init_dir):
-  from dlmjax.rl import rollout
   c = _rl_config(tmp_path, init_dir, **{'rl.max_prompt_tokens': 2})
   with pytest.raises(ValueError, match='max_prompt_tokens'):
-    rollout.RolloutSource(c)
+    rl_stage.make_prompts(c)
 
 
 def test_valid_split_is_train_problems_outside_the_rl_prompts(tmp_path, init_dir):
   """rl.eval_split=valid: train-split problems, none of them an RL prompt, even when eval.seed
   draws the same sequence as the RL prompts (seed 0 both)."""
-  from dlmjax.rl import rollout  # pylint: disable=import-outside-toplevel
   c = _rl_config(tmp_path, init_dir, **{'rl.task': 'arithmetic', 'seed': 0, 'eval.seed': 0})
-  source = rollout.RolloutSource(c)
-  examples, ids = source._held_out_prompts('valid', 24, 0)  # pylint: disable=protected-access
-  assert len(examples) == len(ids) == 24
-  assert not {e.prompt for e in examples} & {e.prompt for e in source.examples}
-  test = {e.answer for e in source.task.examples('test', 200, 0)}
+  prompts = rl_stage.make_prompts(c)
+  held_out = prompts.held_out('valid', 24, 0)
+  examples = held_out.examples
+  assert len(examples) == len(held_out.token_ids) == 24
+  assert not {e.prompt for e in examples} & {e.prompt for e in prompts.training.examples}
+  test = {e.answer for e in prompts.task.examples('test', 200, 0)}
   assert not test & {e.answer for e in examples}  # the split is by answer: no test answer
   with pytest.raises(ValueError, match='held-out split'):
-    source._held_out_prompts('dev', 4, 0)  # pylint: disable=protected-access
+    prompts.held_out('dev', 4, 0)
 

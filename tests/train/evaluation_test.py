@@ -1,5 +1,6 @@
 """Validation loss: logged by the loop at eval.every, fixed masks, equal to a hand-written loss."""
 
+import dataclasses
 import json
 import os
 
@@ -12,7 +13,7 @@ from dlmjax import model as model_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.data import pipeline
 from dlmjax.diffusion import masking
-from dlmjax.train import evaluation, loop, stages
+from dlmjax.train import loop, stages
 from tests.conftest import tiny_test_config
 
 
@@ -32,14 +33,15 @@ def run(tmp_path_factory):
   run_dir = tmp_path_factory.mktemp('eval_run')
   config = _config(run_dir)
   made = []
+  pretrain = stages.BUILDERS['pretrain']
 
-  def capture(config, setup, stage, batches=None):
-    del batches  # pre-training's evaluator reads the valid split itself
-    made.append(evaluation.Evaluator(config, setup, stage))
-    return made[-1]
+  def capture(config):
+    stage = pretrain(config)
+    return dataclasses.replace(
+        stage, evaluator=lambda setup: made.append(stage.evaluator(setup)) or made[-1])
 
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(evaluation, 'make_evaluator', capture)
+    patch.setitem(stages.BUILDERS, 'pretrain', capture)
     loop.train(config)
   with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
@@ -87,8 +89,8 @@ def test_bad_eval_settings(tiny_config):
   tiny_config.eval.batches = 0
   tiny_config.eval.every = 5
   with pytest.raises(config_lib.ConfigError, match='eval.batches'):
-    evaluation.Evaluator(tiny_config, None, stages.STAGES['pretrain'])
+    config_lib.validate(tiny_config)
   tiny_config.eval.batches = 1
-  tiny_config.stage = 'sft'
-  with pytest.raises(config_lib.ConfigError, match='no held-out split'):
-    evaluation.valid_batches(tiny_config, object(), process_index=0, process_count=1)
+  tiny_config.eval.every = -1
+  with pytest.raises(config_lib.ConfigError, match='eval.every'):
+    config_lib.validate(tiny_config)

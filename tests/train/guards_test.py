@@ -1,6 +1,7 @@
 """Run-time faults inside the loop, without compiling a real step: bad token ids, a vanished data
 file, too little disk, device out-of-memory; errors leave only complete checkpoints behind."""
 
+import dataclasses
 import errno
 import os
 import types
@@ -13,6 +14,7 @@ import pytest
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.data.errors import DataError
 from dlmjax.train import guards, loop, stages
+from dlmjax.train.stages import base
 from dlmjax.train import step as step_lib
 from tests.conftest import tiny_test_config
 
@@ -53,11 +55,12 @@ def test_a_vanished_data_file_is_named():
     yield {'tokens': np.zeros((2, 3), np.int32)}
     raise FileNotFoundError(errno.ENOENT, 'No such file or directory', '/data/web_text.bin')
 
-  batches = vanishing()
+  batches = base.DataBatches(vanishing())
   config = _config('unused')
-  assert guards.next_batch(batches, config, step=1)['tokens'].shape == (2, 3)
+  batch, row = guards.next_batch(batches, None, config, step=1)
+  assert batch['tokens'].shape == (2, 3) and row is None
   with pytest.raises(DataError, match='step 2 failed: /data/web_text.bin: No such file'):
-    guards.next_batch(batches, config, step=2)
+    guards.next_batch(batches, None, config, step=2)
 
 
 def test_checkpoint_bytes_and_free_disk(monkeypatch, tmp_path):
@@ -76,8 +79,8 @@ class _FakeStep:
   """Stands in for CompiledStep: counts steps, reports a fixed loss, compiles nothing heavy."""
   fail_at = None
 
-  def __init__(self, setup, loss_fn, **kwargs):
-    del loss_fn, kwargs
+  def __init__(self, setup, stage):
+    del stage
     self.batch_sharding = step_lib.rules.named_sharding(setup.mesh,
                                                         (step_lib.rules.BATCH, None))
 
@@ -108,31 +111,34 @@ def fake_step(monkeypatch):
 
 
 def _fake_stage(bad_step, fault):
-  pretrain = stages.STAGES['pretrain']
+  """The pre-training stage whose batch source applies `fault` to its bad_step-th batch."""
+  pretrain = stages.BUILDERS['pretrain']
 
-  def batch_iterator(config, **kwargs):
-    inner = pretrain.batch_iterator(config, **kwargs)
+  def build(config):
+    stage = pretrain(config)
 
-    class Faulty:
-      consumed = 0
+    def batches(setup, process_index, process_count):
+      inner = stage.batches(setup, process_index, process_count)
 
-      def __next__(self):
-        self.consumed += 1
-        batch = next(inner)
-        if self.consumed == bad_step:
-          return fault(batch)
-        return batch
+      class Faulty:
+        consumed = 0
 
-      def get_state(self):
-        return inner.get_state()
+        def next(self, params):
+          self.consumed += 1
+          batch, row = inner.next(params)
+          return (fault(batch) if self.consumed == bad_step else batch), row
 
-      def set_state(self, state):
-        inner.set_state(state)
+        def get_state(self):
+          return inner.get_state()
 
-    return Faulty()
+        def set_state(self, state):
+          inner.set_state(state)
 
-  plugin = {k: v for k, v in vars(pretrain).items() if not k.startswith('_')}
-  return types.SimpleNamespace(**dict(plugin, batch_iterator=batch_iterator))
+      return Faulty()
+
+    return dataclasses.replace(stage, batches=batches)
+
+  return build
 
 
 def _vanish(batch):
@@ -152,7 +158,7 @@ def _out_of_vocab(batch):
 ])
 def test_bad_data_mid_run_keeps_only_complete_checkpoints(tmp_path, monkeypatch, fake_step, fault,
                                                          message):
-  monkeypatch.setitem(stages.STAGES, 'pretrain', _fake_stage(5, fault))
+  monkeypatch.setitem(stages.BUILDERS, 'pretrain', _fake_stage(5, fault))
   config = _config(tmp_path)
   with pytest.raises(DataError, match=message):
     loop.train(config)

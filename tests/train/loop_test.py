@@ -115,19 +115,20 @@ def test_smoke_recipe_trains_from_megatron_prefixes_on_the_command_line(tmp_path
 
 
 def test_consecutive_non_finite_steps_stop_with_a_good_checkpoint(tmp_path, monkeypatch):
-  import types  # pylint: disable=import-outside-toplevel
+  import dataclasses  # pylint: disable=import-outside-toplevel
 
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
 
   from dlmjax.train import stages  # pylint: disable=import-outside-toplevel
   from tests.train.step_test import _nan_on  # pylint: disable=import-outside-toplevel
-  pretrain = stages.STAGES['pretrain']
-  faulty = types.SimpleNamespace(
-      loss_fn=lambda config: _nan_on([2, 3, 4, 5, 6, 7], pretrain.loss_fn(config)),
-      batch_iterator=pretrain.batch_iterator, batch_keys=pretrain.batch_keys,
-      metrics=pretrain.metrics)
-  monkeypatch.setitem(stages.STAGES, 'pretrain', faulty)
+  pretrain = stages.BUILDERS['pretrain']
+
+  def faulty(config):
+    stage = pretrain(config)
+    return dataclasses.replace(stage, loss=_nan_on([2, 3, 4, 5, 6, 7], stage.loss))
+
+  monkeypatch.setitem(stages.BUILDERS, 'pretrain', faulty)
   c = _config(tmp_path, **{'train.max_consecutive_skips': 2, 'checkpoint.every': 0})
   with pytest.raises(loop.NonFiniteError, match='2 consecutive steps'):
     loop.train(c)

@@ -1,5 +1,7 @@
 """The shared step: every mesh gives the single-device losses; accumulation is exact."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ def run_steps(config, num_steps=5, learnable=False):
   devices = jax.devices()[:config.mesh.data * config.mesh.fsdp * config.mesh.tensor]
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, devices))
   state = setup.init_state(config.seed)
-  step_fn = step_lib.CompiledStep(setup, stages.STAGES['pretrain'].loss_fn(config))
+  step_fn = step_lib.CompiledStep(setup, stages.build(config))
   rng = np.random.default_rng(0)
   losses = []
   for _ in range(num_steps):
@@ -98,12 +100,12 @@ def test_packed_step_accumulates_segment_ids_exactly():
   tokens[rng.random(tokens.shape) < 0.125] = config.model.eos_token_id
   segment_ids = pipeline.document_segment_ids(tokens, config.model.eos_token_id)
   assert segment_ids.max() > 3
-  loss_fn = stages.STAGES['pretrain'].loss_fn(config)
-  whole, _ = jax.jit(lambda p: loss_fn(
+  stage = stages.build(config)
+  _, sums = jax.jit(lambda p: stage.loss(
       model_lib.merge(setup.model_config, p), tokens, segment_ids=segment_ids, step=0,
       micro_index=0, example_ids_B=np.arange(16), seed=config.seed,
       mask_id=config.model.mask_token_id, varlen_prob=0.0))(params)
-  np.testing.assert_allclose(losses[0], float(whole), rtol=1e-5)
+  np.testing.assert_allclose(losses[0], float(stage.metrics(sums)['loss']), rtol=1e-5)
 
 
 def _nan_on(steps, base_loss):
@@ -122,8 +124,8 @@ def test_non_finite_step_skips_the_update():
   config = tiny_test_config(**{'mesh.fsdp': 1})
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
   state = setup.init_state(config.seed)
-  step_fn = step_lib.CompiledStep(
-      setup, _nan_on([1], stages.STAGES['pretrain'].loss_fn(config)))
+  stage = stages.build(config)
+  step_fn = step_lib.CompiledStep(setup, dataclasses.replace(stage, loss=_nan_on([1], stage.loss)))
   rng = np.random.default_rng(0)
   snapshots, skipped = [], []
   for _ in range(3):

@@ -1,11 +1,11 @@
-"""Stages plug a batch source and a loss into the shared step; nothing else differs.
+"""The stages: each declares a `base.Stage` (loss, batch source, arrays, metrics, evaluator);
+the step and the loop take it as it is and never ask which stage runs."""
 
-A stage module provides loss_fn(config), batch_iterator(config, *, process_index,
-process_count), batch_keys(config) (the batch's arrays, all [global_batch_size, ...] rows) and
-metrics(sums) (the step's scalar metrics, with at least `loss` and `tokens`, from the loss's
-sums accumulated over micro-batches).
-"""
+from dlmjax.train.stages import base, pretrain, rl, sft
 
-from dlmjax.train.stages import pretrain, rl, sft
+BUILDERS = {'pretrain': pretrain.stage, 'sft': sft.stage, 'rl': rl.stage}
 
-STAGES = {'pretrain': pretrain, 'sft': sft, 'rl': rl}
+
+def build(config) -> base.Stage:
+  """The Stage of config.stage, built for this config."""
+  return BUILDERS[config.stage](config)

@@ -9,31 +9,29 @@ import jax.numpy as jnp
 from dlmjax import config as config_lib
 from dlmjax.data import pipeline
 from dlmjax.diffusion import loss as loss_lib
+from dlmjax.train import evaluation
+from dlmjax.train.stages import base
 
 
-def loss_fn(config):
-  """loss(module, tokens, **randomness_and_fields) -> (objective, sums) for the shared step."""
+def make_loss(config):
+  """loss(module, tokens, **randomness_and_fields) -> (objective, sums) for the shared step.
+
+  MegaDLMs back-propagates each micro-batch's num / den divided by the micro-batch count: the
+  objective is that share, so the step's sum over micro-batches is their mean.
+  """
   objective = loss_lib.OBJECTIVES[config.diffusion.objective]
+  num_micro = config_lib.num_microbatches(config)
   head = dict(chunk_size=config.model.loss_chunk_tokens,
               token_shards=config_lib.batch_parallelism(config))
   bound = dict(seed=config.seed, mask_id=config.model.mask_token_id,
                varlen_prob=config.diffusion.varlen_prob)
 
   def fn(module, tokens, **kwargs):
-    return objective(functools.partial(loss_lib.model_cross_entropy, module, **head), tokens,
-                     **{**bound, **kwargs})
+    loss, sums = objective(functools.partial(loss_lib.model_cross_entropy, module, **head),
+                           tokens, **{**bound, **kwargs})
+    return loss / num_micro, sums
 
   return fn
-
-
-def batch_iterator(config, *, process_index: int, process_count: int):
-  return pipeline.make_batch_iterator(config, split='train', process_index=process_index,
-                                      process_count=process_count)
-
-
-def batch_keys(config) -> tuple[str, ...]:
-  """The arrays of a batch, each [global_batch_size, seq_len + 1] int32."""
-  return ('tokens', 'segment_ids') if config.data.packing else ('tokens',)
 
 
 def metrics(sums) -> dict:
@@ -45,3 +43,32 @@ def metrics(sums) -> dict:
       real_input_length=sums['length_sum'] / sums['micro_batches'],
       tokens=sums['loss_den'],
   )
+
+
+def stage(config) -> base.Stage:
+  packing = config.data.packing
+  keys = ('tokens', 'segment_ids') if packing else ('tokens',)  # int32 [rows, seq_len + 1]
+
+  def batches(setup, process_index, process_count):
+    del setup
+    return base.DataBatches(pipeline.make_batch_iterator(
+        config, split='train', process_index=process_index, process_count=process_count))
+
+  def evaluator(setup):
+    """The loss (masks from eval.seed) on the pipeline's 'valid' split (read as the run reads)."""
+    return evaluation.LossEvaluator(
+        config, setup, make_loss(evaluation.eval_config(config)), keys, metrics,
+        lambda process_index, process_count: pipeline.make_batch_iterator(
+            config, split='valid', process_index=process_index, process_count=process_count))
+
+  def example_batch(rng):
+    tokens = base.random_tokens(
+        config, rng, (config.train.global_batch_size, config.model.seq_len + 1))
+    if not packing:
+      return {'tokens': tokens}
+    return {'tokens': tokens,
+            'segment_ids': pipeline.document_segment_ids(tokens, config.model.eos_token_id)}
+
+  return base.Stage(name='pretrain', loss=make_loss(config), batch_keys=keys, metrics=metrics,
+                    batches=batches, evaluator=evaluator, example_batch=example_batch,
+                    console_metrics=('masked_ce',), flag_spikes=True)

@@ -1,22 +1,31 @@
 """RL from verifiable rewards: rollouts of the current policy, diffu-GRPO (d1), ESPO or SPG loss.
 
-The batch source (dlmjax/rl/rollout.py) generates G completions per prompt with the current
-params, scores them, and serves the same rollouts rl.inner_updates times, each with its own mask
-seed and the old / reference estimates for it, computed once after generation.
+The batch source (dlmjax/rl/rollout.py) generates G completions per prompt with the params of the
+step about to run, scores them, and serves the same rollouts rl.inner_updates times, each with its
+own mask seed and the old / reference estimates for it, computed once after generation.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
-from dlmjax import config as config_lib
+from dlmjax import tasks as tasks_lib
+from dlmjax.data import sft as sft_data
 from dlmjax.rl import estimators, objectives
+from dlmjax.rl import evaluation as rl_evaluation
+from dlmjax.rl import prompts as prompts_lib
 from dlmjax.rl import rollout as rollout_lib
+from dlmjax.train.stages import base
 
 
-def loss_fn(config):
-  """loss(module, tokens=, prompt_lengths=, lengths=, ...) -> (objective, sums)."""
-  r, num_micro = config.rl, config_lib.num_microbatches(config)
+def make_loss(config):
+  """loss(module, tokens=, prompt_lengths=, lengths=, ...) -> (objective, sums).
+
+  `weight` holds each unit's share of the GLOBAL batch average (rollout.loss_weights), so each
+  micro-batch's weighted sum is its share of the step's loss, as the step's rule wants.
+  """
+  r = config.rl
   common = dict(seed=config.seed, mask_id=config.model.mask_token_id,
                 chunk_size=config.model.loss_chunk_tokens)
   beta = 0.0 if r.kl_reference == 'none' else r.kl_beta
@@ -42,26 +51,14 @@ def loss_fn(config):
       loss, kl, clipped = objectives.espo_sequence_loss(
           elbo, old, ref, advantages, (lengths - prompt_lengths).astype(jnp.float32),
           eps=r.clip_eps, beta=beta)
-    # `weight` holds each unit's share of the GLOBAL batch average (rollout.loss_weights), so
-    # the step's mean over micro-batches of num_micro x partial sum is exactly that average.
-    partial = jnp.sum(weight * loss)
-    sums = dict(loss_sum=partial, kl_sum=jnp.sum(weight * kl),
+    objective = jnp.sum(weight * loss)
+    sums = dict(loss_sum=objective, kl_sum=jnp.sum(weight * kl),
                 clip_sum=jnp.sum(weight * clipped.astype(jnp.float32)),
                 tokens=jnp.sum(completion_mask), rows=jnp.float32(tokens.shape[0]),
                 reward_sum=jnp.sum(rewards), reward_sq_sum=jnp.sum(jnp.square(rewards)))
-    return num_micro * partial, sums
+    return objective, sums
 
   return fn
-
-
-def batch_iterator(config, *, process_index: int, process_count: int):
-  return rollout_lib.RolloutSource(config, process_index=process_index,
-                                   process_count=process_count)
-
-
-def batch_keys(config) -> tuple[str, ...]:
-  del config
-  return rollout_lib.BATCH_KEYS
 
 
 def metrics(sums) -> dict:
@@ -71,3 +68,47 @@ def metrics(sums) -> dict:
               tokens=sums['tokens'], completion_length=sums['tokens'] / rows,
               reward_mean=reward_mean,
               reward_std=jnp.sqrt(jnp.maximum(sums['reward_sq_sum'] / rows - reward_mean**2, 0.0)))
+
+
+def make_prompts(config) -> prompts_lib.Prompts:
+  task = tasks_lib.get_task(config.rl.task, data_path=config.rl.task_data)
+  return prompts_lib.Prompts(config, task, sft_data.load_tokenizer(config))
+
+
+def stage(config) -> base.Stage:
+
+  def batches(setup, process_index, process_count):
+    return rollout_lib.make_batches(config, setup, make_prompts(config),
+                                    process_index=process_index, process_count=process_count)
+
+  def evaluator(setup):
+    return rl_evaluation.HeldOutReward(config, setup, make_prompts(config))
+
+  def example_batch(rng):
+    """A rollout's arrays: prompts of half the prompt width, completions filling the canvas."""
+    rows = config.train.global_batch_size
+    prompt = config.rl.max_prompt_tokens
+    width = prompt + rollout_lib.sampling_config(config).gen_length
+    prompt_lengths = np.full((rows,), prompt // 2, np.int32)
+    completion_mask = np.zeros((rows, width), np.float32)
+    completion_mask[:, prompt // 2:width - prompt // 2] = 1.0
+    return dict(
+        tokens=base.random_tokens(config, rng, (rows, width)), prompt_lengths=prompt_lengths,
+        lengths=np.full((rows,), width - prompt // 2, np.int32),
+        mask_seeds=np.arange(rows, dtype=np.int32),
+        advantages=rng.standard_normal(rows).astype(np.float32),
+        old=np.zeros(_estimate_shape(config, rows, width), np.float32),
+        ref=np.zeros(_estimate_shape(config, rows, width), np.float32),
+        weight=rollout_lib.loss_weights(completion_mask, config.rl.objective,
+                                        config.rl.loss_normalisation),
+        completion_mask=completion_mask,
+        rewards=rng.integers(0, 2, rows).astype(np.float32))
+
+  return base.Stage(name='rl', loss=make_loss(config), batch_keys=rollout_lib.BATCH_KEYS,
+                    metrics=metrics, batches=batches, evaluator=evaluator,
+                    example_batch=example_batch, console_metrics=('reward_mean', 'kl'))
+
+
+def _estimate_shape(config, rows: int, width: int) -> tuple[int, ...]:
+  """d1 scores tokens ([B, W] log-probs), ESPO and SPG sequences ([B])."""
+  return (rows, width) if config.rl.objective == 'd1' else (rows,)

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from dlmjax import config as config_lib
+from dlmjax.data import pipeline
 from dlmjax.data import sft as sft_data
 from dlmjax.diffusion import loss as loss_lib
 from dlmjax.diffusion import sft_loss
+from dlmjax.train import evaluation
+from dlmjax.train.stages import base
 
 
-def loss_fn(config):
-  """loss(module, tokens, roles=, [segment_ids=], **randomness) -> (objective, sums)."""
+def make_loss(config):
+  """loss(module, tokens, roles=, [segment_ids=], **randomness) -> (objective, sums).
+
+  Like pre-training's, the objective is the micro-batch's loss over the micro-batch count.
+  """
+  num_micro = config_lib.num_microbatches(config)
   head = dict(chunk_size=config.model.loss_chunk_tokens,
               token_shards=config_lib.batch_parallelism(config))
   s = config.sft
@@ -20,26 +29,43 @@ def loss_fn(config):
                weight_by_inverse_t=s.weight_by_inverse_t, time_eps=s.time_eps)
 
   def fn(module, tokens, **kwargs):
-    return sft_loss.sft_loss(functools.partial(loss_lib.model_cross_entropy, module, **head),
-                             tokens, **{**bound, **kwargs})
+    loss, sums = sft_loss.sft_loss(
+        functools.partial(loss_lib.model_cross_entropy, module, **head), tokens,
+        **{**bound, **kwargs})
+    return loss / num_micro, sums
 
   return fn
 
 
-def batch_iterator(config, *, process_index: int, process_count: int):
-  return sft_data.make_batch_iterator(config, process_index=process_index,
-                                      process_count=process_count)
+def stage(config) -> base.Stage:
+  packing = config.sft.packing
+  # int32 [rows, seq_len + 1] each: tokens, roles (and segment_ids when packed).
+  keys = ('tokens', 'roles', 'segment_ids') if packing else ('tokens', 'roles')
 
+  def batches(setup, process_index, process_count):
+    del setup
+    return base.DataBatches(sft_data.make_batch_iterator(
+        config, process_index=process_index, process_count=process_count))
 
-def eval_batch_iterator(config, *, process_index: int, process_count: int):
-  """Held-out conversations for val_loss (eval.every): sft.eval_file or the built-in test set."""
-  return sft_data.make_eval_batch_iterator(config, process_index=process_index,
-                                           process_count=process_count)
+  def evaluator(setup):
+    """The loss (masks from eval.seed) on held-out conversations: sft.eval_file or the built-in
+    test set."""
+    return evaluation.LossEvaluator(
+        config, setup, make_loss(evaluation.eval_config(config)), keys, sft_loss.metrics,
+        lambda process_index, process_count: sft_data.make_eval_batch_iterator(
+            config, process_index=process_index, process_count=process_count))
 
+  def example_batch(rng):
+    """Rows of one conversation each: a prompt of a quarter of the row, the response after."""
+    rows, width = config.train.global_batch_size, config.model.seq_len + 1
+    tokens = base.random_tokens(config, rng, (rows, width))
+    roles = np.full((rows, width), sft_loss.RESPONSE, np.int32)
+    roles[:, :width // 4] = sft_loss.PROMPT
+    batch = {'tokens': tokens, 'roles': roles}
+    if packing:
+      batch['segment_ids'] = pipeline.document_segment_ids(tokens, config.model.eos_token_id)
+    return batch
 
-def batch_keys(config) -> tuple[str, ...]:
-  """int32 [global_batch_size, seq_len + 1] each: tokens, roles (and segment_ids when packed)."""
-  return ('tokens', 'roles', 'segment_ids') if config.sft.packing else ('tokens', 'roles')
-
-
-metrics = sft_loss.metrics
+  return base.Stage(name='sft', loss=make_loss(config), batch_keys=keys, metrics=sft_loss.metrics,
+                    batches=batches, evaluator=evaluator, example_batch=example_batch,
+                    console_metrics=('masked_ce',))

@@ -1,0 +1,34 @@
+"""The frozen reference model of the KL term: the init model, restored again (also on resume).
+
+Held in rl.reference_dtype, on the mesh with the training shardings, or in host memory
+(rl.reference_on_host) and moved onto the mesh only while a rollout scores with it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from dlmjax.checkpoint import init_from
+from dlmjax.parallel import distributed
+
+
+def needed(config) -> bool:
+  """Only a KL to the init model needs one; 'old' compares with the rollout policy itself."""
+  return config.rl.kl_reference == 'init' and config.rl.kl_beta > 0
+
+
+class ReferenceModel:
+
+  def __init__(self, config, setup):
+    self.on_host, self.shardings = config.rl.reference_on_host, setup.param_shardings
+    dtype = jnp.dtype(config.rl.reference_dtype)
+    params = init_from.restore_params(config, setup, purpose='frozen KL reference model')
+    params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p))(params)
+    self._params = jax.tree.map(distributed.to_host, params) if self.on_host else params
+
+  def params(self):
+    """The reference params on the mesh (moved there for this use when kept on the host)."""
+    if self.on_host:
+      return jax.tree.map(distributed.from_full_host, self._params, self.shardings)
+    return self._params
