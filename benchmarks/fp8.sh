@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FP8 matmuls (issue 9 item 3) on one GPU machine, in one run: the projection microbenchmark, the
+# FP8 matmuls on one GPU machine, in one run: the projection microbenchmark, the
 # PyTorch peer, the 1.7B step with bf16 and with FP8 projections, then the loss effect: the same
 # model trained twice from the same init on the same batches of real text (the built-in corpus),
 # bf16 vs FP8. Prints a table last; logs and both metrics.jsonl go to $OUT (default /tmp/fp8).

@@ -3,7 +3,8 @@
 Generated tokens/s of the sampler, plain (LLaDA's schedule) against the fast modes: confidence-
 threshold decoding, stop-at-EOS, and (causal / block-causal models) the truncated canvas. One JSON
 line per mode. A trained checkpoint shows what the threshold buys; random weights (--config) are
-rarely confident, so there only the plain figure means something. The 1.7B figure of the issue:
+rarely confident, so there only the plain figure means something. The 1.7B figure
+(docs/benchmarks.md, Sampler):
   python -m benchmarks.sampler --config configs/pretrain_1p7b.py --batch 64 --gen-length 256 \
       --steps 256 --block-length 32 --prompt-length 64
 """

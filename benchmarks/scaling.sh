@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Multi-GPU scaling of the 1.7B step on one host, and the 8B-shaped layouts: each layout's
 # `python -m dlmjax.bench` JSON line, prefixed with its name, the one-GPU baseline first.
-# Usage: bash benchmarks/scaling.sh NUM_GPUS [1p7b|8b|all]   (docs/benchmarks.md has results)
+# Usage: bash benchmarks/scaling.sh NUM_GPUS [1p7b|8b|all]   (docs/benchmarks.md, Several GPUs)
 set -u
 n=${1:?usage: bash benchmarks/scaling.sh NUM_GPUS [1p7b|8b|all]}; which=${2:-all}
 B="python3 -m dlmjax.bench --config=configs/pretrain_1p7b.py --matmul=false"

@@ -1,10 +1,12 @@
 """The three-stage demo's recipe: overrides of configs/{tiny,sft,rl}.py, minutes per seed on a CPU.
 
     python -m dlmjax.demo --seeds 0,1,2 --task arithmetic       # the three stages, per seed
-    python -m dlmjax.train --config=configs/demo.py:sft,arithmetic --config.init_from=runs/tiny
+    python -m dlmjax.train --config=configs/demo.py:rl,arithmetic,spg \
+        --config.init_from=runs/demo/seed0/sft --config.output_dir=runs/rl_spg
 
 `python -m dlmjax.demo` chains the stages (each from the previous one's checkpoint); get_config
-gives one stage alone, as "STAGE[,TASK[,OBJECTIVE]]". The result and how each value was chosen:
+gives one stage alone, as "STAGE[,TASK[,OBJECTIVE]]" (an SFT stage alone reads the built-in set
+of every task unless --config.sft.train_file is given). The result and how each value was chosen:
 docs/benchmarks.md, "Three-stage result" (the trials: docs/history/rl.md).
 """
 
