@@ -23,15 +23,16 @@ def get_config(arg=None):
   c.model.dtype = 'bfloat16'
   c.model.attention_backend = 'cudnn'
   # The Pallas norm kernels on GPU (kernels/rms_norm.py): 48.1k tokens/s against 47.5k for
-  # XLA's fusions, same lease (docs/benchmarks.md); the formula elsewhere.
+  # XLA's fusions, run back to back (docs/benchmarks.md, RMSNorm kernels); the formula elsewhere.
   c.model.norm_backend = 'auto'
   # Saves every activation the backward reads (bf16) and the attention kernel's outputs: the
   # fastest measured at micro-batch 8 and 16, at 57 GiB (mb 8) against the peer's 64
-  # (docs/benchmarks.md); save_dots_attention needs 46 GiB for 1.2% less speed.
+  # (docs/benchmarks.md, 1.7B pre-training step); save_dots_attention needs 46 GiB for 1.2% less
+  # speed.
   c.model.remat = 'save_activations'
   # Unrolled layers: the same speed on one GPU (41.9k vs 42.0k tokens/s) but FSDP overlaps its
-  # gathers better, 95.3% vs 93.1% on 2 GPUs and 94.4% vs 90.6% on 4 (docs/benchmarks.md), for a
-  # compile of ~20 s instead of ~10.
+  # gathers better, 95.3% vs 93.1% on 2 GPUs and 94.4% vs 90.6% on 4 (docs/benchmarks.md,
+  # Several GPUs of one host), for a compile of ~20 s instead of ~10.
   c.model.scan_layers = False
   c.train.steps = 19_073_486  # 1e13 tokens / 524,288, as upstream; override for real runs.
   c.train.global_batch_size = 256

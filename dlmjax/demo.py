@@ -4,8 +4,8 @@
                         [--objective d1|espo|spg]
 
 Per seed, the three stages run through the normal trainer (`dlmjax.train.loop.train` on
-configs/tiny.py, configs/sft.py and configs/rl.py with the RECIPE below on top), each from the
-previous one's checkpoint. Every stage's checkpoint is then decoded greedily on the task's
+configs/tiny.py, configs/sft.py and configs/rl.py with configs/demo.py's recipe on top), each
+from the previous one's checkpoint. Every stage's checkpoint is then decoded greedily on the task's
 held-out split with one sampler setting (dlmjax.evaluate's tasks mode) and checked with
 dlmjax.verify; RL's is the one of best validation reward (train-split problems, every 10 steps).
 The table gives per seed, then mean +- std over seeds: steps, final loss, held-out accuracy and
@@ -18,7 +18,6 @@ and SFT runs and trains only its own RL stage (OUTPUT/seedN/rl_<objective>).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -27,100 +26,18 @@ import time
 import numpy as np
 
 STAGES = ('pretrain', 'sft', 'rl')
-_CONFIG_FILES = {'pretrain': 'tiny.py', 'sft': 'sft.py', 'rl': 'rl.py'}
-
-# Per task: (prompt width, generated tokens) of the rollouts and the held-out decoding; their sum
-# is the canvas, every stage's model.seq_len (RoPE has no length-bound weights). From each task's
-# longest plain-template prompt and answer (+ EOS) on the built-in tokenizer; a sudoku4 prompt is
-# 44 tokens, its answer 27 + EOS. Two tokens per diffusion step (half the rollout time of one),
-# one block.
-TASK_CANVAS = {'sudoku4': (48, 32), 'arithmetic': (22, 58), 'countdown3': (36, 44),
-               'countdown4': (40, 56)}
-
-
-def canvas_overrides(task: str) -> dict:
-  """Per stage, the keys TASK_CANVAS sets: seq_len everywhere, the RL sampler's widths and steps."""
-  if task not in TASK_CANVAS:
-    raise ValueError(f'--task {task!r}: the demo is sized for {sorted(TASK_CANVAS)}.')
-  prompt, gen = TASK_CANVAS[task]
-  canvas = {'model.seq_len': prompt + gen}
-  return {'pretrain': canvas, 'sft': canvas,
-          'rl': {**canvas, 'rl.max_prompt_tokens': prompt, 'rl.gen_length': gen,
-                 'rl.diffusion_steps': gen // 2, 'rl.block_length': gen}}
-
-
-RL_STEPS = 60  # 15 rollouts: about 4 minutes of a seed's 9
-SELECT_EVERY = 10  # RL steps between the validation scores that pick the RL stage's checkpoint
-
-# The recipe: overrides of configs/{tiny,sft,rl}.py, sized for minutes per seed on a shared 2-core
-# CPU. Measured over seeds 0-2 (docs/benchmarks.md, "Three-stage result"): on arithmetic RL gains
-# +0.52 mean reward against an SFT seed-to-seed spread of 0.39; on sudoku4 (before checkpoint
-# selection) +0.007 against 0.06. RECIPE carries sudoku4's canvas; recipe_for() resizes the canvas
-# and the sampler for the other tasks.
-_STAGE_RECIPE = {
-    'pretrain': {
-        'train.steps': 40,  # the code corpus barely helps sudoku: a short stage, as a start.
-        'train.wsd_decay_steps': 8,
-        'checkpoint.every': 0,  # the final step only
-    },
-    'sft': {
-        'train.steps': 240,  # copy the givens, then fill: trial reward 0.24 / 0.36 / 0.66 at
-        'train.lr': 2e-3,  # 80 / 160 / 240 steps, but seed-dependent (demo seeds: 0.26-0.37).
-        'train.min_lr': 2e-4,
-        'train.warmup_steps': 10,
-        'train.wsd_decay_steps': 24,  # LLaDA: decay over the final 10%
-        'checkpoint.every': 0,
-    },
-    'rl': {
-        'rl.group_size': 4,  # 8 prompts x 4 per rollout: more prompts seen than 4 x 8.
-        'rl.inner_updates': 4,  # updates are cheap next to generation (d1: 8 on sudoku).
-        'train.global_batch_size': 32,
-        'train.micro_batch_size': 16,
-        'train.lr': 3e-4,  # 1e-4 barely moved it; 6e-4 collapsed (rollout reward 0.7 -> 0.35).
-        'train.warmup_steps': 4,  # Adam's first step at full lr is sign-like: KL 1.7 after it.
-        'train.steps': RL_STEPS,
-        # Held-out reward jumps by 0.2-0.7 between checkpoints 10 steps apart (docs/benchmarks.md
-        # RL diagnosis item 9), so the RL row is the checkpoint of best validation reward:
-        # 128 train-split problems outside the RL prompts, greedy, every 10 steps. The test
-        # split only scores the chosen one (and the final one, for comparison).
-        'eval.every': SELECT_EVERY,
-        'eval.batches': 4,
-        'rl.eval_split': 'valid',
-        'checkpoint.every': SELECT_EVERY,
-        'checkpoint.keep': RL_STEPS // SELECT_EVERY,
-    },
-}
-RECIPE = {stage: {**canvas_overrides('sudoku4')[stage], **keys}
-          for stage, keys in _STAGE_RECIPE.items()}
-CANVAS = RECIPE['rl']['model.seq_len']  # sudoku4's: 80
-# --objective: the RL stage's objective on top of RECIPE. SPG trains without a KL term, so it
-# gets lr 3e-5, the stable end of the GPU search (docs/benchmarks.md: 1e-4 collapses without KL).
-# Each objective has its own RL run directory; all start from the same SFT checkpoints.
-OBJECTIVES = {'d1': {}, 'espo': {'rl.objective': 'espo'},
-              'spg': {'rl.objective': 'spg', 'rl.kl_beta': 0.0, 'train.lr': 3e-5}}
 SFT_EXAMPLES = 4000  # task training examples written as the SFT set (worked solutions)
 EVAL_EXAMPLES = 128  # held-out problems per stage and seed (the same ones for every stage)
 EVAL_BATCH = 16
 EVAL_SEED = 0  # held-out set and decoding key: fixed, so stages and seeds see the same problems
 
 
-def recipe_for(objective: str, task: str = 'sudoku4') -> dict:
-  """RECIPE sized for `task`'s canvas, with the RL stage switched to `objective`."""
-  if objective not in OBJECTIVES:
-    raise ValueError(f'--objective {objective!r}: choose one of {sorted(OBJECTIVES)}.')
-  recipe = copy.deepcopy(RECIPE)
-  for stage, keys in canvas_overrides(task).items():
-    recipe[stage].update(keys)
-  recipe['rl'].update(OBJECTIVES[objective])
-  return recipe
-
-
-def eval_sampling(recipe=RECIPE):
+def eval_sampling(rl_config):
   """Greedy decoding with the rollouts' canvas, gen length, steps and blocks."""
   from dlmjax.diffusion import sampler as sampler_lib  # pylint: disable=import-outside-toplevel
-  r = recipe['rl']
-  return sampler_lib.SamplingConfig(gen_length=r['rl.gen_length'], steps=r['rl.diffusion_steps'],
-                                    block_length=r['rl.block_length'], temperature=0.0)
+  r = rl_config.rl
+  return sampler_lib.SamplingConfig(gen_length=r.gen_length, steps=r.diffusion_steps,
+                                    block_length=r.block_length, temperature=0.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,20 +63,30 @@ def apply_overrides(config, overrides: dict) -> None:
     node[leaf] = type(node[leaf])(value) if node[leaf] is not None else value
 
 
-def stage_configs(seed: int, run_dir: str, task: str, recipe=None) -> dict:
-  """The three stage configs of one seed: OUTPUT/seedN/{pretrain,sft,rl}, each from the last
-  (recipe: recipe_for('d1', task) unless given)."""
+def base_config(path: str, overrides: dict):
+  """The config file at `path` with dotted `overrides` on top (configs/demo.py's stages)."""
   from dlmjax import convert  # pylint: disable=import-outside-toplevel
-  recipe = recipe or recipe_for('d1', task)
+  config = convert.load_config_file(path)
+  apply_overrides(config, overrides)
+  return config
+
+
+def config_spec(stage: str, task: str, objective: str = 'd1') -> str:
+  """The config file and argument of one demo stage: configs/demo.py:STAGE,TASK,OBJECTIVE."""
+  return f'{os.path.join(configs_dir(), "demo.py")}:{stage},{task},{objective}'
+
+
+def stage_configs(seed: int, run_dir: str, task: str, objective: str = 'd1') -> dict:
+  """The three stage configs of one seed (configs/demo.py's recipe): OUTPUT/seedN/{pretrain,sft,
+  rl}, each from the last; another objective's RL stage is OUTPUT/seedN/rl_<objective>."""
+  from dlmjax import convert  # pylint: disable=import-outside-toplevel
   if not os.path.isdir(configs_dir()):
     raise FileNotFoundError(f'{configs_dir()} does not exist: the demo builds on the '
                             "repository's configs/; run it from a source checkout of dlmjax.")
-  objective = recipe['rl'].get('rl.objective', 'd1')
   names = dict(zip(STAGES, STAGES), rl='rl' if objective == 'd1' else f'rl_{objective}')
   configs = {}
   for stage in STAGES:
-    c = convert.load_config_file(os.path.join(configs_dir(), _CONFIG_FILES[stage]))
-    apply_overrides(c, recipe[stage])
+    c = convert.load_config_file(config_spec(stage, task, objective))
     c.seed = seed
     c.output_dir = os.path.join(run_dir, names[stage])
     c.log.plots = False
@@ -169,7 +96,6 @@ def stage_configs(seed: int, run_dir: str, task: str, recipe=None) -> dict:
       c.sft.train_file = os.path.join(run_dir, f'sft_{task}.jsonl')
     elif stage == 'rl':
       c.init_from = configs['sft'].output_dir
-      c.rl.task = task
     configs[stage] = c
   return configs
 
@@ -221,12 +147,11 @@ def best_checkpoint(run_dir: str) -> str:
   return path
 
 
-def evaluate_stage(run_dir: str, task: str, *, num: int = EVAL_EXAMPLES, sampling=None,
+def evaluate_stage(run_dir: str, task: str, *, sampling, num: int = EVAL_EXAMPLES,
                    samples: int = 1) -> dict:
   """Held-out accuracy and mean reward of the run's latest checkpoint (evaluate.tasks_mode)."""
   from dlmjax import evaluate  # pylint: disable=import-outside-toplevel
-  model = evaluate.EvalModel(run_dir, sampling=sampling or eval_sampling(), seed=EVAL_SEED,
-                             batch_size=EVAL_BATCH)
+  model = evaluate.EvalModel(run_dir, sampling=sampling, seed=EVAL_SEED, batch_size=EVAL_BATCH)
   _, summary = evaluate.tasks_mode(model, [task], num=num, seed=EVAL_SEED, samples=samples)
   return summary[task]
 
@@ -238,12 +163,13 @@ def verify_stage(run_dir: str) -> tuple[bool, str]:
   return all(c.ok for c in checks), verify.report(checks)
 
 
-def run_seed(seed: int, output_dir: str, task: str, recipe=None, log=print) -> list[dict]:
+def run_seed(seed: int, output_dir: str, task: str, objective: str = 'd1',
+             log=print) -> list[dict]:
   """Trains the three stages of one seed, then evaluates and verifies each; one row per stage."""
   from dlmjax.train import loop  # pylint: disable=import-outside-toplevel
-  recipe = recipe or recipe_for('d1', task)
   run_dir = os.path.join(output_dir, f'seed{seed}')
-  configs = stage_configs(seed, run_dir, task, recipe)
+  configs = stage_configs(seed, run_dir, task, objective)
+  sampling = eval_sampling(configs['rl'])
   write_sft_set(configs['sft'].sft.train_file, task)
   rows, start = [], time.time()
   for stage in STAGES:
@@ -261,13 +187,13 @@ def run_seed(seed: int, output_dir: str, task: str, recipe=None, log=print) -> l
     stage_dir = best_checkpoint(run) if row['stage'] == 'rl' else run
     chosen = None if stage_dir == run else int(os.path.basename(stage_dir))
     row['steps'], row['loss'] = final_loss(run, chosen)
-    scores = evaluate_stage(stage_dir, task, sampling=eval_sampling(recipe))
+    scores = evaluate_stage(stage_dir, task, sampling=sampling)
     row.update(accuracy=scores['accuracy'], mean_reward=scores['mean_reward'],
                eval_examples=scores['examples'])
     if chosen is not None:  # what the last checkpoint scores, for comparison
       last = final_loss(run)[0]
       row['final'] = dict(step=last, **(scores if chosen == last else evaluate_stage(
-          run, task, sampling=eval_sampling(recipe))))
+          run, task, sampling=sampling)))
     ok, report = verify_stage(stage_dir)
     row['verify'] = ok
     row['eval_s'] = time.time() - stage_start
@@ -387,9 +313,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--output-dir', default='runs/demo')
   parser.add_argument('--objective', default='d1', help='the RL stage: d1 | espo | spg (its '
                       'own run directory rl_<objective>; pre-training and SFT are shared)')
-  parser.add_argument('--task', default='arithmetic', help='one of TASK_CANVAS: arithmetic '
-                      '(where RL beats the noise), sudoku4, countdown3, countdown4 (each with '
-                      'its canvas)')
+  parser.add_argument('--task', default='arithmetic', help='arithmetic (where RL beats the '
+                      'noise), sudoku4, countdown3 or countdown4, each with its canvas '
+                      '(configs/demo.py, TASK_CANVAS)')
   return parser
 
 
@@ -401,11 +327,11 @@ def main(argv=None) -> int:
     seeds = parse_seeds(args.seeds)
     if args.task not in tasks_lib.TASKS:
       raise ValueError(f'--task {args.task!r}: choose one of {sorted(tasks_lib.TASKS)}.')
-    recipe = recipe_for(args.objective, args.task)
+    stage_configs(seeds[0], args.output_dir, args.task, args.objective)  # refuses bad input
     os.makedirs(args.output_dir, exist_ok=True)
     start, rows = time.time(), []
     for seed in seeds:
-      rows += run_seed(seed, args.output_dir, args.task, recipe)
+      rows += run_seed(seed, args.output_dir, args.task, args.objective)
     summary = aggregate(rows)
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)
@@ -414,7 +340,9 @@ def main(argv=None) -> int:
   table = format_table(rows, summary)
   print(table)
   print(f'wall time {wall_s / 60:.1f} min for {len(seeds)} seed(s)')
-  result = dict(task=args.task, objective=args.objective, seeds=seeds, recipe=recipe,
+  configs = {stage: os.path.relpath(config_spec(stage, args.task, args.objective))
+             for stage in STAGES}
+  result = dict(task=args.task, objective=args.objective, seeds=seeds, configs=configs,
                 eval_examples=EVAL_EXAMPLES, wall_s=wall_s, rows=rows, summary=summary,
                 table=table)
   name = 'results.json' if args.objective == 'd1' else f'results_{args.objective}.json'

@@ -1,5 +1,7 @@
-"""python -m dlmjax.demo: the stage chain, the table's aggregation, and bad input (no training)."""
+"""python -m dlmjax.demo and configs/demo.py: the stage chain, the table's aggregation, and bad
+input (no training)."""
 
+import importlib.util
 import json
 import os
 
@@ -11,6 +13,15 @@ from dlmjax import demo
 from dlmjax import tasks as tasks_lib
 from dlmjax.data import builtin, chat
 from dlmjax.data import tokenizer as tokenizer_lib
+
+
+def _recipe():
+  """configs/demo.py as a module: the recipe's values."""
+  spec = importlib.util.spec_from_file_location('demo_recipe',
+                                                os.path.join(demo.configs_dir(), 'demo.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def _rows(rng, seeds=(0, 1, 2)):
@@ -101,13 +112,14 @@ def test_cli_bad_input_is_one_error_line(tmp_path, capsys):
 
 def test_stage_configs_chain_and_validate(tmp_path):
   configs = demo.stage_configs(7, str(tmp_path / 'seed7'), 'sudoku4')
-  assert list(configs) == list(demo.STAGES)
+  recipe = _recipe().recipe('d1', 'sudoku4')
+  assert list(configs) == list(demo.STAGES) == list(_recipe().STAGES)
   assert configs['sft'].init_from == configs['pretrain'].output_dir
   assert configs['rl'].init_from == configs['sft'].output_dir
   assert configs['rl'].rl.task == 'sudoku4'
   for stage, c in configs.items():
-    assert c.seed == 7 and c.model.seq_len == demo.CANVAS
-    for key, value in demo.RECIPE[stage].items():
+    assert c.seed == 7 and c.model.seq_len == sum(_recipe().TASK_CANVAS['sudoku4']) == 80
+    for key, value in recipe[stage].items():
       node = c
       for part in key.split('.'):
         node = node[part]
@@ -121,25 +133,29 @@ def test_stage_configs_chain_and_validate(tmp_path):
 
 def test_other_objectives_share_pretraining_and_sft(tmp_path):
   d1 = demo.stage_configs(3, str(tmp_path), 'sudoku4')
-  spg = demo.stage_configs(3, str(tmp_path), 'sudoku4', demo.recipe_for('spg'))
+  spg = demo.stage_configs(3, str(tmp_path), 'sudoku4', 'spg')
   assert spg['sft'].output_dir == d1['sft'].output_dir  # the same SFT run feeds both RL runs
   assert spg['rl'].output_dir == str(tmp_path / 'rl_spg') != d1['rl'].output_dir
   assert spg['rl'].rl.objective == 'spg' and spg['rl'].rl.kl_beta == 0.0
   config_lib.validate(spg['rl'])
-  assert demo.recipe_for('d1') == demo.RECIPE
+  recipe = _recipe()
+  assert recipe.recipe('d1') == {stage: {**recipe.canvas_overrides('sudoku4')[stage], **keys}
+                                 for stage, keys in recipe.STAGE_RECIPE.items()}
   with pytest.raises(ValueError, match='--objective'):
-    demo.recipe_for('ppo')
+    recipe.recipe('ppo')
+  with pytest.raises(ValueError, match='--objective'):
+    demo.stage_configs(3, str(tmp_path), 'sudoku4', 'ppo')
 
 
-@pytest.mark.parametrize('task', sorted(demo.TASK_CANVAS))
+@pytest.mark.parametrize('task', sorted(_recipe().TASK_CANVAS))
 def test_every_task_gets_its_own_canvas(tmp_path, task):
-  prompt, gen = demo.TASK_CANVAS[task]
+  prompt, gen = _recipe().TASK_CANVAS[task]
   configs = demo.stage_configs(1, str(tmp_path), task)
   assert {c.model.seq_len for c in configs.values()} == {prompt + gen}
   r = configs['rl'].rl
   assert (r.max_prompt_tokens, r.gen_length, r.diffusion_steps) == (prompt, gen, gen // 2)
   config_lib.validate(configs['rl'])
-  assert demo.eval_sampling(demo.recipe_for('d1', task)).gen_length == gen
+  assert demo.eval_sampling(configs['rl']).gen_length == gen
   # The widths hold the task's prompts (plain template) and answers + EOS on the tiny tokenizer.
   cache = os.environ.get('DLMJAX_CACHE_DIR') or str(tmp_path / 'cache')
   tok = tokenizer_lib.load_tokenizer(builtin.ensure_builtin_corpus(cache).tokenizer_path)
@@ -150,7 +166,9 @@ def test_every_task_gets_its_own_canvas(tmp_path, task):
 
 def test_a_task_without_a_canvas_is_a_clear_error():
   with pytest.raises(ValueError, match='sized for'):
-    demo.recipe_for('d1', 'gsm8k')
+    _recipe().recipe('d1', 'gsm8k')
+  with pytest.raises(ValueError, match='sized for'):
+    demo.stage_configs(0, '/tmp/unused', 'gsm8k')
 
 
 def test_sft_set_is_train_split_only(tmp_path):
@@ -185,6 +203,20 @@ def test_best_checkpoint_is_the_best_validation_reward(tmp_path):
 
 
 def test_rl_stage_keeps_every_checkpoint_it_scores():
-  rl = demo.recipe_for('d1', 'arithmetic')['rl']
+  rl = _recipe().recipe('d1', 'arithmetic')['rl']
   assert rl['checkpoint.every'] == rl['eval.every'] and rl['rl.eval_split'] == 'valid'
   assert rl['checkpoint.keep'] * rl['checkpoint.every'] >= rl['train.steps']
+
+
+def test_one_stage_alone_from_the_config_file(tmp_path):
+  """configs/demo.py:STAGE,TASK is the demo's stage config without the chain's paths."""
+  chained = demo.stage_configs(0, str(tmp_path), 'arithmetic', 'espo')['rl']
+  alone = demo.base_config(os.path.join(demo.configs_dir(), 'rl.py'),
+                           _recipe().recipe('espo', 'arithmetic')['rl'])
+  from_file = _recipe().get_config('rl,arithmetic,espo')
+  assert from_file.rl.task == chained.rl.task == 'arithmetic'
+  for key in ('model.seq_len', 'rl.objective', 'rl.gen_length', 'train.lr', 'eval.every'):
+    assert config_lib.get_key(from_file, key) == config_lib.get_key(chained, key), key
+  assert from_file.rl.objective == alone.rl.objective == 'espo'
+  with pytest.raises(ValueError, match='the stage is one of'):
+    _recipe().get_config('eval')

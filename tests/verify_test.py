@@ -113,8 +113,9 @@ def test_wrong_shapes_and_missing_items_fail(run, tmp_path):
 @pytest.mark.slow  # ~60 s on 2 cores, half of it compiling the train step.
 def test_trained_run_exports_imports_and_verifies_in_all_three_forms(tmp_path, capsys,
                                                                     monkeypatch):
-  """Issue 4's "done when": a run trained by dlmjax.train verifies, exports to a directory that
-  transformers loads with the same logits, imports back exactly, and each form verifies."""
+  """The checkpoint round trip end to end: a run trained by dlmjax.train verifies, exports to a
+  directory that transformers loads with the same logits, imports back exactly, and each form
+  verifies."""
   pytest.importorskip('transformers')
   import runpy  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel

@@ -8,7 +8,7 @@ ever reaches memory. It lowers through Pallas' Triton backend on GPU and runs in
 on CPU. On Hopper, plain bidirectional attention (with or without padding lengths) goes to the
 Mosaic GPU kernel instead (`flash_attention_mgpu.py`, 1.35x this one's speed there).
 Matmuls take the input dtype (bf16) and accumulate in f32; the softmax is f32 in base 2 (exp2),
-the residual logsumexp too. Speed against cuDNN: docs/benchmarks.md.
+the residual logsumexp too. Speed against cuDNN: docs/benchmarks.md, Flash attention.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ FlashAttention-3 is (Shah et al., 2024): per CTA, one producer warpgroup streams
 query/output-gradient) tiles through a ring of shared-memory slots with TMA, and two consumer
 warpgroups run wgmma on them, taking turns at the tensor cores (a shared "ping-pong" barrier) so
 that one's softmax hides behind the other's matmuls. On an H200 at the 1.7B shape it runs at 0.90x
-cuDNN forward and 0.96x forward + backward (docs/benchmarks.md).
+cuDNN forward and 0.96x forward + backward (docs/benchmarks.md, Flash attention).
 
 Scope: bidirectional attention with grouped kv heads and optional padding lengths (keys at or past
 a row's valid length are hidden, as in the Triton kernel), bf16 or f16, lengths a multiple of the

@@ -2,10 +2,11 @@
 
 Why a kernel: XLA splits the norm's backward into three reduction fusions that each re-read the
 activations (15.8 ms of the 1.7B step on an H200, against ~6 ms for the bytes moved;
-docs/benchmarks.md), and the RoPE after the QK-norm is one more pass each way. Here each row is
-read once each way. The forward writes y and the float32 inverse rms. The backward reads x and dy
-(and, for the residual stream, the stream's own gradient, so the residual add costs no pass of
-its own) and writes dx and one partial sum of d(scale) per program, which XLA adds up.
+docs/benchmarks.md, RMSNorm kernels), and the RoPE after the QK-norm is one more pass each way.
+Here each row is read once each way. The forward writes y and the float32 inverse rms. The
+backward reads x and dy (and, for the residual stream, the stream's own gradient, so the residual
+add costs no pass of its own) and writes dx and one partial sum of d(scale) per program, which XLA
+adds up.
 
 Numerics follow `layers.RMSNorm` and `layers.rotary_embedding`: statistics in float32, the
 normalised value cast to x's dtype before the gain, RoPE in float32 on the gained value. Rows are

@@ -98,7 +98,7 @@ def _on_hopper() -> bool:
 
 def auto_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None,
                    valid_length_B=None):
-  """The fastest valid backend, measured on an H200 (docs/benchmarks.md, flash attention).
+  """The fastest valid backend, measured on an H200 (docs/benchmarks.md, Flash attention).
 
   cuDNN wherever it needs no dense mask (bidirectional or causal, padding lengths): it led the
   Mosaic GPU kernel by 1.04x in forward + backward alone and by 1.05x in the 1.7B step

@@ -117,7 +117,7 @@ def _unstack(stacked):
   A split's transpose is one concatenate, so the stacked gradient is assembled in one pass.
   Indexing each layer (p[i]) transposes to a zero-padded full-size array per layer, which XLA
   sums in fusions that read every layer's gradient for each element: 15 ms of a 358 ms 1.7B
-  step on an H200 (docs/benchmarks.md).
+  step on an H200 (docs/benchmarks.md, 1.7B pre-training step).
   """
   leaves, treedef = jax.tree.flatten(stacked)
   num = leaves[0].shape[0]

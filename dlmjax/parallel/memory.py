@@ -1,7 +1,7 @@
 """Will a config fit? Bytes per device from the config alone, checked against the GPU's memory.
 
 The estimate (docs/scaling.md derives each term; calibrated on the H200 peaks in
-docs/benchmarks.md: 0-15% above each, so it errs towards refusing):
+docs/benchmarks.md, Memory per device: 0-15% above each, so it errs towards refusing):
   state        fp32 params + grads + Adam m, v = 16 bytes per parameter (20 with gradient
                accumulation over micro-batches), split over fsdp x tensor x pipeline x context
   activations  what the backward pass keeps per layer and token (by remat policy), for the

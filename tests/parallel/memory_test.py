@@ -1,5 +1,5 @@
 """The fail-fast memory estimate: a hand-written formula, the H200 measurements it is calibrated
-on (docs/benchmarks.md), and the refusal in summary and train."""
+on (docs/benchmarks.md, Memory per device), and the refusal in summary and train."""
 
 import importlib.util
 import os
@@ -72,12 +72,12 @@ def _mb(mb, **overrides):
 
 
 @pytest.mark.parametrize('config,measured_gib', [
-    # 2026-12-01, the current layer loop (weights cast once, split per layer).
+    # With the current layer loop (weights cast once, split per layer).
     (lambda: _save_dots(1, **_mb(8)), 43.8),
     (lambda: _config_1p7b(1, **_mb(8, **{'model.remat': 'save_dots_attention'})), 45.6),
     (lambda: _config_1p7b(1, **_mb(8, **{'model.remat': 'save_activations'})), 58.0),
     (lambda: _config_1p7b(1, **_mb(16, **{'model.remat': 'save_activations'})), 91.5),
-    # 2026-11-30, before that loop (it kept each layer's float32 weights for the backward).
+    # Before that loop (it kept each layer's float32 weights for the backward).
     (lambda: _save_dots(1, **_mb(16)), 66.0),
     (lambda: _save_dots(2, **_mb(16)), 34.5),
     (lambda: _save_dots(2, **{'train.micro_batch_size': 16, 'train.global_batch_size': 64,
@@ -87,7 +87,8 @@ def _mb(mb, **overrides):
     (lambda: _8b(4, 32), 79.1),
 ])
 def test_calibrated_on_h200_runs(config, measured_gib):
-  """Peak GiB per GPU measured on H200s (docs/benchmarks.md): never under, at most 15% over."""
+  """Peak GiB per GPU measured on H200s (docs/benchmarks.md, Memory per device): never under,
+  at most 15% over."""
   estimate = memory.estimate_bytes_per_device(config())['total'] / GIB
   assert measured_gib * 0.97 <= estimate <= measured_gib * 1.15
 

@@ -1,4 +1,4 @@
-"""python -m dlmjax.kernels.bench_linear_ce [--tokens 16384 --vocab 50304 --dim 2048]
+"""python -m benchmarks.linear_ce [--tokens 16384 --vocab 50304 --dim 2048]
 
 Times forward + backward of the output head + per-token CE, naive (the model's full f32 logits,
 then `token_cross_entropy`) against `linear_cross_entropy`, and prints one JSON line: median ms

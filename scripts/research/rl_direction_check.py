@@ -1,10 +1,10 @@
 """Checks that RL moves a fine-tuned demo model the right way, on a reward it can follow.
 
-  python scripts/rl_direction_check.py --from runs/demo/seed1 --reward ones-share
-  python scripts/rl_direction_check.py --from runs/demo/seed1 --fixed-batch \
+  python scripts/research/rl_direction_check.py --from runs/demo/seed1 --reward ones-share
+  python scripts/research/rl_direction_check.py --from runs/demo/seed1 --fixed-batch \
       --overrides '{"rl.inner_updates": 20, "train.steps": 60, "train.lr": 1e-5, "rl.kl_beta": 0}'
 
-Runs the demo's RL stage (dlmjax.demo RECIPE, seed of --seed) from FROM/sft and prints the
+Runs the demo's RL stage (configs/demo.py's recipe, seed of --seed) from FROM/sft and prints the
 rollout mean reward per rollout and the logged KL. Two probes, for when held-out reward does not
 move (docs/benchmarks.md, "RL recipe search"):
   --reward ones-share  the sudoku4 reward becomes the share of '1' digits in the answer: a

@@ -1,7 +1,7 @@
 """Measures the input pipeline's throughput in tokens/s, to check it never starves the devices.
 
-    python -m dlmjax.data.bench_loader --seq-len 2048 --global-batch-size 32 --batches 300
-    python -m dlmjax.data.bench_loader --source megatron --prefixes /data/foo_text_document \\
+    python -m benchmarks.data_loader --seq-len 2048 --global-batch-size 32 --batches 300
+    python -m benchmarks.data_loader --source megatron --prefixes /data/foo_text_document \\
         --vocab-size 50304
 
 Defaults to the built-in corpus, so it runs anywhere; index building is timed separately.

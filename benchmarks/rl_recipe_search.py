@@ -1,15 +1,15 @@
 """Searches RL recipes for the three-stage demo: pre-train -> SFT -> several RL variants per seed.
 
-  python scripts/rl_recipe_search.py --seeds 0,1 --sft-steps 500 \
+  python -m benchmarks.rl_recipe_search --seeds 0,1 --sft-steps 500 \
       --variants '{"d1_3e-5": {"train.steps": 800, "train.lr": 3e-5, "checkpoint.every": 200}}'
 
-Each seed pre-trains and fine-tunes once per --sft-steps value (dlmjax.demo's recipe for
---task, with the SFT length replaced), then runs every RL variant (dotted overrides of the
-demo's RL config) from that SFT model. Every RL checkpoint is scored greedily on the demo's 128
-held-out problems. One JSON row per SFT model and per variant goes to stdout (prefixed RESULT)
-and to --out: held-out (mean reward, accuracy) of the SFT model and of each RL checkpoint, and
-the training rollouts' mean reward per rollout. Sized for a GPU (docs/benchmarks.md, "RL recipe
-search"); on the CPU each variant takes minutes.
+Each seed pre-trains and fine-tunes once per --sft-steps value (the demo's recipe,
+configs/demo.py, for --task, with the SFT length replaced), then runs every RL variant (dotted
+overrides of the demo's RL config) from that SFT model. Every RL checkpoint is scored greedily on
+the demo's 128 held-out problems. One JSON row per SFT model and per variant goes to stdout
+(prefixed RESULT) and to --out: held-out (mean reward, accuracy) of the SFT model and of each RL
+checkpoint, and the training rollouts' mean reward per rollout. Sized for a GPU
+(docs/benchmarks.md, "RL recipe search"); on the CPU each variant takes minutes.
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ from dlmjax import demo
 from dlmjax.train import loop
 
 
-def held_out(path: str, task: str, steps: int | None = None, temperature: float = 0.0,
+def held_out(path: str, task: str, sampling, steps: int | None = None, temperature: float = 0.0,
              samples: int = 1) -> list[float]:
   """[mean reward, accuracy] greedily with the task's demo sampler (the RL variant's diffusion
   steps if it sets them); with temperature > 0 also the mean reward of `samples` sampled
   completions per problem."""
-  sampling = demo.eval_sampling(demo.recipe_for('d1', task))
   if steps:
     sampling = dataclasses.replace(sampling, steps=steps)
   scores = demo.evaluate_stage(path, task, sampling=sampling)
@@ -75,16 +74,16 @@ def main() -> None:
 
   for seed in [int(s) for s in args.seeds.split(',')]:
     for sft_steps in [int(s) for s in args.sft_steps.split(',')]:
-      recipe = demo.recipe_for('d1', args.task)
-      recipe['sft']['train.steps'] = sft_steps
-      recipe['sft']['train.wsd_decay_steps'] = max(1, sft_steps // 10)
       run_dir = os.path.join(args.work_dir, f'seed{seed}_sft{sft_steps}')
-      configs = demo.stage_configs(seed, run_dir, args.task, recipe)
+      configs = demo.stage_configs(seed, run_dir, args.task)
+      demo.apply_overrides(configs['sft'], {'train.steps': sft_steps,
+                                            'train.wsd_decay_steps': max(1, sft_steps // 10)})
+      sampling = demo.eval_sampling(configs['rl'])
       demo.write_sft_set(configs['sft'].sft.train_file, args.task)
       loop.train(configs['pretrain'])
       loop.train(configs['sft'])
-      sft = held_out(configs['sft'].output_dir, args.task, temperature=args.eval_temperature,
-                     samples=args.eval_samples)
+      sft = held_out(configs['sft'].output_dir, args.task, sampling,
+                     temperature=args.eval_temperature, samples=args.eval_samples)
       record(dict(seed=seed, sft_steps=sft_steps, sft=sft))
       for name, overrides in variants.items():
         if args.budget_s and time.time() - start > args.budget_s:
@@ -100,10 +99,11 @@ def main() -> None:
         steps = sorted(int(d) for d in os.listdir(checkpoints) if d.isdigit())
         record(dict(seed=seed, sft_steps=sft_steps, variant=name, sft=sft,
                     sft_at_variant_steps=sft if eval_steps is None else held_out(
-                        configs['sft'].output_dir, args.task, eval_steps, args.eval_temperature,
-                        args.eval_samples),
-                    rl={s: held_out(os.path.join(checkpoints, str(s)), args.task, eval_steps,
-                                    args.eval_temperature, args.eval_samples) for s in steps},
+                        configs['sft'].output_dir, args.task, sampling, eval_steps,
+                        args.eval_temperature, args.eval_samples),
+                    rl={s: held_out(os.path.join(checkpoints, str(s)), args.task, sampling,
+                                    eval_steps, args.eval_temperature, args.eval_samples)
+                        for s in steps},
                     rollout_rewards=rollout_rewards(config.output_dir),
                     rl_s=round(time.time() - variant_start)))
 

@@ -1,4 +1,4 @@
-"""python -m dlmjax.kernels.bench_rms_norm [--batch 8 --length 2048 ...] (GPU)
+"""python -m benchmarks.rms_norm [--batch 8 --length 2048 ...] (GPU)
 
 The Pallas RMSNorm kernels (dlmjax/kernels/rms_norm.py) against the XLA formula they replace,
 at the 1.7B step's shapes: the residual stream's norm ([B, L, D], with the stream's gradient
@@ -19,7 +19,7 @@ from absl import app
 from absl import flags
 
 from dlmjax.kernels import rms_norm as kernel
-from dlmjax.kernels import timing
+from benchmarks import timing
 from dlmjax.model import layers
 
 _BATCH = flags.DEFINE_integer('batch', 8, 'sequences')

@@ -1,7 +1,7 @@
 """Peer for sampler speed: LLaDA's generate loop (low-confidence remasking, temperature 0,
 semi-autoregressive blocks) over a transformers Qwen3 1.7B with bidirectional SDPA, bf16.
 Prints generated tokens/s (docs/benchmarks.md, Sampler):
-    python scripts/peers/torch_sampler_peer.py --batch 64 --prompt 64 --gen 256 --steps 256 \
+    python benchmarks/peers/torch_sampler_peer.py --batch 64 --prompt 64 --gen 256 --steps 256 \
         --block 32 [--compile]
 """
 import argparse

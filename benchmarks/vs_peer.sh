@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the PyTorch peer and dlmjax's benchmark back to back on this GPU machine (same run, same
 # card) and prints one JSON line with both figures and the ratio.
-# Usage: bash scripts/bench_vs_peer.sh PATH/TO/torch_peer.py MICRO_BATCH [--config.x=y ...]
+# Usage: bash benchmarks/vs_peer.sh PATH/TO/torch_peer.py MICRO_BATCH [--config.x=y ...]
 set -euo pipefail
 peer_script=$1; micro_batch=$2; shift 2
 peer=$(python3 "$peer_script" --micro-batch "$micro_batch" --compile | grep '^{' | tail -n 1)

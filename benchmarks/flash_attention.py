@@ -1,4 +1,4 @@
-"""python -m dlmjax.kernels.bench_flash_attention [--batch 8 --length 2048 ...] (GPU)
+"""python -m benchmarks.flash_attention [--batch 8 --length 2048 ...] (GPU)
 
 Checks the Pallas flash attention (Triton, every mask kind, with and without documents and
 padding; Mosaic GPU, bidirectional) against `xla_attention` (f32 on upcast inputs) on random bf16
@@ -24,7 +24,7 @@ from absl import flags
 
 from dlmjax.kernels import flash_attention as fa
 from dlmjax.kernels import flash_attention_mgpu as fa_mgpu
-from dlmjax.kernels import timing
+from benchmarks import timing
 from dlmjax.model import attention as attention_lib
 
 _BATCH = flags.DEFINE_integer('batch', 8, 'sequences')

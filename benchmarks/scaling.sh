@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Multi-GPU scaling of the 1.7B step on one host, and the 8B-shaped layouts: each layout's
 # `python -m dlmjax.bench` JSON line, prefixed with its name, the one-GPU baseline first.
-# Usage: bash scripts/bench_scaling.sh NUM_GPUS [1p7b|8b|all]   (docs/benchmarks.md has results)
+# Usage: bash benchmarks/scaling.sh NUM_GPUS [1p7b|8b|all]   (docs/benchmarks.md, Several GPUs)
 set -u
-n=${1:?usage: bash scripts/bench_scaling.sh NUM_GPUS [1p7b|8b|all]}; which=${2:-all}
+n=${1:?usage: bash benchmarks/scaling.sh NUM_GPUS [1p7b|8b|all]}; which=${2:-all}
 B="python3 -m dlmjax.bench --config=configs/pretrain_1p7b.py --matmul=false"
 Q8="--config.model.preset=qwen3_8b_shape --config.model.num_layers=36 --config.model.d_model=4096
  --config.model.num_heads=32 --config.model.num_kv_heads=8 --config.model.head_dim=128

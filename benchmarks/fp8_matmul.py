@@ -1,7 +1,7 @@
 """One projection of the 1.7B in FP8 vs bf16 on one GPU: does XLA emit cuBLASLt FP8 GEMMs, and
 how fast are they with and without the quantization around them?
 
-    python scripts/bench_fp8_matmul.py [--tokens 16384 --d_in 2048 --d_out 6144]
+    python -m benchmarks.fp8_matmul [--tokens 16384 --d_in 2048 --d_out 6144]
 
 Prints one JSON line per variant (ms, TFLOP/s, FP8 GEMM custom calls in the compiled HLO) and
 a `summary` line; docs/benchmarks.md ("FP8 matmuls") records its output.

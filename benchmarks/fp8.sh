@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# FP8 matmuls (issue 9 item 3) on one GPU machine, in one run: the projection microbenchmark, the
+# FP8 matmuls on one GPU machine, in one run: the projection microbenchmark, the
 # PyTorch peer, the 1.7B step with bf16 and with FP8 projections, then the loss effect: the same
 # model trained twice from the same init on the same batches of real text (the built-in corpus),
 # bf16 vs FP8. Prints a table last; logs and both metrics.jsonl go to $OUT (default /tmp/fp8).
-# Usage: bash scripts/bench_fp8.sh PATH/TO/torch_peer.py [LOSS_STEPS]
+# Usage: bash benchmarks/fp8.sh PATH/TO/torch_peer.py [LOSS_STEPS]
 set -uo pipefail
 peer_script=$1; loss_steps=${2:-240}
 out=${OUT:-/tmp/fp8}; runs=/tmp/fp8_runs; mkdir -p "$out" "$runs"
@@ -23,12 +23,12 @@ f8_gemms() {
 no_triton="--xla_gpu_enable_triton_gemm=false"
 
 say "FP8 vs bf16 projection, 16384 x 2048 x 6144"
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout 150 "$py" scripts/bench_fp8_matmul.py 2>&1 | \
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout 150 "$py" -m benchmarks.fp8_matmul 2>&1 | \
   tee "$out/microbench.log"
 if grep -q '"variant": "fp8.*"fp8_gemm_calls": 0' "$out/microbench.log"; then
   say "again with XLA_FLAGS=$no_triton"
   XLA_FLAGS="$no_triton" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout 150 "$py" \
-    scripts/bench_fp8_matmul.py 2>&1 | \
+    -m benchmarks.fp8_matmul 2>&1 | \
     sed 's/^{/{"xla_flags": "no_triton", /' | tee -a "$out/microbench.log"
 fi
 

@@ -1,10 +1,11 @@
-"""python -m dlmjax.bench_sampler (--checkpoint-path P | --config configs/X.py) [options]
+"""python -m benchmarks.sampler (--checkpoint-path P | --config configs/X.py) [options]
 
 Generated tokens/s of the sampler, plain (LLaDA's schedule) against the fast modes: confidence-
 threshold decoding, stop-at-EOS, and (causal / block-causal models) the truncated canvas. One JSON
 line per mode. A trained checkpoint shows what the threshold buys; random weights (--config) are
-rarely confident, so there only the plain figure means something. The 1.7B figure of the issue:
-  python -m dlmjax.bench_sampler --config configs/pretrain_1p7b.py --batch 64 --gen-length 256 \
+rarely confident, so there only the plain figure means something. The 1.7B figure
+(docs/benchmarks.md, Sampler):
+  python -m benchmarks.sampler --config configs/pretrain_1p7b.py --batch 64 --gen-length 256 \
       --steps 256 --block-length 32 --prompt-length 64
 """
 
@@ -23,7 +24,7 @@ from dlmjax.diffusion import sampler
 
 
 def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog='python -m dlmjax.bench_sampler', description=__doc__,
+  parser = argparse.ArgumentParser(prog='python -m benchmarks.sampler', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   source = parser.add_mutually_exclusive_group(required=True)
   source.add_argument('--checkpoint-path', help='run, step or Hugging Face directory')
