@@ -6,8 +6,8 @@ line of the model (forward / backward apart) and per kernel.
 Each kernel is traced back to its HLO instruction's metadata (the JAX source line that made it,
 and whether it runs under the backward's transpose), so a memory-bound fusion reads as
 "layers.py:52 bwd" rather than "loop_multiply_fusion_12" (cuBLAS and cuDNN calls keep "?").
-docs/benchmarks.md records its output (the 1.7B section's "Current" profile). Reads the trace
-with jax.profiler.ProfileData, so it needs no TensorBoard.
+docs/benchmarks.md records its output (1.7B pre-training step, profile of the current step).
+Reads the trace with jax.profiler.ProfileData, so it needs no TensorBoard.
 """
 import collections
 import glob

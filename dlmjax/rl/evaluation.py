@@ -1,7 +1,7 @@
 """RL's held-out evaluation: mean reward and accuracy of greedy completions of fixed problems.
 
 The rollouts' own reward is measured on fresh training prompts each time, so it tracks the
-prompt draw as much as the model (docs/benchmarks.md, RL recipes); this one scores the same
+prompt draw as much as the model (docs/benchmarks.md, RL diagnosis); this one scores the same
 eval.batches x train.global_batch_size problems of rl.task at every evaluation (rl.eval_split:
 the test split, or train-split problems outside the RL prompts; eval.seed picks them), decoded
 with the rollouts' canvas and steps at temperature 0, so it moves only when the model does.

@@ -45,8 +45,8 @@ def main() -> None:
   if args.reward == 'ones-share':
     type(tasks.TASKS['sudoku4']).score = ones_share
   if args.fixed_batch:
-    make_rollout = rollout.RolloutSource._rollout
-    rollout.RolloutSource._rollout = lambda self, index: make_rollout(self, 0)
+    make_rollout = rollout.RolloutBatches._rollout
+    rollout.RolloutBatches._rollout = lambda self, index, params: make_rollout(self, 0, params)
   config = demo.stage_configs(args.seed, args.source, 'sudoku4')['rl']
   config.output_dir = args.output_dir
   config.checkpoint.every = 0
