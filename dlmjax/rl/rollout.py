@@ -9,7 +9,6 @@ rewards for scoring on the host.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import random
 import time
 
@@ -19,6 +18,9 @@ import numpy as np
 
 from dlmjax import model as model_lib
 from dlmjax import tasks as tasks_lib
+from dlmjax.checkpoint import init_from
+from dlmjax.data import chat
+from dlmjax.data import run_tokenizer
 from dlmjax.diffusion import sampler as sampler_lib
 from dlmjax.model import programs
 from dlmjax.parallel import distributed, rules
@@ -79,7 +81,6 @@ class RolloutSource:
   """Iterator of RL batches (dicts of numpy arrays, BATCH_KEYS); `attach` before `next`."""
 
   def __init__(self, config, *, process_index: int = 0, process_count: int = 1):
-    from dlmjax.data import sft as sft_data  # pylint: disable=import-outside-toplevel
     r = config.rl
     self.config, self.r = config, r
     # Several processes: each builds the same whole rollout (same prompts and keys, the sampler
@@ -87,7 +88,7 @@ class RolloutSource:
     self.shard, self.shards = process_index, process_count
     self.sampling = sampling_config(config).validate()
     self.task = tasks_lib.get_task(r.task, data_path=r.task_data)
-    self.tokenizer = sft_data.load_tokenizer(config)
+    self.tokenizer = run_tokenizer.load(config, build=True)
     self.examples, self.prompt_ids = self._prompts('train', r.num_prompts, config.seed)
     self.served = 0  # batches handed out; rollout = served // inner_updates
     self._batch = None
@@ -100,8 +101,7 @@ class RolloutSource:
     r = self.r
     examples = self.task.examples(split, num, seed) if examples is None else examples
     template = prompt_template(self.config)
-    texts = [e.prompt if template == 'none' else _chat_prompt(template, e.prompt)
-             for e in examples]
+    texts = [chat.prompt_text(template, e.prompt) for e in examples]
     ids = self.tokenizer.encode_batch(texts)
     kept = [(e, t) for e, t in zip(examples, ids) if 0 < len(t) <= r.max_prompt_tokens]
     if not kept:
@@ -122,7 +122,6 @@ class RolloutSource:
   def _load_reference(self):
     """The frozen init model, restored again (also on resume), in rl.reference_dtype; kept on
     the mesh with the training shardings, or in host memory (rl.reference_on_host)."""
-    from dlmjax.checkpoint import init_from  # pylint: disable=import-outside-toplevel
     dtype = jnp.dtype(self.r.reference_dtype)
     params = init_from.restore_params(self.config, self.setup,
                                        purpose='frozen KL reference model')
@@ -307,15 +306,7 @@ def prompt_template(config) -> str:
   """The chat template of the model RL starts from: 'none' for a pre-trained checkpoint."""
   if not config.init_from:
     return 'none'
-  from dlmjax.checkpoint import init_from  # pylint: disable=import-outside-toplevel
-  saved = init_from.source_config(config.init_from)
-  return 'none' if saved.stage == 'pretrain' else saved.sft.chat_template
-
-
-@functools.lru_cache(maxsize=4096)
-def _chat_prompt(template: str, text: str) -> str:
-  from dlmjax.data import chat  # pylint: disable=import-outside-toplevel
-  return chat.prompt_text(template, text)
+  return chat.checkpoint_template(init_from.source_config(config.init_from))
 
 
 def _safe_correct(task, example, completion) -> bool:
