@@ -65,8 +65,9 @@ class Pretrained:
 
   @functools.cached_property
   def tokenizer(self):
-    """The run's tokenizer (data.tokenizer, the built-in corpus's, or a Hugging Face dir's)."""
-    return run_tokenizer.load(self.config)
+    """The run's tokenizer: the one in the loaded directory, data.tokenizer or the built-in
+    corpus's (data/run_tokenizer.py)."""
+    return run_tokenizer.load(self.config, beside=self.source or None)
 
   @property
   def chat_template(self) -> str:
