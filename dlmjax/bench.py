@@ -17,14 +17,18 @@ from absl import flags
 from ml_collections import config_flags
 
 from dlmjax import cli
+from dlmjax.data import pipeline
+from dlmjax.parallel import mesh as mesh_lib
+from dlmjax.train import reporting
+from dlmjax.train import stages
+from dlmjax.train import state as state_lib
+from dlmjax.train import step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/pretrain_1p7b.py', 'config file',
                                           lock_config=True)
 _STEPS = flags.DEFINE_integer('steps', 10, 'timed steps')
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'untimed steps after compilation')
 _MATMUL = flags.DEFINE_bool('matmul', True, 'measure the bf16 matmul rate for a second MFU')
-
-_DATASHEET_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0}
 
 
 def measured_matmul_tflops(size: int = 8192, repeats: int = 10) -> float:
@@ -46,12 +50,6 @@ def peak_memory_bytes() -> int | None:
 
 
 def run(config, steps: int, warmup: int, matmul: bool) -> dict:
-  # pylint: disable=import-outside-toplevel
-  from dlmjax.parallel import mesh as mesh_lib
-  from dlmjax.train import stages
-  from dlmjax.train import state as state_lib
-  from dlmjax.train import step as step_lib
-
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
   stage = stages.build(config)
   step_fn = step_lib.CompiledStep(setup, stage)
@@ -80,7 +78,7 @@ def run(config, steps: int, warmup: int, matmul: bool) -> dict:
   tokens_per_s = config.train.global_batch_size * config.model.seq_len / step_s
   model_tflops = tokens_per_s * setup.model_config.flops_per_token() / devices / 1e12
   kind = jax.devices()[0].device_kind
-  datasheet = next((v for k, v in _DATASHEET_TFLOPS.items() if k in kind), None)
+  datasheet = reporting.peak_flops_per_device(0.0) / 1e12  # 0 for a kind not in the table
   result = dict(
       config=config.model.preset or 'custom', device=kind, devices=devices,
       mesh=dict(config.mesh), micro_batch=config.train.micro_batch_size,

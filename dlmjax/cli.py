@@ -6,16 +6,17 @@ import sys
 
 from absl import app, flags, logging
 
+from dlmjax import config as config_lib
+from dlmjax.checkpoint import manager
+from dlmjax.data import errors as data_errors
+from dlmjax.train import guards
+from dlmjax.train import loop
+
 
 def user_errors() -> tuple[type[BaseException], ...]:
   """Errors caused by the user's input: reported as `error: <message>` with exit code 2."""
-  # pylint: disable=import-outside-toplevel
-  from dlmjax.checkpoint.manager import CheckpointError
-  from dlmjax.config import ConfigError
-  from dlmjax.data.errors import DataError
-  from dlmjax.train.guards import ResourceError
-  from dlmjax.train.loop import NonFiniteError
-  return ConfigError, CheckpointError, DataError, NonFiniteError, ResourceError
+  return (config_lib.ConfigError, manager.CheckpointError, data_errors.DataError,
+          loop.NonFiniteError, guards.ResourceError)
 
 
 def fail(message: str) -> None:

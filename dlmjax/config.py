@@ -99,7 +99,7 @@ def defaults() -> ml_collections.ConfigDict:
   # A non-finite loss or gradient skips the update; this many in a row stop the run (0 = never).
   c.train.max_consecutive_skips = 10
   # Multi-host launch (issue 7): refuse at start a config whose estimated memory per device
-  # (dlmjax/parallel/memory.py) exceeds the GPU's; False skips the check.
+  # (dlmjax/train/memory.py) exceeds the GPU's; False skips the check.
   c.train.check_memory = True
 
   # Devices per mesh axis; one axis may be -1: it takes whatever the others leave (default: FSDP
@@ -240,7 +240,8 @@ def pipeline_microbatches(config) -> int:
   return config.mesh.pipeline_microbatches or config.mesh.pipeline
 
 
-MESH_AXES = ('data', 'fsdp', 'tensor', 'pipeline', 'context')
+# The mesh's axes in its order, outermost (slowest links) first (dlmjax/parallel/mesh.py).
+MESH_AXES = ('pipeline', 'data', 'fsdp', 'context', 'tensor')
 
 
 def resolve_mesh(config, num_devices: int) -> None:

@@ -15,12 +15,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 
 import jax
 import numpy as np
 
+from dlmjax import cli
+from dlmjax import inference
+from dlmjax import tasks as tasks_lib
+from dlmjax.data import chat
+from dlmjax.data import jsonl
+from dlmjax.data import tokenizer as tokenizer_lib
 from dlmjax.diffusion import likelihood as likelihood_lib
 from dlmjax.diffusion import sampler as sampler_lib
 
@@ -31,7 +36,6 @@ class EvalModel:
   def __init__(self, path: str, *, settings=likelihood_lib.LikelihoodConfig(),
                sampling=sampler_lib.SamplingConfig(), tokenizer: str = '', seed: int = 0,
                batch_size: int = 8, dtype: str | None = None):
-    from dlmjax import inference  # pylint: disable=import-outside-toplevel
     settings.validate()
     sampling.validate()
     if batch_size < 1:
@@ -41,7 +45,8 @@ class EvalModel:
     m = config.model
     self.mask_id, self.eos_id, self.pad_id = m.mask_token_id, m.eos_token_id, m.pad_token_id
     self.max_length = m.seq_len
-    self.tokenizer = _load_tokenizer(path, config, tokenizer)
+    self.tokenizer = (tokenizer_lib.load_tokenizer(tokenizer, require_mask=False) if tokenizer
+                      else self.pretrained.tokenizer)
     self.settings, self.sampling, self.batch_size = settings, sampling, batch_size
     self.seed, self.key = seed, jax.random.key(seed)
     model_config = self.pretrained.model_config
@@ -53,9 +58,7 @@ class EvalModel:
   @property
   def chat_template(self) -> str:
     """The template prompts get: the fine-tuning one, except for pre-trained checkpoints."""
-    if self.config.stage == 'pretrain':
-      return 'none'
-    return self.config.sft.chat_template
+    return chat.checkpoint_template(self.config)
 
   def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """lm-eval's convention: trailing spaces of the context move to the continuation, and the
@@ -79,7 +82,6 @@ class EvalModel:
   def prompt_ids(self, text: str, template: bool = True) -> list[int]:
     """Tokens of a prompt, in the fine-tuning chat template unless template=False."""
     if template and self.chat_template != 'none':
-      from dlmjax.data import chat  # pylint: disable=import-outside-toplevel
       text = chat.prompt_text(self.chat_template, text)
     return self.tokenizer.encode(text)
 
@@ -93,28 +95,12 @@ class EvalModel:
     return [self.tokenizer.decode(r) for r in rows]
 
 
-def _load_tokenizer(path: str, config, override: str):
-  from dlmjax.data import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
-  from dlmjax.data.errors import DataError  # pylint: disable=import-outside-toplevel
-  candidates = [override] if override else [
-      os.path.join(path, name) for name in ('tokenizer.json', 'tokenizer.model')]
-  found = next((c for c in candidates if c and os.path.exists(c)), None)
-  if found is None and not override:
-    from dlmjax import convert  # pylint: disable=import-outside-toplevel
-    found = convert.run_tokenizer(config)
-  if found is None:
-    raise DataError(f'no tokenizer found for {path} (the run\'s data.tokenizer, the built-in '
-                    'corpus\'s, or tokenizer.json in the directory); pass --tokenizer PATH.')
-  return tokenizer_lib.load_tokenizer(found, require_mask=False)
-
-
 # ----------------------------------------------------------------------------------------------
 # Modes
 
 
 def read_rows(path: str) -> list[dict]:
   """The jsonl rows, each checked to be a pair or a multiple-choice item."""
-  from dlmjax.data import jsonl  # pylint: disable=import-outside-toplevel
   rows = []
   for number, row in jsonl.read_objects(path, error=ValueError):
     if not isinstance(row.get('context'), str):
@@ -179,7 +165,6 @@ def tasks_mode(model: EvalModel, task_names: list[str], *, num: int, seed: int,
   samples > 1 decodes every problem that many times (each row gets its own sampling noise) and
   averages over all completions: the expected reward under the sampler, which is what RL
   optimises, with less noise than one draw per problem."""
-  from dlmjax import tasks as tasks_lib  # pylint: disable=import-outside-toplevel
   if samples < 1:
     raise ValueError(f'samples={samples}: decode each problem at least once.')
   results, summary = [], {}
@@ -231,7 +216,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-  from dlmjax import cli  # pylint: disable=import-outside-toplevel
   args = _parser().parse_args(argv)
   try:
     if args.mode == 'likelihood':

@@ -14,6 +14,10 @@ import json
 import sys
 import time
 
+from dlmjax import cli
+from dlmjax import inference
+from dlmjax.data import jsonl
+from dlmjax.data.errors import DataError
 from dlmjax.diffusion import sampler
 
 
@@ -47,9 +51,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _read_prompts(path: str) -> list[dict]:
-  # pylint: disable=import-outside-toplevel
-  from dlmjax.data import jsonl
-  from dlmjax.data.errors import DataError
   rows = []
   for number, row in jsonl.read_objects(path):
     if not isinstance(row.get('prompt'), str):
@@ -60,9 +61,6 @@ def _read_prompts(path: str) -> list[dict]:
 
 
 def main(argv=None) -> int:
-  # pylint: disable=import-outside-toplevel
-  from dlmjax import cli
-  from dlmjax import inference
   args = _parser().parse_args(argv)
   sampling = dict(gen_length=args.gen_length, steps=args.steps, block_length=args.block_length,
                   temperature=args.temperature, top_p=args.top_p, cfg_scale=args.cfg,

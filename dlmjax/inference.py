@@ -14,19 +14,15 @@ import numpy as np
 
 from dlmjax import model as model_lib
 from dlmjax import progress
+from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
-from dlmjax.checkpoint import safetensors_io
+from dlmjax.data import chat
+from dlmjax.data import run_tokenizer
+from dlmjax.diffusion import sampler
 from dlmjax.model import programs
 from dlmjax.parallel import rules
 
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16'}
-
-
-def is_hf_dir(path: str) -> bool:
-  """A Hugging Face model directory: safetensors weights and no dlmjax checkpoints/."""
-  return (os.path.isdir(path) and not os.path.isdir(os.path.join(path, manager.CHECKPOINT_DIR))
-          and any(os.path.exists(os.path.join(path, n))
-                  for n in (safetensors_io.SINGLE_FILE, safetensors_io.INDEX_FILE)))
 
 
 class Pretrained:
@@ -69,25 +65,14 @@ class Pretrained:
 
   @functools.cached_property
   def tokenizer(self):
-    """The run's tokenizer (data.tokenizer, the built-in corpus's, or a Hugging Face dir's)."""
-    # pylint: disable=import-outside-toplevel
-    from dlmjax import convert
-    from dlmjax.data import tokenizer as tokenizer_lib
-    path = convert.run_tokenizer(self.config)
-    if path is None:
-      raise manager.CheckpointError(
-          f'no tokenizer found for {self.source}: its config names none (data.tokenizer) and the '
-          'built-in corpus is not built; set data.tokenizer, or pass token ids instead of text.')
-    m = self.config.model
-    return tokenizer_lib.load_tokenizer(path, eod_token=m.eos_token_id, mask_token=m.mask_token_id,
-                                        pad_token=m.pad_token_id)
+    """The run's tokenizer: the one in the loaded directory, data.tokenizer or the built-in
+    corpus's (data/run_tokenizer.py)."""
+    return run_tokenizer.load(self.config, beside=self.source or None)
 
   @property
   def chat_template(self) -> str:
     """'none' for pre-trained checkpoints, else the template it was fine-tuned with (contract 2)."""
-    if self.config.stage == 'pretrain':
-      return 'none'
-    return self.config.sft.chat_template
+    return chat.checkpoint_template(self.config)
 
   def generate_tokens(self, token_lists, *, seed: int = 0, batch_size: int = 8,
                       **sampling) -> list[list[int]]:
@@ -96,8 +81,6 @@ class Pretrained:
     `sampling` holds SamplingConfig fields. Prompts run batch_size at a time, left-padded to the
     longest prompt; the last batch is filled up so one compilation serves every batch.
     """
-    # pylint: disable=import-outside-toplevel
-    from dlmjax.diffusion import sampler
     settings = sampler.SamplingConfig(**sampling).validate()
     m = self.config.model
     if batch_size < 1:
@@ -134,7 +117,6 @@ class Pretrained:
     The prompt is wrapped in the checkpoint's chat template (`chat_template` overrides; 'none' =
     raw text) and the completion ends at the first EOS. `sampling` holds SamplingConfig fields.
     """
-    from dlmjax.data import chat  # pylint: disable=import-outside-toplevel
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     template = self.chat_template if chat_template is None else chat_template
     if template != 'none':
@@ -155,13 +137,12 @@ def load_pretrained(path: str, *, dtype: str | None = None, mesh=None,
     missing_qk_norm: for Hugging Face models without QK-norm, see `dlmjax.convert`.
   """
   path = os.path.abspath(path)
-  if is_hf_dir(path):
-    from dlmjax import convert  # pylint: disable=import-outside-toplevel
-    config, params = convert.load_hf(path, missing_qk_norm=missing_qk_norm)
+  if hf_io.is_hf_dir(path):
+    config, params = hf_io.load_hf(path, missing_qk_norm=missing_qk_norm)
   else:
     run_dir, step_dir, _ = manager.resolve_step_dir(path)
     config = manager.load_run_config(run_dir)
-    params = manager.restore_params(step_dir, config, mesh)
+    params = manager.restore_params(step_dir, *model_lib.param_placement(config, mesh))
   if dtype is not None:
     config.model.dtype = _DTYPE_NAMES.get(dtype, dtype)
   if config.model.attention_backend == 'cudnn' and jax.default_backend() != 'gpu':

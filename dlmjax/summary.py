@@ -8,11 +8,20 @@ own memory analysis.
 
 from __future__ import annotations
 
+import jax
+import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
 from dlmjax import cli
 from dlmjax import config as config_lib
+from dlmjax import model as model_lib
+from dlmjax.parallel import mesh as mesh_lib
+from dlmjax.parallel import pipeline
+from dlmjax.train import memory
+from dlmjax.train import stages
+from dlmjax.train import state as state_lib
+from dlmjax.train import step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/tiny.py', 'config file',
                                           lock_config=True)
@@ -29,15 +38,12 @@ _GIB = 1024 ** 3
 
 
 def estimate_memory_per_device(config) -> dict:
-  """Bytes per device: state, activations, recompute, logits, total (dlmjax.parallel.memory)."""
-  from dlmjax.parallel import memory  # pylint: disable=import-outside-toplevel
+  """Bytes per device: state, activations, recompute, logits, total (dlmjax.train.memory)."""
   return memory.estimate_bytes_per_device(config)
 
 
 def summarize(config, num_devices: int | None) -> str:
-  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
   if num_devices is None:
-    import jax  # pylint: disable=import-outside-toplevel
     num_devices = jax.device_count()
   config_lib.fit_to_devices(config, num_devices)
   cfg = model_lib.ModelConfig.from_config(config)
@@ -68,7 +74,6 @@ def summarize(config, num_devices: int | None) -> str:
 
 def _pipeline_line(config) -> str:
   """The schedule and its idle share (pipeline/bubble_fraction), or that there is none."""
-  from dlmjax.parallel import pipeline  # pylint: disable=import-outside-toplevel
   m = config.mesh
   if m.pipeline == 1:
     return 'pipeline: off (bubble fraction 0)'
@@ -83,13 +88,6 @@ def _pipeline_line(config) -> str:
 
 def compiled_memory(config) -> str:
   """XLA's memory analysis of the real step on the present devices."""
-  # pylint: disable=import-outside-toplevel
-  import jax
-  import numpy as np
-  from dlmjax.parallel import mesh as mesh_lib
-  from dlmjax.train import stages
-  from dlmjax.train import state as state_lib
-  from dlmjax.train import step as step_lib
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
   stage = stages.build(config)
   step_fn = step_lib.CompiledStep(setup, stage)
@@ -106,7 +104,6 @@ def compiled_memory(config) -> str:
 
 def check_memory(config, device_memory_gib: float, device_kind: str) -> str:
   """The fail-fast check `train` runs at start, against a named GPU; ConfigError if too big."""
-  from dlmjax.parallel import memory  # pylint: disable=import-outside-toplevel
   if device_memory_gib > 0:
     capacity, what = device_memory_gib * _GIB * memory.usable_fraction(), f'{device_memory_gib} GiB'
   elif device_kind:

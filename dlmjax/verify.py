@@ -35,6 +35,7 @@ from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_mapping
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
@@ -122,7 +123,7 @@ def check_integrity(step_dir: str, config, step: int):
   checks = [_check_params_metadata(step_dir, cfg)]
   if not checks[0].ok:
     return checks, None
-  params = manager.restore_params(step_dir, config)
+  params = manager.restore_params(step_dir, *model_lib.param_placement(config))
   bad = [k for k, v in _flat(params).items() if not bool(jnp.isfinite(v).all())]
   checks.append(Check('params finite', not bad, 'non-finite values in ' + ', '.join(bad) if bad
                       else 'no NaN or inf'))
@@ -257,9 +258,8 @@ def verify(checkpoint_path: str, *, hf_dir: str | None = None, dtype: str = 'fp3
   if hf_dir is not None:
     checks.append(check_hf_weights(hf_dir, params, config))
     return checks + check_parity(params, config, hf_dir, dtype=dtype, **parity_kwargs)
-  from dlmjax import convert  # pylint: disable=import-outside-toplevel
   with tempfile.TemporaryDirectory(prefix='dlmjax_verify_') as tmp:
-    convert.write_hf(tmp, config, params, dtype=dtype, copy_tokenizer=False)
+    hf_io.write_hf(tmp, config, params, dtype=dtype, copy_tokenizer=False)
     return checks + check_parity(params, config, tmp, dtype=dtype, **parity_kwargs)
 
 

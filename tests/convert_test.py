@@ -13,6 +13,7 @@ from dlmjax import convert
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_mapping
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
@@ -31,12 +32,12 @@ def run(tmp_path_factory):
 def _restored(step_dir):
   run_dir, step_dir, _ = manager.resolve_step_dir(step_dir)
   config = manager.load_run_config(run_dir)
-  return config, manager.restore_params(step_dir, config)
+  return config, manager.restore_params(step_dir, *model_lib.param_placement(config))
 
 
 def test_hf_round_trip_is_exact(run, tmp_path):
   run_dir, config, params = run
-  hf_dir = convert.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32',
+  hf_dir = hf_io.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32',
                                       max_shard_size='100KB')
   files = sorted(os.listdir(hf_dir))
   assert safetensors_io.INDEX_FILE in files
@@ -45,7 +46,7 @@ def test_hf_round_trip_is_exact(run, tmp_path):
   hf = json.loads(open(os.path.join(hf_dir, 'config.json')).read())
   assert (hf['model_type'], hf['mask_token_id'], hf['attn_mask_type']) == (
       'qwen3', config.model.mask_token_id, 'bidirectional')
-  step_dir = convert.checkpoint_from_hf(hf_dir, str(tmp_path / 'back'))
+  step_dir = hf_io.checkpoint_from_hf(hf_dir, str(tmp_path / 'back'))
   back_config, back = _restored(step_dir)
   tiny_run.assert_same_params(params, back)
   assert back_config.model == config.model
@@ -55,8 +56,8 @@ def test_hf_round_trip_is_exact(run, tmp_path):
 def test_torch_round_trip_is_exact(run, tmp_path):
   pytest.importorskip('torch')
   run_dir, config, params = run
-  out = convert.torch_from_checkpoint(run_dir, str(tmp_path / 'model.pt'))
-  step_dir = convert.checkpoint_from_torch(out, str(tmp_path / 'back'))
+  out = hf_io.torch_from_checkpoint(run_dir, str(tmp_path / 'model.pt'))
+  step_dir = hf_io.checkpoint_from_torch(out, str(tmp_path / 'back'))
   back_config, back = _restored(step_dir)
   tiny_run.assert_same_params(params, back)
   assert back_config.model.to_dict() == config.model.to_dict(), (back_config.model, config.model)
@@ -64,9 +65,9 @@ def test_torch_round_trip_is_exact(run, tmp_path):
 
 def test_import_without_our_config_derives_it(run, tmp_path):
   run_dir, config, params = run
-  hf_dir = convert.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='bf16')
+  hf_dir = hf_io.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='bf16')
   os.remove(os.path.join(hf_dir, hf_config.DLMJAX_CONFIG_FILE))
-  derived, back = convert.load_hf(hf_dir)
+  derived, back = hf_io.load_hf(hf_dir)
   for key in ('num_layers', 'num_kv_heads', 'head_dim', 'ffn_dim', 'vocab_size', 'mask_token_id'):
     assert derived.model[key] == config.model[key]
   assert derived.data.tokenizer == os.path.abspath(hf_dir)
@@ -95,7 +96,7 @@ def test_transformers_qwen3_gives_our_logits(tmp_path, tie):
 
 def test_config_that_does_not_fit_is_refused(run, tmp_path, capsys):
   run_dir, _, _ = run
-  hf_dir = convert.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32')
+  hf_dir = hf_io.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32')
   config_file = tmp_path / 'wrong.py'
   config_file.write_text('from tests.checkpoint import tiny_run\n'
                          'def get_config():\n'
@@ -108,7 +109,7 @@ def test_config_that_does_not_fit_is_refused(run, tmp_path, capsys):
 
 def test_unknown_architecture_and_bad_files_are_refused(run, tmp_path, capsys):
   run_dir, _, _ = run
-  hf_dir = convert.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32')
+  hf_dir = hf_io.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32')
   hf = json.loads(open(os.path.join(hf_dir, 'config.json')).read())
   with open(os.path.join(hf_dir, 'config.json'), 'w') as f:
     json.dump(dict(hf, model_type='gpt2', architectures=['GPT2LMHeadModel']), f)
@@ -120,7 +121,7 @@ def test_unknown_architecture_and_bad_files_are_refused(run, tmp_path, capsys):
   with open(shard, 'r+b') as f:
     f.truncate(os.path.getsize(shard) - 100)
   with pytest.raises(safetensors_io.SafetensorsError, match='truncated'):
-    convert.load_hf(hf_dir)
+    hf_io.load_hf(hf_dir)
 
 
 def test_half_written_checkpoint_is_refused(run, tmp_path):
@@ -129,18 +130,18 @@ def test_half_written_checkpoint_is_refused(run, tmp_path):
   shutil.copytree(run_dir, copy)
   shutil.rmtree(copy / 'checkpoints' / '0' / 'params')
   with pytest.raises(manager.CheckpointError, match='no complete checkpoint'):
-    convert.hf_from_checkpoint(str(copy), str(tmp_path / 'hf'))
+    hf_io.hf_from_checkpoint(str(copy), str(tmp_path / 'hf'))
 
 
 def test_missing_tensor_in_torch_file_is_named(run, tmp_path):
   torch = pytest.importorskip('torch')
   run_dir, _, _ = run
-  out = convert.torch_from_checkpoint(run_dir, str(tmp_path / 'model.pt'))
+  out = hf_io.torch_from_checkpoint(run_dir, str(tmp_path / 'model.pt'))
   payload = torch.load(out, weights_only=True)
   del payload['state_dict']['model.layers.0.self_attn.k_norm.weight']
   torch.save(payload, out)
   with pytest.raises(hf_mapping.MappingError, match=r'model\.layers\.0\.self_attn\.k_norm'):
-    convert.checkpoint_from_torch(out, str(tmp_path / 'back'))
+    hf_io.checkpoint_from_torch(out, str(tmp_path / 'back'))
 
 
 def test_1p7b_structure_exports_one_tensor_at_a_time(tmp_path):
@@ -169,7 +170,7 @@ def test_1p7b_structure_exports_one_tensor_at_a_time(tmp_path):
   assert 25e6 < total < 50e6
   tracemalloc.start()
   try:
-    convert.write_hf(str(tmp_path), config, params, dtype='fp32', max_shard_size='4MB')
+    hf_io.write_hf(str(tmp_path), config, params, dtype='fp32', max_shard_size='4MB')
     _, peak = tracemalloc.get_traced_memory()
   finally:
     tracemalloc.stop()
@@ -199,15 +200,15 @@ def test_tokenizer_larger_than_the_vocab_is_refused(run, tmp_path, capsys):
   # Export: the run's tokenizer has more ids than model.vocab_size.
   wrong = config.copy_and_resolve_references()
   wrong.data.tokenizer = tiny_run.write_tokenizer(tmp_path / 'big', 300)
-  with pytest.raises(convert.ConvertError, match=r'has 300 tokens but the run\'s model.vocab_size '
+  with pytest.raises(hf_io.ConvertError, match=r'has 300 tokens but the run\'s model.vocab_size '
                      r'is 256, so ids 256..299 have no embedding row'):
-    convert.write_hf(str(tmp_path / 'out'), wrong, params)
+    hf_io.write_hf(str(tmp_path / 'out'), wrong, params)
   assert not (tmp_path / 'out').exists()
   # Import: the Hugging Face directory ships a tokenizer larger than its embedding.
-  hf_dir = convert.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32')
+  hf_dir = hf_io.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32')
   tiny_run.write_tokenizer(hf_dir, 300)
   assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', str(tmp_path / 'x')]) == 2
   err = capsys.readouterr().err
   assert 'vocab mismatch' in err and '300 tokens' in err and 'config.json) is 256' in err
-  with pytest.raises(convert.ConvertError, match='vocab mismatch'):
+  with pytest.raises(hf_io.ConvertError, match='vocab mismatch'):
     dlmjax.load_pretrained(hf_dir)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import dlmjax
-from dlmjax import convert
 from dlmjax import model as model_lib
+from dlmjax.checkpoint import hf_io
 from tests.checkpoint import tiny_run
 
 
@@ -30,7 +30,7 @@ def test_run_and_step_directories(run):
 
 def test_hugging_face_directory(run, tmp_path):
   root, _, tokens, expected = run
-  hf_dir = convert.hf_from_checkpoint(str(root / 'run'), str(tmp_path / 'hf'), dtype='fp32',
+  hf_dir = hf_io.hf_from_checkpoint(str(root / 'run'), str(tmp_path / 'hf'), dtype='fp32',
                                       trim_vocab=True)
   model = dlmjax.load_pretrained(hf_dir)
   np.testing.assert_allclose(model.logits(tokens), expected, atol=1e-5)

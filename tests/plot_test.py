@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dlmjax import plot
+from dlmjax.observability import plots
 
 pytest.importorskip('matplotlib')
 
@@ -34,14 +35,14 @@ def test_draws_loss_throughput_and_reward(tmp_path, capsys):
     with open(path, 'rb') as f:
       assert f.read(8) == PNG_MAGIC
   # A resumed run logs some steps twice: the series keeps the last value per step.
-  steps, values = plot.series(rows + [dict(step=3, loss=-1.0)], 'loss')
+  steps, values = plots.series(rows + [dict(step=3, loss=-1.0)], 'loss')
   assert steps == list(range(1, 21)) and values[2] == -1.0
-  assert plot.series(rows, 'val_loss') == ([10], [4.0])
+  assert plots.series(rows, 'val_loss') == ([10], [4.0])
 
 
 def test_no_reward_figure_without_reward_metrics(tmp_path):
   _write_rows(tmp_path, [dict(step=s, loss=1.0 / s, tokens_per_s=5.0) for s in range(1, 4)])
-  written = plot.draw(str(tmp_path), str(tmp_path / 'out'))
+  written = plots.draw(str(tmp_path), str(tmp_path / 'out'))
   assert sorted(p.rsplit('/', 1)[1] for p in written) == ['loss.png', 'throughput.png']
 
 

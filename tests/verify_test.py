@@ -10,6 +10,7 @@ import pytest
 from dlmjax import convert
 from dlmjax import verify
 from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
 from tests.checkpoint import tiny_run
@@ -43,7 +44,7 @@ def test_good_checkpoint_passes(run, dtype, backend, capsys):
 
 def test_exported_directory_is_checked_tensor_by_tensor(run, tmp_path):
   run_dir, _, _ = run
-  hf_dir = convert.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='bf16')
+  hf_dir = hf_io.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='bf16')
   checks = _by_name(verify.verify(run_dir, hf_dir=hf_dir, dtype='fp32', backend='reference'))
   assert all(c.ok for c in checks.values()), checks
   # Change one tensor of the export: the weight check names it.

@@ -1,10 +1,10 @@
 """`init_from`: start a run from another model, which supplies the architecture and the weights.
 
 The source is a dlmjax run directory (its latest step), a step directory, or a Hugging Face
-directory (read through dlmjax.convert). Model keys the config leaves at their defaults take the
-source's values, so `configs/sft.py --config.init_from=PATH` needs no model keys; keys the config
-sets keep their values (and the architecture ones must then match the weights). Run-time knobs
-(compute dtype, attention backend, remat, scan, loss chunking) stay the config's own.
+directory (read through checkpoint/hf_io.py). Model keys the config leaves at their defaults take
+the source's values, so `configs/sft.py --config.init_from=PATH` needs no model keys; keys the
+config sets keep their values (and the architecture ones must then match the weights). Run-time
+knobs (compute dtype, attention backend, remat, scan, loss chunking) stay the config's own.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import os
 import jax
 
 from dlmjax import config as config_lib
-from dlmjax import inference
+from dlmjax import model as model_lib
+from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager as checkpoint_lib
 
 RUNTIME_MODEL_KEYS = ('dtype', 'attention_backend', 'remat', 'scan_layers', 'loss_chunk_tokens')
@@ -28,9 +29,8 @@ def source_config(path: str):
         f'init_from={path!r} does not exist: train the model first (e.g. python -m dlmjax.train '
         '--config=configs/tiny.py writes runs/tiny) or set --config.init_from to a run, step or '
         'Hugging Face directory.')
-  if inference.is_hf_dir(path):
-    from dlmjax import convert  # pylint: disable=import-outside-toplevel
-    return convert.hf_dir_config(path)[1]
+  if hf_io.is_hf_dir(path):
+    return hf_io.hf_dir_config(path)[1]
   run_dir, _, _ = checkpoint_lib.resolve_step_dir(path)
   return checkpoint_lib.load_run_config(run_dir)
 
@@ -55,12 +55,12 @@ def restore_params(config, setup, purpose: str = 'initialising') -> dict:
   """The source's params in the setup's shardings; the architecture must match the config.
   `purpose` names the use in the printed line (the RL reference model restores them again)."""
   path = config.init_from
-  if inference.is_hf_dir(path):
-    from dlmjax import convert  # pylint: disable=import-outside-toplevel
-    _, params = convert.load_hf(path, config=config)  # checks the weights against config
+  if hf_io.is_hf_dir(path):
+    _, params = hf_io.load_hf(path, config=config)  # checks the weights against config
     return jax.device_put(params, setup.param_shardings)
   run_dir, step_dir, _ = checkpoint_lib.resolve_step_dir(path)
   checkpoint_lib.check_architecture(checkpoint_lib.load_run_config(run_dir), config)
   if jax.process_index() == 0:
     print(f'{purpose} from {step_dir}', flush=True)
-  return checkpoint_lib.restore_params(step_dir, config, setup.mesh)
+  shapes, shardings = model_lib.param_placement(config, setup.mesh)
+  return checkpoint_lib.restore_params(step_dir, shapes, shardings)

@@ -225,18 +225,9 @@ def read_meta(step_dir: str) -> dict:
     return json.load(f)
 
 
-def restore_params(step_dir: str, config, mesh=None) -> dict:
-  """The params of a step directory, placed in the mesh's shardings (or on one device)."""
-  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
-  from dlmjax.parallel import rules  # pylint: disable=import-outside-toplevel
-
-  cfg = model_lib.ModelConfig.from_config(config)
-  _, shapes, axes = model_lib.abstract(cfg)
-  if mesh is None:
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    shardings = jax.tree.map(lambda _: device, shapes)
-  else:
-    shardings = rules.tree_shardings(mesh, axes)
+def restore_params(step_dir: str, shapes, shardings) -> dict:
+  """The params of a step directory, read into `shapes` (ShapeDtypeStructs) placed as `shardings`
+  (model.param_placement gives both for a config)."""
   path = os.path.join(os.path.abspath(step_dir), 'params')
   if not os.path.isdir(path):
     raise CheckpointError(f'{path} is missing: the checkpoint is incomplete.')

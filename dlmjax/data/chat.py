@@ -82,6 +82,12 @@ def render(template: str, messages, *, add_generation_prompt: bool = False) -> s
                      name=repr(template))
 
 
+def checkpoint_template(config) -> str:
+  """The template a checkpoint's prompts get: the one it was fine-tuned with (sft.chat_template),
+  'none' (raw text) for a pre-trained one."""
+  return 'none' if config.stage == 'pretrain' else config.sft.chat_template
+
+
 def prompt_text(template: str, user_text: str) -> str:
   """One user turn followed by the opening of the assistant's reply (what a sampler continues)."""
   return render(template, [{'role': 'user', 'content': user_text}], add_generation_prompt=True)

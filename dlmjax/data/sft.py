@@ -18,13 +18,13 @@ import os
 import grain
 import numpy as np
 
-from dlmjax.data import builtin
+from dlmjax import tasks
 from dlmjax.data import chat
 from dlmjax.data import jsonl
 from dlmjax.data import pipeline
-from dlmjax.data import tokenizer as tokenizer_lib
+from dlmjax.data import run_tokenizer
 from dlmjax.data.errors import DataError
-from dlmjax.diffusion.sft_loss import PADDING, PROMPT, RESPONSE
+from dlmjax.data.roles import PADDING, PROMPT, RESPONSE
 
 BUILTIN_TASKS = ('countdown3', 'countdown4', 'sudoku4', 'arithmetic')
 BUILTIN_EXAMPLES_PER_TASK = 1000
@@ -162,11 +162,6 @@ def ensure_builtin_set(cache_dir: str, seed: int = 0, split: str = 'train') -> s
 
   Generated once, offline, into the cache (temporary file, then an atomic rename).
   """
-  try:
-    from dlmjax import tasks  # pylint: disable=import-outside-toplevel
-  except ImportError as e:
-    raise DataError(f'the built-in SFT set is made from dlmjax.tasks, which cannot be imported '
-                    f'({e}); set --config.sft.train_file=PATH.') from e
   per_task = BUILTIN_EXAMPLES_PER_TASK if split == 'train' else BUILTIN_HELD_OUT_PER_TASK
   key = [BUILTIN_VERSION, BUILTIN_TASKS, per_task, seed] + ([] if split == 'train' else [split])
   digest = hashlib.md5(json.dumps(key).encode()).hexdigest()[:10]
@@ -211,18 +206,6 @@ def eval_file(config) -> str:
   return ensure_builtin_set(pipeline.cache_dir(config), split='test')
 
 
-def load_tokenizer(config) -> tokenizer_lib.Tokenizer:
-  """data.tokenizer, else the built-in corpus's (the model's, when it was pre-trained on it)."""
-  path = config.data.tokenizer or builtin.ensure_builtin_corpus(
-      pipeline.cache_dir(config), vocab_size=config.model.vocab_size).tokenizer_path
-  tokenizer = tokenizer_lib.load_tokenizer(path, require_mask=False)
-  if tokenizer.vocab_size > config.model.vocab_size:
-    raise DataError(f'the tokenizer {path} has {tokenizer.vocab_size} ids but model.vocab_size '
-                    f'is {config.model.vocab_size}: use the tokenizer the model was trained with '
-                    '(data.tokenizer).')
-  return tokenizer
-
-
 def build_rows(config, log=print, path: str | None = None) -> dict[str, np.ndarray]:
   """Every row of the SFT set (path, default the train file), in file order (packed when
   sft.packing)."""
@@ -230,8 +213,8 @@ def build_rows(config, log=print, path: str | None = None) -> dict[str, np.ndarr
   conversations = read_conversations(path, config.sft.chat_template)
   canvas = config.model.seq_len
   encoded, report = encode_conversations(
-      conversations, load_tokenizer(config), eos_id=config.model.eos_token_id, canvas=canvas,
-      too_long=config.sft.too_long, source=path)
+      conversations, run_tokenizer.load(config, build=True), eos_id=config.model.eos_token_id,
+      canvas=canvas, too_long=config.sft.too_long, source=path)
   if config.sft.packing:
     order = np.random.default_rng([config.seed, 1]).permutation(len(encoded))
     rows = packed_rows([encoded[i] for i in order], eos_id=config.model.eos_token_id,

@@ -16,8 +16,8 @@ import os
 import shutil
 import tempfile
 
-from dlmjax.data import builtin
 from dlmjax.data import indexed
+from dlmjax.data import run_tokenizer
 from dlmjax.data import tokenizer as tokenizer_lib
 from dlmjax.data.errors import DataError
 
@@ -57,8 +57,7 @@ def ensure_tfds_prefix(config, cache_dir: str) -> str:
   """
   name, split = parse_source(config.data.source)
   tfds = _tfds()
-  tokenizer_path = config.data.tokenizer or builtin.ensure_builtin_corpus(
-      cache_dir, vocab_size=config.model.vocab_size).tokenizer_path
+  tokenizer_path = run_tokenizer.find(config, build=True)
   data_dir = config.data.tfds_data_dir or None
   tok = tokenizer_lib.load_tokenizer(tokenizer_path, require_mask=False)
   if config.data.packing and tok.eod_id != config.model.eos_token_id:

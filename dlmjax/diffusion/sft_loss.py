@@ -13,10 +13,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dlmjax.data.roles import PADDING, RESPONSE
 from dlmjax.diffusion import masking
 
-# What each token of an SFT row is (the `roles` batch array).
-PROMPT, RESPONSE, PADDING = 0, 1, 2
 NORMALISATIONS = ('sequence', 'token', 'batch')
 
 

@@ -13,9 +13,10 @@ from flax import nnx
 
 from dlmjax.model.presets import PRESETS, ModelConfig, apply_preset
 from dlmjax.model.transformer import Transformer
+from dlmjax.parallel import rules
 
 __all__ = ['ModelConfig', 'PRESETS', 'Transformer', 'apply_preset', 'init_params', 'abstract',
-           'merge']
+           'merge', 'param_placement']
 
 
 def _is_variable(x):
@@ -39,6 +40,16 @@ def abstract(cfg: ModelConfig):
   axes = nnx.to_pure_dict(jax.tree.map(lambda v: v.get_metadata()['axes'], state,
                                        is_leaf=_is_variable))
   return graphdef, shapes, axes
+
+
+def param_placement(config, mesh=None):
+  """(params as ShapeDtypeStructs, their shardings) of a run config's model, to restore into: the
+  mesh's shardings from the logical axes, or the first local device."""
+  _, shapes, axes = abstract(ModelConfig.from_config(config))
+  if mesh is None:
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return shapes, jax.tree.map(lambda _: device, shapes)
+  return shapes, rules.tree_shardings(mesh, axes)
 
 
 def merge(cfg: ModelConfig, params: dict) -> Transformer:

@@ -7,7 +7,6 @@ import numpy as np
 from jax.experimental import mesh_utils
 
 from dlmjax import config as config_lib
-from dlmjax.parallel import rules
 
 
 def make_mesh(config, devices=None) -> jax.sharding.Mesh:
@@ -16,9 +15,9 @@ def make_mesh(config, devices=None) -> jax.sharding.Mesh:
   devices = jax.devices() if devices is None else devices
   config_lib.fit_to_devices(config, len(devices))
   m = config.mesh
-  shape = tuple(m[axis] for axis in rules.MESH_AXES)
+  shape = tuple(m[axis] for axis in config_lib.MESH_AXES)
   try:
     device_grid = mesh_utils.create_device_mesh(shape, devices=devices)
   except (ValueError, AssertionError, NotImplementedError):
     device_grid = np.asarray(devices).reshape(shape)
-  return jax.sharding.Mesh(device_grid, rules.MESH_AXES)
+  return jax.sharding.Mesh(device_grid, config_lib.MESH_AXES)

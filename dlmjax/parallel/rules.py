@@ -1,7 +1,8 @@
 """Logical axis names and the ONE table that maps them to mesh axes.
 
 Model code names the axes of every parameter and activation with these constants; only this module
-(and mesh construction) knows the mesh axis names. Changing a parallel layout means editing RULES.
+(and mesh construction, in the order of config.MESH_AXES) knows the mesh axis names. Changing a
+parallel layout means editing RULES.
 """
 
 from __future__ import annotations
@@ -11,9 +12,6 @@ import contextvars
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
-
-# Mesh axes, outermost (slowest links) first.
-MESH_AXES = ('pipeline', 'data', 'fsdp', 'context', 'tensor')
 
 # Logical axes of parameters.
 LAYERS = 'layers'

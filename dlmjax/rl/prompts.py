@@ -8,7 +8,6 @@ Prompts longer than rl.max_prompt_tokens are dropped, never cut.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 from dlmjax.checkpoint import init_from
 from dlmjax.data import chat
@@ -24,13 +23,7 @@ def prompt_template(config) -> str:
   """The chat template of the model RL starts from: 'none' for a pre-trained checkpoint."""
   if not config.init_from:
     return 'none'
-  saved = init_from.source_config(config.init_from)
-  return 'none' if saved.stage == 'pretrain' else saved.sft.chat_template
-
-
-@functools.lru_cache(maxsize=4096)
-def _chat_prompt(template: str, text: str) -> str:
-  return chat.prompt_text(template, text)
+  return chat.checkpoint_template(init_from.source_config(config.init_from))
 
 
 class Prompts:
@@ -45,8 +38,7 @@ class Prompts:
     """The split's examples (or `examples`) whose templated prompt fits rl.max_prompt_tokens."""
     r = self.config.rl
     examples = self.task.examples(split, num, seed) if examples is None else examples
-    texts = [e.prompt if self.template == 'none' else _chat_prompt(self.template, e.prompt)
-             for e in examples]
+    texts = [chat.prompt_text(self.template, e.prompt) for e in examples]
     ids = self.tokenizer.encode_batch(texts)
     kept = [(e, t) for e, t in zip(examples, ids) if 0 < len(t) <= r.max_prompt_tokens]
     if not kept:

@@ -7,6 +7,8 @@ launch environment (explicit, MegaDLMs' envs/.env, or SLURM) before any device i
 from ml_collections import config_flags
 
 from dlmjax import cli
+from dlmjax.parallel import distributed
+from dlmjax.train import loop
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/tiny.py',
                                           'A config file with get_config().', lock_config=True)
@@ -14,10 +16,7 @@ _CONFIG = config_flags.DEFINE_config_file('config', 'configs/tiny.py',
 
 def main(argv):
   del argv
-  # pylint: disable=import-outside-toplevel
-  from dlmjax.parallel import distributed
   distributed.initialize()
-  from dlmjax.train import loop
   loop.train(_CONFIG.value)
 
 

@@ -11,11 +11,11 @@ import jax
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import init_from as init_from_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.observability import plots
 from dlmjax.observability import sinks as sinks_lib
 from dlmjax.parallel import distributed
-from dlmjax.parallel import memory
 from dlmjax.parallel import mesh as mesh_lib
-from dlmjax.train import guards, preemption, reporting, stages
+from dlmjax.train import guards, memory, preemption, reporting, stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 
@@ -163,10 +163,9 @@ def _run(config, stop, cleanup) -> dict | None:
 def _draw_plots(config) -> None:
   if not config.log.plots or jax.process_index() != 0:
     return
-  from dlmjax import plot  # pylint: disable=import-outside-toplevel
   try:
-    plot.draw(config.output_dir)
-  except plot.PlotError as e:
+    plots.draw(config.output_dir)
+  except plots.PlotError as e:
     print(f'no plots: {e}', flush=True)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dlmjax import model as model_lib
-from dlmjax import convert
+from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import safetensors_io
 from tests.checkpoint import tiny_run
 
@@ -17,7 +17,7 @@ from dlmjax.checkpoint import torch_reference  # noqa: E402  pylint: disable=wro
 def _export(tmp_path, **overrides):
   config = tiny_run.tiny_config(**overrides)
   params = tiny_run.random_params(config)
-  convert.write_hf(str(tmp_path), config, params, dtype='fp32')
+  hf_io.write_hf(str(tmp_path), config, params, dtype='fp32')
   tokens = np.random.default_rng(0).integers(0, 256, (2, 16))
   ours = np.asarray(model_lib.merge(model_lib.ModelConfig.from_config(config), params)(tokens))
   return tokens, ours

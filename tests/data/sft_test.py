@@ -9,7 +9,7 @@ import pytest
 from dlmjax.data import chat
 from dlmjax.data import sft
 from dlmjax.data.errors import DataError
-from dlmjax.diffusion.sft_loss import PADDING, PROMPT, RESPONSE
+from dlmjax.data.roles import PADDING, PROMPT, RESPONSE
 from tests.conftest import tiny_test_config
 
 EOS = 2

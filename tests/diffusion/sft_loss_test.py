@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dlmjax.data.roles import PADDING, PROMPT, RESPONSE
 from dlmjax.diffusion import masking
 from dlmjax.diffusion import sft_loss
-from dlmjax.diffusion.sft_loss import PADDING, PROMPT, RESPONSE
 
 MASK, EOS, SEED, STEP = 3, 2, 7, 5
 

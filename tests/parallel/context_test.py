@@ -13,9 +13,9 @@ from tests.conftest import tiny_test_config
 
 
 def _mesh(**sizes):
-  shape = [sizes.get(axis, 1) for axis in rules.MESH_AXES]
+  shape = [sizes.get(axis, 1) for axis in config_lib.MESH_AXES]
   devices = jax.devices()[:int(np.prod(shape))]
-  return jax.sharding.Mesh(np.asarray(devices).reshape(shape), rules.MESH_AXES)
+  return jax.sharding.Mesh(np.asarray(devices).reshape(shape), config_lib.MESH_AXES)
 
 
 @pytest.mark.parametrize('kind,sizes', [('bidirectional', dict(context=4)),

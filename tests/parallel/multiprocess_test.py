@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.train import loop
@@ -99,7 +100,7 @@ def test_two_then_four_processes_match_one_process(tmp_path, monkeypatch):
   # The checksums saved from 2 processes (of arrays no process holds whole) are the params'.
   step_dir = os.path.join(run_dir, 'checkpoints', '2')
   saved = checkpoint_lib.load_run_config(str(run_dir))
-  params = checkpoint_lib.restore_params(step_dir, saved)
+  params = checkpoint_lib.restore_params(step_dir, *model_lib.param_placement(saved))
   assert checkpoint_lib.read_meta(step_dir)['checksums'] == checksums.compute(params)
 
   four = _launch(tmp_path, run_dir, nodes=2)  # 2 "nodes" x 2 processes x 2 devices, resumed

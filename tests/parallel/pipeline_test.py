@@ -25,8 +25,8 @@ def _toy_layers(params, x_BLD, side):
 
 
 def _pipeline_mesh(stages_):
-  shape = [stages_ if axis == 'pipeline' else 1 for axis in rules.MESH_AXES]
-  return jax.sharding.Mesh(np.asarray(jax.devices()[:stages_]).reshape(shape), rules.MESH_AXES)
+  shape = [stages_ if axis == 'pipeline' else 1 for axis in config_lib.MESH_AXES]
+  return jax.sharding.Mesh(np.asarray(jax.devices()[:stages_]).reshape(shape), config_lib.MESH_AXES)
 
 
 # GPipe with more and fewer micro-batches than stages; circular with M > S (outputs wait in the

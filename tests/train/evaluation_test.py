@@ -61,7 +61,8 @@ def test_loop_logs_validation_rows(run):
 def test_validation_loss_is_fixed_and_equals_a_hand_written_loss(run):
   config, rows, evaluator = run
   _, step_dir, _ = checkpoint_lib.resolve_step_dir(config.output_dir)
-  params = checkpoint_lib.restore_params(step_dir, config, evaluator.setup.mesh)
+  params = checkpoint_lib.restore_params(
+      step_dir, *model_lib.param_placement(config, evaluator.setup.mesh))
   again = evaluator.run(4, params)
   logged = [r for r in rows if r.get('step') == 4 and 'val_loss' in r][0]
   # Evaluating the saved step-4 params again scores exactly what the loop logged.

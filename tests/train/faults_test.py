@@ -18,6 +18,7 @@ import types
 import numpy as np
 import pytest
 
+from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.observability import sinks, tensorboard
@@ -132,7 +133,8 @@ def test_kill_9_mid_save_leaves_the_previous_checkpoint_usable(chain):
   assert any(n.startswith('12.') for n in chain.c_entries), chain.c_entries
   run_dir, step_dir, step = chain.after_kill
   assert step == 6
-  params = checkpoint_lib.restore_params(step_dir, checkpoint_lib.load_run_config(run_dir))
+  params = checkpoint_lib.restore_params(
+      step_dir, *model_lib.param_placement(checkpoint_lib.load_run_config(run_dir)))
   saved = checkpoint_lib.read_meta(step_dir)['checksums']
   assert checksums.compare(saved, checksums.compute(params)) == []
   # The run resumed from SIGTERM's checkpoint reproduced the uninterrupted losses exactly.

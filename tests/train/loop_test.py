@@ -6,6 +6,7 @@ import os
 import pytest
 
 from dlmjax import config as config_lib
+from dlmjax import model as model_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.train import loop
 from tests.conftest import tiny_test_config
@@ -138,6 +139,6 @@ def test_consecutive_non_finite_steps_stop_with_a_good_checkpoint(tmp_path, monk
   assert rows[-1]['skipped_total'] == 2
   # The saved state is the last good one: finite params, as step 2 left them.
   _, step_dir, step = checkpoint_lib.resolve_step_dir(str(tmp_path))
-  params = checkpoint_lib.restore_params(step_dir, c)
+  params = checkpoint_lib.restore_params(step_dir, *model_lib.param_placement(c))
   assert step >= 3
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))

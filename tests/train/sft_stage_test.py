@@ -98,13 +98,13 @@ def test_sft_runs_from_a_pretrained_run_and_adopts_its_model(sft_run, pretrained
 
 def test_init_from_a_hugging_face_export_adopts_its_model_and_weights(tmp_path, train_file):
   import jax  # pylint: disable=import-outside-toplevel
-  from dlmjax import convert  # pylint: disable=import-outside-toplevel
+  from dlmjax.checkpoint import hf_io  # pylint: disable=import-outside-toplevel
   from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.checkpoint import init_from as init_from_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
   from tests.checkpoint import tiny_run  # pylint: disable=import-outside-toplevel
   source, params, _ = tiny_run.make_run(tmp_path / 'run')
-  for path in (str(tmp_path / 'run'), convert.hf_from_checkpoint(
+  for path in (str(tmp_path / 'run'), hf_io.hf_from_checkpoint(
       str(tmp_path / 'run'), str(tmp_path / 'hf'), dtype='fp32')):
     c = sft_config(path, tmp_path / 'sft', train_file, **{'model.dtype': 'bfloat16'})
     adopted = init_from_lib.adopt_source_config(c)

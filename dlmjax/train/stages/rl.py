@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dlmjax import tasks as tasks_lib
-from dlmjax.data import sft as sft_data
+from dlmjax.data import run_tokenizer
 from dlmjax.rl import estimators, objectives
 from dlmjax.rl import evaluation as rl_evaluation
 from dlmjax.rl import prompts as prompts_lib
@@ -72,7 +72,7 @@ def metrics(sums) -> dict:
 
 def make_prompts(config) -> prompts_lib.Prompts:
   task = tasks_lib.get_task(config.rl.task, data_path=config.rl.task_data)
-  return prompts_lib.Prompts(config, task, sft_data.load_tokenizer(config))
+  return prompts_lib.Prompts(config, task, run_tokenizer.load(config, build=True))
 
 
 def stage(config) -> base.Stage:

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 
 from dlmjax import config as config_lib
-from dlmjax.data import pipeline
+from dlmjax.data import pipeline, roles
 from dlmjax.data import sft as sft_data
 from dlmjax.diffusion import loss as loss_lib
 from dlmjax.diffusion import sft_loss
@@ -59,9 +59,9 @@ def stage(config) -> base.Stage:
     """Rows of one conversation each: a prompt of a quarter of the row, the response after."""
     rows, width = config.train.global_batch_size, config.model.seq_len + 1
     tokens = base.random_tokens(config, rng, (rows, width))
-    roles = np.full((rows, width), sft_loss.RESPONSE, np.int32)
-    roles[:, :width // 4] = sft_loss.PROMPT
-    batch = {'tokens': tokens, 'roles': roles}
+    role_ids = np.full((rows, width), roles.RESPONSE, np.int32)
+    role_ids[:, :width // 4] = roles.PROMPT
+    batch = {'tokens': tokens, 'roles': role_ids}
     if packing:
       batch['segment_ids'] = pipeline.document_segment_ids(tokens, config.model.eos_token_id)
     return batch

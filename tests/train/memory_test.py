@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from dlmjax import config as config_lib
-from dlmjax.parallel import memory
+from dlmjax.train import memory
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..')
 GIB = 1024 ** 3

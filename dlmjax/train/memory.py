@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import os
 
+import jax
+
 from dlmjax import config as config_lib
+from dlmjax import model as model_lib
 
 GIB = 1024 ** 3
 # Memory per GPU as nvidia-smi reports it (GiB); first match of the device kind wins.
@@ -42,7 +45,6 @@ def _saved_per_token_layer(cfg, remat: str, tensor: int) -> float:
 
 def estimate_bytes_per_device(config) -> dict[str, float]:
   """{'state', 'activations', 'recompute', 'logits', 'total'} in bytes, for a resolved mesh."""
-  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
   cfg = model_lib.ModelConfig.from_config(config)
   mesh = config.mesh
   context = mesh.get('context', 1)  # the axis exists once context parallelism lands
@@ -86,7 +88,6 @@ def device_memory_bytes(device_kind: str) -> float | None:
 
 def present_device_memory_bytes() -> float | None:
   """What the first local device may allocate (None on CPU: no fixed per-device memory)."""
-  import jax  # pylint: disable=import-outside-toplevel
   device = jax.local_devices()[0]
   if device.platform == 'cpu':
     return None

@@ -1,0 +1,288 @@
+"""Hugging Face safetensors and PyTorch files <-> our params: the library `dlmjax.convert` runs.
+
+The HF directory is transformers' Qwen3 (Qwen3ForCausalLM loads it) with MegaDLMs DiffLM's
+`mask_token_id` and `attn_mask_type`, our full config in dlmjax_config.json and the tokenizer files.
+The .pt file holds {'state_dict' (the same Qwen3 names), 'hf_config', 'dlmjax_config'}.
+Tensors move one at a time (hf_mapping): exports hold one tensor on the host beside the restored
+params, imports build one stacked array at a time and move it to the device. Orbax's own restore
+and save buffers dominate host memory (1.7B on an H200: to-hf 29 s, 11.7 GiB peak RSS; from-hf
+38 s, 22.6 GiB, as much as orbax needs to save those params from the GPU).
+`write_hf` may be called from a multi-process job: every process gathers, process 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from dlmjax import config as config_lib
+from dlmjax import model as model_lib
+from dlmjax import progress
+from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint import hf_mapping
+from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import safetensors_io
+from dlmjax.data import errors as data_errors
+from dlmjax.data import run_tokenizer
+from dlmjax.data import tokenizer as tokenizer_lib
+from dlmjax.parallel import distributed
+
+DTYPES = {'fp32': np.dtype(np.float32), 'bf16': np.dtype(ml_dtypes.bfloat16)}
+TORCH_FORMAT = 'dlmjax-torch-v1'
+# Files of a Hugging Face tokenizer; whichever exist are copied with an export.
+TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json',
+                   'tokenizer.model', 'vocab.json', 'merges.txt', 'added_tokens.json',
+                   'generation_config.json')
+
+
+class ConvertError(RuntimeError):
+  """A conversion that cannot proceed; the message says why and what to do."""
+
+
+def _vocab_rows(config, trim_vocab: bool) -> int:
+  return config.model.vocab_size if trim_vocab else config_lib.padded_vocab_size(config)
+
+
+def is_hf_dir(path: str) -> bool:
+  """A Hugging Face model directory: safetensors weights and no dlmjax checkpoints/."""
+  return (os.path.isdir(path) and not os.path.isdir(os.path.join(path, manager.CHECKPOINT_DIR))
+          and any(os.path.exists(os.path.join(path, n))
+                  for n in (safetensors_io.SINGLE_FILE, safetensors_io.INDEX_FILE)))
+
+
+def check_tokenizer_vocab(tokenizer: str | None, vocab_size: int, what: str) -> None:
+  """Refuses a tokenizer with more ids than the model has embedding rows (`what` names them).
+
+  Its ids past vocab_size would index rows that do not exist: the tokenizer is not the one the
+  model was trained with. A smaller tokenizer is normal (Qwen pads its embedding past it).
+  """
+  if tokenizer is None:
+    return
+  try:
+    size = tokenizer_lib.vocab_size(tokenizer)
+  except ImportError as e:
+    print(f'note: tokenizer {tokenizer} not checked against the vocabulary ({e}).')
+    return
+  except (data_errors.DataError, OSError, RuntimeError, ValueError) as e:
+    raise ConvertError(f'cannot read the tokenizer {tokenizer} ({e}); fix or remove it.') from e
+  if size > vocab_size:
+    raise ConvertError(
+        f'vocab mismatch: the tokenizer {tokenizer} has {size} tokens but {what} is {vocab_size}, '
+        f'so ids {vocab_size}..{size - 1} have no embedding row. Use the tokenizer the model was '
+        f'trained with (data.tokenizer, or the tokenizer files beside the weights), or give the '
+        f'model {size} rows (model.vocab_size) and train it.')
+
+
+# ----------------------------------------------------------------------------------------------
+# Export
+
+
+def write_hf(output_dir: str, config, params: dict, *, dtype: str = 'bf16',
+             max_shard_size: str | int = '5GB', trim_vocab: bool = False,
+             copy_tokenizer: bool = True) -> str:
+  """Writes params (ours, any placement) as a Hugging Face Qwen3 directory; returns it."""
+  if dtype not in DTYPES:
+    raise ConvertError(f'--dtype={dtype!r} is not one of {sorted(DTYPES)}.')
+  tokenizer = run_tokenizer.find(config) if copy_tokenizer else None
+  check_tokenizer_vocab(tokenizer, config.model.vocab_size, 'the run\'s model.vocab_size')
+  cfg = model_lib.ModelConfig.from_config(config)
+  rows = _vocab_rows(config, trim_vocab)
+  np_dtype = DTYPES[dtype]
+  entries = [(n, s, np_dtype) for n, s in hf_mapping.export_entries(cfg, vocab_rows=rows)]
+  tensors = _cast_each(hf_mapping.export_tensors(params, cfg, vocab_rows=rows,
+                                                 to_host=distributed.to_host), np_dtype)
+  if jax.process_index() != 0:
+    for _ in tensors:  # take part in any cross-process gathers; write nothing.
+      pass
+    return output_dir
+  tensors = progress.track(tensors, 'export', total=len(entries))
+  safetensors_io.write_model(output_dir, entries, tensors,
+                             max_shard_bytes=safetensors_io.parse_size(max_shard_size),
+                             metadata={'format': 'pt'})
+  with open(os.path.join(output_dir, 'config.json'), 'w') as f:
+    json.dump(hf_config.to_hf(config, vocab_rows=rows, dtype=dtype), f, indent=2)
+  with open(os.path.join(output_dir, hf_config.DLMJAX_CONFIG_FILE), 'w') as f:
+    f.write(config.to_json(indent=2, sort_keys=True))
+  if copy_tokenizer:
+    _copy_tokenizer(tokenizer, output_dir)
+  return output_dir
+
+
+def _cast_each(tensors, dtype):
+  """(name, array) -> (name, array as dtype), dropping the source before the cast one is yielded
+  (no copy at all when it already has the dtype), so at most one tensor is held at a time."""
+  for name, array in tensors:
+    array = array.astype(dtype, copy=False)
+    yield name, array
+    del array  # not kept alive while the next tensor is gathered.
+
+
+def _copy_tokenizer(tokenizer: str, output_dir: str) -> None:
+  """Copies the run's tokenizer: a Hugging Face tokenizer directory, or a SentencePiece model."""
+  if tokenizer is None:
+    print('note: no tokenizer copied (data.tokenizer is not a local path, and the run does not '
+          'use a built-in corpus built here).')
+    return
+  if os.path.isdir(tokenizer):
+    for name in TOKENIZER_FILES:
+      if os.path.exists(os.path.join(tokenizer, name)):
+        shutil.copy(os.path.join(tokenizer, name), os.path.join(output_dir, name))
+  elif tokenizer.endswith('.model'):
+    shutil.copy(tokenizer, os.path.join(output_dir, 'tokenizer.model'))
+  else:
+    shutil.copy(tokenizer, os.path.join(output_dir, os.path.basename(tokenizer)))
+
+
+def _restore(checkpoint_path: str):
+  run_dir, step_dir, step = manager.resolve_step_dir(checkpoint_path)
+  config = manager.load_run_config(run_dir)
+  shapes, shardings = model_lib.param_placement(config)
+  return config, manager.restore_params(step_dir, shapes, shardings), step
+
+
+def hf_from_checkpoint(checkpoint_path: str, output_dir: str, **kwargs) -> str:
+  """Exports a run directory (latest step) or step directory to a Hugging Face directory."""
+  config, params, _ = _restore(checkpoint_path)
+  return write_hf(output_dir, config, params, **kwargs)
+
+
+def torch_from_checkpoint(checkpoint_path: str, output_file: str, *, dtype: str = 'fp32',
+                          trim_vocab: bool = False) -> str:
+  """Writes {'state_dict', 'hf_config', 'dlmjax_config', 'format'} with torch.save.
+
+  torch.save needs the whole dict in host memory, so the model is on the host once as torch
+  tensors (beside the params, which stay on their device).
+  """
+  import torch  # pylint: disable=import-outside-toplevel
+  config, params, _ = _restore(checkpoint_path)
+  cfg = model_lib.ModelConfig.from_config(config)
+  rows = _vocab_rows(config, trim_vocab)
+  torch_dtype = {'fp32': torch.float32, 'bf16': torch.bfloat16}[dtype]
+  tensors = hf_mapping.export_tensors(params, cfg, vocab_rows=rows, to_host=distributed.to_host)
+  state_dict = {name: torch.from_numpy(np.require(array, requirements='W')).to(torch_dtype)
+                for name, array in tensors}
+  if jax.process_index() == 0:
+    payload = dict(format=TORCH_FORMAT, state_dict=state_dict,
+                   hf_config=hf_config.to_hf(config, vocab_rows=rows, dtype=dtype),
+                   dlmjax_config=config.to_json(sort_keys=True))
+    os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
+    torch.save(payload, output_file + '.partial')
+    os.replace(output_file + '.partial', output_file)
+  return output_file
+
+
+# ----------------------------------------------------------------------------------------------
+# Import
+
+
+def _resolve_config(hf: dict, config, saved_json: str | None):
+  """The config of an import: --config (checked against the weights), else the exporter's
+  dlmjax config, else one derived from the Hugging Face config."""
+  if config is not None:
+    hf_config.check_matches(hf, config)
+    return config
+  base = None
+  if saved_json is not None:
+    base = config_lib.from_dict(json.loads(saved_json))
+  return hf_config.config_from_hf(hf, base)
+
+
+def params_from_source(source, hf: dict, config, *, missing_qk_norm: str = 'error') -> dict:
+  """Our params, each array moved to the default device as soon as it is built."""
+  arch = hf_config.detect_architecture(hf)
+  device = jax.local_devices()[0]
+  return hf_mapping.import_params(source, arch, model_lib.ModelConfig.from_config(config),
+                                  vocab_size=config.model.vocab_size,
+                                  missing_qk_norm=missing_qk_norm,
+                                  place=lambda array: jax.device_put(array, device))
+
+
+def hf_dir_config(hf_dir: str, config=None):
+  """The config of a Hugging Face directory (checked against `config` when given): what
+  load_hf uses, without reading the weights (init_from adopts its model keys)."""
+  hf = hf_config.read(hf_dir)
+  saved_path = os.path.join(hf_dir, hf_config.DLMJAX_CONFIG_FILE)
+  saved_json = None
+  if os.path.exists(saved_path):
+    with open(saved_path) as f:
+      saved_json = f.read()
+  given = config is not None
+  config = _resolve_config(hf, config, saved_json)
+  if not given and not os.path.exists(config.data.tokenizer):
+    _point_at_tokenizer(config, hf_dir)
+  return hf, config
+
+
+def load_hf(hf_dir: str, *, config=None, missing_qk_norm: str = 'error'):
+  """(config, params on the first local device) of a Hugging Face directory we can read."""
+  hf, config = hf_dir_config(hf_dir, config)
+  config_lib.validate(config)
+  arch = hf_config.detect_architecture(hf)
+  shipped = _shipped_tokenizer(hf_dir)
+  check_tokenizer_vocab(shipped, hf_config.embedding_rows(hf, arch),
+                        f'the embedding\'s rows (vocab_size in {hf_dir}/config.json)')
+  tokenizer = run_tokenizer.find(config)
+  if tokenizer is not None and (shipped is None or
+                                os.path.abspath(tokenizer) != os.path.abspath(shipped)):
+    check_tokenizer_vocab(tokenizer, config.model.vocab_size, 'model.vocab_size')
+  source = safetensors_io.SafetensorsReader(hf_dir)
+  return config, params_from_source(source, hf, config, missing_qk_norm=missing_qk_norm)
+
+
+def _shipped_tokenizer(hf_dir: str) -> str | None:
+  """The tokenizer in a Hugging Face directory, as data.tokenizer would name it, or None."""
+  if os.path.exists(os.path.join(hf_dir, 'tokenizer.json')):
+    return os.path.abspath(hf_dir)
+  if os.path.exists(os.path.join(hf_dir, 'tokenizer.model')):
+    return os.path.abspath(os.path.join(hf_dir, 'tokenizer.model'))
+  return None
+
+
+def _point_at_tokenizer(config, hf_dir: str) -> None:
+  """data.tokenizer -> the tokenizer shipped in the Hugging Face directory, if there is one."""
+  shipped = _shipped_tokenizer(hf_dir)
+  if shipped is not None:
+    config.data.tokenizer = shipped
+
+
+def _save(output_dir: str, config, params: dict) -> str:
+  if os.path.exists(os.path.join(output_dir, manager.CHECKPOINT_DIR)):
+    raise ConvertError(f'{output_dir} already holds checkpoints; choose a new --output-dir.')
+  return manager.save_params_checkpoint(output_dir, config, params)
+
+
+def checkpoint_from_hf(hf_dir: str, output_dir: str, *, config=None,
+                       missing_qk_norm: str = 'error') -> str:
+  """Imports a Hugging Face directory as a params-only run directory; returns the step dir."""
+  config, params = load_hf(hf_dir, config=config, missing_qk_norm=missing_qk_norm)
+  config.output_dir = os.path.abspath(output_dir)
+  return _save(output_dir, config, params)
+
+
+def checkpoint_from_torch(input_file: str, output_dir: str, *, config=None,
+                          missing_qk_norm: str = 'error') -> str:
+  """Imports a .pt written by to-torch (or a plain Qwen3-named state dict, with --config)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  payload = torch.load(input_file, map_location='cpu', weights_only=True, mmap=True)
+  if isinstance(payload, dict) and payload.get('format') == TORCH_FORMAT:
+    state_dict, hf, saved_json = (payload['state_dict'], payload['hf_config'],
+                                  payload['dlmjax_config'])
+  elif isinstance(payload, dict) and all(isinstance(v, torch.Tensor) for v in payload.values()):
+    if config is None:
+      raise ConvertError(f'{input_file} is a bare state dict; pass --config to say which model.')
+    state_dict, hf, saved_json = payload, hf_config.to_hf(
+        config, vocab_rows=payload['model.embed_tokens.weight'].shape[0], dtype='fp32'), None
+  else:
+    raise ConvertError(f'{input_file} is neither a dlmjax .pt ({TORCH_FORMAT}) nor a state dict '
+                       'of tensors.')
+  config = _resolve_config(hf, config, saved_json)
+  check_tokenizer_vocab(run_tokenizer.find(config), config.model.vocab_size, 'model.vocab_size')
+  config.output_dir = os.path.abspath(output_dir)
+  source = hf_mapping.DictSource(state_dict, to_numpy=lambda t: t.float().numpy())
+  params = params_from_source(source, hf, config, missing_qk_norm=missing_qk_norm)
+  return _save(output_dir, config, params)
