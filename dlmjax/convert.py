@@ -19,7 +19,6 @@ command line itself runs as one process.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -51,17 +50,6 @@ TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_ma
 
 class ConvertError(RuntimeError):
   """A conversion that cannot proceed; the message says why and what to do."""
-
-
-def load_config_file(spec: str):
-  """`configs/x.py` or `configs/x.py:arg` -> that file's get_config(arg)."""
-  path, _, arg = spec.partition(':')
-  if not os.path.exists(path):
-    raise ConvertError(f'config file {path} does not exist.')
-  module_spec = importlib.util.spec_from_file_location('dlmjax_convert_config', path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
 
 
 def _vocab_rows(config, trim_vocab: bool) -> int:
@@ -353,7 +341,7 @@ def main(argv=None) -> int:
       out = torch_from_checkpoint(args.checkpoint_path, args.output, dtype=args.dtype,
                                   trim_vocab=args.trim_vocab)
     else:
-      config = load_config_file(args.config) if args.config else None
+      config = config_lib.load_file(args.config) if args.config else None
       if args.command == 'from-hf':
         out = checkpoint_from_hf(args.hf_dir, args.output_dir, config=config,
                                  missing_qk_norm=args.missing_qk_norm)

@@ -45,8 +45,8 @@ def canvas_overrides(task: str) -> dict:
   prompt, gen = TASK_CANVAS[task]
   canvas = {'model.seq_len': prompt + gen}
   return {'pretrain': canvas, 'sft': canvas,
-          'rl': {**canvas, 'rl.max_prompt_tokens': prompt, 'rl.gen_length': gen,
-                 'rl.diffusion_steps': gen // 2, 'rl.block_length': gen}}
+          'rl': {**canvas, 'rl.max_prompt_tokens': prompt, 'sampler.gen_length': gen,
+                 'sampler.steps': gen // 2, 'sampler.block_length': gen}}
 
 
 RL_STEPS = 60  # 15 rollouts: about 4 minutes of a seed's 9
@@ -119,8 +119,9 @@ def eval_sampling(recipe=RECIPE):
   """Greedy decoding with the rollouts' canvas, gen length, steps and blocks."""
   from dlmjax.diffusion import sampler as sampler_lib  # pylint: disable=import-outside-toplevel
   r = recipe['rl']
-  return sampler_lib.SamplingConfig(gen_length=r['rl.gen_length'], steps=r['rl.diffusion_steps'],
-                                    block_length=r['rl.block_length'], temperature=0.0)
+  return sampler_lib.SamplingConfig(gen_length=r['sampler.gen_length'],
+                                    steps=r['sampler.steps'],
+                                    block_length=r['sampler.block_length'], temperature=0.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,25 +132,10 @@ def configs_dir() -> str:
   return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
 
 
-def apply_overrides(config, overrides: dict) -> None:
-  """Sets dotted keys, each to the type the config already has (a typo is a clear error)."""
-  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
-  for key, value in overrides.items():
-    parent, _, leaf = key.rpartition('.')
-    try:
-      node = config_lib.get_key(config, parent) if parent else config
-    except (KeyError, AttributeError):
-      node = None
-    if node is None or leaf not in node:
-      raise config_lib.ConfigError(f'demo recipe key {key!r} is not a config key (see '
-                                   'dlmjax/config.py).')
-    node[leaf] = type(node[leaf])(value) if node[leaf] is not None else value
-
-
 def stage_configs(seed: int, run_dir: str, task: str, recipe=None) -> dict:
   """The three stage configs of one seed: OUTPUT/seedN/{pretrain,sft,rl}, each from the last
   (recipe: recipe_for('d1', task) unless given)."""
-  from dlmjax import convert  # pylint: disable=import-outside-toplevel
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
   recipe = recipe or recipe_for('d1', task)
   if not os.path.isdir(configs_dir()):
     raise FileNotFoundError(f'{configs_dir()} does not exist: the demo builds on the '
@@ -158,12 +144,11 @@ def stage_configs(seed: int, run_dir: str, task: str, recipe=None) -> dict:
   names = dict(zip(STAGES, STAGES), rl='rl' if objective == 'd1' else f'rl_{objective}')
   configs = {}
   for stage in STAGES:
-    c = convert.load_config_file(os.path.join(configs_dir(), _CONFIG_FILES[stage]))
-    apply_overrides(c, recipe[stage])
+    c = config_lib.load_file(os.path.join(configs_dir(), _CONFIG_FILES[stage]))
+    config_lib.apply_overrides(c, recipe[stage])
     c.seed = seed
     c.output_dir = os.path.join(run_dir, names[stage])
-    c.log.plots = False
-    c.log.tensorboard = False
+    c.log.outputs = ''
     if stage == 'sft':
       c.init_from = configs['pretrain'].output_dir
       c.sft.train_file = os.path.join(run_dir, f'sft_{task}.jsonl')

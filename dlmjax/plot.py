@@ -1,7 +1,7 @@
 """python -m dlmjax.plot RUN_DIR [--out DIR]: loss, throughput and reward PNGs from metrics.jsonl.
 
 Reads only the run's metrics.jsonl, so it works on a copied run directory without JAX devices.
-Training draws the same plots into OUTPUT_DIR/plots at the end of a run (log.plots).
+Training draws the same plots into OUTPUT_DIR/plots at the end of a run (plots in log.outputs).
 """
 
 from __future__ import annotations

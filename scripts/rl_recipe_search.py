@@ -21,6 +21,7 @@ import json
 import os
 import time
 
+from dlmjax import config as config_lib
 from dlmjax import demo
 from dlmjax.train import loop
 
@@ -92,9 +93,9 @@ def main() -> None:
           return
         config = copy.deepcopy(configs['rl'])
         config.output_dir = os.path.join(run_dir, f'rl_{name}')
-        demo.apply_overrides(config, overrides)
+        config_lib.apply_overrides(config, overrides)
         variant_start = time.time()
-        eval_steps = overrides.get('rl.diffusion_steps')  # scored with the sampler it trained
+        eval_steps = overrides.get('sampler.steps')  # scored with the sampler it trained
         loop.train(config)
         checkpoints = os.path.join(config.output_dir, 'checkpoints')
         steps = sorted(int(d) for d in os.listdir(checkpoints) if d.isdigit())

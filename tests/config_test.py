@@ -1,7 +1,6 @@
 """Every shipped config loads and validates; bad configs fail with a message naming the fix."""
 
 import glob
-import importlib.util
 import os
 
 import pytest
@@ -13,10 +12,7 @@ ROOT = os.path.join(os.path.dirname(__file__), '..')
 
 
 def _load(path, arg=None):
-  spec = importlib.util.spec_from_file_location('cfg', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return config_lib.load_file(f'{path}:{arg}' if arg else path)
 
 
 @pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(ROOT, 'configs', '*.py'))))

@@ -29,12 +29,6 @@ BATCH_KEYS = ('tokens', 'prompt_lengths', 'lengths', 'mask_seeds', 'advantages',
               'weight', 'completion_mask', 'rewards')
 
 
-def sampling_config(config) -> sampler_lib.SamplingConfig:
-  r = config.rl
-  return sampler_lib.SamplingConfig(gen_length=r.gen_length, steps=r.diffusion_steps,
-                                    block_length=r.block_length, temperature=r.temperature)
-
-
 def to_right_padded(out_BW, prompt_lengths_B, prompt_width: int, *, eos_id: int, pad_id: int):
   """Sampler output (left-padded prompt + canvas) -> rows [prompt, canvas, pads] of width W, the
   canvas after its first EOS rewritten to EOS; also (completion mask up to and incl. the first
@@ -57,7 +51,7 @@ def to_right_padded(out_BW, prompt_lengths_B, prompt_width: int, *, eos_id: int,
   return tokens, mask, lengths
 
 
-def loss_weights(completion_mask_BL, objective: str, normalisation: str):
+def loss_weights(completion_mask_BL, objective: str, normalisation: str = 'token'):
   """Each unit's share of the global batch loss: per token (d1) or per sequence (ESPO).
 
   d1 'token': mask / total completion tokens (d1, DAPO); 'sequence': mask / (tokens of the row x
@@ -85,7 +79,7 @@ class RolloutSource:
     # Several processes: each builds the same whole rollout (same prompts and keys, the sampler
     # and scorer run over the global mesh) and serves the block of rows its devices hold.
     self.shard, self.shards = process_index, process_count
-    self.sampling = sampling_config(config).validate()
+    self.sampling = sampler_lib.SamplingConfig.from_config(config)
     self.task = tasks_lib.get_task(r.task, data_path=r.task_data)
     self.tokenizer = sft_data.load_tokenizer(config)
     self.examples, self.prompt_ids = self._prompts('train', r.num_prompts, config.seed)
@@ -116,7 +110,7 @@ class RolloutSource:
     self.score_fn = make_score_fn(self.config, setup.model_config)
     self.greedy_fn = None  # the held-out sampler (temperature 0), compiled on first use
     self.reference = None
-    if self.r.kl_reference == 'init' and self.r.kl_beta > 0:
+    if self.r.kl_beta > 0:
       self.reference = self._load_reference()
 
   def _load_reference(self):
@@ -237,8 +231,7 @@ class RolloutSource:
     start = time.time()
     texts = self._decode(out)
     rewards, failures, correct = self._score_texts(examples, texts)
-    advantages = advantages_lib.group_advantages(rewards, group, r.advantage_scaling,
-                                                 negatives=r.negative_advantages)
+    advantages = advantages_lib.group_advantages(rewards, group)
     tokens, completion_mask, lengths = to_right_padded(
         out, prompt_lengths, r.max_prompt_tokens, eos_id=m.eos_token_id, pad_id=m.pad_token_id)
     seeds = np.stack([(index * r.inner_updates + j) * rows + np.arange(rows, dtype=np.int64)
@@ -253,7 +246,7 @@ class RolloutSource:
           rollout_completion_length=float(completion_mask.sum(1).mean())))
     return dict(tokens=tokens, prompt_lengths=prompt_lengths, lengths=lengths,
                 mask_seeds_all=seeds, advantages=advantages, old_all=old_all, ref_all=ref_all,
-                weight=loss_weights(completion_mask, r.objective, r.loss_normalisation),
+                weight=loss_weights(completion_mask, r.objective),
                 completion_mask=completion_mask, rewards=rewards)
 
   def _old_and_reference(self, params, tokens, prompt_lengths, lengths, seeds):

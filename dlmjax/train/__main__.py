@@ -4,22 +4,17 @@ On several hosts every process runs this same command; dlmjax.parallel.distribut
 launch environment (explicit, MegaDLMs' envs/.env, or SLURM) before any device is touched.
 """
 
-from ml_collections import config_flags
-
 from dlmjax import cli
 
-_CONFIG = config_flags.DEFINE_config_file('config', 'configs/tiny.py',
-                                          'A config file with get_config().', lock_config=True)
 
-
-def main(argv):
+def main(argv, config):
   del argv
   # pylint: disable=import-outside-toplevel
   from dlmjax.parallel import distributed
   distributed.initialize()
   from dlmjax.train import loop
-  loop.train(_CONFIG.value)
+  loop.train(config)
 
 
 if __name__ == '__main__':
-  cli.run(main)
+  cli.run(main, config_file='configs/tiny.py')

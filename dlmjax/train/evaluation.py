@@ -1,7 +1,7 @@
 """Validation loss during training: the stage's own loss on held-out batches, comparable over time.
 
 MegaDLMs validates with fresh random masks (reference 1.2), so two evaluations of one model
-differ. Here the masks derive from eval.seed and each held-out example's index, never from the
+differ. Here the masks derive from EVAL_SEED and each held-out example's index, never from the
 step, and no micro-batch is truncated: every evaluation scores the same tokens masked the same way,
 and val_loss moves only when the model does. Stage rl has no loss to validate; it gets held-out
 reward instead (HeldOutReward: fixed problems, greedy decoding), which likewise moves only when
@@ -24,11 +24,15 @@ from dlmjax.model import programs
 from dlmjax.parallel import rules
 from dlmjax.train import step as step_lib
 
+# Held-out masks (and RL's held-out problems) come from this seed and the example index, so
+# every evaluation of every run scores the same tokens masked the same way.
+EVAL_SEED = 0
+
 
 def _eval_config(config):
-  """The run's config with eval.seed as the mask seed and no variable-length truncation."""
+  """The run's config with EVAL_SEED as the mask seed and no variable-length truncation."""
   eval_config = ml_collections.ConfigDict(config.to_dict())
-  eval_config.seed = config.eval.seed
+  eval_config.seed = EVAL_SEED
   eval_config.diffusion.varlen_prob = 0.0
   return eval_config
 
@@ -146,7 +150,7 @@ class Evaluator(Periodic):
 class HeldOutReward(Periodic):
   """RL's evaluation: mean reward and accuracy of greedy completions of eval.batches x
   train.global_batch_size problems of rl.task (rl.eval_split: test, or valid = train-split
-  problems outside the RL prompts; eval.seed picks them), decoded by the rollout source with its
+  problems outside the RL prompts; EVAL_SEED picks them), decoded by the rollout source with its
   canvas and steps."""
 
   def __init__(self, config, source):
@@ -158,7 +162,7 @@ class HeldOutReward(Periodic):
     """The row {'step', 'val_reward', 'val_accuracy', ...} for metrics.jsonl; prints a line."""
     jax.block_until_ready(params)
     start = time.time()
-    row = {'step': step, **self.source.held_out_reward(params, self.num, self.config.eval.seed,
+    row = {'step': step, **self.source.held_out_reward(params, self.num, EVAL_SEED,
                                                         self.config.rl.eval_split)}
     if jax.process_index() == 0:
       print(f'step {step}: val_reward {row["val_reward"]:.4f} | val_accuracy '

@@ -82,8 +82,7 @@ def _run(config, stop, cleanup) -> dict | None:
     memory.check_fits(config, memory.present_device_memory_bytes())
   setup = state_lib.TrainSetup(config, mesh)
   stage = stages.STAGES[config.stage]
-  checkpoints = checkpoint_lib.RunCheckpoints(config.output_dir, keep=config.checkpoint.keep,
-                                              async_save=config.checkpoint.async_save)
+  checkpoints = checkpoint_lib.RunCheckpoints(config.output_dir, keep=config.checkpoint.keep)
   cleanup.callback(checkpoints.close)
   if jax.process_index() == 0:
     m = config.mesh
@@ -105,7 +104,7 @@ def _run(config, stop, cleanup) -> dict | None:
     batches.set_state(data_state)
   reporter = reporting.Reporter(config.output_dir, total_steps=config.train.steps,
                                 flops_per_token=setup.model_config.flops_per_token(),
-                                peak_tflops=config.log.peak_tflops,
+                                peak_tflops=0.0,
                                 sinks=sinks_lib.make_sinks(config, config.output_dir),
                                 flag_spikes=config.stage == 'pretrain')
   cleanup.callback(reporter.close)
@@ -157,7 +156,7 @@ def _run(config, stop, cleanup) -> dict | None:
 
 
 def _draw_plots(config) -> None:
-  if not config.log.plots or jax.process_index() != 0:
+  if 'plots' not in config_lib.log_outputs(config) or jax.process_index() != 0:
     return
   from dlmjax import plot  # pylint: disable=import-outside-toplevel
   try:

@@ -10,6 +10,8 @@ import optax
 
 from dlmjax.parallel import rules
 
+ADAM_EPS = 1e-8  # AdamW's epsilon (Megatron's, MaxText's, optax's default).
+
 
 def _anneal(progress, style):
   """Coefficient going 1 -> 0 over progress 0 -> 1 (Megatron's WSD decay styles)."""
@@ -59,6 +61,6 @@ def make_optimizer(train_config, axes_tree) -> optax.GradientTransformation:
   t = train_config
   return optax.chain(
       optax.clip_by_global_norm(t.clip_grad_norm) if t.clip_grad_norm > 0 else optax.identity(),
-      optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=t.eps,
+      optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=ADAM_EPS,
                   weight_decay=t.weight_decay, mask=weight_decay_mask(axes_tree)),
   )

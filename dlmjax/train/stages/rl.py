@@ -19,7 +19,7 @@ def loss_fn(config):
   r, num_micro = config.rl, config_lib.num_microbatches(config)
   common = dict(seed=config.seed, mask_id=config.model.mask_token_id,
                 chunk_size=config.model.loss_chunk_tokens)
-  beta = 0.0 if r.kl_reference == 'none' else r.kl_beta
+  beta = r.kl_beta
 
   def fn(module, *, tokens, prompt_lengths, lengths, mask_seeds, advantages, old, ref, weight,
          completion_mask, rewards, step=None, micro_index=None, example_ids_B=None):
@@ -32,8 +32,8 @@ def loss_fn(config):
     elif r.objective == 'spg':
       elbo, eubo = estimators.spg_sequence_bounds(
           module, tokens, prompt_lengths, lengths, completion_mask, mask_seeds,
-          num_samples=r.elbo_samples, block_length=r.block_length, p_mask_prompt=r.p_mask_prompt,
-          eubo_beta=r.spg_eubo_beta, **common)
+          num_samples=r.elbo_samples, block_length=config.sampler.block_length,
+          p_mask_prompt=r.p_mask_prompt, eubo_beta=r.spg_eubo_beta, **common)
       loss = objectives.spg_sequence_loss(elbo, eubo, advantages, mix_weight=r.spg_mix_weight)
       kl = clipped = jnp.zeros_like(loss)  # SPG has neither a ratio nor a KL term
     else:

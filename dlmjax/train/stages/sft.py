@@ -14,10 +14,8 @@ def loss_fn(config):
   """loss(module, tokens, roles=, [segment_ids=], **randomness) -> (objective, sums)."""
   head = dict(chunk_size=config.model.loss_chunk_tokens,
               token_shards=config_lib.batch_parallelism(config))
-  s = config.sft
   bound = dict(seed=config.seed, mask_id=config.model.mask_token_id,
-               normalisation=s.normalisation, supervise_padding=s.supervise_padding,
-               weight_by_inverse_t=s.weight_by_inverse_t, time_eps=s.time_eps)
+               supervise_padding=not config.data.packing)
 
   def fn(module, tokens, **kwargs):
     return sft_loss.sft_loss(functools.partial(loss_lib.model_cross_entropy, module, **head),
@@ -39,7 +37,7 @@ def eval_batch_iterator(config, *, process_index: int, process_count: int):
 
 def batch_keys(config) -> tuple[str, ...]:
   """int32 [global_batch_size, seq_len + 1] each: tokens, roles (and segment_ids when packed)."""
-  return ('tokens', 'roles', 'segment_ids') if config.sft.packing else ('tokens', 'roles')
+  return ('tokens', 'roles', 'segment_ids') if config.data.packing else ('tokens', 'roles')
 
 
 metrics = sft_loss.metrics
