@@ -27,11 +27,11 @@ def defaults() -> ml_collections.ConfigDict:
   c.init_from = ''  # a checkpoint to start from when output_dir has none (fine-tuning stages).
 
   c.model = ml_collections.ConfigDict()
-  c.model.num_layers = 2
+  c.model.num_layers = 2  # transformer blocks.
   c.model.d_model = 128  # the residual width.
   c.model.num_heads = 4  # query heads.
   c.model.num_kv_heads = 4  # key/value heads (grouped-query attention when fewer).
-  c.model.head_dim = 32
+  c.model.head_dim = 32  # per head (q, k, v).
   c.model.ffn_dim = 384  # the SwiGLU hidden width.
   # The tokenizer's vocabulary; the embedding is padded to a multiple of VOCAB_MULTIPLE x
   # mesh.tensor (Megatron).
@@ -92,14 +92,14 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.micro_batch_size = 16
   c.train.lr = 3e-3  # peak learning rate.
   c.train.min_lr = 3e-4  # the rate the decay ends at.
-  c.train.schedule = 'wsd'  # wsd | cosine | constant (train/optimizer.py)
+  # wsd (warmup-stable-decay, exponential anneal: MegaDLMs) | wsd_linear | wsd_cosine | cosine |
+  # constant (train/optimizer.py).
+  c.train.schedule = 'wsd'
   c.train.warmup_steps = 20  # linear warmup from 0.
   c.train.decay_steps = 0  # cosine: steps to decay over after warmup (0 = until train.steps).
-  c.train.wsd_decay_steps = 40  # wsd: length of the final anneal.
-  c.train.wsd_decay_style = 'exponential'  # exponential | linear | cosine
-  c.train.b1 = 0.9  # AdamW betas (eps 1e-8), decoupled weight decay on matrices only.
-  c.train.b2 = 0.95
-  c.train.weight_decay = 0.1
+  c.train.wsd_decay_steps = 40  # wsd*: length of the final anneal.
+  c.train.b2 = 0.95  # AdamW's beta2 (beta1 0.9, eps 1e-8).
+  c.train.weight_decay = 0.1  # decoupled, on matrices only (never norms).
   c.train.clip_grad_norm = 1.0  # global gradient-norm clip.
   # A non-finite loss or gradient skips the update; this many in a row stop the run (0 = never).
   c.train.max_consecutive_skips = 10
@@ -114,7 +114,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.mesh.fsdp = -1
   c.mesh.tensor = 1
   c.mesh.pipeline = 1
-  # Pipeline and context parallelism (README, "Parallelism"): the layer stack runs as
+  # Pipeline and context parallelism (README, "Batches and meshes"): the layer stack runs as
   # mesh.pipeline stages, each micro-batch split into pipeline_microbatches (0 = one per stage);
   # repeats > 1 makes the schedule circular (layer l sits on stage
   # (l // (layers / (pipeline x repeats))) % pipeline), shrinking the bubble
@@ -128,7 +128,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.checkpoint.every = 100  # 0 turns periodic saves off (the final step is still saved).
   c.checkpoint.keep = 3  # the newest checkpoints kept.
 
-  # Observability (README, "Observability"): every logged row goes to metrics.jsonl, and to
+  # Observability (README, "Faults and watching a run"): every logged row goes to metrics.jsonl,
   # log.outputs, comma-separated from: tensorboard (scalars under OUTPUT_DIR/tensorboard, no
   # TensorFlow needed), wandb (Weights & Biases offline under OUTPUT_DIR/wandb, project
   # $WANDB_PROJECT or dlmjax; needs wandb), plots (PNGs of loss/throughput/reward in
@@ -236,6 +236,9 @@ REMOVED = {
     'data.tfds_data_dir': 'TFDS reads the TFDS_DATA_DIR environment variable',
     'checkpoint.async_save': 'checkpoints are always saved asynchronously',
     'train.eps': "AdamW's epsilon is 1e-8 (dlmjax/train/optimizer.py)",
+    'train.b1': "AdamW's beta1 is 0.9 (dlmjax/train/optimizer.py); beta2 stays train.b2",
+    'train.wsd_decay_style': 'the anneal is part of train.schedule: wsd (exponential) | '
+                             'wsd_linear | wsd_cosine',
     'eval.seed': 'evaluation masks and problems come from a fixed seed '
                  '(dlmjax/train/evaluation.py)',
 }
@@ -258,6 +261,9 @@ def from_dict(values: dict) -> ml_collections.ConfigDict:
   values = _flatten(values)
   if values.get('sft.packing'):
     values['data.packing'] = True
+  style = values.get('train.wsd_decay_style', 'exponential')
+  if values.get('train.schedule') == 'wsd' and style != 'exponential':
+    values['train.schedule'] = f'wsd_{style}'
   outputs = [name for name in ('tensorboard', 'wandb', 'plots') if values.get(f'log.{name}')]
   if any(f'log.{name}' in values for name in ('tensorboard', 'wandb', 'plots')):
     values['log.outputs'] = ','.join(outputs)
@@ -500,8 +506,7 @@ _CHOICES = {
                     'full'),
     'diffusion.objective': ('mdm', 'ar'),
     'data.source': ('builtin', 'megatron', 'tfds:NAME:SPLIT'),
-    'train.schedule': ('wsd', 'cosine', 'constant'),
-    'train.wsd_decay_style': ('exponential', 'linear', 'cosine'),
+    'train.schedule': ('wsd', 'wsd_linear', 'wsd_cosine', 'cosine', 'constant'),
     'sft.chat_template': ('none', 'plain', 'llada', 'chatml'),
     'sft.too_long': ('truncate', 'drop', 'error'),
     'sampler.remasking': ('low_confidence', 'random'),
@@ -588,7 +593,7 @@ def validate(config, num_devices: int | None = None) -> None:
     raise ConfigError(f'train.global_batch_size={t.global_batch_size} is not a multiple of '
                       f'train.micro_batch_size={t.micro_batch_size}; pick a micro-batch that '
                       'divides it (gradients accumulate over global/micro steps).')
-  if t.schedule == 'wsd' and t.warmup_steps + t.wsd_decay_steps > t.steps:
+  if t.schedule.startswith('wsd') and t.warmup_steps + t.wsd_decay_steps > t.steps:
     raise ConfigError(f'train.warmup_steps + train.wsd_decay_steps = '
                       f'{t.warmup_steps + t.wsd_decay_steps} exceeds train.steps={t.steps}.')
   if t.max_consecutive_skips < 0:
