@@ -608,8 +608,8 @@ def validate(config, num_devices: int | None = None) -> None:
                         f'comma-separated subset of {LOG_OUTPUTS} (or \'\' for none).')
 
   _validate_sft(config)
-  _validate_sampler(config)
   _validate_rl(config)
+  _validate_sampler(config)
   _validate_mesh(config, num_devices)
 
 

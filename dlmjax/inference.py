@@ -98,7 +98,7 @@ class Pretrained:
     """
     # pylint: disable=import-outside-toplevel
     from dlmjax.diffusion import sampler
-    settings = sampler.SamplingConfig(**sampling).validate()
+    settings = sampler.SamplingConfig.from_values(**sampling).validate()
     m = self.config.model
     if batch_size < 1:
       raise ValueError(f'batch_size must be positive, got {batch_size}.')
