@@ -120,7 +120,7 @@ def add_arguments(parser) -> None:
                           help=_HELP.get(name))
     else:
       parser.add_argument(FLAGS[name], dest=f'sampler_{name}', type=type(default),
-                          default=default, help=_HELP.get(name))
+                          default=default, metavar=name.upper(), help=_HELP.get(name))
 
 
 def from_arguments(args) -> SamplingConfig:

@@ -42,8 +42,8 @@ def learning_rate_schedule(train_config):
     elif t.schedule in WSD_STYLES:
       decay = t.wsd_decay_steps
       progress = jnp.clip((s - (total - decay)) / max(decay, 1), 0.0, 1.0)
-      after = jnp.where(s <= total - decay, peak, floor + _anneal(progress, WSD_STYLES[t.schedule]) *
-                        (peak - floor))
+      annealed = floor + _anneal(progress, WSD_STYLES[t.schedule]) * (peak - floor)
+      after = jnp.where(s <= total - decay, peak, annealed)
       after = jnp.where(s > total, floor, after)
     else:  # cosine over decay_steps after warmup (Megatron's cosine style), then min_lr.
       span = t.decay_steps or (total - warmup)
