@@ -68,7 +68,7 @@ train="$train --config.train.global_batch_size=16 --config.train.micro_batch_siz
 train="$train --config.train.lr=6e-4 --config.train.min_lr=6e-5"
 train="$train --config.train.warmup_steps=$(( loss_steps / 10 ))"
 train="$train --config.train.wsd_decay_steps=$(( loss_steps / 5 ))"
-train="$train --config.checkpoint.every=0 --config.log.every=10 --config.log.plots=false"
+train="$train --config.checkpoint.every=0 --config.log.every=10 --config.log.outputs=tensorboard"
 train="$train --config.eval.every=$(( loss_steps / 6 )) --config.eval.batches=4"
 for mm in compute fp8; do
   say "XLA_FLAGS=$loss_flags python $train --config.model.matmul_dtype=$mm --config.output_dir=$runs/$mm"

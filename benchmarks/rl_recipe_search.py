@@ -21,6 +21,7 @@ import json
 import os
 import time
 
+from dlmjax import config as config_lib
 from dlmjax import demo
 from dlmjax.train import loop
 
@@ -76,7 +77,7 @@ def main() -> None:
     for sft_steps in [int(s) for s in args.sft_steps.split(',')]:
       run_dir = os.path.join(args.work_dir, f'seed{seed}_sft{sft_steps}')
       configs = demo.stage_configs(seed, run_dir, args.task)
-      demo.apply_overrides(configs['sft'], {'train.steps': sft_steps,
+      config_lib.apply_overrides(configs['sft'], {'train.steps': sft_steps,
                                             'train.wsd_decay_steps': max(1, sft_steps // 10)})
       sampling = demo.eval_sampling(configs['rl'])
       demo.write_sft_set(configs['sft'].sft.train_file, args.task)
@@ -91,9 +92,9 @@ def main() -> None:
           return
         config = copy.deepcopy(configs['rl'])
         config.output_dir = os.path.join(run_dir, f'rl_{name}')
-        demo.apply_overrides(config, overrides)
+        config_lib.apply_overrides(config, overrides)
         variant_start = time.time()
-        eval_steps = overrides.get('rl.diffusion_steps')  # scored with the sampler it trained
+        eval_steps = overrides.get('sampler.steps')  # scored with the sampler it trained
         loop.train(config)
         checkpoints = os.path.join(config.output_dir, 'checkpoints')
         steps = sorted(int(d) for d in os.listdir(checkpoints) if d.isdigit())

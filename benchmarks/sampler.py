@@ -43,12 +43,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load(args):
   # pylint: disable=import-outside-toplevel
-  from dlmjax import convert
+  from dlmjax import config as config_lib
   from dlmjax import inference
   from dlmjax import model as model_lib
   if args.checkpoint_path:
     return inference.load_pretrained(args.checkpoint_path, dtype=args.dtype)
-  config = convert.load_config_file(args.config)
+  config = config_lib.load_file(args.config)
   if args.dtype:
     config.model.dtype = {'fp32': 'float32', 'bf16': 'bfloat16'}.get(args.dtype, args.dtype)
   if config.model.attention_backend != 'xla' and jax.default_backend() != 'gpu':

@@ -5,7 +5,7 @@
 set -u
 n=${1:?usage: bash benchmarks/scaling.sh NUM_GPUS [1p7b|8b|all]}; which=${2:-all}
 B="python3 -m dlmjax.bench --config=configs/pretrain_1p7b.py --matmul=false"
-Q8="--config.model.preset=qwen3_8b_shape --config.model.num_layers=36 --config.model.d_model=4096
+Q8="--config.model.num_layers=36 --config.model.d_model=4096
  --config.model.num_heads=32 --config.model.num_kv_heads=8 --config.model.head_dim=128
  --config.model.ffn_dim=12288 --config.model.vocab_size=151936 --config.model.mask_token_id=151669
  --config.model.eos_token_id=151645 --config.model.pad_token_id=151643

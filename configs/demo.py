@@ -74,8 +74,8 @@ def canvas_overrides(task: str) -> dict:
   prompt, gen = TASK_CANVAS[task]
   canvas = {'model.seq_len': prompt + gen}
   return {'pretrain': canvas, 'sft': canvas,
-          'rl': {**canvas, 'rl.max_prompt_tokens': prompt, 'rl.gen_length': gen,
-                 'rl.diffusion_steps': gen // 2, 'rl.block_length': gen}}
+          'rl': {**canvas, 'rl.max_prompt_tokens': prompt, 'sampler.gen_length': gen,
+                 'sampler.steps': gen // 2, 'sampler.block_length': gen}}
 
 
 def recipe(objective: str = 'd1', task: str = 'sudoku4') -> dict:

@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
-from ml_collections import config_flags
 
 from dlmjax import cli
 from dlmjax.data import pipeline
@@ -24,8 +23,6 @@ from dlmjax.train import stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 
-_CONFIG = config_flags.DEFINE_config_file('config', 'configs/pretrain_1p7b.py', 'config file',
-                                          lock_config=True)
 _STEPS = flags.DEFINE_integer('steps', 10, 'timed steps')
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'untimed steps after compilation')
 _MATMUL = flags.DEFINE_bool('matmul', True, 'measure the bf16 matmul rate for a second MFU')
@@ -80,7 +77,7 @@ def run(config, steps: int, warmup: int, matmul: bool) -> dict:
   kind = jax.devices()[0].device_kind
   datasheet = reporting.peak_flops_per_device(0.0) / 1e12  # 0 for a kind not in the table
   result = dict(
-      config=config.model.preset or 'custom', device=kind, devices=devices,
+      layers=config.model.num_layers, d_model=config.model.d_model, device=kind, devices=devices,
       mesh=dict(config.mesh), micro_batch=config.train.micro_batch_size,
       global_batch=config.train.global_batch_size, seq=config.model.seq_len,
       dtype=config.model.dtype, matmul_dtype=config.model.matmul_dtype, remat=config.model.remat,
@@ -100,10 +97,10 @@ def run(config, steps: int, warmup: int, matmul: bool) -> dict:
   return result
 
 
-def main(argv):
+def main(argv, config):
   del argv
-  print(json.dumps(run(_CONFIG.value, _STEPS.value, _WARMUP.value, _MATMUL.value)), flush=True)
+  print(json.dumps(run(config, _STEPS.value, _WARMUP.value, _MATMUL.value)), flush=True)
 
 
 if __name__ == '__main__':
-  cli.run(main)
+  cli.run(main, config_file='configs/pretrain_1p7b.py')

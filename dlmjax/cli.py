@@ -24,33 +24,33 @@ def fail(message: str) -> None:
   sys.exit(2)
 
 
-def _parse_flags(argv):
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    fail(str(e))
-  except (AttributeError, KeyError, TypeError, ValueError) as e:
-    # ml_collections raises these for an unknown or mistyped --config.x override.
-    message = str(e).strip('\'"').replace('\\n', ' ').replace('\\\'', '\'')
-    fail(f'bad --config override: {message}. Every key and its type is in dlmjax/config.py.')
+def run(main, config_file: str | None = None) -> None:
+  """app.run(main) with readable errors for bad flags and for user errors raised by main.
 
+  With config_file, the command line's --config=FILE[:ARG] (default config_file) and
+  --config.KEY=VALUE overrides are read by config.parse_command_line and main is called as
+  main(argv, config); absl parses the other flags.
+  """
+  loaded = {}
 
-def run(main) -> None:
-  """app.run(main) with readable errors for bad flags and for user errors raised by main."""
+  def parse_flags(argv):
+    if config_file is not None:
+      try:
+        loaded['config'], argv = config_lib.parse_command_line(argv, config_file)
+      except config_lib.ConfigError as e:
+        fail(str(e))
+    try:
+      return flags.FLAGS(argv)
+    except flags.Error as e:
+      fail(str(e))
 
   def guarded(argv):
     # Library INFO logs (orbax, jax backends) drown the progress line; --verbosity=0 shows them.
     if not flags.FLAGS['verbosity'].present:
       logging.set_verbosity(logging.WARNING)
     try:
-      return main(argv)
+      return main(argv, loaded['config']) if config_file is not None else main(argv)
     except user_errors() as e:
       fail(str(e))
-    except OSError as e:
-      if 'Failed loading config file' not in str(e):
-        raise
-      # ml_collections defers a missing/broken config file's error to the first access.
-      detail = ' '.join(line.strip() for line in str(e).splitlines()[2:])
-      fail(f'cannot load the --config file: {detail}')
 
-  app.run(guarded, flags_parser=_parse_flags)
+  app.run(guarded, flags_parser=parse_flags)

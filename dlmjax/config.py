@@ -6,7 +6,10 @@ keys directly (never `config.get(key, default)`), so an unknown override fails a
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import math
+import os
 
 import ml_collections
 
@@ -16,27 +19,28 @@ class ConfigError(ValueError):
 
 
 def defaults() -> ml_collections.ConfigDict:
+  """Every key with its default; the meaning of each beside it (docs by topic in README.md)."""
   c = ml_collections.ConfigDict()
-  c.stage = 'pretrain'  # pretrain (later: sft | rl): selects the batch source and loss.
-  c.output_dir = 'runs/default'
-  c.seed = 1234
+  c.stage = 'pretrain'  # pretrain | sft | rl: selects the batch source and loss.
+  c.output_dir = 'runs/default'  # the run directory: checkpoints, config.json, metrics.jsonl.
+  c.seed = 1234  # parameter init, masks and data order derive from it.
   c.init_from = ''  # a checkpoint to start from when output_dir has none (fine-tuning stages).
 
   c.model = ml_collections.ConfigDict()
-  c.model.preset = ''  # informational: the size preset the dimensions came from.
-  c.model.num_layers = 2
-  c.model.d_model = 128
-  c.model.num_heads = 4
-  c.model.num_kv_heads = 4
-  c.model.head_dim = 32
-  c.model.ffn_dim = 384
-  c.model.vocab_size = 4096  # the tokenizer's vocabulary; the embedding is padded (below).
-  c.model.vocab_multiple = 128  # pad the embedding to a multiple of this x mesh.tensor (Megatron).
-  c.model.seq_len = 128
-  c.model.rope_theta = 10000.0
-  c.model.norm_eps = 1e-6
-  c.model.init_std = 0.02
-  c.model.tie_embeddings = False
+  c.model.num_layers = 2  # transformer blocks.
+  c.model.d_model = 128  # the residual width.
+  c.model.num_heads = 4  # query heads.
+  c.model.num_kv_heads = 4  # key/value heads (grouped-query attention when fewer).
+  c.model.head_dim = 32  # per head (q, k, v).
+  c.model.ffn_dim = 384  # the SwiGLU hidden width.
+  # The tokenizer's vocabulary; the embedding is padded to a multiple of VOCAB_MULTIPLE x
+  # mesh.tensor (Megatron).
+  c.model.vocab_size = 4096
+  c.model.seq_len = 128  # tokens per row: the canvas of every stage.
+  c.model.rope_theta = 10000.0  # RoPE base.
+  c.model.norm_eps = 1e-6  # RMSNorm epsilon.
+  c.model.init_std = 0.02  # normal init std (output projections: / sqrt(2 x layers), Megatron).
+  c.model.tie_embeddings = False  # the output head reuses the embedding.
   c.model.attention_mask = 'bidirectional'  # bidirectional | causal | block_causal
   c.model.block_size = 32  # block_causal only: tokens per block.
   c.model.attention_backend = 'xla'  # xla | cudnn | pallas | auto (fastest valid; attention.py)
@@ -49,11 +53,11 @@ def defaults() -> ml_collections.ConfigDict:
   # output head and the attention core stay in model.dtype either way.
   c.model.matmul_dtype = 'compute'
   c.model.remat = 'none'  # a policy in model/transformer.py REMAT_POLICIES
-  c.model.scan_layers = True
+  c.model.scan_layers = True  # the layer stack as one scanned layer (fast compiles).
   # Output head + cross-entropy fused over chunks of this many tokens (never materialising fp32
   # [tokens, vocab] logits); 0 computes the full logits first.
   c.model.loss_chunk_tokens = 4096
-  c.model.mask_token_id = 3
+  c.model.mask_token_id = 3  # the tokenizer's ids of MASK, EOS and padding.
   c.model.eos_token_id = 2
   c.model.pad_token_id = 0
 
@@ -62,44 +66,45 @@ def defaults() -> ml_collections.ConfigDict:
   c.diffusion.varlen_prob = 0.01  # share of micro-batches truncated to a random length.
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = 'builtin'  # builtin | megatron | tfds:NAME:SPLIT (the `tfds` extra)
+  # builtin | megatron | tfds:NAME:SPLIT (the `tfds` extra; TFDS_DATA_DIR says where the prepared
+  # datasets live).
+  c.data.source = 'builtin'
   c.data.train_prefixes = ''  # Megatron blend: "0.7 /data/a 0.3 /data/b" or "/data/a".
-  c.data.valid_prefixes = ''
-  c.data.split = '969,30,1'
-  c.data.tokenizer = ''
-  c.data.tfds_data_dir = ''  # tfds sources: where the prepared datasets live ('' = TFDS default).
-  c.data.cache_dir = ''  # '' means ~/.cache/dlmjax
-  c.data.num_workers = 0
-  c.data.prefetch = 2
+  c.data.valid_prefixes = ''  # the held-out blend; '' = data.split's valid share of the train one.
+  c.data.split = '969,30,1'  # Megatron's train,valid,test shares of the train blend.
+  c.data.tokenizer = ''  # tokenizer.json / .model; '' = the built-in corpus's.
+  c.data.cache_dir = ''  # built corpora, tokenizers, indices; '' = $DLMJAX_CACHE_DIR or ~/.cache.
+  c.data.num_workers = 0  # loader worker processes (0 = in the main process).
+  c.data.prefetch = 2  # batches read ahead.
   # Document-aware packing: attention, RoPE positions and the mask ratio t stay inside each
-  # document (split at model.eos_token_id) of a sample; off packs as Megatron (documents see each
-  # other). xla attention only.
+  # document (pretrain: split at model.eos_token_id; sft: each conversation) of a row; off packs
+  # pretraining as Megatron (documents see each other) and pads SFT rows with EOS that is trained
+  # (LLaDA). xla or pallas attention.
   c.data.packing = False
 
   c.train = ml_collections.ConfigDict()
-  c.train.steps = 200
+  c.train.steps = 200  # optimizer steps; the schedule ends here.
   c.train.exit_at_step = 0  # stop (with a checkpoint) on reaching this step; 0 = run to the end.
   # Rows per optimizer step, and rows per accumulation step across the WHOLE mesh (Megatron's
   # per-rank micro-batch times the data-parallel size). Both are mesh-independent, so a run gives
   # the same losses on any mesh.
   c.train.global_batch_size = 32
   c.train.micro_batch_size = 16
-  c.train.lr = 3e-3
-  c.train.min_lr = 3e-4
-  c.train.schedule = 'wsd'  # wsd | cosine | constant
-  c.train.warmup_steps = 20
+  c.train.lr = 3e-3  # peak learning rate.
+  c.train.min_lr = 3e-4  # the rate the decay ends at.
+  # wsd (warmup-stable-decay, exponential anneal: MegaDLMs) | wsd_linear | wsd_cosine | cosine |
+  # constant (train/optimizer.py).
+  c.train.schedule = 'wsd'
+  c.train.warmup_steps = 20  # linear warmup from 0.
   c.train.decay_steps = 0  # cosine: steps to decay over after warmup (0 = until train.steps).
-  c.train.wsd_decay_steps = 40  # wsd: length of the final anneal.
-  c.train.wsd_decay_style = 'exponential'  # exponential | linear | cosine
-  c.train.b1 = 0.9
-  c.train.b2 = 0.95
-  c.train.eps = 1e-8
-  c.train.weight_decay = 0.1
-  c.train.clip_grad_norm = 1.0
+  c.train.wsd_decay_steps = 40  # wsd*: length of the final anneal.
+  c.train.b2 = 0.95  # AdamW's beta2 (beta1 0.9, eps 1e-8).
+  c.train.weight_decay = 0.1  # decoupled, on matrices only (never norms).
+  c.train.clip_grad_norm = 1.0  # global gradient-norm clip.
   # A non-finite loss or gradient skips the update; this many in a row stop the run (0 = never).
   c.train.max_consecutive_skips = 10
-  # Multi-host launch (issue 7): refuse at start a config whose estimated memory per device
-  # (dlmjax/train/memory.py) exceeds the GPU's; False skips the check.
+  # Refuse at start a config whose estimated memory per device (dlmjax/train/memory.py)
+  # exceeds the GPU's; False skips the check.
   c.train.check_memory = True
 
   # Devices per mesh axis; one axis may be -1: it takes whatever the others leave (default: FSDP
@@ -109,23 +114,28 @@ def defaults() -> ml_collections.ConfigDict:
   c.mesh.fsdp = -1
   c.mesh.tensor = 1
   c.mesh.pipeline = 1
-  # Pipeline and context parallelism (issue 7): the layer stack runs as mesh.pipeline stages,
-  # each micro-batch split into pipeline_microbatches (0 = one per stage); repeats > 1 makes the
-  # schedule circular (layer l sits on stage (l // (layers / (pipeline x repeats))) % pipeline),
-  # shrinking the bubble (pipeline-1) / (repeats x microbatches + pipeline-1). mesh.context splits
-  # the sequence (attention all-to-alls to heads; weights are sharded over it as over fsdp).
+  # Pipeline and context parallelism (README, "Batches and meshes"): the layer stack runs as
+  # mesh.pipeline stages, each micro-batch split into pipeline_microbatches (0 = one per stage);
+  # repeats > 1 makes the schedule circular (layer l sits on stage
+  # (l // (layers / (pipeline x repeats))) % pipeline), shrinking the bubble
+  # (pipeline-1) / (repeats x microbatches + pipeline-1). mesh.context splits the sequence
+  # (attention all-to-alls to heads; weights are sharded over it as over fsdp).
   c.mesh.pipeline_repeats = 1
   c.mesh.pipeline_microbatches = 0
   c.mesh.context = 1
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 100  # 0 turns periodic saves off (the final step is still saved).
-  c.checkpoint.keep = 3
-  c.checkpoint.async_save = True
+  c.checkpoint.keep = 3  # the newest checkpoints kept.
 
+  # Observability (README, "Faults and watching a run"): every logged row goes to metrics.jsonl,
+  # log.outputs, comma-separated from: tensorboard (scalars under OUTPUT_DIR/tensorboard, no
+  # TensorFlow needed), wandb (Weights & Biases offline under OUTPUT_DIR/wandb, project
+  # $WANDB_PROJECT or dlmjax; needs wandb), plots (PNGs of loss/throughput/reward in
+  # OUTPUT_DIR/plots at the end; needs matplotlib). MFU uses the device kind's peak.
   c.log = ml_collections.ConfigDict()
-  c.log.every = 10
-  c.log.peak_tflops = 0.0  # per device, for MFU; 0 = guess from the device kind.
+  c.log.every = 10  # steps between logged rows.
+  c.log.outputs = 'tensorboard,plots'
 
   # Supervised fine-tuning (stage sft): LLaDA's recipe (dlmjax/data/sft.py, diffusion/sft_loss.py).
   c.sft = ml_collections.ConfigDict()
@@ -134,29 +144,39 @@ def defaults() -> ml_collections.ConfigDict:
   c.sft.train_file = ''
   c.sft.eval_file = ''  # held-out jsonl for val_loss (eval.every); builtin: the tasks' test split
   c.sft.chat_template = 'plain'  # none | plain | llada | chatml (dlmjax/data/chat.py)
-  c.sft.packing = False  # pack conversations into rows (needs supervise_padding=False) vs pad.
   c.sft.too_long = 'drop'  # rows longer than model.seq_len: truncate | drop | error
-  c.sft.normalisation = 'sequence'  # sequence (LLaDA: per answer length) | token | batch
-  c.sft.supervise_padding = True  # LLaDA: EOS padding is seen, masked and trained.
-  c.sft.weight_by_inverse_t = True  # CE of a masked token weighted by 1/p (LLaDA).
-  c.sft.time_eps = 1e-3  # p = (1 - eps) t + eps, t ~ U[0, 1) (LLaDA's forward process).
-  # Observability (issue 8): where logged rows go besides metrics.jsonl, and end-of-run plots.
-  c.log.tensorboard = True  # scalars to OUTPUT_DIR/tensorboard (no TensorFlow needed).
-  c.log.wandb = False  # Weights & Biases, offline mode, under OUTPUT_DIR/wandb (needs wandb).
-  c.log.wandb_project = 'dlmjax'
-  c.log.plots = True  # PNGs of loss/throughput/reward in OUTPUT_DIR/plots (needs matplotlib).
 
-  # Evaluation (issue 5 item 6, dlmjax/train/evaluation.py): the stage's loss on the held-out
-  # ('valid') split, logged as val_loss / val_masked_ce. Masks derive from eval.seed, never from
-  # the step, so every evaluation of a run scores the same tokens masked the same way. Stage rl
-  # instead decodes rl.task's problems (rl.eval_split) greedily with the rollout sampler and logs
-  # val_reward / val_accuracy (eval.batches x train.global_batch_size problems, eval.seed's).
+  # Evaluation (README, "Evaluation"; dlmjax/train/evaluation.py): the stage's loss on the
+  # held-out ('valid') split, logged as val_loss / val_masked_ce, with masks from a fixed seed and
+  # the example index, never the step, so every evaluation of a run scores the same tokens masked
+  # the same way. Stage rl instead decodes rl.task's problems (rl.eval_split) greedily with the
+  # rollout sampler and logs val_reward / val_accuracy (eval.batches x train.global_batch_size
+  # problems).
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 0  # steps between evaluations (and at the last step); 0 turns them off.
   c.eval.batches = 4  # global batches of the valid split per evaluation.
-  c.eval.seed = 0
 
-  # Reinforcement learning (stage rl, issue 6): dlmjax/rl, dlmjax/train/stages/rl.py.
+  # The masked-diffusion sampler (dlmjax/diffusion/sampler.py, SamplingConfig.from_config): RL's
+  # rollouts and held-out decoding (at temperature 0) read it. generate, evaluate and the lm-eval
+  # adapter take the same settings as flags / model_args, defaulting to LLaDA's demo.
+  c.sampler = ml_collections.ConfigDict()
+  c.sampler.gen_length = 64  # completion tokens (the canvas after the prompt).
+  c.sampler.steps = 32  # denoising steps over the whole completion (a multiple of its blocks).
+  c.sampler.block_length = 32  # semi-autoregressive blocks, decoded left to right.
+  c.sampler.temperature = 0.9  # 0 = greedy; else Gumbel-max sampling at this temperature.
+  c.sampler.top_p = 1.0  # nucleus filter before the temperature (1 = off).
+  c.sampler.cfg_scale = 0.0  # classifier-free guidance against a masked prompt (0 = off).
+  c.sampler.remasking = 'low_confidence'  # low_confidence | random: which tokens commit first.
+  c.sampler.threshold = 0.0  # > 0: also commit every masked token this confident (Fast-dLLM).
+  # none | truncate: the canvas after the current block is not computed (exact only under causal
+  # or block-causal attention).
+  c.sampler.cache = 'none'
+  c.sampler.stop_at_eos = False  # skip blocks once every row has committed an EOS (text-exact).
+
+  # Reinforcement learning (stage rl, README "Reinforcement learning"): dlmjax/rl,
+  # dlmjax/train/stages/rl.py. Advantages are r - group mean, d1's token normalisation and
+  # frozen-init KL reference (kl_beta 0 = none); the peers' alternatives are parameters of
+  # dlmjax/rl/advantages.py and rollout.loss_weights.
   c.rl = ml_collections.ConfigDict()
   c.rl.task = 'countdown3'  # a dlmjax.tasks name, or gsm8k (reads rl.task_data)
   c.rl.task_data = ''  # gsm8k: TRAIN.jsonl[,TEST.jsonl]
@@ -166,49 +186,260 @@ def defaults() -> ml_collections.ConfigDict:
   c.rl.inner_updates = 2  # mu: optimizer steps per rollout batch (d1: 8 countdown/sudoku)
   # d1 (diffu-GRPO, per-token one-step) | espo (sequence ELBO ratio) | spg (ELBO / EUBO bounds)
   c.rl.objective = 'd1'
-  c.rl.advantage_scaling = 'none'  # none (d1, SPG, ESPO: r - mean) | std (dLLM-RL z-score)
-  # keep (every peer) | drop: A := max(A, 0), only above-average completions are reinforced
-  # (SPG's "w/o negative" ablation, filtered behaviour cloning); no push-down of sampled tokens.
-  c.rl.negative_advantages = 'keep'
-  c.rl.loss_normalisation = 'token'  # d1: token (d1/DAPO) | sequence (GRPO); espo: per sequence
-  c.rl.kl_reference = 'init'  # init (frozen start model, d1) | old (rollout policy) | none
-  c.rl.kl_beta = 0.04  # d1's beta (k3 for d1, k2 for espo)
+  c.rl.kl_beta = 0.04  # d1's beta (k3 for d1, k2 for espo) against the init model; 0 = no KL.
   c.rl.clip_eps = 0.5  # d1's epsilon
   c.rl.p_mask_prompt = 0.15  # d1: prompt tokens masked in the one-step estimate
   c.rl.elbo_samples = 2  # espo, spg: Monte Carlo mask samples per sequence (ESPO's M, SPG's m)
   # spg: negative-advantage rows use mix_weight * EUBO + (1 - mix_weight) * ELBO (1 = EUBO alone,
   # 0 = ELBO alone); eubo_beta is the Renyi order (SPG: 1.0 for sudoku, 1.5 for the others).
-  # Masks are SPG's block-wise ones over rl.block_length blocks. SPG has no KL: kl_beta = 0.
+  # Masks are SPG's block-wise ones over sampler.block_length blocks. SPG has no KL: kl_beta = 0.
   c.rl.spg_mix_weight = 0.5
   c.rl.spg_eubo_beta = 1.0
   c.rl.reference_dtype = 'float32'  # float32 | bfloat16 (halves the reference's memory)
   c.rl.reference_on_host = False  # keep the reference in host memory between rollouts
-  c.rl.gen_length = 64  # rollout sampler (dlmjax/diffusion/sampler.py)
-  c.rl.diffusion_steps = 32
-  c.rl.block_length = 32
-  c.rl.temperature = 0.9
   # eval.every's problems: test (the task's test split) | valid (train-split problems outside
   # rl.num_prompts' set: for choosing a checkpoint without looking at the test split)
   c.rl.eval_split = 'test'
   return c
 
 
+# Keys this version no longer has: old name -> the new key, or why it went. A command-line
+# override or a config file setting one fails naming this; a saved run's config.json maps the
+# renamed ones (from_dict).
+RENAMED = {
+    'rl.gen_length': 'sampler.gen_length',
+    'rl.diffusion_steps': 'sampler.steps',
+    'rl.block_length': 'sampler.block_length',
+    'rl.temperature': 'sampler.temperature',
+    'sft.packing': 'data.packing',
+}
+REMOVED = {
+    'rl.advantage_scaling': 'advantages are r - group mean (std scaling: a parameter of '
+                            'dlmjax/rl/advantages.py)',
+    'rl.negative_advantages': 'every advantage is kept (dropping negatives: a parameter of '
+                              'dlmjax/rl/advantages.py)',
+    'rl.loss_normalisation': "d1 normalises per token (GRPO's per sequence: a parameter of "
+                             'dlmjax/rl/rollout.py loss_weights)',
+    'rl.kl_reference': 'the KL reference is the init model; rl.kl_beta=0 turns the KL off',
+    'sft.supervise_padding': 'EOS padding is supervised unless data.packing=True',
+    'sft.normalisation': "LLaDA's per-answer-length normalisation (others: a parameter of "
+                         'dlmjax/diffusion/sft_loss.py)',
+    'sft.weight_by_inverse_t': "LLaDA's 1/p weight (a parameter of dlmjax/diffusion/sft_loss.py)",
+    'sft.time_eps': "LLaDA's 1e-3 (a parameter of dlmjax/diffusion/sft_loss.py)",
+    'log.tensorboard': 'use log.outputs (comma-separated: tensorboard,wandb,plots)',
+    'log.wandb': 'use log.outputs (comma-separated: tensorboard,wandb,plots)',
+    'log.plots': 'use log.outputs (comma-separated: tensorboard,wandb,plots)',
+    'log.wandb_project': 'wandb reads the WANDB_PROJECT environment variable',
+    'log.peak_tflops': 'MFU uses the device kind\'s peak (dlmjax/train/reporting.py)',
+    'model.preset': 'configs apply presets with dlmjax.model.presets.apply_preset',
+    'model.vocab_multiple': 'the embedding pads to config.VOCAB_MULTIPLE (128, Megatron)',
+    'data.tfds_data_dir': 'TFDS reads the TFDS_DATA_DIR environment variable',
+    'checkpoint.async_save': 'checkpoints are always saved asynchronously',
+    'train.eps': "AdamW's epsilon is 1e-8 (dlmjax/train/optimizer.py)",
+    'train.b1': "AdamW's beta1 is 0.9 (dlmjax/train/optimizer.py); beta2 stays train.b2",
+    'train.wsd_decay_style': 'the anneal is part of train.schedule: wsd (exponential) | '
+                             'wsd_linear | wsd_cosine',
+    'eval.seed': 'evaluation masks and problems come from a fixed seed '
+                 '(dlmjax/train/evaluation.py)',
+}
+
+# Held-out masks and RL's held-out problems come from this seed and each example's index, so every
+# evaluation of every run scores the same tokens masked the same way (dlmjax/train/evaluation.py).
+EVAL_SEED = 0
+VOCAB_MULTIPLE = 128  # the embedding's rows are a multiple of this x mesh.tensor (Megatron).
+
+
+def old_key_message(dotted: str) -> str | None:
+  """The one line telling a user of an old key what replaced it, or None for other keys."""
+  if dotted in RENAMED:
+    return f'{dotted} is now {RENAMED[dotted]}.'
+  if dotted in REMOVED:
+    return f'{dotted} is no longer a key: {REMOVED[dotted]}.'
+  return None
+
+
 def from_dict(values: dict) -> ml_collections.ConfigDict:
-  """The defaults updated with saved values (a run's config.json), ignoring keys this version
-  no longer has, so old run directories stay loadable."""
+  """The defaults updated with saved values (a run's config.json): renamed keys map to their new
+  names, keys this version no longer has are ignored, so old run directories stay loadable."""
+  values = _flatten(values)
+  if values.get('sft.packing'):
+    values['data.packing'] = True
+  style = values.get('train.wsd_decay_style', 'exponential')
+  if values.get('train.schedule') == 'wsd' and style != 'exponential':
+    values['train.schedule'] = f'wsd_{style}'
+  outputs = [name for name in ('tensorboard', 'wandb', 'plots') if values.get(f'log.{name}')]
+  if any(f'log.{name}' in values for name in ('tensorboard', 'wandb', 'plots')):
+    values['log.outputs'] = ','.join(outputs)
+  for old, new in RENAMED.items():
+    if old in values and old != 'sft.packing':
+      values.setdefault(new, values[old])
   config = defaults()
-  _update_known(config, values)
+  for dotted, value in values.items():
+    try:
+      default = get_key(config, dotted)
+    except (KeyError, TypeError):
+      continue
+    if isinstance(default, ml_collections.ConfigDict):
+      continue
+    parent, leaf = _parent(config, dotted)
+    parent[leaf] = type(default)(value) if default is not None else value
   return config
 
 
-def _update_known(node, values):
+def _flatten(values: dict, prefix: str = '') -> dict:
+  flat = {}
   for key, value in values.items():
-    if key not in node:
-      continue
-    if isinstance(node[key], ml_collections.ConfigDict):
-      _update_known(node[key], value)
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f'{prefix}{key}.'))
     else:
-      node[key] = type(node[key])(value) if node[key] is not None else value
+      flat[f'{prefix}{key}'] = value
+  return flat
+
+
+def _parent(config, dotted: str):
+  *parents, leaf = dotted.split('.')
+  node = config
+  for part in parents:
+    node = node[part]
+  return node, leaf
+
+
+# ----------------------------------------------------------------------------------------------
+# Config files and dotted overrides: the one loader and the one override applier
+
+
+def load_file(spec: str) -> ml_collections.ConfigDict:
+  """`configs/x.py` or `configs/x.py:arg` -> that file's get_config(arg), checked for old keys.
+
+  A key the file sets that defaults() lacks fails naming its replacement (or its closest fix).
+  """
+  path, _, arg = spec.partition(':')
+  if not os.path.isfile(path):
+    raise ConfigError(f'cannot load the --config file {path}: it does not exist (pass a path '
+                      'such as configs/tiny.py[:ARG]).')
+  module_spec = importlib.util.spec_from_file_location('dlmjax_config_file', path)
+  module = importlib.util.module_from_spec(module_spec)
+  try:
+    module_spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+  except ConfigError:
+    raise
+  except Exception as e:  # a config file is user code: its error, one line, naming the file.
+    raise ConfigError(f'cannot load the --config file {spec}: {type(e).__name__}: {e}') from e
+  check_keys(config, source=path)
+  return config
+
+
+def check_keys(config, *, source: str = 'the config') -> None:
+  """Raises ConfigError for the first key that defaults() lacks, naming what replaced it."""
+  known = _flatten(defaults().to_dict())
+  for dotted in _flatten(config.to_dict()):
+    if dotted not in known:
+      message = old_key_message(dotted) or f'{dotted} is not a config key.'
+      raise ConfigError(f'{source}: {message}')
+
+
+def apply_overrides(config, overrides) -> ml_collections.ConfigDict:
+  """Sets dotted keys in place and returns the config.
+
+  `overrides` is a dict {dotted key: value} (values as they are, or strings parsed as the
+  default's type) or a list of "dotted.key=value" / "--config.dotted.key=value" strings. An old
+  key fails naming the new one; an unknown key fails naming the group's keys.
+  """
+  if not isinstance(overrides, dict):
+    pairs = {}
+    for item in overrides:
+      text = item[len('--config.'):] if item.startswith('--config.') else item
+      if '=' not in text:
+        raise ConfigError(f'override {item!r} is not KEY=VALUE (e.g. --config.train.steps=10).')
+      key, value = text.split('=', 1)
+      pairs[key] = value
+    overrides = pairs
+  for dotted, value in overrides.items():
+    message = old_key_message(dotted)
+    if message:
+      raise ConfigError(message)
+    try:
+      parent, leaf = _parent(config, dotted)
+      default = parent[leaf]
+    except (KeyError, AttributeError, TypeError):
+      raise ConfigError(_unknown_key_message(config, dotted)) from None
+    if isinstance(default, ml_collections.ConfigDict):
+      raise ConfigError(f'{dotted} is a group; set one of its keys ({sorted(default.keys())}).')
+    parent[leaf] = _parse(dotted, value, default)
+  return config
+
+
+def _unknown_key_message(config, dotted: str) -> str:
+  """'a.b is not a config key', with the closest key of its group."""
+  group, _, leaf = dotted.rpartition('.')
+  try:
+    node = get_key(config, group) if group else config
+    names = list(node.keys())
+  except (KeyError, AttributeError, TypeError):
+    group, names, leaf = '', list(config.keys()), dotted.split('.')[0]
+  close = difflib.get_close_matches(leaf, names, n=1)
+  hint = f' Did you mean "{close[0]}"?' if close else f' {group or "The top level"} has {names}.'
+  return f'{dotted} is not a config key (every key is in dlmjax/config.py).{hint}'
+
+
+def _parse(dotted: str, value, default):
+  """value as the default's type; strings (the command line's) are parsed."""
+  if default is None:
+    return value
+  kind = type(default)
+  if isinstance(value, str) and kind is not str:
+    if kind is bool:
+      if value.lower() not in ('true', 'false', '1', '0'):
+        raise ConfigError(f'{dotted}={value!r} is not a bool; use true or false.')
+      return value.lower() in ('true', '1')
+    try:
+      return kind(value)
+    except ValueError as e:
+      try:  # 1e-4 for an int key, or 1e6 written for 1000000
+        number = float(value)
+      except ValueError:
+        raise ConfigError(f'{dotted}={value!r}: {e} (the default is {default!r}).') from None
+      if kind is int and number != int(number):
+        raise ConfigError(f'{dotted}={value!r} is not an integer.') from None
+      return kind(number)
+  if kind is bool or isinstance(value, bool):
+    if not (kind is bool and isinstance(value, bool)):
+      raise ConfigError(f'{dotted}={value!r} and its default {default!r} differ in type.')
+    return value
+  if kind in (int, float) and isinstance(value, (int, float)):
+    if kind is int and value != int(value):
+      raise ConfigError(f'{dotted}={value!r} is not an integer.')
+    return kind(value)
+  if not isinstance(value, kind):
+    raise ConfigError(f'{dotted}={value!r} is not a {kind.__name__} (the default is '
+                      f'{default!r}).')
+  return value
+
+
+def parse_command_line(argv, default_file: str):
+  """(config, the other arguments) from a command line with --config=FILE[:ARG] and
+  --config.KEY=VALUE overrides, for the CLIs: the file is loaded with load_file, the overrides
+  applied with apply_overrides, in that order wherever they stand."""
+  spec, overrides, rest = default_file, [], []
+  args = list(argv)
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    if arg.startswith('--config='):
+      spec = arg[len('--config='):]
+    elif arg == '--config' and i + 1 < len(args):
+      spec = args[i + 1]
+      i += 1
+    elif arg.startswith('--config.'):
+      if '=' not in arg and i + 1 < len(args):
+        arg = f'{arg}={args[i + 1]}'
+        i += 1
+      overrides.append(arg)
+    else:
+      rest.append(arg)
+    i += 1
+  return apply_overrides(load_file(spec), overrides), rest
 
 
 # ----------------------------------------------------------------------------------------------
@@ -216,8 +447,8 @@ def _update_known(node, values):
 
 
 def padded_vocab_size(config) -> int:
-  """The embedding rows: vocab rounded up to vocab_multiple x tensor, as Megatron pads."""
-  multiple = config.model.vocab_multiple * config.mesh.tensor
+  """The embedding rows: vocab rounded up to VOCAB_MULTIPLE x tensor, as Megatron pads."""
+  multiple = VOCAB_MULTIPLE * config.mesh.tensor
   return int(math.ceil(config.model.vocab_size / multiple) * multiple)
 
 
@@ -268,11 +499,7 @@ def resolve_mesh(config, num_devices: int) -> None:
 _CHOICES = {
     'stage': ('pretrain', 'sft', 'rl'),
     'rl.objective': ('d1', 'espo', 'spg'),
-    'rl.advantage_scaling': ('none', 'std'),
-    'rl.negative_advantages': ('keep', 'drop'),
     'rl.eval_split': ('test', 'valid'),
-    'rl.loss_normalisation': ('token', 'sequence'),
-    'rl.kl_reference': ('init', 'old', 'none'),
     'rl.reference_dtype': ('float32', 'bfloat16'),
     'model.attention_mask': ('bidirectional', 'causal', 'block_causal'),
     'model.attention_backend': ('xla', 'cudnn', 'pallas', 'auto'),
@@ -283,12 +510,18 @@ _CHOICES = {
                     'full'),
     'diffusion.objective': ('mdm', 'ar'),
     'data.source': ('builtin', 'megatron', 'tfds:NAME:SPLIT'),
-    'train.schedule': ('wsd', 'cosine', 'constant'),
-    'train.wsd_decay_style': ('exponential', 'linear', 'cosine'),
+    'train.schedule': ('wsd', 'wsd_linear', 'wsd_cosine', 'cosine', 'constant'),
     'sft.chat_template': ('none', 'plain', 'llada', 'chatml'),
     'sft.too_long': ('truncate', 'drop', 'error'),
-    'sft.normalisation': ('sequence', 'token', 'batch'),
+    'sampler.remasking': ('low_confidence', 'random'),
+    'sampler.cache': ('none', 'truncate'),
 }
+LOG_OUTPUTS = ('tensorboard', 'wandb', 'plots')
+
+
+def log_outputs(config) -> tuple[str, ...]:
+  """The names in log.outputs."""
+  return tuple(name.strip() for name in config.log.outputs.split(',') if name.strip())
 
 
 def get_key(config, dotted):
@@ -364,7 +597,7 @@ def validate(config, num_devices: int | None = None) -> None:
     raise ConfigError(f'train.global_batch_size={t.global_batch_size} is not a multiple of '
                       f'train.micro_batch_size={t.micro_batch_size}; pick a micro-batch that '
                       'divides it (gradients accumulate over global/micro steps).')
-  if t.schedule == 'wsd' and t.warmup_steps + t.wsd_decay_steps > t.steps:
+  if t.schedule.startswith('wsd') and t.warmup_steps + t.wsd_decay_steps > t.steps:
     raise ConfigError(f'train.warmup_steps + train.wsd_decay_steps = '
                       f'{t.warmup_steps + t.wsd_decay_steps} exceeds train.steps={t.steps}.')
   if t.max_consecutive_skips < 0:
@@ -376,9 +609,14 @@ def validate(config, num_devices: int | None = None) -> None:
   if config.eval.every < 0 or config.eval.batches < 1:
     raise ConfigError(f'eval.every={config.eval.every} must be >= 0 and eval.batches='
                       f'{config.eval.batches} >= 1.')
+  for name in log_outputs(config):
+    if name not in LOG_OUTPUTS:
+      raise ConfigError(f'log.outputs={config.log.outputs!r} names {name!r}; use a '
+                        f'comma-separated subset of {LOG_OUTPUTS} (or \'\' for none).')
 
   _validate_sft(config)
   _validate_rl(config)
+  _validate_sampler(config)
   _validate_mesh(config, num_devices)
 
 
@@ -396,30 +634,49 @@ def _validate_rl(config):
   if config.train.global_batch_size % r.group_size:
     raise ConfigError(f'rl.group_size={r.group_size} does not divide train.global_batch_size='
                       f'{config.train.global_batch_size}; each rollout holds whole groups.')
-  for key in ('num_prompts', 'max_prompt_tokens', 'inner_updates', 'elbo_samples', 'gen_length'):
+  for key in ('num_prompts', 'max_prompt_tokens', 'inner_updates', 'elbo_samples'):
     if r[key] < 1:
       raise ConfigError(f'rl.{key}={r[key]} must be >= 1.')
-  if r.max_prompt_tokens + r.gen_length > config.model.seq_len:
-    raise ConfigError(f'rl.max_prompt_tokens + rl.gen_length = '
-                      f'{r.max_prompt_tokens + r.gen_length} exceed model.seq_len='
+  gen_length = config.sampler.gen_length
+  if r.max_prompt_tokens + gen_length > config.model.seq_len:
+    raise ConfigError(f'rl.max_prompt_tokens + sampler.gen_length = '
+                      f'{r.max_prompt_tokens + gen_length} exceed model.seq_len='
                       f'{config.model.seq_len}; shorten them.')
   if r.kl_beta < 0 or not 0 < r.clip_eps or not 0 <= r.p_mask_prompt <= 1:
     raise ConfigError('rl.kl_beta must be >= 0, rl.clip_eps > 0 and rl.p_mask_prompt in [0, 1].')
   if r.objective == 'spg':
-    if r.kl_beta > 0 and r.kl_reference != 'none':
+    if r.kl_beta > 0:
       raise ConfigError(f'rl.objective=spg has no KL term (SPG trains without one), but '
                         f'rl.kl_beta={r.kl_beta}; set --config.rl.kl_beta=0.')
     if not 0 <= r.spg_mix_weight <= 1 or r.spg_eubo_beta < 1:
       raise ConfigError(f'rl.spg_mix_weight={r.spg_mix_weight} must be in [0, 1] and '
                         f'rl.spg_eubo_beta={r.spg_eubo_beta} >= 1 (the EUBO is a bound for '
                         'beta >= 1).')
-  from dlmjax.diffusion import sampler  # pylint: disable=import-outside-toplevel
-  try:
-    sampler.SamplingConfig(gen_length=r.gen_length, steps=r.diffusion_steps,
-                           block_length=r.block_length, temperature=r.temperature).validate()
-  except ValueError as e:
-    raise ConfigError(f'rl sampler settings: {e} (keys rl.gen_length, rl.diffusion_steps, '
-                      'rl.block_length, rl.temperature)') from e
+
+
+def _validate_sampler(config):
+  """The sampler group as plain data (dlmjax/diffusion/sampler.py checks the same settings of
+  any SamplingConfig; this names the sampler.* key)."""
+  s = config.sampler
+  for key in ('gen_length', 'steps', 'block_length'):
+    if not isinstance(s[key], int) or isinstance(s[key], bool) or s[key] < 1:
+      raise ConfigError(f'sampler.{key}={s[key]!r} must be a positive integer.')
+  if s.gen_length % s.block_length:
+    raise ConfigError(f'sampler.gen_length={s.gen_length} is not a multiple of '
+                      f'sampler.block_length={s.block_length}; pick a block_length that divides '
+                      'it.')
+  blocks = s.gen_length // s.block_length
+  if s.steps % blocks:
+    raise ConfigError(f'sampler.steps={s.steps} is not a multiple of the {blocks} blocks '
+                      f'(sampler.gen_length / sampler.block_length); use steps = k * {blocks}.')
+  if s.temperature < 0:
+    raise ConfigError(f'sampler.temperature={s.temperature} must be >= 0 (0 = greedy).')
+  if not 0 < s.top_p <= 1:
+    raise ConfigError(f'sampler.top_p={s.top_p} must lie in (0, 1].')
+  if s.cfg_scale < 0:
+    raise ConfigError(f'sampler.cfg_scale={s.cfg_scale} must be >= 0 (0 = off).')
+  if not 0 <= s.threshold <= 1:
+    raise ConfigError(f'sampler.threshold={s.threshold} must lie in [0, 1] (0 = off).')
 
 
 def _validate_sft(config):
@@ -430,14 +687,6 @@ def _validate_sft(config):
   if config.stage == 'sft' and not s.train_file and config.data.source != 'builtin':
     raise ConfigError('stage sft reads sft.train_file (jsonl), or the built-in instruction set '
                       'when data.source=builtin; set --config.sft.train_file=PATH.')
-  if s.packing and s.supervise_padding:
-    raise ConfigError('sft.packing=True leaves no EOS padding to supervise; set '
-                      '--config.sft.supervise_padding=False (or sft.packing=False, LLaDA).')
-  if s.packing and config.model.attention_backend == 'cudnn':
-    raise ConfigError('sft.packing=True needs per-conversation attention; use '
-                      '--config.model.attention_backend=xla.')
-  if not 0.0 <= s.time_eps < 1.0:
-    raise ConfigError(f'sft.time_eps={s.time_eps} must be in [0, 1).')
 
 
 def fit_to_devices(config, num_devices: int) -> None:

@@ -12,7 +12,6 @@ line runs as one process.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 
@@ -24,17 +23,6 @@ from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_mapping
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
-
-
-def load_config_file(spec: str):
-  """`configs/x.py` or `configs/x.py:arg` -> that file's get_config(arg)."""
-  path, _, arg = spec.partition(':')
-  if not os.path.exists(path):
-    raise hf_io.ConvertError(f'config file {path} does not exist.')
-  module_spec = importlib.util.spec_from_file_location('dlmjax_convert_config', path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -80,7 +68,7 @@ def main(argv=None) -> int:
       out = hf_io.torch_from_checkpoint(args.checkpoint_path, args.output, dtype=args.dtype,
                                   trim_vocab=args.trim_vocab)
     else:
-      config = load_config_file(args.config) if args.config else None
+      config = config_lib.load_file(args.config) if args.config else None
       if args.command == 'from-hf':
         out = hf_io.checkpoint_from_hf(args.hf_dir, args.output_dir, config=config,
                                  missing_qk_norm=args.missing_qk_norm)

@@ -18,12 +18,21 @@ and SFT runs and trains only its own RL stage (OUTPUT/seedN/rl_<objective>).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import time
 
 import numpy as np
+
+from dlmjax import cli
+from dlmjax import config as config_lib
+from dlmjax import evaluate
+from dlmjax import tasks as tasks_lib
+from dlmjax import verify
+from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.train import loop
 
 STAGES = ('pretrain', 'sft', 'rl')
 SFT_EXAMPLES = 4000  # task training examples written as the SFT set (worked solutions)
@@ -33,11 +42,8 @@ EVAL_SEED = 0  # held-out set and decoding key: fixed, so stages and seeds see t
 
 
 def eval_sampling(rl_config):
-  """Greedy decoding with the rollouts' canvas, gen length, steps and blocks."""
-  from dlmjax.diffusion import sampler as sampler_lib  # pylint: disable=import-outside-toplevel
-  r = rl_config.rl
-  return sampler_lib.SamplingConfig(gen_length=r.gen_length, steps=r.diffusion_steps,
-                                    block_length=r.block_length, temperature=0.0)
+  """Greedy decoding with the rollouts' sampler settings (canvas, gen length, steps, blocks)."""
+  return dataclasses.replace(sampler_lib.SamplingConfig.from_config(rl_config), temperature=0.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -48,27 +54,9 @@ def configs_dir() -> str:
   return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
 
 
-def apply_overrides(config, overrides: dict) -> None:
-  """Sets dotted keys, each to the type the config already has (a typo is a clear error)."""
-  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
-  for key, value in overrides.items():
-    parent, _, leaf = key.rpartition('.')
-    try:
-      node = config_lib.get_key(config, parent) if parent else config
-    except (KeyError, AttributeError):
-      node = None
-    if node is None or leaf not in node:
-      raise config_lib.ConfigError(f'demo recipe key {key!r} is not a config key (see '
-                                   'dlmjax/config.py).')
-    node[leaf] = type(node[leaf])(value) if node[leaf] is not None else value
-
-
 def base_config(path: str, overrides: dict):
   """The config file at `path` with dotted `overrides` on top (configs/demo.py's stages)."""
-  from dlmjax import convert  # pylint: disable=import-outside-toplevel
-  config = convert.load_config_file(path)
-  apply_overrides(config, overrides)
-  return config
+  return config_lib.apply_overrides(config_lib.load_file(path), overrides)
 
 
 def config_spec(stage: str, task: str, objective: str = 'd1') -> str:
@@ -79,18 +67,16 @@ def config_spec(stage: str, task: str, objective: str = 'd1') -> str:
 def stage_configs(seed: int, run_dir: str, task: str, objective: str = 'd1') -> dict:
   """The three stage configs of one seed (configs/demo.py's recipe): OUTPUT/seedN/{pretrain,sft,
   rl}, each from the last; another objective's RL stage is OUTPUT/seedN/rl_<objective>."""
-  from dlmjax import convert  # pylint: disable=import-outside-toplevel
   if not os.path.isdir(configs_dir()):
     raise FileNotFoundError(f'{configs_dir()} does not exist: the demo builds on the '
                             "repository's configs/; run it from a source checkout of dlmjax.")
   names = dict(zip(STAGES, STAGES), rl='rl' if objective == 'd1' else f'rl_{objective}')
   configs = {}
   for stage in STAGES:
-    c = convert.load_config_file(config_spec(stage, task, objective))
+    c = config_lib.load_file(config_spec(stage, task, objective))
     c.seed = seed
     c.output_dir = os.path.join(run_dir, names[stage])
-    c.log.plots = False
-    c.log.tensorboard = False
+    c.log.outputs = ''
     if stage == 'sft':
       c.init_from = configs['pretrain'].output_dir
       c.sft.train_file = os.path.join(run_dir, f'sft_{task}.jsonl')
@@ -102,7 +88,6 @@ def stage_configs(seed: int, run_dir: str, task: str, objective: str = 'd1') -> 
 
 def write_sft_set(path: str, task: str, num: int = SFT_EXAMPLES, seed: int = 0) -> str:
   """Worked solutions of the task's TRAIN split as SFT rows (the held-out split never enters)."""
-  from dlmjax import tasks as tasks_lib  # pylint: disable=import-outside-toplevel
   examples = tasks_lib.get_task(task).examples('train', num, seed)
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   tmp = f'{path}.tmp{os.getpid()}'
@@ -150,7 +135,6 @@ def best_checkpoint(run_dir: str) -> str:
 def evaluate_stage(run_dir: str, task: str, *, sampling, num: int = EVAL_EXAMPLES,
                    samples: int = 1) -> dict:
   """Held-out accuracy and mean reward of the run's latest checkpoint (evaluate.tasks_mode)."""
-  from dlmjax import evaluate  # pylint: disable=import-outside-toplevel
   model = evaluate.EvalModel(run_dir, sampling=sampling, seed=EVAL_SEED, batch_size=EVAL_BATCH)
   _, summary = evaluate.tasks_mode(model, [task], num=num, seed=EVAL_SEED, samples=samples)
   return summary[task]
@@ -158,7 +142,6 @@ def evaluate_stage(run_dir: str, task: str, *, sampling, num: int = EVAL_EXAMPLE
 
 def verify_stage(run_dir: str) -> tuple[bool, str]:
   """dlmjax.verify's integrity and fp32 parity checks; (all passed, the report)."""
-  from dlmjax import verify  # pylint: disable=import-outside-toplevel
   checks = verify.verify(run_dir)
   return all(c.ok for c in checks), verify.report(checks)
 
@@ -166,7 +149,6 @@ def verify_stage(run_dir: str) -> tuple[bool, str]:
 def run_seed(seed: int, output_dir: str, task: str, objective: str = 'd1',
              log=print) -> list[dict]:
   """Trains the three stages of one seed, then evaluates and verifies each; one row per stage."""
-  from dlmjax.train import loop  # pylint: disable=import-outside-toplevel
   run_dir = os.path.join(output_dir, f'seed{seed}')
   configs = stage_configs(seed, run_dir, task, objective)
   sampling = eval_sampling(configs['rl'])
@@ -320,8 +302,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-  from dlmjax import cli  # pylint: disable=import-outside-toplevel
-  from dlmjax import tasks as tasks_lib  # pylint: disable=import-outside-toplevel
   args = _parser().parse_args(argv)
   try:
     seeds = parse_seeds(args.seeds)

@@ -202,16 +202,9 @@ def _parser() -> argparse.ArgumentParser:
   tk = sub.add_parser('tasks', help='accuracy on the built-in tasks\' test splits')
   tk.add_argument('--tasks', default='countdown3,sudoku4,arithmetic')
   tk.add_argument('--num', type=int, default=100, help='test examples per task')
-  defaults = sampler_lib.SamplingConfig()
-  tk.add_argument('--gen-length', type=int, default=defaults.gen_length)
-  tk.add_argument('--steps', type=int, default=defaults.steps)
-  tk.add_argument('--block-length', type=int, default=defaults.block_length)
-  tk.add_argument('--temperature', type=float, default=0.0)
   tk.add_argument('--samples', type=int, default=1, help='completions per problem, averaged '
                   '(with --temperature > 0)')
-  tk.add_argument('--cfg', type=float, default=0.0)
-  tk.add_argument('--remasking', choices=sampler_lib.REMASKING, default='low_confidence')
-  tk.add_argument('--threshold', type=float, default=0.0)
+  sampler_lib.add_arguments(tk)
   return parser
 
 
@@ -226,10 +219,7 @@ def main(argv=None) -> int:
                         seed=args.seed, batch_size=args.batch_size, dtype=args.dtype)
       results, summary = likelihood_mode(model, rows)
     else:
-      sampling = sampler_lib.SamplingConfig(
-          gen_length=args.gen_length, steps=args.steps, block_length=args.block_length,
-          temperature=args.temperature, cfg_scale=args.cfg, remasking=args.remasking,
-          threshold=args.threshold)
+      sampling = sampler_lib.from_arguments(args)
       model = EvalModel(args.checkpoint_path, sampling=sampling, tokenizer=args.tokenizer,
                         seed=args.seed, batch_size=args.batch_size, dtype=args.dtype)
       names = [n.strip() for n in args.tasks.split(',') if n.strip()]

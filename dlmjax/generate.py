@@ -10,6 +10,7 @@ completion; --prompts-file reads jsonl rows {"prompt": ...} and writes each row 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -29,19 +30,7 @@ def _parser() -> argparse.ArgumentParser:
   source.add_argument('--prompt', action='append', help='a prompt (repeat for several)')
   source.add_argument('--prompts-file', help='jsonl rows with a "prompt" string')
   parser.add_argument('--output', default='', help='jsonl out (with --prompts-file)')
-  d = sampler.SamplingConfig()
-  parser.add_argument('--gen-length', type=int, default=d.gen_length)
-  parser.add_argument('--steps', type=int, default=d.steps)
-  parser.add_argument('--block-length', type=int, default=d.block_length)
-  parser.add_argument('--temperature', type=float, default=d.temperature)
-  parser.add_argument('--top-p', type=float, default=d.top_p)
-  parser.add_argument('--cfg', type=float, default=d.cfg_scale, help='CFG scale (0 = off)')
-  parser.add_argument('--remasking', default=d.remasking, help=' | '.join(sampler.REMASKING))
-  parser.add_argument('--threshold', type=float, default=d.threshold,
-                      help='also commit tokens at least this confident (0 = off)')
-  parser.add_argument('--cache', default=d.cache, help=' | '.join(sampler.CACHE_MODES))
-  parser.add_argument('--stop-at-eos', action='store_true',
-                      help='skip the remaining blocks once every row has an EOS')
+  sampler.add_arguments(parser)
   parser.add_argument('--chat-template', default=None,
                       help="override the checkpoint's template ('none' = raw prompt)")
   parser.add_argument('--batch-size', type=int, default=8)
@@ -62,18 +51,15 @@ def _read_prompts(path: str) -> list[dict]:
 
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
-  sampling = dict(gen_length=args.gen_length, steps=args.steps, block_length=args.block_length,
-                  temperature=args.temperature, top_p=args.top_p, cfg_scale=args.cfg,
-                  remasking=args.remasking, threshold=args.threshold, cache=args.cache,
-                  stop_at_eos=args.stop_at_eos)
   try:
-    sampler.SamplingConfig(**sampling).validate()  # before the (slow) checkpoint load
+    sampling = sampler.from_arguments(args)  # validated before the (slow) checkpoint load
     rows = (_read_prompts(args.prompts_file) if args.prompts_file
             else [{'prompt': p} for p in args.prompt])
     model = inference.load_pretrained(args.checkpoint_path, dtype=args.dtype)
     start = time.perf_counter()
     texts = model.generate([r['prompt'] for r in rows], chat_template=args.chat_template,
-                           seed=args.seed, batch_size=args.batch_size, **sampling)
+                           seed=args.seed, batch_size=args.batch_size,
+                           **dataclasses.asdict(sampling))
     elapsed = time.perf_counter() - start
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)
@@ -87,8 +73,8 @@ def main(argv=None) -> int:
   else:
     for text in texts:
       print(text)
-  print(f'{len(rows)} prompts x {args.gen_length} tokens in {elapsed:.1f} s (with compilation)',
-        file=sys.stderr)
+  print(f'{len(rows)} prompts x {sampling.gen_length} tokens in {elapsed:.1f} s (with '
+        'compilation)', file=sys.stderr)
   return 0
 
 

@@ -81,7 +81,7 @@ class Pretrained:
     `sampling` holds SamplingConfig fields. Prompts run batch_size at a time, left-padded to the
     longest prompt; the last batch is filled up so one compilation serves every batch.
     """
-    settings = sampler.SamplingConfig(**sampling).validate()
+    settings = sampler.SamplingConfig.from_values(**sampling).validate()
     m = self.config.model
     if batch_size < 1:
       raise ValueError(f'batch_size must be positive, got {batch_size}.')

@@ -24,20 +24,20 @@ from dlmjax.diffusion import sampler as sampler_lib
 
 @register_model('dlmjax')
 class DlmjaxLM(LM):
-  """model_args: checkpoint_path (required), mc_num, mc_batch, cfg, gen_length, steps,
-  block_length, remasking, temperature, seed, tokenizer, dtype; batch_size from lm-eval."""
+  """model_args: checkpoint_path (required), mc_num, mc_batch, cfg (likelihood and sampler),
+  the sampler's settings by their SamplingConfig names (gen_length, steps, block_length,
+  temperature, top_p, remasking, threshold, cache, stop_at_eos; defaults: LLaDA's demo), seed,
+  tokenizer, dtype; batch_size from lm-eval."""
 
   def __init__(self, checkpoint_path: str, mc_num: int = 128, mc_batch: int = 32,
-               cfg: float = 0.0, gen_length: int = 128, steps: int = 128, block_length: int = 32,
-               remasking: str = 'low_confidence', temperature: float = 0.0, seed: int = 0,
-               tokenizer: str = '', dtype: str | None = None, batch_size=8, **unused):
+               cfg: float = 0.0, seed: int = 0, tokenizer: str = '', dtype: str | None = None,
+               batch_size=8, **kwargs):
     super().__init__()
-    del unused  # lm-eval passes device / max_batch_size, which a JAX model does not use.
+    # Other kwargs: lm-eval's device / max_batch_size, which a JAX model does not use.
     settings = likelihood_lib.LikelihoodConfig(mc_num=int(mc_num), mc_batch=int(mc_batch),
                                                cfg_scale=float(cfg))
-    sampling = sampler_lib.SamplingConfig(
-        gen_length=int(gen_length), steps=int(steps), block_length=int(block_length),
-        temperature=float(temperature), cfg_scale=float(cfg), remasking=remasking)
+    sampling = sampler_lib.SamplingConfig.from_values(
+        cfg_scale=cfg, **{k: v for k, v in kwargs.items() if k in sampler_lib.FIELDS})
     rows = int(batch_size) if str(batch_size).isdigit() else 8  # 'auto' -> 8
     self.model = evaluate.EvalModel(checkpoint_path, settings=settings, sampling=sampling,
                                     tokenizer=tokenizer, seed=int(seed), batch_size=rows,

@@ -2,7 +2,7 @@
 
 Reads only the run's metrics.jsonl, so it works on a copied run directory without JAX devices.
 Training draws the same plots (dlmjax/observability/plots.py) into OUTPUT_DIR/plots at the end of
-a run (log.plots).
+a run (plots in log.outputs).
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ from __future__ import annotations
 import jax
 import numpy as np
 from absl import flags
-from ml_collections import config_flags
 
 from dlmjax import cli
 from dlmjax import config as config_lib
@@ -23,8 +22,6 @@ from dlmjax.train import stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 
-_CONFIG = config_flags.DEFINE_config_file('config', 'configs/tiny.py', 'config file',
-                                          lock_config=True)
 _DEVICES = flags.DEFINE_integer('devices', 0, 'validate the mesh for this many devices '
                                 '(default: the devices present)')
 _COMPILE = flags.DEFINE_bool('compile', False, 'compile the step and print XLA memory analysis')
@@ -122,13 +119,13 @@ def check_memory(config, device_memory_gib: float, device_kind: str) -> str:
           f'on {what} (XLA_PYTHON_CLIENT_MEM_FRACTION {memory.usable_fraction():g})')
 
 
-def main(argv):
+def main(argv, config):
   del argv
-  print(summarize(_CONFIG.value, _DEVICES.value or None))
-  print(check_memory(_CONFIG.value, _DEVICE_MEMORY.value, _DEVICE_KIND.value))
+  print(summarize(config, _DEVICES.value or None))
+  print(check_memory(config, _DEVICE_MEMORY.value, _DEVICE_KIND.value))
   if _COMPILE.value:
-    print(compiled_memory(_CONFIG.value))
+    print(compiled_memory(config))
 
 
 if __name__ == '__main__':
-  cli.run(main)
+  cli.run(main, config_file='configs/tiny.py')

@@ -18,7 +18,7 @@ import sys
 import jax
 import numpy as np
 
-from dlmjax import convert
+from dlmjax import config as config_lib
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.train import stages
 from dlmjax.train import state as state_lib
@@ -136,13 +136,9 @@ def _hlo_op(event) -> str:
 
 
 def main():
-  config = convert.load_config_file(os.environ.get('CONFIG', 'configs/pretrain_1p7b.py'))
+  config = config_lib.load_file(os.environ.get('CONFIG', 'configs/pretrain_1p7b.py'))
   config.train.micro_batch_size = config.train.global_batch_size = int(os.environ.get('MB', 8))
-  for arg in sys.argv[1:]:  # --config.a.b=value overrides, as the benchmark takes them
-    dotted, value = arg.removeprefix('--config.').split('=', 1)
-    section, key = dotted.split('.')
-    old = config[section][key]
-    config[section][key] = type(old)(value) if not isinstance(old, bool) else value == 'true'
+  config_lib.apply_overrides(config, sys.argv[1:])  # --config.a.b=value, as the benchmark
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
   stage = stages.build(config)
   step_fn = step_lib.CompiledStep(setup, stage)

@@ -1,22 +1,22 @@
 """Every shipped config loads and validates; bad configs fail with a message naming the fix."""
 
+import ast
+import dataclasses
 import glob
-import importlib.util
 import os
+import re
 
 import pytest
 
 from dlmjax import config as config_lib
+from dlmjax.diffusion import sampler
 from tests.conftest import tiny_test_config
 
 ROOT = os.path.join(os.path.dirname(__file__), '..')
 
 
 def _load(path, arg=None):
-  spec = importlib.util.spec_from_file_location('cfg', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return config_lib.load_file(f'{path}:{arg}' if arg else path)
 
 
 @pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(ROOT, 'configs', '*.py'))))
@@ -66,3 +66,175 @@ def test_bad_configs_name_the_fix(overrides, message):
   devices = 8
   with pytest.raises(config_lib.ConfigError, match=message):
     config_lib.validate(config, num_devices=devices)
+
+
+def _num_keys(node):
+  return sum(_num_keys(v) if isinstance(v, dict) else 1 for v in node.values())
+
+
+def test_the_config_has_fewer_than_100_keys():
+  assert _num_keys(config_lib.defaults().to_dict()) < 100
+
+
+def test_every_key_has_its_meaning_and_no_comment_cites_an_issue():
+  """Each `c.group.key = default` line has a comment on it or in the block just above it."""
+  lines = open(config_lib.__file__).read().split('\n')
+  start = next(i for i, line in enumerate(lines) if line.startswith('def defaults('))
+  end = next(i for i, line in enumerate(lines) if line.startswith('def from_dict('))
+  body = lines[start:end]
+  for i, line in enumerate(body):
+    assert not re.search(r'issue \d|\b20\d\d-\d\d', line), line
+    if re.match(r'  c\.[a-z_.]+ = ', line) and 'ConfigDict()' not in line:
+      above = [b for b in body[max(0, i - 12):i] if b.strip()]
+      commented = '#' in line or any(b.lstrip().startswith('#') for b in above[-6:])
+      assert commented, f'no meaning beside {line.strip()}'
+
+
+def test_config_imports_nothing_of_dlmjax():
+  """config sits at the bottom of the import graph (the sampler validates against it)."""
+  tree = ast.parse(open(config_lib.__file__).read())
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom):
+      assert not (node.module or '').startswith('dlmjax'), node.module
+    elif isinstance(node, ast.Import):
+      assert not any(a.name.startswith('dlmjax') for a in node.names)
+
+
+def test_sampler_group_is_the_sampling_config():
+  c = config_lib.defaults()
+  assert set(c.sampler.keys()) == set(sampler.FIELDS)
+  settings = sampler.SamplingConfig.from_config(c)
+  assert dataclasses.asdict(settings) == c.sampler.to_dict()
+  # The rollout sampler as it was under rl.*: 64 tokens, 32 steps, blocks of 32, temperature 0.9.
+  assert (settings.gen_length, settings.steps, settings.block_length, settings.temperature) == (
+      64, 32, 32, 0.9)
+  c.sampler.block_length = 5  # from_config validates by itself, naming the group
+  with pytest.raises(config_lib.ConfigError, match='config.sampler: gen_length=64 is not a '
+                     'multiple of block_length=5'):
+    sampler.SamplingConfig.from_config(c)
+
+
+@pytest.mark.parametrize('overrides,message', [
+    ({'sampler.block_length': 5}, 'sampler.gen_length=64 is not a multiple of '
+     'sampler.block_length=5'),
+    ({'sampler.steps': 3}, 'sampler.steps=3 is not a multiple of the 2 blocks'),
+    ({'sampler.temperature': -1.0}, 'sampler.temperature'),
+    ({'sampler.top_p': 0.0}, 'sampler.top_p'),
+    ({'sampler.remasking': 'sideways'}, 'sampler.remasking'),
+    ({'sampler.cache': 'kv'}, 'sampler.cache'),
+    ({'sampler.threshold': 2.0}, 'sampler.threshold'),
+    ({'log.outputs': 'tensorboard,slack'}, "names 'slack'"),
+])
+def test_bad_sampler_and_log_keys_name_the_key(overrides, message):
+  with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+    config_lib.validate(tiny_test_config(**overrides))
+
+
+def test_rl_cross_checks_the_sampler_canvas():
+  c = tiny_test_config(**{'stage': 'rl', 'init_from': 'x', 'model.seq_len': 64,
+                          'rl.max_prompt_tokens': 32, 'sampler.gen_length': 32,
+                          'sampler.block_length': 32, 'sampler.steps': 4,
+                          'rl.group_size': 4})
+  config_lib.validate(c)
+  c.sampler.gen_length = 64
+  with pytest.raises(config_lib.ConfigError,
+                     match=re.escape('rl.max_prompt_tokens + sampler.gen_length = 96 exceed')):
+    config_lib.validate(c)
+
+
+@pytest.mark.parametrize('old,new', [
+    ('rl.gen_length', 'sampler.gen_length'), ('rl.diffusion_steps', 'sampler.steps'),
+    ('rl.block_length', 'sampler.block_length'), ('rl.temperature', 'sampler.temperature'),
+    ('sft.packing', 'data.packing'),
+])
+def test_renamed_keys_fail_naming_the_new_one(old, new, tmp_path):
+  expected = f'{old} is now {new}.'
+  with pytest.raises(config_lib.ConfigError, match=re.escape(expected)):
+    config_lib.apply_overrides(config_lib.defaults(), [f'--config.{old}=1'])
+  with pytest.raises(config_lib.ConfigError, match=re.escape(expected)):
+    config_lib.apply_overrides(config_lib.defaults(), {old: 1})
+  group, leaf = old.split('.')
+  path = tmp_path / 'old.py'  # a config file written for the old keys
+  path.write_text('from dlmjax import config as config_lib\n\n\n'
+                  'def get_config():\n'
+                  '  c = config_lib.defaults()\n'
+                  f'  c.{group}.{leaf} = 1\n'
+                  '  return c\n')
+  with pytest.raises(config_lib.ConfigError, match=re.escape(f'{path}: {expected}')):
+    config_lib.load_file(str(path))
+
+
+@pytest.mark.parametrize('old', sorted(config_lib.REMOVED))
+def test_removed_keys_fail_saying_why(old):
+  with pytest.raises(config_lib.ConfigError, match=re.escape(f'{old} is no longer a key: ')):
+    config_lib.apply_overrides(config_lib.defaults(), {old: 1})
+  assert old not in config_lib.RENAMED
+
+
+def test_old_run_configs_still_load():
+  """A config.json written before the renames: the renamed keys map, the dropped ones go."""
+  saved = config_lib.defaults().to_dict()
+  del saved['sampler']
+  saved['rl'].update(gen_length=16, diffusion_steps=4, block_length=8, temperature=0.7,
+                     advantage_scaling='std', negative_advantages='drop')
+  saved['sft'].update(packing=True, supervise_padding=False, time_eps=1e-3)
+  saved['log'] = dict(every=5, tensorboard=False, wandb=True, wandb_project='p', plots=True,
+                      peak_tflops=0.0)
+  saved['train'].update(schedule='wsd', wsd_decay_style='linear', b1=0.9, eps=1e-8)
+  saved['model'].update(preset='tiny', vocab_multiple=128)
+  c = config_lib.from_dict(saved)
+  assert (c.sampler.gen_length, c.sampler.steps, c.sampler.block_length,
+          c.sampler.temperature) == (16, 4, 8, 0.7)
+  assert c.data.packing and c.log.every == 5 and c.log.outputs == 'wandb,plots'
+  assert c.train.schedule == 'wsd_linear'
+  assert 'advantage_scaling' not in c.rl and 'preset' not in c.model
+  config_lib.check_keys(c)  # nothing old left
+  assert config_lib.from_dict(config_lib.defaults().to_dict()).to_dict() == (
+      config_lib.defaults().to_dict())
+
+
+def test_load_file_takes_an_argument_and_names_a_bad_file(tmp_path):
+  c = config_lib.load_file(os.path.join(ROOT, 'configs', 'rl.py:spg'))
+  assert c.rl.objective == 'spg' and c.rl.kl_beta == 0.0
+  with pytest.raises(config_lib.ConfigError, match='cannot load the --config file .*missing.py: '
+                     'it does not exist'):
+    config_lib.load_file(str(tmp_path / 'missing.py'))
+  with pytest.raises(config_lib.ConfigError, match='ValueError: configs/rl.py takes no argument'):
+    config_lib.load_file(os.path.join(ROOT, 'configs', 'rl.py:ppo'))
+  typo = tmp_path / 'typo.py'
+  typo.write_text('from dlmjax import config as config_lib\n\n\ndef get_config():\n'
+                  '  c = config_lib.defaults()\n  c.train.stpes = 3\n  return c\n')
+  with pytest.raises(config_lib.ConfigError, match='train.stpes is not a config key'):
+    config_lib.load_file(str(typo))
+
+
+def test_apply_overrides_parses_as_the_default_type():
+  c = config_lib.apply_overrides(config_lib.defaults(), [
+      '--config.train.lr=1e-4', '--config.train.steps=1e3', 'data.packing=true',
+      '--config.model.dtype=bfloat16', '--config.sampler.stop_at_eos=False',
+      '--config.log.outputs='])
+  assert (c.train.lr, c.train.steps, c.data.packing, c.model.dtype) == (1e-4, 1000, True,
+                                                                         'bfloat16')
+  assert c.sampler.stop_at_eos is False and c.log.outputs == ''
+  assert isinstance(c.train.steps, int) and isinstance(c.train.lr, float)
+  config_lib.apply_overrides(c, {'train.lr': 1, 'rl.kl_beta': 0})  # ints where floats live
+  assert isinstance(c.train.lr, float) and c.train.lr == 1.0
+  for overrides, message in (
+      (['--config.model.d_modle=3'], 'Did you mean "d_model"'),
+      (['--config.model.d_model=abc'], 'invalid literal'),
+      (['--config.train.steps=2.5'], 'is not an integer'),
+      (['--config.data.packing=maybe'], 'is not a bool'),
+      (['--config.model=3'], 'model is a group'),
+      (['--config.train.steps'], 'is not KEY=VALUE'),
+      ({'model.dtype': 3}, 'is not a str'),
+      ({'train.steps': 2.5}, 'is not an integer')):
+    with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+      config_lib.apply_overrides(config_lib.defaults(), overrides)
+
+
+def test_parse_command_line_splits_config_flags_from_the_rest():
+  argv = ['prog', '--devices=8', f'--config={ROOT}/configs/rl.py:espo', '--config.train.steps',
+          '7', '--compile', '--config.sampler.temperature=0.5']
+  c, rest = config_lib.parse_command_line(argv, 'configs/tiny.py')
+  assert rest == ['prog', '--devices=8', '--compile']
+  assert (c.rl.objective, c.train.steps, c.sampler.temperature) == ('espo', 7, 0.5)

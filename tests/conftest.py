@@ -16,12 +16,8 @@ import pytest  # noqa: E402
 
 def tiny_test_config(**overrides):
   """configs/tiny.py shrunk further so a step compiles in seconds on 2 cores."""
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  path = os.path.join(os.path.dirname(__file__), '..', 'configs', 'tiny.py')
-  spec = importlib.util.spec_from_file_location('tiny_config', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
+  c = config_lib.load_file(os.path.join(os.path.dirname(__file__), '..', 'configs', 'tiny.py'))
   c.model.num_layers = 2
   c.model.d_model = 64
   c.model.num_heads = 4
@@ -35,13 +31,7 @@ def tiny_test_config(**overrides):
   c.train.wsd_decay_steps = 2
   c.train.steps = 10
   c.log.every = 1
-  for dotted, value in overrides.items():
-    node = c
-    *parents, leaf = dotted.split('.')
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return config_lib.apply_overrides(c, overrides)
 
 
 @pytest.fixture

@@ -126,9 +126,9 @@ def test_stage_configs_chain_and_validate(tmp_path):
       assert node == value, key
   config_lib.validate(configs['rl'])  # the recipe is a valid RL config
   r = configs['rl'].rl
-  assert r.max_prompt_tokens + r.gen_length <= configs['rl'].model.seq_len
-  with pytest.raises(config_lib.ConfigError, match="'rl.nope' is not a config key"):
-    demo.apply_overrides(configs['rl'], {'rl.nope': 1})
+  assert r.max_prompt_tokens + configs['rl'].sampler.gen_length <= configs['rl'].model.seq_len
+  with pytest.raises(config_lib.ConfigError, match='rl.nope is not a config key'):
+    config_lib.apply_overrides(configs['rl'], {'rl.nope': 1})
 
 
 def test_other_objectives_share_pretraining_and_sft(tmp_path):
@@ -152,8 +152,8 @@ def test_every_task_gets_its_own_canvas(tmp_path, task):
   prompt, gen = _recipe().TASK_CANVAS[task]
   configs = demo.stage_configs(1, str(tmp_path), task)
   assert {c.model.seq_len for c in configs.values()} == {prompt + gen}
-  r = configs['rl'].rl
-  assert (r.max_prompt_tokens, r.gen_length, r.diffusion_steps) == (prompt, gen, gen // 2)
+  r, s = configs['rl'].rl, configs['rl'].sampler
+  assert (r.max_prompt_tokens, s.gen_length, s.steps) == (prompt, gen, gen // 2)
   config_lib.validate(configs['rl'])
   assert demo.eval_sampling(configs['rl']).gen_length == gen
   # The widths hold the task's prompts (plain template) and answers + EOS on the tiny tokenizer.

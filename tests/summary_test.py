@@ -28,6 +28,7 @@ def test_pretrain_1p7b_counts():
     (['--config.model.d_model=abc'], 'invalid literal'),
     (['--config.mesh.tensor=3'], 'not divisible by mesh.tensor=3'),
     (['--config=configs/missing.py'], 'cannot load the --config file'),
+    (['--config.rl.gen_length=64'], 'rl.gen_length is now sampler.gen_length.'),
 ])
 def test_bad_input_is_one_line(args, message):
   result = _run(*(args if args[0].startswith('--config=') else ['--config=configs/tiny.py', *args]))

@@ -208,14 +208,14 @@ def eval_file(config) -> str:
 
 def build_rows(config, log=print, path: str | None = None) -> dict[str, np.ndarray]:
   """Every row of the SFT set (path, default the train file), in file order (packed when
-  sft.packing)."""
+  data.packing)."""
   path = path or train_file(config)
   conversations = read_conversations(path, config.sft.chat_template)
   canvas = config.model.seq_len
   encoded, report = encode_conversations(
       conversations, run_tokenizer.load(config, build=True), eos_id=config.model.eos_token_id,
       canvas=canvas, too_long=config.sft.too_long, source=path)
-  if config.sft.packing:
+  if config.data.packing:
     order = np.random.default_rng([config.seed, 1]).permutation(len(encoded))
     rows = packed_rows([encoded[i] for i in order], eos_id=config.model.eos_token_id,
                        width=canvas + 1, canvas=canvas)

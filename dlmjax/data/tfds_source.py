@@ -58,7 +58,7 @@ def ensure_tfds_prefix(config, cache_dir: str) -> str:
   name, split = parse_source(config.data.source)
   tfds = _tfds()
   tokenizer_path = run_tokenizer.find(config, build=True)
-  data_dir = config.data.tfds_data_dir or None
+  data_dir = os.environ.get('TFDS_DATA_DIR') or None
   tok = tokenizer_lib.load_tokenizer(tokenizer_path, require_mask=False)
   if config.data.packing and tok.eod_id != config.model.eos_token_id:
     raise DataError(f'{tokenizer_path} ends documents with id {tok.eod_id} but '
@@ -76,7 +76,7 @@ def ensure_tfds_prefix(config, cache_dir: str) -> str:
   except Exception as e:  # tfds raises many kinds for a missing or unprepared dataset.
     raise DataError(f'cannot open TFDS dataset {name!r} split {split!r} (data_dir '
                     f'{data_dir or "TFDS default"}): {e}. Prepare it with tfds (array_record '
-                    'format), or set --config.data.tfds_data_dir.') from e
+                    'format), or set the TFDS_DATA_DIR environment variable.') from e
   os.makedirs(os.path.dirname(final), exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=f'.{slug}.tmp-', dir=os.path.dirname(final))
   try:

@@ -15,6 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dlmjax import config as config_lib
+from dlmjax import model as model_lib
+from dlmjax.model import attention, programs
+from dlmjax.parallel import distributed, rules
+
 REMASKING = ('low_confidence', 'random')
 # 'none': the whole canvas every step. 'truncate': the canvas after the current block is never
 # computed, exact only where it cannot be seen (causal and block-causal attention; see generate).
@@ -67,6 +72,64 @@ class SamplingConfig:
     if self.cache not in CACHE_MODES:
       raise ValueError(f'unknown cache {self.cache!r}; known: {CACHE_MODES}.')
     return self
+
+  @classmethod
+  def from_config(cls, config) -> 'SamplingConfig':
+    """The run's sampler group (config.sampler of the whole run config), validated; a bad
+    setting raises ConfigError naming its sampler.* key."""
+    try:
+      return cls.from_values(**config.sampler.to_dict()).validate()
+    except ValueError as e:
+      raise config_lib.ConfigError(f'config.sampler: {e} (set --config.sampler.KEY)') from e
+
+  @classmethod
+  def from_values(cls, **values) -> 'SamplingConfig':
+    """Settings from field values, strings (lm-eval model_args, flags) read as the field's type;
+    not validated. An unknown name fails naming the fields."""
+    defaults = cls()
+    fields = {}
+    for name, value in values.items():
+      if not hasattr(defaults, name) or name in ('num_blocks', 'steps_per_block'):
+        raise ValueError(f'{name!r} is not a sampler setting; known: {FIELDS}.')
+      default = getattr(defaults, name)
+      if isinstance(default, bool) and isinstance(value, str):
+        if value.lower() not in ('true', 'false', '1', '0'):
+          raise ValueError(f'{name}={value!r} is not a bool; use true or false.')
+        value = value.lower() in ('true', '1')
+      elif not isinstance(default, bool) and isinstance(default, (int, float)):
+        value = type(default)(value)
+      fields[name] = value
+    return cls(**fields)
+
+
+FIELDS = tuple(field.name for field in dataclasses.fields(SamplingConfig))
+# The command-line flag of each field (generate and evaluate); cfg_scale is --cfg as in
+# evaluate's likelihood mode and lm-eval's model_args.
+FLAGS = {name: '--' + name.replace('_', '-') for name in FIELDS} | {'cfg_scale': '--cfg'}
+_HELP = {'temperature': '0 = greedy', 'cfg_scale': 'CFG scale (0 = off)',
+         'remasking': ' | '.join(REMASKING),
+         'threshold': 'also commit tokens at least this confident (0 = off)',
+         'cache': ' | '.join(CACHE_MODES),
+         'stop_at_eos': 'skip the remaining blocks once every row has an EOS'}
+
+
+def add_arguments(parser) -> None:
+  """The sampler's flags (FLAGS), defaulting to SamplingConfig's (LLaDA's demo)."""
+  defaults = SamplingConfig()
+  for name in FIELDS:
+    default = getattr(defaults, name)
+    if isinstance(default, bool):
+      parser.add_argument(FLAGS[name], dest=f'sampler_{name}', action='store_true',
+                          help=_HELP.get(name))
+    else:
+      parser.add_argument(FLAGS[name], dest=f'sampler_{name}', type=type(default),
+                          default=default, metavar=name.upper(), help=_HELP.get(name))
+
+
+def from_arguments(args) -> SamplingConfig:
+  """The validated settings add_arguments' flags parsed into."""
+  return SamplingConfig.from_values(
+      **{name: getattr(args, f'sampler_{name}') for name in FIELDS}).validate()
 
 
 def num_transfer_tokens(num_masked_B, steps: int):
@@ -291,13 +354,8 @@ def make_generate_fn(model_config, sampling: SamplingConfig, *, mask_id: int, eo
   cuDNN attention cannot exclude left padding by segment ids: a cudnn model samples with 'auto'
   attention (the Pallas kernel on GPU, XLA elsewhere).
   """
-  # pylint: disable=import-outside-toplevel
-  from dlmjax import model as model_lib
-  from dlmjax.model import programs
-  from dlmjax.parallel import rules
   sampling.validate()
   if model_config.attention_backend == 'cudnn':
-    from dlmjax.model import attention
     model_config = dataclasses.replace(
         model_config, attention_backend='auto' if 'auto' in attention.BACKENDS else 'xla')
 
@@ -322,7 +380,6 @@ def make_generate_fn(model_config, sampling: SamplingConfig, *, mask_id: int, eo
       raise ValueError(f'batch {prompt_BP.shape[0]} does not split over the {shards} batch '
                        f'shards of the mesh; pad the batch to a multiple of {shards}.')
     if jax.process_count() > 1:  # every process passes the whole batch; each places its rows
-      from dlmjax.parallel import distributed
       prompt_BP = distributed.from_full_host(prompt_BP, rows)
       prompt_lengths_B = distributed.from_full_host(
           prompt_lengths_B, rules.named_sharding(mesh, (rules.BATCH,)))

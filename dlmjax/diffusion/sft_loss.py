@@ -58,7 +58,7 @@ def sft_loss(ce_fn, tokens_BS, *, roles, seed, step, micro_index, example_ids_B,
   """The SFT loss of rows [B, S+1] (the first S tokens are the canvas, as in pre-training).
 
   roles [B, S+1]: PROMPT | RESPONSE (the answer and its EOS) | PADDING (EOS after it).
-  segment_ids [B, S+1] (sft.packing): 1-based conversation ids; attention, positions and t stay
+  segment_ids [B, S+1] (data.packing): 1-based conversation ids; attention, positions and t stay
   inside each conversation. Padding that is not supervised is hidden from attention as well, so
   the model never sees how long the answer is.
 

@@ -28,7 +28,6 @@ def apply_preset(model_config, name: str) -> None:
   if name not in PRESETS:
     raise config_lib.ConfigError(f'unknown model preset {name!r}; known: {sorted(PRESETS)}.')
   model_config.update(PRESETS[name])
-  model_config.preset = name
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,10 +37,10 @@ class WandbSink:
       import wandb  # pylint: disable=import-outside-toplevel
     except ImportError as e:
       raise config_lib.ConfigError(
-          'log.wandb=True needs the wandb package, which is not installed: `pip install wandb`, '
-          'or set --config.log.wandb=False.') from e
-    self._run = wandb.init(project=config.log.wandb_project, dir=run_dir, mode='offline',
-                           name=os.path.basename(os.path.abspath(run_dir)),
+          'log.outputs names wandb, which is not installed: `pip install wandb`, or leave it '
+          'out of --config.log.outputs.') from e
+    self._run = wandb.init(project=os.environ.get('WANDB_PROJECT', 'dlmjax'), dir=run_dir,
+                           mode='offline', name=os.path.basename(os.path.abspath(run_dir)),
                            config=config.to_dict())
 
   def write(self, step: int, row: dict) -> None:
@@ -55,8 +55,9 @@ def make_sinks(config, run_dir: str) -> list:
   if jax.process_index() != 0:
     return []
   sinks = []
-  if config.log.tensorboard:
+  outputs = config_lib.log_outputs(config)
+  if 'tensorboard' in outputs:
     sinks.append(TensorBoardSink(os.path.join(run_dir, TENSORBOARD_DIR)))
-  if config.log.wandb:
+  if 'wandb' in outputs:
     sinks.append(WandbSink(config, run_dir))
   return sinks

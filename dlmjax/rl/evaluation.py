@@ -3,8 +3,9 @@
 The rollouts' own reward is measured on fresh training prompts each time, so it tracks the
 prompt draw as much as the model (docs/benchmarks.md, RL diagnosis); this one scores the same
 eval.batches x train.global_batch_size problems of rl.task at every evaluation (rl.eval_split:
-the test split, or train-split problems outside the RL prompts; eval.seed picks them), decoded
-with the rollouts' canvas and steps at temperature 0, so it moves only when the model does.
+the test split, or train-split problems outside the RL prompts; config.EVAL_SEED picks them),
+decoded with the rollouts' sampler settings at temperature 0, so it moves only when the model
+does.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import time
 import jax
 import numpy as np
 
+from dlmjax import config as config_lib
+from dlmjax.diffusion import sampler as sampler_lib
 from dlmjax.rl import rollout as rollout_lib
 from dlmjax.rl import sampler as rl_sampler
 
@@ -25,7 +28,7 @@ class HeldOutReward:
     self.config, self.prompts = config, prompts
     self.num = config.eval.batches * config.train.global_batch_size
     self.sampler = rl_sampler.RolloutSampler(
-        config, setup, prompts.tokenizer, rollout_lib.sampling_config(config).validate(),
+        config, setup, prompts.tokenizer, sampler_lib.SamplingConfig.from_config(config),
         greedy=True)
     self._held_out = {}  # (split, num, seed) -> PromptSet, built on first use
 
@@ -55,7 +58,7 @@ class HeldOutReward:
     """The row {'step', 'val_reward', 'val_accuracy', ...} for metrics.jsonl; prints a line."""
     jax.block_until_ready(params)
     start = time.time()
-    row = {'step': step, **self.reward(params, self.num, self.config.eval.seed,
+    row = {'step': step, **self.reward(params, self.num, config_lib.EVAL_SEED,
                                         self.config.rl.eval_split)}
     if jax.process_index() == 0:
       print(f'step {step}: val_reward {row["val_reward"]:.4f} | val_accuracy '

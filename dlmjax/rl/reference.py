@@ -14,8 +14,8 @@ from dlmjax.parallel import distributed
 
 
 def needed(config) -> bool:
-  """Only a KL to the init model needs one; 'old' compares with the rollout policy itself."""
-  return config.rl.kl_reference == 'init' and config.rl.kl_beta > 0
+  """A KL term (rl.kl_beta > 0) needs one; SPG and beta 0 train without."""
+  return config.rl.kl_beta > 0
 
 
 class ReferenceModel:

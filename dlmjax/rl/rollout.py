@@ -28,12 +28,6 @@ BATCH_KEYS = ('tokens', 'prompt_lengths', 'lengths', 'mask_seeds', 'advantages',
               'weight', 'completion_mask', 'rewards')
 
 
-def sampling_config(config) -> sampler_lib.SamplingConfig:
-  r = config.rl
-  return sampler_lib.SamplingConfig(gen_length=r.gen_length, steps=r.diffusion_steps,
-                                    block_length=r.block_length, temperature=r.temperature)
-
-
 def to_right_padded(out_BW, prompt_lengths_B, prompt_width: int, *, eos_id: int, pad_id: int):
   """Sampler output (left-padded prompt + canvas) -> rows [prompt, canvas, pads] of width W, the
   canvas after its first EOS rewritten to EOS; also (completion mask up to and incl. the first
@@ -56,7 +50,7 @@ def to_right_padded(out_BW, prompt_lengths_B, prompt_width: int, *, eos_id: int,
   return tokens, mask, lengths
 
 
-def loss_weights(completion_mask_BL, objective: str, normalisation: str):
+def loss_weights(completion_mask_BL, objective: str, normalisation: str = 'token'):
   """Each unit's share of the global batch loss: per token (d1) or per sequence (ESPO).
 
   d1 'token': mask / total completion tokens (d1, DAPO); 'sequence': mask / (tokens of the row x
@@ -134,8 +128,7 @@ class RolloutBatches:
     start = time.time()
     texts = self.sampler.texts(out)
     rewards, failures, correct = score_texts(self.prompts.task, examples, texts)
-    advantages = advantages_lib.group_advantages(rewards, group, r.advantage_scaling,
-                                                 negatives=r.negative_advantages)
+    advantages = advantages_lib.group_advantages(rewards, group)
     tokens, completion_mask, lengths = to_right_padded(
         out, prompt_lengths, r.max_prompt_tokens, eos_id=m.eos_token_id, pad_id=m.pad_token_id)
     seeds = np.stack([(index * r.inner_updates + j) * rows + np.arange(rows, dtype=np.int64)
@@ -148,7 +141,7 @@ class RolloutBatches:
                rollout_completion_length=float(completion_mask.sum(1).mean()))
     batch = dict(tokens=tokens, prompt_lengths=prompt_lengths, lengths=lengths,
                  mask_seeds_all=seeds, advantages=advantages, old_all=old_all, ref_all=ref_all,
-                 weight=loss_weights(completion_mask, r.objective, r.loss_normalisation),
+                 weight=loss_weights(completion_mask, r.objective),
                  completion_mask=completion_mask, rewards=rewards)
     return batch, row
 
@@ -176,7 +169,7 @@ class RolloutBatches:
 def make_batches(config, setup, prompts, *, process_index: int = 0, process_count: int = 1):
   """The rollout source of a run: its sampler and, when the KL needs one, its reference."""
   sampler = rl_sampler.RolloutSampler(config, setup, prompts.tokenizer,
-                                      sampling_config(config).validate())
+                                      sampler_lib.SamplingConfig.from_config(config))
   reference = reference_lib.ReferenceModel(config, setup) if reference_lib.needed(config) else None
   return RolloutBatches(config, setup, prompts, sampler, reference, process_index=process_index,
                         process_count=process_count)

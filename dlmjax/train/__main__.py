@@ -4,21 +4,16 @@ On several hosts every process runs this same command; dlmjax.parallel.distribut
 launch environment (explicit, MegaDLMs' envs/.env, or SLURM) before any device is touched.
 """
 
-from ml_collections import config_flags
-
 from dlmjax import cli
 from dlmjax.parallel import distributed
 from dlmjax.train import loop
 
-_CONFIG = config_flags.DEFINE_config_file('config', 'configs/tiny.py',
-                                          'A config file with get_config().', lock_config=True)
 
-
-def main(argv):
+def main(argv, config):
   del argv
   distributed.initialize()
-  loop.train(_CONFIG.value)
+  loop.train(config)
 
 
 if __name__ == '__main__':
-  cli.run(main)
+  cli.run(main, config_file='configs/tiny.py')

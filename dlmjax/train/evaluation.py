@@ -1,7 +1,7 @@
 """Validation loss during training: the stage's own loss on held-out batches, comparable over time.
 
 MegaDLMs validates with fresh random masks (reference 1.2), so two evaluations of one model
-differ. Here the masks derive from eval.seed and each held-out example's index, never from the
+differ. Here the masks derive from config.EVAL_SEED and each held-out example's index, never from the
 step, and no micro-batch is truncated: every evaluation scores the same tokens masked the same way,
 and val_loss moves only when the model does. (Stage rl validates a reward instead:
 dlmjax/rl/evaluation.py.)
@@ -22,12 +22,11 @@ from dlmjax.model import programs
 from dlmjax.parallel import rules
 from dlmjax.train import step as step_lib
 
-
 def eval_config(config):
-  """The run's config with eval.seed as the mask seed and no variable-length truncation: the
-  config a stage builds its evaluation loss from."""
+  """The run's config with config.EVAL_SEED as the mask seed and no variable-length truncation:
+  the config a stage builds its evaluation loss from."""
   config = ml_collections.ConfigDict(config.to_dict())
-  config.seed = config.eval.seed
+  config.seed = config_lib.EVAL_SEED
   config.diffusion.varlen_prob = 0.0
   return config
 

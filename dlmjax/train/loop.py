@@ -85,8 +85,7 @@ def _run(config, stop, cleanup) -> dict | None:
     memory.check_fits(config, memory.present_device_memory_bytes())
   setup = state_lib.TrainSetup(config, mesh)
   stage = stages.build(config)
-  checkpoints = checkpoint_lib.RunCheckpoints(config.output_dir, keep=config.checkpoint.keep,
-                                              async_save=config.checkpoint.async_save)
+  checkpoints = checkpoint_lib.RunCheckpoints(config.output_dir, keep=config.checkpoint.keep)
   cleanup.callback(checkpoints.close)
   if jax.process_index() == 0:
     m = config.mesh
@@ -107,7 +106,7 @@ def _run(config, stop, cleanup) -> dict | None:
     batches.set_state(data_state)
   reporter = reporting.Reporter(config.output_dir, total_steps=config.train.steps,
                                 flops_per_token=setup.model_config.flops_per_token(),
-                                peak_tflops=config.log.peak_tflops,
+                                peak_tflops=0.0,
                                 sinks=sinks_lib.make_sinks(config, config.output_dir),
                                 console_metrics=stage.console_metrics,
                                 flag_spikes=stage.flag_spikes)
@@ -161,7 +160,7 @@ def _run(config, stop, cleanup) -> dict | None:
 
 
 def _draw_plots(config) -> None:
-  if not config.log.plots or jax.process_index() != 0:
+  if 'plots' not in config_lib.log_outputs(config) or jax.process_index() != 0:
     return
   try:
     plots.draw(config.output_dir)

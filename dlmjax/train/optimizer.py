@@ -10,6 +10,12 @@ import optax
 
 from dlmjax.parallel import rules
 
+# AdamW's beta1 and epsilon: every recipe and peer here uses these (Megatron's defaults); b2 is
+# train.b2.
+ADAM_B1, ADAM_EPS = 0.9, 1e-8
+# train.schedule's warmup-stable-decay shapes: the anneal of each (MegaDLMs' --lr-wsd-decay-style).
+WSD_STYLES = {'wsd': 'exponential', 'wsd_linear': 'linear', 'wsd_cosine': 'cosine'}
+
 
 def _anneal(progress, style):
   """Coefficient going 1 -> 0 over progress 0 -> 1 (Megatron's WSD decay styles)."""
@@ -33,11 +39,11 @@ def learning_rate_schedule(train_config):
     warm = peak * s / max(warmup, 1)
     if t.schedule == 'constant':
       after = jnp.asarray(peak, jnp.float32)
-    elif t.schedule == 'wsd':
+    elif t.schedule in WSD_STYLES:
       decay = t.wsd_decay_steps
       progress = jnp.clip((s - (total - decay)) / max(decay, 1), 0.0, 1.0)
-      after = jnp.where(s <= total - decay, peak, floor + _anneal(progress, t.wsd_decay_style) *
-                        (peak - floor))
+      annealed = floor + _anneal(progress, WSD_STYLES[t.schedule]) * (peak - floor)
+      after = jnp.where(s <= total - decay, peak, annealed)
       after = jnp.where(s > total, floor, after)
     else:  # cosine over decay_steps after warmup (Megatron's cosine style), then min_lr.
       span = t.decay_steps or (total - warmup)
@@ -59,6 +65,6 @@ def make_optimizer(train_config, axes_tree) -> optax.GradientTransformation:
   t = train_config
   return optax.chain(
       optax.clip_by_global_norm(t.clip_grad_norm) if t.clip_grad_norm > 0 else optax.identity(),
-      optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=t.eps,
+      optax.adamw(learning_rate_schedule(t), b1=ADAM_B1, b2=t.b2, eps=ADAM_EPS,
                   weight_decay=t.weight_decay, mask=weight_decay_mask(axes_tree)),
   )

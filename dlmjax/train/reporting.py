@@ -13,7 +13,7 @@ from dlmjax import progress
 
 SPIKE_FRACTION = 0.2  # Megatron's SPIKY_LOSS_PERC
 
-# Dense bf16 peak per device, for MFU when log.peak_tflops is not set.
+# Dense bf16 peak per device, for MFU (peak_tflops=0: from the device kind).
 _PEAK_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'B200': 2250.0, 'GH200': 989.0}
 
 

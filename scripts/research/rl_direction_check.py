@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 
+from dlmjax import config as config_lib
 from dlmjax import demo, tasks
 from dlmjax.rl import rollout
 from dlmjax.tasks import base
@@ -50,7 +51,7 @@ def main() -> None:
   config = demo.stage_configs(args.seed, args.source, 'sudoku4')['rl']
   config.output_dir = args.output_dir
   config.checkpoint.every = 0
-  demo.apply_overrides(config, json.loads(args.overrides))
+  config_lib.apply_overrides(config, json.loads(args.overrides))
   loop.train(config)
   with open(os.path.join(config.output_dir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]

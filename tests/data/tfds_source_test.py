@@ -1,5 +1,7 @@
 """tensorflow-datasets source: a TFDS split built locally, tokenized, packed and resumable."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -40,11 +42,13 @@ def tfds_config(tmp_path_factory):
   spm = tokenizer_lib.train_sentencepiece(TEXTS, str(root / 'tok'), vocab_size=320)
   c = config_lib.defaults()
   c.data.source = 'tfds:dlmjax_tiny_text:train'
-  c.data.tfds_data_dir, c.data.tokenizer = str(root / 'data'), spm
+  c.data.tokenizer = spm
   c.data.cache_dir, c.data.prefetch, c.data.packing = str(root / 'cache'), 0, True
   c.model.vocab_size, c.model.seq_len = 320, 32
   c.train.global_batch_size, c.train.micro_batch_size, c.train.steps = 4, 4, 60
-  return c
+  with pytest.MonkeyPatch.context() as patch:  # where TFDS finds prepared datasets
+    patch.setenv('TFDS_DATA_DIR', str(root / 'data'))
+    yield c
 
 
 def test_tfds_split_is_tokenized_in_order_with_eod(tfds_config):
@@ -52,7 +56,7 @@ def test_tfds_split_is_tokenized_in_order_with_eod(tfds_config):
   prefix = tfds_source.ensure_tfds_prefix(tfds_config, tfds_config.data.cache_dir)
   tok = tokenizer_lib.load_tokenizer(tfds_config.data.tokenizer)
   source = tfds.data_source('dlmjax_tiny_text', split='train',
-                            data_dir=tfds_config.data.tfds_data_dir)
+                            data_dir=os.environ['TFDS_DATA_DIR'])
   ds = indexed.IndexedDataset(prefix)
   assert len(ds) == len(TEXTS)
   for i in (0, 17, 59):

@@ -27,15 +27,15 @@ class _FakeWandb(types.ModuleType):
     return run
 
 
-def _config(**log):
-  c = tiny_test_config(**{f'log.{k}': v for k, v in log.items()})
-  return c
+def _config(outputs='tensorboard,plots'):
+  return tiny_test_config(**{'log.outputs': outputs})
 
 
 def test_reporter_rows_reach_every_sink(tmp_path, monkeypatch):
   fake = _FakeWandb()
   monkeypatch.setitem(sys.modules, 'wandb', fake)
-  config = _config(wandb=True, wandb_project='proj')
+  monkeypatch.setenv('WANDB_PROJECT', 'proj')
+  config = _config('tensorboard,wandb')
   reporter = reporting.Reporter(str(tmp_path), total_steps=3, flops_per_token=10,
                                 peak_tflops=0.0, sinks=sinks.make_sinks(config, str(tmp_path)))
   reporter.start(0)
@@ -64,11 +64,11 @@ def test_reporter_rows_reach_every_sink(tmp_path, monkeypatch):
 def test_missing_wandb_is_a_clear_config_error(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, 'wandb', None)  # makes `import wandb` raise ImportError
   with pytest.raises(config_lib.ConfigError, match='pip install wandb'):
-    sinks.make_sinks(_config(wandb=True, tensorboard=False), str(tmp_path))
+    sinks.make_sinks(_config('wandb'), str(tmp_path))
 
 
 def test_sinks_follow_the_config(tmp_path):
-  assert sinks.make_sinks(_config(tensorboard=False), str(tmp_path)) == []
+  assert sinks.make_sinks(_config('plots'), str(tmp_path)) == []
   (sink,) = sinks.make_sinks(_config(), str(tmp_path))
   assert isinstance(sink, sinks.TensorBoardSink)
   sink.close()

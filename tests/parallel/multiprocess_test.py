@@ -121,16 +121,15 @@ def test_two_then_four_processes_match_one_process(tmp_path, monkeypatch):
 # kept in host memory between rollouts.
 RL_OVERRIDES = {'train.global_batch_size': 16, 'train.micro_batch_size': 8, 'train.steps': 4,
                 'train.warmup_steps': 0, 'rl.num_prompts': 16, 'rl.max_prompt_tokens': 32,
-                'rl.gen_length': 16, 'rl.diffusion_steps': 2, 'rl.block_length': 16,
+                'sampler.gen_length': 16, 'sampler.steps': 2, 'sampler.block_length': 16,
                 'rl.group_size': 4, 'rl.inner_updates': 2, 'log.every': 1,
-                'rl.reference_on_host': True, 'checkpoint.every': 0, 'log.tensorboard': False,
-                'log.plots': False}
+                'rl.reference_on_host': True, 'checkpoint.every': 0, 'log.outputs': ''}
 
 
 def test_rl_on_two_processes_matches_one_process(tmp_path, monkeypatch):
   """Each process generates and scores the same whole rollout on the global mesh and feeds its
   rows; losses, KL and rewards equal one process on the same 4 devices."""
-  from dlmjax import convert, demo  # pylint: disable=import-outside-toplevel
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
   init = str(tmp_path / 'init')
@@ -145,8 +144,8 @@ def test_rl_on_two_processes_matches_one_process(tmp_path, monkeypatch):
   assert 'data 1 x fsdp 4' in out and out.count('step 4/4') == 1
   rows = _rows(run_dir)
 
-  config = convert.load_config_file(os.path.join(ROOT, 'configs', 'rl.py'))
-  demo.apply_overrides(config, dict(overrides, output_dir=str(tmp_path / 'reference')))
+  config = config_lib.load_file(os.path.join(ROOT, 'configs', 'rl.py'))
+  config_lib.apply_overrides(config, dict(overrides, output_dir=str(tmp_path / 'reference')))
   all_devices = jax.devices()
   with monkeypatch.context() as patch:
     patch.setattr(jax, 'devices', lambda *args: all_devices[:4])

@@ -30,7 +30,8 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
                           'train.schedule': 'constant',
                           'train.warmup_steps': 0, 'train.lr': 1e-3, 'train.weight_decay': 0.0,
                           'rl.group_size': 2, 'rl.max_prompt_tokens': PROMPT,
-                          'rl.gen_length': GEN, 'rl.block_length': GEN, 'rl.diffusion_steps': 4,
+                          'sampler.gen_length': GEN, 'sampler.block_length': GEN,
+                          'sampler.steps': 4,
                           'rl.kl_beta': 0.0,
                           'init_from': 'unused: the params are made here'})
   setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c, jax.devices()[:1]))

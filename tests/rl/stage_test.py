@@ -20,10 +20,10 @@ def _rl_config(tmp_path, init_dir, **overrides):
                           'train.micro_batch_size': 8, 'train.schedule': 'constant',
                           'train.warmup_steps': 0, 'train.steps': 2, 'stage': 'rl',
                           'init_from': init_dir, 'output_dir': str(tmp_path / 'rl'),
-                          'rl.num_prompts': 16, 'rl.max_prompt_tokens': 32, 'rl.gen_length': 16,
-                          'rl.diffusion_steps': 2, 'rl.block_length': 16, 'rl.group_size': 4,
-                          'rl.inner_updates': 2, 'checkpoint.async_save': False,
-                          'log.tensorboard': False, 'log.plots': False, **overrides})
+                          'rl.num_prompts': 16, 'rl.max_prompt_tokens': 32,
+                          'sampler.gen_length': 16, 'sampler.steps': 2,
+                          'sampler.block_length': 16, 'rl.group_size': 4,
+                          'rl.inner_updates': 2, 'log.outputs': '', **overrides})
   return c
 
 
@@ -80,11 +80,11 @@ def _check_held_out_against_inference(c, row):
   prompts = rl_stage.make_prompts(c)
   held_out = rl_evaluation.HeldOutReward(c, setup, prompts)
   on_mesh = inference.load_pretrained(c.output_dir, mesh=setup.mesh)
-  examples, texts = held_out.completions(on_mesh.params, 16, c.eval.seed)
-  prompt_ids = prompts.encode('test', 16, c.eval.seed).token_ids
+  examples, texts = held_out.completions(on_mesh.params, 16, config_lib.EVAL_SEED)
+  prompt_ids = prompts.encode('test', 16, config_lib.EVAL_SEED).token_ids
   rows = inference.load_pretrained(c.output_dir).generate_tokens(
-      prompt_ids, batch_size=4, gen_length=c.rl.gen_length, steps=c.rl.diffusion_steps,
-      block_length=c.rl.block_length, temperature=0.0)
+      prompt_ids, batch_size=4, gen_length=c.sampler.gen_length, steps=c.sampler.steps,
+      block_length=c.sampler.block_length, temperature=0.0)
   assert texts == [prompts.tokenizer.decode(r) for r in rows]
   assert len(set(texts)) > 1  # the problems really differ
   rewards, _ = advantages.score(prompts.task.reward, examples, texts)
@@ -97,8 +97,8 @@ def _check_held_out_against_inference(c, row):
     ({'rl.group_size': 1}, 'at least 2'),
     ({'rl.group_size': 3}, 'does not divide'),  # 16 rows
     ({'rl.num_prompts': 0}, 'must be >= 1'),
-    ({'rl.gen_length': 60}, 'exceed model.seq_len'),
-    ({'rl.block_length': 5}, 'block_length'),
+    ({'sampler.gen_length': 60}, 'exceed model.seq_len'),
+    ({'sampler.block_length': 5}, 'block_length'),
     ({'init_from': ''}, 'init_from'),
     ({'rl.objective': 'spg'}, 'no KL term'),  # kl_beta 0.04 by default
     ({'rl.objective': 'spg', 'rl.kl_beta': 0.0, 'rl.spg_eubo_beta': 0.5}, 'spg_eubo_beta'),
@@ -116,9 +116,9 @@ def test_prompts_too_long_is_a_clear_error(tmp_path, init_dir):
 
 
 def test_valid_split_is_train_problems_outside_the_rl_prompts(tmp_path, init_dir):
-  """rl.eval_split=valid: train-split problems, none of them an RL prompt, even when eval.seed
-  draws the same sequence as the RL prompts (seed 0 both)."""
-  c = _rl_config(tmp_path, init_dir, **{'rl.task': 'arithmetic', 'seed': 0, 'eval.seed': 0})
+  """rl.eval_split=valid: train-split problems, none of them an RL prompt, even when the eval
+  seed draws the same sequence as the RL prompts (seed 0 both)."""
+  c = _rl_config(tmp_path, init_dir, **{'rl.task': 'arithmetic', 'seed': 0})
   prompts = rl_stage.make_prompts(c)
   held_out = prompts.held_out('valid', 24, 0)
   examples = held_out.examples

@@ -21,7 +21,7 @@ def _config(output_dir):
   c = tiny_test_config(**{'train.steps': 4, 'eval.every': 2, 'eval.batches': 1,
                           'model.num_layers': 1, 'train.warmup_steps': 1,
                           'train.wsd_decay_steps': 1,
-                          'checkpoint.every': 0, 'log.plots': False, 'log.tensorboard': False})
+                          'checkpoint.every': 0, 'log.outputs': ''})
   c.output_dir = str(output_dir)
   if os.environ.get('DLMJAX_CACHE_DIR'):
     c.data.cache_dir = os.environ['DLMJAX_CACHE_DIR']
@@ -68,10 +68,10 @@ def test_validation_loss_is_fixed_and_equals_a_hand_written_loss(run):
   # Evaluating the saved step-4 params again scores exactly what the loop logged.
   assert again['val_loss'] == pytest.approx(logged['val_loss'], rel=1e-6)
 
-  # By hand: mask with example_keys(eval.seed, step 0, example index), full length, numpy CE.
+  # By hand: mask with example_keys(config.EVAL_SEED, step 0, example index), full length, numpy CE.
   tokens = next(pipeline.make_batch_iterator(config, split='valid'))['tokens']
   x = tokens[:, :-1]
-  keys = masking.example_keys(config.eval.seed, 0, np.arange(x.shape[0]))
+  keys = masking.example_keys(config_lib.EVAL_SEED, 0, np.arange(x.shape[0]))
   noisy, masked, p = masking.forward_process(keys, x, mask_id=config.model.mask_token_id,
                                              length=x.shape[1])
   cfg = model_lib.ModelConfig.from_config(config)

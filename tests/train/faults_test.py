@@ -30,7 +30,7 @@ OVERRIDES = {
     'model.head_dim': 16, 'model.ffn_dim': 128, 'model.seq_len': 32,
     'train.global_batch_size': 16, 'train.micro_batch_size': 16, 'train.warmup_steps': 2,
     'train.wsd_decay_steps': 2, 'train.steps': STEPS, 'checkpoint.every': 6,
-    'checkpoint.keep': 3, 'log.every': 1, 'log.plots': False,
+    'checkpoint.keep': 3, 'log.every': 1, 'log.outputs': 'tensorboard',
 }
 
 

@@ -21,7 +21,7 @@ from tests.conftest import tiny_test_config
 
 def _config(output_dir, **overrides):
   c = tiny_test_config(**{'train.steps': 8, 'checkpoint.every': 2, 'checkpoint.keep': 5,
-                          'log.plots': False, **overrides})
+                          'log.outputs': 'tensorboard', **overrides})
   c.output_dir = str(output_dir)
   if os.environ.get('DLMJAX_CACHE_DIR'):
     c.data.cache_dir = os.environ['DLMJAX_CACHE_DIR']

@@ -83,9 +83,8 @@ def test_unwritable_output_dir(tmp_path):
 def test_smoke_recipe_trains_from_megatron_prefixes_on_the_command_line(tmp_path):
   """configs/pretrain_1p7b.py:smoke reads a Megatron .bin/.idx prefix named by a flag, with
   document-aware packing on (segment ids travel from the pipeline through the loop)."""
-  from absl import flags  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.data import indexed, pipeline  # pylint: disable=import-outside-toplevel
 
   prefix = str(tmp_path / 'corpus_text_document')
@@ -101,11 +100,8 @@ def test_smoke_recipe_trains_from_megatron_prefixes_on_the_command_line(tmp_path
       '--config.model.seq_len=32', '--config.model.num_layers=2', '--config.train.steps=2',
       '--config.train.warmup_steps=0', '--config.train.wsd_decay_steps=1',
       '--config.log.every=1']
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file('config', flag_values=flag_values, lock_config=True,
-                                  sys_argv=argv)
-  flag_values(argv)
-  config = flag_values.config
+  config, rest = config_lib.parse_command_line(argv, 'configs/tiny.py')
+  assert rest == ['train']
   batch = next(pipeline.make_batch_iterator(config))
   tokens = batch['tokens']
   assert ((tokens == 2) | ((tokens >= 1000) & (tokens < 1100))).all()

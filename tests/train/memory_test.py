@@ -1,7 +1,6 @@
 """The fail-fast memory estimate: a hand-written formula, the H200 measurements it is calibrated
 on (docs/benchmarks.md, Memory per device), and the refusal in summary and train."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -16,17 +15,8 @@ GIB = 1024 ** 3
 
 
 def _config_1p7b(devices=1, **overrides):
-  spec = importlib.util.spec_from_file_location('c', os.path.join(ROOT, 'configs',
-                                                                  'pretrain_1p7b.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
-  for dotted, value in overrides.items():
-    *parents, leaf = dotted.split('.')
-    node = c
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  c = config_lib.load_file(os.path.join(ROOT, 'configs', 'pretrain_1p7b.py'))
+  config_lib.apply_overrides(c, overrides)
   config_lib.fit_to_devices(c, devices)
   return c
 

@@ -15,7 +15,7 @@ def _train(**kw):
 
 
 def test_wsd_exponential_matches_megatron():
-  lr = optimizer.learning_rate_schedule(_train(schedule='wsd', wsd_decay_style='exponential'))
+  lr = optimizer.learning_rate_schedule(_train(schedule='wsd'))  # exponential
   assert float(lr(0)) == 0.0  # Megatron's first update uses lr 0
   np.testing.assert_allclose(float(lr(5)), 0.5)
   np.testing.assert_allclose(float(lr(10)), 1.0)
@@ -26,9 +26,9 @@ def test_wsd_exponential_matches_megatron():
   np.testing.assert_allclose(float(lr(150)), 0.1, atol=1e-6)
 
 
-@pytest.mark.parametrize('style,mid', [('linear', 0.55), ('cosine', 0.55)])
-def test_wsd_other_styles(style, mid):
-  lr = optimizer.learning_rate_schedule(_train(schedule='wsd', wsd_decay_style=style))
+@pytest.mark.parametrize('schedule,mid', [('wsd_linear', 0.55), ('wsd_cosine', 0.55)])
+def test_wsd_other_styles(schedule, mid):
+  lr = optimizer.learning_rate_schedule(_train(schedule=schedule))
   np.testing.assert_allclose(float(lr(90)), mid, atol=1e-6)
 
 

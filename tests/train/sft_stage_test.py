@@ -1,6 +1,5 @@
 """Pre-train (tiny) -> SFT through the same loop: init_from adopts the model, HF dirs work too."""
 
-import importlib.util
 import json
 import os
 
@@ -23,19 +22,11 @@ def _cache(config):
 
 def sft_config(init_from, output_dir, train_file, **overrides):
   """configs/sft.py as a user runs it: no model keys, a few steps on a small jsonl."""
-  spec = importlib.util.spec_from_file_location('sft_config', os.path.join(ROOT, 'configs',
-                                                                           'sft.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
+  c = config_lib.load_file(os.path.join(ROOT, 'configs', 'sft.py'))
   c.init_from, c.output_dir, c.sft.train_file = str(init_from), str(output_dir), train_file
   c.train.steps, c.train.global_batch_size, c.train.micro_batch_size = 2, 16, 8
   c.train.warmup_steps, c.train.wsd_decay_steps, c.log.every = 0, 1, 1
-  c.checkpoint.async_save = False
-  for key, value in overrides.items():
-    group, name = key.split('.')
-    c[group][name] = value
-  return _cache(c)
+  return _cache(config_lib.apply_overrides(c, overrides))
 
 
 @pytest.fixture(scope='module')
@@ -126,8 +117,8 @@ def test_sft_needs_init_from(tmp_path, train_file):
     loop.train(c)
 
 
-def test_packing_needs_unsupervised_padding():
-  c = tiny_test_config(**{'stage': 'sft', 'sft.packing': True})
-  c.init_from = 'x'
-  with pytest.raises(config_lib.ConfigError, match='sft.supervise_padding=False'):
-    config_lib.validate(c)
+def test_packing_is_the_data_key_and_leaves_padding_unsupervised():
+  c = tiny_test_config(**{'stage': 'sft', 'data.packing': True, 'init_from': 'x'})
+  config_lib.validate(c)
+  with pytest.raises(config_lib.ConfigError, match='sft.packing is now data.packing'):
+    config_lib.apply_overrides(c, {'sft.packing': True})

@@ -55,7 +55,7 @@ def stage(config) -> base.Stage:
         config, split='train', process_index=process_index, process_count=process_count))
 
   def evaluator(setup):
-    """The loss (masks from eval.seed) on the pipeline's 'valid' split (read as the run reads)."""
+    """The loss (masks from config.EVAL_SEED) on the pipeline's 'valid' split (read as the run reads)."""
     return evaluation.LossEvaluator(
         config, setup, make_loss(evaluation.eval_config(config)), keys, metrics,
         lambda process_index, process_count: pipeline.make_batch_iterator(

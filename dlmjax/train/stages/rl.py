@@ -28,7 +28,7 @@ def make_loss(config):
   r = config.rl
   common = dict(seed=config.seed, mask_id=config.model.mask_token_id,
                 chunk_size=config.model.loss_chunk_tokens)
-  beta = 0.0 if r.kl_reference == 'none' else r.kl_beta
+  beta = r.kl_beta
 
   def fn(module, *, tokens, prompt_lengths, lengths, mask_seeds, advantages, old, ref, weight,
          completion_mask, rewards, step=None, micro_index=None, example_ids_B=None):
@@ -41,8 +41,8 @@ def make_loss(config):
     elif r.objective == 'spg':
       elbo, eubo = estimators.spg_sequence_bounds(
           module, tokens, prompt_lengths, lengths, completion_mask, mask_seeds,
-          num_samples=r.elbo_samples, block_length=r.block_length, p_mask_prompt=r.p_mask_prompt,
-          eubo_beta=r.spg_eubo_beta, **common)
+          num_samples=r.elbo_samples, block_length=config.sampler.block_length,
+          p_mask_prompt=r.p_mask_prompt, eubo_beta=r.spg_eubo_beta, **common)
       loss = objectives.spg_sequence_loss(elbo, eubo, advantages, mix_weight=r.spg_mix_weight)
       kl = clipped = jnp.zeros_like(loss)  # SPG has neither a ratio nor a KL term
     else:
@@ -88,7 +88,7 @@ def stage(config) -> base.Stage:
     """A rollout's arrays: prompts of half the prompt width, completions filling the canvas."""
     rows = config.train.global_batch_size
     prompt = config.rl.max_prompt_tokens
-    width = prompt + rollout_lib.sampling_config(config).gen_length
+    width = prompt + config.sampler.gen_length
     prompt_lengths = np.full((rows,), prompt // 2, np.int32)
     completion_mask = np.zeros((rows, width), np.float32)
     completion_mask[:, prompt // 2:width - prompt // 2] = 1.0

@@ -23,10 +23,8 @@ def make_loss(config):
   num_micro = config_lib.num_microbatches(config)
   head = dict(chunk_size=config.model.loss_chunk_tokens,
               token_shards=config_lib.batch_parallelism(config))
-  s = config.sft
   bound = dict(seed=config.seed, mask_id=config.model.mask_token_id,
-               normalisation=s.normalisation, supervise_padding=s.supervise_padding,
-               weight_by_inverse_t=s.weight_by_inverse_t, time_eps=s.time_eps)
+               supervise_padding=not config.data.packing)
 
   def fn(module, tokens, **kwargs):
     loss, sums = sft_loss.sft_loss(
@@ -48,7 +46,7 @@ def stage(config) -> base.Stage:
         config, process_index=process_index, process_count=process_count))
 
   def evaluator(setup):
-    """The loss (masks from eval.seed) on held-out conversations: sft.eval_file or the built-in
+    """The loss (masks from config.EVAL_SEED) on held-out conversations: sft.eval_file or the built-in
     test set."""
     return evaluation.LossEvaluator(
         config, setup, make_loss(evaluation.eval_config(config)), keys, sft_loss.metrics,
