@@ -162,6 +162,7 @@ def step_losses():
   return losses
 
 
+@pytest.mark.slow  # ~30 s on 2 cores: two train-step compiles
 def test_model_loss_with_fp8_close_to_bf16(step_losses):
   bf16, f8 = step_losses['compute'], step_losses['fp8']
   assert f8[-1] < f8[0]  # it trains
