@@ -116,6 +116,7 @@ def assert_same(got, want):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # ~30 s on 2 cores
 def test_model_objective_matches_one_device():
   """The whole objective (packed documents, truncated rows, fused loss) and its gradients on
   8 layers as 4 stages x 2 circular repeats (layer l on stage l % 4) over 4 micro-batches, and
@@ -133,6 +134,7 @@ def test_model_objective_matches_one_device():
         **{f'mesh.{k}': v for k, v in layout.items()}})), want)
 
 
+@pytest.mark.slow  # ~25 s on 2 cores: two step compiles
 def test_train_step_with_pipeline_fsdp_tensor_gives_the_single_device_losses():
   """The shared step on pipeline 2 x fsdp 2 x tensor 2 gives the losses of one device (run here,
   as tests/train/step_test.py runs it: not pinned numbers, which move with XLA)."""

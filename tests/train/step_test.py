@@ -56,6 +56,7 @@ def test_mesh_layouts_match_single_device(single_device_losses, data, fsdp, tens
   assert len({str(s.index) for s in embedding.addressable_shards}) == fsdp * tensor
 
 
+@pytest.mark.slow  # ~21 s on 2 cores: two step compiles
 def test_gradient_accumulation_is_exact():
   one, _ = run_steps(tiny_test_config(**{'diffusion.varlen_prob': 0.0, 'mesh.fsdp': 1,
                                          'train.micro_batch_size': 16}), num_steps=3)
