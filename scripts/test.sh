@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a virtual environment with the test dependencies (CPU JAX, PyTorch for the conversion
-# tests) and runs the whole suite, as CI does. Usage: bash scripts/test.sh [pytest args]
+# tests, ruff), checks lint and format (ruff, settings in pyproject.toml; `ruff format .` fixes
+# the format) and runs the whole suite, as CI does. Usage: bash scripts/test.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${DLMJAX_VENV:-.venv}
@@ -10,5 +11,7 @@ PY="$VENV/bin/python"
 # The CPU build of PyTorch first, so the `torch` extra does not pull a multi-GB CUDA build.
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
 "$PY" -m pip install -q -e ".[dev,torch,tfds,eval,plot]"
+"$PY" -m ruff check .
+"$PY" -m ruff format --check .
 export DLMJAX_CACHE_DIR=${DLMJAX_CACHE_DIR:-$PWD/.cache/dlmjax}
 exec "$PY" -m pytest -n 2 -q "$@"

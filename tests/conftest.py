@@ -5,13 +5,30 @@ import os
 # Before JAX initialises its backends. The tests' tiny programs spend their time in compilation:
 # LLVM at -O0 without its expensive passes cuts the suite's compile time by about 40% on the
 # 2-core machine. The HLO passes are unchanged; float results may differ in the last bits.
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8 '
-                      '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
+_DEVICE_COUNT = '--xla_force_host_platform_device_count'
+_FAST_COMPILE = ('--xla_backend_optimization_level=0', '--xla_llvm_disable_expensive_passes=true')
+
+
+def with_test_xla_flags(flags):
+  """A user's XLA_FLAGS plus the suite's: 8 host devices (the mesh tests need them, so a user's
+  own device count is replaced, never duplicated) and the fast-compile flags the user did not
+  set to something else."""
+  kept = [f for f in flags.split() if f.split('=')[0] != _DEVICE_COUNT]
+  names = {f.split('=')[0] for f in kept}
+  kept += [f for f in _FAST_COMPILE if f.split('=')[0] not in names]
+  return ' '.join([*kept, f'{_DEVICE_COUNT}=8'])
+
+
+os.environ['XLA_FLAGS'] = with_test_xla_flags(os.environ.get('XLA_FLAGS', ''))
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# Implicit rank promotion (x_B + y_BxT) hides shape bugs: it raises everywhere in the suite,
+# subprocesses included (they inherit the variable).
+os.environ['JAX_NUMPY_RANK_PROMOTION'] = 'raise'
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+jax.config.update('jax_numpy_rank_promotion', 'raise')  # in case JAX was imported already
 
 
 def tiny_test_config(**overrides):

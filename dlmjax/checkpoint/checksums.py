@@ -42,7 +42,8 @@ def _host_slabs(array):
     return
   rows = max(1, SLAB_BYTES // (nbytes // array.shape[0]))
   for start in range(0, array.shape[0], rows):
-    yield distributed.to_host(array[start:start + rows])  # all processes slice alike: a collective
+    # Every process slices alike (a collective).
+    yield distributed.to_host(array[start:start + rows])
 
 
 def compute(params) -> dict[str, str]:

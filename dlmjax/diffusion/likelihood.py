@@ -71,9 +71,9 @@ def round_draws(keys_B, target_lengths_B, num_rows: int, length: int):
 def continuation_masks(keys_B, context_lengths_B, lengths_B, *, num_rows: int, length: int):
   """(masked [B, R, L] bool, counts [B, R]): row r of sequence b masks counts[b, r] continuation
   positions chosen uniformly (the smallest of its uniforms, i.e. LLaDA's randperm)."""
-  positions_L = jnp.arange(length)
-  continuation_BL = ((positions_L >= context_lengths_B[:, None])
-                     & (positions_L < lengths_B[:, None]))
+  positions_1L = jnp.arange(length)[None]
+  continuation_BL = ((positions_1L >= context_lengths_B[:, None])
+                     & (positions_1L < lengths_B[:, None]))
   target_lengths_B = lengths_B - context_lengths_B
   k_B, u_BRL = round_draws(keys_B, target_lengths_B, num_rows, length)
   counts_BR = jax.vmap(stratified_counts, (0, 0, None))(

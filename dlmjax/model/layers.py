@@ -107,13 +107,14 @@ def rms_norm(x, scale, eps: float):
   """The formula over the last axis, as XLA is left to fuse it (the kernel's reference)."""
   x32 = x.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  scale = jnp.expand_dims(scale, tuple(range(x.ndim - scale.ndim)))  # [D] -> [1, ..., D]
   return scale.astype(x.dtype) * normed.astype(x.dtype)
 
 
 def rope_tables(positions_BL, head_dim: int, theta: float):
   """cos and sin [B, L, H / 2] (float32) of each position's rotary angles."""
   inv_freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
-  angles_BLh = positions_BL.astype(jnp.float32)[..., None] * inv_freq
+  angles_BLh = positions_BL.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
   return jnp.cos(angles_BLh), jnp.sin(angles_BLh)
 
 

@@ -28,9 +28,9 @@ def d1_token_logprobs(module, tokens_BL, prompt_lengths_B, lengths_B, mask_seeds
                       mask_id: int, p_mask_prompt: float, chunk_size: int = 0):
   """d1's one-step estimate: log p(o_k | prompt with each token masked w.p. p_mask_prompt, all
   completion tokens masked) for every completion position k; [B, L], 0 outside the completion."""
-  positions_L = jnp.arange(tokens_BL.shape[1])
-  prompt_BL = positions_L < prompt_lengths_B[:, None]
-  completion_BL = ~prompt_BL & (positions_L < lengths_B[:, None])
+  positions_1L = jnp.arange(tokens_BL.shape[1])[None]
+  prompt_BL = positions_1L < prompt_lengths_B[:, None]
+  completion_BL = ~prompt_BL & (positions_1L < lengths_B[:, None])
   uniform_BL = jax.vmap(lambda k: jax.random.uniform(k, tokens_BL.shape[1:]))(
       row_keys(seed, mask_seeds_B))
   masked_BL = completion_BL | (prompt_BL & (uniform_BL < p_mask_prompt))

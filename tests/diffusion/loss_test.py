@@ -1,5 +1,8 @@
 """The pre-training losses against hand-written numpy statements of MegaDLMs' formulas."""
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,6 +21,39 @@ def fake_model(table):
   return ce_fn
 
 
+def jitted(fn, *args, **static):
+  """fn with args and static bound, jitted."""
+  return jax.jit(functools.partial(fn, *args, **static))
+
+
+def mdm_loss_and_masks(ce_fn, tokens, *, seed, step, ids, varlen_prob, segment_ids=None,
+                       seen=None):
+  """The loss under test and the forward process drawn from the keys the formula names (seed,
+  step, example id) at the length the loss kept: one jitted program, as eagerly the dispatch of
+  their many small ops takes most of a test's time on CPU. Returns (objective, sums, noisy,
+  masked) as numpy, and fills `seen` with what ce_fn put there."""
+
+  @jax.jit
+  def fn(tokens, segment_ids):
+    packed = {} if segment_ids is None else dict(segment_ids=segment_ids)
+    objective, sums = loss_lib.mdm_loss(ce_fn, tokens, seed=seed, step=step, micro_index=0,
+                                        example_ids_B=ids, mask_id=MASK,
+                                        varlen_prob=varlen_prob, **packed)
+    keys, length = masking.example_keys(seed, step, ids), sums['length_sum'].astype(jnp.int32)
+    if segment_ids is None:
+      noisy, masked, _ = masking.forward_process(keys, tokens[:, :-1], mask_id=MASK,
+                                                 length=length)
+    else:
+      noisy, masked, _ = masking.forward_process_segments(
+          keys, tokens[:, :-1], segment_ids[:, :-1], mask_id=MASK, length=length)
+    return objective, sums, noisy, masked, dict(seen or {})
+
+  *out, got = jax.device_get(fn(tokens, segment_ids))
+  if seen is not None:
+    seen.update(got)
+  return out
+
+
 def numpy_ce(logits, targets):
   logits = logits.astype(np.float64)
   lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
@@ -29,16 +65,11 @@ def test_mdm_loss_matches_formula(varlen_prob):
   rng = np.random.default_rng(0)
   table = rng.normal(size=(V, V)).astype(np.float32)
   tokens = rng.integers(0, MASK, size=(6, 21)).astype(np.int32)
-  objective, sums = loss_lib.mdm_loss(
-      fake_model(table), jnp.asarray(tokens), seed=1, step=2, micro_index=0,
-      example_ids_B=jnp.arange(6), mask_id=MASK, varlen_prob=varlen_prob)
+  objective, sums, noisy, _ = mdm_loss_and_masks(fake_model(table), tokens, seed=1, step=2,
+                                                 ids=np.arange(6), varlen_prob=varlen_prob)
   length = int(sums['length_sum'])
   assert (length == 20) is (varlen_prob == 0.0)
   # Recover the masks the loss drew: the masked inputs are exactly the mask ids.
-  keys = masking.example_keys(1, 2, jnp.arange(6))
-  noisy, _, _ = masking.forward_process(keys, jnp.asarray(tokens[:, :-1]), mask_id=MASK,
-                                        length=length)
-  noisy = np.asarray(noisy)
   m = noisy == MASK
   p = m.sum(1) / length
   ce = numpy_ce(table[noisy], tokens[:, :-1])
@@ -53,9 +84,9 @@ def test_ar_loss_matches_formula():
   rng = np.random.default_rng(0)
   table = rng.normal(size=(V, V)).astype(np.float32)
   tokens = rng.integers(0, V, size=(3, 9)).astype(np.int32)
-  objective, sums = loss_lib.ar_loss(fake_model(table), jnp.asarray(tokens), seed=0, step=0,
-                                     micro_index=0, example_ids_B=jnp.arange(3), mask_id=MASK,
-                                     varlen_prob=0.0)
+  objective, sums = jitted(loss_lib.ar_loss, fake_model(table), seed=0, step=0, micro_index=0,
+                           mask_id=MASK, varlen_prob=0.0)(
+                               jnp.asarray(tokens), example_ids_B=jnp.arange(3))
   expected = numpy_ce(table[tokens[:, :-1]], tokens[:, 1:]).mean()
   np.testing.assert_allclose(float(objective), expected, rtol=1e-5)
   assert float(sums['loss_den']) == 24
@@ -66,13 +97,9 @@ def test_identity_per_row_mean_when_untruncated():
   rng = np.random.default_rng(3)
   table = rng.normal(size=(V, V)).astype(np.float32)
   tokens = rng.integers(0, MASK, size=(4, 33)).astype(np.int32)
-  objective, _ = loss_lib.mdm_loss(fake_model(table), jnp.asarray(tokens), seed=0, step=0,
-                                   micro_index=0, example_ids_B=jnp.arange(4), mask_id=MASK,
-                                   varlen_prob=0.0)
-  noisy, masked, _ = masking.forward_process(masking.example_keys(0, 0, jnp.arange(4)),
-                                             jnp.asarray(tokens[:, :-1]), mask_id=MASK, length=32)
-  ce = numpy_ce(table[np.asarray(noisy)], tokens[:, :-1])
-  m = np.asarray(masked)
+  objective, _, noisy, m = mdm_loss_and_masks(fake_model(table), tokens, seed=0, step=0,
+                                              ids=np.arange(4), varlen_prob=0.0)
+  ce = numpy_ce(table[noisy], tokens[:, :-1])
   per_row = [(ce[b] * m[b]).sum() / m[b].sum() for b in range(4)]
   np.testing.assert_allclose(float(objective), np.mean(per_row), rtol=1e-5)
 
@@ -91,18 +118,13 @@ def test_packed_mdm_loss_weights_each_document_by_its_ratio(varlen_prob):
     seen.update(segments=segment_ids_BL, positions=positions_BL)
     return loss_lib.token_cross_entropy(jnp.asarray(table)[tokens_BL], targets_BL)
 
-  objective, sums = loss_lib.mdm_loss(
-      model, jnp.asarray(tokens), seed=1, step=2, micro_index=0, example_ids_B=jnp.arange(4),
-      mask_id=MASK, varlen_prob=varlen_prob, segment_ids=jnp.asarray(segments))
+  objective, sums, noisy, m = mdm_loss_and_masks(model, tokens, seed=1, step=2, ids=np.arange(4),
+                                                 varlen_prob=varlen_prob, segment_ids=segments,
+                                                 seen=seen)
   length = int(sums['length_sum'])
   np.testing.assert_array_equal(seen['segments'], segments[:, :-1])
   assert seen['positions'][0, 7] == 0 and seen['positions'][0, 15] == 8
-  keys = masking.example_keys(1, 2, jnp.arange(4))
-  noisy, _, _ = masking.forward_process_segments(keys, jnp.asarray(tokens[:, :-1]),
-                                                 jnp.asarray(segments[:, :-1]), mask_id=MASK,
-                                                 length=length)
-  noisy = np.asarray(noisy)
-  m = noisy == MASK
+  assert (m == (noisy == MASK)).all()
   ce = numpy_ce(table[noisy], tokens[:, :-1])
   # sum over documents d of sum_{i in d, masked} CE_i / p_d, p_d = n_d / l_d, over all B*l tokens.
   num = 0.0

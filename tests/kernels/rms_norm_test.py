@@ -122,6 +122,7 @@ def test_sharded_matches_unsharded():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # ~22 s on 2 cores
 def test_train_objective_on_a_pipeline_tensor_data_mesh_matches_one_device():
   """The kernels inside the pipeline's vmapped stages, per shard of heads and rows."""
   base = {'model.num_layers': 4, 'model.num_kv_heads': 4, 'mesh.fsdp': 1}

@@ -162,6 +162,7 @@ def step_losses():
   return losses
 
 
+@pytest.mark.slow  # ~30 s on 2 cores: two train-step compiles
 def test_model_loss_with_fp8_close_to_bf16(step_losses):
   bf16, f8 = step_losses['compute'], step_losses['fp8']
   assert f8[-1] < f8[0]  # it trains
@@ -185,7 +186,8 @@ def test_compiler_options_turn_triton_gemms_off_for_fp8_on_gpu(monkeypatch):
 
 def test_every_model_program_compiles_with_the_fp8_options(monkeypatch):
   """Train step, sampler and RL scoring all jit through programs.jit_program with the model's
-  matmul dtype, and a program built with the GPU options still compiles and runs (here, on the CPU)."""
+  matmul dtype, and a program built with the GPU options still compiles and runs (here, on the
+  CPU)."""
   from dlmjax.diffusion import sampler  # pylint: disable=import-outside-toplevel
   from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.rl import rollout  # pylint: disable=import-outside-toplevel
@@ -195,7 +197,8 @@ def test_every_model_program_compiles_with_the_fp8_options(monkeypatch):
   seen, real_jit = [], programs.jit_program
   monkeypatch.setattr(fp8, 'compiler_options', lambda d: {'xla_gpu_enable_triton_gemm': False}
                       if d == 'fp8' else {})
-  monkeypatch.setattr(programs, 'jit_program', lambda fn, d, **kw: seen.append(d) or real_jit(fn, d, **kw))
+  monkeypatch.setattr(programs, 'jit_program',
+                      lambda fn, d, **kw: seen.append(d) or real_jit(fn, d, **kw))
   config = tiny_test_config(**{'model.matmul_dtype': 'fp8', 'mesh.fsdp': 1})
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
   step_lib.CompiledStep(setup, stages.build(config))

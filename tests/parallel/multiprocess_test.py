@@ -6,6 +6,7 @@ checkpoint (a different mesh and process count) and train steps 3-4. Every loss 
 process with the same number of devices; each process reads only its rows; one process writes.
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -39,10 +40,21 @@ def _cache_dir(tmp):
   return os.environ.get('DLMJAX_CACHE_DIR') or str(tmp / 'cache')
 
 
-def _free_port() -> int:
+@contextlib.contextmanager
+def _reserved_port():
+  """A TCP port for JAX's coordinator, held bound until the processes using it have exited.
+
+  Binding port 0, closing and handing the number on races: until process 0 binds it seconds
+  later, the kernel may give the same port to any bind(0) or to an outgoing connection (the
+  gRPC clients of a concurrent test among them). Here the socket stays bound, not listening,
+  so the kernel hands the port to nobody else, while SO_REUSEADDR lets the coordinator's gRPC
+  server (which sets SO_REUSEADDR too) bind and listen on it: Linux refuses a shared address
+  only when the other socket listens.
+  """
   with socket.socket() as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(('localhost', 0))
-    return s.getsockname()[1]
+    yield s.getsockname()[1]
 
 
 def _launch(tmp, run_dir, *, nodes, exit_at_step=0, script=None):
@@ -53,7 +65,7 @@ def _launch(tmp, run_dir, *, nodes, exit_at_step=0, script=None):
   env.update(
       PYTHON=sys.executable, DLMJAX_ENV_FILE=str(tmp / 'env'), CKPT_DIR=str(tmp),
       OUTPUT_DIR=str(run_dir), CONFIG='configs/tiny.py', NUM_NODES=str(nodes),
-      MASTER_ADDR='localhost', MASTER_PORT=str(_free_port()), GPUS_PER_NODE='2',
+      MASTER_ADDR='localhost', GPUS_PER_NODE='2',
       PROCESSES_PER_NODE='2', JAX_PLATFORMS='cpu', JAX_NUM_CPU_DEVICES='2',
       # A fraction of the compile time; all processes compile alike.
       XLA_FLAGS='--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
@@ -62,10 +74,12 @@ def _launch(tmp, run_dir, *, nodes, exit_at_step=0, script=None):
     args += [f'--config.data.cache_dir={_cache_dir(tmp)}',
              f'--config.train.exit_at_step={exit_at_step}']
     script = ['scripts/dlm_pretrain_1p7b.sh', *args]
-  nodes = [subprocess.Popen(['bash', *script], cwd=ROOT,
-                            env=dict(env, NODE_RANK=str(rank)), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True) for rank in range(nodes)]
-  outputs = [node.communicate(timeout=600)[0] for node in nodes]
+  with _reserved_port() as port:
+    nodes = [subprocess.Popen(['bash', *script], cwd=ROOT,
+                              env=dict(env, NODE_RANK=str(rank), MASTER_PORT=str(port)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(nodes)]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
   for node, output in zip(nodes, outputs):
     assert node.returncode == 0, output[-3000:]
   return '\n'.join(outputs)

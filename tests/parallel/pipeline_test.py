@@ -15,12 +15,13 @@ from dlmjax.train import stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 from tests.conftest import tiny_test_config
+from tests.train import step_test
 
 
 def _toy_layers(params, x_BLD, side):
   """A stand-in stack whose layers differ and read a per-row side input."""
   def layer(x, w):
-    return jnp.tanh(x @ w['w']) + 0.1 * side['positions_BL'][..., None] * w['b'], None
+    return jnp.tanh(x @ w['w']) + 0.1 * side['positions_BL'][..., None] * w['b'][None, None], None
   return jax.lax.scan(layer, x_BLD, params)[0]
 
 
@@ -115,6 +116,7 @@ def assert_same(got, want):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # ~30 s on 2 cores
 def test_model_objective_matches_one_device():
   """The whole objective (packed documents, truncated rows, fused loss) and its gradients on
   8 layers as 4 stages x 2 circular repeats (layer l on stage l % 4) over 4 micro-batches, and
@@ -132,9 +134,10 @@ def test_model_objective_matches_one_device():
         **{f'mesh.{k}': v for k, v in layout.items()}})), want)
 
 
-def test_train_step_with_pipeline_fsdp_tensor_gives_the_recorded_losses():
-  """The shared step on pipeline 2 x fsdp 2 x tensor 2 reproduces the single-device losses that
-  tests/train/step_test.py records for this config."""
+@pytest.mark.slow  # ~25 s on 2 cores: two step compiles
+def test_train_step_with_pipeline_fsdp_tensor_gives_the_single_device_losses():
+  """The shared step on pipeline 2 x fsdp 2 x tensor 2 gives the losses of one device (run here,
+  as tests/train/step_test.py runs it: not pinned numbers, which move with XLA)."""
   config = tiny_test_config(**{'diffusion.varlen_prob': 0.3, 'mesh.pipeline': 2, 'mesh.fsdp': 2,
                                'mesh.tensor': 2})
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
@@ -148,7 +151,9 @@ def test_train_step_with_pipeline_fsdp_tensor_gives_the_recorded_losses():
     state, metrics = step_fn(state, {'tokens': jax.device_put(tokens.astype(np.int32),
                                                               step_fn.batch_sharding)})
     losses.append(float(metrics['loss']))
-  np.testing.assert_allclose(losses, [8.361833572387695, 8.340507507324219], rtol=1e-5)
+  single, _ = step_test.run_steps(
+      tiny_test_config(**{'diffusion.varlen_prob': 0.3, 'mesh.fsdp': 1}), num_steps=2)
+  np.testing.assert_allclose(losses, single, rtol=1e-5)
   # The layer stack really is split: each pipeline device holds one layer.
   q_proj = state['params']['blocks']['attn']['q_proj']
   assert {s.data.shape[0] for s in q_proj.addressable_shards} == {1}

@@ -23,6 +23,9 @@ from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.observability import sinks, tensorboard
 
+# ~35 s on 2 cores (one chain of 4 training subprocesses), more on a busy machine.
+pytestmark = pytest.mark.slow
+
 REPO = os.path.join(os.path.dirname(__file__), '..', '..')
 STEPS = 18
 OVERRIDES = {

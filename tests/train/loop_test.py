@@ -46,6 +46,7 @@ def test_run_directory_contract(straight_run):
   assert rows[-1]['loss'] < rows[0]['loss']
 
 
+@pytest.mark.slow  # ~27 s on 2 cores: a second run resumed from the straight run
 def test_resume_is_exact(straight_run, tmp_path):
   loop.train(_config(tmp_path, **{'train.exit_at_step': 10}))
   first = _losses(tmp_path)
