@@ -215,7 +215,7 @@ def test_one_stage_alone_from_the_config_file(tmp_path):
                            _recipe().recipe('espo', 'arithmetic')['rl'])
   from_file = _recipe().get_config('rl,arithmetic,espo')
   assert from_file.rl.task == chained.rl.task == 'arithmetic'
-  for key in ('model.seq_len', 'rl.objective', 'rl.gen_length', 'train.lr', 'eval.every'):
+  for key in ('model.seq_len', 'rl.objective', 'sampler.gen_length', 'train.lr', 'eval.every'):
     assert config_lib.get_key(from_file, key) == config_lib.get_key(chained, key), key
   assert from_file.rl.objective == alone.rl.objective == 'espo'
   with pytest.raises(ValueError, match='the stage is one of'):

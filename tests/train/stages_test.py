@@ -16,7 +16,7 @@ _STAGE_CONFIGS = {
     'pretrain': {'diffusion.varlen_prob': 0.0},
     'sft': {'init_from': 'unused'},
     'rl': {'init_from': 'unused', 'model.seq_len': 64, 'rl.max_prompt_tokens': 16,
-           'rl.gen_length': 16, 'rl.diffusion_steps': 2, 'rl.block_length': 16},
+           'sampler.gen_length': 16, 'sampler.steps': 2, 'sampler.block_length': 16},
 }
 
 

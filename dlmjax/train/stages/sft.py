@@ -36,7 +36,7 @@ def make_loss(config):
 
 
 def stage(config) -> base.Stage:
-  packing = config.sft.packing
+  packing = config.data.packing
   # int32 [rows, seq_len + 1] each: tokens, roles (and segment_ids when packed).
   keys = ('tokens', 'roles', 'segment_ids') if packing else ('tokens', 'roles')
 
