@@ -32,8 +32,9 @@ def benchmark(config, batches: int) -> float:
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument('--source', default='builtin', choices=['builtin', 'megatron'])
   parser.add_argument('--prefixes', default='', help='Megatron blend, for --source megatron')
   parser.add_argument('--vocab-size', type=int, default=4096)
@@ -51,9 +52,11 @@ def main(argv=None):
   c.model.vocab_size, c.model.seq_len = args.vocab_size, args.seq_len
   c.train.global_batch_size, c.train.steps = args.global_batch_size, args.batches + 1
   rate = benchmark(c, args.batches)
-  print(f'{rate:,.0f} tokens/s ({rate / (args.seq_len + 1):,.0f} samples/s) at seq_len '
-        f'{args.seq_len}, global batch {args.global_batch_size}, {args.workers} workers, '
-        f'prefetch {args.prefetch}')
+  print(
+    f'{rate:,.0f} tokens/s ({rate / (args.seq_len + 1):,.0f} samples/s) at seq_len '
+    f'{args.seq_len}, global batch {args.global_batch_size}, {args.workers} workers, '
+    f'prefetch {args.prefetch}'
+  )
 
 
 if __name__ == '__main__':

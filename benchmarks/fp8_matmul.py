@@ -6,6 +6,7 @@ how fast are they with and without the quantization around them?
 Prints one JSON line per variant (ms, TFLOP/s, FP8 GEMM custom calls in the compiled HLO) and
 a `summary` line; docs/benchmarks.md ("FP8 matmuls") records its output.
 """
+
 import argparse
 import json
 import statistics
@@ -55,37 +56,53 @@ def main():
     def run(x, w, g):
       y, vjp = jax.vjp(f, x, w)
       return y, *vjp(g)
+
     return run
 
   def gemm_only(x_q, x_s, w_q, w_s):  # pre-quantized operands: the FP8 GEMM alone
-    return jax.lax.dot(fp8.dequantize(x_q, x_s, jnp.bfloat16),
-                       fp8.dequantize(w_q, w_s, jnp.bfloat16))
+    return jax.lax.dot(
+      fp8.dequantize(x_q, x_s, jnp.bfloat16), fp8.dequantize(w_q, w_s, jnp.bfloat16)
+    )
 
   flops = 2 * a.tokens * a.d_in * a.d_out
   variants = [
-      ('bf16 forward', bf16_fwd, (x, w), 1),
-      ('fp8 forward (quantize x, w + GEMM)', fp8_fwd, (x, w), 1),
-      ('fp8 GEMM alone (operands quantized beforehand)', gemm_only, (x_q, x_s, w_q, w_s), 1),
-      ('bf16 forward + backward', fwd_bwd(bf16_fwd), (x, w, g), 3),
-      ('fp8 forward + backward', fwd_bwd(fp8_fwd), (x, w, g), 3),
+    ('bf16 forward', bf16_fwd, (x, w), 1),
+    ('fp8 forward (quantize x, w + GEMM)', fp8_fwd, (x, w), 1),
+    ('fp8 GEMM alone (operands quantized beforehand)', gemm_only, (x_q, x_s, w_q, w_s), 1),
+    ('bf16 forward + backward', fwd_bwd(bf16_fwd), (x, w, g), 3),
+    ('fp8 forward + backward', fwd_bwd(fp8_fwd), (x, w, g), 3),
   ]
   rows = {}
   for name, fn, args, gemms in variants:
     compiled = jax.jit(fn).lower(*args).compile()
     ms = timed_ms(compiled, *args)
-    row = dict(variant=name, ms=round(ms, 3), tflops=round(gemms * flops / ms / 1e9, 1),
-               fp8_gemm_calls=compiled.as_text().count(_F8_GEMM),
-               shape=[a.tokens, a.d_in, a.d_out], device=jax.devices()[0].device_kind)
+    row = dict(
+      variant=name,
+      ms=round(ms, 3),
+      tflops=round(gemms * flops / ms / 1e9, 1),
+      fp8_gemm_calls=compiled.as_text().count(_F8_GEMM),
+      shape=[a.tokens, a.d_in, a.d_out],
+      device=jax.devices()[0].device_kind,
+    )
     rows[name] = row
     print(json.dumps(row), flush=True)
   ref = bf16_fwd(x, w).astype(jnp.float32)
   rel = jnp.linalg.norm(fp8_fwd(x, w).astype(jnp.float32) - ref) / jnp.linalg.norm(ref)
-  print(json.dumps(dict(
-      summary='fp8 matmul', forward_speedup=round(
-          rows['bf16 forward']['ms'] / rows['fp8 forward (quantize x, w + GEMM)']['ms'], 3),
-      fwd_bwd_speedup=round(rows['bf16 forward + backward']['ms']
-                            / rows['fp8 forward + backward']['ms'], 3),
-      forward_rel_err_vs_bf16=round(float(rel), 4))), flush=True)
+  print(
+    json.dumps(
+      dict(
+        summary='fp8 matmul',
+        forward_speedup=round(
+          rows['bf16 forward']['ms'] / rows['fp8 forward (quantize x, w + GEMM)']['ms'], 3
+        ),
+        fwd_bwd_speedup=round(
+          rows['bf16 forward + backward']['ms'] / rows['fp8 forward + backward']['ms'], 3
+        ),
+        forward_rel_err_vs_bf16=round(float(rel), 4),
+      )
+    ),
+    flush=True,
+  )
 
 
 if __name__ == '__main__':

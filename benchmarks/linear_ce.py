@@ -38,8 +38,10 @@ def naive_ce(hidden_TD, weight_DV, targets_T):
 
 def _step(ce_fn):
   """jit(value_and_grad) of sum(ce * weights) w.r.t. hidden and head, as the loss uses it."""
+
   def loss(hidden_TD, weight_DV, targets_T, d_ce_T):
     return jnp.sum(ce_fn(hidden_TD, weight_DV, targets_T) * d_ce_T)
+
   return jax.jit(jax.value_and_grad(loss, (0, 1)))
 
 
@@ -68,8 +70,14 @@ def run(tokens, vocab, dim, chunk_size, dtype, iters, naive=True) -> dict:
   targets_T = jax.random.randint(k[2], (tokens,), 0, vocab)
   d_ce_T = jax.random.uniform(k[3], (tokens,)) / tokens
   args = (hidden_TD, weight_DV, targets_T, d_ce_T)
-  result = dict(device=jax.devices()[0].device_kind, tokens=tokens, vocab=vocab, dim=dim,
-                chunk_size=chunk_size, dtype=jnp.dtype(dtype).name)
+  result = dict(
+    device=jax.devices()[0].device_kind,
+    tokens=tokens,
+    vocab=vocab,
+    dim=dim,
+    chunk_size=chunk_size,
+    dtype=jnp.dtype(dtype).name,
+  )
   fused = _step(lambda h, w, t: linear_cross_entropy(h, w, t, chunk_size=chunk_size))
   result['fused_ms'], result['fused_temp_bytes'], fused_out = _time(fused, args, iters)
   result['peak_bytes_after_fused'] = _peak_bytes()
@@ -77,8 +85,9 @@ def run(tokens, vocab, dim, chunk_size, dtype, iters, naive=True) -> dict:
     result['naive_ms'], result['naive_temp_bytes'], naive_out = _time(_step(naive_ce), args, iters)
     result['peak_bytes_after_naive'] = _peak_bytes()
     result['speedup'] = result['naive_ms'] / result['fused_ms']
-    diffs = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b))),
-                         fused_out, naive_out)
+    diffs = jax.tree.map(
+      lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b))), fused_out, naive_out
+    )
     result['max_abs_diff'] = dict(zip(['loss', 'd_hidden', 'd_weight'], jax.tree.leaves(diffs)))
   # 2 FLOPs per multiply-add; the fused version does 4 head matmuls, the naive one 3.
   result['fused_tflops'] = 4 * 2 * tokens * dim * vocab / result['fused_ms'] / 1e9
@@ -87,8 +96,19 @@ def run(tokens, vocab, dim, chunk_size, dtype, iters, naive=True) -> dict:
 
 def main(argv):
   del argv
-  print(json.dumps(run(_TOKENS.value, _VOCAB.value, _DIM.value, _CHUNK.value,
-                       jnp.dtype(_DTYPE.value), _ITERS.value, _NAIVE.value)))
+  print(
+    json.dumps(
+      run(
+        _TOKENS.value,
+        _VOCAB.value,
+        _DIM.value,
+        _CHUNK.value,
+        jnp.dtype(_DTYPE.value),
+        _ITERS.value,
+        _NAIVE.value,
+      )
+    )
+  )
 
 
 if __name__ == '__main__':

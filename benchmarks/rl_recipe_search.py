@@ -26,8 +26,14 @@ from dlmjax import demo
 from dlmjax.train import loop
 
 
-def held_out(path: str, task: str, sampling, steps: int | None = None, temperature: float = 0.0,
-             samples: int = 1) -> list[float]:
+def held_out(
+  path: str,
+  task: str,
+  sampling,
+  steps: int | None = None,
+  temperature: float = 0.0,
+  samples: int = 1,
+) -> list[float]:
   """[mean reward, accuracy] greedily with the task's demo sampler (the RL variant's diffusion
   steps if it sets them); with temperature > 0 also the mean reward of `samples` sampled
   completions per problem."""
@@ -36,8 +42,9 @@ def held_out(path: str, task: str, sampling, steps: int | None = None, temperatu
   scores = demo.evaluate_stage(path, task, sampling=sampling)
   row = [round(scores['mean_reward'], 4), round(scores['accuracy'], 4)]
   if temperature > 0:
-    sampled = demo.evaluate_stage(path, task, sampling=dataclasses.replace(
-        sampling, temperature=temperature), samples=samples)
+    sampled = demo.evaluate_stage(
+      path, task, sampling=dataclasses.replace(sampling, temperature=temperature), samples=samples
+    )
     row.append(round(sampled['mean_reward'], 4))
   return row
 
@@ -49,8 +56,9 @@ def rollout_rewards(run_dir: str) -> list[float]:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument('--seeds', default='0')
   parser.add_argument('--sft-steps', default='240', help='comma-separated SFT lengths')
   parser.add_argument('--variants', required=True, help='JSON {name: {dotted key: value}}')
@@ -58,10 +66,18 @@ def main() -> None:
   parser.add_argument('--work-dir', default='runs/rl_search')
   parser.add_argument('--out', default='runs/rl_search/results.json')
   parser.add_argument('--budget-s', type=float, default=0, help='stop starting variants after')
-  parser.add_argument('--eval-temperature', type=float, default=0.0,
-                      help='also score sampled completions at this temperature')
-  parser.add_argument('--eval-samples', type=int, default=1,
-                      help='sampled completions per held-out problem (with --eval-temperature)')
+  parser.add_argument(
+    '--eval-temperature',
+    type=float,
+    default=0.0,
+    help='also score sampled completions at this temperature',
+  )
+  parser.add_argument(
+    '--eval-samples',
+    type=int,
+    default=1,
+    help='sampled completions per held-out problem (with --eval-temperature)',
+  )
   args = parser.parse_args()
   variants = json.loads(args.variants)
   start, results = time.time(), []
@@ -77,14 +93,20 @@ def main() -> None:
     for sft_steps in [int(s) for s in args.sft_steps.split(',')]:
       run_dir = os.path.join(args.work_dir, f'seed{seed}_sft{sft_steps}')
       configs = demo.stage_configs(seed, run_dir, args.task)
-      config_lib.apply_overrides(configs['sft'], {'train.steps': sft_steps,
-                                            'train.wsd_decay_steps': max(1, sft_steps // 10)})
+      config_lib.apply_overrides(
+        configs['sft'], {'train.steps': sft_steps, 'train.wsd_decay_steps': max(1, sft_steps // 10)}
+      )
       sampling = demo.eval_sampling(configs['rl'])
       demo.write_sft_set(configs['sft'].sft.train_file, args.task)
       loop.train(configs['pretrain'])
       loop.train(configs['sft'])
-      sft = held_out(configs['sft'].output_dir, args.task, sampling,
-                     temperature=args.eval_temperature, samples=args.eval_samples)
+      sft = held_out(
+        configs['sft'].output_dir,
+        args.task,
+        sampling,
+        temperature=args.eval_temperature,
+        samples=args.eval_samples,
+      )
       record(dict(seed=seed, sft_steps=sft_steps, sft=sft))
       for name, overrides in variants.items():
         if args.budget_s and time.time() - start > args.budget_s:
@@ -98,15 +120,37 @@ def main() -> None:
         loop.train(config)
         checkpoints = os.path.join(config.output_dir, 'checkpoints')
         steps = sorted(int(d) for d in os.listdir(checkpoints) if d.isdigit())
-        record(dict(seed=seed, sft_steps=sft_steps, variant=name, sft=sft,
-                    sft_at_variant_steps=sft if eval_steps is None else held_out(
-                        configs['sft'].output_dir, args.task, sampling, eval_steps,
-                        args.eval_temperature, args.eval_samples),
-                    rl={s: held_out(os.path.join(checkpoints, str(s)), args.task, sampling,
-                                    eval_steps, args.eval_temperature, args.eval_samples)
-                        for s in steps},
-                    rollout_rewards=rollout_rewards(config.output_dir),
-                    rl_s=round(time.time() - variant_start)))
+        record(
+          dict(
+            seed=seed,
+            sft_steps=sft_steps,
+            variant=name,
+            sft=sft,
+            sft_at_variant_steps=sft
+            if eval_steps is None
+            else held_out(
+              configs['sft'].output_dir,
+              args.task,
+              sampling,
+              eval_steps,
+              args.eval_temperature,
+              args.eval_samples,
+            ),
+            rl={
+              s: held_out(
+                os.path.join(checkpoints, str(s)),
+                args.task,
+                sampling,
+                eval_steps,
+                args.eval_temperature,
+                args.eval_samples,
+              )
+              for s in steps
+            },
+            rollout_rewards=rollout_rewards(config.output_dir),
+            rl_s=round(time.time() - variant_start),
+          )
+        )
 
 
 if __name__ == '__main__':

@@ -47,15 +47,22 @@ def _cases(key):
   cos, sin = layers.rope_tables(positions, h, 1e4)
   size = x.size * 2
   return {
-      'stream (residual)': (
-          lambda x, s: (x, layers.rms_norm(x, s, _EPS)),
-          lambda blocks: lambda x, s: kernel.rms_norm_residual(x, s, eps=_EPS, blocks=blocks),
-          (x, scale), g, 2 * size, 4 * size),
-      'qk-norm + rope': (
-          lambda x, s: layers.rotary_embedding(layers.rms_norm(x, s, _EPS), positions, 1e4),
-          lambda blocks: lambda x, s: kernel.rms_norm(x, s, eps=_EPS, cos=cos, sin=sin,
-                                                      blocks=blocks),
-          (q, q_scale), g[0].reshape(q.shape), 2 * q.size * 2, 3 * q.size * 2),
+    'stream (residual)': (
+      lambda x, s: (x, layers.rms_norm(x, s, _EPS)),
+      lambda blocks: lambda x, s: kernel.rms_norm_residual(x, s, eps=_EPS, blocks=blocks),
+      (x, scale),
+      g,
+      2 * size,
+      4 * size,
+    ),
+    'qk-norm + rope': (
+      lambda x, s: layers.rotary_embedding(layers.rms_norm(x, s, _EPS), positions, 1e4),
+      lambda blocks: lambda x, s: kernel.rms_norm(x, s, eps=_EPS, cos=cos, sin=sin, blocks=blocks),
+      (q, q_scale),
+      g[0].reshape(q.shape),
+      2 * q.size * 2,
+      3 * q.size * 2,
+    ),
   }
 
 
@@ -63,6 +70,7 @@ def _fwd_bwd(fn):
   def run(args, cotangent):
     y, vjp = jax.vjp(fn, *args)
     return y, vjp(cotangent)
+
   return run
 
 
@@ -76,40 +84,58 @@ def main(argv):
   del argv
   rows = []
   for name, (xla_fn, kernel_fn, args, cot, fwd_bytes, bwd_bytes) in _cases(
-      jax.random.key(0)).items():
-    want = _fwd_bwd(xla_fn)(jax.tree.map(lambda a: a.astype(jnp.float32), args),
-                            jax.tree.map(lambda a: a.astype(jnp.float32), cot))
+    jax.random.key(0)
+  ).items():
+    want = _fwd_bwd(xla_fn)(
+      jax.tree.map(lambda a: a.astype(jnp.float32), args),
+      jax.tree.map(lambda a: a.astype(jnp.float32), cot),
+    )
     errors = {}
     for label, fn in (('xla', xla_fn), ('pallas', kernel_fn(None))):
       got = jax.jit(_fwd_bwd(fn))(args, cot)
       errors[label] = [timing.rel_err(a, b) for a, b in zip(_checked(got), _checked(want))]
     variants = [('xla', xla_fn, None), ('pallas', kernel_fn(None), 'default')]
     if _TILES.value:
-      for blocks in (kernel.Blocks(8192, 8, 8), kernel.Blocks(8192, 32, 8),
-                     kernel.Blocks(4096, 8, 4), kernel.Blocks(2048, 1, 4),
-                     kernel.Blocks(4096, 1, 2), kernel.Blocks(8192, 1, 8)):
+      for blocks in (
+        kernel.Blocks(8192, 8, 8),
+        kernel.Blocks(8192, 32, 8),
+        kernel.Blocks(4096, 8, 4),
+        kernel.Blocks(2048, 1, 4),
+        kernel.Blocks(4096, 1, 2),
+        kernel.Blocks(8192, 1, 8),
+      ):
         variants.append(('pallas', kernel_fn(blocks), blocks))
     for label, fn, blocks in variants:
       # y alone forward; the gradients alone forward + backward: no copy of a returned x.
       fwd = timing.median_ms(lambda *a, fn=fn: _checked((fn(*a), ()))[0], args, _ITERS.value)
-      both = timing.median_ms(lambda a, c, fn=fn: _fwd_bwd(fn)(a, c)[1], (args, cot),
-                              _ITERS.value)
+      both = timing.median_ms(lambda a, c, fn=fn: _fwd_bwd(fn)(a, c)[1], (args, cot), _ITERS.value)
       if isinstance(blocks, kernel.Blocks):
         blocks = [blocks.elements, blocks.steps, blocks.num_warps]
-      row = dict(case=name, backend=label, blocks=blocks,
-                 fwd_ms=fwd, fwd_bwd_ms=both, fwd_gbps=fwd_bytes / fwd / 1e6,
-                 bwd_gbps=bwd_bytes / max(both - fwd, 1e-6) / 1e6,
-                 rel_err=errors[label], device=jax.devices()[0].device_kind)
+      row = dict(
+        case=name,
+        backend=label,
+        blocks=blocks,
+        fwd_ms=fwd,
+        fwd_bwd_ms=both,
+        fwd_gbps=fwd_bytes / fwd / 1e6,
+        bwd_gbps=bwd_bytes / max(both - fwd, 1e-6) / 1e6,
+        rel_err=errors[label],
+        device=jax.devices()[0].device_kind,
+      )
       rows.append(row)
       if _OUT.value:
         with open(_OUT.value, 'a') as f:
           f.write(json.dumps(row) + '\n')
-  print(f'{"case":18s} {"backend":7s} {"blocks":16s} {"fwd ms":>7s} {"f+b ms":>7s} '
-        f'{"fwd GB/s":>8s} {"bwd GB/s":>8s}  rel err (y, dx, dscale) vs f32')
+  print(
+    f'{"case":18s} {"backend":7s} {"blocks":16s} {"fwd ms":>7s} {"f+b ms":>7s} '
+    f'{"fwd GB/s":>8s} {"bwd GB/s":>8s}  rel err (y, dx, dscale) vs f32'
+  )
   for r in rows:
     err = ' '.join(f'{e:.1e}' for e in r['rel_err'])
-    print(f'{r["case"]:18s} {r["backend"]:7s} {str(r["blocks"] or ""):16s} {r["fwd_ms"]:7.3f} '
-          f'{r["fwd_bwd_ms"]:7.3f} {r["fwd_gbps"]:8.0f} {r["bwd_gbps"]:8.0f}  {err}')
+    print(
+      f'{r["case"]:18s} {r["backend"]:7s} {str(r["blocks"] or ""):16s} {r["fwd_ms"]:7.3f} '
+      f'{r["fwd_bwd_ms"]:7.3f} {r["fwd_gbps"]:8.0f} {r["bwd_gbps"]:8.0f}  {err}'
+    )
 
 
 if __name__ == '__main__':

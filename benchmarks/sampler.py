@@ -24,12 +24,15 @@ from dlmjax.diffusion import sampler
 
 
 def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog='python -m benchmarks.sampler', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    prog='python -m benchmarks.sampler',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   source = parser.add_mutually_exclusive_group(required=True)
   source.add_argument('--checkpoint-path', help='run, step or Hugging Face directory')
   source.add_argument('--config', help='config file (random weights), e.g. configs/tiny.py')
-  parser.add_argument('--dtype', default=None, help='fp32 | bf16 (default: the config\'s)')
+  parser.add_argument('--dtype', default=None, help="fp32 | bf16 (default: the config's)")
   parser.add_argument('--batch', type=int, default=8)
   parser.add_argument('--prompt-length', type=int, default=32)
   parser.add_argument('--gen-length', type=int, default=64)
@@ -46,6 +49,7 @@ def _load(args):
   from dlmjax import config as config_lib
   from dlmjax import inference
   from dlmjax import model as model_lib
+
   if args.checkpoint_path:
     return inference.load_pretrained(args.checkpoint_path, dtype=args.dtype)
   config = config_lib.load_file(args.config)
@@ -61,9 +65,14 @@ def _load(args):
 def measure(model, sampling: sampler.SamplingConfig, prompt_BP, lengths_B, repeats: int) -> dict:
   """Compile time and the best of `repeats` timed runs, as generated tokens per second."""
   m = model.config.model
-  fn = sampler.make_generate_fn(model.model_config, sampling, mask_id=m.mask_token_id,
-                                eos_id=m.eos_token_id, pad_id=m.pad_token_id,
-                                vocab_size=m.vocab_size)
+  fn = sampler.make_generate_fn(
+    model.model_config,
+    sampling,
+    mask_id=m.mask_token_id,
+    eos_id=m.eos_token_id,
+    pad_id=m.pad_token_id,
+    vocab_size=m.vocab_size,
+  )
   start = time.perf_counter()
   jax.block_until_ready(fn(model.params, prompt_BP, lengths_B, jax.random.key(0)))
   compile_s = time.perf_counter() - start
@@ -74,21 +83,28 @@ def measure(model, sampling: sampler.SamplingConfig, prompt_BP, lengths_B, repea
     times.append(time.perf_counter() - start)
   best = min(times)
   generated = prompt_BP.shape[0] * sampling.gen_length
-  return dict(tokens_per_s=round(generated / best, 1), seconds=round(best, 4),
-              first_call_s=round(compile_s, 2),
-              eos_rows=int(np.mean([(row == m.eos_token_id).any()
-                                    for row in np.asarray(out)[:, prompt_BP.shape[1]:]]) * 100))
+  return dict(
+    tokens_per_s=round(generated / best, 1),
+    seconds=round(best, 4),
+    first_call_s=round(compile_s, 2),
+    eos_rows=int(
+      np.mean([(row == m.eos_token_id).any() for row in np.asarray(out)[:, prompt_BP.shape[1] :]])
+      * 100
+    ),
+  )
 
 
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
-  plain = sampler.SamplingConfig(gen_length=args.gen_length, steps=args.steps,
-                                 block_length=args.block_length)
-  variants = {'plain': plain,
-              'threshold': dataclasses.replace(plain, threshold=args.threshold),
-              'threshold+eos': dataclasses.replace(plain, threshold=args.threshold,
-                                                   stop_at_eos=True),
-              'truncate': dataclasses.replace(plain, cache='truncate')}
+  plain = sampler.SamplingConfig(
+    gen_length=args.gen_length, steps=args.steps, block_length=args.block_length
+  )
+  variants = {
+    'plain': plain,
+    'threshold': dataclasses.replace(plain, threshold=args.threshold),
+    'threshold+eos': dataclasses.replace(plain, threshold=args.threshold, stop_at_eos=True),
+    'truncate': dataclasses.replace(plain, cache='truncate'),
+  }
   modes = [m.strip() for m in args.modes.split(',') if m.strip()]
   try:
     unknown = set(modes) - set(variants)
@@ -107,10 +123,16 @@ def main(argv=None) -> int:
     lengths_B = np.full(args.batch, args.prompt_length, np.int32)
     base = None
     for mode in modes:
-      row = dict(mode=mode, device=jax.devices()[0].device_kind, batch=args.batch,
-                 prompt=args.prompt_length, gen=args.gen_length, steps=args.steps,
-                 block=args.block_length, **measure(model, variants[mode], prompt_BP, lengths_B,
-                                                    args.repeats))
+      row = dict(
+        mode=mode,
+        device=jax.devices()[0].device_kind,
+        batch=args.batch,
+        prompt=args.prompt_length,
+        gen=args.gen_length,
+        steps=args.steps,
+        block=args.block_length,
+        **measure(model, variants[mode], prompt_BP, lengths_B, args.repeats),
+      )
       base = base or row['tokens_per_s']
       row['vs_plain'] = round(row['tokens_per_s'] / base, 2)
       print(json.dumps(row), flush=True)

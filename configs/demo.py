@@ -21,50 +21,57 @@ BASE_CONFIGS = {'pretrain': 'tiny.py', 'sft': 'sft.py', 'rl': 'rl.py'}
 # longest plain-template prompt and answer (+ EOS) on the built-in tokenizer; a sudoku4 prompt is
 # 44 tokens, its answer 27 + EOS. Two tokens per diffusion step (half the rollout time of one),
 # one block.
-TASK_CANVAS = {'sudoku4': (48, 32), 'arithmetic': (22, 58), 'countdown3': (36, 44),
-               'countdown4': (40, 56)}
+TASK_CANVAS = {
+  'sudoku4': (48, 32),
+  'arithmetic': (22, 58),
+  'countdown3': (36, 44),
+  'countdown4': (40, 56),
+}
 
 RL_STEPS = 60  # 15 rollouts: about 4 minutes of a seed's 9
 SELECT_EVERY = 10  # RL steps between the validation scores that pick the RL stage's checkpoint
 
 STAGE_RECIPE = {
-    'pretrain': {
-        'train.steps': 40,  # the code corpus barely helps the tasks: a short stage, as a start
-        'train.wsd_decay_steps': 8,
-        'checkpoint.every': 0,  # the final step only
-    },
-    'sft': {
-        'train.steps': 240,  # copy the givens, then fill; the reward is seed-dependent here
-        'train.lr': 2e-3,
-        'train.min_lr': 2e-4,
-        'train.warmup_steps': 10,
-        'train.wsd_decay_steps': 24,  # LLaDA: decay over the final 10%
-        'checkpoint.every': 0,
-    },
-    'rl': {
-        'rl.group_size': 4,  # 8 prompts x 4 per rollout: more prompts seen than 4 x 8
-        'rl.inner_updates': 4,  # updates are cheap next to generation (d1: 8 on sudoku)
-        'train.global_batch_size': 32,
-        'train.micro_batch_size': 16,
-        'train.lr': 3e-4,  # lower barely moves the reward; higher collapses the policy
-        'train.warmup_steps': 4,  # Adam's first step at full lr is sign-like: a KL spike
-        'train.steps': RL_STEPS,
-        # Held-out reward jumps between checkpoints 10 steps apart, so the RL row is the
-        # checkpoint of best validation reward: 128 train-split problems outside the RL prompts,
-        # greedy, every 10 steps. The test split only scores the chosen one (and the final one).
-        'eval.every': SELECT_EVERY,
-        'eval.batches': 4,
-        'rl.eval_split': 'valid',
-        'checkpoint.every': SELECT_EVERY,
-        'checkpoint.keep': RL_STEPS // SELECT_EVERY,
-    },
+  'pretrain': {
+    'train.steps': 40,  # the code corpus barely helps the tasks: a short stage, as a start
+    'train.wsd_decay_steps': 8,
+    'checkpoint.every': 0,  # the final step only
+  },
+  'sft': {
+    'train.steps': 240,  # copy the givens, then fill; the reward is seed-dependent here
+    'train.lr': 2e-3,
+    'train.min_lr': 2e-4,
+    'train.warmup_steps': 10,
+    'train.wsd_decay_steps': 24,  # LLaDA: decay over the final 10%
+    'checkpoint.every': 0,
+  },
+  'rl': {
+    'rl.group_size': 4,  # 8 prompts x 4 per rollout: more prompts seen than 4 x 8
+    'rl.inner_updates': 4,  # updates are cheap next to generation (d1: 8 on sudoku)
+    'train.global_batch_size': 32,
+    'train.micro_batch_size': 16,
+    'train.lr': 3e-4,  # lower barely moves the reward; higher collapses the policy
+    'train.warmup_steps': 4,  # Adam's first step at full lr is sign-like: a KL spike
+    'train.steps': RL_STEPS,
+    # Held-out reward jumps between checkpoints 10 steps apart, so the RL row is the
+    # checkpoint of best validation reward: 128 train-split problems outside the RL prompts,
+    # greedy, every 10 steps. The test split only scores the chosen one (and the final one).
+    'eval.every': SELECT_EVERY,
+    'eval.batches': 4,
+    'rl.eval_split': 'valid',
+    'checkpoint.every': SELECT_EVERY,
+    'checkpoint.keep': RL_STEPS // SELECT_EVERY,
+  },
 }
 
 # The RL stage's objective on top of the recipe. SPG trains without a KL term, so it gets lr
 # 3e-5, the stable end of the GPU search (1e-4 collapses without KL). Each objective has its own
 # RL run directory; all start from the same SFT checkpoints.
-OBJECTIVES = {'d1': {}, 'espo': {'rl.objective': 'espo'},
-              'spg': {'rl.objective': 'spg', 'rl.kl_beta': 0.0, 'train.lr': 3e-5}}
+OBJECTIVES = {
+  'd1': {},
+  'espo': {'rl.objective': 'espo'},
+  'spg': {'rl.objective': 'spg', 'rl.kl_beta': 0.0, 'train.lr': 3e-5},
+}
 
 
 def canvas_overrides(task: str) -> dict:
@@ -73,9 +80,17 @@ def canvas_overrides(task: str) -> dict:
     raise ValueError(f'--task {task!r}: the demo is sized for {sorted(TASK_CANVAS)}.')
   prompt, gen = TASK_CANVAS[task]
   canvas = {'model.seq_len': prompt + gen}
-  return {'pretrain': canvas, 'sft': canvas,
-          'rl': {**canvas, 'rl.max_prompt_tokens': prompt, 'sampler.gen_length': gen,
-                 'sampler.steps': gen // 2, 'sampler.block_length': gen}}
+  return {
+    'pretrain': canvas,
+    'sft': canvas,
+    'rl': {
+      **canvas,
+      'rl.max_prompt_tokens': prompt,
+      'sampler.gen_length': gen,
+      'sampler.steps': gen // 2,
+      'sampler.block_length': gen,
+    },
+  }
 
 
 def recipe(objective: str = 'd1', task: str = 'sudoku4') -> dict:
@@ -92,12 +107,15 @@ def recipe(objective: str = 'd1', task: str = 'sudoku4') -> dict:
 def get_config(arg='rl'):
   """One stage's config: "STAGE[,TASK[,OBJECTIVE]]" (task sudoku4, objective d1 by default)."""
   from dlmjax import demo  # pylint: disable=import-outside-toplevel
+
   stage, task, objective = (arg.split(',') + ['', ''])[:3]
   task, objective = task or 'sudoku4', objective or 'd1'
   if stage not in STAGES:
     raise ValueError(f'configs/demo.py:{arg}: the stage is one of {STAGES}.')
-  config = demo.base_config(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                         BASE_CONFIGS[stage]), recipe(objective, task)[stage])
+  config = demo.base_config(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), BASE_CONFIGS[stage]),
+    recipe(objective, task)[stage],
+  )
   if stage == 'rl':
     config.rl.task = task
   return config

@@ -16,7 +16,6 @@ import numpy as np
 from absl import flags
 
 from dlmjax import cli
-from dlmjax.data import pipeline
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.train import reporting
 from dlmjax.train import stages
@@ -38,7 +37,7 @@ def measured_matmul_tflops(size: int = 8192, repeats: int = 10) -> float:
   for _ in range(repeats):
     out = matmul(a, b)
   out.block_until_ready()
-  return 2 * size ** 3 * repeats / (time.perf_counter() - start) / 1e12
+  return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e12
 
 
 def peak_memory_bytes() -> int | None:
@@ -54,8 +53,9 @@ def run(config, steps: int, warmup: int, matmul: bool) -> dict:
   rng = np.random.default_rng(0)
 
   def batch():  # the stage's own arrays, random but shaped as the run's
-    return {k: jax.device_put(v, step_fn.batch_sharding)
-            for k, v in stage.example_batch(rng).items()}
+    return {
+      k: jax.device_put(v, step_fn.batch_sharding) for k, v in stage.example_batch(rng).items()
+    }
 
   start = time.perf_counter()
   state, metrics = step_fn(state, batch())
@@ -77,14 +77,25 @@ def run(config, steps: int, warmup: int, matmul: bool) -> dict:
   kind = jax.devices()[0].device_kind
   datasheet = reporting.peak_flops_per_device(0.0) / 1e12  # 0 for a kind not in the table
   result = dict(
-      layers=config.model.num_layers, d_model=config.model.d_model, device=kind, devices=devices,
-      mesh=dict(config.mesh), micro_batch=config.train.micro_batch_size,
-      global_batch=config.train.global_batch_size, seq=config.model.seq_len,
-      dtype=config.model.dtype, matmul_dtype=config.model.matmul_dtype, remat=config.model.remat,
-      attention=config.model.attention_backend, params=setup.model_config.num_params(),
-      tokens_per_s=round(tokens_per_s), step_time_s=round(step_s, 4),
-      model_tflops_per_device=round(model_tflops, 1), compile_s=round(compile_s, 1),
-      loss=float(metrics['loss']))
+    layers=config.model.num_layers,
+    d_model=config.model.d_model,
+    device=kind,
+    devices=devices,
+    mesh=dict(config.mesh),
+    micro_batch=config.train.micro_batch_size,
+    global_batch=config.train.global_batch_size,
+    seq=config.model.seq_len,
+    dtype=config.model.dtype,
+    matmul_dtype=config.model.matmul_dtype,
+    remat=config.model.remat,
+    attention=config.model.attention_backend,
+    params=setup.model_config.num_params(),
+    tokens_per_s=round(tokens_per_s),
+    step_time_s=round(step_s, 4),
+    model_tflops_per_device=round(model_tflops, 1),
+    compile_s=round(compile_s, 1),
+    loss=float(metrics['loss']),
+  )
   if datasheet:
     result['mfu_datasheet'] = round(model_tflops / datasheet, 4)
   if matmul and jax.devices()[0].platform == 'gpu':
@@ -93,7 +104,7 @@ def run(config, steps: int, warmup: int, matmul: bool) -> dict:
     result['mfu_measured_matmul'] = round(model_tflops / rate, 4)
   peak = peak_memory_bytes()
   if peak is not None:
-    result['peak_mem_gib'] = round(peak / 2 ** 30, 1)
+    result['peak_mem_gib'] = round(peak / 2**30, 1)
   return result
 
 

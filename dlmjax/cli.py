@@ -15,8 +15,13 @@ from dlmjax.train import loop
 
 def user_errors() -> tuple[type[BaseException], ...]:
   """Errors caused by the user's input: reported as `error: <message>` with exit code 2."""
-  return (config_lib.ConfigError, manager.CheckpointError, data_errors.DataError,
-          loop.NonFiniteError, guards.ResourceError)
+  return (
+    config_lib.ConfigError,
+    manager.CheckpointError,
+    data_errors.DataError,
+    loop.NonFiniteError,
+    guards.ResourceError,
+  )
 
 
 def fail(message: str) -> None:

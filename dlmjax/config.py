@@ -207,40 +207,39 @@ def defaults() -> ml_collections.ConfigDict:
 # override or a config file setting one fails naming this; a saved run's config.json maps the
 # renamed ones (from_dict).
 RENAMED = {
-    'rl.gen_length': 'sampler.gen_length',
-    'rl.diffusion_steps': 'sampler.steps',
-    'rl.block_length': 'sampler.block_length',
-    'rl.temperature': 'sampler.temperature',
-    'sft.packing': 'data.packing',
+  'rl.gen_length': 'sampler.gen_length',
+  'rl.diffusion_steps': 'sampler.steps',
+  'rl.block_length': 'sampler.block_length',
+  'rl.temperature': 'sampler.temperature',
+  'sft.packing': 'data.packing',
 }
 REMOVED = {
-    'rl.advantage_scaling': 'advantages are r - group mean (std scaling: a parameter of '
-                            'dlmjax/rl/advantages.py)',
-    'rl.negative_advantages': 'every advantage is kept (dropping negatives: a parameter of '
-                              'dlmjax/rl/advantages.py)',
-    'rl.loss_normalisation': "d1 normalises per token (GRPO's per sequence: a parameter of "
-                             'dlmjax/rl/rollout.py loss_weights)',
-    'rl.kl_reference': 'the KL reference is the init model; rl.kl_beta=0 turns the KL off',
-    'sft.supervise_padding': 'EOS padding is supervised unless data.packing=True',
-    'sft.normalisation': "LLaDA's per-answer-length normalisation (others: a parameter of "
-                         'dlmjax/diffusion/sft_loss.py)',
-    'sft.weight_by_inverse_t': "LLaDA's 1/p weight (a parameter of dlmjax/diffusion/sft_loss.py)",
-    'sft.time_eps': "LLaDA's 1e-3 (a parameter of dlmjax/diffusion/sft_loss.py)",
-    'log.tensorboard': 'use log.outputs (comma-separated: tensorboard,wandb,plots)',
-    'log.wandb': 'use log.outputs (comma-separated: tensorboard,wandb,plots)',
-    'log.plots': 'use log.outputs (comma-separated: tensorboard,wandb,plots)',
-    'log.wandb_project': 'wandb reads the WANDB_PROJECT environment variable',
-    'log.peak_tflops': 'MFU uses the device kind\'s peak (dlmjax/train/reporting.py)',
-    'model.preset': 'configs apply presets with dlmjax.model.presets.apply_preset',
-    'model.vocab_multiple': 'the embedding pads to config.VOCAB_MULTIPLE (128, Megatron)',
-    'data.tfds_data_dir': 'TFDS reads the TFDS_DATA_DIR environment variable',
-    'checkpoint.async_save': 'checkpoints are always saved asynchronously',
-    'train.eps': "AdamW's epsilon is 1e-8 (dlmjax/train/optimizer.py)",
-    'train.b1': "AdamW's beta1 is 0.9 (dlmjax/train/optimizer.py); beta2 stays train.b2",
-    'train.wsd_decay_style': 'the anneal is part of train.schedule: wsd (exponential) | '
-                             'wsd_linear | wsd_cosine',
-    'eval.seed': 'evaluation masks and problems come from a fixed seed '
-                 '(dlmjax/train/evaluation.py)',
+  'rl.advantage_scaling': 'advantages are r - group mean (std scaling: a parameter of '
+  'dlmjax/rl/advantages.py)',
+  'rl.negative_advantages': 'every advantage is kept (dropping negatives: a parameter of '
+  'dlmjax/rl/advantages.py)',
+  'rl.loss_normalisation': "d1 normalises per token (GRPO's per sequence: a parameter of "
+  'dlmjax/rl/rollout.py loss_weights)',
+  'rl.kl_reference': 'the KL reference is the init model; rl.kl_beta=0 turns the KL off',
+  'sft.supervise_padding': 'EOS padding is supervised unless data.packing=True',
+  'sft.normalisation': "LLaDA's per-answer-length normalisation (others: a parameter of "
+  'dlmjax/diffusion/sft_loss.py)',
+  'sft.weight_by_inverse_t': "LLaDA's 1/p weight (a parameter of dlmjax/diffusion/sft_loss.py)",
+  'sft.time_eps': "LLaDA's 1e-3 (a parameter of dlmjax/diffusion/sft_loss.py)",
+  'log.tensorboard': 'use log.outputs (comma-separated: tensorboard,wandb,plots)',
+  'log.wandb': 'use log.outputs (comma-separated: tensorboard,wandb,plots)',
+  'log.plots': 'use log.outputs (comma-separated: tensorboard,wandb,plots)',
+  'log.wandb_project': 'wandb reads the WANDB_PROJECT environment variable',
+  'log.peak_tflops': "MFU uses the device kind's peak (dlmjax/train/reporting.py)",
+  'model.preset': 'configs apply presets with dlmjax.model.presets.apply_preset',
+  'model.vocab_multiple': 'the embedding pads to config.VOCAB_MULTIPLE (128, Megatron)',
+  'data.tfds_data_dir': 'TFDS reads the TFDS_DATA_DIR environment variable',
+  'checkpoint.async_save': 'checkpoints are always saved asynchronously',
+  'train.eps': "AdamW's epsilon is 1e-8 (dlmjax/train/optimizer.py)",
+  'train.b1': "AdamW's beta1 is 0.9 (dlmjax/train/optimizer.py); beta2 stays train.b2",
+  'train.wsd_decay_style': 'the anneal is part of train.schedule: wsd (exponential) | '
+  'wsd_linear | wsd_cosine',
+  'eval.seed': 'evaluation masks and problems come from a fixed seed (dlmjax/train/evaluation.py)',
 }
 
 # Held-out masks and RL's held-out problems come from this seed and each example's index, so every
@@ -315,8 +314,10 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   """
   path, _, arg = spec.partition(':')
   if not os.path.isfile(path):
-    raise ConfigError(f'cannot load the --config file {path}: it does not exist (pass a path '
-                      'such as configs/tiny.py[:ARG]).')
+    raise ConfigError(
+      f'cannot load the --config file {path}: it does not exist (pass a path '
+      'such as configs/tiny.py[:ARG]).'
+    )
   module_spec = importlib.util.spec_from_file_location('dlmjax_config_file', path)
   module = importlib.util.module_from_spec(module_spec)
   try:
@@ -349,7 +350,7 @@ def apply_overrides(config, overrides) -> ml_collections.ConfigDict:
   if not isinstance(overrides, dict):
     pairs = {}
     for item in overrides:
-      text = item[len('--config.'):] if item.startswith('--config.') else item
+      text = item[len('--config.') :] if item.startswith('--config.') else item
       if '=' not in text:
         raise ConfigError(f'override {item!r} is not KEY=VALUE (e.g. --config.train.steps=10).')
       key, value = text.split('=', 1)
@@ -412,8 +413,7 @@ def _parse(dotted: str, value, default):
       raise ConfigError(f'{dotted}={value!r} is not an integer.')
     return kind(value)
   if not isinstance(value, kind):
-    raise ConfigError(f'{dotted}={value!r} is not a {kind.__name__} (the default is '
-                      f'{default!r}).')
+    raise ConfigError(f'{dotted}={value!r} is not a {kind.__name__} (the default is {default!r}).')
   return value
 
 
@@ -427,7 +427,7 @@ def parse_command_line(argv, default_file: str):
   while i < len(args):
     arg = args[i]
     if arg.startswith('--config='):
-      spec = arg[len('--config='):]
+      spec = arg[len('--config=') :]
     elif arg == '--config' and i + 1 < len(args):
       spec = args[i + 1]
       i += 1
@@ -488,8 +488,10 @@ def resolve_mesh(config, num_devices: int) -> None:
     if axis != fill[0]:
       others *= max(mesh[axis], 1)
   if num_devices % others:
-    raise ConfigError(f'mesh.{fill[0]}=-1 cannot fill {num_devices} devices: the other axes '
-                      f'multiply to {others}, which does not divide it.')
+    raise ConfigError(
+      f'mesh.{fill[0]}=-1 cannot fill {num_devices} devices: the other axes '
+      f'multiply to {others}, which does not divide it.'
+    )
   mesh[fill[0]] = num_devices // others
 
 
@@ -497,24 +499,30 @@ def resolve_mesh(config, num_devices: int) -> None:
 # Validation
 
 _CHOICES = {
-    'stage': ('pretrain', 'sft', 'rl'),
-    'rl.objective': ('d1', 'espo', 'spg'),
-    'rl.eval_split': ('test', 'valid'),
-    'rl.reference_dtype': ('float32', 'bfloat16'),
-    'model.attention_mask': ('bidirectional', 'causal', 'block_causal'),
-    'model.attention_backend': ('xla', 'cudnn', 'pallas', 'auto'),
-    'model.norm_backend': ('xla', 'pallas', 'auto'),
-    'model.dtype': ('float32', 'bfloat16'),
-    'model.matmul_dtype': ('compute', 'fp8'),
-    'model.remat': ('none', 'minimal', 'save_dots', 'save_dots_attention', 'save_activations',
-                    'full'),
-    'diffusion.objective': ('mdm', 'ar'),
-    'data.source': ('builtin', 'megatron', 'tfds:NAME:SPLIT'),
-    'train.schedule': ('wsd', 'wsd_linear', 'wsd_cosine', 'cosine', 'constant'),
-    'sft.chat_template': ('none', 'plain', 'llada', 'chatml'),
-    'sft.too_long': ('truncate', 'drop', 'error'),
-    'sampler.remasking': ('low_confidence', 'random'),
-    'sampler.cache': ('none', 'truncate'),
+  'stage': ('pretrain', 'sft', 'rl'),
+  'rl.objective': ('d1', 'espo', 'spg'),
+  'rl.eval_split': ('test', 'valid'),
+  'rl.reference_dtype': ('float32', 'bfloat16'),
+  'model.attention_mask': ('bidirectional', 'causal', 'block_causal'),
+  'model.attention_backend': ('xla', 'cudnn', 'pallas', 'auto'),
+  'model.norm_backend': ('xla', 'pallas', 'auto'),
+  'model.dtype': ('float32', 'bfloat16'),
+  'model.matmul_dtype': ('compute', 'fp8'),
+  'model.remat': (
+    'none',
+    'minimal',
+    'save_dots',
+    'save_dots_attention',
+    'save_activations',
+    'full',
+  ),
+  'diffusion.objective': ('mdm', 'ar'),
+  'data.source': ('builtin', 'megatron', 'tfds:NAME:SPLIT'),
+  'train.schedule': ('wsd', 'wsd_linear', 'wsd_cosine', 'cosine', 'constant'),
+  'sft.chat_template': ('none', 'plain', 'llada', 'chatml'),
+  'sft.too_long': ('truncate', 'drop', 'error'),
+  'sampler.remasking': ('low_confidence', 'random'),
+  'sampler.cache': ('none', 'truncate'),
 }
 LOG_OUTPUTS = ('tensorboard', 'wandb', 'plots')
 
@@ -541,50 +549,76 @@ def validate(config, num_devices: int | None = None) -> None:
     value = get_key(config, key)
     if key == 'data.source' and value.startswith('tfds:'):
       if len(value.split(':')) != 3 or not all(value.split(':')[1:]):
-        raise ConfigError(f'data.source={value!r} is not tfds:NAME:SPLIT; set e.g. '
-                          '--config.data.source=tfds:lm1b:train.')
+        raise ConfigError(
+          f'data.source={value!r} is not tfds:NAME:SPLIT; set e.g. '
+          '--config.data.source=tfds:lm1b:train.'
+        )
       continue
     if value not in choices:
-      raise ConfigError(f'{key}={value!r} is not one of {choices}; '
-                        f'set --config.{key}=<one of them>.')
+      raise ConfigError(
+        f'{key}={value!r} is not one of {choices}; set --config.{key}=<one of them>.'
+      )
 
   m, t = config.model, config.train
-  for key in ('num_layers', 'd_model', 'num_heads', 'num_kv_heads', 'head_dim', 'ffn_dim',
-              'vocab_size', 'seq_len'):
+  for key in (
+    'num_layers',
+    'd_model',
+    'num_heads',
+    'num_kv_heads',
+    'head_dim',
+    'ffn_dim',
+    'vocab_size',
+    'seq_len',
+  ):
     if m[key] <= 0:
       raise ConfigError(f'model.{key}={m[key]} must be positive.')
   if m.num_heads % m.num_kv_heads:
-    raise ConfigError(f'model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads='
-                      f'{m.num_kv_heads}; grouped-query attention needs whole groups.')
+    raise ConfigError(
+      f'model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads='
+      f'{m.num_kv_heads}; grouped-query attention needs whole groups.'
+    )
   if m.head_dim % 2:
     raise ConfigError(f'model.head_dim={m.head_dim} must be even for rotary embeddings.')
   if m.loss_chunk_tokens < 0:
-    raise ConfigError(f'model.loss_chunk_tokens={m.loss_chunk_tokens} must be >= 0 (0 = full '
-                      'logits).')
+    raise ConfigError(
+      f'model.loss_chunk_tokens={m.loss_chunk_tokens} must be >= 0 (0 = full logits).'
+    )
   for key in ('mask_token_id', 'eos_token_id', 'pad_token_id'):
     if not 0 <= m[key] < m.vocab_size:
-      raise ConfigError(f'model.{key}={m[key]} is outside the vocabulary [0, {m.vocab_size}); '
-                        f'set it to the tokenizer\'s id.')
+      raise ConfigError(
+        f'model.{key}={m[key]} is outside the vocabulary [0, {m.vocab_size}); '
+        f"set it to the tokenizer's id."
+      )
   if m.attention_mask == 'block_causal' and m.seq_len % m.block_size:
-    raise ConfigError(f'model.seq_len={m.seq_len} is not a multiple of model.block_size='
-                      f'{m.block_size}; block-causal attention needs whole blocks.')
+    raise ConfigError(
+      f'model.seq_len={m.seq_len} is not a multiple of model.block_size='
+      f'{m.block_size}; block-causal attention needs whole blocks.'
+    )
   if m.attention_backend == 'cudnn' and m.attention_mask == 'block_causal':
-    raise ConfigError('model.attention_backend=cudnn cannot express block_causal masks without a '
-                      'dense mask; use --config.model.attention_backend=pallas (or auto, or xla).')
+    raise ConfigError(
+      'model.attention_backend=cudnn cannot express block_causal masks without a '
+      'dense mask; use --config.model.attention_backend=pallas (or auto, or xla).'
+    )
   if config.data.packing and m.attention_backend == 'cudnn':
-    raise ConfigError('data.packing=True needs per-document attention, which the cudnn backend '
-                      'could only do with a dense mask; use '
-                      '--config.model.attention_backend=pallas (or auto), '
-                      '--config.model.attention_backend=xla or --config.data.packing=False.')
+    raise ConfigError(
+      'data.packing=True needs per-document attention, which the cudnn backend '
+      'could only do with a dense mask; use '
+      '--config.model.attention_backend=pallas (or auto), '
+      '--config.model.attention_backend=xla or --config.data.packing=False.'
+    )
   # Pallas flash attention (dlmjax/kernels/flash_attention.py): Triton tiles are powers of two.
   if m.attention_backend == 'pallas' and (m.head_dim < 16 or m.head_dim & (m.head_dim - 1)):
-    raise ConfigError(f'model.attention_backend=pallas needs a power-of-two model.head_dim >= 16, '
-                      f'got {m.head_dim}; use --config.model.attention_backend=auto (or xla).')
+    raise ConfigError(
+      f'model.attention_backend=pallas needs a power-of-two model.head_dim >= 16, '
+      f'got {m.head_dim}; use --config.model.attention_backend=auto (or xla).'
+    )
   if m.norm_backend == 'pallas':  # kernels/rms_norm.py: Triton tiles are powers of two.
     for key in ('d_model', 'head_dim', 'num_heads', 'num_kv_heads'):
       if m[key] & (m[key] - 1):
-        raise ConfigError(f'model.norm_backend=pallas needs a power-of-two model.{key}, got '
-                          f'{m[key]}; use --config.model.norm_backend=auto (or xla).')
+        raise ConfigError(
+          f'model.norm_backend=pallas needs a power-of-two model.{key}, got '
+          f'{m[key]}; use --config.model.norm_backend=auto (or xla).'
+        )
   if config.diffusion.objective == 'ar' and m.attention_mask != 'causal':
     raise ConfigError('diffusion.objective=ar needs --config.model.attention_mask=causal.')
   if not 0.0 <= config.diffusion.varlen_prob <= 1.0:
@@ -594,12 +628,16 @@ def validate(config, num_devices: int | None = None) -> None:
     if t[key] <= 0:
       raise ConfigError(f'train.{key}={t[key]} must be positive.')
   if t.global_batch_size % t.micro_batch_size:
-    raise ConfigError(f'train.global_batch_size={t.global_batch_size} is not a multiple of '
-                      f'train.micro_batch_size={t.micro_batch_size}; pick a micro-batch that '
-                      'divides it (gradients accumulate over global/micro steps).')
+    raise ConfigError(
+      f'train.global_batch_size={t.global_batch_size} is not a multiple of '
+      f'train.micro_batch_size={t.micro_batch_size}; pick a micro-batch that '
+      'divides it (gradients accumulate over global/micro steps).'
+    )
   if t.schedule.startswith('wsd') and t.warmup_steps + t.wsd_decay_steps > t.steps:
-    raise ConfigError(f'train.warmup_steps + train.wsd_decay_steps = '
-                      f'{t.warmup_steps + t.wsd_decay_steps} exceeds train.steps={t.steps}.')
+    raise ConfigError(
+      f'train.warmup_steps + train.wsd_decay_steps = '
+      f'{t.warmup_steps + t.wsd_decay_steps} exceeds train.steps={t.steps}.'
+    )
   if t.max_consecutive_skips < 0:
     raise ConfigError(f'train.max_consecutive_skips={t.max_consecutive_skips} must be >= 0.')
   if config.checkpoint.every < 0 or config.checkpoint.keep < 1:
@@ -607,12 +645,15 @@ def validate(config, num_devices: int | None = None) -> None:
   if config.log.every < 1:
     raise ConfigError(f'log.every={config.log.every} must be >= 1.')
   if config.eval.every < 0 or config.eval.batches < 1:
-    raise ConfigError(f'eval.every={config.eval.every} must be >= 0 and eval.batches='
-                      f'{config.eval.batches} >= 1.')
+    raise ConfigError(
+      f'eval.every={config.eval.every} must be >= 0 and eval.batches={config.eval.batches} >= 1.'
+    )
   for name in log_outputs(config):
     if name not in LOG_OUTPUTS:
-      raise ConfigError(f'log.outputs={config.log.outputs!r} names {name!r}; use a '
-                        f'comma-separated subset of {LOG_OUTPUTS} (or \'\' for none).')
+      raise ConfigError(
+        f'log.outputs={config.log.outputs!r} names {name!r}; use a '
+        f"comma-separated subset of {LOG_OUTPUTS} (or '' for none)."
+      )
 
   _validate_sft(config)
   _validate_rl(config)
@@ -626,32 +667,44 @@ def _validate_rl(config):
   if config.stage != 'rl':
     return
   if not config.init_from:
-    raise ConfigError('stage rl improves a trained (ideally fine-tuned) model: set '
-                      '--config.init_from to a dlmjax run or step directory.')
+    raise ConfigError(
+      'stage rl improves a trained (ideally fine-tuned) model: set '
+      '--config.init_from to a dlmjax run or step directory.'
+    )
   if r.group_size < 2:
-    raise ConfigError(f'rl.group_size={r.group_size}: group advantages need at least 2 '
-                      'completions per prompt; set --config.rl.group_size=2 or more.')
+    raise ConfigError(
+      f'rl.group_size={r.group_size}: group advantages need at least 2 '
+      'completions per prompt; set --config.rl.group_size=2 or more.'
+    )
   if config.train.global_batch_size % r.group_size:
-    raise ConfigError(f'rl.group_size={r.group_size} does not divide train.global_batch_size='
-                      f'{config.train.global_batch_size}; each rollout holds whole groups.')
+    raise ConfigError(
+      f'rl.group_size={r.group_size} does not divide train.global_batch_size='
+      f'{config.train.global_batch_size}; each rollout holds whole groups.'
+    )
   for key in ('num_prompts', 'max_prompt_tokens', 'inner_updates', 'elbo_samples'):
     if r[key] < 1:
       raise ConfigError(f'rl.{key}={r[key]} must be >= 1.')
   gen_length = config.sampler.gen_length
   if r.max_prompt_tokens + gen_length > config.model.seq_len:
-    raise ConfigError(f'rl.max_prompt_tokens + sampler.gen_length = '
-                      f'{r.max_prompt_tokens + gen_length} exceed model.seq_len='
-                      f'{config.model.seq_len}; shorten them.')
+    raise ConfigError(
+      f'rl.max_prompt_tokens + sampler.gen_length = '
+      f'{r.max_prompt_tokens + gen_length} exceed model.seq_len='
+      f'{config.model.seq_len}; shorten them.'
+    )
   if r.kl_beta < 0 or not 0 < r.clip_eps or not 0 <= r.p_mask_prompt <= 1:
     raise ConfigError('rl.kl_beta must be >= 0, rl.clip_eps > 0 and rl.p_mask_prompt in [0, 1].')
   if r.objective == 'spg':
     if r.kl_beta > 0:
-      raise ConfigError(f'rl.objective=spg has no KL term (SPG trains without one), but '
-                        f'rl.kl_beta={r.kl_beta}; set --config.rl.kl_beta=0.')
+      raise ConfigError(
+        f'rl.objective=spg has no KL term (SPG trains without one), but '
+        f'rl.kl_beta={r.kl_beta}; set --config.rl.kl_beta=0.'
+      )
     if not 0 <= r.spg_mix_weight <= 1 or r.spg_eubo_beta < 1:
-      raise ConfigError(f'rl.spg_mix_weight={r.spg_mix_weight} must be in [0, 1] and '
-                        f'rl.spg_eubo_beta={r.spg_eubo_beta} >= 1 (the EUBO is a bound for '
-                        'beta >= 1).')
+      raise ConfigError(
+        f'rl.spg_mix_weight={r.spg_mix_weight} must be in [0, 1] and '
+        f'rl.spg_eubo_beta={r.spg_eubo_beta} >= 1 (the EUBO is a bound for '
+        'beta >= 1).'
+      )
 
 
 def _validate_sampler(config):
@@ -662,13 +715,17 @@ def _validate_sampler(config):
     if not isinstance(s[key], int) or isinstance(s[key], bool) or s[key] < 1:
       raise ConfigError(f'sampler.{key}={s[key]!r} must be a positive integer.')
   if s.gen_length % s.block_length:
-    raise ConfigError(f'sampler.gen_length={s.gen_length} is not a multiple of '
-                      f'sampler.block_length={s.block_length}; pick a block_length that divides '
-                      'it.')
+    raise ConfigError(
+      f'sampler.gen_length={s.gen_length} is not a multiple of '
+      f'sampler.block_length={s.block_length}; pick a block_length that divides '
+      'it.'
+    )
   blocks = s.gen_length // s.block_length
   if s.steps % blocks:
-    raise ConfigError(f'sampler.steps={s.steps} is not a multiple of the {blocks} blocks '
-                      f'(sampler.gen_length / sampler.block_length); use steps = k * {blocks}.')
+    raise ConfigError(
+      f'sampler.steps={s.steps} is not a multiple of the {blocks} blocks '
+      f'(sampler.gen_length / sampler.block_length); use steps = k * {blocks}.'
+    )
   if s.temperature < 0:
     raise ConfigError(f'sampler.temperature={s.temperature} must be >= 0 (0 = greedy).')
   if not 0 < s.top_p <= 1:
@@ -682,11 +739,15 @@ def _validate_sampler(config):
 def _validate_sft(config):
   s = config.sft
   if config.stage == 'sft' and not config.init_from:
-    raise ConfigError('stage sft fine-tunes a trained model: set --config.init_from to a dlmjax '
-                      'run or step directory or a Hugging Face directory.')
+    raise ConfigError(
+      'stage sft fine-tunes a trained model: set --config.init_from to a dlmjax '
+      'run or step directory or a Hugging Face directory.'
+    )
   if config.stage == 'sft' and not s.train_file and config.data.source != 'builtin':
-    raise ConfigError('stage sft reads sft.train_file (jsonl), or the built-in instruction set '
-                      'when data.source=builtin; set --config.sft.train_file=PATH.')
+    raise ConfigError(
+      'stage sft reads sft.train_file (jsonl), or the built-in instruction set '
+      'when data.source=builtin; set --config.sft.train_file=PATH.'
+    )
 
 
 def fit_to_devices(config, num_devices: int) -> None:
@@ -700,8 +761,10 @@ def _validate_mesh(config, num_devices):
   tensor = config.mesh.tensor
   for key in ('num_heads', 'num_kv_heads', 'ffn_dim'):
     if tensor > 0 and m[key] % tensor:
-      raise ConfigError(f'model.{key}={m[key]} is not divisible by mesh.tensor={tensor}; '
-                        'pick a tensor size that divides it.')
+      raise ConfigError(
+        f'model.{key}={m[key]} is not divisible by mesh.tensor={tensor}; '
+        'pick a tensor size that divides it.'
+      )
   # Check a resolved copy: with a device count a -1 axis takes its size, without one it counts 1.
   config = ml_collections.ConfigDict(config.to_dict())
   if num_devices is None:
@@ -716,58 +779,80 @@ def _validate_mesh(config, num_devices):
   _validate_pipeline_and_context(config)
   for key in ('num_heads', 'num_kv_heads', 'ffn_dim'):
     if m[key] % mesh.tensor:
-      raise ConfigError(f'model.{key}={m[key]} is not divisible by mesh.tensor={mesh.tensor}; '
-                        'pick a tensor size that divides it.')
+      raise ConfigError(
+        f'model.{key}={m[key]} is not divisible by mesh.tensor={mesh.tensor}; '
+        'pick a tensor size that divides it.'
+      )
   if m.d_model % (mesh.fsdp * mesh.context):
-    raise ConfigError(f'model.d_model={m.d_model} is not divisible by mesh.fsdp x mesh.context = '
-                      f'{mesh.fsdp * mesh.context} (weights are sharded over both).')
+    raise ConfigError(
+      f'model.d_model={m.d_model} is not divisible by mesh.fsdp x mesh.context = '
+      f'{mesh.fsdp * mesh.context} (weights are sharded over both).'
+    )
   total = mesh_size(config)
   if num_devices is not None and total > num_devices:
-    raise ConfigError(f'the mesh needs {total} devices (data {mesh.data} x fsdp {mesh.fsdp} x '
-                      f'tensor {mesh.tensor} x pipeline {mesh.pipeline} x context '
-                      f'{mesh.context}) but only {num_devices} '
-                      'exist; shrink the mesh axes.')
+    raise ConfigError(
+      f'the mesh needs {total} devices (data {mesh.data} x fsdp {mesh.fsdp} x '
+      f'tensor {mesh.tensor} x pipeline {mesh.pipeline} x context '
+      f'{mesh.context}) but only {num_devices} '
+      'exist; shrink the mesh axes.'
+    )
   if num_devices is not None and total < num_devices:
-    raise ConfigError(f'the mesh uses {total} of {num_devices} devices; make data x fsdp x tensor '
-                      f'x pipeline x context = {num_devices}, or set one axis to -1 to fill '
-                      'them.')
+    raise ConfigError(
+      f'the mesh uses {total} of {num_devices} devices; make data x fsdp x tensor '
+      f'x pipeline x context = {num_devices}, or set one axis to -1 to fill '
+      'them.'
+    )
   dp = batch_parallelism(config)
   if config.train.micro_batch_size % dp:
-    raise ConfigError(f'train.micro_batch_size={config.train.micro_batch_size} is not divisible by '
-                      f'the batch-parallel devices mesh.data x mesh.fsdp = {dp}; set '
-                      f'--config.train.micro_batch_size to a multiple of {dp}.')
+    raise ConfigError(
+      f'train.micro_batch_size={config.train.micro_batch_size} is not divisible by '
+      f'the batch-parallel devices mesh.data x mesh.fsdp = {dp}; set '
+      f'--config.train.micro_batch_size to a multiple of {dp}.'
+    )
 
 
 def _validate_pipeline_and_context(config):
   """Divisibility the pipeline schedule and the sequence split need (on a resolved mesh)."""
   m, mesh = config.model, config.mesh
   if mesh.pipeline_repeats < 1 or mesh.pipeline_microbatches < 0:
-    raise ConfigError(f'mesh.pipeline_repeats={mesh.pipeline_repeats} must be >= 1 and '
-                      f'mesh.pipeline_microbatches={mesh.pipeline_microbatches} >= 0 (0 = one per '
-                      'stage).')
+    raise ConfigError(
+      f'mesh.pipeline_repeats={mesh.pipeline_repeats} must be >= 1 and '
+      f'mesh.pipeline_microbatches={mesh.pipeline_microbatches} >= 0 (0 = one per '
+      'stage).'
+    )
   if mesh.pipeline > 1:
     stages, repeats = mesh.pipeline, mesh.pipeline_repeats
     micro = pipeline_microbatches(config)
     if m.num_layers % (stages * repeats):
-      raise ConfigError(f'model.num_layers={m.num_layers} is not divisible by mesh.pipeline x '
-                        f'mesh.pipeline_repeats = {stages} x {repeats}; every stage needs the '
-                        'same number of layers per repeat.')
+      raise ConfigError(
+        f'model.num_layers={m.num_layers} is not divisible by mesh.pipeline x '
+        f'mesh.pipeline_repeats = {stages} x {repeats}; every stage needs the '
+        'same number of layers per repeat.'
+      )
     if repeats > 1 and micro < stages:
-      raise ConfigError(f'the circular pipeline (mesh.pipeline_repeats={repeats}) needs '
-                        f'mesh.pipeline_microbatches >= mesh.pipeline={stages}, got {micro}.')
+      raise ConfigError(
+        f'the circular pipeline (mesh.pipeline_repeats={repeats}) needs '
+        f'mesh.pipeline_microbatches >= mesh.pipeline={stages}, got {micro}.'
+      )
     rows = micro * batch_parallelism(config)
     if config.train.micro_batch_size % rows:
-      raise ConfigError(f'train.micro_batch_size={config.train.micro_batch_size} does not split '
-                        f'into {micro} pipeline micro-batches over mesh.data x mesh.fsdp = '
-                        f'{batch_parallelism(config)} devices; make it a multiple of {rows} or '
-                        'change mesh.pipeline_microbatches.')
+      raise ConfigError(
+        f'train.micro_batch_size={config.train.micro_batch_size} does not split '
+        f'into {micro} pipeline micro-batches over mesh.data x mesh.fsdp = '
+        f'{batch_parallelism(config)} devices; make it a multiple of {rows} or '
+        'change mesh.pipeline_microbatches.'
+      )
   if mesh.context > 1:
     if m.seq_len % mesh.context:
-      raise ConfigError(f'model.seq_len={m.seq_len} is not divisible by mesh.context='
-                        f'{mesh.context}; every device holds an equal slice of the sequence.')
+      raise ConfigError(
+        f'model.seq_len={m.seq_len} is not divisible by mesh.context='
+        f'{mesh.context}; every device holds an equal slice of the sequence.'
+      )
     heads = mesh.tensor * mesh.context
     for key in ('num_heads', 'num_kv_heads'):
       if m[key] % heads:
-        raise ConfigError(f'model.{key}={m[key]} is not divisible by mesh.tensor x mesh.context '
-                          f'= {heads}: context-parallel attention splits the heads over both; '
-                          'lower mesh.context or mesh.tensor.')
+        raise ConfigError(
+          f'model.{key}={m[key]} is not divisible by mesh.tensor x mesh.context '
+          f'= {heads}: context-parallel attention splits the heads over both; '
+          'lower mesh.context or mesh.tensor.'
+        )

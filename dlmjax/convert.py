@@ -12,7 +12,6 @@ line runs as one process.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import jax
@@ -30,8 +29,11 @@ from dlmjax.checkpoint import safetensors_io
 
 
 def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog='python -m dlmjax.convert', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    prog='python -m dlmjax.convert',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   sub = parser.add_subparsers(dest='command', required=True)
   to_hf = sub.add_parser('to-hf', help='orbax checkpoint -> Hugging Face directory')
   to_hf.add_argument('--checkpoint-path', required=True, help='run directory or step directory')
@@ -43,8 +45,11 @@ def _parser() -> argparse.ArgumentParser:
   to_torch.add_argument('--output', required=True)
   to_torch.add_argument('--dtype', choices=sorted(hf_io.DTYPES), default='fp32')
   for p in (to_hf, to_torch):
-    p.add_argument('--trim-vocab', action='store_true',
-                   help='write only the tokenizer\'s rows, not the padded embedding')
+    p.add_argument(
+      '--trim-vocab',
+      action='store_true',
+      help="write only the tokenizer's rows, not the padded embedding",
+    )
   from_hf = sub.add_parser('from-hf', help='Hugging Face directory -> orbax run directory')
   from_hf.add_argument('--hf-dir', required=True)
   from_torch = sub.add_parser('from-torch', help='PyTorch .pt -> orbax run directory')
@@ -52,9 +57,13 @@ def _parser() -> argparse.ArgumentParser:
   for p in (from_hf, from_torch):
     p.add_argument('--output-dir', required=True)
     p.add_argument('--config', default=None, help='configs/x.py[:arg]; default: from the input')
-    p.add_argument('--missing-qk-norm', choices=hf_mapping.MISSING_QK_NORM, default='error',
-                   help='models without QK-norm (Llama, Qwen2, LLaDA): refuse, or fill unit '
-                        'scales (a different function; a start for further training only)')
+    p.add_argument(
+      '--missing-qk-norm',
+      choices=hf_mapping.MISSING_QK_NORM,
+      default='error',
+      help='models without QK-norm (Llama, Qwen2, LLaDA): refuse, or fill unit '
+      'scales (a different function; a start for further training only)',
+    )
   return parser
 
 
@@ -62,21 +71,35 @@ def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
     if args.command == 'to-hf':
-      out = hf_io.hf_from_checkpoint(args.checkpoint_path, args.output_dir, dtype=args.dtype,
-                               max_shard_size=args.max_shard_size, trim_vocab=args.trim_vocab)
+      out = hf_io.hf_from_checkpoint(
+        args.checkpoint_path,
+        args.output_dir,
+        dtype=args.dtype,
+        max_shard_size=args.max_shard_size,
+        trim_vocab=args.trim_vocab,
+      )
     elif args.command == 'to-torch':
-      out = hf_io.torch_from_checkpoint(args.checkpoint_path, args.output, dtype=args.dtype,
-                                  trim_vocab=args.trim_vocab)
+      out = hf_io.torch_from_checkpoint(
+        args.checkpoint_path, args.output, dtype=args.dtype, trim_vocab=args.trim_vocab
+      )
     else:
       config = config_lib.load_file(args.config) if args.config else None
       if args.command == 'from-hf':
-        out = hf_io.checkpoint_from_hf(args.hf_dir, args.output_dir, config=config,
-                                 missing_qk_norm=args.missing_qk_norm)
+        out = hf_io.checkpoint_from_hf(
+          args.hf_dir, args.output_dir, config=config, missing_qk_norm=args.missing_qk_norm
+        )
       else:
-        out = hf_io.checkpoint_from_torch(args.input, args.output_dir, config=config,
-                                    missing_qk_norm=args.missing_qk_norm)
-  except (hf_io.ConvertError, manager.CheckpointError, hf_config.HFConfigError,
-          hf_mapping.MappingError, safetensors_io.SafetensorsError, config_lib.ConfigError) as e:
+        out = hf_io.checkpoint_from_torch(
+          args.input, args.output_dir, config=config, missing_qk_norm=args.missing_qk_norm
+        )
+  except (
+    hf_io.ConvertError,
+    manager.CheckpointError,
+    hf_config.HFConfigError,
+    hf_mapping.MappingError,
+    safetensors_io.SafetensorsError,
+    config_lib.ConfigError,
+  ) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
   if jax.process_index() == 0:

@@ -68,8 +68,10 @@ def stage_configs(seed: int, run_dir: str, task: str, objective: str = 'd1') -> 
   """The three stage configs of one seed (configs/demo.py's recipe): OUTPUT/seedN/{pretrain,sft,
   rl}, each from the last; another objective's RL stage is OUTPUT/seedN/rl_<objective>."""
   if not os.path.isdir(configs_dir()):
-    raise FileNotFoundError(f'{configs_dir()} does not exist: the demo builds on the '
-                            "repository's configs/; run it from a source checkout of dlmjax.")
+    raise FileNotFoundError(
+      f'{configs_dir()} does not exist: the demo builds on the '
+      "repository's configs/; run it from a source checkout of dlmjax."
+    )
   names = dict(zip(STAGES, STAGES), rl='rl' if objective == 'd1' else f'rl_{objective}')
   configs = {}
   for stage in STAGES:
@@ -126,14 +128,17 @@ def best_checkpoint(run_dir: str) -> str:
   best = max(scored, key=lambda r: (r['val_reward'], r['step']))['step']
   path = os.path.join(run_dir, 'checkpoints', str(best))
   if not os.path.isdir(path):
-    raise FileNotFoundError(f'{run_dir}: the best validation reward is at step {best}, but '
-                            f'{path} was not kept; set checkpoint.every to eval.every and '
-                            'checkpoint.keep to at least the number of evaluations.')
+    raise FileNotFoundError(
+      f'{run_dir}: the best validation reward is at step {best}, but '
+      f'{path} was not kept; set checkpoint.every to eval.every and '
+      'checkpoint.keep to at least the number of evaluations.'
+    )
   return path
 
 
-def evaluate_stage(run_dir: str, task: str, *, sampling, num: int = EVAL_EXAMPLES,
-                   samples: int = 1) -> dict:
+def evaluate_stage(
+  run_dir: str, task: str, *, sampling, num: int = EVAL_EXAMPLES, samples: int = 1
+) -> dict:
   """Held-out accuracy and mean reward of the run's latest checkpoint (evaluate.tasks_mode)."""
   model = evaluate.EvalModel(run_dir, sampling=sampling, seed=EVAL_SEED, batch_size=EVAL_BATCH)
   _, summary = evaluate.tasks_mode(model, [task], num=num, seed=EVAL_SEED, samples=samples)
@@ -146,8 +151,7 @@ def verify_stage(run_dir: str) -> tuple[bool, str]:
   return all(c.ok for c in checks), verify.report(checks)
 
 
-def run_seed(seed: int, output_dir: str, task: str, objective: str = 'd1',
-             log=print) -> list[dict]:
+def run_seed(seed: int, output_dir: str, task: str, objective: str = 'd1', log=print) -> list[dict]:
   """Trains the three stages of one seed, then evaluates and verifies each; one row per stage."""
   run_dir = os.path.join(output_dir, f'seed{seed}')
   configs = stage_configs(seed, run_dir, task, objective)
@@ -160,8 +164,10 @@ def run_seed(seed: int, output_dir: str, task: str, objective: str = 'd1',
     loop.train(configs[stage])
     steps = final_loss(configs[stage].output_dir)[0]
     if steps < configs[stage].train.steps:  # a stop signal checkpointed it early
-      raise InterruptedError(f'seed {seed}: {stage} stopped at step {steps} of '
-                             f'{configs[stage].train.steps}; the same command resumes it.')
+      raise InterruptedError(
+        f'seed {seed}: {stage} stopped at step {steps} of '
+        f'{configs[stage].train.steps}; the same command resumes it.'
+      )
     rows.append(dict(seed=seed, stage=stage, train_s=time.time() - stage_start))
   for row in rows:
     run = configs[row['stage']].output_dir
@@ -170,17 +176,23 @@ def run_seed(seed: int, output_dir: str, task: str, objective: str = 'd1',
     chosen = None if stage_dir == run else int(os.path.basename(stage_dir))
     row['steps'], row['loss'] = final_loss(run, chosen)
     scores = evaluate_stage(stage_dir, task, sampling=sampling)
-    row.update(accuracy=scores['accuracy'], mean_reward=scores['mean_reward'],
-               eval_examples=scores['examples'])
+    row.update(
+      accuracy=scores['accuracy'],
+      mean_reward=scores['mean_reward'],
+      eval_examples=scores['examples'],
+    )
     if chosen is not None:  # what the last checkpoint scores, for comparison
       last = final_loss(run)[0]
-      row['final'] = dict(step=last, **(scores if chosen == last else evaluate_stage(
-          run, task, sampling=sampling)))
+      row['final'] = dict(
+        step=last, **(scores if chosen == last else evaluate_stage(run, task, sampling=sampling))
+      )
     ok, report = verify_stage(stage_dir)
     row['verify'] = ok
     row['eval_s'] = time.time() - stage_start
-    log(f'seed {seed} {row["stage"]}: accuracy {row["accuracy"]:.3f}, mean reward '
-        f'{row["mean_reward"]:.3f}, verify {"PASS" if ok else "FAIL"}')
+    log(
+      f'seed {seed} {row["stage"]}: accuracy {row["accuracy"]:.3f}, mean reward '
+      f'{row["mean_reward"]:.3f}, verify {"PASS" if ok else "FAIL"}'
+    )
     if not ok:
       log(report)
   rows[-1]['seed_wall_s'] = time.time() - start
@@ -228,41 +240,61 @@ def aggregate(rows: list[dict]) -> dict:
       delta = summary['rl'][metric]['mean'] - summary['sft'][metric]['mean']
       paired_std = _std(paired)
       paired_t = delta / (paired_std / np.sqrt(len(seeds))) if paired_std > 0 else None
-      gain[metric] = dict(gain=delta, spread=spread, paired=paired, paired_std=paired_std,
-                          paired_t=paired_t, beats_noise=bool(delta > spread))
+      gain[metric] = dict(
+        gain=delta,
+        spread=spread,
+        paired=paired,
+        paired_std=paired_std,
+        paired_t=paired_t,
+        beats_noise=bool(delta > spread),
+      )
   return dict(seeds=seeds, stages=summary, rl_gain=gain)
 
 
 def format_table(rows: list[dict], summary: dict) -> str:
-  head = (f'{"seed":>6} {"stage":<9} {"steps":>5} {"loss":>9} {"accuracy":>15} '
-          f'{"mean reward":>15}  verify')
+  head = (
+    f'{"seed":>6} {"stage":<9} {"steps":>5} {"loss":>9} {"accuracy":>15} '
+    f'{"mean reward":>15}  verify'
+  )
   lines = [head, '-' * len(head)]
   for r in sorted(rows, key=lambda r: (r['seed'], STAGES.index(r['stage']))):
-    lines.append(f'{r["seed"]:>6} {r["stage"]:<9} {r["steps"]:>5} {r["loss"]:>9.4f} '
-                 f'{r["accuracy"]:>15.3f} {r["mean_reward"]:>15.3f}  '
-                 f'{"PASS" if r["verify"] else "FAIL"}')
+    lines.append(
+      f'{r["seed"]:>6} {r["stage"]:<9} {r["steps"]:>5} {r["loss"]:>9.4f} '
+      f'{r["accuracy"]:>15.3f} {r["mean_reward"]:>15.3f}  '
+      f'{"PASS" if r["verify"] else "FAIL"}'
+    )
   lines.append('-' * len(head))
   for stage, e in summary['stages'].items():
-    lines.append(f'{"mean":>6} {stage:<9} {e["steps"]["mean"]:>5.0f} {e["loss"]["mean"]:>9.4f} '
-                 f'{_pm(e["accuracy"]):>15} {_pm(e["mean_reward"]):>15}  '
-                 f'{"PASS" if e["verify"] else "FAIL"}')
+    lines.append(
+      f'{"mean":>6} {stage:<9} {e["steps"]["mean"]:>5.0f} {e["loss"]["mean"]:>9.4f} '
+      f'{_pm(e["accuracy"]):>15} {_pm(e["mean_reward"]):>15}  '
+      f'{"PASS" if e["verify"] else "FAIL"}'
+    )
   chosen = [r for r in sorted(rows, key=lambda r: r['seed']) if 'final' in r]
   if chosen:
-    lines.append('rl rows: the checkpoint of best validation reward (train-split problems outside '
-                 'the RL prompts); the last checkpoint scored ' + ', '.join(
-                     f'{r["final"]["mean_reward"]:.3f} (seed {r["seed"]}, step '
-                     f'{r["final"]["step"]})' for r in chosen))
+    lines.append(
+      'rl rows: the checkpoint of best validation reward (train-split problems outside '
+      'the RL prompts); the last checkpoint scored '
+      + ', '.join(
+        f'{r["final"]["mean_reward"]:.3f} (seed {r["seed"]}, step {r["final"]["step"]})'
+        for r in chosen
+      )
+    )
   walls = [f'seed {r["seed"]} {r["seed_wall_s"] / 60:.1f} min' for r in rows if 'seed_wall_s' in r]
   if walls:
     lines.append('wall time (train + evaluate + verify): ' + ', '.join(walls))
   for metric, g in summary['rl_gain'].items():
     verdict = 'beats' if g['beats_noise'] else 'does NOT beat'
     paired = ', '.join(f'{p:+.3f}' for p in g['paired'])
-    lines.append(f'RL gain over SFT in {metric}: {g["gain"]:+.3f} (per seed {paired}); '
-                 f'seed-to-seed spread (std) {g["spread"]:.3f}: {verdict} the noise')
+    lines.append(
+      f'RL gain over SFT in {metric}: {g["gain"]:+.3f} (per seed {paired}); '
+      f'seed-to-seed spread (std) {g["spread"]:.3f}: {verdict} the noise'
+    )
     if g.get('paired_t') is not None:
-      lines.append(f'  paired per seed: {g["gain"]:+.3f} +- {g["paired_std"]:.3f}, '
-                   f't {g["paired_t"]:.1f} over {len(g["paired"])} seeds')
+      lines.append(
+        f'  paired per seed: {g["gain"]:+.3f} +- {g["paired_std"]:.3f}, '
+        f't {g["paired_t"]:.1f} over {len(g["paired"])} seeds'
+      )
   return '\n'.join(lines)
 
 
@@ -281,23 +313,35 @@ def parse_seeds(text: str) -> list[int]:
   try:
     seeds = [int(p) for p in parts]
   except ValueError:
-    raise ValueError(f'--seeds {text!r}: give comma-separated integers, e.g. --seeds 0,1,2.'
-                     ) from None
+    raise ValueError(
+      f'--seeds {text!r}: give comma-separated integers, e.g. --seeds 0,1,2.'
+    ) from None
   if len(set(seeds)) != len(seeds) or min(seeds) < 0:
     raise ValueError(f'--seeds {text!r}: seeds must be distinct and non-negative.')
   return seeds
 
 
 def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog='python -m dlmjax.demo', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    prog='python -m dlmjax.demo',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   parser.add_argument('--seeds', default='0,1,2', help='comma-separated, e.g. 0,1,2')
   parser.add_argument('--output-dir', default='runs/demo')
-  parser.add_argument('--objective', default='d1', help='the RL stage: d1 | espo | spg (its '
-                      'own run directory rl_<objective>; pre-training and SFT are shared)')
-  parser.add_argument('--task', default='arithmetic', help='arithmetic (where RL beats the '
-                      'noise), sudoku4, countdown3 or countdown4, each with its canvas '
-                      '(configs/demo.py, TASK_CANVAS)')
+  parser.add_argument(
+    '--objective',
+    default='d1',
+    help='the RL stage: d1 | espo | spg (its '
+    'own run directory rl_<objective>; pre-training and SFT are shared)',
+  )
+  parser.add_argument(
+    '--task',
+    default='arithmetic',
+    help='arithmetic (where RL beats the '
+    'noise), sudoku4, countdown3 or countdown4, each with its canvas '
+    '(configs/demo.py, TASK_CANVAS)',
+  )
   return parser
 
 
@@ -320,11 +364,20 @@ def main(argv=None) -> int:
   table = format_table(rows, summary)
   print(table)
   print(f'wall time {wall_s / 60:.1f} min for {len(seeds)} seed(s)')
-  configs = {stage: os.path.relpath(config_spec(stage, args.task, args.objective))
-             for stage in STAGES}
-  result = dict(task=args.task, objective=args.objective, seeds=seeds, configs=configs,
-                eval_examples=EVAL_EXAMPLES, wall_s=wall_s, rows=rows, summary=summary,
-                table=table)
+  configs = {
+    stage: os.path.relpath(config_spec(stage, args.task, args.objective)) for stage in STAGES
+  }
+  result = dict(
+    task=args.task,
+    objective=args.objective,
+    seeds=seeds,
+    configs=configs,
+    eval_examples=EVAL_EXAMPLES,
+    wall_s=wall_s,
+    rows=rows,
+    summary=summary,
+    table=table,
+  )
   name = 'results.json' if args.objective == 'd1' else f'results_{args.objective}.json'
   with open(os.path.join(args.output_dir, name), 'w') as f:
     json.dump(result, f, indent=2)

@@ -33,9 +33,17 @@ from dlmjax.diffusion import sampler as sampler_lib
 class EvalModel:
   """A checkpoint with its tokenizer, scoring pairs and decoding prompts (CLI and lm-eval)."""
 
-  def __init__(self, path: str, *, settings=likelihood_lib.LikelihoodConfig(),
-               sampling=sampler_lib.SamplingConfig(), tokenizer: str = '', seed: int = 0,
-               batch_size: int = 8, dtype: str | None = None):
+  def __init__(
+    self,
+    path: str,
+    *,
+    settings=likelihood_lib.LikelihoodConfig(),
+    sampling=sampler_lib.SamplingConfig(),
+    tokenizer: str = '',
+    seed: int = 0,
+    batch_size: int = 8,
+    dtype: str | None = None,
+  ):
     settings.validate()
     sampling.validate()
     if batch_size < 1:
@@ -45,15 +53,19 @@ class EvalModel:
     m = config.model
     self.mask_id, self.eos_id, self.pad_id = m.mask_token_id, m.eos_token_id, m.pad_token_id
     self.max_length = m.seq_len
-    self.tokenizer = (tokenizer_lib.load_tokenizer(tokenizer, require_mask=False) if tokenizer
-                      else self.pretrained.tokenizer)
+    self.tokenizer = (
+      tokenizer_lib.load_tokenizer(tokenizer, require_mask=False)
+      if tokenizer
+      else self.pretrained.tokenizer
+    )
     self.settings, self.sampling, self.batch_size = settings, sampling, batch_size
     self.seed, self.key = seed, jax.random.key(seed)
     model_config = self.pretrained.model_config
     if settings.chunk_tokens == 0 and settings.cfg_scale == 0:
       settings = dataclasses.replace(settings, chunk_tokens=m.loss_chunk_tokens)
-    self._likelihood_fn = likelihood_lib.make_log_likelihood_fn(model_config, settings,
-                                                                mask_id=self.mask_id)
+    self._likelihood_fn = likelihood_lib.make_log_likelihood_fn(
+      model_config, settings, mask_id=self.mask_id
+    )
 
   @property
   def chat_template(self) -> str:
@@ -68,16 +80,22 @@ class EvalModel:
       context, continuation = context[:-spaces], context[-spaces:] + continuation
     whole = self.tokenizer.encode(context + continuation)
     context_ids = self.tokenizer.encode(context) if context else []
-    return context_ids, whole[len(context_ids):]
+    return context_ids, whole[len(context_ids) :]
 
   def loglikelihood(self, pairs: list[tuple[str, str]]) -> np.ndarray:
     """log p(continuation | context) per text pair, float64 [N]."""
     return self.loglikelihood_tokens([self.encode_pair(c, y) for c, y in pairs])
 
   def loglikelihood_tokens(self, pairs) -> np.ndarray:
-    return likelihood_lib.score_pairs(self._likelihood_fn, self.pretrained.params, pairs,
-                                      key=self.key, pad_id=self.pad_id,
-                                      max_length=self.max_length, batch_size=self.batch_size)
+    return likelihood_lib.score_pairs(
+      self._likelihood_fn,
+      self.pretrained.params,
+      pairs,
+      key=self.key,
+      pad_id=self.pad_id,
+      max_length=self.max_length,
+      batch_size=self.batch_size,
+    )
 
   def prompt_ids(self, text: str, template: bool = True) -> list[int]:
     """Tokens of a prompt, in the fine-tuning chat template unless template=False."""
@@ -90,8 +108,9 @@ class EvalModel:
     as load_pretrained(...).generate (one compilation per prompt width)."""
     self.sampling = (sampling or self.sampling).validate()
     ids = [self.prompt_ids(p, template) for p in prompts]
-    rows = self.pretrained.generate_tokens(ids, seed=self.seed, batch_size=self.batch_size,
-                                           **dataclasses.asdict(self.sampling))
+    rows = self.pretrained.generate_tokens(
+      ids, seed=self.seed, batch_size=self.batch_size, **dataclasses.asdict(self.sampling)
+    )
     return [self.tokenizer.decode(r) for r in rows]
 
 
@@ -107,15 +126,21 @@ def read_rows(path: str) -> list[dict]:
       raise ValueError(f'{path}:{number} needs a string "context".')
     if 'choices' in row:
       choices, label = row['choices'], row.get('label')
-      if (not isinstance(choices, list) or len(choices) < 2
-          or not all(isinstance(c, str) for c in choices)):
+      if (
+        not isinstance(choices, list)
+        or len(choices) < 2
+        or not all(isinstance(c, str) for c in choices)
+      ):
         raise ValueError(f'{path}:{number}: "choices" must be a list of at least 2 strings.')
       if not isinstance(label, int) or not 0 <= label < len(choices):
-        raise ValueError(f'{path}:{number}: "label" must be the index of the right choice, '
-                         f'0..{len(choices) - 1}.')
+        raise ValueError(
+          f'{path}:{number}: "label" must be the index of the right choice, 0..{len(choices) - 1}.'
+        )
     elif not isinstance(row.get('continuation'), str):
-      raise ValueError(f'{path}:{number} needs a string "continuation" (or "choices" and '
-                       '"label" for multiple choice).')
+      raise ValueError(
+        f'{path}:{number} needs a string "continuation" (or "choices" and '
+        '"label" for multiple choice).'
+      )
     rows.append(row)
   if not rows:
     raise ValueError(f'{path} has no rows.')
@@ -142,24 +167,27 @@ def likelihood_mode(model: EvalModel, rows: list[dict]) -> tuple[list[dict], dic
     r['log_likelihood'], r['tokens'] = r.pop('log_likelihoods')[0], r['tokens'][0]
   if plain:
     total = sum(r['log_likelihood'] for r in plain)
-    summary.update(pair_rows=len(plain), log_likelihood_sum=total,
-                   log_likelihood_mean=total / len(plain),
-                   nll_per_token=-total / max(1, sum(r['tokens'] for r in plain)))
+    summary.update(
+      pair_rows=len(plain),
+      log_likelihood_sum=total,
+      log_likelihood_mean=total / len(plain),
+      nll_per_token=-total / max(1, sum(r['tokens'] for r in plain)),
+    )
   choice_rows = [r for r in results if 'choices' in r]
   for r in choice_rows:
     lls = np.array(r['log_likelihoods'])
     r['prediction'] = int(np.argmax(lls))
     r['prediction_norm'] = int(np.argmax(lls / np.array([max(1, len(c)) for c in r['choices']])))
   if choice_rows:
-    summary.update(choice_rows=len(choice_rows),
-                   accuracy=float(np.mean([r['prediction'] == r['label'] for r in choice_rows])),
-                   accuracy_norm=float(np.mean([r['prediction_norm'] == r['label']
-                                                for r in choice_rows])))
+    summary.update(
+      choice_rows=len(choice_rows),
+      accuracy=float(np.mean([r['prediction'] == r['label'] for r in choice_rows])),
+      accuracy_norm=float(np.mean([r['prediction_norm'] == r['label'] for r in choice_rows])),
+    )
   return results, summary
 
 
-def tasks_mode(model: EvalModel, task_names: list[str], *, num: int, seed: int,
-               samples: int = 1):
+def tasks_mode(model: EvalModel, task_names: list[str], *, num: int, seed: int, samples: int = 1):
   """Accuracy and mean reward of greedy (or sampled) completions on each task's test split.
 
   samples > 1 decodes every problem that many times (each row gets its own sampling noise) and
@@ -174,36 +202,54 @@ def tasks_mode(model: EvalModel, task_names: list[str], *, num: int, seed: int,
     completions = model.generate([e.prompt for e in examples])
     correct = [task.is_correct(e, c) for e, c in zip(examples, completions)]
     rewards = [task.reward(e, c) for e, c in zip(examples, completions)]
-    results += [dict(task=name, prompt=e.prompt, answer=e.answer, completion=c, correct=ok,
-                     reward=r) for e, c, ok, r in zip(examples, completions, correct, rewards)]
-    summary[name] = dict(examples=len(examples) // samples, samples=samples,
-                         accuracy=float(np.mean(correct)),
-                         mean_reward=float(np.mean(rewards)))
+    results += [
+      dict(task=name, prompt=e.prompt, answer=e.answer, completion=c, correct=ok, reward=r)
+      for e, c, ok, r in zip(examples, completions, correct, rewards)
+    ]
+    summary[name] = dict(
+      examples=len(examples) // samples,
+      samples=samples,
+      accuracy=float(np.mean(correct)),
+      mean_reward=float(np.mean(rewards)),
+    )
   return results, summary
 
 
 def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog='python -m dlmjax.evaluate', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--checkpoint-path', required=True,
-                      help='run directory (latest step), step directory or Hugging Face directory')
-  parser.add_argument('--tokenizer', default='', help='default: the run\'s or the directory\'s')
+  parser = argparse.ArgumentParser(
+    prog='python -m dlmjax.evaluate',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  parser.add_argument(
+    '--checkpoint-path',
+    required=True,
+    help='run directory (latest step), step directory or Hugging Face directory',
+  )
+  parser.add_argument('--tokenizer', default='', help="default: the run's or the directory's")
   parser.add_argument('--batch-size', type=int, default=8, help='sequences per forward pass')
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--dtype', choices=('float32', 'bfloat16'), default=None)
   parser.add_argument('--output', default='', help='per-row results as jsonl')
   sub = parser.add_subparsers(dest='mode', required=True)
   ll = sub.add_parser('likelihood', help='MC log-likelihood of jsonl rows')
-  ll.add_argument('--data', required=True, help='jsonl: {"context", "continuation"} or '
-                  '{"context", "choices", "label"}')
+  ll.add_argument(
+    '--data',
+    required=True,
+    help='jsonl: {"context", "continuation"} or {"context", "choices", "label"}',
+  )
   ll.add_argument('--mc-num', type=int, default=128, help='Monte Carlo samples (LLaDA: 128)')
   ll.add_argument('--mc-batch', type=int, default=32, help='samples per forward (LLaDA: 32)')
   ll.add_argument('--cfg', type=float, default=0.0, help='unsupervised CFG scale')
-  tk = sub.add_parser('tasks', help='accuracy on the built-in tasks\' test splits')
+  tk = sub.add_parser('tasks', help="accuracy on the built-in tasks' test splits")
   tk.add_argument('--tasks', default='countdown3,sudoku4,arithmetic')
   tk.add_argument('--num', type=int, default=100, help='test examples per task')
-  tk.add_argument('--samples', type=int, default=1, help='completions per problem, averaged '
-                  '(with --temperature > 0)')
+  tk.add_argument(
+    '--samples',
+    type=int,
+    default=1,
+    help='completions per problem, averaged (with --temperature > 0)',
+  )
   sampler_lib.add_arguments(tk)
   return parser
 
@@ -212,19 +258,33 @@ def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
     if args.mode == 'likelihood':
-      settings = likelihood_lib.LikelihoodConfig(mc_num=args.mc_num, mc_batch=args.mc_batch,
-                                                 cfg_scale=args.cfg)
+      settings = likelihood_lib.LikelihoodConfig(
+        mc_num=args.mc_num, mc_batch=args.mc_batch, cfg_scale=args.cfg
+      )
       rows = read_rows(args.data)
-      model = EvalModel(args.checkpoint_path, settings=settings, tokenizer=args.tokenizer,
-                        seed=args.seed, batch_size=args.batch_size, dtype=args.dtype)
+      model = EvalModel(
+        args.checkpoint_path,
+        settings=settings,
+        tokenizer=args.tokenizer,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+      )
       results, summary = likelihood_mode(model, rows)
     else:
       sampling = sampler_lib.from_arguments(args)
-      model = EvalModel(args.checkpoint_path, sampling=sampling, tokenizer=args.tokenizer,
-                        seed=args.seed, batch_size=args.batch_size, dtype=args.dtype)
+      model = EvalModel(
+        args.checkpoint_path,
+        sampling=sampling,
+        tokenizer=args.tokenizer,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+      )
       names = [n.strip() for n in args.tasks.split(',') if n.strip()]
-      results, summary = tasks_mode(model, names, num=args.num, seed=args.seed,
-                                   samples=args.samples)
+      results, summary = tasks_mode(
+        model, names, num=args.num, seed=args.seed, samples=args.samples
+      )
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

@@ -23,19 +23,23 @@ from dlmjax.diffusion import sampler
 
 
 def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog='python -m dlmjax.generate', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    prog='python -m dlmjax.generate',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   parser.add_argument('--checkpoint-path', required=True)
   source = parser.add_mutually_exclusive_group(required=True)
   source.add_argument('--prompt', action='append', help='a prompt (repeat for several)')
   source.add_argument('--prompts-file', help='jsonl rows with a "prompt" string')
   parser.add_argument('--output', default='', help='jsonl out (with --prompts-file)')
   sampler.add_arguments(parser)
-  parser.add_argument('--chat-template', default=None,
-                      help="override the checkpoint's template ('none' = raw prompt)")
+  parser.add_argument(
+    '--chat-template', default=None, help="override the checkpoint's template ('none' = raw prompt)"
+  )
   parser.add_argument('--batch-size', type=int, default=8)
   parser.add_argument('--seed', type=int, default=0)
-  parser.add_argument('--dtype', default=None, help='fp32 | bf16 (default: the run\'s)')
+  parser.add_argument('--dtype', default=None, help="fp32 | bf16 (default: the run's)")
   return parser
 
 
@@ -43,8 +47,9 @@ def _read_prompts(path: str) -> list[dict]:
   rows = []
   for number, row in jsonl.read_objects(path):
     if not isinstance(row.get('prompt'), str):
-      raise DataError(f'{path}:{number} has no "prompt" string; rows look like '
-                      '{"prompt": "..."}.')
+      raise DataError(
+        f'{path}:{number} has no "prompt" string; rows look like {{"prompt": "..."}}.'
+      )
     rows.append(row)
   return rows
 
@@ -53,13 +58,20 @@ def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
     sampling = sampler.from_arguments(args)  # validated before the (slow) checkpoint load
-    rows = (_read_prompts(args.prompts_file) if args.prompts_file
-            else [{'prompt': p} for p in args.prompt])
+    rows = (
+      _read_prompts(args.prompts_file)
+      if args.prompts_file
+      else [{'prompt': p} for p in args.prompt]
+    )
     model = inference.load_pretrained(args.checkpoint_path, dtype=args.dtype)
     start = time.perf_counter()
-    texts = model.generate([r['prompt'] for r in rows], chat_template=args.chat_template,
-                           seed=args.seed, batch_size=args.batch_size,
-                           **dataclasses.asdict(sampling))
+    texts = model.generate(
+      [r['prompt'] for r in rows],
+      chat_template=args.chat_template,
+      seed=args.seed,
+      batch_size=args.batch_size,
+      **dataclasses.asdict(sampling),
+    )
     elapsed = time.perf_counter() - start
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)
@@ -73,8 +85,10 @@ def main(argv=None) -> int:
   else:
     for text in texts:
       print(text)
-  print(f'{len(rows)} prompts x {sampling.gen_length} tokens in {elapsed:.1f} s (with '
-        'compilation)', file=sys.stderr)
+  print(
+    f'{len(rows)} prompts x {sampling.gen_length} tokens in {elapsed:.1f} s (with compilation)',
+    file=sys.stderr,
+  )
   return 0
 
 

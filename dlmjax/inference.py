@@ -36,8 +36,9 @@ class Pretrained:
     self._generate_fns = {}
     self.model_config = model_lib.ModelConfig.from_config(config)
     cfg = self.model_config
-    self._forward = programs.jit_program(lambda p, tokens: model_lib.merge(cfg, p)(tokens),
-                                         cfg.matmul_dtype)
+    self._forward = programs.jit_program(
+      lambda p, tokens: model_lib.merge(cfg, p)(tokens), cfg.matmul_dtype
+    )
 
   @property
   def vocab_size(self) -> int:
@@ -52,14 +53,15 @@ class Pretrained:
     """
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
-      raise ValueError(f'tokens must be integers shaped [batch, length], got {tokens.dtype} '
-                       f'{tokens.shape}.')
+      raise ValueError(
+        f'tokens must be integers shaped [batch, length], got {tokens.dtype} {tokens.shape}.'
+      )
     if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
-      raise ValueError(f'token ids must lie in [0, {self.vocab_size}); got '
-                       f'[{tokens.min()}, {tokens.max()}].')
+      raise ValueError(
+        f'token ids must lie in [0, {self.vocab_size}); got [{tokens.min()}, {tokens.max()}].'
+      )
     logits = self._forward(self.params, tokens.astype(np.int32))
-    return np.asarray(jax.device_get(logits[..., :self.vocab_size]), np.float32)
-
+    return np.asarray(jax.device_get(logits[..., : self.vocab_size]), np.float32)
 
   # ---- Generation (dlmjax/diffusion/sampler.py; `python -m dlmjax.generate` calls these) ----
 
@@ -74,8 +76,9 @@ class Pretrained:
     """'none' for pre-trained checkpoints, else the template it was fine-tuned with (contract 2)."""
     return chat.checkpoint_template(self.config)
 
-  def generate_tokens(self, token_lists, *, seed: int = 0, batch_size: int = 8,
-                      **sampling) -> list[list[int]]:
+  def generate_tokens(
+    self, token_lists, *, seed: int = 0, batch_size: int = 8, **sampling
+  ) -> list[list[int]]:
     """Completion token ids (cut before the first EOS) of each prompt's token ids.
 
     `sampling` holds SamplingConfig fields. Prompts run batch_size at a time, left-padded to the
@@ -90,28 +93,43 @@ class Pretrained:
       batch_size = -(-batch_size // shards) * shards
     if settings not in self._generate_fns:
       self._generate_fns[settings] = sampler.make_generate_fn(
-          self.model_config, settings, mask_id=m.mask_token_id, eos_id=m.eos_token_id,
-          pad_id=m.pad_token_id, mesh=self.mesh, vocab_size=m.vocab_size)
+        self.model_config,
+        settings,
+        mask_id=m.mask_token_id,
+        eos_id=m.eos_token_id,
+        pad_id=m.pad_token_id,
+        mesh=self.mesh,
+        vocab_size=m.vocab_size,
+      )
     fn = self._generate_fns[settings]
     token_lists = [list(t) for t in token_lists]
     width = max((len(t) for t in token_lists), default=0)
     if width + settings.gen_length > m.seq_len:
-      raise ValueError(f'the longest prompt has {width} tokens; with gen_length '
-                       f'{settings.gen_length} that exceeds the model context of {m.seq_len} '
-                       'tokens. Shorten the prompt or gen_length.')
+      raise ValueError(
+        f'the longest prompt has {width} tokens; with gen_length '
+        f'{settings.gen_length} that exceeds the model context of {m.seq_len} '
+        'tokens. Shorten the prompt or gen_length.'
+      )
     key = jax.random.key(seed)
     result = []
     for start in progress.track(range(0, len(token_lists), batch_size), 'generate'):
-      chunk = token_lists[start:start + batch_size]
+      chunk = token_lists[start : start + batch_size]
       chunk += [chunk[-1]] * (batch_size - len(chunk))
       prompt_BP, lengths_B = sampler.pad_prompts(chunk, m.pad_token_id, width)
       out = fn(self.params, prompt_BP, lengths_B, jax.random.fold_in(key, start))
       rows = sampler.completions(jax.device_get(out), width, m.eos_token_id)
-      result += rows[:len(token_lists) - start]
+      result += rows[: len(token_lists) - start]
     return result
 
-  def generate(self, prompts, *, chat_template: str | None = None, seed: int = 0,
-               batch_size: int = 8, **sampling) -> list[str]:
+  def generate(
+    self,
+    prompts,
+    *,
+    chat_template: str | None = None,
+    seed: int = 0,
+    batch_size: int = 8,
+    **sampling,
+  ) -> list[str]:
     """Completion text of each prompt (a str or a list of them -> a list of str).
 
     The prompt is wrapped in the checkpoint's chat template (`chat_template` overrides; 'none' =
@@ -126,8 +144,9 @@ class Pretrained:
     return [self.tokenizer.decode(r) for r in rows]
 
 
-def load_pretrained(path: str, *, dtype: str | None = None, mesh=None,
-                    missing_qk_norm: str = 'error') -> Pretrained:
+def load_pretrained(
+  path: str, *, dtype: str | None = None, mesh=None, missing_qk_norm: str = 'error'
+) -> Pretrained:
   """Loads a checkpoint for inference.
 
   Args:

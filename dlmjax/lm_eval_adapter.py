@@ -29,27 +29,46 @@ class DlmjaxLM(LM):
   temperature, top_p, remasking, threshold, cache, stop_at_eos; defaults: LLaDA's demo), seed,
   tokenizer, dtype; batch_size from lm-eval."""
 
-  def __init__(self, checkpoint_path: str, mc_num: int = 128, mc_batch: int = 32,
-               cfg: float = 0.0, seed: int = 0, tokenizer: str = '', dtype: str | None = None,
-               batch_size=8, **kwargs):
+  def __init__(
+    self,
+    checkpoint_path: str,
+    mc_num: int = 128,
+    mc_batch: int = 32,
+    cfg: float = 0.0,
+    seed: int = 0,
+    tokenizer: str = '',
+    dtype: str | None = None,
+    batch_size=8,
+    **kwargs,
+  ):
     super().__init__()
     # Other kwargs: lm-eval's device / max_batch_size, which a JAX model does not use.
-    settings = likelihood_lib.LikelihoodConfig(mc_num=int(mc_num), mc_batch=int(mc_batch),
-                                               cfg_scale=float(cfg))
+    settings = likelihood_lib.LikelihoodConfig(
+      mc_num=int(mc_num), mc_batch=int(mc_batch), cfg_scale=float(cfg)
+    )
     sampling = sampler_lib.SamplingConfig.from_values(
-        cfg_scale=cfg, **{k: v for k, v in kwargs.items() if k in sampler_lib.FIELDS})
+      cfg_scale=cfg, **{k: v for k, v in kwargs.items() if k in sampler_lib.FIELDS}
+    )
     rows = int(batch_size) if str(batch_size).isdigit() else 8  # 'auto' -> 8
-    self.model = evaluate.EvalModel(checkpoint_path, settings=settings, sampling=sampling,
-                                    tokenizer=tokenizer, seed=int(seed), batch_size=rows,
-                                    dtype=dtype)
+    self.model = evaluate.EvalModel(
+      checkpoint_path,
+      settings=settings,
+      sampling=sampling,
+      tokenizer=tokenizer,
+      seed=int(seed),
+      batch_size=rows,
+      dtype=dtype,
+    )
 
   def loglikelihood(self, requests) -> list[tuple[float, bool]]:
     scores = self.model.loglikelihood([tuple(r.args[:2]) for r in requests])
     return [(float(s), False) for s in scores]
 
   def loglikelihood_rolling(self, requests):
-    raise NotImplementedError('dlmjax scores (context, continuation) pairs; rolling perplexity '
-                              'has no diffusion counterpart here (as in LLaDA).')
+    raise NotImplementedError(
+      'dlmjax scores (context, continuation) pairs; rolling perplexity '
+      'has no diffusion counterpart here (as in LLaDA).'
+    )
 
   def generate_until(self, requests) -> list[str]:
     """The sampler's completion of each context, cut at the first stop string (`until`); the
@@ -67,6 +86,7 @@ class DlmjaxLM(LM):
 def main(argv=None) -> None:
   """lm-eval's command line with `dlmjax` registered."""
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
+
   if argv is not None:
     sys.argv = [sys.argv[0], *argv]
   cli_evaluate()

@@ -19,8 +19,15 @@ def render(done: int, total: int, *, width: int = 30, prefix: str = '', suffix: 
 class Bar:
   """Redraws one line in place with `\\r`; `clear()` before printing anything else."""
 
-  def __init__(self, total: int, prefix: str = '', *, stream=None, enabled: bool | None = None,
-               min_interval_s: float = 0.1):
+  def __init__(
+    self,
+    total: int,
+    prefix: str = '',
+    *,
+    stream=None,
+    enabled: bool | None = None,
+    min_interval_s: float = 0.1,
+  ):
     self.total, self.prefix = total, prefix
     self.stream = stream or sys.stderr
     self.enabled = is_tty(self.stream) if enabled is None else enabled

@@ -22,16 +22,24 @@ from dlmjax.train import stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 
-_DEVICES = flags.DEFINE_integer('devices', 0, 'validate the mesh for this many devices '
-                                '(default: the devices present)')
+_DEVICES = flags.DEFINE_integer(
+  'devices', 0, 'validate the mesh for this many devices (default: the devices present)'
+)
 _COMPILE = flags.DEFINE_bool('compile', False, 'compile the step and print XLA memory analysis')
-_DEVICE_MEMORY = flags.DEFINE_float('device-memory-gib', 0.0, 'memory of one GPU in GiB, checked '
-                                    'against the estimate (default: the present GPU, or '
-                                    '--device-kind)')
-_DEVICE_KIND = flags.DEFINE_string('device-kind', '', 'a GPU kind (H100, H200, B200, ...) whose '
-                                   'memory the estimate is checked against')
+_DEVICE_MEMORY = flags.DEFINE_float(
+  'device-memory-gib',
+  0.0,
+  'memory of one GPU in GiB, checked '
+  'against the estimate (default: the present GPU, or '
+  '--device-kind)',
+)
+_DEVICE_KIND = flags.DEFINE_string(
+  'device-kind',
+  '',
+  'a GPU kind (H100, H200, B200, ...) whose memory the estimate is checked against',
+)
 
-_GIB = 1024 ** 3
+_GIB = 1024**3
 
 
 def estimate_memory_per_device(config) -> dict:
@@ -45,26 +53,27 @@ def summarize(config, num_devices: int | None) -> str:
   config_lib.fit_to_devices(config, num_devices)
   cfg = model_lib.ModelConfig.from_config(config)
   unpadded = cfg.num_params() - (cfg.vocab_size - config.model.vocab_size) * cfg.d_model * (
-      1 if cfg.tie_embeddings else 2)
+    1 if cfg.tie_embeddings else 2
+  )
   memory = estimate_memory_per_device(config)
   m = config.mesh
   tokens_per_step = config.train.global_batch_size * cfg.seq_len
   embedding = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
   lines = [
-      f'parameters: {cfg.num_params():,} with the embedding padded to {cfg.vocab_size} rows '
-      f'(the count used everywhere); {unpadded:,} with the tokenizer vocab '
-      f'{config.model.vocab_size}',
-      f'non-embedding parameters: {cfg.num_params() - embedding:,}',
-      f'FLOPs per token (train): {cfg.flops_per_token():.4e}; per step: '
-      f'{cfg.flops_per_token() * tokens_per_step:.4e} ({tokens_per_step:,} tokens)',
-      f'mesh: data {m.data} x fsdp {m.fsdp} x tensor {m.tensor} x pipeline {m.pipeline} x '
-      f'context {m.context}; {config_lib.num_microbatches(config)} micro-batches of '
-      f'{config.train.micro_batch_size} rows per step',
-      _pipeline_line(config),
-      f'memory per device (estimate): {memory["total"] / _GIB:.2f} GiB = state '
-      f'{memory["state"] / _GIB:.2f} + activations {memory["activations"] / _GIB:.2f} + '
-      f'recompute {memory["recompute"] / _GIB:.2f} + logits {memory["logits"] / _GIB:.2f} '
-      f'(remat {cfg.remat}, {cfg.dtype})',
+    f'parameters: {cfg.num_params():,} with the embedding padded to {cfg.vocab_size} rows '
+    f'(the count used everywhere); {unpadded:,} with the tokenizer vocab '
+    f'{config.model.vocab_size}',
+    f'non-embedding parameters: {cfg.num_params() - embedding:,}',
+    f'FLOPs per token (train): {cfg.flops_per_token():.4e}; per step: '
+    f'{cfg.flops_per_token() * tokens_per_step:.4e} ({tokens_per_step:,} tokens)',
+    f'mesh: data {m.data} x fsdp {m.fsdp} x tensor {m.tensor} x pipeline {m.pipeline} x '
+    f'context {m.context}; {config_lib.num_microbatches(config)} micro-batches of '
+    f'{config.train.micro_batch_size} rows per step',
+    _pipeline_line(config),
+    f'memory per device (estimate): {memory["total"] / _GIB:.2f} GiB = state '
+    f'{memory["state"] / _GIB:.2f} + activations {memory["activations"] / _GIB:.2f} + '
+    f'recompute {memory["recompute"] / _GIB:.2f} + logits {memory["logits"] / _GIB:.2f} '
+    f'(remat {cfg.remat}, {cfg.dtype})',
   ]
   return '\n'.join(lines)
 
@@ -77,10 +86,12 @@ def _pipeline_line(config) -> str:
   micro = config_lib.pipeline_microbatches(config)
   kind = 'GPipe' if m.pipeline_repeats == 1 else f'circular, {m.pipeline_repeats} repeats'
   bubble = pipeline.bubble_fraction(m.pipeline, m.pipeline_repeats, micro)
-  return (f'pipeline: {m.pipeline} stages ({kind}) x {micro} micro-batches of '
-          f'{config.train.micro_batch_size // micro} rows, '
-          f'{config.model.num_layers // (m.pipeline * m.pipeline_repeats)} layers per stage and '
-          f'repeat; bubble fraction {bubble:.3f}')
+  return (
+    f'pipeline: {m.pipeline} stages ({kind}) x {micro} micro-batches of '
+    f'{config.train.micro_batch_size // micro} rows, '
+    f'{config.model.num_layers // (m.pipeline * m.pipeline_repeats)} layers per stage and '
+    f'repeat; bubble fraction {bubble:.3f}'
+  )
 
 
 def compiled_memory(config) -> str:
@@ -89,8 +100,10 @@ def compiled_memory(config) -> str:
   stage = stages.build(config)
   step_fn = step_lib.CompiledStep(setup, stage)
   example = stage.example_batch(np.random.default_rng(0))
-  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=step_fn.batch_sharding)
-           for k, v in example.items()}
+  batch = {
+    k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=step_fn.batch_sharding)
+    for k, v in example.items()
+  }
   analysis = step_fn.lower(batch).compile().memory_analysis()
   if analysis is None:
     return 'compiled memory: not reported by this backend'
@@ -106,17 +119,20 @@ def check_memory(config, device_memory_gib: float, device_kind: str) -> str:
   elif device_kind:
     capacity, what = memory.device_memory_bytes(device_kind), device_kind
     if capacity is None:
-      raise config_lib.ConfigError(f'--device-kind={device_kind} is not a known GPU ('
-                                   f'{", ".join(n for n, _ in memory.DEVICE_MEMORY_GIB)}); pass '
-                                   '--device-memory-gib instead.')
+      raise config_lib.ConfigError(
+        f'--device-kind={device_kind} is not a known GPU ('
+        f'{", ".join(n for n, _ in memory.DEVICE_MEMORY_GIB)}); pass '
+        '--device-memory-gib instead.'
+      )
   else:
     capacity, what = memory.present_device_memory_bytes(), 'the present device'
   if capacity is None:
-    return ('memory check: skipped (no GPU here; pass --device-memory-gib=G or '
-            '--device-kind=H200)')
+    return 'memory check: skipped (no GPU here; pass --device-memory-gib=G or --device-kind=H200)'
   estimate = memory.check_fits(config, capacity)
-  return (f'memory check: fits, {estimate["total"] / _GIB:.1f} of {capacity / _GIB:.1f} GiB usable '
-          f'on {what} (XLA_PYTHON_CLIENT_MEM_FRACTION {memory.usable_fraction():g})')
+  return (
+    f'memory check: fits, {estimate["total"] / _GIB:.1f} of {capacity / _GIB:.1f} GiB usable '
+    f'on {what} (XLA_PYTHON_CLIENT_MEM_FRACTION {memory.usable_fraction():g})'
+  )
 
 
 def main(argv, config):

@@ -55,8 +55,10 @@ class Check:
 def _flat(tree) -> dict:
   """{'a/b/c': leaf} of a nested dict / orbax metadata tree."""
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path): leaf
-          for path, leaf in leaves}
+  return {
+    '/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path): leaf
+    for path, leaf in leaves
+  }
 
 
 def _metadata(item_dir: str) -> dict:
@@ -69,23 +71,33 @@ def _metadata(item_dir: str) -> dict:
 
 
 def _check_params_metadata(step_dir, cfg) -> Check:
-  expected = {k: (tuple(v.shape), np.dtype(v.dtype))
-              for k, v in _flat(model_lib.abstract(cfg)[1]).items()}
+  expected = {
+    k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in _flat(model_lib.abstract(cfg)[1]).items()
+  }
   try:
-    saved = {k: (tuple(v.shape), np.dtype(v.dtype))
-             for k, v in _metadata(f'{step_dir}/params').items()}
+    saved = {
+      k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in _metadata(f'{step_dir}/params').items()
+    }
   except (OSError, ValueError, KeyError) as e:
     return Check('params present', False, f'cannot read {step_dir}/params ({e}); half-written?')
   if not saved:
-    return Check('params present', False, f'no arrays readable in {step_dir}/params: the '
-                 'checkpoint is half-written or corrupt.')
+    return Check(
+      'params present',
+      False,
+      f'no arrays readable in {step_dir}/params: the checkpoint is half-written or corrupt.',
+    )
   problems = [f'{k} missing' for k in sorted(set(expected) - set(saved))]
   problems += [f'{k} not in the model' for k in sorted(set(saved) - set(expected))]
-  problems += [f'{k}: saved {saved[k][0]} {saved[k][1]}, config implies {v[0]} {v[1]}'
-               for k, v in sorted(expected.items()) if k in saved and saved[k] != v]
-  return Check('params present', not problems,
-               '; '.join(problems) or f'{len(expected)} arrays with the shapes and dtypes of '
-               'the config')
+  problems += [
+    f'{k}: saved {saved[k][0]} {saved[k][1]}, config implies {v[0]} {v[1]}'
+    for k, v in sorted(expected.items())
+    if k in saved and saved[k] != v
+  ]
+  return Check(
+    'params present',
+    not problems,
+    '; '.join(problems) or f'{len(expected)} arrays with the shapes and dtypes of the config',
+  )
 
 
 def _check_opt_state(step_dir, cfg) -> Check:
@@ -97,15 +109,20 @@ def _check_opt_state(step_dir, cfg) -> Check:
     opt = {k: tuple(v.shape) for k, v in _metadata(f'{step_dir}/opt_state').items()}
   except (OSError, ValueError, KeyError) as e:
     return Check('optimizer state', False, f'cannot read opt_state ({e}); half-written?')
-  prefixes = {k[:-len(p)] for k in opt for p in params if k == p or k.endswith('/' + p)}
+  prefixes = {k[: -len(p)] for k in opt for p in params if k == p or k.endswith('/' + p)}
   problems = []
   for prefix in sorted(prefixes):
     for p, shape in params.items():
       if opt.get(prefix + p) != shape:
         problems.append(f'{prefix}{p}: {opt.get(prefix + p, "missing")}, param {shape}')
   ok = not problems
-  return Check('optimizer state', ok, '; '.join(problems[:8]) if problems else
-               f'{len(prefixes)} param-shaped subtrees ({", ".join(sorted(prefixes))}) match')
+  return Check(
+    'optimizer state',
+    ok,
+    '; '.join(problems[:8])
+    if problems
+    else f'{len(prefixes)} param-shaped subtrees ({", ".join(sorted(prefixes))}) match',
+  )
 
 
 def _check_checksums(meta, params) -> Check:
@@ -113,8 +130,9 @@ def _check_checksums(meta, params) -> Check:
   if saved is None:
     return Check('checksums', True, 'none saved with this checkpoint; skipped')
   problems = checksums.compare(saved, checksums.compute(params))
-  return Check('checksums', not problems, '; '.join(problems[:8]) or
-               f'{len(saved)} sha256 digests match')
+  return Check(
+    'checksums', not problems, '; '.join(problems[:8]) or f'{len(saved)} sha256 digests match'
+  )
 
 
 def check_integrity(step_dir: str, config, step: int):
@@ -125,15 +143,24 @@ def check_integrity(step_dir: str, config, step: int):
     return checks, None
   params = manager.restore_params(step_dir, *model_lib.param_placement(config))
   bad = [k for k, v in _flat(params).items() if not bool(jnp.isfinite(v).all())]
-  checks.append(Check('params finite', not bad, 'non-finite values in ' + ', '.join(bad) if bad
-                      else 'no NaN or inf'))
+  checks.append(
+    Check(
+      'params finite', not bad, 'non-finite values in ' + ', '.join(bad) if bad else 'no NaN or inf'
+    )
+  )
   try:
     meta = manager.read_meta(step_dir)
   except (manager.CheckpointError, ValueError) as e:
     return checks + [Check('step metadata', False, str(e))], params
-  checks += [_check_checksums(meta, params), _check_opt_state(step_dir, cfg),
-             Check('step metadata', meta.get('step') == step,
-                   f'step {meta.get("step")} in a directory named {step}')]
+  checks += [
+    _check_checksums(meta, params),
+    _check_opt_state(step_dir, cfg),
+    Check(
+      'step metadata',
+      meta.get('step') == step,
+      f'step {meta.get("step")} in a directory named {step}',
+    ),
+  ]
   return checks, params
 
 
@@ -151,8 +178,9 @@ def check_hf_weights(hf_dir: str, params, config) -> Check:
   reader = safetensors_io.SafetensorsReader(hf_dir)
   rows = reader.shape('model.embed_tokens.weight')[0]
   problems = []
-  for name, ours in hf_mapping.export_tensors(params, cfg, vocab_rows=rows,
-                                              to_host=distributed.to_host):
+  for name, ours in hf_mapping.export_tensors(
+    params, cfg, vocab_rows=rows, to_host=distributed.to_host
+  ):
     if name not in reader:
       problems.append(f'{name} missing')
       continue
@@ -162,8 +190,12 @@ def check_hf_weights(hf_dir: str, params, config) -> Check:
     elif np.any(ours.astype(theirs.dtype).astype(np.float32) != theirs.astype(np.float32)):
       diff = np.abs(ours - theirs.astype(np.float32)).max()
       problems.append(f'{name}: differs (max |diff| {diff:.3g})')
-  return Check('exported weights', not problems, '; '.join(problems[:8]) or
-               f'every tensor equals ours in {reader.dtype("model.embed_tokens.weight")}')
+  return Check(
+    'exported weights',
+    not problems,
+    '; '.join(problems[:8])
+    or f'every tensor equals ours in {reader.dtype("model.embed_tokens.weight")}',
+  )
 
 
 def _masked_ce(logits_BLV, targets_BL, mask_BL) -> float:
@@ -179,6 +211,7 @@ def torch_logits(hf_dir: str, tokens_BL: np.ndarray, dtype: str, backend: str = 
   when torch sees one)."""
   import torch  # pylint: disable=import-outside-toplevel
   from dlmjax.checkpoint import torch_reference  # pylint: disable=import-outside-toplevel
+
   torch_dtype = {'fp32': torch.float32, 'bf16': torch.bfloat16}[dtype]
   device = 'cuda' if torch.cuda.is_available() else 'cpu'
   if backend == 'auto':
@@ -197,8 +230,17 @@ def torch_logits(hf_dir: str, tokens_BL: np.ndarray, dtype: str, backend: str = 
   return logits.float().cpu().numpy(), f'{backend} on {device}'
 
 
-def check_parity(params, config, hf_dir: str, *, dtype: str = 'fp32', batch: int = 2,
-                 length: int = 0, seed: int = 0, backend: str = 'auto') -> list[Check]:
+def check_parity(
+  params,
+  config,
+  hf_dir: str,
+  *,
+  dtype: str = 'fp32',
+  batch: int = 2,
+  length: int = 0,
+  seed: int = 0,
+  backend: str = 'auto',
+) -> list[Check]:
   """Our JAX logits vs the PyTorch forward of hf_dir on random tokens, about half masked."""
   m = config.model
   length = length or min(m.seq_len, 128)
@@ -211,8 +253,12 @@ def check_parity(params, config, hf_dir: str, *, dtype: str = 'fp32', batch: int
   file_dtype = safetensors_io.SafetensorsReader(hf_dir).dtype('model.embed_tokens.weight')
   if file_dtype != np.float32:  # compare the mapping, not the export's rounding.
     params = _round_to(params, jnp.dtype(file_dtype))
-  cfg = dataclasses.replace(model_lib.ModelConfig.from_config(config), dtype=_COMPUTE[dtype],
-                            attention_backend='xla', norm_backend='xla')
+  cfg = dataclasses.replace(
+    model_lib.ModelConfig.from_config(config),
+    dtype=_COMPUTE[dtype],
+    attention_backend='xla',
+    norm_backend='xla',
+  )
   with jax.default_matmul_precision('highest' if dtype == 'fp32' else 'default'):  # no TF32
     forward = jax.jit(lambda p, t: model_lib.merge(cfg, p)(t))
     ours = np.asarray(forward(params, tokens), np.float32)
@@ -226,12 +272,18 @@ def check_parity(params, config, hf_dir: str, *, dtype: str = 'fp32', batch: int
   ce_diff = abs(ce_ours - ce_theirs)
   where = f'{used}, {dtype}, {batch}x{length} tokens, {int(mask.sum())} masked'
   return [
-      Check('logits parity', max_diff <= logit_tol * scale,
-            f'max |dlogit| {max_diff:.3g} (max |logit| {scale:.3g}, tolerance '
-            f'{logit_tol:g} x that; mean |dlogit| {np.abs(ours - theirs).mean():.3g}) [{where}]'),
-      Check('masked CE parity', ce_diff <= ce_tol * max(1.0, ce_theirs),
-            f'CE ours {ce_ours:.6f}, torch {ce_theirs:.6f}, |diff| {ce_diff:.3g} '
-            f'(tolerance {ce_tol:g} relative)'),
+    Check(
+      'logits parity',
+      max_diff <= logit_tol * scale,
+      f'max |dlogit| {max_diff:.3g} (max |logit| {scale:.3g}, tolerance '
+      f'{logit_tol:g} x that; mean |dlogit| {np.abs(ours - theirs).mean():.3g}) [{where}]',
+    ),
+    Check(
+      'masked CE parity',
+      ce_diff <= ce_tol * max(1.0, ce_theirs),
+      f'CE ours {ce_ours:.6f}, torch {ce_theirs:.6f}, |diff| {ce_diff:.3g} '
+      f'(tolerance {ce_tol:g} relative)',
+    ),
   ]
 
 
@@ -239,8 +291,14 @@ def check_parity(params, config, hf_dir: str, *, dtype: str = 'fp32', batch: int
 # Driver
 
 
-def verify(checkpoint_path: str, *, hf_dir: str | None = None, dtype: str = 'fp32',
-           parity: bool = True, **parity_kwargs) -> list[Check]:
+def verify(
+  checkpoint_path: str,
+  *,
+  hf_dir: str | None = None,
+  dtype: str = 'fp32',
+  parity: bool = True,
+  **parity_kwargs,
+) -> list[Check]:
   """Every check on one checkpoint; parity exports to a temporary directory unless hf_dir."""
   try:
     run_dir, step_dir, step = manager.resolve_step_dir(checkpoint_path)
@@ -266,17 +324,24 @@ def verify(checkpoint_path: str, *, hf_dir: str | None = None, dtype: str = 'fp3
 def report(checks: list[Check]) -> str:
   lines = [f'[{"PASS" if c.ok else "FAIL"}] {c.name}: {c.detail}' for c in checks]
   failed = sum(not c.ok for c in checks)
-  lines.append(f'{len(checks) - failed}/{len(checks)} checks passed' +
-               (f'; {failed} FAILED' if failed else ''))
+  lines.append(
+    f'{len(checks) - failed}/{len(checks)} checks passed' + (f'; {failed} FAILED' if failed else '')
+  )
   return '\n'.join(lines)
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m dlmjax.verify', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    prog='python -m dlmjax.verify',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   parser.add_argument('--checkpoint-path', required=True, help='run directory or step directory')
-  parser.add_argument('--hf-dir', default=None, help='an export of it to check (default: export '
-                      'to a temporary directory)')
+  parser.add_argument(
+    '--hf-dir',
+    default=None,
+    help='an export of it to check (default: export to a temporary directory)',
+  )
   parser.add_argument('--dtype', choices=sorted(TOLERANCES), default='fp32')
   parser.add_argument('--batch', type=int, default=2)
   parser.add_argument('--seq-len', type=int, default=0, help='default: min(model.seq_len, 128)')
@@ -285,11 +350,22 @@ def main(argv=None) -> int:
   parser.add_argument('--no-parity', action='store_true', help='integrity checks only')
   args = parser.parse_args(argv)
   try:
-    checks = verify(args.checkpoint_path, hf_dir=args.hf_dir, dtype=args.dtype,
-                    parity=not args.no_parity, batch=args.batch, length=args.seq_len,
-                    seed=args.seed, backend=args.backend)
-  except (config_lib.ConfigError, hf_config.HFConfigError, hf_mapping.MappingError,
-          safetensors_io.SafetensorsError) as e:
+    checks = verify(
+      args.checkpoint_path,
+      hf_dir=args.hf_dir,
+      dtype=args.dtype,
+      parity=not args.no_parity,
+      batch=args.batch,
+      length=args.seq_len,
+      seed=args.seed,
+      backend=args.backend,
+    )
+  except (
+    config_lib.ConfigError,
+    hf_config.HFConfigError,
+    hf_mapping.MappingError,
+    safetensors_io.SafetensorsError,
+  ) as e:
     checks = [Check('verification', False, str(e))]
   print(report(checks))
   return 0 if all(c.ok for c in checks) else 1

@@ -9,6 +9,7 @@ and whether it runs under the backward's transpose), so a memory-bound fusion re
 docs/benchmarks.md records its output (1.7B pre-training step, profile of the current step).
 Reads the trace with jax.profiler.ProfileData, so it needs no TensorBoard.
 """
+
 import collections
 import glob
 import os
@@ -26,14 +27,14 @@ from dlmjax.train import step as step_lib
 
 STEPS = 3
 CLASSES = (  # (class, substrings of the kernel name), first match wins
-    ('collective', ('nccl',)),
-    ('attention', ('cudnn', 'fmha', 'flash', 'sdpa')),
-    ('norm kernel', ('rms_norm',)),
-    ('matmul', ('gemm', 'nvjet', 'cutlass', 'xmma', 'sm90_', 'cublas')),
-    ('triton fusion', ('triton',)),
-    ('reduction fusion', ('reduce', 'reduction')),
-    ('elementwise fusion', ('fusion', 'loop_', 'input_')),
-    ('copy', ('memcpy', 'memset', 'copy')),
+  ('collective', ('nccl',)),
+  ('attention', ('cudnn', 'fmha', 'flash', 'sdpa')),
+  ('norm kernel', ('rms_norm',)),
+  ('matmul', ('gemm', 'nvjet', 'cutlass', 'xmma', 'sm90_', 'cublas')),
+  ('triton fusion', ('triton',)),
+  ('reduction fusion', ('reduce', 'reduction')),
+  ('elementwise fusion', ('fusion', 'loop_', 'input_')),
+  ('copy', ('memcpy', 'memset', 'copy')),
 )
 
 
@@ -124,7 +125,7 @@ def fused_computation_text(hlo_text: str, instruction: str) -> str:
   if not start:
     return ''
   end = hlo_text.find('\n}', start.start())
-  body = hlo_text[start.start():end]
+  body = hlo_text[start.start() : end]
   return '\n'.join(re.sub(r', metadata=\{.*\}', '', line)[:200] for line in body.splitlines())
 
 
@@ -146,8 +147,9 @@ def main():
   rng = np.random.default_rng(0)
 
   def batch():  # the stage's own arrays, random but shaped as the run's
-    return {k: jax.device_put(v, step_fn.batch_sharding)
-            for k, v in stage.example_batch(rng).items()}
+    return {
+      k: jax.device_put(v, step_fn.batch_sharding) for k, v in stage.example_batch(rng).items()
+    }
 
   compiled = step_fn.compile(state, batch())  # the very executable the trace then shows
   hlo_text = compiled.as_text()
@@ -161,7 +163,8 @@ def main():
       state, metrics = compiled(state, batch())
     jax.block_until_ready((state, metrics))
   profile = jax.profiler.ProfileData.from_file(
-      glob.glob(f'{out}/**/*.xplane.pb', recursive=True)[0])
+    glob.glob(f'{out}/**/*.xplane.pb', recursive=True)[0]
+  )
   plane = next((p for p in profile.planes if 'GPU:0' in p.name), None)
   if plane is None:
     raise SystemExit(f'no GPU:0 plane in the trace (planes: {[p.name for p in profile.planes]})')

@@ -30,21 +30,28 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / 'dlmjax'
 
 LAYERS = (
-    ('base', ('dlmjax.config', 'dlmjax.progress', 'dlmjax.data.errors', 'dlmjax.observability')),
-    ('parallel', ('dlmjax.parallel', 'dlmjax.kernels')),
-    ('model', ('dlmjax.model',)),
-    ('data', ('dlmjax.data',)),
-    ('tasks', ('dlmjax.tasks', 'dlmjax.data.sft')),
-    ('diffusion', ('dlmjax.diffusion',)),
-    ('checkpoint', ('dlmjax.checkpoint',)),
-    ('rl/inference', ('dlmjax.rl', 'dlmjax.inference')),
-    ('train', ('dlmjax.train',)),
-    ('cli', ('dlmjax', 'dlmjax.train.__main__')),
+  ('base', ('dlmjax.config', 'dlmjax.progress', 'dlmjax.data.errors', 'dlmjax.observability')),
+  ('parallel', ('dlmjax.parallel', 'dlmjax.kernels')),
+  ('model', ('dlmjax.model',)),
+  ('data', ('dlmjax.data',)),
+  ('tasks', ('dlmjax.tasks', 'dlmjax.data.sft')),
+  ('diffusion', ('dlmjax.diffusion',)),
+  ('checkpoint', ('dlmjax.checkpoint',)),
+  ('rl/inference', ('dlmjax.rl', 'dlmjax.inference')),
+  ('train', ('dlmjax.train',)),
+  ('cli', ('dlmjax', 'dlmjax.train.__main__')),
 )
 # Third-party packages that are optional extras (pyproject.toml): a module importing one of these
 # at its top may be imported inside a function, so that the rest runs without the extra.
-OPTIONAL = ('torch', 'transformers', 'safetensors', 'tensorflow', 'tensorflow_datasets',
-            'lm_eval', 'tensorboard')
+OPTIONAL = (
+  'torch',
+  'transformers',
+  'safetensors',
+  'tensorflow',
+  'tensorflow_datasets',
+  'lm_eval',
+  'tensorboard',
+)
 LAZY = {('dlmjax', 'dlmjax.inference')}  # the package root's attribute (PEP 562 __getattr__)
 
 
@@ -77,7 +84,8 @@ def _import_statements(node, inner: bool):
       yield child, inner
     elif isinstance(child, (ast.stmt, ast.excepthandler)):
       yield from _import_statements(
-          child, inner or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        child, inner or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+      )
 
 
 def _imports(module: str, path: pathlib.Path, modules):
@@ -90,7 +98,7 @@ def _imports(module: str, path: pathlib.Path, modules):
       base = node.module or ''
       if node.level:  # relative: from this package, up level - 1 packages
         parts = package.split('.')
-        base = '.'.join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+        base = '.'.join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
       # `from a.b import c` imports the module a.b.c, or the attribute c of a.b.
       names = [f'{base}.{a.name}' if f'{base}.{a.name}' in modules else base for a in node.names]
     for name in names:
@@ -134,20 +142,27 @@ def test_every_module_has_a_layer():
 
 def test_no_module_imports_a_higher_layer():
   graph, _ = import_graph()
-  upward = [f'{where}: {module} [{_name(_layer(module))}] imports {target} '
-            f'[{_name(_layer(target))}]{" inside a function" if inner else ""}'
-            for module, edges in sorted(graph.items()) for target, where, inner in edges
-            if _layer(target) > _layer(module)]
-  assert not upward, ('imports that go up a layer (tests/architecture_test.py, LAYERS):\n  '
-                      + '\n  '.join(upward))
+  upward = [
+    f'{where}: {module} [{_name(_layer(module))}] imports {target} '
+    f'[{_name(_layer(target))}]{" inside a function" if inner else ""}'
+    for module, edges in sorted(graph.items())
+    for target, where, inner in edges
+    if _layer(target) > _layer(module)
+  ]
+  assert not upward, (
+    'imports that go up a layer (tests/architecture_test.py, LAYERS):\n  ' + '\n  '.join(upward)
+  )
 
 
 def test_imports_inside_functions_only_defer_optional_extras():
   graph, heavy = import_graph()
-  deferred = [f'{where}: {module} imports {target} inside a function (import it at the top; '
-              'only modules that need an optional extra are imported late)'
-              for module, edges in sorted(graph.items()) for target, where, inner in edges
-              if inner and target not in heavy and (module, target) not in LAZY]
+  deferred = [
+    f'{where}: {module} imports {target} inside a function (import it at the top; '
+    'only modules that need an optional extra are imported late)'
+    for module, edges in sorted(graph.items())
+    for target, where, inner in edges
+    if inner and target not in heavy and (module, target) not in LAZY
+  ]
   assert not deferred, '\n'.join(deferred)
 
 
@@ -162,9 +177,13 @@ def test_no_import_circle():
     stack.append(module)
     for target in edges.get(module, ()):
       if state.get(target) == 'grey':
-        circle = stack[stack.index(target):] + [target]
-        circles.append(' -> '.join(circle) + '  (' + ', '.join(
-            where[a, b] for a, b in zip(circle, circle[1:])) + ')')
+        circle = stack[stack.index(target) :] + [target]
+        circles.append(
+          ' -> '.join(circle)
+          + '  ('
+          + ', '.join(where[a, b] for a, b in zip(circle, circle[1:]))
+          + ')'
+        )
       elif target not in state:
         visit(target, stack)
     stack.pop()
@@ -181,5 +200,7 @@ if __name__ == '__main__':  # prints the edges between layers (what the tests ch
   for m, es in sorted(g.items()):
     for t, w, inner in es:
       if _layer(t) != _layer(m):
-        print(f'{_name(_layer(m)):>16} {m} -> {t} [{_name(_layer(t))}] {w}'
-              f'{" (function)" if inner else ""}')
+        print(
+          f'{_name(_layer(m)):>16} {m} -> {t} [{_name(_layer(t))}] {w}'
+          f'{" (function)" if inner else ""}'
+        )

@@ -29,10 +29,18 @@ def test_shipped_configs_validate(path):
 def test_pretrain_1p7b_recipe():
   c = _load(os.path.join(ROOT, 'configs', 'pretrain_1p7b.py'))
   assert (c.model.num_layers, c.model.d_model, c.model.ffn_dim, c.model.vocab_size) == (
-      28, 2048, 6144, 50289)
+    28,
+    2048,
+    6144,
+    50289,
+  )
   assert config_lib.padded_vocab_size(c) == 50304
   assert (c.train.lr, c.train.min_lr, c.train.warmup_steps, c.train.wsd_decay_steps) == (
-      2e-4, 2e-5, 2000, 1000)
+    2e-4,
+    2e-5,
+    2000,
+    1000,
+  )
   config_lib.validate(_load(os.path.join(ROOT, 'configs', 'pretrain_1p7b.py'), 'smoke'))
 
 
@@ -45,22 +53,26 @@ def test_tiny_batches_fit_every_8_device_mesh():
       config_lib.validate(c, num_devices=8)
 
 
-@pytest.mark.parametrize('overrides,message', [
+@pytest.mark.parametrize(
+  'overrides,message',
+  [
     ({'mesh.tensor': 3}, 'not divisible by mesh.tensor=3'),
     ({'mesh.data': 16, 'mesh.fsdp': 1}, 'only 8 exist'),
     ({'mesh.data': 3}, 'cannot fill 8 devices'),
     ({'mesh.data': -1, 'mesh.fsdp': -1}, 'at most one axis'),
     ({'mesh.data': 2, 'mesh.fsdp': 1}, 'uses 2 of 8 devices'),
     ({'train.micro_batch_size': 6}, 'not a multiple of train.micro_batch_size'),
-    ({'mesh.data': 8, 'mesh.fsdp': 1, 'train.micro_batch_size': 4,
-      'train.global_batch_size': 16},
-     'not divisible by the batch-parallel devices'),
+    (
+      {'mesh.data': 8, 'mesh.fsdp': 1, 'train.micro_batch_size': 4, 'train.global_batch_size': 16},
+      'not divisible by the batch-parallel devices',
+    ),
     ({'model.attention_mask': 'sideways'}, 'model.attention_mask'),
     ({'model.mask_token_id': 99999}, 'outside the vocabulary'),
     ({'model.attention_backend': 'cudnn', 'model.attention_mask': 'block_causal'}, 'xla'),
     ({'diffusion.objective': 'ar'}, 'attention_mask=causal'),
     ({'data.packing': True, 'model.attention_backend': 'cudnn'}, 'attention_backend=xla'),
-])
+  ],
+)
 def test_bad_configs_name_the_fix(overrides, message):
   config = tiny_test_config(**overrides)
   devices = 8
@@ -85,7 +97,7 @@ def test_every_key_has_its_meaning_and_no_comment_cites_an_issue():
   for i, line in enumerate(body):
     assert not re.search(r'issue \d|\b20\d\d-\d\d', line), line
     if re.match(r'  c\.[a-z_.]+ = ', line) and 'ConfigDict()' not in line:
-      above = [b for b in body[max(0, i - 12):i] if b.strip()]
+      above = [b for b in body[max(0, i - 12) : i] if b.strip()]
       commented = '#' in line or any(b.lstrip().startswith('#') for b in above[-6:])
       assert commented, f'no meaning beside {line.strip()}'
 
@@ -107,16 +119,26 @@ def test_sampler_group_is_the_sampling_config():
   assert dataclasses.asdict(settings) == c.sampler.to_dict()
   # The rollout sampler as it was under rl.*: 64 tokens, 32 steps, blocks of 32, temperature 0.9.
   assert (settings.gen_length, settings.steps, settings.block_length, settings.temperature) == (
-      64, 32, 32, 0.9)
+    64,
+    32,
+    32,
+    0.9,
+  )
   c.sampler.block_length = 5  # from_config validates by itself, naming the group
-  with pytest.raises(config_lib.ConfigError, match='config.sampler: gen_length=64 is not a '
-                     'multiple of block_length=5'):
+  with pytest.raises(
+    config_lib.ConfigError,
+    match='config.sampler: gen_length=64 is not a multiple of block_length=5',
+  ):
     sampler.SamplingConfig.from_config(c)
 
 
-@pytest.mark.parametrize('overrides,message', [
-    ({'sampler.block_length': 5}, 'sampler.gen_length=64 is not a multiple of '
-     'sampler.block_length=5'),
+@pytest.mark.parametrize(
+  'overrides,message',
+  [
+    (
+      {'sampler.block_length': 5},
+      'sampler.gen_length=64 is not a multiple of sampler.block_length=5',
+    ),
     ({'sampler.steps': 3}, 'sampler.steps=3 is not a multiple of the 2 blocks'),
     ({'sampler.temperature': -1.0}, 'sampler.temperature'),
     ({'sampler.top_p': 0.0}, 'sampler.top_p'),
@@ -124,29 +146,44 @@ def test_sampler_group_is_the_sampling_config():
     ({'sampler.cache': 'kv'}, 'sampler.cache'),
     ({'sampler.threshold': 2.0}, 'sampler.threshold'),
     ({'log.outputs': 'tensorboard,slack'}, "names 'slack'"),
-])
+  ],
+)
 def test_bad_sampler_and_log_keys_name_the_key(overrides, message):
   with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
     config_lib.validate(tiny_test_config(**overrides))
 
 
 def test_rl_cross_checks_the_sampler_canvas():
-  c = tiny_test_config(**{'stage': 'rl', 'init_from': 'x', 'model.seq_len': 64,
-                          'rl.max_prompt_tokens': 32, 'sampler.gen_length': 32,
-                          'sampler.block_length': 32, 'sampler.steps': 4,
-                          'rl.group_size': 4})
+  c = tiny_test_config(
+    **{
+      'stage': 'rl',
+      'init_from': 'x',
+      'model.seq_len': 64,
+      'rl.max_prompt_tokens': 32,
+      'sampler.gen_length': 32,
+      'sampler.block_length': 32,
+      'sampler.steps': 4,
+      'rl.group_size': 4,
+    }
+  )
   config_lib.validate(c)
   c.sampler.gen_length = 64
-  with pytest.raises(config_lib.ConfigError,
-                     match=re.escape('rl.max_prompt_tokens + sampler.gen_length = 96 exceed')):
+  with pytest.raises(
+    config_lib.ConfigError, match=re.escape('rl.max_prompt_tokens + sampler.gen_length = 96 exceed')
+  ):
     config_lib.validate(c)
 
 
-@pytest.mark.parametrize('old,new', [
-    ('rl.gen_length', 'sampler.gen_length'), ('rl.diffusion_steps', 'sampler.steps'),
-    ('rl.block_length', 'sampler.block_length'), ('rl.temperature', 'sampler.temperature'),
+@pytest.mark.parametrize(
+  'old,new',
+  [
+    ('rl.gen_length', 'sampler.gen_length'),
+    ('rl.diffusion_steps', 'sampler.steps'),
+    ('rl.block_length', 'sampler.block_length'),
+    ('rl.temperature', 'sampler.temperature'),
     ('sft.packing', 'data.packing'),
-])
+  ],
+)
 def test_renamed_keys_fail_naming_the_new_one(old, new, tmp_path):
   expected = f'{old} is now {new}.'
   with pytest.raises(config_lib.ConfigError, match=re.escape(expected)):
@@ -155,11 +192,13 @@ def test_renamed_keys_fail_naming_the_new_one(old, new, tmp_path):
     config_lib.apply_overrides(config_lib.defaults(), {old: 1})
   group, leaf = old.split('.')
   path = tmp_path / 'old.py'  # a config file written for the old keys
-  path.write_text('from dlmjax import config as config_lib\n\n\n'
-                  'def get_config():\n'
-                  '  c = config_lib.defaults()\n'
-                  f'  c.{group}.{leaf} = 1\n'
-                  '  return c\n')
+  path.write_text(
+    'from dlmjax import config as config_lib\n\n\n'
+    'def get_config():\n'
+    '  c = config_lib.defaults()\n'
+    f'  c.{group}.{leaf} = 1\n'
+    '  return c\n'
+  )
   with pytest.raises(config_lib.ConfigError, match=re.escape(f'{path}: {expected}')):
     config_lib.load_file(str(path))
 
@@ -175,66 +214,100 @@ def test_old_run_configs_still_load():
   """A config.json written before the renames: the renamed keys map, the dropped ones go."""
   saved = config_lib.defaults().to_dict()
   del saved['sampler']
-  saved['rl'].update(gen_length=16, diffusion_steps=4, block_length=8, temperature=0.7,
-                     advantage_scaling='std', negative_advantages='drop')
+  saved['rl'].update(
+    gen_length=16,
+    diffusion_steps=4,
+    block_length=8,
+    temperature=0.7,
+    advantage_scaling='std',
+    negative_advantages='drop',
+  )
   saved['sft'].update(packing=True, supervise_padding=False, time_eps=1e-3)
-  saved['log'] = dict(every=5, tensorboard=False, wandb=True, wandb_project='p', plots=True,
-                      peak_tflops=0.0)
+  saved['log'] = dict(
+    every=5, tensorboard=False, wandb=True, wandb_project='p', plots=True, peak_tflops=0.0
+  )
   saved['train'].update(schedule='wsd', wsd_decay_style='linear', b1=0.9, eps=1e-8)
   saved['model'].update(preset='tiny', vocab_multiple=128)
   c = config_lib.from_dict(saved)
-  assert (c.sampler.gen_length, c.sampler.steps, c.sampler.block_length,
-          c.sampler.temperature) == (16, 4, 8, 0.7)
+  assert (c.sampler.gen_length, c.sampler.steps, c.sampler.block_length, c.sampler.temperature) == (
+    16,
+    4,
+    8,
+    0.7,
+  )
   assert c.data.packing and c.log.every == 5 and c.log.outputs == 'wandb,plots'
   assert c.train.schedule == 'wsd_linear'
   assert 'advantage_scaling' not in c.rl and 'preset' not in c.model
   config_lib.check_keys(c)  # nothing old left
   assert config_lib.from_dict(config_lib.defaults().to_dict()).to_dict() == (
-      config_lib.defaults().to_dict())
+    config_lib.defaults().to_dict()
+  )
 
 
 def test_load_file_takes_an_argument_and_names_a_bad_file(tmp_path):
   c = config_lib.load_file(os.path.join(ROOT, 'configs', 'rl.py:spg'))
   assert c.rl.objective == 'spg' and c.rl.kl_beta == 0.0
-  with pytest.raises(config_lib.ConfigError, match='cannot load the --config file .*missing.py: '
-                     'it does not exist'):
+  with pytest.raises(
+    config_lib.ConfigError, match='cannot load the --config file .*missing.py: it does not exist'
+  ):
     config_lib.load_file(str(tmp_path / 'missing.py'))
   with pytest.raises(config_lib.ConfigError, match='ValueError: configs/rl.py takes no argument'):
     config_lib.load_file(os.path.join(ROOT, 'configs', 'rl.py:ppo'))
   typo = tmp_path / 'typo.py'
-  typo.write_text('from dlmjax import config as config_lib\n\n\ndef get_config():\n'
-                  '  c = config_lib.defaults()\n  c.train.stpes = 3\n  return c\n')
+  typo.write_text(
+    'from dlmjax import config as config_lib\n\n\ndef get_config():\n'
+    '  c = config_lib.defaults()\n  c.train.stpes = 3\n  return c\n'
+  )
   with pytest.raises(config_lib.ConfigError, match='train.stpes is not a config key'):
     config_lib.load_file(str(typo))
 
 
 def test_apply_overrides_parses_as_the_default_type():
-  c = config_lib.apply_overrides(config_lib.defaults(), [
-      '--config.train.lr=1e-4', '--config.train.steps=1e3', 'data.packing=true',
-      '--config.model.dtype=bfloat16', '--config.sampler.stop_at_eos=False',
-      '--config.log.outputs='])
-  assert (c.train.lr, c.train.steps, c.data.packing, c.model.dtype) == (1e-4, 1000, True,
-                                                                         'bfloat16')
+  c = config_lib.apply_overrides(
+    config_lib.defaults(),
+    [
+      '--config.train.lr=1e-4',
+      '--config.train.steps=1e3',
+      'data.packing=true',
+      '--config.model.dtype=bfloat16',
+      '--config.sampler.stop_at_eos=False',
+      '--config.log.outputs=',
+    ],
+  )
+  assert (c.train.lr, c.train.steps, c.data.packing, c.model.dtype) == (
+    1e-4,
+    1000,
+    True,
+    'bfloat16',
+  )
   assert c.sampler.stop_at_eos is False and c.log.outputs == ''
   assert isinstance(c.train.steps, int) and isinstance(c.train.lr, float)
   config_lib.apply_overrides(c, {'train.lr': 1, 'rl.kl_beta': 0})  # ints where floats live
   assert isinstance(c.train.lr, float) and c.train.lr == 1.0
   for overrides, message in (
-      (['--config.model.d_modle=3'], 'Did you mean "d_model"'),
-      (['--config.model.d_model=abc'], 'invalid literal'),
-      (['--config.train.steps=2.5'], 'is not an integer'),
-      (['--config.data.packing=maybe'], 'is not a bool'),
-      (['--config.model=3'], 'model is a group'),
-      (['--config.train.steps'], 'is not KEY=VALUE'),
-      ({'model.dtype': 3}, 'is not a str'),
-      ({'train.steps': 2.5}, 'is not an integer')):
+    (['--config.model.d_modle=3'], 'Did you mean "d_model"'),
+    (['--config.model.d_model=abc'], 'invalid literal'),
+    (['--config.train.steps=2.5'], 'is not an integer'),
+    (['--config.data.packing=maybe'], 'is not a bool'),
+    (['--config.model=3'], 'model is a group'),
+    (['--config.train.steps'], 'is not KEY=VALUE'),
+    ({'model.dtype': 3}, 'is not a str'),
+    ({'train.steps': 2.5}, 'is not an integer'),
+  ):
     with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
       config_lib.apply_overrides(config_lib.defaults(), overrides)
 
 
 def test_parse_command_line_splits_config_flags_from_the_rest():
-  argv = ['prog', '--devices=8', f'--config={ROOT}/configs/rl.py:espo', '--config.train.steps',
-          '7', '--compile', '--config.sampler.temperature=0.5']
+  argv = [
+    'prog',
+    '--devices=8',
+    f'--config={ROOT}/configs/rl.py:espo',
+    '--config.train.steps',
+    '7',
+    '--compile',
+    '--config.sampler.temperature=0.5',
+  ]
   c, rest = config_lib.parse_command_line(argv, 'configs/tiny.py')
   assert rest == ['prog', '--devices=8', '--compile']
   assert (c.rl.objective, c.train.steps, c.sampler.temperature) == ('espo', 7, 0.5)

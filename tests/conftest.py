@@ -34,6 +34,7 @@ jax.config.update('jax_numpy_rank_promotion', 'raise')  # in case JAX was import
 def tiny_test_config(**overrides):
   """configs/tiny.py shrunk further so a step compiles in seconds on 2 cores."""
   from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
+
   c = config_lib.load_file(os.path.join(os.path.dirname(__file__), '..', 'configs', 'tiny.py'))
   c.model.num_layers = 2
   c.model.d_model = 64

@@ -37,15 +37,19 @@ def _restored(step_dir):
 
 def test_hf_round_trip_is_exact(run, tmp_path):
   run_dir, config, params = run
-  hf_dir = hf_io.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32',
-                                      max_shard_size='100KB')
+  hf_dir = hf_io.hf_from_checkpoint(
+    run_dir, str(tmp_path / 'hf'), dtype='fp32', max_shard_size='100KB'
+  )
   files = sorted(os.listdir(hf_dir))
   assert safetensors_io.INDEX_FILE in files
   assert len([f for f in files if f.startswith('model-')]) > 1
   assert {'config.json', 'dlmjax_config.json', 'tokenizer.json'} <= set(files)
   hf = json.loads(open(os.path.join(hf_dir, 'config.json')).read())
   assert (hf['model_type'], hf['mask_token_id'], hf['attn_mask_type']) == (
-      'qwen3', config.model.mask_token_id, 'bidirectional')
+    'qwen3',
+    config.model.mask_token_id,
+    'bidirectional',
+  )
   step_dir = hf_io.checkpoint_from_hf(hf_dir, str(tmp_path / 'back'))
   back_config, back = _restored(step_dir)
   tiny_run.assert_same_params(params, back)
@@ -72,6 +76,7 @@ def test_import_without_our_config_derives_it(run, tmp_path):
     assert derived.model[key] == config.model[key]
   assert derived.data.tokenizer == os.path.abspath(hf_dir)
   import ml_dtypes  # pylint: disable=import-outside-toplevel
+
   rounded = params['blocks']['mlp']['up_proj'].astype(ml_dtypes.bfloat16).astype(np.float32)
   np.testing.assert_array_equal(back['blocks']['mlp']['up_proj'], rounded)
   assert safetensors_io.SafetensorsReader(hf_dir).dtype('lm_head.weight') == ml_dtypes.bfloat16
@@ -82,10 +87,15 @@ def test_transformers_qwen3_gives_our_logits(tmp_path, tie):
   pytest.importorskip('transformers')
   from dlmjax.checkpoint import torch_reference  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
+
   config, params, step_dir = tiny_run.make_run(tmp_path / 'run', **{'model.tie_embeddings': tie})
   hf_dir = str(tmp_path / 'hf')
-  assert convert.main(['to-hf', '--checkpoint-path', step_dir, '--output-dir', hf_dir,
-                       '--dtype', 'fp32']) == 0
+  assert (
+    convert.main(
+      ['to-hf', '--checkpoint-path', step_dir, '--output-dir', hf_dir, '--dtype', 'fp32']
+    )
+    == 0
+  )
   tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
   ours = np.asarray(model_lib.merge(model_lib.ModelConfig.from_config(config), params)(tokens))
   model = torch_reference.transformers_model(hf_dir)
@@ -98,11 +108,22 @@ def test_config_that_does_not_fit_is_refused(run, tmp_path, capsys):
   run_dir, _, _ = run
   hf_dir = hf_io.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='fp32')
   config_file = tmp_path / 'wrong.py'
-  config_file.write_text('from tests.checkpoint import tiny_run\n'
-                         'def get_config():\n'
-                         '  return tiny_run.tiny_config(**{"model.ffn_dim": 96})\n')
-  code = convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', str(tmp_path / 'x'),
-                       '--config', str(config_file)])
+  config_file.write_text(
+    'from tests.checkpoint import tiny_run\n'
+    'def get_config():\n'
+    '  return tiny_run.tiny_config(**{"model.ffn_dim": 96})\n'
+  )
+  code = convert.main(
+    [
+      'from-hf',
+      '--hf-dir',
+      hf_dir,
+      '--output-dir',
+      str(tmp_path / 'x'),
+      '--config',
+      str(config_file),
+    ]
+  )
   assert code == 2
   assert 'model.ffn_dim: checkpoint 128, config 96' in capsys.readouterr().err
 
@@ -150,16 +171,20 @@ def test_1p7b_structure_exports_one_tensor_at_a_time(tmp_path):
   import tracemalloc  # pylint: disable=import-outside-toplevel
   from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.model import presets  # pylint: disable=import-outside-toplevel
+
   config = config_lib.defaults()
   presets.apply_preset(config.model, '1p7b')
   config.model.update(d_model=64, head_dim=4, ffn_dim=192)
   cfg = model_lib.ModelConfig.from_config(config)
-  assert (cfg.num_layers, cfg.num_heads, cfg.vocab_size, cfg.tie_embeddings) == (28, 16, 50304,
-                                                                                 False)
+  assert (cfg.num_layers, cfg.num_heads, cfg.vocab_size, cfg.tie_embeddings) == (
+    28,
+    16,
+    50304,
+    False,
+  )
   rng = np.random.default_rng(0)
   params = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(
-      model_lib.abstract(cfg)[1])[0]:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(model_lib.abstract(cfg)[1])[0]:
     node = params
     keys = [k.key for k in path]
     for key in keys[:-1]:
@@ -186,13 +211,17 @@ def test_1p7b_structure_exports_one_tensor_at_a_time(tmp_path):
   assert shards[0] == f'model-00001-of-{len(shards):05d}.safetensors'
   assert index['metadata']['total_size'] == total
   hf = json.loads((tmp_path / 'config.json').read_text())
-  assert (hf['vocab_size'], hf['num_hidden_layers'], hf['tie_word_embeddings']) == (50304, 28,
-                                                                                    False)
+  assert (hf['vocab_size'], hf['num_hidden_layers'], hf['tie_word_embeddings']) == (
+    50304,
+    28,
+    False,
+  )
   reader = safetensors_io.SafetensorsReader(str(tmp_path))
   np.testing.assert_array_equal(reader.get('model.embed_tokens.weight'), params['embed_tokens'])
   np.testing.assert_array_equal(reader.get('lm_head.weight'), params['lm_head'].T)
-  np.testing.assert_array_equal(reader.get('model.layers.27.mlp.down_proj.weight'),
-                                params['blocks']['mlp']['down_proj'][27].T)
+  np.testing.assert_array_equal(
+    reader.get('model.layers.27.mlp.down_proj.weight'), params['blocks']['mlp']['down_proj'][27].T
+  )
 
 
 def test_tokenizer_larger_than_the_vocab_is_refused(run, tmp_path, capsys):
@@ -200,8 +229,11 @@ def test_tokenizer_larger_than_the_vocab_is_refused(run, tmp_path, capsys):
   # Export: the run's tokenizer has more ids than model.vocab_size.
   wrong = config.copy_and_resolve_references()
   wrong.data.tokenizer = tiny_run.write_tokenizer(tmp_path / 'big', 300)
-  with pytest.raises(hf_io.ConvertError, match=r'has 300 tokens but the run\'s model.vocab_size '
-                     r'is 256, so ids 256..299 have no embedding row'):
+  with pytest.raises(
+    hf_io.ConvertError,
+    match=r'has 300 tokens but the run\'s model.vocab_size '
+    r'is 256, so ids 256..299 have no embedding row',
+  ):
     hf_io.write_hf(str(tmp_path / 'out'), wrong, params)
   assert not (tmp_path / 'out').exists()
   # Import: the Hugging Face directory ships a tokenizer larger than its embedding.

@@ -17,17 +17,28 @@ from dlmjax.data import tokenizer as tokenizer_lib
 
 def _recipe():
   """configs/demo.py as a module: the recipe's values."""
-  spec = importlib.util.spec_from_file_location('demo_recipe',
-                                                os.path.join(demo.configs_dir(), 'demo.py'))
+  spec = importlib.util.spec_from_file_location(
+    'demo_recipe', os.path.join(demo.configs_dir(), 'demo.py')
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
 
 
 def _rows(rng, seeds=(0, 1, 2)):
-  return [dict(seed=s, stage=stage, steps=int(rng.integers(1, 100)), loss=float(rng.random()),
-               accuracy=float(rng.random()), mean_reward=float(rng.random()), verify=True)
-          for s in seeds for stage in demo.STAGES]
+  return [
+    dict(
+      seed=s,
+      stage=stage,
+      steps=int(rng.integers(1, 100)),
+      loss=float(rng.random()),
+      accuracy=float(rng.random()),
+      mean_reward=float(rng.random()),
+      verify=True,
+    )
+    for s in seeds
+    for stage in demo.STAGES
+  ]
 
 
 def test_aggregate_matches_numpy():
@@ -41,8 +52,9 @@ def test_aggregate_matches_numpy():
       values = np.array([r[metric] for r in rows if r['stage'] == stage], np.float64)
       got = summary['stages'][stage][metric]
       np.testing.assert_allclose(got['mean'], values.mean(), rtol=1e-12)
-      np.testing.assert_allclose(got['std'], np.sqrt(((values - values.mean())**2).sum() / 2),
-                                 rtol=1e-12)
+      np.testing.assert_allclose(
+        got['std'], np.sqrt(((values - values.mean()) ** 2).sum() / 2), rtol=1e-12
+      )
   assert not summary['stages']['sft']['verify'] and summary['stages']['rl']['verify']
   for metric in ('accuracy', 'mean_reward'):
     sft = np.array([r[metric] for r in rows if r['stage'] == 'sft'])
@@ -54,16 +66,24 @@ def test_aggregate_matches_numpy():
     np.testing.assert_allclose(g['spread'], spread, rtol=1e-12)
     assert g['beats_noise'] == (rl.mean() - sft.mean() > spread)
     d = rl - sft
-    np.testing.assert_allclose(g['paired_t'], d.mean() / (d.std(ddof=1) / np.sqrt(3)),
-                               rtol=1e-12)
+    np.testing.assert_allclose(g['paired_t'], d.mean() / (d.std(ddof=1) / np.sqrt(3)), rtol=1e-12)
 
 
 def test_gain_against_noise_verdict_and_table():
   rows = []
   for seed, (sft, rl) in enumerate([(0.40, 0.60), (0.42, 0.63), (0.38, 0.58)]):
     for stage, value in (('pretrain', 0.1), ('sft', sft), ('rl', rl)):
-      rows.append(dict(seed=seed, stage=stage, steps=10, loss=1.0, accuracy=value / 2,
-                       mean_reward=value, verify=True))
+      rows.append(
+        dict(
+          seed=seed,
+          stage=stage,
+          steps=10,
+          loss=1.0,
+          accuracy=value / 2,
+          mean_reward=value,
+          verify=True,
+        )
+      )
   rows[2]['seed_wall_s'] = 600.0  # seed 0's rl row carries the seed's wall time
   summary = demo.aggregate(rows)
   g = summary['rl_gain']['mean_reward']
@@ -139,8 +159,10 @@ def test_other_objectives_share_pretraining_and_sft(tmp_path):
   assert spg['rl'].rl.objective == 'spg' and spg['rl'].rl.kl_beta == 0.0
   config_lib.validate(spg['rl'])
   recipe = _recipe()
-  assert recipe.recipe('d1') == {stage: {**recipe.canvas_overrides('sudoku4')[stage], **keys}
-                                 for stage, keys in recipe.STAGE_RECIPE.items()}
+  assert recipe.recipe('d1') == {
+    stage: {**recipe.canvas_overrides('sudoku4')[stage], **keys}
+    for stage, keys in recipe.STAGE_RECIPE.items()
+  }
   with pytest.raises(ValueError, match='--objective'):
     recipe.recipe('ppo')
   with pytest.raises(ValueError, match='--objective'):
@@ -189,8 +211,9 @@ def test_final_loss_skips_rollout_rows(tmp_path):
 
 
 def test_best_checkpoint_is_the_best_validation_reward(tmp_path):
-  lines = [dict(step=1, loss=0.1)] + [dict(step=s, val_reward=v) for s, v in
-                                      ((10, 0.5), (20, 0.9), (30, 0.4), (40, 0.9), (50, 0.2))]
+  lines = [dict(step=1, loss=0.1)] + [
+    dict(step=s, val_reward=v) for s, v in ((10, 0.5), (20, 0.9), (30, 0.4), (40, 0.9), (50, 0.2))
+  ]
   (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in lines))
   for step in (10, 20, 30, 50):
     (tmp_path / 'checkpoints' / str(step)).mkdir(parents=True)
@@ -211,8 +234,9 @@ def test_rl_stage_keeps_every_checkpoint_it_scores():
 def test_one_stage_alone_from_the_config_file(tmp_path):
   """configs/demo.py:STAGE,TASK is the demo's stage config without the chain's paths."""
   chained = demo.stage_configs(0, str(tmp_path), 'arithmetic', 'espo')['rl']
-  alone = demo.base_config(os.path.join(demo.configs_dir(), 'rl.py'),
-                           _recipe().recipe('espo', 'arithmetic')['rl'])
+  alone = demo.base_config(
+    os.path.join(demo.configs_dir(), 'rl.py'), _recipe().recipe('espo', 'arithmetic')['rl']
+  )
   from_file = _recipe().get_config('rl,arithmetic,espo')
   assert from_file.rl.task == chained.rl.task == 'arithmetic'
   for key in ('model.seq_len', 'rl.objective', 'sampler.gen_length', 'train.lr', 'eval.every'):

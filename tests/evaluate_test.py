@@ -17,8 +17,10 @@ WORDS = ['<pad>', '<unk>', '<eos>', '<mask>'] + [f'w{i}' for i in range(200)]
 def write_word_tokenizer(directory):
   """A whitespace word-level tokenizer.json (pad 0, unk 1, eos 2, mask 3) in `directory`."""
   import tokenizers  # pylint: disable=import-outside-toplevel
-  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(
-      {w: i for i, w in enumerate(WORDS)}, unk_token='<unk>'))
+
+  tok = tokenizers.Tokenizer(
+    tokenizers.models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token='<unk>')
+  )
   tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
   tok.save(str(directory / 'tokenizer.json'))
 
@@ -45,13 +47,32 @@ def _write(path, rows):
 
 
 def test_likelihood_rows_and_multiple_choice(run_dir, tmp_path, capsys):
-  data = _write(tmp_path / 'rows.jsonl', [
+  data = _write(
+    tmp_path / 'rows.jsonl',
+    [
       {'context': 'w1 w2 w3', 'continuation': ' w4 w5'},
       {'context': 'w7 w8', 'continuation': ' w9'},
-      {'context': 'w7 w8', 'choices': [' w9', ' w4 w5', ' w10'], 'label': 1}])
+      {'context': 'w7 w8', 'choices': [' w9', ' w4 w5', ' w10'], 'label': 1},
+    ],
+  )
   out = tmp_path / 'out.jsonl'
-  code = evaluate.main(['--checkpoint-path', str(run_dir), '--output', str(out), '--batch-size',
-                        '4', 'likelihood', '--data', data, '--mc-num', '4', '--mc-batch', '2'])
+  code = evaluate.main(
+    [
+      '--checkpoint-path',
+      str(run_dir),
+      '--output',
+      str(out),
+      '--batch-size',
+      '4',
+      'likelihood',
+      '--data',
+      data,
+      '--mc-num',
+      '4',
+      '--mc-batch',
+      '2',
+    ]
+  )
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
   rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -62,15 +83,32 @@ def test_likelihood_rows_and_multiple_choice(run_dir, tmp_path, capsys):
   assert lls[0] == pytest.approx(rows[1]['log_likelihood'], rel=1e-5)
   assert rows[2]['prediction'] == int(np.argmax(lls))
   assert summary['accuracy'] == float(rows[2]['prediction'] == 1)
-  assert summary['log_likelihood_sum'] == pytest.approx(rows[0]['log_likelihood']
-                                                        + rows[1]['log_likelihood'])
+  assert summary['log_likelihood_sum'] == pytest.approx(
+    rows[0]['log_likelihood'] + rows[1]['log_likelihood']
+  )
   assert summary['nll_per_token'] == pytest.approx(-summary['log_likelihood_sum'] / 3)
 
 
 def test_tasks_mode_decodes_and_scores(run_dir, capsys):
-  code = evaluate.main(['--checkpoint-path', str(run_dir), '--batch-size', '2', 'tasks',
-                        '--tasks', 'arithmetic', '--num', '3', '--gen-length', '8', '--steps',
-                        '4', '--block-length', '4'])
+  code = evaluate.main(
+    [
+      '--checkpoint-path',
+      str(run_dir),
+      '--batch-size',
+      '2',
+      'tasks',
+      '--tasks',
+      'arithmetic',
+      '--num',
+      '3',
+      '--gen-length',
+      '8',
+      '--steps',
+      '4',
+      '--block-length',
+      '4',
+    ]
+  )
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
   assert summary['arithmetic']['examples'] == 3
@@ -80,6 +118,7 @@ def test_tasks_mode_decodes_and_scores(run_dir, capsys):
 def test_tasks_mode_averages_over_samples():
   """samples=2 decodes each problem twice (the prompts repeated in order) and averages all."""
   from dlmjax import tasks  # pylint: disable=import-outside-toplevel
+
   task = tasks.get_task('arithmetic')
   examples = task.examples('test', 3, 0)
 
@@ -89,21 +128,26 @@ def test_tasks_mode_averages_over_samples():
       return [e.response for e in examples] + ['garbage'] * 3
 
   _, summary = evaluate.tasks_mode(TwoDraws(), ['arithmetic'], num=3, seed=0, samples=2)
-  rewards = [task.reward(e, e.response) for e in examples] + [task.reward(examples[0],
-                                                                          'garbage')] * 3
-  assert summary['arithmetic'] == dict(examples=3, samples=2, accuracy=0.5,
-                                       mean_reward=pytest.approx(np.mean(rewards)))
+  rewards = [task.reward(e, e.response) for e in examples] + [
+    task.reward(examples[0], 'garbage')
+  ] * 3
+  assert summary['arithmetic'] == dict(
+    examples=3, samples=2, accuracy=0.5, mean_reward=pytest.approx(np.mean(rewards))
+  )
   assert rewards[0] == task.max_reward and rewards[-1] == 0.0
   with pytest.raises(ValueError, match='samples=0'):
     evaluate.tasks_mode(TwoDraws(), ['arithmetic'], num=3, seed=0, samples=0)
 
 
-@pytest.mark.parametrize('row,message', [
+@pytest.mark.parametrize(
+  'row,message',
+  [
     ({'continuation': 'x'}, 'needs a string "context"'),
     ({'context': 'a'}, 'needs a string "continuation"'),
     ({'context': 'a', 'choices': ['x', 'y'], 'label': 2}, '"label" must be the index'),
     ({'context': 'a', 'choices': ['x']}, 'at least 2 strings'),
-])
+  ],
+)
 def test_bad_rows_are_one_line_errors(tmp_path, capsys, row, message):
   data = _write(tmp_path / 'bad.jsonl', [row])
   code = evaluate.main(['--checkpoint-path', str(tmp_path), 'likelihood', '--data', data])
@@ -114,9 +158,24 @@ def test_bad_rows_are_one_line_errors(tmp_path, capsys, row, message):
 
 def test_bad_settings_are_one_line_errors(run_dir, tmp_path, capsys):
   data = _write(tmp_path / 'rows.jsonl', [{'context': 'w1', 'continuation': ' w2'}])
-  assert evaluate.main(['--checkpoint-path', str(run_dir), 'likelihood', '--data', data,
-                        '--mc-num', '10', '--mc-batch', '4']) == 2
+  assert (
+    evaluate.main(
+      [
+        '--checkpoint-path',
+        str(run_dir),
+        'likelihood',
+        '--data',
+        data,
+        '--mc-num',
+        '10',
+        '--mc-batch',
+        '4',
+      ]
+    )
+    == 2
+  )
   assert 'must divide mc_num' in capsys.readouterr().err
-  assert evaluate.main(['--checkpoint-path', str(tmp_path / 'nope'), 'likelihood', '--data',
-                        data]) == 2
+  assert (
+    evaluate.main(['--checkpoint-path', str(tmp_path / 'nope'), 'likelihood', '--data', data]) == 2
+  )
   assert 'does not exist' in capsys.readouterr().err

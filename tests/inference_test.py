@@ -30,8 +30,9 @@ def test_run_and_step_directories(run):
 
 def test_hugging_face_directory(run, tmp_path):
   root, _, tokens, expected = run
-  hf_dir = hf_io.hf_from_checkpoint(str(root / 'run'), str(tmp_path / 'hf'), dtype='fp32',
-                                      trim_vocab=True)
+  hf_dir = hf_io.hf_from_checkpoint(
+    str(root / 'run'), str(tmp_path / 'hf'), dtype='fp32', trim_vocab=True
+  )
   model = dlmjax.load_pretrained(hf_dir)
   np.testing.assert_allclose(model.logits(tokens), expected, atol=1e-5)
   bf16 = dlmjax.load_pretrained(hf_dir, dtype='bf16')

@@ -44,9 +44,10 @@ def setup(tmp_path_factory):
   root = tmp_path_factory.mktemp('lm_eval')
   os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
   evaluate_test.make_word_run(root / 'run', seq_len=32)
-  rows = [{'context': 'w1 w2', 'choices': [' w3', ' w4 w5'], 'label': 0, 'answer': 'w3'},
-          {'context': 'w6 w7 w8', 'choices': [' w9', ' w10', ' w11'], 'label': 2,
-           'answer': 'w1'}]
+  rows = [
+    {'context': 'w1 w2', 'choices': [' w3', ' w4 w5'], 'label': 0, 'answer': 'w3'},
+    {'context': 'w6 w7 w8', 'choices': [' w9', ' w10', ' w11'], 'label': 2, 'answer': 'w1'},
+  ]
   data = root / 'rows.jsonl'
   data.write_text(''.join(json.dumps(r) + '\n' for r in rows))
   tasks = root / 'tasks'
@@ -59,12 +60,18 @@ def setup(tmp_path_factory):
 def test_simple_evaluate_runs_both_request_types(setup):
   root, tasks = setup
   from lm_eval.tasks import TaskManager  # pylint: disable=import-outside-toplevel
-  model_args = (f'checkpoint_path={root / "run"},mc_num=2,mc_batch=2,gen_length=4,steps=4,'
-                'block_length=4')
+
+  model_args = (
+    f'checkpoint_path={root / "run"},mc_num=2,mc_batch=2,gen_length=4,steps=4,block_length=4'
+  )
   results = lm_eval.simple_evaluate(
-      model='dlmjax', model_args=model_args, tasks=['dlmjax_tiny_mc', 'dlmjax_tiny_gen'],
-      task_manager=TaskManager(include_path=str(tasks), include_defaults=False), batch_size=2,
-      log_samples=True)
+    model='dlmjax',
+    model_args=model_args,
+    tasks=['dlmjax_tiny_mc', 'dlmjax_tiny_gen'],
+    task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
+    batch_size=2,
+    log_samples=True,
+  )
   mc, gen = results['results']['dlmjax_tiny_mc'], results['results']['dlmjax_tiny_gen']
   assert 0.0 <= mc['acc,none'] <= 1.0 and 0.0 <= gen['exact_match,none'] <= 1.0
   # acc is the argmax of the adapter's log-likelihoods, which are finite and negative.
@@ -79,4 +86,5 @@ def test_simple_evaluate_runs_both_request_types(setup):
 
 def test_registered_under_dlmjax():
   from lm_eval.api.registry import get_model  # pylint: disable=import-outside-toplevel
+
   assert get_model('dlmjax') is lm_eval_adapter.DlmjaxLM

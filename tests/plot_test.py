@@ -21,16 +21,29 @@ def _write_rows(run_dir, rows):
 
 def test_draws_loss_throughput_and_reward(tmp_path, capsys):
   rng = np.random.default_rng(0)
-  rows = [dict(step=s, loss=float(rng.uniform(2, 8)), masked_ce=1.0, tokens_per_s=1e4,
-               mfu=0.3, reward_mean=float(rng.uniform()), reward_std=0.1) for s in range(1, 21)]
+  rows = [
+    dict(
+      step=s,
+      loss=float(rng.uniform(2, 8)),
+      masked_ce=1.0,
+      tokens_per_s=1e4,
+      mfu=0.3,
+      reward_mean=float(rng.uniform()),
+      reward_std=0.1,
+    )
+    for s in range(1, 21)
+  ]
   rows.append(dict(step=10, val_loss=4.0))
   _write_rows(tmp_path, rows)
   with open(tmp_path / 'metrics.jsonl', 'a') as f:
     f.write('{"step": 21, "lo')  # a run killed mid-write
   assert plot.main([str(tmp_path)]) == 0
   written = capsys.readouterr().out.split()
-  assert sorted(p.rsplit('/', 1)[1] for p in written) == ['loss.png', 'reward.png',
-                                                          'throughput.png']
+  assert sorted(p.rsplit('/', 1)[1] for p in written) == [
+    'loss.png',
+    'reward.png',
+    'throughput.png',
+  ]
   for path in written:
     with open(path, 'rb') as f:
       assert f.read(8) == PNG_MAGIC

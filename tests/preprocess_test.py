@@ -11,12 +11,38 @@ def test_train_tokenizer_then_preprocess(tmp_path, capsys):
   data = tmp_path / 'data.jsonl'
   texts = ['for i in range(3):\n    print(i)\n', 'x = [1, 2, 3]\n'] * 30
   data.write_text(''.join(json.dumps({'text': t}) + '\n' for t in texts) + '{"text": 5}\n')
-  assert preprocess.main(['train-tokenizer', '--input', str(data), '--model-prefix',
-                          str(tmp_path / 'tok' / 'spm'), '--vocab-size', '300']) == 0
+  assert (
+    preprocess.main(
+      [
+        'train-tokenizer',
+        '--input',
+        str(data),
+        '--model-prefix',
+        str(tmp_path / 'tok' / 'spm'),
+        '--vocab-size',
+        '300',
+      ]
+    )
+    == 0
+  )
   model = str(tmp_path / 'tok' / 'spm.model')
   assert 'mask_id=3' in capsys.readouterr().out
-  assert preprocess.main(['--input', str(data), '--output-prefix', str(tmp_path / 'out'),
-                          '--tokenizer', model, '--append-eod', '--log-interval', '0']) == 0
+  assert (
+    preprocess.main(
+      [
+        '--input',
+        str(data),
+        '--output-prefix',
+        str(tmp_path / 'out'),
+        '--tokenizer',
+        model,
+        '--append-eod',
+        '--log-interval',
+        '0',
+      ]
+    )
+    == 0
+  )
   err = capsys.readouterr().err
   assert 'docs/s' in err and 'tokens/s' in err and 'line 61: ' in err
   ds = indexed.IndexedDataset(str(tmp_path / 'out_text_document'))

@@ -9,11 +9,15 @@ from tests import conftest
 
 def test_user_xla_flags_are_kept_and_the_device_count_is_the_suites():
   flags = conftest.with_test_xla_flags(
-      '--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=2 '
-      '--xla_backend_optimization_level=2')
-  assert flags.split() == ['--xla_dump_to=/tmp/d', '--xla_backend_optimization_level=2',
-                           '--xla_llvm_disable_expensive_passes=true',
-                           '--xla_force_host_platform_device_count=8']
+    '--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=2 '
+    '--xla_backend_optimization_level=2'
+  )
+  assert flags.split() == [
+    '--xla_dump_to=/tmp/d',
+    '--xla_backend_optimization_level=2',
+    '--xla_llvm_disable_expensive_passes=true',
+    '--xla_force_host_platform_device_count=8',
+  ]
   assert conftest.with_test_xla_flags(flags) == flags  # applying twice adds nothing
   assert jax.device_count() == 8
 

@@ -29,8 +29,9 @@ def _by_name(checks):
   return {c.name: c for c in checks}
 
 
-@pytest.mark.parametrize('dtype, backend', [('fp32', 'reference'), ('bf16', 'reference'),
-                                            ('fp32', 'transformers')])
+@pytest.mark.parametrize(
+  'dtype, backend', [('fp32', 'reference'), ('bf16', 'reference'), ('fp32', 'transformers')]
+)
 def test_good_checkpoint_passes(run, dtype, backend, capsys):
   if backend == 'transformers':
     pytest.importorskip('transformers')
@@ -53,8 +54,9 @@ def test_exported_directory_is_checked_tensor_by_tensor(run, tmp_path):
   name = 'model.layers.1.mlp.up_proj.weight'
   dict(tensors)[name][0, 0] += 1
   os.remove(os.path.join(hf_dir, 'model.safetensors'))
-  safetensors_io.write_model(hf_dir, [(k, a.shape, a.dtype) for k, a in tensors], iter(tensors),
-                             max_shard_bytes=10**9)
+  safetensors_io.write_model(
+    hf_dir, [(k, a.shape, a.dtype) for k, a in tensors], iter(tensors), max_shard_bytes=10**9
+  )
   checks = _by_name(verify.verify(run_dir, hf_dir=hf_dir, dtype='fp32', backend='reference'))
   assert not checks['exported weights'].ok
   assert checks['exported weights'].detail.startswith(f'{name}: differs')
@@ -80,6 +82,7 @@ def test_train_checkpoint_optimizer_state(tmp_path):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.train import optimizer as optimizer_lib  # pylint: disable=import-outside-toplevel
+
   config = tiny_run.tiny_config(output_dir=str(tmp_path))
   params = tiny_run.random_params(config)
   axes = model_lib.abstract(model_lib.ModelConfig.from_config(config))[2]
@@ -102,8 +105,10 @@ def test_wrong_shapes_and_missing_items_fail(run, tmp_path):
   (copy / 'config.json').write_text(json.dumps(saved))
   checks = _by_name(verify.verify(str(copy)))
   assert not checks['params present'].ok
-  assert ('blocks/mlp/down_proj: saved (2, 128, 64) float32, config implies (2, 96, 64) float32'
-          in checks['params present'].detail)
+  assert (
+    'blocks/mlp/down_proj: saved (2, 128, 64) float32, config implies (2, 96, 64) float32'
+    in checks['params present'].detail
+  )
   shutil.rmtree(copy / 'checkpoints' / '0' / 'params' / 'd')  # the arrays of a half-written save
   checks = _by_name(verify.verify(str(copy)))
   assert 'half-written or corrupt' in checks['params present'].detail
@@ -112,8 +117,7 @@ def test_wrong_shapes_and_missing_items_fail(run, tmp_path):
 
 
 @pytest.mark.slow  # ~60 s on 2 cores, half of it compiling the train step.
-def test_trained_run_exports_imports_and_verifies_in_all_three_forms(tmp_path, capsys,
-                                                                    monkeypatch):
+def test_trained_run_exports_imports_and_verifies_in_all_three_forms(tmp_path, capsys, monkeypatch):
   """The checkpoint round trip end to end: a run trained by dlmjax.train verifies, exports to a
   directory that transformers loads with the same logits, imports back exactly, and each form
   verifies."""
@@ -123,10 +127,18 @@ def test_trained_run_exports_imports_and_verifies_in_all_three_forms(tmp_path, c
   import dlmjax  # pylint: disable=import-outside-toplevel
   from dlmjax.train import loop  # pylint: disable=import-outside-toplevel
   from tests.conftest import tiny_test_config  # pylint: disable=import-outside-toplevel
+
   run_dir, hf_dir, back_dir = (str(tmp_path / n) for n in ('run', 'hf', 'back'))
-  config = tiny_test_config(**{'train.steps': 2, 'train.warmup_steps': 0,
-                               'train.wsd_decay_steps': 1, 'model.num_layers': 1,
-                               'log.every': 1, 'output_dir': run_dir})
+  config = tiny_test_config(
+    **{
+      'train.steps': 2,
+      'train.warmup_steps': 0,
+      'train.wsd_decay_steps': 1,
+      'model.num_layers': 1,
+      'log.every': 1,
+      'output_dir': run_dir,
+    }
+  )
   if os.environ.get('DLMJAX_CACHE_DIR'):
     config.data.cache_dir = os.environ['DLMJAX_CACHE_DIR']
   loop.train(config)
@@ -138,13 +150,29 @@ def test_trained_run_exports_imports_and_verifies_in_all_three_forms(tmp_path, c
   assert exit_info.value.code == 0, capsys.readouterr().out
   assert '[PASS] optimizer state' in capsys.readouterr().out
 
-  assert convert.main(['to-hf', '--checkpoint-path', run_dir, '--output-dir', hf_dir,
-                       '--dtype', 'fp32', '--max-shard-size', '100KB']) == 0
+  assert (
+    convert.main(
+      [
+        'to-hf',
+        '--checkpoint-path',
+        run_dir,
+        '--output-dir',
+        hf_dir,
+        '--dtype',
+        'fp32',
+        '--max-shard-size',
+        '100KB',
+      ]
+    )
+    == 0
+  )
   # The built-in corpus's SentencePiece tokenizer travels with the weights.
   assert os.path.exists(os.path.join(hf_dir, 'tokenizer.model'))
   # --hf-dir: tensor-by-tensor against the run, and transformers' Qwen3 on that directory.
-  assert verify.main(['--checkpoint-path', run_dir, '--hf-dir', hf_dir,
-                      '--backend', 'transformers']) == 0, capsys.readouterr().out
+  assert (
+    verify.main(['--checkpoint-path', run_dir, '--hf-dir', hf_dir, '--backend', 'transformers'])
+    == 0
+  ), capsys.readouterr().out
   out = capsys.readouterr().out
   assert '[PASS] exported weights' in out and '[transformers on ' in out
 
@@ -153,5 +181,6 @@ def test_trained_run_exports_imports_and_verifies_in_all_three_forms(tmp_path, c
   trained = dlmjax.load_pretrained(run_dir)
   tiny_run.assert_same_params(trained.params, dlmjax.load_pretrained(back_dir).params)
   tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, (2, 16))
-  np.testing.assert_array_equal(dlmjax.load_pretrained(hf_dir).logits(tokens),
-                                trained.logits(tokens))
+  np.testing.assert_array_equal(
+    dlmjax.load_pretrained(hf_dir).logits(tokens), trained.logits(tokens)
+  )

@@ -4,6 +4,7 @@ Prints generated tokens/s (docs/benchmarks.md, Sampler):
     python benchmarks/peers/torch_sampler_peer.py --batch 64 --prompt 64 --gen 256 --steps 256 \
         --block 32 [--compile]
 """
+
 import argparse
 import json
 import time
@@ -21,10 +22,11 @@ def bidirectional_sdpa(module, q, k, v, attention_mask, scaling=None, dropout=0.
 def transfer_counts(mask_count, steps):
   base = mask_count // steps
   rem = mask_count % steps
-  counts = base[:, None] + torch.zeros(mask_count.size(0), steps, device=mask_count.device,
-                                       dtype=torch.int64)
+  counts = base[:, None] + torch.zeros(
+    mask_count.size(0), steps, device=mask_count.device, dtype=torch.int64
+  )
   for i in range(mask_count.size(0)):
-    counts[i, :rem[i]] += 1
+    counts[i, : rem[i]] += 1
   return counts
 
 
@@ -65,10 +67,20 @@ def main():
   ap.add_argument('--repeats', type=int, default=2)
   a = ap.parse_args()
   AttentionInterface.register('bidir_sdpa', bidirectional_sdpa)
-  cfg = Qwen3Config(vocab_size=50289, hidden_size=2048, intermediate_size=6144,
-                    num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=16,
-                    head_dim=128, max_position_embeddings=4096, rms_norm_eps=1e-6,
-                    rope_theta=10000.0, tie_word_embeddings=False, attention_bias=False)
+  cfg = Qwen3Config(
+    vocab_size=50289,
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    head_dim=128,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    attention_bias=False,
+  )
   cfg._attn_implementation = 'bidir_sdpa'
   torch.manual_seed(0)
   model = Qwen3ForCausalLM(cfg).cuda().to(torch.bfloat16).eval()
@@ -84,12 +96,22 @@ def main():
     generate(model, prompt, a.gen, a.steps, a.block, mask_id)
     torch.cuda.synchronize()
     best = min(best, time.perf_counter() - t0)
-  print(json.dumps({'peer': 'torch-llada-loop' + ('-compile' if a.compile else '-eager'),
-                    'batch': a.batch, 'prompt': a.prompt, 'gen': a.gen, 'steps': a.steps,
-                    'block': a.block, 'seconds': round(best, 3),
-                    'tokens_per_s': round(a.batch * a.gen / best, 1),
-                    'peak_mem_gib': round(torch.cuda.max_memory_allocated() / 2**30, 1)}),
-        flush=True)
+  print(
+    json.dumps(
+      {
+        'peer': 'torch-llada-loop' + ('-compile' if a.compile else '-eager'),
+        'batch': a.batch,
+        'prompt': a.prompt,
+        'gen': a.gen,
+        'steps': a.steps,
+        'block': a.block,
+        'seconds': round(best, 3),
+        'tokens_per_s': round(a.batch * a.gen / best, 1),
+        'peak_mem_gib': round(torch.cuda.max_memory_allocated() / 2**30, 1),
+      }
+    ),
+    flush=True,
+  )
 
 
 if __name__ == '__main__':

@@ -43,7 +43,7 @@ def _host_slabs(array):
   rows = max(1, SLAB_BYTES // (nbytes // array.shape[0]))
   for start in range(0, array.shape[0], rows):
     # Every process slices alike (a collective).
-    yield distributed.to_host(array[start:start + rows])
+    yield distributed.to_host(array[start : start + rows])
 
 
 def compute(params) -> dict[str, str]:
@@ -55,8 +55,12 @@ def compute(params) -> dict[str, str]:
 def compare(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
   """Human-readable differences (empty when all match)."""
   problems = [f'{k}: no checksum saved' for k in sorted(set(actual) - set(expected))]
-  problems += [f'{k}: checksum saved but no such parameter' for k in sorted(set(expected) -
-                                                                             set(actual))]
-  problems += [f'{k}: sha256 differs (saved {expected[k][:12]}..., now {actual[k][:12]}...)'
-               for k in sorted(set(expected) & set(actual)) if expected[k] != actual[k]]
+  problems += [
+    f'{k}: checksum saved but no such parameter' for k in sorted(set(expected) - set(actual))
+  ]
+  problems += [
+    f'{k}: sha256 differs (saved {expected[k][:12]}..., now {actual[k][:12]}...)'
+    for k in sorted(set(expected) & set(actual))
+    if expected[k] != actual[k]
+  ]
   return problems

@@ -40,8 +40,10 @@ def detect_architecture(hf: dict) -> str:
   for arch in ('qwen3', 'qwen2', 'llama'):
     if model_type == arch or any(n.startswith(arch) for n in names):
       return arch
-  raise HFConfigError(f'unknown architecture (model_type={model_type!r}, architectures='
-                      f'{hf.get("architectures")}); dlmjax reads {", ".join(ARCHITECTURES)}.')
+  raise HFConfigError(
+    f'unknown architecture (model_type={model_type!r}, architectures='
+    f'{hf.get("architectures")}); dlmjax reads {", ".join(ARCHITECTURES)}.'
+  )
 
 
 def _rope_theta(hf: dict) -> float:
@@ -59,20 +61,27 @@ def _dims(hf: dict, arch: str) -> dict:
   if arch == 'llada':
     return _llada_dims(hf)
   if hf.get('hidden_act', 'silu') != 'silu':
-    raise HFConfigError(f'hidden_act={hf["hidden_act"]!r}: dlmjax\'s MLP is SwiGLU (silu).')
+    raise HFConfigError(f"hidden_act={hf['hidden_act']!r}: dlmjax's MLP is SwiGLU (silu).")
   layer_types = hf.get('layer_types') or []
   if hf.get('use_sliding_window') or any(t != 'full_attention' for t in layer_types):
-    raise HFConfigError('sliding-window layers are not supported; dlmjax attends to the full '
-                        'sequence.')
+    raise HFConfigError(
+      'sliding-window layers are not supported; dlmjax attends to the full sequence.'
+    )
   if hf.get('mlp_bias'):
-    raise HFConfigError('mlp_bias=true: dlmjax\'s MLP has no biases.')
+    raise HFConfigError("mlp_bias=true: dlmjax's MLP has no biases.")
   heads = hf['num_attention_heads']
-  dims = dict(num_layers=hf['num_hidden_layers'], d_model=hf['hidden_size'], num_heads=heads,
-              num_kv_heads=hf.get('num_key_value_heads') or heads,
-              head_dim=hf.get('head_dim') or hf['hidden_size'] // heads,
-              ffn_dim=hf['intermediate_size'], vocab_size=hf['vocab_size'],
-              rope_theta=_rope_theta(hf), norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
-              tie_embeddings=bool(hf.get('tie_word_embeddings', False)))
+  dims = dict(
+    num_layers=hf['num_hidden_layers'],
+    d_model=hf['hidden_size'],
+    num_heads=heads,
+    num_kv_heads=hf.get('num_key_value_heads') or heads,
+    head_dim=hf.get('head_dim') or hf['hidden_size'] // heads,
+    ffn_dim=hf['intermediate_size'],
+    vocab_size=hf['vocab_size'],
+    rope_theta=_rope_theta(hf),
+    norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
+    tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
+  )
   if 'max_position_embeddings' in hf:
     dims['seq_len'] = hf['max_position_embeddings']
   return dims
@@ -80,26 +89,42 @@ def _dims(hf: dict, arch: str) -> dict:
 
 def _llada_dims(hf: dict) -> dict:
   """LLaDA's OLMo-style config (d_model, n_heads, ...); only its `llama` block type maps to ours."""
-  for key, wanted in (('block_type', 'llama'), ('layer_norm_type', 'rms'), ('rope', True),
-                      ('alibi', False), ('input_emb_norm', False), ('scale_logits', False),
-                      ('include_bias', False)):
+  for key, wanted in (
+    ('block_type', 'llama'),
+    ('layer_norm_type', 'rms'),
+    ('rope', True),
+    ('alibi', False),
+    ('input_emb_norm', False),
+    ('scale_logits', False),
+    ('include_bias', False),
+  ):
     if key in hf and hf[key] != wanted:
-      raise HFConfigError(f'LLaDA config {key}={hf[key]!r}: only {key}={wanted!r} maps onto '
-                          'dlmjax\'s transformer.')
+      raise HFConfigError(
+        f"LLaDA config {key}={hf[key]!r}: only {key}={wanted!r} maps onto dlmjax's transformer."
+      )
   if hf.get('activation_type', 'silu') not in ('silu', 'swiglu'):
     raise HFConfigError(f'LLaDA activation_type={hf["activation_type"]!r}: dlmjax uses SwiGLU.')
   if hf.get('attention_layer_norm'):
-    raise HFConfigError('LLaDA attention_layer_norm=true normalises q and k over all heads at '
-                        'once (OLMo style); dlmjax normalises each head, so cannot represent it.')
+    raise HFConfigError(
+      'LLaDA attention_layer_norm=true normalises q and k over all heads at '
+      'once (OLMo style); dlmjax normalises each head, so cannot represent it.'
+    )
   heads = hf['n_heads']
   kv = 1 if hf.get('multi_query_attention') else (hf.get('n_kv_heads') or heads)
   ffn = hf.get('mlp_hidden_size') or hf['mlp_ratio'] * hf['d_model']
-  return dict(num_layers=hf['n_layers'], d_model=hf['d_model'], num_heads=heads, num_kv_heads=kv,
-              head_dim=hf['d_model'] // heads, ffn_dim=ffn, vocab_size=hf['vocab_size'],
-              rope_theta=float(hf.get('rope_theta', 10000.0)),
-              norm_eps=float(hf.get('rms_norm_eps', 1e-5)),
-              tie_embeddings=bool(hf.get('weight_tying', False)),
-              seq_len=hf.get('max_sequence_length', 4096))
+  return dict(
+    num_layers=hf['n_layers'],
+    d_model=hf['d_model'],
+    num_heads=heads,
+    num_kv_heads=kv,
+    head_dim=hf['d_model'] // heads,
+    ffn_dim=ffn,
+    vocab_size=hf['vocab_size'],
+    rope_theta=float(hf.get('rope_theta', 10000.0)),
+    norm_eps=float(hf.get('rms_norm_eps', 1e-5)),
+    tie_embeddings=bool(hf.get('weight_tying', False)),
+    seq_len=hf.get('max_sequence_length', 4096),
+  )
 
 
 def embedding_rows(hf: dict, arch: str) -> int:
@@ -143,14 +168,22 @@ def check_matches(hf: dict, config) -> None:
   dims = _dims(hf, arch)
   dims.pop('seq_len', None)  # a training choice, not a property of the weights.
   dims.pop('vocab_size')  # checked against the embedding rows below.
-  differing = [f'model.{k}: checkpoint {v!r}, config {config.model[k]!r}'
-               for k, v in dims.items() if config.model[k] != v]
+  differing = [
+    f'model.{k}: checkpoint {v!r}, config {config.model[k]!r}'
+    for k, v in dims.items()
+    if config.model[k] != v
+  ]
   if config.model.vocab_size > embedding_rows(hf, arch):
-    differing.append(f'model.vocab_size: the checkpoint embeds {embedding_rows(hf, arch)} rows, '
-                     f'fewer than the config\'s {config.model.vocab_size} tokens')
+    differing.append(
+      f'model.vocab_size: the checkpoint embeds {embedding_rows(hf, arch)} rows, '
+      f"fewer than the config's {config.model.vocab_size} tokens"
+    )
   if differing:
-    raise HFConfigError('the config does not describe this checkpoint (' + '; '.join(differing) +
-                        '). Fix the config, or convert without --config to take the checkpoint\'s.')
+    raise HFConfigError(
+      'the config does not describe this checkpoint ('
+      + '; '.join(differing)
+      + "). Fix the config, or convert without --config to take the checkpoint's."
+    )
 
 
 def to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
@@ -162,16 +195,36 @@ def to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
   m = config.model
   torch_dtype = {'bf16': 'bfloat16', 'fp32': 'float32'}[dtype]
   hf = dict(
-      architectures=['Qwen3ForCausalLM'], model_type='qwen3', vocab_size=vocab_rows,
-      hidden_size=m.d_model, intermediate_size=m.ffn_dim, num_hidden_layers=m.num_layers,
-      num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim,
-      hidden_act='silu', max_position_embeddings=m.seq_len, initializer_range=m.init_std,
-      rms_norm_eps=m.norm_eps, rope_theta=m.rope_theta,
-      rope_parameters=dict(rope_type='default', rope_theta=m.rope_theta),
-      attention_bias=False, attention_dropout=0.0, use_sliding_window=False, sliding_window=None,
-      max_window_layers=m.num_layers, tie_word_embeddings=m.tie_embeddings, use_cache=False,
-      torch_dtype=torch_dtype, dtype=torch_dtype, bos_token_id=None, eos_token_id=m.eos_token_id,
-      pad_token_id=m.pad_token_id, mask_token_id=m.mask_token_id, attn_mask_type=m.attention_mask)
+    architectures=['Qwen3ForCausalLM'],
+    model_type='qwen3',
+    vocab_size=vocab_rows,
+    hidden_size=m.d_model,
+    intermediate_size=m.ffn_dim,
+    num_hidden_layers=m.num_layers,
+    num_attention_heads=m.num_heads,
+    num_key_value_heads=m.num_kv_heads,
+    head_dim=m.head_dim,
+    hidden_act='silu',
+    max_position_embeddings=m.seq_len,
+    initializer_range=m.init_std,
+    rms_norm_eps=m.norm_eps,
+    rope_theta=m.rope_theta,
+    rope_parameters=dict(rope_type='default', rope_theta=m.rope_theta),
+    attention_bias=False,
+    attention_dropout=0.0,
+    use_sliding_window=False,
+    sliding_window=None,
+    max_window_layers=m.num_layers,
+    tie_word_embeddings=m.tie_embeddings,
+    use_cache=False,
+    torch_dtype=torch_dtype,
+    dtype=torch_dtype,
+    bos_token_id=None,
+    eos_token_id=m.eos_token_id,
+    pad_token_id=m.pad_token_id,
+    mask_token_id=m.mask_token_id,
+    attn_mask_type=m.attention_mask,
+  )
   if m.attention_mask == 'block_causal':
     hf['block_size'] = m.block_size
   return hf

@@ -35,9 +35,16 @@ from dlmjax.parallel import distributed
 DTYPES = {'fp32': np.dtype(np.float32), 'bf16': np.dtype(ml_dtypes.bfloat16)}
 TORCH_FORMAT = 'dlmjax-torch-v1'
 # Files of a Hugging Face tokenizer; whichever exist are copied with an export.
-TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json',
-                   'tokenizer.model', 'vocab.json', 'merges.txt', 'added_tokens.json',
-                   'generation_config.json')
+TOKENIZER_FILES = (
+  'tokenizer.json',
+  'tokenizer_config.json',
+  'special_tokens_map.json',
+  'tokenizer.model',
+  'vocab.json',
+  'merges.txt',
+  'added_tokens.json',
+  'generation_config.json',
+)
 
 
 class ConvertError(RuntimeError):
@@ -50,9 +57,14 @@ def _vocab_rows(config, trim_vocab: bool) -> int:
 
 def is_hf_dir(path: str) -> bool:
   """A Hugging Face model directory: safetensors weights and no dlmjax checkpoints/."""
-  return (os.path.isdir(path) and not os.path.isdir(os.path.join(path, manager.CHECKPOINT_DIR))
-          and any(os.path.exists(os.path.join(path, n))
-                  for n in (safetensors_io.SINGLE_FILE, safetensors_io.INDEX_FILE)))
+  return (
+    os.path.isdir(path)
+    and not os.path.isdir(os.path.join(path, manager.CHECKPOINT_DIR))
+    and any(
+      os.path.exists(os.path.join(path, n))
+      for n in (safetensors_io.SINGLE_FILE, safetensors_io.INDEX_FILE)
+    )
+  )
 
 
 def check_tokenizer_vocab(tokenizer: str | None, vocab_size: int, what: str) -> None:
@@ -72,38 +84,51 @@ def check_tokenizer_vocab(tokenizer: str | None, vocab_size: int, what: str) -> 
     raise ConvertError(f'cannot read the tokenizer {tokenizer} ({e}); fix or remove it.') from e
   if size > vocab_size:
     raise ConvertError(
-        f'vocab mismatch: the tokenizer {tokenizer} has {size} tokens but {what} is {vocab_size}, '
-        f'so ids {vocab_size}..{size - 1} have no embedding row. Use the tokenizer the model was '
-        f'trained with (data.tokenizer, or the tokenizer files beside the weights), or give the '
-        f'model {size} rows (model.vocab_size) and train it.')
+      f'vocab mismatch: the tokenizer {tokenizer} has {size} tokens but {what} is {vocab_size}, '
+      f'so ids {vocab_size}..{size - 1} have no embedding row. Use the tokenizer the model was '
+      f'trained with (data.tokenizer, or the tokenizer files beside the weights), or give the '
+      f'model {size} rows (model.vocab_size) and train it.'
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # Export
 
 
-def write_hf(output_dir: str, config, params: dict, *, dtype: str = 'bf16',
-             max_shard_size: str | int = '5GB', trim_vocab: bool = False,
-             copy_tokenizer: bool = True) -> str:
+def write_hf(
+  output_dir: str,
+  config,
+  params: dict,
+  *,
+  dtype: str = 'bf16',
+  max_shard_size: str | int = '5GB',
+  trim_vocab: bool = False,
+  copy_tokenizer: bool = True,
+) -> str:
   """Writes params (ours, any placement) as a Hugging Face Qwen3 directory; returns it."""
   if dtype not in DTYPES:
     raise ConvertError(f'--dtype={dtype!r} is not one of {sorted(DTYPES)}.')
   tokenizer = run_tokenizer.find(config) if copy_tokenizer else None
-  check_tokenizer_vocab(tokenizer, config.model.vocab_size, 'the run\'s model.vocab_size')
+  check_tokenizer_vocab(tokenizer, config.model.vocab_size, "the run's model.vocab_size")
   cfg = model_lib.ModelConfig.from_config(config)
   rows = _vocab_rows(config, trim_vocab)
   np_dtype = DTYPES[dtype]
   entries = [(n, s, np_dtype) for n, s in hf_mapping.export_entries(cfg, vocab_rows=rows)]
-  tensors = _cast_each(hf_mapping.export_tensors(params, cfg, vocab_rows=rows,
-                                                 to_host=distributed.to_host), np_dtype)
+  tensors = _cast_each(
+    hf_mapping.export_tensors(params, cfg, vocab_rows=rows, to_host=distributed.to_host), np_dtype
+  )
   if jax.process_index() != 0:
     for _ in tensors:  # take part in any cross-process gathers; write nothing.
       pass
     return output_dir
   tensors = progress.track(tensors, 'export', total=len(entries))
-  safetensors_io.write_model(output_dir, entries, tensors,
-                             max_shard_bytes=safetensors_io.parse_size(max_shard_size),
-                             metadata={'format': 'pt'})
+  safetensors_io.write_model(
+    output_dir,
+    entries,
+    tensors,
+    max_shard_bytes=safetensors_io.parse_size(max_shard_size),
+    metadata={'format': 'pt'},
+  )
   with open(os.path.join(output_dir, 'config.json'), 'w') as f:
     json.dump(hf_config.to_hf(config, vocab_rows=rows, dtype=dtype), f, indent=2)
   with open(os.path.join(output_dir, hf_config.DLMJAX_CONFIG_FILE), 'w') as f:
@@ -125,8 +150,10 @@ def _cast_each(tensors, dtype):
 def _copy_tokenizer(tokenizer: str, output_dir: str) -> None:
   """Copies the run's tokenizer: a Hugging Face tokenizer directory, or a SentencePiece model."""
   if tokenizer is None:
-    print('note: no tokenizer copied (data.tokenizer is not a local path, and the run does not '
-          'use a built-in corpus built here).')
+    print(
+      'note: no tokenizer copied (data.tokenizer is not a local path, and the run does not '
+      'use a built-in corpus built here).'
+    )
     return
   if os.path.isdir(tokenizer):
     for name in TOKENIZER_FILES:
@@ -151,25 +178,32 @@ def hf_from_checkpoint(checkpoint_path: str, output_dir: str, **kwargs) -> str:
   return write_hf(output_dir, config, params, **kwargs)
 
 
-def torch_from_checkpoint(checkpoint_path: str, output_file: str, *, dtype: str = 'fp32',
-                          trim_vocab: bool = False) -> str:
+def torch_from_checkpoint(
+  checkpoint_path: str, output_file: str, *, dtype: str = 'fp32', trim_vocab: bool = False
+) -> str:
   """Writes {'state_dict', 'hf_config', 'dlmjax_config', 'format'} with torch.save.
 
   torch.save needs the whole dict in host memory, so the model is on the host once as torch
   tensors (beside the params, which stay on their device).
   """
   import torch  # pylint: disable=import-outside-toplevel
+
   config, params, _ = _restore(checkpoint_path)
   cfg = model_lib.ModelConfig.from_config(config)
   rows = _vocab_rows(config, trim_vocab)
   torch_dtype = {'fp32': torch.float32, 'bf16': torch.bfloat16}[dtype]
   tensors = hf_mapping.export_tensors(params, cfg, vocab_rows=rows, to_host=distributed.to_host)
-  state_dict = {name: torch.from_numpy(np.require(array, requirements='W')).to(torch_dtype)
-                for name, array in tensors}
+  state_dict = {
+    name: torch.from_numpy(np.require(array, requirements='W')).to(torch_dtype)
+    for name, array in tensors
+  }
   if jax.process_index() == 0:
-    payload = dict(format=TORCH_FORMAT, state_dict=state_dict,
-                   hf_config=hf_config.to_hf(config, vocab_rows=rows, dtype=dtype),
-                   dlmjax_config=config.to_json(sort_keys=True))
+    payload = dict(
+      format=TORCH_FORMAT,
+      state_dict=state_dict,
+      hf_config=hf_config.to_hf(config, vocab_rows=rows, dtype=dtype),
+      dlmjax_config=config.to_json(sort_keys=True),
+    )
     os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
     torch.save(payload, output_file + '.partial')
     os.replace(output_file + '.partial', output_file)
@@ -196,10 +230,14 @@ def params_from_source(source, hf: dict, config, *, missing_qk_norm: str = 'erro
   """Our params, each array moved to the default device as soon as it is built."""
   arch = hf_config.detect_architecture(hf)
   device = jax.local_devices()[0]
-  return hf_mapping.import_params(source, arch, model_lib.ModelConfig.from_config(config),
-                                  vocab_size=config.model.vocab_size,
-                                  missing_qk_norm=missing_qk_norm,
-                                  place=lambda array: jax.device_put(array, device))
+  return hf_mapping.import_params(
+    source,
+    arch,
+    model_lib.ModelConfig.from_config(config),
+    vocab_size=config.model.vocab_size,
+    missing_qk_norm=missing_qk_norm,
+    place=lambda array: jax.device_put(array, device),
+  )
 
 
 def hf_dir_config(hf_dir: str, config=None):
@@ -224,11 +262,15 @@ def load_hf(hf_dir: str, *, config=None, missing_qk_norm: str = 'error'):
   config_lib.validate(config)
   arch = hf_config.detect_architecture(hf)
   shipped = _shipped_tokenizer(hf_dir)
-  check_tokenizer_vocab(shipped, hf_config.embedding_rows(hf, arch),
-                        f'the embedding\'s rows (vocab_size in {hf_dir}/config.json)')
+  check_tokenizer_vocab(
+    shipped,
+    hf_config.embedding_rows(hf, arch),
+    f"the embedding's rows (vocab_size in {hf_dir}/config.json)",
+  )
   tokenizer = run_tokenizer.find(config)
-  if tokenizer is not None and (shipped is None or
-                                os.path.abspath(tokenizer) != os.path.abspath(shipped)):
+  if tokenizer is not None and (
+    shipped is None or os.path.abspath(tokenizer) != os.path.abspath(shipped)
+  ):
     check_tokenizer_vocab(tokenizer, config.model.vocab_size, 'model.vocab_size')
   source = safetensors_io.SafetensorsReader(hf_dir)
   return config, params_from_source(source, hf, config, missing_qk_norm=missing_qk_norm)
@@ -256,30 +298,42 @@ def _save(output_dir: str, config, params: dict) -> str:
   return manager.save_params_checkpoint(output_dir, config, params)
 
 
-def checkpoint_from_hf(hf_dir: str, output_dir: str, *, config=None,
-                       missing_qk_norm: str = 'error') -> str:
+def checkpoint_from_hf(
+  hf_dir: str, output_dir: str, *, config=None, missing_qk_norm: str = 'error'
+) -> str:
   """Imports a Hugging Face directory as a params-only run directory; returns the step dir."""
   config, params = load_hf(hf_dir, config=config, missing_qk_norm=missing_qk_norm)
   config.output_dir = os.path.abspath(output_dir)
   return _save(output_dir, config, params)
 
 
-def checkpoint_from_torch(input_file: str, output_dir: str, *, config=None,
-                          missing_qk_norm: str = 'error') -> str:
+def checkpoint_from_torch(
+  input_file: str, output_dir: str, *, config=None, missing_qk_norm: str = 'error'
+) -> str:
   """Imports a .pt written by to-torch (or a plain Qwen3-named state dict, with --config)."""
   import torch  # pylint: disable=import-outside-toplevel
+
   payload = torch.load(input_file, map_location='cpu', weights_only=True, mmap=True)
   if isinstance(payload, dict) and payload.get('format') == TORCH_FORMAT:
-    state_dict, hf, saved_json = (payload['state_dict'], payload['hf_config'],
-                                  payload['dlmjax_config'])
+    state_dict, hf, saved_json = (
+      payload['state_dict'],
+      payload['hf_config'],
+      payload['dlmjax_config'],
+    )
   elif isinstance(payload, dict) and all(isinstance(v, torch.Tensor) for v in payload.values()):
     if config is None:
       raise ConvertError(f'{input_file} is a bare state dict; pass --config to say which model.')
-    state_dict, hf, saved_json = payload, hf_config.to_hf(
-        config, vocab_rows=payload['model.embed_tokens.weight'].shape[0], dtype='fp32'), None
+    state_dict, hf, saved_json = (
+      payload,
+      hf_config.to_hf(
+        config, vocab_rows=payload['model.embed_tokens.weight'].shape[0], dtype='fp32'
+      ),
+      None,
+    )
   else:
-    raise ConvertError(f'{input_file} is neither a dlmjax .pt ({TORCH_FORMAT}) nor a state dict '
-                       'of tensors.')
+    raise ConvertError(
+      f'{input_file} is neither a dlmjax .pt ({TORCH_FORMAT}) nor a state dict of tensors.'
+    )
   config = _resolve_config(hf, config, saved_json)
   check_tokenizer_vocab(run_tokenizer.find(config), config.model.vocab_size, 'model.vocab_size')
   config.output_dir = os.path.abspath(output_dir)

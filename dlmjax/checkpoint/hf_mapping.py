@@ -30,6 +30,7 @@ class MappingError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Naming:
   """Tensor names of one Hugging Face architecture; `{i}` in `layer` is the layer index."""
+
   embed: str
   final_norm: str
   lm_head: str
@@ -42,30 +43,49 @@ class Naming:
     return self.layer.format(i=i) + self.layer_keys[slot]
 
 
-_LLAMA_KEYS = dict(input_norm='input_layernorm.weight',
-                   post_attn_norm='post_attention_layernorm.weight', q='self_attn.q_proj.weight',
-                   k='self_attn.k_proj.weight', v='self_attn.v_proj.weight',
-                   o='self_attn.o_proj.weight', gate='mlp.gate_proj.weight',
-                   up='mlp.up_proj.weight', down='mlp.down_proj.weight')
+_LLAMA_KEYS = dict(
+  input_norm='input_layernorm.weight',
+  post_attn_norm='post_attention_layernorm.weight',
+  q='self_attn.q_proj.weight',
+  k='self_attn.k_proj.weight',
+  v='self_attn.v_proj.weight',
+  o='self_attn.o_proj.weight',
+  gate='mlp.gate_proj.weight',
+  up='mlp.up_proj.weight',
+  down='mlp.down_proj.weight',
+)
 _QWEN3_KEYS = dict(_LLAMA_KEYS, q_norm='self_attn.q_norm.weight', k_norm='self_attn.k_norm.weight')
-_LLAMA_LIKE = dict(embed='model.embed_tokens.weight', final_norm='model.norm.weight',
-                   lm_head='lm_head.weight', layer='model.layers.{i}.')
+_LLAMA_LIKE = dict(
+  embed='model.embed_tokens.weight',
+  final_norm='model.norm.weight',
+  lm_head='lm_head.weight',
+  layer='model.layers.{i}.',
+)
 NAMINGS = {
-    'qwen3': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
-    'difflm': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
-    'qwen2': Naming(**_LLAMA_LIKE, layer_keys=_LLAMA_KEYS, bias_slots=('q', 'k', 'v')),
-    'llama': Naming(**_LLAMA_LIKE, layer_keys=_LLAMA_KEYS, bias_slots=('q', 'k', 'v', 'o')),
-    # LLaDA's OLMo-derived LLaDALlamaBlock (GSAI-ML/LLaDA-8B-*, modeling_llada.py):
-    # ff_proj is the SwiGLU gate, up_proj the up projection, ff_out the down projection.
-    'llada': Naming(embed='model.transformer.wte.weight',
-                    final_norm='model.transformer.ln_f.weight',
-                    lm_head='model.transformer.ff_out.weight',
-                    layer='model.transformer.blocks.{i}.',
-                    layer_keys=dict(input_norm='attn_norm.weight', post_attn_norm='ff_norm.weight',
-                                    q='q_proj.weight', k='k_proj.weight', v='v_proj.weight',
-                                    o='attn_out.weight', gate='ff_proj.weight',
-                                    up='up_proj.weight', down='ff_out.weight'),
-                    bias_slots=('q', 'k', 'v')),
+  'qwen3': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
+  'difflm': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
+  'qwen2': Naming(**_LLAMA_LIKE, layer_keys=_LLAMA_KEYS, bias_slots=('q', 'k', 'v')),
+  'llama': Naming(**_LLAMA_LIKE, layer_keys=_LLAMA_KEYS, bias_slots=('q', 'k', 'v', 'o')),
+  # LLaDA's OLMo-derived LLaDALlamaBlock (GSAI-ML/LLaDA-8B-*, modeling_llada.py):
+  # ff_proj is the SwiGLU gate, up_proj the up projection, ff_out the down projection.
+  'llada': Naming(
+    embed='model.transformer.wte.weight',
+    final_norm='model.transformer.ln_f.weight',
+    lm_head='model.transformer.ff_out.weight',
+    layer='model.transformer.blocks.{i}.',
+    layer_keys=dict(
+      input_norm='attn_norm.weight',
+      post_attn_norm='ff_norm.weight',
+      q='q_proj.weight',
+      k='k_proj.weight',
+      v='v_proj.weight',
+      o='attn_out.weight',
+      gate='ff_proj.weight',
+      up='up_proj.weight',
+      down='ff_out.weight',
+    ),
+    bias_slots=('q', 'k', 'v'),
+  ),
 }
 
 # Our per-layer slots: path in the param dict and layout kind.
@@ -74,17 +94,17 @@ NAMINGS = {
 #   heads_out: [N, H, D]  <-> [D, N*H]   (o:     nn.Linear(N*H, D))
 #   matrix:    [I, O]     <-> [O, I]     (MLP)
 _SLOTS = {
-    'input_norm': (('blocks', 'input_norm', 'scale'), 'vector'),
-    'q': (('blocks', 'attn', 'q_proj'), 'in_heads'),
-    'k': (('blocks', 'attn', 'k_proj'), 'in_heads'),
-    'v': (('blocks', 'attn', 'v_proj'), 'in_heads'),
-    'q_norm': (('blocks', 'attn', 'q_norm', 'scale'), 'vector'),
-    'k_norm': (('blocks', 'attn', 'k_norm', 'scale'), 'vector'),
-    'o': (('blocks', 'attn', 'o_proj'), 'heads_out'),
-    'post_attn_norm': (('blocks', 'post_attn_norm', 'scale'), 'vector'),
-    'gate': (('blocks', 'mlp', 'gate_proj'), 'matrix'),
-    'up': (('blocks', 'mlp', 'up_proj'), 'matrix'),
-    'down': (('blocks', 'mlp', 'down_proj'), 'matrix'),
+  'input_norm': (('blocks', 'input_norm', 'scale'), 'vector'),
+  'q': (('blocks', 'attn', 'q_proj'), 'in_heads'),
+  'k': (('blocks', 'attn', 'k_proj'), 'in_heads'),
+  'v': (('blocks', 'attn', 'v_proj'), 'in_heads'),
+  'q_norm': (('blocks', 'attn', 'q_norm', 'scale'), 'vector'),
+  'k_norm': (('blocks', 'attn', 'k_norm', 'scale'), 'vector'),
+  'o': (('blocks', 'attn', 'o_proj'), 'heads_out'),
+  'post_attn_norm': (('blocks', 'post_attn_norm', 'scale'), 'vector'),
+  'gate': (('blocks', 'mlp', 'gate_proj'), 'matrix'),
+  'up': (('blocks', 'mlp', 'up_proj'), 'matrix'),
+  'down': (('blocks', 'mlp', 'down_proj'), 'matrix'),
 }
 _EMBED, _FINAL_NORM, _LM_HEAD = ('embed_tokens',), ('final_norm', 'scale'), ('lm_head',)
 
@@ -116,8 +136,19 @@ def _from_hf(tensor, layout, shape):
 def _layer_shapes(cfg: ModelConfig) -> dict:
   """Per-layer shape of each slot (our layout, without the layer axis)."""
   d, n, k, h, f = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim
-  return dict(input_norm=(d,), q=(d, n, h), k=(d, k, h), v=(d, k, h), q_norm=(h,), k_norm=(h,),
-              o=(n, h, d), post_attn_norm=(d,), gate=(d, f), up=(d, f), down=(f, d))
+  return dict(
+    input_norm=(d,),
+    q=(d, n, h),
+    k=(d, k, h),
+    v=(d, k, h),
+    q_norm=(h,),
+    k_norm=(h,),
+    o=(n, h, d),
+    post_attn_norm=(d,),
+    gate=(d, f),
+    up=(d, f),
+    down=(f, d),
+  )
 
 
 def _get(tree, path):
@@ -149,8 +180,9 @@ def export_entries(cfg: ModelConfig, *, vocab_rows: int) -> list[tuple[str, tupl
   return entries
 
 
-def export_tensors(params: dict, cfg: ModelConfig, *, vocab_rows: int,
-                   to_host=np.asarray) -> Iterator[tuple[str, np.ndarray]]:
+def export_tensors(
+  params: dict, cfg: ModelConfig, *, vocab_rows: int, to_host=np.asarray
+) -> Iterator[tuple[str, np.ndarray]]:
   """Yields (Hugging Face name, float32 numpy array), one tensor at a time.
 
   `vocab_rows` <= the padded vocab: the padded size keeps every row (MegaDLMs exports the padded
@@ -165,12 +197,20 @@ def export_tensors(params: dict, cfg: ModelConfig, *, vocab_rows: int,
   yield naming.embed, np.asarray(to_host(_get(params, _EMBED)[:vocab_rows]), np.float32)
   for i in range(cfg.num_layers):
     for slot, (path, layout) in _SLOTS.items():
-      yield naming.layer_name(i, slot), np.ascontiguousarray(
-          _to_hf(np.asarray(to_host(_get(params, path)[i]), np.float32), layout))
+      yield (
+        naming.layer_name(i, slot),
+        np.ascontiguousarray(
+          _to_hf(np.asarray(to_host(_get(params, path)[i]), np.float32), layout)
+        ),
+      )
   yield naming.final_norm, np.asarray(to_host(_get(params, _FINAL_NORM)), np.float32)
   if not cfg.tie_embeddings:
-    yield naming.lm_head, np.ascontiguousarray(
-        np.asarray(to_host(_get(params, _LM_HEAD)[:, :vocab_rows]), np.float32).T)
+    yield (
+      naming.lm_head,
+      np.ascontiguousarray(
+        np.asarray(to_host(_get(params, _LM_HEAD)[:, :vocab_rows]), np.float32).T
+      ),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,8 +245,11 @@ def _expected(naming: Naming, cfg: ModelConfig, slots) -> list[str]:
 
 
 def _bias_names(naming: Naming, cfg: ModelConfig) -> list[str]:
-  return [naming.layer_name(i, s)[:-len('weight')] + 'bias'
-          for i in range(cfg.num_layers) for s in naming.bias_slots]
+  return [
+    naming.layer_name(i, s)[: -len('weight')] + 'bias'
+    for i in range(cfg.num_layers)
+    for s in naming.bias_slots
+  ]
 
 
 def _listing(names, limit=8) -> str:
@@ -214,8 +257,9 @@ def _listing(names, limit=8) -> str:
   return shown + (f' and {len(names) - limit} more' if len(names) > limit else '')
 
 
-def check_source(source, arch: str, cfg: ModelConfig, *, vocab_size: int,
-                 missing_qk_norm: str = 'error') -> None:
+def check_source(
+  source, arch: str, cfg: ModelConfig, *, vocab_size: int, missing_qk_norm: str = 'error'
+) -> None:
   """Raises MappingError for missing, unexpected or misshaped tensors, before reading any data."""
   if arch not in NAMINGS:
     raise MappingError(f'unknown architecture {arch!r}; known: {", ".join(NAMINGS)}.')
@@ -224,30 +268,37 @@ def check_source(source, arch: str, cfg: ModelConfig, *, vocab_size: int,
   naming = NAMINGS[arch]
   if 'q_norm' not in naming.layer_keys and missing_qk_norm == 'error':
     raise MappingError(
-        f'{arch} has no QK-norm, but dlmjax\'s attention always RMS-normalises q and k per head '
-        'before RoPE, so these weights would compute a different function. To use them anyway as '
-        'the start of further training, convert with --missing-qk-norm=ones (unit q/k norm '
-        'scales; expect a higher loss at first, and verify will show the gap).')
+      f"{arch} has no QK-norm, but dlmjax's attention always RMS-normalises q and k per head "
+      'before RoPE, so these weights would compute a different function. To use them anyway as '
+      'the start of further training, convert with --missing-qk-norm=ones (unit q/k norm '
+      'scales; expect a higher loss at first, and verify will show the gap).'
+    )
   slots = [s for s in _SLOTS if s in naming.layer_keys]
   expected = _expected(naming, cfg, slots)
   present = set(source.keys())
   missing = [n for n in expected if n not in present]
   if missing:
-    raise MappingError(f'{len(missing)} tensors missing from the {arch} checkpoint: '
-                       f'{_listing(missing)}. Is it complete, and is the architecture right?')
+    raise MappingError(
+      f'{len(missing)} tensors missing from the {arch} checkpoint: '
+      f'{_listing(missing)}. Is it complete, and is the architecture right?'
+    )
   allowed = set(expected) | set(_bias_names(naming, cfg))
   if cfg.tie_embeddings:
     allowed.add(naming.lm_head)  # some exporters write the tied head too; it is the embedding.
   unexpected = sorted(n for n in present - allowed if not re.fullmatch(naming.ignored, n))
   if unexpected:
-    raise MappingError(f'the checkpoint has tensors dlmjax\'s {arch} mapping does not know: '
-                       f'{_listing(unexpected)}; the model has parts ours lacks (or more layers '
-                       'than its config says).')
+    raise MappingError(
+      f"the checkpoint has tensors dlmjax's {arch} mapping does not know: "
+      f'{_listing(unexpected)}; the model has parts ours lacks (or more layers '
+      'than its config says).'
+    )
   shapes = _layer_shapes(cfg)
   rows = source.shape(naming.embed)[0]
   if rows < vocab_size:
-    raise MappingError(f'{naming.embed} has {rows} rows, fewer than the {vocab_size} tokens of '
-                       'the config\'s vocabulary.')
+    raise MappingError(
+      f'{naming.embed} has {rows} rows, fewer than the {vocab_size} tokens of '
+      "the config's vocabulary."
+    )
   want = {naming.embed: (rows, cfg.d_model), naming.final_norm: (cfg.d_model,)}
   if not cfg.tie_embeddings:
     want[naming.lm_head] = (rows, cfg.d_model)
@@ -256,8 +307,10 @@ def check_source(source, arch: str, cfg: ModelConfig, *, vocab_size: int,
       want[naming.layer_name(i, slot)] = _hf_shape(shapes[slot], _SLOTS[slot][1])
   for name, shape in want.items():
     if source.shape(name) != shape:
-      raise MappingError(f'{name} has shape {source.shape(name)}, expected {shape} from the '
-                         'model config (num_heads, head_dim, ffn_dim, ...).')
+      raise MappingError(
+        f'{name} has shape {source.shape(name)}, expected {shape} from the '
+        'model config (num_heads, head_dim, ffn_dim, ...).'
+      )
 
 
 def _vocab_rows(tensor_VD, padded: int) -> np.ndarray:
@@ -269,8 +322,15 @@ def _vocab_rows(tensor_VD, padded: int) -> np.ndarray:
   return out
 
 
-def import_params(source, arch: str, cfg: ModelConfig, *, vocab_size: int,
-                  missing_qk_norm: str = 'error', place=lambda array: array) -> dict:
+def import_params(
+  source,
+  arch: str,
+  cfg: ModelConfig,
+  *,
+  vocab_size: int,
+  missing_qk_norm: str = 'error',
+  place=lambda array: array,
+) -> dict:
   """Our float32 param dict from a tensor source (keys(), shape(name), get(name)).
 
   Each finished array goes through `place` (e.g. jax.device_put) before the next is built, so the
@@ -287,11 +347,16 @@ def import_params(source, arch: str, cfg: ModelConfig, *, vocab_size: int,
     if name in source:
       bias = np.asarray(source.get(name), np.float32)
       if np.any(bias != 0):
-        raise MappingError(f'{name} is non-zero (max |b| = {np.abs(bias).max():.3g}); dlmjax\'s '
-                           'attention has no biases, so this model cannot be imported exactly.')
+        raise MappingError(
+          f"{name} is non-zero (max |b| = {np.abs(bias).max():.3g}); dlmjax's "
+          'attention has no biases, so this model cannot be imported exactly.'
+        )
   params: dict = {}
-  _set(params, _EMBED, place(_vocab_rows(np.asarray(source.get(naming.embed), np.float32),
-                                         cfg.vocab_size)))
+  _set(
+    params,
+    _EMBED,
+    place(_vocab_rows(np.asarray(source.get(naming.embed), np.float32), cfg.vocab_size)),
+  )
   shapes = _layer_shapes(cfg)
   for slot, (path, layout) in _SLOTS.items():
     stacked = np.empty((cfg.num_layers, *shapes[slot]), np.float32)

@@ -26,9 +26,10 @@ def source_config(path: str):
   """The config the source was trained (or imported) with."""
   if not os.path.exists(path):
     raise config_lib.ConfigError(
-        f'init_from={path!r} does not exist: train the model first (e.g. python -m dlmjax.train '
-        '--config=configs/tiny.py writes runs/tiny) or set --config.init_from to a run, step or '
-        'Hugging Face directory.')
+      f'init_from={path!r} does not exist: train the model first (e.g. python -m dlmjax.train '
+      '--config=configs/tiny.py writes runs/tiny) or set --config.init_from to a run, step or '
+      'Hugging Face directory.'
+    )
   if hf_io.is_hf_dir(path):
     return hf_io.hf_dir_config(path)[1]
   run_dir, _, _ = checkpoint_lib.resolve_step_dir(path)

@@ -24,9 +24,19 @@ CHECKPOINT_DIR = 'checkpoints'
 _ITEMS = ('params', 'opt_state', 'meta')
 # Keys that must match between a checkpoint and the run resuming from it: they change the
 # parameters' shapes or the sample/mask streams. Run-time knobs (backend, remat, mesh) may change.
-_RESUME_KEYS = ('model.num_layers', 'model.d_model', 'model.num_heads', 'model.num_kv_heads',
-                'model.head_dim', 'model.ffn_dim', 'model.vocab_size', 'model.tie_embeddings',
-                'seed', 'train.global_batch_size', 'diffusion.objective')
+_RESUME_KEYS = (
+  'model.num_layers',
+  'model.d_model',
+  'model.num_heads',
+  'model.num_kv_heads',
+  'model.head_dim',
+  'model.ffn_dim',
+  'model.vocab_size',
+  'model.tie_embeddings',
+  'seed',
+  'train.global_batch_size',
+  'diffusion.objective',
+)
 _ARCHITECTURE_KEYS = _RESUME_KEYS[:8]
 # Test hook, "STEP:SECONDS": stall the commit of that step's save (its files written, the step not
 # yet committed), so a test can kill the process mid-save deterministically.
@@ -38,8 +48,9 @@ class CheckpointError(RuntimeError):
 
 
 def _abstract(shapes, shardings):
-  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                      shapes, shardings)
+  return jax.tree.map(
+    lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+  )
 
 
 class RunCheckpoints:
@@ -47,11 +58,14 @@ class RunCheckpoints:
 
   def __init__(self, run_dir: str, *, keep: int = 3, async_save: bool = True):
     self.directory = os.path.join(os.path.abspath(run_dir), CHECKPOINT_DIR)
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep,
-                                           enable_async_checkpointing=async_save, create=True,
-                                           # a save killed mid-write leaves a temporary dir
-                                           cleanup_tmp_directories=True,
-                                           temporary_path_class=_commit_delay_hook())
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep,
+      enable_async_checkpointing=async_save,
+      create=True,
+      # a save killed mid-write leaves a temporary dir
+      cleanup_tmp_directories=True,
+      temporary_path_class=_commit_delay_hook(),
+    )
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
     self._closed = False
 
@@ -79,15 +93,22 @@ class RunCheckpoints:
         problem = f'{self.directory}/{step}: {type(e).__name__}: {str(e)[:500]}'
         problems.append(problem)
         moved = self._set_aside(step)
-        _warn(f'checkpoint {problem}; skipping it (kept as {moved}) and falling back to the '
-              'previous checkpoint.')
+        _warn(
+          f'checkpoint {problem}; skipping it (kept as {moved}) and falling back to the '
+          'previous checkpoint.'
+        )
         continue
       if jax.process_index() == 0:
         print(f'resuming from {self.directory}/{step}', flush=True)
       return state, data_state
-    raise CheckpointError('no usable checkpoint in ' + self.directory + ': '
-                          + '; '.join(problems) + '. Start a new run with a new '
-                          '--config.output_dir (or --config.init_from a good checkpoint).')
+    raise CheckpointError(
+      'no usable checkpoint in '
+      + self.directory
+      + ': '
+      + '; '.join(problems)
+      + '. Start a new run with a new '
+      '--config.output_dir (or --config.init_from a good checkpoint).'
+    )
 
   def _verify(self, step: int, params) -> None:
     meta = read_meta(os.path.join(self.directory, str(step)))
@@ -95,9 +116,12 @@ class RunCheckpoints:
       return
     problems = checksums.compare(meta['checksums'], checksums.compute(params))
     if problems:
-      raise CheckpointError('params do not match the checksums saved with them ('
-                            + '; '.join(problems[:3]) + (' ...' if len(problems) > 3 else '')
-                            + ')')
+      raise CheckpointError(
+        'params do not match the checksums saved with them ('
+        + '; '.join(problems[:3])
+        + (' ...' if len(problems) > 3 else '')
+        + ')'
+      )
 
   def _set_aside(self, step: int) -> str:
     """Renames a bad step to `<step>.corrupt[N]` (kept for inspection); returns the new name."""
@@ -109,6 +133,7 @@ class RunCheckpoints:
       os.rename(src, dst)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
       multihost_utils.sync_global_devices(f'dlmjax_set_aside_{step}')
     self._manager.reload()
     return os.path.basename(dst)
@@ -117,21 +142,33 @@ class RunCheckpoints:
     """Starts an (async) save; the params' checksums go in the same atomic commit."""
     step = int(jax.device_get(state['step']))
     meta = dict(step=step, data_state=data_state, checksums=checksums.compute(state['params']))
-    self._manager.save(step, args=ocp.args.Composite(
+    self._manager.save(
+      step,
+      args=ocp.args.Composite(
         params=ocp.args.StandardSave(state['params']),
         opt_state=ocp.args.StandardSave(state['opt_state']),
-        meta=ocp.args.JsonSave(meta)), force=True)
+        meta=ocp.args.JsonSave(meta),
+      ),
+      force=True,
+    )
 
   def restore(self, step: int, setup) -> tuple[dict, object]:
     """(train state in the setup's shardings, data iterator state) of `step`."""
     target = _abstract(setup.state_shapes, setup.state_shardings)
-    restored = self._manager.restore(step, args=ocp.args.Composite(
+    restored = self._manager.restore(
+      step,
+      args=ocp.args.Composite(
         params=ocp.args.StandardRestore(target['params']),
         opt_state=ocp.args.StandardRestore(target['opt_state']),
-        meta=ocp.args.JsonRestore()))
+        meta=ocp.args.JsonRestore(),
+      ),
+    )
     meta = restored['meta']
-    state = dict(step=jax.device_put(jax.numpy.int32(meta['step']), setup.replicated),
-                 params=restored['params'], opt_state=restored['opt_state'])
+    state = dict(
+      step=jax.device_put(jax.numpy.int32(meta['step']), setup.replicated),
+      params=restored['params'],
+      opt_state=restored['opt_state'],
+    )
     return state, meta['data_state']
 
   def wait(self) -> None:
@@ -159,7 +196,6 @@ def _commit_delay_hook():
   step, seconds = hook.split(':')
 
   class StalledCommit(ocp.path.atomicity.AtomicRenameTemporaryPath):
-
     async def finalize(self, *args, **kwargs):
       if self.get_final().name == step:
         print(f'test hook: stalling the commit of checkpoint {step} for {seconds}s', flush=True)
@@ -196,8 +232,9 @@ def resolve_step_dir(path: str) -> tuple[str, str, int]:
   if os.path.exists(os.path.join(path, CONFIG_FILE)):
     steps = _committed_steps(os.path.join(path, CHECKPOINT_DIR))
     if not steps:
-      raise CheckpointError(f'run directory {path} has no complete checkpoint under '
-                            f'{CHECKPOINT_DIR}/.')
+      raise CheckpointError(
+        f'run directory {path} has no complete checkpoint under {CHECKPOINT_DIR}/.'
+      )
     return path, os.path.join(path, CHECKPOINT_DIR, str(steps[-1])), steps[-1]
   parent = os.path.dirname(path)
   name = os.path.basename(path)
@@ -205,15 +242,20 @@ def resolve_step_dir(path: str) -> tuple[str, str, int]:
     if not os.path.isdir(os.path.join(path, 'params')):
       raise CheckpointError(f'{path} has no params item: the checkpoint is incomplete.')
     return os.path.dirname(parent), path, int(name)
-  raise CheckpointError(f'{path} is neither a run directory (with {CONFIG_FILE}) nor a '
-                        f'checkpoint step directory (<run>/{CHECKPOINT_DIR}/<step>).')
+  raise CheckpointError(
+    f'{path} is neither a run directory (with {CONFIG_FILE}) nor a '
+    f'checkpoint step directory (<run>/{CHECKPOINT_DIR}/<step>).'
+  )
 
 
 def _committed_steps(directory: str) -> list[int]:
   if not os.path.isdir(directory):
     return []
-  return sorted(int(n) for n in os.listdir(directory)
-                if n.isdigit() and os.path.isdir(os.path.join(directory, n, 'params')))
+  return sorted(
+    int(n)
+    for n in os.listdir(directory)
+    if n.isdigit() and os.path.isdir(os.path.join(directory, n, 'params'))
+  )
 
 
 def read_meta(step_dir: str) -> dict:
@@ -234,19 +276,24 @@ def restore_params(step_dir: str, shapes, shardings) -> dict:
   try:
     return ocp.StandardCheckpointer().restore(path, _abstract(shapes, shardings))
   except (ValueError, KeyError) as e:
-    raise CheckpointError(f'the params in {path} do not match the model of its config '
-                          f'({e}); was the config edited?') from e
+    raise CheckpointError(
+      f'the params in {path} do not match the model of its config ({e}); was the config edited?'
+    ) from e
 
 
 def save_params_checkpoint(output_dir: str, config, params: dict, step: int = 0) -> str:
   """Writes a run directory holding only params (imports, exports); returns the step dir."""
   write_run_config(output_dir, config)
   directory = os.path.join(os.path.abspath(output_dir), CHECKPOINT_DIR)
-  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=True),
-                                  item_names=_ITEMS)
+  manager = ocp.CheckpointManager(
+    directory, options=ocp.CheckpointManagerOptions(create=True), item_names=_ITEMS
+  )
   meta = dict(step=step, data_state=None, checksums=checksums.compute(params))
-  manager.save(step, args=ocp.args.Composite(
-      params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)), force=True)
+  manager.save(
+    step,
+    args=ocp.args.Composite(params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)),
+    force=True,
+  )
   manager.wait_until_finished()
   manager.close()
   return os.path.join(directory, str(step))
@@ -260,9 +307,12 @@ def check_resumable(saved, config, *, keys=_RESUME_KEYS) -> None:
     if a != b:
       differing.append(f'{key}: checkpoint {a!r}, run {b!r}')
   if differing:
-    raise CheckpointError('the checkpoint in output_dir was made with a different config ('
-                          + '; '.join(differing) + '). Use a new --config.output_dir, or set '
-                          'these keys back to the checkpoint\'s values.')
+    raise CheckpointError(
+      'the checkpoint in output_dir was made with a different config ('
+      + '; '.join(differing)
+      + '). Use a new --config.output_dir, or set '
+      "these keys back to the checkpoint's values."
+    )
 
 
 def check_architecture(saved, config) -> None:

@@ -21,14 +21,30 @@ import numpy as np
 SINGLE_FILE = 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'
 _DTYPES = {
-    'F64': np.dtype(np.float64), 'F32': np.dtype(np.float32), 'F16': np.dtype(np.float16),
-    'BF16': np.dtype(ml_dtypes.bfloat16), 'I64': np.dtype(np.int64), 'I32': np.dtype(np.int32),
-    'I16': np.dtype(np.int16), 'I8': np.dtype(np.int8), 'U8': np.dtype(np.uint8),
-    'BOOL': np.dtype(np.bool_),
+  'F64': np.dtype(np.float64),
+  'F32': np.dtype(np.float32),
+  'F16': np.dtype(np.float16),
+  'BF16': np.dtype(ml_dtypes.bfloat16),
+  'I64': np.dtype(np.int64),
+  'I32': np.dtype(np.int32),
+  'I16': np.dtype(np.int16),
+  'I8': np.dtype(np.int8),
+  'U8': np.dtype(np.uint8),
+  'BOOL': np.dtype(np.bool_),
 }
 _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
-_UNITS = {'': 1, 'B': 1, 'KB': 10**3, 'MB': 10**6, 'GB': 10**9, 'TB': 10**12,
-          'KIB': 2**10, 'MIB': 2**20, 'GIB': 2**30, 'TIB': 2**40}
+_UNITS = {
+  '': 1,
+  'B': 1,
+  'KB': 10**3,
+  'MB': 10**6,
+  'GB': 10**9,
+  'TB': 10**12,
+  'KIB': 2**10,
+  'MIB': 2**20,
+  'GIB': 2**30,
+  'TIB': 2**40,
+}
 
 
 class SafetensorsError(ValueError):
@@ -51,8 +67,9 @@ def _header_bytes(entries, metadata) -> bytes:
   offset = 0
   for name, shape, dtype in entries:
     size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    header[name] = dict(dtype=_NAMES[dtype], shape=list(shape),
-                        data_offsets=[offset, offset + size])
+    header[name] = dict(
+      dtype=_NAMES[dtype], shape=list(shape), data_offsets=[offset, offset + size]
+    )
     offset += size
   raw = json.dumps(header, separators=(',', ':')).encode()
   return raw + b' ' * (-len(raw) % 8)
@@ -83,8 +100,11 @@ def write_model(directory: str, entries, tensors, *, max_shard_bytes: int, metad
   """
   os.makedirs(directory, exist_ok=True)
   shards = plan_shards(list(entries), max_shard_bytes)
-  names = ([SINGLE_FILE] if len(shards) == 1 else
-           [f'model-{i + 1:05d}-of-{len(shards):05d}.safetensors' for i in range(len(shards))])
+  names = (
+    [SINGLE_FILE]
+    if len(shards) == 1
+    else [f'model-{i + 1:05d}-of-{len(shards):05d}.safetensors' for i in range(len(shards))]
+  )
   iterator = iter(tensors)
   weight_map, total = {}, 0
   for shard, file_name in zip(shards, names):
@@ -97,8 +117,10 @@ def write_model(directory: str, entries, tensors, *, max_shard_bytes: int, metad
         got_name, array = next(iterator, (None, None))
         if got_name != name or tuple(array.shape) != tuple(shape) or array.dtype != dtype:
           got = None if array is None else (tuple(array.shape), array.dtype)
-          raise SafetensorsError(f'expected tensor {name} {tuple(shape)} {dtype}, got '
-                                 f'{got_name} {got}: the tensor stream and its plan disagree.')
+          raise SafetensorsError(
+            f'expected tensor {name} {tuple(shape)} {dtype}, got '
+            f'{got_name} {got}: the tensor stream and its plan disagree.'
+          )
         np.ascontiguousarray(array).tofile(f)
         weight_map[name] = file_name
         total += array.nbytes
@@ -129,8 +151,10 @@ def _read_header(path):
   data_size = os.path.getsize(path) - 8 - length
   end = max((v['data_offsets'][1] for v in header.values()), default=0)
   if end > data_size:
-    raise SafetensorsError(f'{path} is truncated: its header needs {end} bytes of data, the file '
-                           f'has {data_size}. Was the write interrupted?')
+    raise SafetensorsError(
+      f'{path} is truncated: its header needs {end} bytes of data, the file '
+      f'has {data_size}. Was the write interrupted?'
+    )
   return 8 + length, header
 
 
@@ -159,8 +183,10 @@ class SafetensorsReader:
       start, header = _read_header(file_path)
       for name, entry in header.items():
         if entry['dtype'] not in _DTYPES:
-          raise SafetensorsError(f'{name} in {file_path} has dtype {entry["dtype"]}, which this '
-                                 f'reader does not know ({sorted(_DTYPES)}).')
+          raise SafetensorsError(
+            f'{name} in {file_path} has dtype {entry["dtype"]}, which this '
+            f'reader does not know ({sorted(_DTYPES)}).'
+          )
         self._files[name] = (file_path, start, entry)
 
   def keys(self) -> list[str]:

@@ -35,20 +35,27 @@ def masked_sdpa(module, query, key, value, attention_mask, scaling=None, dropout
   """
   del attention_mask, dropout, kwargs
   config = module.config
-  mask = visibility(query.shape[2], getattr(config, 'attn_mask_type', 'bidirectional'),
-                    getattr(config, 'block_size', 0), query.device)
-  out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
-                                       enable_gqa=True)
+  mask = visibility(
+    query.shape[2],
+    getattr(config, 'attn_mask_type', 'bidirectional'),
+    getattr(config, 'block_size', 0),
+    query.device,
+  )
+  out = F.scaled_dot_product_attention(
+    query, key, value, attn_mask=mask, scale=scaling, enable_gqa=True
+  )
   return out.transpose(1, 2).contiguous(), None
 
 
 def transformers_model(hf_dir: str, dtype: torch.dtype = torch.float32):
   """Qwen3ForCausalLM loaded from an exported directory, attending with our mask kind."""
   import transformers  # pylint: disable=import-outside-toplevel
+
   transformers.AttentionInterface.register(ATTENTION_NAME, masked_sdpa)
   transformers.utils.logging.disable_progress_bar()
-  model = transformers.Qwen3ForCausalLM.from_pretrained(hf_dir, dtype=dtype,
-                                                        attn_implementation=ATTENTION_NAME)
+  model = transformers.Qwen3ForCausalLM.from_pretrained(
+    hf_dir, dtype=dtype, attn_implementation=ATTENTION_NAME
+  )
   return model.eval()
 
 
@@ -72,8 +79,9 @@ def _rope(x_BNLH, theta):
 class Reference(torch.nn.Module):
   """Our transformer in plain PyTorch over a Qwen3-named state dict (weights [out, in])."""
 
-  def __init__(self, hf_config: dict, state_dict: dict, dtype: torch.dtype = torch.float32,
-               device='cpu'):
+  def __init__(
+    self, hf_config: dict, state_dict: dict, dtype: torch.dtype = torch.float32, device='cpu'
+  ):
     super().__init__()
     self.c = hf_config
     self.w = {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}
@@ -90,10 +98,14 @@ class Reference(torch.nn.Module):
       y = F.linear(x, w[p + name + '.weight']).view(batch, length, count, h)
       return y.transpose(1, 2)
 
-    q = _rope(_rms_norm(heads('q_proj', c['num_attention_heads']), w[p + 'q_norm.weight'], eps),
-              c['rope_theta'])
-    k = _rope(_rms_norm(heads('k_proj', c['num_key_value_heads']), w[p + 'k_norm.weight'], eps),
-              c['rope_theta'])
+    q = _rope(
+      _rms_norm(heads('q_proj', c['num_attention_heads']), w[p + 'q_norm.weight'], eps),
+      c['rope_theta'],
+    )
+    k = _rope(
+      _rms_norm(heads('k_proj', c['num_key_value_heads']), w[p + 'k_norm.weight'], eps),
+      c['rope_theta'],
+    )
     v = heads('v_proj', c['num_key_value_heads'])
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -109,8 +121,12 @@ class Reference(torch.nn.Module):
     """float32 logits [B, L, vocab rows of the export]."""
     c, w = self.c, self.w
     eps = c['rms_norm_eps']
-    mask = visibility(tokens_BL.shape[1], c.get('attn_mask_type', 'bidirectional'),
-                      c.get('block_size', 0), tokens_BL.device)
+    mask = visibility(
+      tokens_BL.shape[1],
+      c.get('attn_mask_type', 'bidirectional'),
+      c.get('block_size', 0),
+      tokens_BL.device,
+    )
     x = w['model.embed_tokens.weight'][tokens_BL]
     for i in range(c['num_hidden_layers']):
       p = f'model.layers.{i}.'

@@ -31,19 +31,25 @@ def parse_blend(blend: str) -> tuple[list[str], list[float] | None]:
   """(prefixes, normalised weights or None) from Megatron's blend syntax."""
   tokens = blend.split()
   if not tokens:
-    raise DataError('no data prefixes given: set data.train_prefixes to "/path/prefix" or '
-                    '"w1 /path/a w2 /path/b" (Megatron --data-path syntax).')
+    raise DataError(
+      'no data prefixes given: set data.train_prefixes to "/path/prefix" or '
+      '"w1 /path/a w2 /path/b" (Megatron --data-path syntax).'
+    )
   weights = [_weight(t) for t in tokens[0::2]]
   if len(tokens) % 2 == 1 or all(w is None for w in weights):
     if any(_weight(t) is not None for t in tokens):
-      raise DataError(f'blend {blend!r} mixes weights and prefixes: give "w1 prefix1 w2 prefix2 '
-                      '..." or prefixes only.')
+      raise DataError(
+        f'blend {blend!r} mixes weights and prefixes: give "w1 prefix1 w2 prefix2 '
+        '..." or prefixes only.'
+      )
     return tokens, None
   prefixes = tokens[1::2]
   bad = [t for t, w in zip(tokens[0::2], weights) if w is None or not math.isfinite(w) or w < 0]
   if bad or any(_weight(p) is not None for p in prefixes):
-    raise DataError(f'blend {blend!r}: weights must be finite numbers >= 0 before each prefix '
-                    f'(bad: {bad or "a number in a prefix position"}).')
+    raise DataError(
+      f'blend {blend!r}: weights must be finite numbers >= 0 before each prefix '
+      f'(bad: {bad or "a number in a prefix position"}).'
+    )
   total = sum(weights)
   if total <= 0:
     raise DataError(f'blend {blend!r}: the weights sum to {total}; give at least one positive.')
@@ -58,10 +64,13 @@ def parse_split(split: str) -> list[tuple[float, float] | None]:
     parts = [float(p) for p in re.split(r'[,\s]+', split.strip()) if p]
   except ValueError:
     parts = []
-  if not 1 <= len(parts) <= 3 or any(p < 0 or not math.isfinite(p) for p in parts) or \
-      sum(parts) <= 0:
-    raise DataError(f'data.split {split!r} is not up to three non-negative numbers with a '
-                    'positive sum, e.g. "969,30,1" (train, valid, test).')
+  if (
+    not 1 <= len(parts) <= 3 or any(p < 0 or not math.isfinite(p) for p in parts) or sum(parts) <= 0
+  ):
+    raise DataError(
+      f'data.split {split!r} is not up to three non-negative numbers with a '
+      'positive sum, e.g. "969,30,1" (train, valid, test).'
+    )
   parts += [0.0] * (3 - len(parts))
   total = sum(parts)
   bounds = np.cumsum([0.0] + [p / total for p in parts]).tolist()
@@ -104,21 +113,32 @@ def blending_indices(weights: list[float], size: int) -> tuple[np.ndarray, np.nd
 class BlendedDataset:
   """Samples drawn from several datasets in fixed proportions, in Megatron's order."""
 
-  def __init__(self, datasets, weights: list[float], size: int, *, cache_dir=None,
-               name: str = 'train'):
+  def __init__(
+    self, datasets, weights: list[float], size: int, *, cache_dir=None, name: str = 'train'
+  ):
     self.datasets, self.name = datasets, name
     # The blending index depends on nothing but the weights and the size.
-    description = dict(kind='BlendedDataset', name=name, weights=list(weights), size=size,
-                       arrays=['dataset_index', 'dataset_sample_index'])
-    arrays = gpt_dataset.cached_arrays(cache_dir, description, lambda: dict(zip(
-        description['arrays'], blending_indices(weights, size))))
+    description = dict(
+      kind='BlendedDataset',
+      name=name,
+      weights=list(weights),
+      size=size,
+      arrays=['dataset_index', 'dataset_sample_index'],
+    )
+    arrays = gpt_dataset.cached_arrays(
+      cache_dir,
+      description,
+      lambda: dict(zip(description['arrays'], blending_indices(weights, size))),
+    )
     self.dataset_index = arrays['dataset_index']
     self.dataset_sample_index = arrays['dataset_sample_index']
     used = np.bincount(self.dataset_index, minlength=len(datasets))
     for i, (d, n) in enumerate(zip(datasets, used)):
       if n > len(d):
-        raise DataError(f'the {name} blend draws {n} samples from {d.dataset.prefix} (blend entry '
-                        f'{i}), which has {len(d)}; change the weights or the number of samples.')
+        raise DataError(
+          f'the {name} blend draws {n} samples from {d.dataset.prefix} (blend entry '
+          f'{i}), which has {len(d)}; change the weights or the number of samples.'
+        )
 
   def __len__(self) -> int:
     return len(self.dataset_index)
@@ -129,9 +149,17 @@ class BlendedDataset:
     return self.datasets[self.dataset_index[i]][int(self.dataset_sample_index[i])]
 
 
-def build_dataset(blend: str, *, split: str | None, name: str, num_samples: int | None,
-                  seq_len: int, seed: int, vocab_size: int | None = None,
-                  cache_dir: str | None = None):
+def build_dataset(
+  blend: str,
+  *,
+  split: str | None,
+  name: str,
+  num_samples: int | None,
+  seq_len: int,
+  seed: int,
+  vocab_size: int | None = None,
+  cache_dir: str | None = None,
+):
   """The dataset of one split of a blend, as Megatron's BlendedMegatronDatasetBuilder makes it.
 
   Args:
@@ -154,13 +182,16 @@ def build_dataset(blend: str, *, split: str | None, name: str, num_samples: int 
       gpt_dataset.check_vocab(source, vocab_size, cache_dir)
     documents = split_documents(len(source), split, name)
     if len(documents) == 0:
-      raise DataError(f'the {name} split of {prefix} is empty (data.split {split!r} of '
-                      f'{len(source)} sequences); give it a share or use more documents.')
+      raise DataError(
+        f'the {name} split of {prefix} is empty (data.split {split!r} of '
+        f'{len(source)} sequences); give it a share or use more documents.'
+      )
     sources.append((source, documents))
 
   def make(i, samples):
-    return gpt_dataset.GPTDataset(*sources[i], samples, seq_len, seed, cache_dir=cache_dir,
-                                  name=name)
+    return gpt_dataset.GPTDataset(
+      *sources[i], samples, seq_len, seed, cache_dir=cache_dir, name=name
+    )
 
   if len(prefixes) == 1 and weights is None:
     return make(0, num_samples)
@@ -179,4 +210,3 @@ def build_dataset(blend: str, *, split: str | None, name: str, num_samples: int 
   if len(datasets) == 1:
     return datasets[0]
   return BlendedDataset(datasets, weights, size, cache_dir=cache_dir, name=name)
-

@@ -30,8 +30,9 @@ MAX_FILE_CHARS = 1_000_000
 TOKENIZER_CHARS = 4_000_000
 _SUFFIXES = ('.py', '.txt', '.rst')
 # Tests are repetitive, installed packages are not the stdlib, and encodings/ is codec tables.
-_SKIP_DIRS = frozenset({'test', 'tests', 'idle_test', 'site-packages', 'dist-packages',
-                        '__pycache__', 'encodings'})
+_SKIP_DIRS = frozenset(
+  {'test', 'tests', 'idle_test', 'site-packages', 'dist-packages', '__pycache__', 'encodings'}
+)
 PREFIX_NAME = 'corpus_text_document'
 TOKENIZER_NAME = 'tokenizer.model'
 
@@ -74,15 +75,26 @@ def stdlib_documents(max_chars: int = MAX_CHARS) -> list[tuple[str, str]]:
 
 def _fingerprint(vocab_size: int) -> str:
   import sentencepiece  # pylint: disable=import-outside-toplevel
-  key = json.dumps([FORMAT_VERSION, vocab_size, sys.version, platform.python_implementation(),
-                    sentencepiece.__version__])
-  return (f'builtin-v{FORMAT_VERSION}-py{sys.version_info[0]}{sys.version_info[1]}-'
-          f'vocab{vocab_size}-{hashlib.md5(key.encode()).hexdigest()[:10]}')
+
+  key = json.dumps(
+    [
+      FORMAT_VERSION,
+      vocab_size,
+      sys.version,
+      platform.python_implementation(),
+      sentencepiece.__version__,
+    ]
+  )
+  return (
+    f'builtin-v{FORMAT_VERSION}-py{sys.version_info[0]}{sys.version_info[1]}-'
+    f'vocab{vocab_size}-{hashlib.md5(key.encode()).hexdigest()[:10]}'
+  )
 
 
 def _corpus(directory: str) -> BuiltinCorpus:
-  return BuiltinCorpus(os.path.join(directory, PREFIX_NAME),
-                       os.path.join(directory, TOKENIZER_NAME))
+  return BuiltinCorpus(
+    os.path.join(directory, PREFIX_NAME), os.path.join(directory, TOKENIZER_NAME)
+  )
 
 
 @contextlib.contextmanager
@@ -94,6 +106,7 @@ def _lock(path: str):
   with open(path, 'w') as f:
     try:
       import fcntl  # pylint: disable=import-outside-toplevel
+
       fcntl.flock(f, fcntl.LOCK_EX)
     except (ImportError, OSError):
       pass  # no flock (Windows, some network filesystems): processes may build in parallel.
@@ -105,11 +118,14 @@ def _build(directory: str, vocab_size: int) -> dict:
   texts = [text for _, text in docs]
   corpus = _corpus(directory)
   try:
-    tokenizer_lib.train_sentencepiece(texts, corpus.tokenizer_path[:-len('.model')], vocab_size,
-                                      max_chars=TOKENIZER_CHARS)
+    tokenizer_lib.train_sentencepiece(
+      texts, corpus.tokenizer_path[: -len('.model')], vocab_size, max_chars=TOKENIZER_CHARS
+    )
   except DataError as e:
-    raise DataError(f'{e} The built-in corpus trains its own tokenizer, for which model.vocab_size '
-                    f'{vocab_size} is too large: use 4096 (the default).') from e
+    raise DataError(
+      f'{e} The built-in corpus trains its own tokenizer, for which model.vocab_size '
+      f'{vocab_size} is too large: use 4096 (the default).'
+    ) from e
   tok = tokenizer_lib.load_tokenizer(corpus.tokenizer_path)
   num_tokens = 0
   with indexed.IndexedDatasetWriter(corpus.prefix, indexed.optimal_dtype(vocab_size)) as writer:
@@ -118,9 +134,15 @@ def _build(directory: str, vocab_size: int) -> dict:
       num_tokens += len(ids) + 1
   with open(os.path.join(directory, 'documents.txt'), 'w') as f:
     f.write(''.join(rel + '\n' for rel, _ in docs))
-  meta = dict(format_version=FORMAT_VERSION, python=sys.version, vocab_size=vocab_size,
-              num_documents=len(docs), num_chars=sum(map(len, texts)), num_tokens=num_tokens,
-              stdlib=sysconfig.get_paths()['stdlib'])
+  meta = dict(
+    format_version=FORMAT_VERSION,
+    python=sys.version,
+    vocab_size=vocab_size,
+    num_documents=len(docs),
+    num_chars=sum(map(len, texts)),
+    num_tokens=num_tokens,
+    stdlib=sysconfig.get_paths()['stdlib'],
+  )
   with open(os.path.join(directory, 'meta.json'), 'w') as f:
     json.dump(meta, f, indent=1)
   return meta
@@ -148,8 +170,11 @@ def ensure_builtin_corpus(cache_dir: str | None = None, vocab_size: int = 4096) 
   with _lock(os.path.join(cache_dir, f'.{name}.lock')):
     if os.path.isfile(os.path.join(final, 'meta.json')):  # another process built it meanwhile.
       return _corpus(final)
-    print(f'dlmjax: building the built-in corpus (Python {platform.python_version()} stdlib, '
-          f'vocab {vocab_size}) in {final} ...', flush=True)
+    print(
+      f'dlmjax: building the built-in corpus (Python {platform.python_version()} stdlib, '
+      f'vocab {vocab_size}) in {final} ...',
+      flush=True,
+    )
     start = time.perf_counter()
     tmp = tempfile.mkdtemp(prefix=f'.{name}.tmp-', dir=cache_dir)
     try:
@@ -162,6 +187,9 @@ def ensure_builtin_corpus(cache_dir: str | None = None, vocab_size: int = 4096) 
           raise
     finally:
       shutil.rmtree(tmp, ignore_errors=True)
-    print(f'dlmjax: built-in corpus ready: {meta["num_documents"]} documents, '
-          f'{meta["num_tokens"]:,} tokens in {time.perf_counter() - start:.0f} s', flush=True)
+    print(
+      f'dlmjax: built-in corpus ready: {meta["num_documents"]} documents, '
+      f'{meta["num_tokens"]:,} tokens in {time.perf_counter() - start:.0f} s',
+      flush=True,
+    )
   return _corpus(final)

@@ -16,34 +16,46 @@ from dlmjax.data.errors import DataError
 @dataclasses.dataclass(frozen=True)
 class Template:
   """turns[role] = (text before the content, text after it); `generation` opens the reply."""
+
   turns: dict
   generation: str
   begin: str = ''  # once, before the first message (a BOS written as text).
 
 
 TEMPLATES: dict[str, Template] = {
-    # Raw text: contents concatenated as they are (the data carries its own formatting).
-    'none': Template(turns={r: ('', '') for r in ('system', 'user', 'assistant')},
-                     generation=''),
-    'plain': Template(turns={'system': ('System: ', '\n'), 'user': ('User: ', '\n'),
-                             'assistant': ('Assistant: ', '\n')},
-                      generation='Assistant: '),
-    # LLaDA-8B-Instruct (Llama-3 headers): <BOS><|start_header_id|>user<|end_header_id|>\n\n...
-    'llada': Template(
-        turns={r: (f'<|start_header_id|>{r}<|end_header_id|>\n\n', '<|eot_id|>')
-               for r in ('system', 'user', 'assistant')},
-        generation='<|start_header_id|>assistant<|end_header_id|>\n\n', begin='<|startoftext|>'),
-    # Qwen (ChatML).
-    'chatml': Template(turns={r: (f'<|im_start|>{r}\n', '<|im_end|>\n')
-                              for r in ('system', 'user', 'assistant')},
-                       generation='<|im_start|>assistant\n'),
+  # Raw text: contents concatenated as they are (the data carries its own formatting).
+  'none': Template(turns={r: ('', '') for r in ('system', 'user', 'assistant')}, generation=''),
+  'plain': Template(
+    turns={
+      'system': ('System: ', '\n'),
+      'user': ('User: ', '\n'),
+      'assistant': ('Assistant: ', '\n'),
+    },
+    generation='Assistant: ',
+  ),
+  # LLaDA-8B-Instruct (Llama-3 headers): <BOS><|start_header_id|>user<|end_header_id|>\n\n...
+  'llada': Template(
+    turns={
+      r: (f'<|start_header_id|>{r}<|end_header_id|>\n\n', '<|eot_id|>')
+      for r in ('system', 'user', 'assistant')
+    },
+    generation='<|start_header_id|>assistant<|end_header_id|>\n\n',
+    begin='<|startoftext|>',
+  ),
+  # Qwen (ChatML).
+  'chatml': Template(
+    turns={r: (f'<|im_start|>{r}\n', '<|im_end|>\n') for r in ('system', 'user', 'assistant')},
+    generation='<|im_start|>assistant\n',
+  ),
 }
 
 
 def get_template(name: str) -> Template:
   if name not in TEMPLATES:
-    raise DataError(f'unknown chat template {name!r}; known: {sorted(TEMPLATES)} '
-                    '(set --config.sft.chat_template).')
+    raise DataError(
+      f'unknown chat template {name!r}; known: {sorted(TEMPLATES)} '
+      '(set --config.sft.chat_template).'
+    )
   return TEMPLATES[name]
 
 
@@ -51,20 +63,28 @@ def check_messages(messages, template: Template, name: str = 'the template') -> 
   """Raises DataError for a message that is not {role, content: str} or a role the template
   does not define."""
   if not isinstance(messages, (list, tuple)) or not messages:
-    raise DataError(f'messages must be a non-empty list of {{"role", "content"}} objects, got '
-                    f'{type(messages).__name__}.')
+    raise DataError(
+      f'messages must be a non-empty list of {{"role", "content"}} objects, got '
+      f'{type(messages).__name__}.'
+    )
   for i, message in enumerate(messages):
-    if not isinstance(message, dict) or not isinstance(message.get('content'), str) \
-        or 'role' not in message:
+    if (
+      not isinstance(message, dict)
+      or not isinstance(message.get('content'), str)
+      or 'role' not in message
+    ):
       raise DataError(f'message {i} is not {{"role": str, "content": str}}: {message!r:.100}')
     if message['role'] not in template.turns:
-      raise DataError(f'message {i} has role {message["role"]!r}, which chat template {name} '
-                      f'does not define (its roles: {", ".join(template.turns)}); rename the '
-                      'role or pick another template.')
+      raise DataError(
+        f'message {i} has role {message["role"]!r}, which chat template {name} '
+        f'does not define (its roles: {", ".join(template.turns)}); rename the '
+        'role or pick another template.'
+      )
 
 
-def render_with(template: Template, messages, *, add_generation_prompt: bool = False,
-                name: str = 'the template') -> str:
+def render_with(
+  template: Template, messages, *, add_generation_prompt: bool = False, name: str = 'the template'
+) -> str:
   """render() for a Template object (custom templates, tests)."""
   check_messages(messages, template, name)
   parts = [template.begin]
@@ -78,8 +98,12 @@ def render_with(template: Template, messages, *, add_generation_prompt: bool = F
 
 def render(template: str, messages, *, add_generation_prompt: bool = False) -> str:
   """The text of a conversation; add_generation_prompt opens an assistant reply after it."""
-  return render_with(get_template(template), messages, add_generation_prompt=add_generation_prompt,
-                     name=repr(template))
+  return render_with(
+    get_template(template),
+    messages,
+    add_generation_prompt=add_generation_prompt,
+    name=repr(template),
+  )
 
 
 def checkpoint_template(config) -> str:
@@ -99,9 +123,14 @@ def split_conversation(template: str, messages) -> tuple[str, str]:
   chosen = get_template(template)
   check_messages(messages, chosen, repr(template))
   if messages[-1]['role'] != 'assistant':
-    raise DataError(f'the last message has role {messages[-1]["role"]!r}; an SFT conversation '
-                    'ends with the assistant\'s response.')
+    raise DataError(
+      f'the last message has role {messages[-1]["role"]!r}; an SFT conversation '
+      "ends with the assistant's response."
+    )
   context = messages[:-1]
-  prompt = (render_with(chosen, context, add_generation_prompt=True, name=repr(template))
-            if context else chosen.begin + chosen.generation)
+  prompt = (
+    render_with(chosen, context, add_generation_prompt=True, name=repr(template))
+    if context
+    else chosen.begin + chosen.generation
+  )
   return prompt, messages[-1]['content']

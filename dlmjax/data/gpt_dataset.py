@@ -43,8 +43,9 @@ def separate_final_epoch(tokens_per_epoch: int, num_samples: int | None, seq_len
   return samples_in_final < int(_SEPARATE_FINAL_EPOCH_THRESHOLD * samples_per_epoch)
 
 
-def build_document_index(documents: np.ndarray, epochs: int, rng: np.random.RandomState,
-                         separate_final: bool) -> np.ndarray:
+def build_document_index(
+  documents: np.ndarray, epochs: int, rng: np.random.RandomState, separate_final: bool
+) -> np.ndarray:
   """The document ids tiled `epochs` times and shuffled together (int32, as Megatron)."""
   if separate_final and epochs > 1:
     first = build_document_index(documents, epochs - 1, rng, False)
@@ -54,8 +55,9 @@ def build_document_index(documents: np.ndarray, epochs: int, rng: np.random.Rand
   return document_index
 
 
-def build_sample_index(sequence_lengths: np.ndarray, document_index: np.ndarray,
-                       seq_len: int) -> np.ndarray:
+def build_sample_index(
+  sequence_lengths: np.ndarray, document_index: np.ndarray, seq_len: int
+) -> np.ndarray:
   """[n + 1, 2] start of each sample: (position in document_index, offset in that document).
 
   Vectorised: sample k starts at token k*S of the concatenated stream, found by a binary search
@@ -71,8 +73,9 @@ def build_sample_index(sequence_lengths: np.ndarray, document_index: np.ndarray,
   return np.stack([position, offset], axis=1)
 
 
-def build_shuffle_index(num_samples: int, total_size: int,
-                        rng: np.random.RandomState) -> np.ndarray:
+def build_shuffle_index(
+  num_samples: int, total_size: int, rng: np.random.RandomState
+) -> np.ndarray:
   """arange(total_size) with [0, num_samples) and [num_samples, total_size) shuffled apart."""
   dtype = np.int64 if total_size >= np.iinfo(np.uint32).max - 1 else np.uint32
   first = np.arange(num_samples, dtype=dtype)
@@ -84,8 +87,9 @@ def build_shuffle_index(num_samples: int, total_size: int,
   return np.concatenate([first, last])
 
 
-def cached_arrays(cache_dir: str | None, description: dict,
-                  build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def cached_arrays(
+  cache_dir: str | None, description: dict, build: Callable[[], dict[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
   """build() once per description, saved as .npy under cache_dir keyed by md5(description).
 
   Written through temporary files and renamed, so concurrent builders never read a partial file.
@@ -93,8 +97,10 @@ def cached_arrays(cache_dir: str | None, description: dict,
   if not cache_dir:
     return build()
   text = json.dumps(description, sort_keys=True, indent=1)
-  stem = os.path.join(cache_dir, f'{hashlib.md5(text.encode()).hexdigest()}-{description["kind"]}'
-                      f'-{description["name"]}')
+  stem = os.path.join(
+    cache_dir,
+    f'{hashlib.md5(text.encode()).hexdigest()}-{description["kind"]}-{description["name"]}',
+  )
   names = description['arrays']
   try:
     return {n: np.load(f'{stem}-{n}.npy', mmap_mode='r') for n in names}
@@ -118,27 +124,32 @@ def check_vocab(dataset: indexed.IndexedDataset, vocab_size: int, cache_dir: str
   """
   info = np.iinfo(dataset.dtype) if dataset.dtype.kind in 'iu' else None
   if info is None or info.max < vocab_size - 1:
-    raise DataError(f'{dataset.prefix} stores {dataset.dtype.name} tokens, which cannot hold the '
-                    f'ids of a {vocab_size}-token vocabulary (model.vocab_size): it was '
-                    "preprocessed for another tokenizer. Re-run dlmjax.preprocess with the model's "
-                    'tokenizer, or set model.vocab_size to the one the data was made with.')
+    raise DataError(
+      f'{dataset.prefix} stores {dataset.dtype.name} tokens, which cannot hold the '
+      f'ids of a {vocab_size}-token vocabulary (model.vocab_size): it was '
+      "preprocessed for another tokenizer. Re-run dlmjax.preprocess with the model's "
+      'tokenizer, or set model.vocab_size to the one the data was made with.'
+    )
   if info.min >= 0 and info.max < vocab_size:
     return  # every value the dtype can hold is a valid id.
   stat = os.stat(dataset.bin_path)
   key = f'{os.path.abspath(dataset.bin_path)}:{stat.st_size}:{stat.st_mtime_ns}:{vocab_size}'
-  marker = cache_dir and os.path.join(cache_dir,
-                                      hashlib.md5(key.encode()).hexdigest() + '-vocab-ok')
+  marker = cache_dir and os.path.join(
+    cache_dir, hashlib.md5(key.encode()).hexdigest() + '-vocab-ok'
+  )
   if marker and os.path.exists(marker):
     return
   bad, chunk, tokens = 0, 1 << 26, dataset.tokens
   for start in range(0, len(tokens), chunk):
-    part = tokens[start:start + chunk]
+    part = tokens[start : start + chunk]
     if len(part) and (part.max() >= vocab_size or part.min() < 0):
       bad += int(np.count_nonzero((part < 0) | (part >= vocab_size)))
   if bad:
-    raise DataError(f'{dataset.prefix} has {bad} token ids outside [0, {vocab_size}), the model '
-                    'vocabulary (model.vocab_size): it was tokenized with another tokenizer. '
-                    "Set model.vocab_size to the tokenizer's, or re-run dlmjax.preprocess.")
+    raise DataError(
+      f'{dataset.prefix} has {bad} token ids outside [0, {vocab_size}), the model '
+      'vocabulary (model.vocab_size): it was tokenized with another tokenizer. '
+      "Set model.vocab_size to the tokenizer's, or re-run dlmjax.preprocess."
+    )
   if marker:
     os.makedirs(cache_dir, exist_ok=True)
     open(marker, 'w').close()
@@ -158,23 +169,40 @@ class GPTDataset:
     name: the split, for cache file names and messages.
   """
 
-  def __init__(self, dataset: indexed.IndexedDataset, documents: np.ndarray,
-               num_samples: int | None, seq_len: int, seed: int, *,
-               cache_dir: str | None = None, name: str = 'train'):
+  def __init__(
+    self,
+    dataset: indexed.IndexedDataset,
+    documents: np.ndarray,
+    num_samples: int | None,
+    seq_len: int,
+    seed: int,
+    *,
+    cache_dir: str | None = None,
+    name: str = 'train',
+  ):
     self.dataset, self.seq_len, self.name = dataset, seq_len, name
     documents = np.asarray(documents, np.int32)
     tokens = int(dataset.sequence_lengths[documents].sum(dtype=np.int64))
     if len(documents) == 0 or tokens <= seq_len:
-      raise DataError(f'the {name} split of {dataset.prefix} holds {len(documents)} sequences and '
-                      f'{tokens} tokens, too few for one sample of {seq_len + 1} tokens; use more '
-                      'data, a smaller model.seq_len, or another data.split.')
+      raise DataError(
+        f'the {name} split of {dataset.prefix} holds {len(documents)} sequences and '
+        f'{tokens} tokens, too few for one sample of {seq_len + 1} tokens; use more '
+        'data, a smaller model.seq_len, or another data.split.'
+      )
     stat = os.stat(dataset.idx_path)
     description = dict(
-        kind='GPTDataset', name=name, format=_INDEX_FORMAT,
-        prefix=os.path.abspath(dataset.prefix), idx_size=stat.st_size,
-        idx_mtime_ns=stat.st_mtime_ns, documents=hashlib.md5(documents.tobytes()).hexdigest(),
-        num_samples=num_samples, seq_len=seq_len, seed=seed,
-        arrays=['document_index', 'sample_index', 'shuffle_index'])
+      kind='GPTDataset',
+      name=name,
+      format=_INDEX_FORMAT,
+      prefix=os.path.abspath(dataset.prefix),
+      idx_size=stat.st_size,
+      idx_mtime_ns=stat.st_mtime_ns,
+      documents=hashlib.md5(documents.tobytes()).hexdigest(),
+      num_samples=num_samples,
+      seq_len=seq_len,
+      seed=seed,
+      arrays=['document_index', 'sample_index', 'shuffle_index'],
+    )
 
     def build():
       epochs = num_epochs_needed(tokens, num_samples, seq_len)
@@ -184,8 +212,11 @@ class GPTDataset:
       sample_index = build_sample_index(dataset.sequence_lengths, document_index, seq_len)
       total = len(sample_index) - 1
       first = ((epochs - 1) * tokens - 1) // seq_len if separate else total
-      return dict(document_index=document_index, sample_index=sample_index,
-                  shuffle_index=build_shuffle_index(first, total, rng))
+      return dict(
+        document_index=document_index,
+        sample_index=sample_index,
+        shuffle_index=build_shuffle_index(first, total, rng),
+      )
 
     arrays = cached_arrays(cache_dir, description, build)
     self.document_index = arrays['document_index']
@@ -199,7 +230,7 @@ class GPTDataset:
     if not 0 <= i < len(self):
       raise IndexError(f'sample {i} out of range for the {self.name} split ({len(self)} samples)')
     j = int(self.shuffle_index[i])
-    first, offset, last, end = self.sample_index[j:j + 2].ravel().tolist()
+    first, offset, last, end = self.sample_index[j : j + 2].ravel().tolist()
     doc = self.document_index
     if first == last:
       return self.dataset.get(int(doc[first]), offset, end - offset + 1).astype(np.int32)

@@ -20,8 +20,14 @@ VERSION = 1
 # magic, version, dtype code, sequence count, document count: 34 bytes, no padding.
 _HEADER = struct.Struct('<9sQBQQ')
 DTYPE_CODES = {
-    1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32,
-    5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16,
+  1: np.uint8,
+  2: np.int8,
+  3: np.int16,
+  4: np.int32,
+  5: np.int64,
+  6: np.float64,
+  7: np.float32,
+  8: np.uint16,
 }
 _CODE_OF_DTYPE = {np.dtype(t): code for code, t in DTYPE_CODES.items()}
 
@@ -48,9 +54,10 @@ class IndexedDataset:
     missing = [p for p in (self.idx_path, self.bin_path) if not os.path.isfile(p)]
     if missing:
       raise DataError(
-          f'no indexed dataset at prefix {self.prefix!r}: {" and ".join(missing)} not found. A '
-          'prefix is the path without extension, e.g. /data/foo_text_document for '
-          '/data/foo_text_document.bin and .idx; `python -m dlmjax.preprocess` writes them.')
+        f'no indexed dataset at prefix {self.prefix!r}: {" and ".join(missing)} not found. A '
+        'prefix is the path without extension, e.g. /data/foo_text_document for '
+        '/data/foo_text_document.bin and .idx; `python -m dlmjax.preprocess` writes them.'
+      )
     self._open()
 
   def _open(self):
@@ -61,17 +68,21 @@ class IndexedDataset:
     self.dtype = np.dtype(DTYPE_CODES[code])
     need = _HEADER.size + n * 4 + n * 8 + d * 8
     if len(index) < need:
-      raise DataError(f'{self.idx_path} is truncated: {len(index)} bytes, but its header declares '
-                      f'{n} sequences and {d} document boundaries ({need} bytes). Re-run the '
-                      'preprocessing that wrote it.')
+      raise DataError(
+        f'{self.idx_path} is truncated: {len(index)} bytes, but its header declares '
+        f'{n} sequences and {d} document boundaries ({need} bytes). Re-run the '
+        'preprocessing that wrote it.'
+      )
     offset = _HEADER.size
     self.sequence_lengths = np.frombuffer(index, np.int32, n, offset)
     self.sequence_pointers = np.frombuffer(index, np.int64, n, offset + n * 4)
     self.document_indices = np.frombuffer(index, np.int64, d, offset + n * 12)
     if d == 0 or self.document_indices[-1] != n:
       last = self.document_indices[-1] if d else 'nothing'
-      raise DataError(f'{self.idx_path} is corrupt: its document index ends at {last}, not at the '
-                      f'sequence count {n}. Re-run the preprocessing that wrote it.')
+      raise DataError(
+        f'{self.idx_path} is corrupt: its document index ends at {last}, not at the '
+        f'sequence count {n}. Re-run the preprocessing that wrote it.'
+      )
     # Where the last sequence ends: O(1), where summing the lengths reads the whole index.
     itemsize = self.dtype.itemsize
     end = int(self.sequence_pointers[-1]) + int(self.sequence_lengths[-1]) * itemsize if n else 0
@@ -79,25 +90,35 @@ class IndexedDataset:
     bin_size = os.path.getsize(self.bin_path)
     if bin_size != end:
       raise DataError(
-          f'{self.bin_path} has {bin_size} bytes but {self.idx_path} describes {self.num_tokens} '
-          f'{self.dtype.name} tokens ({end} bytes): the .bin is truncated or belongs to another '
-          'index. Re-run the preprocessing that wrote them.')
+        f'{self.bin_path} has {bin_size} bytes but {self.idx_path} describes {self.num_tokens} '
+        f'{self.dtype.name} tokens ({end} bytes): the .bin is truncated or belongs to another '
+        'index. Re-run the preprocessing that wrote them.'
+      )
     self._tokens = np.frombuffer(_map(self.bin_path), self.dtype)
 
   def _check_header(self, index: memoryview):
-    if len(index) < _HEADER.size or bytes(index[:len(MAGIC)]) != MAGIC:
-      got = bytes(index[:len(MAGIC)])
-      hint = (" It is Megatron's legacy (pre-mmap) format; convert it with Megatron's tools."
-              if got.startswith(b'TNTIDX') else '')
-      raise DataError(f'{self.idx_path} is not a Megatron MMIDIDX index: it starts with {got!r}, '
-                      f'expected {MAGIC!r}.{hint} Rebuild it with `python -m dlmjax.preprocess`.')
+    if len(index) < _HEADER.size or bytes(index[: len(MAGIC)]) != MAGIC:
+      got = bytes(index[: len(MAGIC)])
+      hint = (
+        " It is Megatron's legacy (pre-mmap) format; convert it with Megatron's tools."
+        if got.startswith(b'TNTIDX')
+        else ''
+      )
+      raise DataError(
+        f'{self.idx_path} is not a Megatron MMIDIDX index: it starts with {got!r}, '
+        f'expected {MAGIC!r}.{hint} Rebuild it with `python -m dlmjax.preprocess`.'
+      )
     _, version, code, _, _ = _HEADER.unpack_from(index)
     if version != VERSION:
-      raise DataError(f'{self.idx_path} has index version {version}; only version {VERSION} is '
-                      'supported. Rebuild it with `python -m dlmjax.preprocess`.')
+      raise DataError(
+        f'{self.idx_path} has index version {version}; only version {VERSION} is '
+        'supported. Rebuild it with `python -m dlmjax.preprocess`.'
+      )
     if code not in DTYPE_CODES:
-      raise DataError(f'{self.idx_path} has unknown dtype code {code} (known: '
-                      f'{sorted(DTYPE_CODES)}); the file is corrupt or from a newer writer.')
+      raise DataError(
+        f'{self.idx_path} has unknown dtype code {code} (known: '
+        f'{sorted(DTYPE_CODES)}); the file is corrupt or from a newer writer.'
+      )
 
   @property
   def tokens(self) -> np.ndarray:
@@ -121,10 +142,12 @@ class IndexedDataset:
     if length is None:
       length = size - offset
     if offset < 0 or length < 0 or offset + length > size:
-      raise IndexError(f'tokens [{offset}, {offset + length}) out of range for sequence {i} of '
-                       f'{self.prefix} (length {size})')
+      raise IndexError(
+        f'tokens [{offset}, {offset + length}) out of range for sequence {i} of '
+        f'{self.prefix} (length {size})'
+      )
     start = int(self.sequence_pointers[i]) // self.dtype.itemsize + offset
-    return self._tokens[start:start + length]
+    return self._tokens[start : start + length]
 
   def __getstate__(self):
     # Reopen by path in worker processes instead of pickling the mapped bytes.
@@ -134,9 +157,11 @@ class IndexedDataset:
     self.__init__(state['prefix'])
 
   def __repr__(self):
-    return (f'IndexedDataset({self.prefix!r}: {len(self)} sequences, '
-            f'{len(self.document_indices) - 1} documents, '
-            f'{self.num_tokens} {self.dtype.name} tokens)')
+    return (
+      f'IndexedDataset({self.prefix!r}: {len(self)} sequences, '
+      f'{len(self.document_indices) - 1} documents, '
+      f'{self.num_tokens} {self.dtype.name} tokens)'
+    )
 
 
 class IndexedDatasetWriter:
@@ -150,8 +175,10 @@ class IndexedDatasetWriter:
     self.prefix = str(prefix)
     self.dtype = np.dtype(dtype)
     if self.dtype not in _CODE_OF_DTYPE:
-      raise DataError(f'cannot write dtype {self.dtype}; use one of '
-                      f'{sorted(np.dtype(t).name for t in DTYPE_CODES.values())}')
+      raise DataError(
+        f'cannot write dtype {self.dtype}; use one of '
+        f'{sorted(np.dtype(t).name for t in DTYPE_CODES.values())}'
+      )
     self._bin = open(self.prefix + '.bin', 'wb')
     self._lengths = array.array('i')  # compact: a preprocessing run can hold 1e8 sequences.
     self._document_indices = array.array('q', [0])
@@ -166,11 +193,16 @@ class IndexedDatasetWriter:
     values = np.asarray(tokens)
     if values.ndim != 1:
       raise DataError(f'a document is a 1-D token array, got shape {values.shape}')
-    if values.size and self._info is not None and (
-        values.min() < self._info.min or values.max() > self._info.max):
-      raise DataError(f'token ids [{values.min()}, {values.max()}] do not fit {self.dtype.name} in '
-                      f'{self.prefix}.bin; write with dtype=optimal_dtype(vocab_size) (int32 for '
-                      'vocabularies of 65500 or more).')
+    if (
+      values.size
+      and self._info is not None
+      and (values.min() < self._info.min or values.max() > self._info.max)
+    ):
+      raise DataError(
+        f'token ids [{values.min()}, {values.max()}] do not fit {self.dtype.name} in '
+        f'{self.prefix}.bin; write with dtype=optimal_dtype(vocab_size) (int32 for '
+        'vocabularies of 65500 or more).'
+      )
     if lengths is None:
       lengths = [values.size] if values.size else []
     elif sum(lengths) != values.size:
@@ -189,8 +221,11 @@ class IndexedDatasetWriter:
     np.cumsum(lengths[:-1] * np.int64(self.dtype.itemsize), out=pointers[1:])
     tmp = self.prefix + '.idx.tmp'
     with open(tmp, 'wb') as f:
-      f.write(_HEADER.pack(MAGIC, VERSION, _CODE_OF_DTYPE[self.dtype], len(lengths),
-                           len(self._document_indices)))
+      f.write(
+        _HEADER.pack(
+          MAGIC, VERSION, _CODE_OF_DTYPE[self.dtype], len(lengths), len(self._document_indices)
+        )
+      )
       f.write(lengths.tobytes(order='C'))
       f.write(pointers.tobytes(order='C'))
       f.write(np.frombuffer(self._document_indices, np.int64).tobytes(order='C'))

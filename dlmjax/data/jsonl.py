@@ -31,6 +31,7 @@ _REPORTED_BAD_LINES = 5
 @dataclasses.dataclass
 class Report:
   """What a preprocessing run did; bad_lines holds the first few (line number, reason)."""
+
   documents: int = 0
   tokens: int = 0
   num_bad_lines: int = 0
@@ -39,8 +40,10 @@ class Report:
   prefixes: dict = dataclasses.field(default_factory=dict)  # json key -> output prefix.
 
   def summary(self) -> str:
-    rate = f'{self.documents / max(self.seconds, 1e-9):,.0f} docs/s, ' \
-           f'{self.tokens / max(self.seconds, 1e-9):,.0f} tokens/s'
+    rate = (
+      f'{self.documents / max(self.seconds, 1e-9):,.0f} docs/s, '
+      f'{self.tokens / max(self.seconds, 1e-9):,.0f} tokens/s'
+    )
     text = f'{self.documents:,} documents, {self.tokens:,} tokens in {self.seconds:.1f} s ({rate})'
     if self.num_bad_lines:
       listed = '; '.join(f'line {n}: {why}' for n, why in self.bad_lines)
@@ -133,9 +136,17 @@ def _ordered_map(pool, fn, items, window):
     yield pending.popleft().get()
 
 
-def preprocess_jsonl(input_path: str, output_prefix: str, tokenizer: tokenizer_lib.Tokenizer, *,
-                     json_keys: Sequence[str] = ('text',), append_eod: bool = False,
-                     workers: int = 1, log_every_s: float = 10.0, log=None) -> Report:
+def preprocess_jsonl(
+  input_path: str,
+  output_prefix: str,
+  tokenizer: tokenizer_lib.Tokenizer,
+  *,
+  json_keys: Sequence[str] = ('text',),
+  append_eod: bool = False,
+  workers: int = 1,
+  log_every_s: float = 10.0,
+  log=None,
+) -> Report:
   """Tokenizes a JSONL file into one indexed dataset per key; returns what it did."""
   log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
   if not os.path.isfile(input_path):
@@ -146,8 +157,9 @@ def preprocess_jsonl(input_path: str, output_prefix: str, tokenizer: tokenizer_l
   start = last_log = time.perf_counter()
   chunks = _chunks(read_lines(input_path), _CHUNK_LINES)
   args = (tokenizer, tuple(json_keys), append_eod)
-  pool = multiprocessing.get_context('spawn').Pool(workers, _init_worker, args) \
-      if workers > 1 else None
+  pool = (
+    multiprocessing.get_context('spawn').Pool(workers, _init_worker, args) if workers > 1 else None
+  )
   try:
     if pool is None:
       _init_worker(*args)
@@ -179,6 +191,8 @@ def preprocess_jsonl(input_path: str, output_prefix: str, tokenizer: tokenizer_l
   for writer in writers.values():
     writer.close()
   report.seconds = time.perf_counter() - start
-  log(f'preprocess: done, {report.summary()}; wrote '
-      f'{", ".join(p + ".bin/.idx" for p in report.prefixes.values())}')
+  log(
+    f'preprocess: done, {report.summary()}; wrote '
+    f'{", ".join(p + ".bin/.idx" for p in report.prefixes.values())}'
+  )
   return report

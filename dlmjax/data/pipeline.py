@@ -40,16 +40,19 @@ def _blend_and_split(config, split: str) -> tuple[str, str | None]:
   if data.source.startswith(tfds_source.PREFIX):
     return tfds_source.ensure_tfds_prefix(config, cache_dir(config)), data.split
   if data.source != 'megatron':
-    raise DataError(f"data.source {data.source!r} is not 'builtin', 'megatron' or "
-                    "'tfds:NAME:SPLIT'")
+    raise DataError(
+      f"data.source {data.source!r} is not 'builtin', 'megatron' or 'tfds:NAME:SPLIT'"
+    )
   if not data.valid_prefixes:
     return data.train_prefixes, data.split
   if split == 'train':
     return data.train_prefixes, None
   if split == 'valid':
     return data.valid_prefixes, None
-  raise DataError(f'no {split} data: with data.valid_prefixes set, each split reads its own '
-                  'prefixes whole; clear data.valid_prefixes to cut all splits by data.split.')
+  raise DataError(
+    f'no {split} data: with data.valid_prefixes set, each split reads its own '
+    'prefixes whole; clear data.valid_prefixes to cut all splits by data.split.'
+  )
 
 
 def make_dataset(config, split: str = 'train'):
@@ -63,9 +66,15 @@ def make_dataset(config, split: str = 'train'):
   prefixes, split_string = _blend_and_split(config, split)
   num_samples = config.train.steps * config.train.global_batch_size if split == 'train' else None
   return blend.build_dataset(
-      prefixes, split=split_string, name=split, num_samples=num_samples,
-      seq_len=config.model.seq_len, seed=config.seed, vocab_size=config.model.vocab_size,
-      cache_dir=os.path.join(cache_dir(config), 'indices'))
+    prefixes,
+    split=split_string,
+    name=split,
+    num_samples=num_samples,
+    seq_len=config.model.seq_len,
+    seed=config.seed,
+    vocab_size=config.model.vocab_size,
+    cache_dir=os.path.join(cache_dir(config), 'indices'),
+  )
 
 
 def make_train_source(config) -> grain.MapDataset:
@@ -83,8 +92,9 @@ def document_segment_ids(tokens_BS: np.ndarray, eod_id: int) -> np.ndarray:
 class _ReadBatch:
   """Batch k -> this process's rows of it; a class so worker processes can pickle it."""
 
-  def __init__(self, samples, global_batch_size: int, rows: int, first_row: int,
-               eod_id: int | None = None):
+  def __init__(
+    self, samples, global_batch_size: int, rows: int, first_row: int, eod_id: int | None = None
+  ):
     self.samples, self.global_batch_size = samples, global_batch_size
     self.rows, self.first_row, self.eod_id = rows, first_row, eod_id
 
@@ -103,8 +113,9 @@ class BatchIterator(grain.DatasetIterator):
   pipeline starts lazily, so a set_state right after creation costs nothing.
   """
 
-  def __init__(self, batches: grain.MapDataset, global_batch_size: int, prefetch: int,
-               num_workers: int):
+  def __init__(
+    self, batches: grain.MapDataset, global_batch_size: int, prefetch: int, num_workers: int
+  ):
     super().__init__()
     self._batches, self._global_batch_size = batches, global_batch_size
     self._prefetch, self._num_workers = prefetch, num_workers
@@ -113,15 +124,19 @@ class BatchIterator(grain.DatasetIterator):
 
   def _start(self):
     # Elements are whole batches, so a couple of reader threads keep `prefetch` batches ready.
-    read = grain.ReadOptions(num_threads=min(self._prefetch, 2),
-                             prefetch_buffer_size=self._prefetch)
-    dataset = self._batches[self._next_batch:].to_iter_dataset(read)
+    read = grain.ReadOptions(
+      num_threads=min(self._prefetch, 2), prefetch_buffer_size=self._prefetch
+    )
+    dataset = self._batches[self._next_batch :].to_iter_dataset(read)
     if self._num_workers > 0:
       # grain's worker processes read absl flags; outside an absl app, take their defaults.
       if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
-      dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(
-          num_workers=self._num_workers, per_worker_buffer_size=max(1, self._prefetch)))
+      dataset = dataset.mp_prefetch(
+        grain.MultiprocessingOptions(
+          num_workers=self._num_workers, per_worker_buffer_size=max(1, self._prefetch)
+        )
+      )
     self._inner = iter(dataset)
 
   def __next__(self) -> dict[str, np.ndarray]:
@@ -141,8 +156,10 @@ class BatchIterator(grain.DatasetIterator):
   def set_state(self, state: dict[str, int]):
     consumed = int(state['consumed_samples'])
     if consumed % self._global_batch_size:
-      raise DataError(f'cannot resume at {consumed} consumed samples with global batch size '
-                      f'{self._global_batch_size}: it must divide the consumed count.')
+      raise DataError(
+        f'cannot resume at {consumed} consumed samples with global batch size '
+        f'{self._global_batch_size}: it must divide the consumed count.'
+      )
     self._close_inner()
     self._next_batch = consumed // self._global_batch_size
 
@@ -161,8 +178,9 @@ class BatchIterator(grain.DatasetIterator):
     super().close()
 
 
-def make_batch_iterator(config, *, split: str = 'train', process_index: int = 0,
-                        process_count: int = 1) -> grain.DatasetIterator:
+def make_batch_iterator(
+  config, *, split: str = 'train', process_index: int = 0, process_count: int = 1
+) -> grain.DatasetIterator:
   """Yields {'tokens': np.int32 [global_batch_size // process_count, seq_len + 1]}, plus
   'segment_ids' of the same shape when data.packing is on.
 
@@ -170,15 +188,25 @@ def make_batch_iterator(config, *, split: str = 'train', process_index: int = 0,
   """
   global_batch_size = config.train.global_batch_size
   if global_batch_size % process_count:
-    raise DataError(f'train.global_batch_size {global_batch_size} is not divisible by the '
-                    f'{process_count} processes; make it a multiple.')
+    raise DataError(
+      f'train.global_batch_size {global_batch_size} is not divisible by the '
+      f'{process_count} processes; make it a multiple.'
+    )
   samples = make_dataset(config, split)
   num_batches = len(samples) // global_batch_size
   if num_batches == 0:
-    raise DataError(f'the {split} split has {len(samples)} samples, fewer than one global batch '
-                    f'of {global_batch_size}; use more data or a smaller batch or seq_len.')
+    raise DataError(
+      f'the {split} split has {len(samples)} samples, fewer than one global batch '
+      f'of {global_batch_size}; use more data or a smaller batch or seq_len.'
+    )
   rows = global_batch_size // process_count
   batches = grain.MapDataset.range(num_batches).map(
-      _ReadBatch(samples, global_batch_size, rows, process_index * rows,
-                 config.model.eos_token_id if config.data.packing else None))
+    _ReadBatch(
+      samples,
+      global_batch_size,
+      rows,
+      process_index * rows,
+      config.model.eos_token_id if config.data.packing else None,
+    )
+  )
   return BatchIterator(batches, global_batch_size, config.data.prefetch, config.data.num_workers)

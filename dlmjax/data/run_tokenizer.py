@@ -27,8 +27,12 @@ def find(config, *, build: bool = False, beside: str | None = None) -> str | Non
       return os.path.join(beside, name)
   path = config.data.tokenizer
   if build:
-    return path or builtin.ensure_builtin_corpus(
-        config.data.cache_dir or None, vocab_size=config.model.vocab_size).tokenizer_path
+    return (
+      path
+      or builtin.ensure_builtin_corpus(
+        config.data.cache_dir or None, vocab_size=config.model.vocab_size
+      ).tokenizer_path
+    )
   if path and os.path.exists(path):
     return path
   if config.data.source == 'builtin':
@@ -43,14 +47,19 @@ def load(config, *, build: bool = False, beside: str | None = None) -> tokenizer
   embedding row past the tokenizer's ids)."""
   path = find(config, build=build, beside=beside)
   if path is None:
-    raise DataError('no tokenizer found for this run: its config names none (data.tokenizer) and '
-                    'the built-in corpus is not built; set data.tokenizer, or pass token ids '
-                    'instead of text.')
+    raise DataError(
+      'no tokenizer found for this run: its config names none (data.tokenizer) and '
+      'the built-in corpus is not built; set data.tokenizer, or pass token ids '
+      'instead of text.'
+    )
   m = config.model
-  tokenizer = tokenizer_lib.load_tokenizer(path, eod_token=m.eos_token_id, pad_token=m.pad_token_id,
-                                           require_mask=False)
+  tokenizer = tokenizer_lib.load_tokenizer(
+    path, eod_token=m.eos_token_id, pad_token=m.pad_token_id, require_mask=False
+  )
   if tokenizer.vocab_size > config.model.vocab_size:
-    raise DataError(f'the tokenizer {path} has {tokenizer.vocab_size} ids but model.vocab_size '
-                    f'is {config.model.vocab_size}: use the tokenizer the model was trained with '
-                    '(data.tokenizer).')
+    raise DataError(
+      f'the tokenizer {path} has {tokenizer.vocab_size} ids but model.vocab_size '
+      f'is {config.model.vocab_size}: use the tokenizer the model was trained with '
+      '(data.tokenizer).'
+    )
   return tokenizer

@@ -35,6 +35,7 @@ BUILTIN_HELD_OUT_PER_TASK = 64  # test-split problems per task for the validatio
 @dataclasses.dataclass
 class Report:
   """What reading an SFT file did (printed at the start of a run)."""
+
   source: str = ''
   rows: int = 0
   truncated: int = 0
@@ -43,8 +44,10 @@ class Report:
   packed_rows: int = 0
 
   def summary(self) -> str:
-    text = (f'sft data {self.source}: {self.rows} conversations, {self.tokens:,} tokens; '
-            f'{self.truncated} truncated, {self.dropped} dropped as longer than the canvas')
+    text = (
+      f'sft data {self.source}: {self.rows} conversations, {self.tokens:,} tokens; '
+      f'{self.truncated} truncated, {self.dropped} dropped as longer than the canvas'
+    )
     if self.packed_rows:
       text += f'; packed into {self.packed_rows} rows'
     return text
@@ -72,16 +75,19 @@ def read_conversations(path: str, template: str) -> list[tuple[int, str, str]]:
     except DataError as e:
       raise DataError(f'{where}: {e}') from e
     if not response.strip():
-      raise DataError(f'{where}: the response is empty; an SFT row needs an answer to learn '
-                      '(remove the row or fill it in).')
+      raise DataError(
+        f'{where}: the response is empty; an SFT row needs an answer to learn '
+        '(remove the row or fill it in).'
+      )
     out.append((number, prompt, response))
   if not out:
     raise DataError(f'{path} has no rows.')
   return out
 
 
-def encode_conversations(conversations, tokenizer, *, eos_id: int, canvas: int, too_long: str,
-                         source: str = '') -> tuple[list[tuple[list[int], list[int]]], Report]:
+def encode_conversations(
+  conversations, tokenizer, *, eos_id: int, canvas: int, too_long: str, source: str = ''
+) -> tuple[list[tuple[list[int], list[int]]], Report]:
   """[(prompt ids, response ids + EOS)] that fit the canvas, per the too_long policy.
 
   truncate: cut the response to fill the canvas (no EOS: the answer goes on past the cut); a
@@ -96,20 +102,24 @@ def encode_conversations(conversations, tokenizer, *, eos_id: int, canvas: int, 
     length = len(prompt) + len(answer)
     if length > canvas:
       if too_long == 'error':
-        raise DataError(f'{source}:{number}: prompt + response + EOS is {length} tokens, more '
-                        f'than the canvas model.seq_len={canvas}; raise model.seq_len, shorten '
-                        'the row, or set --config.sft.too_long=truncate|drop.')
+        raise DataError(
+          f'{source}:{number}: prompt + response + EOS is {length} tokens, more '
+          f'than the canvas model.seq_len={canvas}; raise model.seq_len, shorten '
+          'the row, or set --config.sft.too_long=truncate|drop.'
+        )
       if too_long == 'drop' or len(prompt) >= canvas:
         report.dropped += 1
         continue
-      answer = answer[:canvas - len(prompt)]
+      answer = answer[: canvas - len(prompt)]
       report.truncated += 1
     out.append((list(prompt), answer))
     report.rows += 1
     report.tokens += len(prompt) + len(answer)
   if not out:
-    raise DataError(f'{source}: every row is longer than the canvas model.seq_len={canvas}; '
-                    'raise model.seq_len or set --config.sft.too_long=truncate.')
+    raise DataError(
+      f'{source}: every row is longer than the canvas model.seq_len={canvas}; '
+      'raise model.seq_len or set --config.sft.too_long=truncate.'
+    )
   return out, report
 
 
@@ -120,8 +130,8 @@ def padded_rows(encoded, *, eos_id: int, width: int) -> dict[str, np.ndarray]:
   for i, (prompt, answer) in enumerate(encoded):
     n = len(prompt) + len(answer)
     tokens[i, :n] = prompt + answer
-    roles[i, :len(prompt)] = PROMPT
-    roles[i, len(prompt):n] = RESPONSE
+    roles[i, : len(prompt)] = PROMPT
+    roles[i, len(prompt) : n] = RESPONSE
   return {'tokens': tokens, 'roles': roles}
 
 
@@ -144,10 +154,10 @@ def packed_rows(encoded, *, eos_id: int, width: int, canvas: int) -> dict[str, n
     start = 0
     for segment, (prompt, answer) in enumerate(row, start=1):
       n = len(prompt) + len(answer)
-      tokens[i, start:start + n] = prompt + answer
-      roles[i, start:start + len(prompt)] = PROMPT
-      roles[i, start + len(prompt):start + n] = RESPONSE
-      segments[i, start:start + n] = segment
+      tokens[i, start : start + n] = prompt + answer
+      roles[i, start : start + len(prompt)] = PROMPT
+      roles[i, start + len(prompt) : start + n] = RESPONSE
+      segments[i, start : start + n] = segment
       start += n
   return {'tokens': tokens, 'roles': roles, 'segment_ids': segments}
 
@@ -172,8 +182,9 @@ def ensure_builtin_set(cache_dir: str, seed: int = 0, split: str = 'train') -> s
   lines = []
   for task in BUILTIN_TASKS:
     for example in tasks.TASKS[task].examples(split, per_task, seed):
-      lines.append(json.dumps({'prompt': example.prompt, 'response': example.response,
-                               'task': task}))
+      lines.append(
+        json.dumps({'prompt': example.prompt, 'response': example.response, 'task': task})
+      )
   tmp = f'{path}.tmp{os.getpid()}'
   with open(tmp, 'w') as f:
     f.write('\n'.join(lines) + '\n')
@@ -190,8 +201,10 @@ def train_file(config) -> str:
   if config.sft.train_file:
     return config.sft.train_file
   if config.data.source != 'builtin':
-    raise DataError('stage sft reads sft.train_file, or the built-in set when '
-                    'data.source=builtin; set --config.sft.train_file=PATH.')
+    raise DataError(
+      'stage sft reads sft.train_file, or the built-in set when '
+      'data.source=builtin; set --config.sft.train_file=PATH.'
+    )
   return ensure_builtin_set(pipeline.cache_dir(config))
 
 
@@ -200,9 +213,11 @@ def eval_file(config) -> str:
   if config.sft.eval_file:
     return config.sft.eval_file
   if config.sft.train_file or config.data.source != 'builtin':
-    raise DataError('eval.every > 0 in stage sft scores a held-out set: set '
-                    '--config.sft.eval_file=PATH (jsonl like the train file), or '
-                    '--config.eval.every=0.')
+    raise DataError(
+      'eval.every > 0 in stage sft scores a held-out set: set '
+      '--config.sft.eval_file=PATH (jsonl like the train file), or '
+      '--config.eval.every=0.'
+    )
   return ensure_builtin_set(pipeline.cache_dir(config), split='test')
 
 
@@ -213,12 +228,18 @@ def build_rows(config, log=print, path: str | None = None) -> dict[str, np.ndarr
   conversations = read_conversations(path, config.sft.chat_template)
   canvas = config.model.seq_len
   encoded, report = encode_conversations(
-      conversations, run_tokenizer.load(config, build=True), eos_id=config.model.eos_token_id,
-      canvas=canvas, too_long=config.sft.too_long, source=path)
+    conversations,
+    run_tokenizer.load(config, build=True),
+    eos_id=config.model.eos_token_id,
+    canvas=canvas,
+    too_long=config.sft.too_long,
+    source=path,
+  )
   if config.data.packing:
     order = np.random.default_rng([config.seed, 1]).permutation(len(encoded))
-    rows = packed_rows([encoded[i] for i in order], eos_id=config.model.eos_token_id,
-                       width=canvas + 1, canvas=canvas)
+    rows = packed_rows(
+      [encoded[i] for i in order], eos_id=config.model.eos_token_id, width=canvas + 1, canvas=canvas
+    )
     report.packed_rows = len(rows['tokens'])
   else:
     rows = padded_rows(encoded, eos_id=config.model.eos_token_id, width=canvas + 1)
@@ -229,8 +250,9 @@ def build_rows(config, log=print, path: str | None = None) -> dict[str, np.ndarr
 class _ReadRows:
   """Batch k -> this process's rows of it; rows are drawn in a fresh permutation per epoch."""
 
-  def __init__(self, rows: dict, global_batch_size: int, local_rows: int, first_row: int,
-               seed: int):
+  def __init__(
+    self, rows: dict, global_batch_size: int, local_rows: int, first_row: int, seed: int
+  ):
     self.rows, self.global_batch_size = rows, global_batch_size
     self.local_rows, self.first_row, self.seed = local_rows, first_row, seed
     self.num_rows = len(next(iter(rows.values())))
@@ -254,9 +276,14 @@ class _ReadRows:
     return {name: array[index] for name, array in self.rows.items()}
 
 
-def make_batch_iterator(config, *, process_index: int = 0, process_count: int = 1,
-                        rows: dict | None = None, steps: int | None = None
-                        ) -> grain.DatasetIterator:
+def make_batch_iterator(
+  config,
+  *,
+  process_index: int = 0,
+  process_count: int = 1,
+  rows: dict | None = None,
+  steps: int | None = None,
+) -> grain.DatasetIterator:
   """steps (default train.steps) batches of {'tokens', 'roles'(, 'segment_ids')}: int32
   [GBS / P, seq_len + 1].
 
@@ -264,14 +291,18 @@ def make_batch_iterator(config, *, process_index: int = 0, process_count: int = 
   """
   global_batch_size = config.train.global_batch_size
   if global_batch_size % process_count:
-    raise DataError(f'train.global_batch_size {global_batch_size} is not divisible by the '
-                    f'{process_count} processes; make it a multiple.')
+    raise DataError(
+      f'train.global_batch_size {global_batch_size} is not divisible by the '
+      f'{process_count} processes; make it a multiple.'
+    )
   rows = build_rows(config) if rows is None else rows
   local = global_batch_size // process_count
   batches = grain.MapDataset.range(config.train.steps if steps is None else steps).map(
-      _ReadRows(rows, global_batch_size, local, process_index * local, config.seed))
-  return pipeline.BatchIterator(batches, global_batch_size, config.data.prefetch,
-                                config.data.num_workers)
+    _ReadRows(rows, global_batch_size, local, process_index * local, config.seed)
+  )
+  return pipeline.BatchIterator(
+    batches, global_batch_size, config.data.prefetch, config.data.num_workers
+  )
 
 
 def make_eval_batch_iterator(config, *, process_index: int = 0, process_count: int = 1):
@@ -280,7 +311,14 @@ def make_eval_batch_iterator(config, *, process_index: int = 0, process_count: i
   rows = build_rows(config, log=lambda line: print(f'held-out {line}'), path=path)
   count = len(rows['tokens'])
   if count < config.train.global_batch_size:
-    raise DataError(f'{path}: the held-out set has {count} rows, fewer than one global batch '
-                    f'({config.train.global_batch_size}); add rows or set --config.eval.every=0.')
-  return make_batch_iterator(config, process_index=process_index, process_count=process_count,
-                             rows=rows, steps=count // config.train.global_batch_size)
+    raise DataError(
+      f'{path}: the held-out set has {count} rows, fewer than one global batch '
+      f'({config.train.global_batch_size}); add rows or set --config.eval.every=0.'
+    )
+  return make_batch_iterator(
+    config,
+    process_index=process_index,
+    process_count=process_count,
+    rows=rows,
+    steps=count // config.train.global_batch_size,
+  )

@@ -39,8 +39,9 @@ def _tfds():
   try:
     import tensorflow_datasets  # pylint: disable=import-outside-toplevel
   except ImportError as e:
-    raise DataError("data.source tfds:... needs tensorflow-datasets: pip install 'dlmjax[tfds]'."
-                    ) from e
+    raise DataError(
+      "data.source tfds:... needs tensorflow-datasets: pip install 'dlmjax[tfds]'."
+    ) from e
   return tensorflow_datasets
 
 
@@ -61,11 +62,21 @@ def ensure_tfds_prefix(config, cache_dir: str) -> str:
   data_dir = os.environ.get('TFDS_DATA_DIR') or None
   tok = tokenizer_lib.load_tokenizer(tokenizer_path, require_mask=False)
   if config.data.packing and tok.eod_id != config.model.eos_token_id:
-    raise DataError(f'{tokenizer_path} ends documents with id {tok.eod_id} but '
-                    f'model.eos_token_id={config.model.eos_token_id}, which data.packing splits '
-                    f'documents at; set --config.model.eos_token_id={tok.eod_id}.')
-  key = json.dumps([FORMAT_VERSION, name, split, data_dir and os.path.abspath(data_dir),
-                    _file_key(tok.path), tok.eod_id])
+    raise DataError(
+      f'{tokenizer_path} ends documents with id {tok.eod_id} but '
+      f'model.eos_token_id={config.model.eos_token_id}, which data.packing splits '
+      f'documents at; set --config.model.eos_token_id={tok.eod_id}.'
+    )
+  key = json.dumps(
+    [
+      FORMAT_VERSION,
+      name,
+      split,
+      data_dir and os.path.abspath(data_dir),
+      _file_key(tok.path),
+      tok.eod_id,
+    ]
+  )
   slug = f'{name}-{split}'.replace('/', '_').replace(':', '_')
   final = os.path.join(cache_dir, 'tfds', f'{slug}-{hashlib.md5(key.encode()).hexdigest()[:10]}')
   prefix = os.path.join(final, 'text_document')
@@ -74,15 +85,18 @@ def ensure_tfds_prefix(config, cache_dir: str) -> str:
   try:
     source = tfds.data_source(name, split=split, data_dir=data_dir)
   except Exception as e:  # tfds raises many kinds for a missing or unprepared dataset.
-    raise DataError(f'cannot open TFDS dataset {name!r} split {split!r} (data_dir '
-                    f'{data_dir or "TFDS default"}): {e}. Prepare it with tfds (array_record '
-                    'format), or set the TFDS_DATA_DIR environment variable.') from e
+    raise DataError(
+      f'cannot open TFDS dataset {name!r} split {split!r} (data_dir '
+      f'{data_dir or "TFDS default"}): {e}. Prepare it with tfds (array_record '
+      'format), or set the TFDS_DATA_DIR environment variable.'
+    ) from e
   os.makedirs(os.path.dirname(final), exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=f'.{slug}.tmp-', dir=os.path.dirname(final))
   try:
     num_tokens = 0
-    with indexed.IndexedDatasetWriter(os.path.join(tmp, 'text_document'),
-                                      indexed.optimal_dtype(tok.vocab_size)) as writer:
+    with indexed.IndexedDatasetWriter(
+      os.path.join(tmp, 'text_document'), indexed.optimal_dtype(tok.vocab_size)
+    ) as writer:
       for start in range(0, len(source), _CHUNK):
         texts = [_text(source[i], name) for i in range(start, min(start + _CHUNK, len(source)))]
         for ids in tok.encode_batch(texts):
@@ -103,7 +117,9 @@ def ensure_tfds_prefix(config, cache_dir: str) -> str:
 
 def _text(example, name: str) -> str:
   if TEXT_FEATURE not in example:
-    raise DataError(f'TFDS dataset {name!r} has no {TEXT_FEATURE!r} feature (it has '
-                    f'{sorted(example)}); only text datasets are supported.')
+    raise DataError(
+      f'TFDS dataset {name!r} has no {TEXT_FEATURE!r} feature (it has '
+      f'{sorted(example)}); only text datasets are supported.'
+    )
   text = example[TEXT_FEATURE]
   return text.decode('utf-8', errors='replace') if isinstance(text, bytes) else str(text)

@@ -25,6 +25,7 @@ class _SentencePiece:
 
   def __init__(self, path):
     import sentencepiece  # pylint: disable=import-outside-toplevel
+
     self.model = sentencepiece.SentencePieceProcessor(model_file=path)
     self.vocab_size = self.model.get_piece_size()
     self.default_eod = self.model.eos_id() if self.model.eos_id() >= 0 else None
@@ -48,6 +49,7 @@ class _HuggingFace:
 
   def __init__(self, path):
     import tokenizers  # pylint: disable=import-outside-toplevel
+
     self.model = tokenizers.Tokenizer.from_file(path)
     self.vocab_size = self.model.get_vocab_size(with_added_tokens=True)
     self.default_eod = None
@@ -72,17 +74,25 @@ def _resolve_path(path: str) -> str:
         return os.path.join(path, name)
   if os.path.isfile(path):
     return path
-  raise DataError(f'no tokenizer at {path!r}: give a SentencePiece .model file, a Hugging Face '
-                  'tokenizer.json, or a directory holding one of them.')
+  raise DataError(
+    f'no tokenizer at {path!r}: give a SentencePiece .model file, a Hugging Face '
+    'tokenizer.json, or a directory holding one of them.'
+  )
 
 
 class Tokenizer:
   """Text <-> token ids, with the special ids the trainer and preprocessing need."""
 
-  def __init__(self, path: str, *, eod_token=None, mask_token=None, pad_token=None,
-               require_mask: bool = True):
-    self._args = dict(path=path, eod_token=eod_token, mask_token=mask_token, pad_token=pad_token,
-                      require_mask=require_mask)
+  def __init__(
+    self, path: str, *, eod_token=None, mask_token=None, pad_token=None, require_mask: bool = True
+  ):
+    self._args = dict(
+      path=path,
+      eod_token=eod_token,
+      mask_token=mask_token,
+      pad_token=pad_token,
+      require_mask=require_mask,
+    )
     self.path = _resolve_path(path)
     is_json = self.path.endswith('.json')
     self._backend = _HuggingFace(self.path) if is_json else _SentencePiece(self.path)
@@ -96,14 +106,17 @@ class Tokenizer:
     flag = f'{kind}_token= (python -m dlmjax.preprocess: --{kind}-token)'
     if isinstance(override, int):
       if not 0 <= override < self.vocab_size:
-        raise DataError(f'{kind} id {override} is outside the vocabulary of {self.path} '
-                        f'({self.vocab_size} ids)')
+        raise DataError(
+          f'{kind} id {override} is outside the vocabulary of {self.path} ({self.vocab_size} ids)'
+        )
       return override
     if override is not None:
       i = self._backend.piece_id(override)
       if i is None:
-        raise DataError(f'{kind} token {override!r} is not a piece of {self.path}; pass a piece '
-                        f'it has, or its id, as {flag}')
+        raise DataError(
+          f'{kind} token {override!r} is not a piece of {self.path}; pass a piece '
+          f'it has, or its id, as {flag}'
+        )
       return i
     for piece in candidates:
       i = self._backend.piece_id(piece)
@@ -111,11 +124,16 @@ class Tokenizer:
         return i
     if default is not None or not required:
       return default
-    raise DataError(f'no {kind} token found in {self.path} (looked for {", ".join(candidates)}); '
-                    f'pass the piece or id to use as {flag}.' + (
-                        ' A tokenizer without a mask piece needs one added (e.g. with '
-                        "tokenizers' add_special_tokens) before training a diffusion LM."
-                        if kind == 'mask' else ''))
+    raise DataError(
+      f'no {kind} token found in {self.path} (looked for {", ".join(candidates)}); '
+      f'pass the piece or id to use as {flag}.'
+      + (
+        ' A tokenizer without a mask piece needs one added (e.g. with '
+        "tokenizers' add_special_tokens) before training a diffusion LM."
+        if kind == 'mask'
+        else ''
+      )
+    )
 
   def encode(self, text: str) -> list[int]:
     return list(self._backend.encode(text))
@@ -137,15 +155,19 @@ class Tokenizer:
     self.__init__(**state)
 
   def __repr__(self):
-    return (f'Tokenizer({self.path!r}, vocab_size={self.vocab_size}, eod_id={self.eod_id}, '
-            f'mask_id={self.mask_id}, pad_id={self.pad_id})')
+    return (
+      f'Tokenizer({self.path!r}, vocab_size={self.vocab_size}, eod_id={self.eod_id}, '
+      f'mask_id={self.mask_id}, pad_id={self.pad_id})'
+    )
 
 
-def load_tokenizer(path: str, *, eod_token=None, mask_token=None, pad_token=None,
-                   require_mask: bool = True) -> Tokenizer:
+def load_tokenizer(
+  path: str, *, eod_token=None, mask_token=None, pad_token=None, require_mask: bool = True
+) -> Tokenizer:
   """Loads a tokenizer; each *_token is a piece (str) or id (int) overriding the lookup."""
-  return Tokenizer(path, eod_token=eod_token, mask_token=mask_token, pad_token=pad_token,
-                   require_mask=require_mask)
+  return Tokenizer(
+    path, eod_token=eod_token, mask_token=mask_token, pad_token=pad_token, require_mask=require_mask
+  )
 
 
 def vocab_size(path: str) -> int:
@@ -183,7 +205,7 @@ def _bounded_chunks(texts: Iterable[str], max_chars: int, chunk_chars: int) -> I
     size = 0
     for line in text.splitlines(keepends=True):
       for start in range(0, len(line), chunk_chars):
-        part = line[start:start + chunk_chars]
+        part = line[start : start + chunk_chars]
         if size + len(part) > chunk_chars and buf:
           yield ''.join(buf)
           buf, size = [], 0
@@ -198,9 +220,16 @@ def _bounded_chunks(texts: Iterable[str], max_chars: int, chunk_chars: int) -> I
       return
 
 
-def train_sentencepiece(texts, model_prefix: str, vocab_size: int, *, model_type: str = 'bpe',
-                        json_key: str = 'text', max_chars: int = 4_000_000,
-                        seed: int = 0) -> str:
+def train_sentencepiece(
+  texts,
+  model_prefix: str,
+  vocab_size: int,
+  *,
+  model_type: str = 'bpe',
+  json_key: str = 'text',
+  max_chars: int = 4_000_000,
+  seed: int = 0,
+) -> str:
   """Trains a SentencePiece model on texts (an iterable of str, or a .jsonl[.gz] path).
 
   Special ids: pad 0 `<pad>`, unk 1 `<unk>`, eod 2 `<|endoftext|>`, mask 3 `<|mask|>`, then
@@ -213,24 +242,43 @@ def train_sentencepiece(texts, model_prefix: str, vocab_size: int, *, model_type
     The path of the written `<model_prefix>.model`.
   """
   import sentencepiece  # pylint: disable=import-outside-toplevel
+
   if isinstance(texts, (str, os.PathLike)):
     texts = read_jsonl_texts(str(texts), json_key)
   model = io.BytesIO()
   sentencepiece.set_random_generator_seed(seed)
   try:
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=_bounded_chunks(texts, max_chars, chunk_chars=2048),
-        model_writer=model, vocab_size=vocab_size, model_type=model_type,
-        pad_id=0, pad_piece='<pad>', unk_id=1, unk_piece='<unk>', bos_id=-1,
-        eos_id=2, eos_piece='<|endoftext|>', user_defined_symbols=['<|mask|>', '\n'],
-        byte_fallback=True, character_coverage=0.9995, split_digits=True,
-        normalization_rule_name='identity', remove_extra_whitespaces=False,
-        add_dummy_prefix=False, allow_whitespace_only_pieces=True,
-        max_sentence_length=4 * 2048, input_sentence_size=0, shuffle_input_sentence=False,
-        num_threads=1, minloglevel=2)
+      sentence_iterator=_bounded_chunks(texts, max_chars, chunk_chars=2048),
+      model_writer=model,
+      vocab_size=vocab_size,
+      model_type=model_type,
+      pad_id=0,
+      pad_piece='<pad>',
+      unk_id=1,
+      unk_piece='<unk>',
+      bos_id=-1,
+      eos_id=2,
+      eos_piece='<|endoftext|>',
+      user_defined_symbols=['<|mask|>', '\n'],
+      byte_fallback=True,
+      character_coverage=0.9995,
+      split_digits=True,
+      normalization_rule_name='identity',
+      remove_extra_whitespaces=False,
+      add_dummy_prefix=False,
+      allow_whitespace_only_pieces=True,
+      max_sentence_length=4 * 2048,
+      input_sentence_size=0,
+      shuffle_input_sentence=False,
+      num_threads=1,
+      minloglevel=2,
+    )
   except RuntimeError as e:
-    raise DataError(f'SentencePiece training for {model_prefix}.model failed: {e}. With too '
-                    'little text for the vocabulary, lower vocab_size or give more text.') from e
+    raise DataError(
+      f'SentencePiece training for {model_prefix}.model failed: {e}. With too '
+      'little text for the vocabulary, lower vocab_size or give more text.'
+    ) from e
   path = f'{model_prefix}.model'
   tmp = f'{path}.tmp{os.getpid()}'
   with open(tmp, 'wb') as f:

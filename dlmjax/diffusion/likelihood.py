@@ -27,6 +27,7 @@ from dlmjax.diffusion import loss as loss_lib
 @dataclasses.dataclass(frozen=True)
 class LikelihoodConfig:
   """LLaDA's defaults: mc_num 128 samples, batch_size 32 per forward pass, no CFG."""
+
   mc_num: int = 128  # Monte Carlo samples per sequence.
   mc_batch: int = 32  # samples per forward pass and per stratified group (LLaDA `batch_size`).
   cfg_scale: float = 0.0  # unsupervised CFG: un + (cfg + 1)(cond - un), context masked in un.
@@ -36,8 +37,10 @@ class LikelihoodConfig:
     if self.mc_num < 1 or self.mc_batch < 1:
       raise ValueError(f'mc_num={self.mc_num} and mc_batch={self.mc_batch} must be positive.')
     if self.mc_num % self.mc_batch:
-      raise ValueError(f'mc_batch={self.mc_batch} must divide mc_num={self.mc_num} (samples come '
-                       'in whole stratified groups); e.g. mc_num=128 with mc_batch=32.')
+      raise ValueError(
+        f'mc_batch={self.mc_batch} must divide mc_num={self.mc_num} (samples come '
+        'in whole stratified groups); e.g. mc_num=128 with mc_batch=32.'
+      )
     if self.cfg_scale < 0:
       raise ValueError(f'cfg_scale={self.cfg_scale} must be >= 0 (0 turns guidance off).')
     if self.chunk_tokens < 0:
@@ -72,12 +75,14 @@ def continuation_masks(keys_B, context_lengths_B, lengths_B, *, num_rows: int, l
   """(masked [B, R, L] bool, counts [B, R]): row r of sequence b masks counts[b, r] continuation
   positions chosen uniformly (the smallest of its uniforms, i.e. LLaDA's randperm)."""
   positions_1L = jnp.arange(length)[None]
-  continuation_BL = ((positions_1L >= context_lengths_B[:, None])
-                     & (positions_1L < lengths_B[:, None]))
+  continuation_BL = (positions_1L >= context_lengths_B[:, None]) & (
+    positions_1L < lengths_B[:, None]
+  )
   target_lengths_B = lengths_B - context_lengths_B
   k_B, u_BRL = round_draws(keys_B, target_lengths_B, num_rows, length)
   counts_BR = jax.vmap(stratified_counts, (0, 0, None))(
-      k_B, jnp.maximum(target_lengths_B, 1), num_rows)
+    k_B, jnp.maximum(target_lengths_B, 1), num_rows
+  )
   score_BRL = jnp.where(continuation_BL[:, None], u_BRL, 2.0)  # other positions rank last.
   rank_BRL = jnp.argsort(jnp.argsort(score_BRL, axis=-1), axis=-1)
   masked_BRL = (rank_BRL < counts_BR[..., None]) & continuation_BL[:, None]
@@ -87,20 +92,30 @@ def continuation_masks(keys_B, context_lengths_B, lengths_B, *, num_rows: int, l
 def _token_ce(module, noisy_NL, tokens_NL, context_NL, valid_length_N, settings, mask_id):
   """CE [N, L] of the clean tokens under the model's prediction from the noisy rows."""
   if settings.cfg_scale == 0:
-    return loss_lib.model_cross_entropy(module, noisy_NL, tokens_NL,
-                                        chunk_size=settings.chunk_tokens,
-                                        valid_length_B=valid_length_N)
+    return loss_lib.model_cross_entropy(
+      module, noisy_NL, tokens_NL, chunk_size=settings.chunk_tokens, valid_length_B=valid_length_N
+    )
   # SMDM's unsupervised CFG as LLaDA applies it: a copy with the context masked, one forward.
   unconditional_NL = jnp.where(context_NL, mask_id, noisy_NL)
-  logits = module(jnp.concatenate([noisy_NL, unconditional_NL]),
-                  valid_length_B=jnp.concatenate([valid_length_N, valid_length_N]))
+  logits = module(
+    jnp.concatenate([noisy_NL, unconditional_NL]),
+    valid_length_B=jnp.concatenate([valid_length_N, valid_length_N]),
+  )
   conditional, unconditional = jnp.split(logits.astype(jnp.float32), 2)
   guided = unconditional + (settings.cfg_scale + 1) * (conditional - unconditional)
   return loss_lib.token_cross_entropy(guided, tokens_NL)
 
 
-def log_likelihood(module, tokens_BL, context_lengths_B, lengths_B, keys_B,
-                   settings: LikelihoodConfig, *, mask_id: int):
+def log_likelihood(
+  module,
+  tokens_BL,
+  context_lengths_B,
+  lengths_B,
+  keys_B,
+  settings: LikelihoodConfig,
+  *,
+  mask_id: int,
+):
   """Estimates log p(continuation | context) [B] float32; traceable and differentiable.
 
   Row b is tokens_BL[b, :lengths_B[b]]: context [0, context_lengths_B[b]), continuation after
@@ -120,17 +135,26 @@ def log_likelihood(module, tokens_BL, context_lengths_B, lengths_B, keys_B,
 
   def one_round(total_B, round_index):
     round_keys_B = jax.vmap(lambda key: jax.random.fold_in(key, round_index))(keys_B)
-    masked_BRL, counts_BR = continuation_masks(round_keys_B, context_lengths_B, lengths_B,
-                                               num_rows=rows, length=length)
+    masked_BRL, counts_BR = continuation_masks(
+      round_keys_B, context_lengths_B, lengths_B, num_rows=rows, length=length
+    )
     noisy_BRL = jnp.where(masked_BRL, mask_id, tokens_BL[:, None])
-    ce_NL = _token_ce(module, noisy_BRL.reshape(batch * rows, length), tile(tokens_BL),
-                      tile(context_BL), tile(lengths_B), settings, mask_id)
+    ce_NL = _token_ce(
+      module,
+      noisy_BRL.reshape(batch * rows, length),
+      tile(tokens_BL),
+      tile(context_BL),
+      tile(lengths_B),
+      settings,
+      mask_id,
+    )
     weight_BR = target_lengths_B[:, None] / counts_BR.astype(jnp.float32)  # 1 / p, p = n / T
     ce_BRL = jnp.where(masked_BRL, ce_NL.reshape(batch, rows, length), 0.0)
     return total_B + jnp.sum(ce_BRL.sum(-1) * weight_BR, axis=1) / rows, None
 
-  total_B, _ = jax.lax.scan(one_round, jnp.zeros((batch,), jnp.float32),
-                            jnp.arange(settings.mc_num // rows))
+  total_B, _ = jax.lax.scan(
+    one_round, jnp.zeros((batch,), jnp.float32), jnp.arange(settings.mc_num // rows)
+  )
   return -total_B / (settings.mc_num // rows)
 
 
@@ -142,8 +166,15 @@ def make_log_likelihood_fn(model_config, settings: LikelihoodConfig, *, mask_id:
   @jax.jit
   def fn(params, tokens_BL, context_lengths_B, lengths_B, key):
     keys_B = jnp.broadcast_to(key, tokens_BL.shape[:1])
-    return log_likelihood(model_lib.merge(model_config, params), tokens_BL, context_lengths_B,
-                          lengths_B, keys_B, settings, mask_id=mask_id)
+    return log_likelihood(
+      model_lib.merge(model_config, params),
+      tokens_BL,
+      context_lengths_B,
+      lengths_B,
+      keys_B,
+      settings,
+      mask_id=mask_id,
+    )
 
   return fn
 
@@ -159,7 +190,7 @@ def pad_pairs(pairs, pad_id: int, width: int):
   lengths = np.zeros(len(pairs), np.int32)
   for b, (context, continuation) in enumerate(pairs):
     row = list(context) + list(continuation)
-    tokens[b, :len(row)] = row
+    tokens[b, : len(row)] = row
     context_lengths[b], lengths[b] = len(context), len(row)
   return tokens, context_lengths, lengths
 
@@ -167,14 +198,25 @@ def pad_pairs(pairs, pad_id: int, width: int):
 def fit_pair(context, continuation, max_length: int):
   """Drops the context's oldest tokens so the pair fits max_length (as lm-eval's HF model)."""
   if len(continuation) > max_length:
-    raise ValueError(f'a continuation of {len(continuation)} tokens exceeds the model length '
-                     f'{max_length}; shorten it or use a model with a longer model.seq_len.')
+    raise ValueError(
+      f'a continuation of {len(continuation)} tokens exceeds the model length '
+      f'{max_length}; shorten it or use a model with a longer model.seq_len.'
+    )
   keep = max_length - len(continuation)
-  return list(context)[max(0, len(context) - keep):], list(continuation)
+  return list(context)[max(0, len(context) - keep) :], list(continuation)
 
 
-def score_pairs(fn, params, pairs, *, key, pad_id: int, max_length: int, batch_size: int = 8,
-                width_multiple: int = 32) -> np.ndarray:
+def score_pairs(
+  fn,
+  params,
+  pairs,
+  *,
+  key,
+  pad_id: int,
+  max_length: int,
+  batch_size: int = 8,
+  width_multiple: int = 32,
+) -> np.ndarray:
   """log p(continuation | context) for each (context ids, continuation ids) pair, float64 [N].
 
   Pairs are sorted by length and scored batch_size at a time, padded to a multiple of
@@ -184,11 +226,11 @@ def score_pairs(fn, params, pairs, *, key, pad_id: int, max_length: int, batch_s
   order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
   scores = np.zeros(len(pairs), np.float64)
   for start in progress.track(range(0, len(order), batch_size), 'score'):
-    chunk = order[start:start + batch_size]
+    chunk = order[start : start + batch_size]
     longest = max(len(pairs[i][0]) + len(pairs[i][1]) for i in chunk)
     width = min(max(width_multiple, -(-longest // width_multiple) * width_multiple), max_length)
     batch = [pairs[i] for i in chunk] + [((), ())] * (batch_size - len(chunk))  # fixed B
     tokens, context_lengths, lengths = pad_pairs(batch, pad_id, max(width, longest))
     out = np.asarray(jax.device_get(fn(params, tokens, context_lengths, lengths, key)))
-    scores[chunk] = out[:len(chunk)]
+    scores[chunk] = out[: len(chunk)]
   return scores

@@ -21,8 +21,9 @@ def token_cross_entropy(logits_BLV, targets_BL):
   return jax.nn.logsumexp(logits_BLV, axis=-1) - target_logit
 
 
-def model_cross_entropy(module, inputs_BL, targets_BL, *, chunk_size: int, token_shards: int = 1,
-                        **model_kwargs):
+def model_cross_entropy(
+  module, inputs_BL, targets_BL, *, chunk_size: int, token_shards: int = 1, **model_kwargs
+):
   """Per-token CE [B, L] of the model's predictions for `targets` given `inputs`.
 
   chunk_size > 0 fuses the output head with the CE over token chunks (never materialising fp32
@@ -35,13 +36,27 @@ def model_cross_entropy(module, inputs_BL, targets_BL, *, chunk_size: int, token
   hidden_BLD = module.hidden(inputs_BL, **model_kwargs)
   batch, length, dim = hidden_BLD.shape
   ce_T = linear_cross_entropy.linear_cross_entropy(
-      hidden_BLD.reshape(batch * length, dim), module.head_weight_DV(), targets_BL.reshape(-1),
-      chunk_size=chunk_size, token_shards=token_shards)
+    hidden_BLD.reshape(batch * length, dim),
+    module.head_weight_DV(),
+    targets_BL.reshape(-1),
+    chunk_size=chunk_size,
+    token_shards=token_shards,
+  )
   return ce_T.reshape(batch, length)
 
 
-def mdm_loss(ce_fn, tokens_BS, *, seed, step, micro_index, example_ids_B, mask_id, varlen_prob,
-             segment_ids=None):
+def mdm_loss(
+  ce_fn,
+  tokens_BS,
+  *,
+  seed,
+  step,
+  micro_index,
+  example_ids_B,
+  mask_id,
+  varlen_prob,
+  segment_ids=None,
+):
   """Masked-diffusion loss on tokens [B, S+1] (the sample's first S tokens are trained).
 
   loss = sum_{b,i} CE_bi * m_bi / p_b / (B * l), with l the kept length of the micro-batch.
@@ -62,22 +77,41 @@ def mdm_loss(ce_fn, tokens_BS, *, seed, step, micro_index, example_ids_B, mask_i
   else:
     segments_BL = segment_ids[:, :-1]
     noisy_BL, masked_BL, p_BL = masking.forward_process_segments(
-        keys, x_BL, segments_BL, mask_id=mask_id, length=length)
+      keys, x_BL, segments_BL, mask_id=mask_id, length=length
+    )
     p_B = masked_BL.sum(1) / length  # the row's realised ratio, for the mask_ratio metric only.
-    model_kwargs.update(segment_ids_BL=segments_BL,
-                        positions_BL=masking.segment_positions(segments_BL))
+    model_kwargs.update(
+      segment_ids_BL=segments_BL, positions_BL=masking.segment_positions(segments_BL)
+    )
   ce_BL = ce_fn(noisy_BL, x_BL, **model_kwargs)
   masked = masked_BL.astype(jnp.float32)
   num = jnp.sum(ce_BL * masked / p_BL)
   den = (batch * length).astype(jnp.float32)
-  sums = dict(loss_num=num, loss_den=den, masked_ce_sum=jnp.sum(ce_BL * masked),
-              masked_count=jnp.sum(masked), mask_ratio_sum=jnp.sum(p_B), rows=jnp.float32(batch),
-              length_sum=length.astype(jnp.float32), micro_batches=jnp.float32(1))
+  sums = dict(
+    loss_num=num,
+    loss_den=den,
+    masked_ce_sum=jnp.sum(ce_BL * masked),
+    masked_count=jnp.sum(masked),
+    mask_ratio_sum=jnp.sum(p_B),
+    rows=jnp.float32(batch),
+    length_sum=length.astype(jnp.float32),
+    micro_batches=jnp.float32(1),
+  )
   return num / den, sums
 
 
-def ar_loss(ce_fn, tokens_BS, *, seed, step, micro_index, example_ids_B, mask_id, varlen_prob,
-            segment_ids=None):
+def ar_loss(
+  ce_fn,
+  tokens_BS,
+  *,
+  seed,
+  step,
+  micro_index,
+  example_ids_B,
+  mask_id,
+  varlen_prob,
+  segment_ids=None,
+):
   """Next-token CE on the sample's shifted tokens (MegaDLMs `vanilla` mode), mean over tokens.
 
   With segment_ids, attention and positions stay per document (Megatron's reset flags).
@@ -91,14 +125,22 @@ def ar_loss(ce_fn, tokens_BS, *, seed, step, micro_index, example_ids_B, mask_id
   model_kwargs = {}
   if segment_ids is not None:
     segments_BL = segment_ids[:, :-1]
-    model_kwargs = dict(segment_ids_BL=segments_BL,
-                        positions_BL=masking.segment_positions(segments_BL))
+    model_kwargs = dict(
+      segment_ids_BL=segments_BL, positions_BL=masking.segment_positions(segments_BL)
+    )
   ce_BL = ce_fn(inputs_BL, targets_BL, valid_length_B=None, **model_kwargs)
   num = jnp.sum(ce_BL * valid_BL)
   den = (batch * length).astype(jnp.float32)
-  sums = dict(loss_num=num, loss_den=den, masked_ce_sum=num, masked_count=den,
-              mask_ratio_sum=jnp.float32(0), rows=jnp.float32(batch),
-              length_sum=length.astype(jnp.float32), micro_batches=jnp.float32(1))
+  sums = dict(
+    loss_num=num,
+    loss_den=den,
+    masked_ce_sum=num,
+    masked_count=den,
+    mask_ratio_sum=jnp.float32(0),
+    rows=jnp.float32(batch),
+    length_sum=length.astype(jnp.float32),
+    micro_batches=jnp.float32(1),
+  )
   return num / den, sums
 
 

@@ -97,7 +97,9 @@ def forward_process_segments(keys_B, tokens_BL, segment_ids_BL, *, mask_id: int,
 def segment_positions(segment_ids_BL):
   """Positions restarting at 0 where each segment starts (RoPE per document)."""
   index_1L = jnp.arange(segment_ids_BL.shape[1])[None]
-  starts_BL = jnp.concatenate([jnp.ones_like(segment_ids_BL[:, :1], bool),
-                               segment_ids_BL[:, 1:] != segment_ids_BL[:, :-1]], axis=1)
+  starts_BL = jnp.concatenate(
+    [jnp.ones_like(segment_ids_BL[:, :1], bool), segment_ids_BL[:, 1:] != segment_ids_BL[:, :-1]],
+    axis=1,
+  )
   first_BL = jax.lax.cummax(jnp.where(starts_BL, index_1L, 0), axis=1)
   return index_1L - first_BL

@@ -29,6 +29,7 @@ CACHE_MODES = ('none', 'truncate')
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   """Sampling settings; defaults are LLaDA's demo (one token per step, blocks of 32)."""
+
   gen_length: int = 128
   steps: int = 128
   block_length: int = 32
@@ -54,11 +55,15 @@ class SamplingConfig:
       if not isinstance(getattr(self, name), (int, np.integer)) or getattr(self, name) < 1:
         raise ValueError(f'{name} must be a positive integer, got {getattr(self, name)!r}.')
     if self.gen_length % self.block_length:
-      raise ValueError(f'gen_length={self.gen_length} is not a multiple of block_length='
-                       f'{self.block_length}; pick a block_length that divides it.')
+      raise ValueError(
+        f'gen_length={self.gen_length} is not a multiple of block_length='
+        f'{self.block_length}; pick a block_length that divides it.'
+      )
     if self.steps % self.num_blocks:
-      raise ValueError(f'steps={self.steps} is not a multiple of the {self.num_blocks} blocks '
-                       f'(gen_length / block_length); use steps = k * {self.num_blocks}.')
+      raise ValueError(
+        f'steps={self.steps} is not a multiple of the {self.num_blocks} blocks '
+        f'(gen_length / block_length); use steps = k * {self.num_blocks}.'
+      )
     if self.temperature < 0:
       raise ValueError(f'temperature must be >= 0 (0 = greedy), got {self.temperature}.')
     if not 0 < self.top_p <= 1:
@@ -106,11 +111,14 @@ FIELDS = tuple(field.name for field in dataclasses.fields(SamplingConfig))
 # The command-line flag of each field (generate and evaluate); cfg_scale is --cfg as in
 # evaluate's likelihood mode and lm-eval's model_args.
 FLAGS = {name: '--' + name.replace('_', '-') for name in FIELDS} | {'cfg_scale': '--cfg'}
-_HELP = {'temperature': '0 = greedy', 'cfg_scale': 'CFG scale (0 = off)',
-         'remasking': ' | '.join(REMASKING),
-         'threshold': 'also commit tokens at least this confident (0 = off)',
-         'cache': ' | '.join(CACHE_MODES),
-         'stop_at_eos': 'skip the remaining blocks once every row has an EOS'}
+_HELP = {
+  'temperature': '0 = greedy',
+  'cfg_scale': 'CFG scale (0 = off)',
+  'remasking': ' | '.join(REMASKING),
+  'threshold': 'also commit tokens at least this confident (0 = off)',
+  'cache': ' | '.join(CACHE_MODES),
+  'stop_at_eos': 'skip the remaining blocks once every row has an EOS',
+}
 
 
 def add_arguments(parser) -> None:
@@ -119,17 +127,25 @@ def add_arguments(parser) -> None:
   for name in FIELDS:
     default = getattr(defaults, name)
     if isinstance(default, bool):
-      parser.add_argument(FLAGS[name], dest=f'sampler_{name}', action='store_true',
-                          help=_HELP.get(name))
+      parser.add_argument(
+        FLAGS[name], dest=f'sampler_{name}', action='store_true', help=_HELP.get(name)
+      )
     else:
-      parser.add_argument(FLAGS[name], dest=f'sampler_{name}', type=type(default),
-                          default=default, metavar=name.upper(), help=_HELP.get(name))
+      parser.add_argument(
+        FLAGS[name],
+        dest=f'sampler_{name}',
+        type=type(default),
+        default=default,
+        metavar=name.upper(),
+        help=_HELP.get(name),
+      )
 
 
 def from_arguments(args) -> SamplingConfig:
   """The validated settings add_arguments' flags parsed into."""
   return SamplingConfig.from_values(
-      **{name: getattr(args, f'sampler_{name}') for name in FIELDS}).validate()
+    **{name: getattr(args, f'sampler_{name}') for name in FIELDS}
+  ).validate()
 
 
 def num_transfer_tokens(num_masked_B, steps: int):
@@ -154,8 +170,9 @@ def gumbel_noise(key, shape):
   """
   hi, lo = jax.random.bits(key, (2,) + tuple(shape), jnp.uint32)
   upper = (hi >> 31) == 1
-  v = ((hi & 0x7FFFFFFF).astype(jnp.float32) * 2.0 ** -32
-       + lo.astype(jnp.float32) * 2.0 ** -64 + 2.0 ** -65)
+  v = (
+    (hi & 0x7FFFFFFF).astype(jnp.float32) * 2.0**-32 + lo.astype(jnp.float32) * 2.0**-64 + 2.0**-65
+  )
   exponential = jnp.where(upper, -jnp.log1p(-v), -jnp.log(v))
   return -jnp.log(exponential)
 
@@ -209,7 +226,7 @@ def pad_prompts(token_lists, pad_id: int, width: int | None = None):
   prompt_BP = np.full((len(token_lists), width), pad_id, np.int32)
   for row, tokens in enumerate(token_lists):
     if len(tokens):
-      prompt_BP[row, width - len(tokens):] = tokens
+      prompt_BP[row, width - len(tokens) :] = tokens
   return prompt_BP, lengths
 
 
@@ -218,7 +235,7 @@ def completions(out_BL, prompt_width: int, eos_id: int) -> list[list[int]]:
   result = []
   for row in np.asarray(out_BL)[:, prompt_width:]:
     eos = np.flatnonzero(row == eos_id)
-    result.append(row[:eos[0] if len(eos) else len(row)].tolist())
+    result.append(row[: eos[0] if len(eos) else len(row)].tolist())
   return result
 
 
@@ -231,15 +248,29 @@ def _check_truncation(module, width: int, sampling: SamplingConfig) -> None:
   if kind == 'block_causal' and all(end % size == 0 for end in ends):
     return
   if kind == 'block_causal':
-    raise ValueError(f"cache='truncate' needs the prompt width ({width}) and block_length "
-                     f'({sampling.block_length}) to be multiples of model.block_size ({size}); '
-                     'pad prompts to such a width (pad_prompts(..., width=)).')
-  raise ValueError(f"cache='truncate' is exact only for causal or block_causal models; this one is "
-                   f"{kind} (every token sees the whole canvas): use cache='none'.")
+    raise ValueError(
+      f"cache='truncate' needs the prompt width ({width}) and block_length "
+      f'({sampling.block_length}) to be multiples of model.block_size ({size}); '
+      'pad prompts to such a width (pad_prompts(..., width=)).'
+    )
+  raise ValueError(
+    f"cache='truncate' is exact only for causal or block_causal models; this one is "
+    f"{kind} (every token sees the whole canvas): use cache='none'."
+  )
 
 
-def generate(module, prompt_BP, prompt_lengths_B, sampling: SamplingConfig, key, *, mask_id: int,
-             eos_id: int, pad_id: int, vocab_size: int | None = None):
+def generate(
+  module,
+  prompt_BP,
+  prompt_lengths_B,
+  sampling: SamplingConfig,
+  key,
+  *,
+  mask_id: int,
+  eos_id: int,
+  pad_id: int,
+  vocab_size: int | None = None,
+):
   """Decodes gen_length tokens after each left-padded prompt: int32 [B, P + gen_length].
 
   Per block of block_length tokens, steps_per_block steps; per step a forward over the canvas,
@@ -260,9 +291,11 @@ def generate(module, prompt_BP, prompt_lengths_B, sampling: SamplingConfig, key,
   if mask_id == pad_id:
     raise ValueError(f'pad_id and mask_id are both {mask_id}; pads would be decoded as masks.')
   if length > module.cfg.seq_len:
-    raise ValueError(f'prompt width {width} + gen_length {sampling.gen_length} = {length} tokens '
-                     f'exceed the model context (seq_len {module.cfg.seq_len}); shorten the '
-                     'prompt or gen_length.')
+    raise ValueError(
+      f'prompt width {width} + gen_length {sampling.gen_length} = {length} tokens '
+      f'exceed the model context (seq_len {module.cfg.seq_len}); shorten the '
+      'prompt or gen_length.'
+    )
   if sampling.cache == 'truncate':
     _check_truncation(module, width, sampling)
   vocab_size = vocab_size or module.cfg.vocab_size
@@ -273,8 +306,10 @@ def generate(module, prompt_BP, prompt_lengths_B, sampling: SamplingConfig, key,
   segment_ids_BL = jnp.broadcast_to(real_BL.astype(jnp.int32), (batch, length))
   positions_BL = jnp.maximum(index_1L - offset_B1, 0)
   prompt_real_BL = real_BL & (index_1L < width)
-  x_BL = jnp.concatenate([jnp.asarray(prompt_BP, jnp.int32),
-                          jnp.full((batch, sampling.gen_length), mask_id, jnp.int32)], axis=1)
+  x_BL = jnp.concatenate(
+    [jnp.asarray(prompt_BP, jnp.int32), jnp.full((batch, sampling.gen_length), mask_id, jnp.int32)],
+    axis=1,
+  )
 
   def block_logits(x_BL, start, view):
     """float32 logits [B, block, V] of the current block, CFG applied; the forward sees x[:view]."""
@@ -330,23 +365,33 @@ def generate(module, prompt_BP, prompt_lengths_B, sampling: SamplingConfig, key,
       return decode_block(block_index, x_BL, view)
     start = width + block_index * block
     done_B = jnp.any((x_BL == eos_id) & (index_1L >= width) & (index_1L < start), axis=1)
-    return jax.lax.cond(jnp.all(done_B), lambda x: x, lambda x: decode_block(block_index, x, view),
-                        x_BL)
+    return jax.lax.cond(
+      jnp.all(done_B), lambda x: x, lambda x: decode_block(block_index, x, view), x_BL
+    )
 
   if sampling.cache == 'truncate':  # static views: one unrolled loop iteration per block.
     for b in range(sampling.num_blocks):
       x_BL = maybe_decode_block(b, x_BL, width + (b + 1) * block)
   else:
-    x_BL = jax.lax.fori_loop(0, sampling.num_blocks,
-                             lambda b, x: maybe_decode_block(b, x, length), x_BL)
+    x_BL = jax.lax.fori_loop(
+      0, sampling.num_blocks, lambda b, x: maybe_decode_block(b, x, length), x_BL
+    )
   if sampling.stop_at_eos:  # skipped blocks read as EOS, the end of the text anyway.
     x_BL = jnp.where(x_BL == mask_id, eos_id, x_BL)
   return x_BL
 
 
 @functools.lru_cache(maxsize=32)  # one compilation per setting, shared by every caller.
-def make_generate_fn(model_config, sampling: SamplingConfig, *, mask_id: int, eos_id: int,
-                     pad_id: int, mesh=None, vocab_size: int | None = None):
+def make_generate_fn(
+  model_config,
+  sampling: SamplingConfig,
+  *,
+  mask_id: int,
+  eos_id: int,
+  pad_id: int,
+  mesh=None,
+  vocab_size: int | None = None,
+):
   """jit(fn(params, prompt_BP, prompt_lengths_B, key) -> int32 [B, P + gen_length]).
 
   With a mesh, params take their training shardings and the batch splits over the batch axes;
@@ -357,32 +402,51 @@ def make_generate_fn(model_config, sampling: SamplingConfig, *, mask_id: int, eo
   sampling.validate()
   if model_config.attention_backend == 'cudnn':
     model_config = dataclasses.replace(
-        model_config, attention_backend='auto' if 'auto' in attention.BACKENDS else 'xla')
+      model_config, attention_backend='auto' if 'auto' in attention.BACKENDS else 'xla'
+    )
 
   def fn(params, prompt_BP, prompt_lengths_B, key):
     module = model_lib.merge(model_config, params)
-    return generate(module, prompt_BP, prompt_lengths_B, sampling, key, mask_id=mask_id,
-                    eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size)
+    return generate(
+      module,
+      prompt_BP,
+      prompt_lengths_B,
+      sampling,
+      key,
+      mask_id=mask_id,
+      eos_id=eos_id,
+      pad_id=pad_id,
+      vocab_size=vocab_size,
+    )
 
   if mesh is None:
     return programs.jit_program(fn, model_config.matmul_dtype)
   _, _, axes = model_lib.abstract(model_config)
   rows = rules.named_sharding(mesh, (rules.BATCH, None))
-  jitted = programs.jit_program(fn, model_config.matmul_dtype,
-                   in_shardings=(rules.tree_shardings(mesh, axes), rows,
-                                 rules.named_sharding(mesh, (rules.BATCH,)),
-                                 rules.named_sharding(mesh, ())),
-                   out_shardings=rows)
+  jitted = programs.jit_program(
+    fn,
+    model_config.matmul_dtype,
+    in_shardings=(
+      rules.tree_shardings(mesh, axes),
+      rows,
+      rules.named_sharding(mesh, (rules.BATCH,)),
+      rules.named_sharding(mesh, ()),
+    ),
+    out_shardings=rows,
+  )
   shards = int(np.prod([mesh.shape[a] for a in rules.RULES[rules.BATCH]]))
 
   def sharded(params, prompt_BP, prompt_lengths_B, key):
     if prompt_BP.shape[0] % shards:
-      raise ValueError(f'batch {prompt_BP.shape[0]} does not split over the {shards} batch '
-                       f'shards of the mesh; pad the batch to a multiple of {shards}.')
+      raise ValueError(
+        f'batch {prompt_BP.shape[0]} does not split over the {shards} batch '
+        f'shards of the mesh; pad the batch to a multiple of {shards}.'
+      )
     if jax.process_count() > 1:  # every process passes the whole batch; each places its rows
       prompt_BP = distributed.from_full_host(prompt_BP, rows)
       prompt_lengths_B = distributed.from_full_host(
-          prompt_lengths_B, rules.named_sharding(mesh, (rules.BATCH,)))
+        prompt_lengths_B, rules.named_sharding(mesh, (rules.BATCH,))
+      )
     with rules.activation_mesh(mesh):
       return jitted(params, prompt_BP, prompt_lengths_B, key)
 

@@ -19,8 +19,7 @@ from dlmjax.diffusion import masking
 NORMALISATIONS = ('sequence', 'token', 'batch')
 
 
-def forward_process(keys_B, tokens_BL, maskable_BL, segments_BL, *, mask_id: int,
-                    time_eps: float):
+def forward_process(keys_B, tokens_BL, maskable_BL, segments_BL, *, mask_id: int, time_eps: float):
   """LLaDA's forward process on the maskable tokens, with one t per conversation (segment).
 
   Unlike pre-training (MegaDLMs) there is no at-least-one-mask rule and p is the masking
@@ -46,15 +45,27 @@ def answer_lengths(maskable_BL, segments_BL):
   num_segments = segments_BL.shape[1] + 1
 
   def one_row(maskable_L, segments_L):
-    return jax.ops.segment_sum(maskable_L.astype(jnp.float32), segments_L,
-                               num_segments)[segments_L]
+    return jax.ops.segment_sum(maskable_L.astype(jnp.float32), segments_L, num_segments)[segments_L]
 
   return jax.vmap(one_row)(maskable_BL, segments_BL)
 
 
-def sft_loss(ce_fn, tokens_BS, *, roles, seed, step, micro_index, example_ids_B, mask_id,
-             normalisation='sequence', supervise_padding=True, weight_by_inverse_t=True,
-             time_eps=1e-3, segment_ids=None):
+def sft_loss(
+  ce_fn,
+  tokens_BS,
+  *,
+  roles,
+  seed,
+  step,
+  micro_index,
+  example_ids_B,
+  mask_id,
+  normalisation='sequence',
+  supervise_padding=True,
+  weight_by_inverse_t=True,
+  time_eps=1e-3,
+  segment_ids=None,
+):
   """The SFT loss of rows [B, S+1] (the first S tokens are the canvas, as in pre-training).
 
   roles [B, S+1]: PROMPT | RESPONSE (the answer and its EOS) | PADDING (EOS after it).
@@ -75,15 +86,20 @@ def sft_loss(ce_fn, tokens_BS, *, roles, seed, step, micro_index, example_ids_B,
   hidden_BL = padding_BL & (not supervise_padding)
   if segment_ids is None:
     segments_BL = jnp.ones_like(x_BL)
-    model_kwargs = {} if supervise_padding else dict(
-        valid_length_B=jnp.sum(~padding_BL, axis=1).astype(jnp.int32))  # padding is the tail.
+    model_kwargs = (
+      {}
+      if supervise_padding
+      else dict(valid_length_B=jnp.sum(~padding_BL, axis=1).astype(jnp.int32))
+    )  # padding is the tail.
   else:
     segments_BL = jnp.where(hidden_BL, 0, segment_ids[:, :-1])
-    model_kwargs = dict(segment_ids_BL=segments_BL,
-                        positions_BL=masking.segment_positions(segments_BL))
+    model_kwargs = dict(
+      segment_ids_BL=segments_BL, positions_BL=masking.segment_positions(segments_BL)
+    )
   keys = masking.example_keys(seed, step, example_ids_B)
-  noisy_BL, masked_BL, p_BL = forward_process(keys, x_BL, maskable_BL, segments_BL,
-                                              mask_id=mask_id, time_eps=time_eps)
+  noisy_BL, masked_BL, p_BL = forward_process(
+    keys, x_BL, maskable_BL, segments_BL, mask_id=mask_id, time_eps=time_eps
+  )
   ce_BL = ce_fn(noisy_BL, x_BL, **model_kwargs)
   masked = masked_BL.astype(jnp.float32)
   maskable = maskable_BL.astype(jnp.float32)
@@ -98,19 +114,25 @@ def sft_loss(ce_fn, tokens_BS, *, roles, seed, step, micro_index, example_ids_B,
     num, den = jnp.sum(contribution_BL), conversations
   den = jnp.maximum(den, 1e-9)  # only an all-prompt micro-batch has none.
   batch, length = x_BL.shape
-  sums = dict(loss_num=num, loss_den=den, masked_ce_sum=jnp.sum(ce_BL * masked),
-              masked_count=jnp.sum(masked), maskable_count=jnp.sum(maskable),
-              conversations=conversations, tokens=jnp.float32(batch * length))
+  sums = dict(
+    loss_num=num,
+    loss_den=den,
+    masked_ce_sum=jnp.sum(ce_BL * masked),
+    masked_count=jnp.sum(masked),
+    maskable_count=jnp.sum(maskable),
+    conversations=conversations,
+    tokens=jnp.float32(batch * length),
+  )
   return num / den, sums
 
 
 def metrics(sums) -> dict:
   """Step metrics from the sums of the micro-batches."""
   return dict(
-      loss=sums['loss_num'] / sums['loss_den'],
-      masked_ce=sums['masked_ce_sum'] / jnp.maximum(sums['masked_count'], 1.0),
-      mask_ratio=sums['masked_count'] / jnp.maximum(sums['maskable_count'], 1.0),
-      response_tokens=sums['maskable_count'],
-      conversations=sums['conversations'],
-      tokens=sums['tokens'],
+    loss=sums['loss_num'] / sums['loss_den'],
+    masked_ce=sums['masked_ce_sum'] / jnp.maximum(sums['masked_count'], 1.0),
+    mask_ratio=sums['masked_count'] / jnp.maximum(sums['maskable_count'], 1.0),
+    response_tokens=sums['maskable_count'],
+    conversations=sums['conversations'],
+    tokens=sums['tokens'],
   )

@@ -30,6 +30,7 @@ _LOG2E = math.log2(math.e)
 @dataclasses.dataclass(frozen=True)
 class Tile:
   """One kernel's tile: query rows x key rows, and Triton's warps and pipeline stages."""
+
   block_q: int
   block_k: int
   num_warps: int = 4
@@ -39,6 +40,7 @@ class Tile:
 @dataclasses.dataclass(frozen=True)
 class Tiles:
   """Tiles of the three kernels; sizes are powers of two, shrunk to divide the length."""
+
   fwd: Tile = Tile(128, 128, 8, 3)
   dq: Tile = Tile(64, 64, 4, 2)
   dkv: Tile = Tile(64, 64, 4, 2)
@@ -47,6 +49,7 @@ class Tiles:
 @dataclasses.dataclass(frozen=True)
 class _Mask:
   """The static part of the mask: kind and which of segments / lengths apply."""
+
   kind: str
   block_size: int
   segments: bool
@@ -57,8 +60,18 @@ class _Mask:
     return self.kind != 'bidirectional' or self.segments or self.lengths
 
 
-def flash_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None,
-                    valid_length_B=None, tiles: Tiles | None = None, interpret: bool | None = None):
+def flash_attention(
+  q_BLNH,
+  k_BLKH,
+  v_BLKH,
+  *,
+  kind,
+  block_size=0,
+  segment_ids_BL=None,
+  valid_length_B=None,
+  tiles: Tiles | None = None,
+  interpret: bool | None = None,
+):
   """Softmax(q k^T / sqrt(H)) v with the visibility of `model.attention.attention_mask`.
 
   Same contract as `xla_attention`, except that a query that sees no key returns 0 (the dense
@@ -69,8 +82,9 @@ def flash_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_B
   batch, length, num_heads, head_dim = q_BLNH.shape
   num_kv = k_BLKH.shape[2]
   if k_BLKH.shape != (batch, length, num_kv, head_dim) or v_BLKH.shape != k_BLKH.shape:
-    raise ValueError(f'k {k_BLKH.shape} and v {v_BLKH.shape} must be [B, L, K, H] matching q '
-                     f'{q_BLNH.shape}')
+    raise ValueError(
+      f'k {k_BLKH.shape} and v {v_BLKH.shape} must be [B, L, K, H] matching q {q_BLNH.shape}'
+    )
   if num_heads % num_kv:
     raise ValueError(f'{num_heads} query heads do not split into {num_kv} kv head groups')
   if kind not in MASK_KINDS:
@@ -81,8 +95,10 @@ def flash_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_B
     interpret = jax.default_backend() != 'gpu'
   tiles = tiles or Tiles()
   if not interpret and not supports_head_dim(head_dim):
-    raise ValueError(f'the pallas attention kernel needs a power-of-two head_dim >= 16, got '
-                     f'{head_dim}; use the xla or cudnn attention backend')
+    raise ValueError(
+      f'the pallas attention kernel needs a power-of-two head_dim >= 16, got '
+      f'{head_dim}; use the xla or cudnn attention backend'
+    )
   quantum = max(max(t.block_q, t.block_k) for t in (tiles.fwd, tiles.dq, tiles.dkv))
   quantum = min(quantum, max(16, 1 << (length - 1).bit_length()))
   padded = -(-length // quantum) * quantum
@@ -94,8 +110,7 @@ def flash_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_B
   else:
     valid_B = jnp.zeros((batch,), jnp.int32)
   segments = segment_ids_BL is not None
-  seg_BL = (segment_ids_BL.astype(jnp.int32) if segments
-            else jnp.zeros((batch, length), jnp.int32))
+  seg_BL = segment_ids_BL.astype(jnp.int32) if segments else jnp.zeros((batch, length), jnp.int32)
   if padded != length:
     pad = ((0, 0), (0, padded - length), (0, 0), (0, 0))
     q_BLNH, k_BLKH, v_BLKH = (jnp.pad(x, pad) for x in (q_BLNH, k_BLKH, v_BLKH))
@@ -112,12 +127,18 @@ def supports_head_dim(head_dim: int) -> bool:
 
 def _fit(tiles, length):
   """Shrinks each block to the largest power of two that divides the (padded) length."""
+
   def shrink(block):
     while length % block:
       block //= 2
     return block
-  return Tiles(*(dataclasses.replace(t, block_q=shrink(t.block_q), block_k=shrink(t.block_k))
-                 for t in (tiles.fwd, tiles.dq, tiles.dkv)))
+
+  return Tiles(
+    *(
+      dataclasses.replace(t, block_q=shrink(t.block_q), block_k=shrink(t.block_k))
+      for t in (tiles.fwd, tiles.dq, tiles.dkv)
+    )
+  )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,8 +162,10 @@ def _live_tiles(mask, seg_BL, valid_B, block_q, block_k):
   if mask.segments:  # Disjoint id ranges share no id; for packed documents this is exact.
     seg_q = seg_BL.reshape(batch, -1, block_q)
     seg_k = seg_BL.reshape(batch, -1, block_k)
-    live = live & ((seg_k.min(-1)[:, None, :] <= seg_q.max(-1)[:, :, None])
-                   & (seg_k.max(-1)[:, None, :] >= seg_q.min(-1)[:, :, None]))
+    live = live & (
+      (seg_k.min(-1)[:, None, :] <= seg_q.max(-1)[:, :, None])
+      & (seg_k.max(-1)[:, None, :] >= seg_q.min(-1)[:, :, None])
+    )
   return live
 
 
@@ -175,6 +198,7 @@ def _visible(mask, q0, k0, block_q, block_k, seg_q, seg_k, valid):
 
   def both(a, b):
     return b if a is None else a & b
+
   if mask.kind == 'causal':
     visible = q_pos >= k_pos
   elif mask.kind == 'block_causal':
@@ -194,8 +218,9 @@ def _logits(q, k, scale, mask, q0, k0, seg_q, seg_k, valid):
   return s
 
 
-def _fwd_kernel(range_ref, seg_q_ref, seg_k_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, mask,
-                block_k, scale):
+def _fwd_kernel(
+  range_ref, seg_q_ref, seg_k_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, mask, block_k, scale
+):
   block_q, head_dim = q_ref.shape
   q0 = pl.program_id(0) * block_q
   q = q_ref[...]
@@ -212,8 +237,11 @@ def _fwd_kernel(range_ref, seg_q_ref, seg_k_ref, q_ref, k_ref, v_ref, o_ref, lse
     acc = acc * alpha[:, None] + _dot(p.astype(v_ref.dtype), v_ref[ks, :])
     return acc, m_new, denom * alpha + p.sum(-1)
 
-  init = (jnp.zeros((block_q, head_dim), jnp.float32), jnp.full((block_q,), _NEG, jnp.float32),
-          jnp.zeros((block_q,), jnp.float32))
+  init = (
+    jnp.zeros((block_q, head_dim), jnp.float32),
+    jnp.full((block_q,), _NEG, jnp.float32),
+    jnp.zeros((block_q,), jnp.float32),
+  )
   acc, m, denom = lax.fori_loop(lo, hi, body, init)
   seen = m > 0.5 * _NEG  # Some key was visible: its logit is far above _NEG.
   denom = jnp.where(seen, denom, 1.0)
@@ -221,8 +249,22 @@ def _fwd_kernel(range_ref, seg_q_ref, seg_k_ref, q_ref, k_ref, v_ref, o_ref, lse
   lse_ref[...] = jnp.where(seen, m + jnp.log2(denom), -_NEG)  # +big: no probability in backward.
 
 
-def _dq_kernel(range_ref, seg_q_ref, seg_k_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
-               dq_ref, *, mask, block_k, scale):
+def _dq_kernel(
+  range_ref,
+  seg_q_ref,
+  seg_k_ref,
+  q_ref,
+  k_ref,
+  v_ref,
+  do_ref,
+  lse_ref,
+  delta_ref,
+  dq_ref,
+  *,
+  mask,
+  block_k,
+  scale,
+):
   block_q, head_dim = q_ref.shape
   q0 = pl.program_id(0) * block_q
   q, do, seg_q = q_ref[...], do_ref[...], seg_q_ref[...]
@@ -242,10 +284,9 @@ def _dq_kernel(range_ref, seg_q_ref, seg_k_ref, q_ref, k_ref, v_ref, do_ref, lse
   dq_ref[...] = (dq * (scale / _LOG2E)).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(range_ref, seg_q_ref, seg_k_ref, k_ref, v_ref, *refs, mask, block_q, groups,
-                scale):
-  q_refs, do_refs, lse_refs, delta_refs = (refs[i * groups:(i + 1) * groups] for i in range(4))
-  dk_ref, dv_ref = refs[4 * groups:]
+def _dkv_kernel(range_ref, seg_q_ref, seg_k_ref, k_ref, v_ref, *refs, mask, block_q, groups, scale):
+  q_refs, do_refs, lse_refs, delta_refs = (refs[i * groups : (i + 1) * groups] for i in range(4))
+  dk_ref, dv_ref = refs[4 * groups :]
   block_k, head_dim = k_ref.shape
   k0 = pl.program_id(0) * block_k
   k, v, seg_k = k_ref[...], v_ref[...], seg_k_ref[...]
@@ -279,14 +320,17 @@ def _params(tile, interpret):
   if interpret:
     return {}
   from jax.experimental.pallas import triton as pltriton  # pylint: disable=import-outside-toplevel
-  return dict(compiler_params=pltriton.CompilerParams(num_warps=tile.num_warps,
-                                                      num_stages=tile.num_stages))
+
+  return dict(
+    compiler_params=pltriton.CompilerParams(num_warps=tile.num_warps, num_stages=tile.num_stages)
+  )
 
 
 def _rows(block, head):
   """BlockSpec of `block` rows of one head of [B, L, heads, H], grid (row tile, b, head)."""
-  return lambda head_dim: pl.BlockSpec((None, block, None, head_dim),
-                                       lambda i, b, n: (b, i, head(n), 0))
+  return lambda head_dim: pl.BlockSpec(
+    (None, block, None, head_dim), lambda i, b, n: (b, i, head(n), 0)
+  )
 
 
 def _forward(q, k, v, seg_BL, valid_B, mask, tiles, interpret):
@@ -294,19 +338,28 @@ def _forward(q, k, v, seg_BL, valid_B, mask, tiles, interpret):
   groups = num_heads // k.shape[2]
   t = tiles.fwd
   ranges = _ranges(_live_tiles(mask, seg_BL, valid_B, t.block_q, t.block_k), valid_B)
-  scale = head_dim ** -0.5 * _LOG2E
+  scale = head_dim**-0.5 * _LOG2E
   full = pl.BlockSpec((None, length, None, head_dim), lambda i, b, n: (b, 0, n // groups, 0))
   own = pl.BlockSpec((None, t.block_q, None, head_dim), lambda i, b, n: (b, i, n, 0))
   o, lse = pl.pallas_call(
-      functools.partial(_fwd_kernel, mask=mask, block_k=t.block_k, scale=scale),
-      grid=(length // t.block_q, batch, num_heads),
-      in_specs=[pl.BlockSpec((None, None, 4), lambda i, b, n: (b, i, 0)),
-                pl.BlockSpec((None, t.block_q), lambda i, b, n: (b, i)),
-                pl.BlockSpec((None, length), lambda i, b, n: (b, 0)), own, full, full],
-      out_specs=[own, pl.BlockSpec((None, None, t.block_q), lambda i, b, n: (b, n, i))],
-      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 jax.ShapeDtypeStruct((batch, num_heads, length), jnp.float32)],
-      interpret=interpret, name='flash_attention_fwd', **_params(t, interpret),
+    functools.partial(_fwd_kernel, mask=mask, block_k=t.block_k, scale=scale),
+    grid=(length // t.block_q, batch, num_heads),
+    in_specs=[
+      pl.BlockSpec((None, None, 4), lambda i, b, n: (b, i, 0)),
+      pl.BlockSpec((None, t.block_q), lambda i, b, n: (b, i)),
+      pl.BlockSpec((None, length), lambda i, b, n: (b, 0)),
+      own,
+      full,
+      full,
+    ],
+    out_specs=[own, pl.BlockSpec((None, None, t.block_q), lambda i, b, n: (b, n, i))],
+    out_shape=[
+      jax.ShapeDtypeStruct(q.shape, q.dtype),
+      jax.ShapeDtypeStruct((batch, num_heads, length), jnp.float32),
+    ],
+    interpret=interpret,
+    name='flash_attention_fwd',
+    **_params(t, interpret),
   )(ranges, seg_BL, seg_BL, q, k, v)
   return o, lse
 
@@ -315,7 +368,7 @@ def _backward(q, k, v, seg_BL, valid_B, o, lse, do, mask, tiles, interpret):
   batch, length, num_heads, head_dim = q.shape
   num_kv = k.shape[2]
   groups = num_heads // num_kv
-  scale = head_dim ** -0.5 * _LOG2E
+  scale = head_dim**-0.5 * _LOG2E
   delta = jnp.einsum('blnh,blnh->bnl', o.astype(jnp.float32), do.astype(jnp.float32))
 
   t = tiles.dq
@@ -324,15 +377,24 @@ def _backward(q, k, v, seg_BL, valid_B, o, lse, do, mask, tiles, interpret):
   own = pl.BlockSpec((None, t.block_q, None, head_dim), lambda i, b, n: (b, i, n, 0))
   own_row = pl.BlockSpec((None, None, t.block_q), lambda i, b, n: (b, n, i))
   dq = pl.pallas_call(
-      functools.partial(_dq_kernel, mask=mask, block_k=t.block_k, scale=scale),
-      grid=(length // t.block_q, batch, num_heads),
-      in_specs=[pl.BlockSpec((None, None, 4), lambda i, b, n: (b, i, 0)),
-                pl.BlockSpec((None, t.block_q), lambda i, b, n: (b, i)),
-                pl.BlockSpec((None, length), lambda i, b, n: (b, 0)),
-                own, full, full, own, own_row, own_row],
-      out_specs=own,
-      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-      interpret=interpret, name='flash_attention_dq', **_params(t, interpret),
+    functools.partial(_dq_kernel, mask=mask, block_k=t.block_k, scale=scale),
+    grid=(length // t.block_q, batch, num_heads),
+    in_specs=[
+      pl.BlockSpec((None, None, 4), lambda i, b, n: (b, i, 0)),
+      pl.BlockSpec((None, t.block_q), lambda i, b, n: (b, i)),
+      pl.BlockSpec((None, length), lambda i, b, n: (b, 0)),
+      own,
+      full,
+      full,
+      own,
+      own_row,
+      own_row,
+    ],
+    out_specs=own,
+    out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+    interpret=interpret,
+    name='flash_attention_dq',
+    **_params(t, interpret),
   )(ranges, seg_BL, seg_BL, q, k, v, do, lse, delta)
 
   t = tiles.dkv
@@ -341,21 +403,30 @@ def _backward(q, k, v, seg_BL, valid_B, o, lse, do, mask, tiles, interpret):
   own = pl.BlockSpec((None, t.block_k, None, head_dim), lambda j, b, h: (b, j, h, 0))
 
   def query_head(g):
-    return (pl.BlockSpec((None, length, None, head_dim), lambda j, b, h: (b, 0, h * groups + g, 0)),
-            pl.BlockSpec((None, None, length), lambda j, b, h: (b, h * groups + g, 0)))
+    return (
+      pl.BlockSpec((None, length, None, head_dim), lambda j, b, h: (b, 0, h * groups + g, 0)),
+      pl.BlockSpec((None, None, length), lambda j, b, h: (b, h * groups + g, 0)),
+    )
+
   rows = [query_head(g) for g in range(groups)]
   dk, dv = pl.pallas_call(
-      functools.partial(_dkv_kernel, mask=mask, block_q=t.block_q, groups=groups, scale=scale),
-      grid=(length // t.block_k, batch, num_kv),
-      in_specs=[pl.BlockSpec((None, None, 4), lambda j, b, h: (b, j, 0)),
-                pl.BlockSpec((None, length), lambda j, b, h: (b, 0)),
-                pl.BlockSpec((None, t.block_k), lambda j, b, h: (b, j)), own, own]
-               + [r[0] for r in rows] * 2 + [r[1] for r in rows] * 2,
-      out_specs=[own, own],
-      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      interpret=interpret, name='flash_attention_dkv', **_params(t, interpret),
-  )(ranges, seg_BL, seg_BL, k, v, *[q] * groups, *[do] * groups, *[lse] * groups,
-    *[delta] * groups)
+    functools.partial(_dkv_kernel, mask=mask, block_q=t.block_q, groups=groups, scale=scale),
+    grid=(length // t.block_k, batch, num_kv),
+    in_specs=[
+      pl.BlockSpec((None, None, 4), lambda j, b, h: (b, j, 0)),
+      pl.BlockSpec((None, length), lambda j, b, h: (b, 0)),
+      pl.BlockSpec((None, t.block_k), lambda j, b, h: (b, j)),
+      own,
+      own,
+    ]
+    + [r[0] for r in rows] * 2
+    + [r[1] for r in rows] * 2,
+    out_specs=[own, own],
+    out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+    interpret=interpret,
+    name='flash_attention_dkv',
+    **_params(t, interpret),
+  )(ranges, seg_BL, seg_BL, k, v, *[q] * groups, *[do] * groups, *[lse] * groups, *[delta] * groups)
   return dq, dk, dv
 
 

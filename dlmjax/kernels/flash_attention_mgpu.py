@@ -44,6 +44,7 @@ class MosaicTiles:
   fwd: 64 query rows per warpgroup, key tiles of 128; dq: 64 query rows, key tiles of 128;
   dkv: 64 key rows per warpgroup, query tiles of 64. Each must be a multiple of 64 (wgmma's M).
   """
+
   fwd_q: int = 64
   fwd_kv: int = 128
   fwd_stages: int = 2
@@ -63,15 +64,22 @@ def supported(q_shape, k_shape, dtype, tiles: MosaicTiles = MosaicTiles()) -> st
     return f'head_dim {head_dim} (needs a multiple of 64, at most 256)'
   if num_heads % k_shape[2]:
     return f'{num_heads} query heads do not split into {k_shape[2]} kv heads'
-  quantum = math.lcm(_COMPUTE_WGS * tiles.fwd_q, tiles.fwd_kv, _COMPUTE_WGS * tiles.dq_q,
-                     tiles.dq_kv, _COMPUTE_WGS * tiles.dkv_kv, tiles.dkv_q)
+  quantum = math.lcm(
+    _COMPUTE_WGS * tiles.fwd_q,
+    tiles.fwd_kv,
+    _COMPUTE_WGS * tiles.dq_q,
+    tiles.dq_kv,
+    _COMPUTE_WGS * tiles.dkv_kv,
+    tiles.dkv_q,
+  )
   if length % quantum:
     return f'length {length} (needs a multiple of {quantum})'
   return None
 
 
-def flash_attention_mgpu(q_BLNH, k_BLKH, v_BLKH, *, valid_length_B=None,
-                         tiles: MosaicTiles = MosaicTiles()):
+def flash_attention_mgpu(
+  q_BLNH, k_BLKH, v_BLKH, *, valid_length_B=None, tiles: MosaicTiles = MosaicTiles()
+):
   """softmax(q k^T / sqrt(H)) v, bidirectional, grouped kv heads; differentiable.
 
   With `valid_length_B`, keys at or past a row's length are hidden from every query (the queries
@@ -79,21 +87,29 @@ def flash_attention_mgpu(q_BLNH, k_BLKH, v_BLKH, *, valid_length_B=None,
   """
   why = supported(q_BLNH.shape, k_BLKH.shape, q_BLNH.dtype, tiles)
   if why is not None:
-    raise ValueError(f'the Mosaic GPU attention kernel does not take {why}; use the pallas '
-                     '(Triton) or cudnn attention backend')
+    raise ValueError(
+      f'the Mosaic GPU attention kernel does not take {why}; use the pallas '
+      '(Triton) or cudnn attention backend'
+    )
   if k_BLKH.shape != v_BLKH.shape or k_BLKH.dtype != q_BLNH.dtype or v_BLKH.dtype != q_BLNH.dtype:
-    raise ValueError(f'k {k_BLKH.shape} {k_BLKH.dtype} and v {v_BLKH.shape} {v_BLKH.dtype} must '
-                     f'match each other and q\'s dtype {q_BLNH.dtype}')
+    raise ValueError(
+      f'k {k_BLKH.shape} {k_BLKH.dtype} and v {v_BLKH.shape} {v_BLKH.dtype} must '
+      f"match each other and q's dtype {q_BLNH.dtype}"
+    )
   batch, length = q_BLNH.shape[:2]
   lengths = valid_length_B is not None
-  valid_B = (jnp.minimum(valid_length_B.astype(jnp.int32), length) if lengths
-             else jnp.full((batch,), length, jnp.int32))
+  valid_B = (
+    jnp.minimum(valid_length_B.astype(jnp.int32), length)
+    if lengths
+    else jnp.full((batch,), length, jnp.int32)
+  )
   return _attention(q_BLNH, k_BLKH, v_BLKH, valid_B, tiles, lengths)
 
 
 def _params():
-  return plgpu.CompilerParams(approx_math=True,
-                              lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
+  return plgpu.CompilerParams(
+    approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup
+  )
 
 
 def _swizzled():
@@ -131,9 +147,16 @@ def _warp_specialized(step, consumer, specs, steps, stages):
   """The producer/consumer pipeline every kernel here runs: `steps` tiles through `stages` slots,
   each consumer releasing a slot's buffers itself (as soon as its last matmul on them is done)."""
   return plgpu.emit_pipeline_warp_specialized(
-      step, grid=(steps,), in_specs=specs, max_concurrent_steps=min(stages, steps),
-      num_compute_wgs=_COMPUTE_WGS, memory_registers=40, wg_axis='wg',
-      manual_consumed_barriers=True, compute_context=consumer)
+    step,
+    grid=(steps,),
+    in_specs=specs,
+    max_concurrent_steps=min(stages, steps),
+    num_compute_wgs=_COMPUTE_WGS,
+    memory_registers=40,
+    wg_axis='wg',
+    manual_consumed_barriers=True,
+    compute_context=consumer,
+  )
 
 
 def _stream_kv(step, consumer, k_ref, v_ref, b, n, groups, block_kv, stages):
@@ -142,7 +165,8 @@ def _stream_kv(step, consumer, k_ref, v_ref, b, n, groups, block_kv, stages):
   spec = plgpu.BlockSpec((block_kv, head_dim), lambda j: (j, 0), transforms=_swizzled())
   h = lax.div(n, jnp.int32(groups))
   _warp_specialized(step, consumer, [spec, spec], length // block_kv, stages)(
-      k_ref.at[b, :, h], v_ref.at[b, :, h])
+    k_ref.at[b, :, h], v_ref.at[b, :, h]
+  )
 
 
 def _pingpong(barrier):
@@ -159,7 +183,7 @@ def _forward(q, k, v, valid_B, tiles: MosaicTiles, lengths: bool):
   batch, length, num_heads, head_dim = q.shape
   groups = num_heads // k.shape[2]
   block_q, block_kv = tiles.fwd_q, tiles.fwd_kv
-  scale = head_dim ** -0.5 * _LOG2E
+  scale = head_dim**-0.5 * _LOG2E
   dtype = q.dtype
 
   def kernel(valid_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, q_smem2, lse_smem2, q_barrier, turn):
@@ -168,8 +192,7 @@ def _forward(q, k, v, valid_B, tiles: MosaicTiles, lengths: bool):
     q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
 
     def consumer(run_pipeline):
-      plgpu.copy_gmem_to_smem(_rows(q_ref.at[b, :, n], first, block_q), q_smem,
-                              q_barrier.at[wg])
+      plgpu.copy_gmem_to_smem(_rows(q_ref.at[b, :, n], first, block_q), q_smem, q_barrier.at[wg])
       plgpu.barrier_wait(q_barrier.at[wg])
       acc = jnp.zeros((block_q, head_dim), jnp.float32)
       row_max = jnp.full((block_q,), -jnp.inf, jnp.float32)
@@ -192,6 +215,7 @@ def _forward(q, k, v, valid_B, tiles: MosaicTiles, lengths: bool):
         plgpu.wgmma(s_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
         _pingpong(turn)  # Hand the tensor cores over while this matmul finishes.
         return s_ref[...]
+
       s = pl.run_scoped(logits, plgpu.ACC((block_q, block_kv), jnp.float32))
       plgpu.barrier_arrive(k_done)
       if lengths:
@@ -208,6 +232,7 @@ def _forward(q, k, v, valid_B, tiles: MosaicTiles, lengths: bool):
 
       def accumulate(acc_ref):
         plgpu.wgmma(acc_ref, p_lo, v_smem)
+
       acc = pl.run_state(accumulate)(plgpu.ACC.init(acc))
       plgpu.barrier_arrive(v_done)
       return acc, new_max, row_sum
@@ -215,18 +240,22 @@ def _forward(q, k, v, valid_B, tiles: MosaicTiles, lengths: bool):
     _stream_kv(step, consumer, k_ref, v_ref, b, n, groups, block_kv, tiles.fwd_stages)
 
   return plgpu.kernel(
-      kernel,
-      out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
-                jax.ShapeDtypeStruct((batch, num_heads, length), jnp.float32)],
-      scratch_types=[plgpu.SMEM((_COMPUTE_WGS, block_q, head_dim), dtype,
-                                transforms=_swizzled()),
-                     plgpu.SMEM((_COMPUTE_WGS, block_q), jnp.float32),
-                     plgpu.Barrier(num_barriers=_COMPUTE_WGS),
-                     plgpu.Barrier(num_arrivals=_COMPUTE_WGS)],
-      grid=(length // (_COMPUTE_WGS * block_q), num_heads, batch),
-      grid_names=('q_tile', 'head', 'batch'),
-      num_threads=_COMPUTE_WGS + 1, thread_name='wg',
-      compiler_params=_params(),
+    kernel,
+    out_type=[
+      jax.ShapeDtypeStruct(q.shape, dtype),
+      jax.ShapeDtypeStruct((batch, num_heads, length), jnp.float32),
+    ],
+    scratch_types=[
+      plgpu.SMEM((_COMPUTE_WGS, block_q, head_dim), dtype, transforms=_swizzled()),
+      plgpu.SMEM((_COMPUTE_WGS, block_q), jnp.float32),
+      plgpu.Barrier(num_barriers=_COMPUTE_WGS),
+      plgpu.Barrier(num_arrivals=_COMPUTE_WGS),
+    ],
+    grid=(length // (_COMPUTE_WGS * block_q), num_heads, batch),
+    grid_names=('q_tile', 'head', 'batch'),
+    num_threads=_COMPUTE_WGS + 1,
+    thread_name='wg',
+    compiler_params=_params(),
   )(valid_B, q, k, v)
 
 
@@ -239,22 +268,39 @@ def _dq(q, k, v, do, lse, delta, valid_B, tiles: MosaicTiles, lengths: bool):
   batch, length, num_heads, head_dim = q.shape
   groups = num_heads // k.shape[2]
   block_q, block_kv = tiles.dq_q, tiles.dq_kv
-  scale = head_dim ** -0.5 * _LOG2E
+  scale = head_dim**-0.5 * _LOG2E
   dtype = q.dtype
 
-  def kernel(valid_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, q_smem2, do_smem2,
-             lse_smem2, delta_smem2, *barriers):
+  def kernel(
+    valid_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dq_ref,
+    q_smem2,
+    do_smem2,
+    lse_smem2,
+    delta_smem2,
+    *barriers,
+  ):
     b, n = lax.axis_index('batch'), lax.axis_index('head')
     wg, first = _own_rows('q_tile', block_q)
     q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
 
     def consumer(run_pipeline):
       own = pl.ds(first, block_q)
-      sources = (_rows(q_ref.at[b, :, n], first, block_q),
-                 _rows(do_ref.at[b, :, n], first, block_q),
-                 lse_ref.at[b, n, own], delta_ref.at[b, n, own])
-      for src, dst, barrier in zip(sources, (q_smem, do_smem, lse_smem2.at[wg],
-                                             delta_smem2.at[wg]), barriers):
+      sources = (
+        _rows(q_ref.at[b, :, n], first, block_q),
+        _rows(do_ref.at[b, :, n], first, block_q),
+        lse_ref.at[b, n, own],
+        delta_ref.at[b, n, own],
+      )
+      for src, dst, barrier in zip(
+        sources, (q_smem, do_smem, lse_smem2.at[wg], delta_smem2.at[wg]), barriers
+      ):
         plgpu.copy_gmem_to_smem(src, dst, barrier.at[wg])
       for barrier in barriers:
         plgpu.barrier_wait(barrier.at[wg])
@@ -271,6 +317,7 @@ def _dq(q, k, v, do, lse, delta, valid_B, tiles: MosaicTiles, lengths: bool):
       def logits(s_ref):
         plgpu.wgmma(s_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
         return s_ref[...]
+
       s = pl.run_scoped(logits, plgpu.ACC((block_q, block_kv), jnp.float32))
       if lengths:
         s = _hide_keys(s, valid_ref[b], index[0] * block_kv, 1)
@@ -279,12 +326,14 @@ def _dq(q, k, v, do, lse, delta, valid_B, tiles: MosaicTiles, lengths: bool):
       def prob_grad(dp_ref):
         plgpu.wgmma(dp_ref, do_smem, plgpu.transpose_ref(v_smem, (1, 0)))
         return dp_ref[...]
+
       dp = pl.run_scoped(prob_grad, plgpu.ACC((block_q, block_kv), jnp.float32))
       plgpu.barrier_arrive(v_done)
       ds = p * (dp - _bcast_rows(delta, dp.shape))
 
       def accumulate(dq_ref):
         plgpu.wgmma(dq_ref, ds.astype(dtype), k_smem)
+
       dq = pl.run_state(accumulate)(plgpu.ACC.init(dq))
       plgpu.barrier_arrive(k_done)
       return dq, lse, delta
@@ -294,14 +343,15 @@ def _dq(q, k, v, do, lse, delta, valid_B, tiles: MosaicTiles, lengths: bool):
   row_smem = plgpu.SMEM((_COMPUTE_WGS, block_q, head_dim), dtype, transforms=_swizzled())
   vec_smem = plgpu.SMEM((_COMPUTE_WGS, block_q), jnp.float32)
   return plgpu.kernel(
-      kernel,
-      out_type=jax.ShapeDtypeStruct(q.shape, dtype),
-      scratch_types=[row_smem, row_smem, vec_smem, vec_smem]
-      + [plgpu.Barrier(num_barriers=_COMPUTE_WGS)] * 4,
-      grid=(length // (_COMPUTE_WGS * block_q), num_heads, batch),
-      grid_names=('q_tile', 'head', 'batch'),
-      num_threads=_COMPUTE_WGS + 1, thread_name='wg',
-      compiler_params=_params(),
+    kernel,
+    out_type=jax.ShapeDtypeStruct(q.shape, dtype),
+    scratch_types=[row_smem, row_smem, vec_smem, vec_smem]
+    + [plgpu.Barrier(num_barriers=_COMPUTE_WGS)] * 4,
+    grid=(length // (_COMPUTE_WGS * block_q), num_heads, batch),
+    grid_names=('q_tile', 'head', 'batch'),
+    num_threads=_COMPUTE_WGS + 1,
+    thread_name='wg',
+    compiler_params=_params(),
   )(valid_B, q, k, v, do, lse, delta)
 
 
@@ -311,24 +361,35 @@ def _dkv(q, k, v, do, lse, delta, valid_B, tiles: MosaicTiles, lengths: bool):
   groups = num_heads // num_kv
   block_kv, block_q = tiles.dkv_kv, tiles.dkv_q
   q_tiles = length // block_q
-  scale = head_dim ** -0.5 * _LOG2E
+  scale = head_dim**-0.5 * _LOG2E
   dtype = q.dtype
   # Query heads of one kv group side by side, so one view streams the whole group:
   # [B, L, K, G * H] (a free reshape) and [B, K, G * L] for lse and delta.
   q_g, do_g = (x.reshape(batch, length, num_kv, groups * head_dim) for x in (q, do))
   lse_g, delta_g = (x.reshape(batch, num_kv, groups * length) for x in (lse, delta))
 
-  def kernel(valid_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, k_smem2,
-             v_smem2, k_barrier, v_barrier):
+  def kernel(
+    valid_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    k_smem2,
+    v_smem2,
+    k_barrier,
+    v_barrier,
+  ):
     b, h = lax.axis_index('batch'), lax.axis_index('head')
     wg, first = _own_rows('kv_tile', block_kv)
     k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
 
     def consumer(run_pipeline):
-      plgpu.copy_gmem_to_smem(_rows(k_ref.at[b, :, h], first, block_kv), k_smem,
-                              k_barrier.at[wg])
-      plgpu.copy_gmem_to_smem(_rows(v_ref.at[b, :, h], first, block_kv), v_smem,
-                              v_barrier.at[wg])
+      plgpu.copy_gmem_to_smem(_rows(k_ref.at[b, :, h], first, block_kv), k_smem, k_barrier.at[wg])
+      plgpu.copy_gmem_to_smem(_rows(v_ref.at[b, :, h], first, block_kv), v_smem, v_barrier.at[wg])
       plgpu.barrier_wait(k_barrier.at[wg])
       plgpu.barrier_wait(v_barrier.at[wg])
       zeros = jnp.zeros((block_kv, head_dim), jnp.float32)
@@ -336,20 +397,24 @@ def _dkv(q, k, v, do, lse, delta, valid_B, tiles: MosaicTiles, lengths: bool):
       k_smem[...] = (dk * (scale / _LOG2E)).astype(dtype)
       v_smem[...] = dv.astype(dtype)
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(k_smem, _rows(dk_ref.at[b, :, h], first, block_kv),
-                              commit_group=False)
-      plgpu.copy_smem_to_gmem(v_smem, _rows(dv_ref.at[b, :, h], first, block_kv),
-                              commit_group=False)
+      plgpu.copy_smem_to_gmem(
+        k_smem, _rows(dk_ref.at[b, :, h], first, block_kv), commit_group=False
+      )
+      plgpu.copy_smem_to_gmem(
+        v_smem, _rows(dv_ref.at[b, :, h], first, block_kv), commit_group=False
+      )
       plgpu.commit_smem_to_gmem_group()
       plgpu.wait_smem_to_gmem(0)
 
-    def step(_, q_smem, do_smem, lse_smem, delta_smem, q_done, do_done, lse_done, delta_done,
-             carry):
+    def step(
+      _, q_smem, do_smem, lse_smem, delta_smem, q_done, do_done, lse_done, delta_done, carry
+    ):
       dk, dv = carry
 
       def logits_t(s_ref):
         plgpu.wgmma(s_ref, k_smem, plgpu.transpose_ref(q_smem, (1, 0)))
         return s_ref[...]
+
       s_t = pl.run_scoped(logits_t, plgpu.ACC((block_kv, block_q), jnp.float32))
       if lengths:  # Hidden keys get p = 0, hence zero dK and dV.
         s_t = _hide_keys(s_t, valid_ref[b], first, 0)
@@ -361,8 +426,10 @@ def _dkv(q, k, v, do, lse, delta, valid_B, tiles: MosaicTiles, lengths: bool):
         dv_ref, dp_ref = refs
         plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem)
         plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_smem, (1, 0)))
+
       dv, dp_t = pl.run_state(value_and_prob_grads)(
-          (plgpu.ACC.init(dv), plgpu.ACC.init(jnp.zeros((block_kv, block_q), jnp.float32))))
+        (plgpu.ACC.init(dv), plgpu.ACC.init(jnp.zeros((block_kv, block_q), jnp.float32)))
+      )
       plgpu.barrier_arrive(do_done)
       delta = delta_smem[...]
       plgpu.barrier_arrive(delta_done)
@@ -370,28 +437,31 @@ def _dkv(q, k, v, do, lse, delta, valid_B, tiles: MosaicTiles, lengths: bool):
 
       def accumulate(dk_ref):
         plgpu.wgmma(dk_ref, ds_t.astype(dtype), q_smem)
+
       dk = pl.run_state(accumulate)(plgpu.ACC.init(dk))
       plgpu.barrier_arrive(q_done)
       return dk, dv
 
     # Step t visits query tile t % q_tiles of group head t // q_tiles.
-    row_spec = plgpu.BlockSpec((block_q, head_dim), lambda t: (t % q_tiles, t // q_tiles),
-                               transforms=_swizzled())
+    row_spec = plgpu.BlockSpec(
+      (block_q, head_dim), lambda t: (t % q_tiles, t // q_tiles), transforms=_swizzled()
+    )
     vec_spec = plgpu.BlockSpec((block_q,), lambda t: (t,))
-    _warp_specialized(step, consumer, [row_spec, row_spec, vec_spec, vec_spec],
-                      groups * q_tiles, tiles.bwd_stages)(
-        q_ref.at[b, :, h], do_ref.at[b, :, h], lse_ref.at[b, h], delta_ref.at[b, h])
+    _warp_specialized(
+      step, consumer, [row_spec, row_spec, vec_spec, vec_spec], groups * q_tiles, tiles.bwd_stages
+    )(q_ref.at[b, :, h], do_ref.at[b, :, h], lse_ref.at[b, h], delta_ref.at[b, h])
 
   kv_smem = plgpu.SMEM((_COMPUTE_WGS, block_kv, head_dim), dtype, transforms=_swizzled())
   kv_type = jax.ShapeDtypeStruct(k.shape, dtype)
   return plgpu.kernel(
-      kernel,
-      out_type=[kv_type, kv_type],
-      scratch_types=[kv_smem, kv_smem] + [plgpu.Barrier(num_barriers=_COMPUTE_WGS)] * 2,
-      grid=(length // (_COMPUTE_WGS * block_kv), num_kv, batch),
-      grid_names=('kv_tile', 'head', 'batch'),
-      num_threads=_COMPUTE_WGS + 1, thread_name='wg',
-      compiler_params=_params(),
+    kernel,
+    out_type=[kv_type, kv_type],
+    scratch_types=[kv_smem, kv_smem] + [plgpu.Barrier(num_barriers=_COMPUTE_WGS)] * 2,
+    grid=(length // (_COMPUTE_WGS * block_kv), num_kv, batch),
+    grid_names=('kv_tile', 'head', 'batch'),
+    num_threads=_COMPUTE_WGS + 1,
+    thread_name='wg',
+    compiler_params=_params(),
   )(valid_B, q_g, k, v, do_g, lse_g, delta_g)
 
 

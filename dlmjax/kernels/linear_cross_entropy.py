@@ -14,8 +14,15 @@ import jax
 import jax.numpy as jnp
 
 
-def linear_cross_entropy(hidden_TD, weight_DV, targets_T, *, chunk_size: int = 4096,
-                         compute_dtype=None, token_shards: int = 1):
+def linear_cross_entropy(
+  hidden_TD,
+  weight_DV,
+  targets_T,
+  *,
+  chunk_size: int = 4096,
+  compute_dtype=None,
+  token_shards: int = 1,
+):
   """Per-token float32 `logsumexp(h W) - (h W)[target]`, computed chunk by chunk.
 
   Args:
@@ -45,9 +52,11 @@ def linear_cross_entropy(hidden_TD, weight_DV, targets_T, *, chunk_size: int = 4
   num_chunks = max(1, -(-num_tokens // chunk_size))
   rows = -(-num_tokens // num_chunks)
   if rows % token_shards:
-    raise ValueError(f'{rows} tokens per chunk (T={num_tokens}, chunk_size={chunk_size}) do not '
-                     f'split over token_shards={token_shards}; use a chunk_size that divides T '
-                     'into chunks of a multiple of token_shards rows')
+    raise ValueError(
+      f'{rows} tokens per chunk (T={num_tokens}, chunk_size={chunk_size}) do not '
+      f'split over token_shards={token_shards}; use a chunk_size that divides T '
+      'into chunks of a multiple of token_shards rows'
+    )
   pad = num_chunks * rows - num_tokens
   if pad:  # Padded rows get a zero cotangent from the slice below, so they add nothing to d_W.
     hidden_TD = jnp.pad(hidden_TD, ((0, pad), (0, 0)))
@@ -73,8 +82,7 @@ def _merge(x_NC):
 
 
 def _logits(h_CD, w_DV):
-  return jnp.einsum('cd,dv->cv', h_CD.astype(w_DV.dtype), w_DV,
-                    preferred_element_type=jnp.float32)
+  return jnp.einsum('cd,dv->cv', h_CD.astype(w_DV.dtype), w_DV, preferred_element_type=jnp.float32)
 
 
 def _is_target(t_C, vocab):
@@ -120,12 +128,20 @@ def _fused_bwd(num_chunks, dtype, token_shards, residuals, d_ce_T):
     d_h_CD = jnp.einsum('cv,dv->cd', d_logits_CV, w_DV, preferred_element_type=jnp.float32)
     # Group g holds the g-th contiguous block of the chunk's rows: one device's tokens.
     h_GCD = h_CD.astype(dtype).reshape(token_shards, -1, dim)
-    d_w_GDV += jnp.einsum('gcd,gcv->gdv', h_GCD, d_logits_CV.reshape(token_shards, -1, vocab),
-                          preferred_element_type=jnp.float32)
+    d_w_GDV += jnp.einsum(
+      'gcd,gcv->gdv',
+      h_GCD,
+      d_logits_CV.reshape(token_shards, -1, vocab),
+      preferred_element_type=jnp.float32,
+    )
     return d_w_GDV, d_h_CD.astype(hidden_TD.dtype)
 
-  xs = (_split(hidden_TD, num_chunks), _split(targets_T, num_chunks), lse_NC,
-        _split(d_ce_T.astype(jnp.float32), num_chunks))
+  xs = (
+    _split(hidden_TD, num_chunks),
+    _split(targets_T, num_chunks),
+    lse_NC,
+    _split(d_ce_T.astype(jnp.float32), num_chunks),
+  )
   zeros_GDV = jnp.zeros((token_shards, dim, vocab), jnp.float32)
   d_w_GDV, d_h_NCD = jax.lax.scan(chunk, zeros_GDV, xs)
   return _merge(d_h_NCD), jnp.sum(d_w_GDV, axis=0).astype(weight_DV.dtype), None

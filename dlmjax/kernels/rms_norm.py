@@ -29,6 +29,7 @@ from jax.experimental import pallas as pl
 class Blocks:
   """Tile sizes. A forward program owns `elements` values (a whole number of tokens); a backward
   program loops over `steps` such tiles and writes one d(scale) partial."""
+
   elements: int
   steps: int
   num_warps: int
@@ -54,8 +55,16 @@ def supported(heads: int, head_dim: int, *, rope: bool) -> str | None:
   return None
 
 
-def rms_norm(x, scale, *, eps: float, cos=None, sin=None, blocks: Blocks | None = None,
-             interpret: bool | None = None):
+def rms_norm(
+  x,
+  scale,
+  *,
+  eps: float,
+  cos=None,
+  sin=None,
+  blocks: Blocks | None = None,
+  interpret: bool | None = None,
+):
   """scale * x / rms(x) over the last axis, then RoPE by (cos, sin) if given.
 
   Without RoPE, x is [..., H]. With it, x is [..., N, H] (N heads) and cos / sin are the
@@ -71,8 +80,9 @@ def rms_norm(x, scale, *, eps: float, cos=None, sin=None, blocks: Blocks | None 
   return y.reshape(shape)
 
 
-def rms_norm_residual(x, scale, *, eps: float, blocks: Blocks | None = None,
-                      interpret: bool | None = None):
+def rms_norm_residual(
+  x, scale, *, eps: float, blocks: Blocks | None = None, interpret: bool | None = None
+):
   """(x, rms_norm(x)) for a pre-norm residual stream x [..., D].
 
   The caller adds the block's output to the returned x. The backward then gets the stream's
@@ -81,8 +91,16 @@ def rms_norm_residual(x, scale, *, eps: float, blocks: Blocks | None = None,
   """
   shape = x.shape
   x_RNH = x.reshape(-1, 1, shape[-1])
-  x_RNH, y = _norm(x_RNH, scale, None, None, eps, True, blocks or STREAM_BLOCKS,
-                   _interpret(interpret, x_RNH, False))
+  x_RNH, y = _norm(
+    x_RNH,
+    scale,
+    None,
+    None,
+    eps,
+    True,
+    blocks or STREAM_BLOCKS,
+    _interpret(interpret, x_RNH, False),
+  )
   return x_RNH.reshape(shape), y.reshape(shape)
 
 
@@ -122,8 +140,12 @@ def _fwd_kernel(*refs, eps, rope):
   cols = _columns(head_dim, rope)
   x = [x_ref[:, :, c].astype(jnp.float32) for c in cols]
   rstd = lax.rsqrt(sum(jnp.sum(p * p, axis=-1) for p in x) / head_dim + eps)  # [T, N]
-  y = [_round(scale_ref[c].astype(jnp.float32)[None, None, :]
-              * _round(p * rstd[:, :, None], dtype), dtype) for p, c in zip(x, cols)]
+  y = [
+    _round(
+      scale_ref[c].astype(jnp.float32)[None, None, :] * _round(p * rstd[:, :, None], dtype), dtype
+    )
+    for p, c in zip(x, cols)
+  ]
   if rope:
     cos, sin = cos_ref[...][:, None, :], sin_ref[...][:, None, :]
     y = [y[0] * cos - y[1] * sin, y[1] * cos + y[0] * sin]
@@ -152,8 +174,9 @@ def _bwd_kernel(*refs, rope, residual, tokens, steps):
     if rope:  # the transpose of the rotation: rotate the gradient back.
       cos, sin = cos_ref[rows, :][:, None, :], sin_ref[rows, :][:, None, :]
       g = [g[0] * cos + g[1] * sin, g[1] * cos - g[0] * sin]
-    acc = [a + jnp.sum(jnp.sum(gi * _round(ni, dtype), axis=1), axis=0)
-           for a, gi, ni in zip(acc, g, n)]
+    acc = [
+      a + jnp.sum(jnp.sum(gi * _round(ni, dtype), axis=1), axis=0) for a, gi, ni in zip(acc, g, n)
+    ]
     dn = [gi * s for gi, s in zip(g, scale)]
     mean = sum(jnp.sum(d * ni, axis=-1) for d, ni in zip(dn, n))[:, :, None] / head_dim
     dx = [rstd * (d - ni * mean) for d, ni in zip(dn, n)]
@@ -186,21 +209,27 @@ def _params(blocks, interpret):
   if interpret:
     return {}
   from jax.experimental.pallas import triton as pltriton  # pylint: disable=import-outside-toplevel
+
   return dict(compiler_params=pltriton.CompilerParams(num_warps=blocks.num_warps, num_stages=1))
 
 
 def _pad_rows(t, rows):
-  return t if t is None or t.shape[0] == rows else jnp.pad(
-      t, [(0, rows - t.shape[0])] + [(0, 0)] * (t.ndim - 1))
+  return (
+    t
+    if t is None or t.shape[0] == rows
+    else jnp.pad(t, [(0, rows - t.shape[0])] + [(0, 0)] * (t.ndim - 1))
+  )
 
 
 def _specs(rows, heads, head_dim):
   """BlockSpecs of one program's `rows` tokens of an [R, N, H] array, of its inverse rms [R, N]
   and of its RoPE tables [R, H / 2], and of the whole gain [H]."""
-  return (pl.BlockSpec((rows, heads, head_dim), lambda i: (i, 0, 0)),
-          pl.BlockSpec((rows, heads), lambda i: (i, 0)),
-          pl.BlockSpec((rows, head_dim // 2), lambda i: (i, 0)),
-          pl.BlockSpec((head_dim,), lambda i: (0,)))
+  return (
+    pl.BlockSpec((rows, heads, head_dim), lambda i: (i, 0, 0)),
+    pl.BlockSpec((rows, heads), lambda i: (i, 0)),
+    pl.BlockSpec((rows, head_dim // 2), lambda i: (i, 0)),
+    pl.BlockSpec((head_dim,), lambda i: (0,)),
+  )
 
 
 def _forward(x, scale, cos, sin, eps, blocks, interpret):
@@ -210,13 +239,17 @@ def _forward(x, scale, cos, sin, eps, blocks, interpret):
   tile, stats, table, gain = _specs(tokens, heads, head_dim)
   x, cos, sin = (_pad_rows(t, padded) for t in (x, cos, sin))
   y, rstd = pl.pallas_call(
-      functools.partial(_fwd_kernel, eps=eps, rope=rope),
-      grid=(padded // tokens,),
-      in_specs=[tile, gain] + [table] * 2 * rope,
-      out_specs=[tile, stats],
-      out_shape=[jax.ShapeDtypeStruct((padded, heads, head_dim), x.dtype),
-                 jax.ShapeDtypeStruct((padded, heads), jnp.float32)],
-      interpret=interpret, name='rms_norm_fwd', **_params(blocks, interpret),
+    functools.partial(_fwd_kernel, eps=eps, rope=rope),
+    grid=(padded // tokens,),
+    in_specs=[tile, gain] + [table] * 2 * rope,
+    out_specs=[tile, stats],
+    out_shape=[
+      jax.ShapeDtypeStruct((padded, heads, head_dim), x.dtype),
+      jax.ShapeDtypeStruct((padded, heads), jnp.float32),
+    ],
+    interpret=interpret,
+    name='rms_norm_fwd',
+    **_params(blocks, interpret),
   )(x, scale, *([cos, sin] if rope else []))
   return y[:rows], rstd[:rows]
 
@@ -229,13 +262,17 @@ def _backward(x, scale, rstd, cos, sin, gy, gpass, blocks, interpret):
   x, rstd, cos, sin, gy, gpass = (_pad_rows(t, padded) for t in (x, rstd, cos, sin, gy, gpass))
   programs = padded // (tokens * steps)
   dx, partials = pl.pallas_call(
-      functools.partial(_bwd_kernel, rope=rope, residual=residual, tokens=tokens, steps=steps),
-      grid=(programs,),
-      in_specs=[own, gain, stats] + [table] * 2 * rope + [own] * (1 + residual),
-      out_specs=[own, pl.BlockSpec((None, head_dim), lambda i: (i, 0))],
-      out_shape=[jax.ShapeDtypeStruct((padded, heads, head_dim), x.dtype),
-                 jax.ShapeDtypeStruct((programs, head_dim), jnp.float32)],
-      interpret=interpret, name='rms_norm_bwd', **_params(blocks, interpret),
+    functools.partial(_bwd_kernel, rope=rope, residual=residual, tokens=tokens, steps=steps),
+    grid=(programs,),
+    in_specs=[own, gain, stats] + [table] * 2 * rope + [own] * (1 + residual),
+    out_specs=[own, pl.BlockSpec((None, head_dim), lambda i: (i, 0))],
+    out_shape=[
+      jax.ShapeDtypeStruct((padded, heads, head_dim), x.dtype),
+      jax.ShapeDtypeStruct((programs, head_dim), jnp.float32),
+    ],
+    interpret=interpret,
+    name='rms_norm_bwd',
+    **_params(blocks, interpret),
   )(x, scale, rstd, *([cos, sin] if rope else []), gy, *([gpass] if residual else []))
   return dx[:rows], partials.sum(0).astype(scale.dtype)
 
@@ -255,8 +292,17 @@ def _norm_bwd(eps, residual, blocks, interpret, res, g):
   del eps
   x, scale, rstd, cos, sin = res
   gpass, gy = g if residual else (None, g)
-  dx, dscale = _backward(x, scale, rstd, cos, sin, gy.astype(x.dtype),
-                         None if gpass is None else gpass.astype(x.dtype), blocks, interpret)
+  dx, dscale = _backward(
+    x,
+    scale,
+    rstd,
+    cos,
+    sin,
+    gy.astype(x.dtype),
+    None if gpass is None else gpass.astype(x.dtype),
+    blocks,
+    interpret,
+  )
   return dx, dscale, None, None  # the RoPE tables are constants of the positions
 
 

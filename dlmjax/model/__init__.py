@@ -15,8 +15,16 @@ from dlmjax.model.presets import PRESETS, ModelConfig, apply_preset
 from dlmjax.model.transformer import Transformer
 from dlmjax.parallel import rules
 
-__all__ = ['ModelConfig', 'PRESETS', 'Transformer', 'apply_preset', 'init_params', 'abstract',
-           'merge', 'param_placement']
+__all__ = [
+  'ModelConfig',
+  'PRESETS',
+  'Transformer',
+  'apply_preset',
+  'init_params',
+  'abstract',
+  'merge',
+  'param_placement',
+]
 
 
 def _is_variable(x):
@@ -35,10 +43,13 @@ def abstract(cfg: ModelConfig):
   model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(model, nnx.Param)
   shapes = nnx.to_pure_dict(
-      jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.value.shape, v.value.dtype), state,
-                   is_leaf=_is_variable))
-  axes = nnx.to_pure_dict(jax.tree.map(lambda v: v.get_metadata()['axes'], state,
-                                       is_leaf=_is_variable))
+    jax.tree.map(
+      lambda v: jax.ShapeDtypeStruct(v.value.shape, v.value.dtype), state, is_leaf=_is_variable
+    )
+  )
+  axes = nnx.to_pure_dict(
+    jax.tree.map(lambda v: v.get_metadata()['axes'], state, is_leaf=_is_variable)
+  )
   return graphdef, shapes, axes
 
 

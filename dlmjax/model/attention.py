@@ -23,8 +23,9 @@ MASK_KINDS = ('bidirectional', 'causal', 'block_causal')
 _NEG_INF = -1e30  # finite, so a fully masked (padding) row stays NaN-free.
 
 
-def attention_mask(length: int, *, kind: str, block_size: int = 0, segment_ids_BL=None,
-                   valid_length_B=None):
+def attention_mask(
+  length: int, *, kind: str, block_size: int = 0, segment_ids_BL=None, valid_length_B=None
+):
   """Boolean visibility [B or 1, L(query), L(key)] for a mask kind, documents and padding."""
   q = jnp.arange(length)[:, None]
   k = jnp.arange(length)[None, :]
@@ -44,50 +45,77 @@ def attention_mask(length: int, *, kind: str, block_size: int = 0, segment_ids_B
   return visible
 
 
-def xla_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None,
-                  valid_length_B=None):
+def xla_attention(
+  q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None, valid_length_B=None
+):
   """Reference attention: fp32 softmax over einsum logits; grouped heads share K/V."""
   batch, length, num_heads, head_dim = q_BLNH.shape
   num_kv = k_BLKH.shape[2]
   q_BLKGH = q_BLNH.reshape(batch, length, num_kv, num_heads // num_kv, head_dim)
   logits = jnp.einsum('blkgh,bskh->bkgls', q_BLKGH, k_BLKH, preferred_element_type=jnp.float32)
-  logits = logits * (head_dim ** -0.5)
-  visible = attention_mask(length, kind=kind, block_size=block_size, segment_ids_BL=segment_ids_BL,
-                           valid_length_B=valid_length_B)
+  logits = logits * (head_dim**-0.5)
+  visible = attention_mask(
+    length,
+    kind=kind,
+    block_size=block_size,
+    segment_ids_BL=segment_ids_BL,
+    valid_length_B=valid_length_B,
+  )
   logits = jnp.where(visible[:, None, None], logits, _NEG_INF)
   probs = jax.nn.softmax(logits, axis=-1).astype(v_BLKH.dtype)
   out = jnp.einsum('bkgls,bskh->blkgh', probs, v_BLKH)
   return out.reshape(batch, length, num_heads, head_dim)
 
 
-def cudnn_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None,
-                    valid_length_B=None):
+def cudnn_attention(
+  q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None, valid_length_B=None
+):
   """cuDNN flash attention. Refuses what it could only do through a slow dense mask."""
   del block_size
   if kind == 'block_causal' or segment_ids_BL is not None:
-    raise ValueError('the cudnn attention backend supports bidirectional and causal masks with '
-                     'padding only; use model.attention_backend=pallas (or xla) for block_causal '
-                     'or segments.')
+    raise ValueError(
+      'the cudnn attention backend supports bidirectional and causal masks with '
+      'padding only; use model.attention_backend=pallas (or xla) for block_causal '
+      'or segments.'
+    )
   lengths = None
   if valid_length_B is not None:
     lengths = valid_length_B.astype(jnp.int32)
   return jax.nn.dot_product_attention(
-      q_BLNH, k_BLKH, v_BLKH, is_causal=(kind == 'causal'), query_seq_lengths=lengths,
-      key_value_seq_lengths=lengths, implementation='cudnn')
+    q_BLNH,
+    k_BLKH,
+    v_BLKH,
+    is_causal=(kind == 'causal'),
+    query_seq_lengths=lengths,
+    key_value_seq_lengths=lengths,
+    implementation='cudnn',
+  )
 
 
-def pallas_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None,
-                     valid_length_B=None):
+def pallas_attention(
+  q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None, valid_length_B=None
+):
   """The Pallas flash kernel; under an activation mesh it runs per shard (batch and heads)."""
+
   def attend(q, k, v, seg, valid):
-    if (kind == 'bidirectional' and seg is None and _on_hopper()
-        and flash_attention_mgpu.supported(q.shape, k.shape, q.dtype) is None):
+    if (
+      kind == 'bidirectional'
+      and seg is None
+      and _on_hopper()
+      and flash_attention_mgpu.supported(q.shape, k.shape, q.dtype) is None
+    ):
       return flash_attention_mgpu.flash_attention_mgpu(q, k, v, valid_length_B=valid)
-    return flash_attention.flash_attention(q, k, v, kind=kind, block_size=block_size,
-                                           segment_ids_BL=seg, valid_length_B=valid)
+    return flash_attention.flash_attention(
+      q, k, v, kind=kind, block_size=block_size, segment_ids_BL=seg, valid_length_B=valid
+    )
+
   heads = (rules.BATCH, None, rules.ATTN_HEADS, None)
-  return rules.per_shard(attend, (q_BLNH, k_BLKH, v_BLKH, segment_ids_BL, valid_length_B),
-                         (heads, heads, heads, (rules.BATCH, None), (rules.BATCH,)), heads)
+  return rules.per_shard(
+    attend,
+    (q_BLNH, k_BLKH, v_BLKH, segment_ids_BL, valid_length_B),
+    (heads, heads, heads, (rules.BATCH, None), (rules.BATCH,)),
+    heads,
+  )
 
 
 def _on_hopper() -> bool:
@@ -96,8 +124,9 @@ def _on_hopper() -> bool:
   return device.platform == 'gpu' and str(getattr(device, 'compute_capability', '')).startswith('9')
 
 
-def auto_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None,
-                   valid_length_B=None):
+def auto_attention(
+  q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None, valid_length_B=None
+):
   """The fastest valid backend, measured on an H200 (docs/benchmarks.md, Flash attention).
 
   cuDNN wherever it needs no dense mask (bidirectional or causal, padding lengths): it led the
@@ -115,38 +144,90 @@ def auto_attention(q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL
     backend = pallas_attention
   else:
     backend = xla_attention
-  return backend(q_BLNH, k_BLKH, v_BLKH, kind=kind, block_size=block_size,
-                 segment_ids_BL=segment_ids_BL, valid_length_B=valid_length_B)
+  return backend(
+    q_BLNH,
+    k_BLKH,
+    v_BLKH,
+    kind=kind,
+    block_size=block_size,
+    segment_ids_BL=segment_ids_BL,
+    valid_length_B=valid_length_B,
+  )
 
 
-BACKENDS = {'xla': xla_attention, 'cudnn': cudnn_attention, 'pallas': pallas_attention,
-            'auto': auto_attention}
+BACKENDS = {
+  'xla': xla_attention,
+  'cudnn': cudnn_attention,
+  'pallas': pallas_attention,
+  'auto': auto_attention,
+}
 
 
 class Attention(nnx.Module):
   """Multi-head attention with RMSNorm on q and k over the head dim, applied before RoPE."""
 
-  def __init__(self, *, d_model, num_heads, num_kv_heads, head_dim, norm_eps, rope_theta, std,
-               out_std, rngs: nnx.Rngs, num_stacked: int = 0, matmul_dtype: str = 'compute',
-               norm_backend: str = 'xla'):
+  def __init__(
+    self,
+    *,
+    d_model,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    norm_eps,
+    rope_theta,
+    std,
+    out_std,
+    rngs: nnx.Rngs,
+    num_stacked: int = 0,
+    matmul_dtype: str = 'compute',
+    norm_backend: str = 'xla',
+  ):
     kw = dict(num_stacked=num_stacked)
     self.rope_theta = rope_theta
     self.matmul_dtype = matmul_dtype  # q/k/v/o only: the attention core stays in the compute dtype
-    self.q_proj = layers.stacked_param(rngs, (d_model, num_heads, head_dim),
-                                       (rules.EMBED, rules.HEADS, rules.HEAD_DIM), std=std, **kw)
-    self.k_proj = layers.stacked_param(rngs, (d_model, num_kv_heads, head_dim),
-                                       (rules.EMBED, rules.KV_HEADS, rules.HEAD_DIM), std=std, **kw)
-    self.v_proj = layers.stacked_param(rngs, (d_model, num_kv_heads, head_dim),
-                                       (rules.EMBED, rules.KV_HEADS, rules.HEAD_DIM), std=std, **kw)
-    self.o_proj = layers.stacked_param(rngs, (num_heads, head_dim, d_model),
-                                       (rules.HEADS, rules.HEAD_DIM, rules.EMBED), std=out_std,
-                                       **kw)
+    self.q_proj = layers.stacked_param(
+      rngs,
+      (d_model, num_heads, head_dim),
+      (rules.EMBED, rules.HEADS, rules.HEAD_DIM),
+      std=std,
+      **kw,
+    )
+    self.k_proj = layers.stacked_param(
+      rngs,
+      (d_model, num_kv_heads, head_dim),
+      (rules.EMBED, rules.KV_HEADS, rules.HEAD_DIM),
+      std=std,
+      **kw,
+    )
+    self.v_proj = layers.stacked_param(
+      rngs,
+      (d_model, num_kv_heads, head_dim),
+      (rules.EMBED, rules.KV_HEADS, rules.HEAD_DIM),
+      std=std,
+      **kw,
+    )
+    self.o_proj = layers.stacked_param(
+      rngs,
+      (num_heads, head_dim, d_model),
+      (rules.HEADS, rules.HEAD_DIM, rules.EMBED),
+      std=out_std,
+      **kw,
+    )
     norm = dict(eps=norm_eps, rngs=rngs, backend=norm_backend, **kw)
     self.q_norm = layers.RMSNorm(head_dim, **norm)
     self.k_norm = layers.RMSNorm(head_dim, **norm)
 
-  def __call__(self, x_BLD, positions_BL, *, kind, block_size, backend, segment_ids_BL=None,
-               valid_length_B=None):
+  def __call__(
+    self,
+    x_BLD,
+    positions_BL,
+    *,
+    kind,
+    block_size,
+    backend,
+    segment_ids_BL=None,
+    valid_length_B=None,
+  ):
     mm = self.matmul_dtype
     q = layers.project('bld,dnh->blnh', x_BLD, self.q_proj.value, mm)
     k = layers.project('bld,dkh->blkh', x_BLD, self.k_proj.value, mm)
@@ -162,8 +243,14 @@ class Attention(nnx.Module):
     # every mask kind, document mask and backend stays exact.
     kernel = (rules.BATCH, None, rules.ATTN_HEADS, None)
     q, k, v = (rules.constrain(t, kernel) for t in (q, k, v))
-    out = BACKENDS[backend](q, k, v, kind=kind, block_size=block_size,
-                            segment_ids_BL=segment_ids_BL, valid_length_B=valid_length_B)
+    out = BACKENDS[backend](
+      q,
+      k,
+      v,
+      kind=kind,
+      block_size=block_size,
+      segment_ids_BL=segment_ids_BL,
+      valid_length_B=valid_length_B,
+    )
     out = checkpoint_name(rules.constrain(out, heads), 'context')
-    return checkpoint_name(layers.project('blnh,nhd->bld', out, self.o_proj.value, mm),
-                           'out_proj')
+    return checkpoint_name(layers.project('blnh,nhd->bld', out, self.o_proj.value, mm), 'out_proj')

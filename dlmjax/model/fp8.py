@@ -67,8 +67,12 @@ def _contraction(x_ndim: int, contract: int):
 def _forward(x, w, contract):
   x_q, x_scale = quantize(x, E4M3)
   w_q, w_scale = quantize(w, E4M3)
-  y = lax.dot_general(dequantize(x_q, x_scale, x.dtype), dequantize(w_q, w_scale, x.dtype),
-                      _contraction(x.ndim, contract), precision=lax.Precision.DEFAULT)
+  y = lax.dot_general(
+    dequantize(x_q, x_scale, x.dtype),
+    dequantize(w_q, w_scale, x.dtype),
+    _contraction(x.ndim, contract),
+    precision=lax.Precision.DEFAULT,
+  )
   return y, (x_q, x_scale, w_q, w_scale)
 
 
@@ -91,12 +95,19 @@ def _fp8_dot_bwd(contract, w_dtype, residuals, g):
   x_deq, w_deq = dequantize(x_q, x_scale, dtype), dequantize(w_q, w_scale, dtype)
   x_free = x_q.ndim - contract
   # dgrad: g's w-side axes against w's free axes -> [x's free axes..., w's contracted axes].
-  dx = lax.dot_general(g_deq, w_deq, ((tuple(range(x_free, g.ndim)),
-                                       tuple(range(contract, w_q.ndim))), ((), ())),
-                       precision=lax.Precision.HIGHEST)
+  dx = lax.dot_general(
+    g_deq,
+    w_deq,
+    ((tuple(range(x_free, g.ndim)), tuple(range(contract, w_q.ndim))), ((), ())),
+    precision=lax.Precision.HIGHEST,
+  )
   # wgrad: x's free axes against g's x-side axes -> [x's contracted axes..., w's free axes].
-  dw = lax.dot_general(x_deq, g_deq, ((tuple(range(x_free)), tuple(range(x_free))), ((), ())),
-                       precision=lax.Precision.HIGHEST)
+  dw = lax.dot_general(
+    x_deq,
+    g_deq,
+    ((tuple(range(x_free)), tuple(range(x_free))), ((), ())),
+    precision=lax.Precision.HIGHEST,
+  )
   return dx.astype(dtype), dw.astype(w_dtype)
 
 
@@ -109,9 +120,11 @@ def dot(x, w, contract: int = 1):
   w may be the float32 parameter itself: it is quantized from float32 and its gradient is
   returned in float32, as `w.astype(x.dtype)` would give in the plain path.
   """
-  if x.shape[x.ndim - contract:] != w.shape[:contract]:
-    raise ValueError(f'fp8.dot: x {x.shape} and w {w.shape} do not share {contract} contracted '
-                     'axes (x\'s last, w\'s first).')
+  if x.shape[x.ndim - contract :] != w.shape[:contract]:
+    raise ValueError(
+      f'fp8.dot: x {x.shape} and w {w.shape} do not share {contract} contracted '
+      "axes (x's last, w's first)."
+    )
   return _fp8_dot(x, w, contract, jnp.dtype(w.dtype))
 
 
@@ -137,8 +150,13 @@ def einsum(equation: str, x, w):
   inputs, out = equation.replace(' ', '').split('->')
   lhs, rhs = inputs.split(',')
   contract = len(set(lhs) & set(rhs))
-  if (not contract or lhs[len(lhs) - contract:] != rhs[:contract]
-      or out != lhs[:len(lhs) - contract] + rhs[contract:]):
-    raise ValueError(f'fp8.einsum takes projections whose contracted axes end x and begin w, in '
-                     f'order, with no batch axes (e.g. "bld,dnh->blnh"); got {equation!r}.')
+  if (
+    not contract
+    or lhs[len(lhs) - contract :] != rhs[:contract]
+    or out != lhs[: len(lhs) - contract] + rhs[contract:]
+  ):
+    raise ValueError(
+      f'fp8.einsum takes projections whose contracted axes end x and begin w, in '
+      f'order, with no batch axes (e.g. "bld,dnh->blnh"); got {equation!r}.'
+    )
   return dot(x, w, contract)

@@ -52,8 +52,9 @@ class RMSNorm(nnx.Module):
   on GPU where it applies and XLA elsewhere.
   """
 
-  def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs, num_stacked: int = 0,
-               backend: str = 'xla'):
+  def __init__(
+    self, dim: int, *, eps: float, rngs: nnx.Rngs, num_stacked: int = 0, backend: str = 'xla'
+  ):
     if backend not in NORM_BACKENDS:
       raise ValueError(f'norm backend {backend!r} is not one of {NORM_BACKENDS}')
     self.eps = eps
@@ -62,8 +63,12 @@ class RMSNorm(nnx.Module):
 
   def __call__(self, x_BLD):
     if self._kernel(x_BLD.shape[-1], rope=False):
-      return rules.per_shard(functools.partial(rms_norm_kernel.rms_norm, eps=self.eps),
-                             (x_BLD, self.scale.value), (_STREAM, ()), _STREAM)
+      return rules.per_shard(
+        functools.partial(rms_norm_kernel.rms_norm, eps=self.eps),
+        (x_BLD, self.scale.value),
+        (_STREAM, ()),
+        _STREAM,
+      )
     return self._formula(x_BLD)
 
   def _formula(self, x):
@@ -74,8 +79,12 @@ class RMSNorm(nnx.Module):
     own gradient in the pass that computes the norm's."""
     if not self._kernel(x_BLD.shape[-1], rope=False):
       return x_BLD, self(x_BLD)
-    return rules.per_shard(functools.partial(rms_norm_kernel.rms_norm_residual, eps=self.eps),
-                           (x_BLD, self.scale.value), (_STREAM, ()), [_STREAM, _STREAM])
+    return rules.per_shard(
+      functools.partial(rms_norm_kernel.rms_norm_residual, eps=self.eps),
+      (x_BLD, self.scale.value),
+      (_STREAM, ()),
+      [_STREAM, _STREAM],
+    )
 
   def with_rope(self, x_BLNH, positions_BL, theta: float):
     """rotary_embedding(self(x)) over heads: the QK-norm and RoPE, one kernel pass each way."""
@@ -87,8 +96,10 @@ class RMSNorm(nnx.Module):
 
     def norm(x, scale, cos, sin):
       return rms_norm_kernel.rms_norm(x, scale, eps=self.eps, cos=cos, sin=sin)
-    return rules.per_shard(norm, (x_BLNH, self.scale.value, cos_BLh, sin_BLh),
-                           (heads, (), tables, tables), heads)
+
+    return rules.per_shard(
+      norm, (x_BLNH, self.scale.value, cos_BLh, sin_BLh), (heads, (), tables, tables), heads
+    )
 
   def _kernel(self, width, *, rope, heads=1) -> bool:
     if self.backend == 'pallas':
@@ -130,22 +141,33 @@ def rotary_embedding(x_BLNH, positions_BL, theta: float):
 class MLP(nnx.Module):
   """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-  def __init__(self, d_model: int, ffn_dim: int, *, std: float, out_std: float,
-               rngs: nnx.Rngs, num_stacked: int = 0, matmul_dtype: str = 'compute'):
+  def __init__(
+    self,
+    d_model: int,
+    ffn_dim: int,
+    *,
+    std: float,
+    out_std: float,
+    rngs: nnx.Rngs,
+    num_stacked: int = 0,
+    matmul_dtype: str = 'compute',
+  ):
     kw = dict(num_stacked=num_stacked)
     self.matmul_dtype = matmul_dtype
     in_axes = (rules.EMBED, rules.MLP)
     self.gate_proj = stacked_param(rngs, (d_model, ffn_dim), in_axes, std=std, **kw)
     self.up_proj = stacked_param(rngs, (d_model, ffn_dim), in_axes, std=std, **kw)
-    self.down_proj = stacked_param(rngs, (ffn_dim, d_model), (rules.MLP, rules.EMBED),
-                                   std=out_std, **kw)
+    self.down_proj = stacked_param(
+      rngs, (ffn_dim, d_model), (rules.MLP, rules.EMBED), std=out_std, **kw
+    )
 
   def __call__(self, x_BLD):
     mm = self.matmul_dtype
     gate_BLF = checkpoint_name(project('bld,df->blf', x_BLD, self.gate_proj.value, mm), 'mlp_gate')
     up_BLF = checkpoint_name(project('bld,df->blf', x_BLD, self.up_proj.value, mm), 'mlp_up')
-    h_BLF = rules.constrain(jax.nn.silu(gate_BLF) * up_BLF,
-                            (rules.BATCH, rules.LENGTH, rules.ACT_MLP))
+    h_BLF = rules.constrain(
+      jax.nn.silu(gate_BLF) * up_BLF, (rules.BATCH, rules.LENGTH, rules.ACT_MLP)
+    )
     h_BLF = checkpoint_name(h_BLF, 'mlp_hidden')
     out_BLD = project('blf,fd->bld', h_BLF, self.down_proj.value, mm)
     return checkpoint_name(out_BLD, 'mlp_out')

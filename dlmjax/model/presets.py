@@ -12,14 +12,28 @@ import jax.numpy as jnp
 from dlmjax import config as config_lib
 
 PRESETS: dict[str, dict] = {
-    # A few-million-parameter model that learns visibly on a 2-core CPU in minutes.
-    'tiny': dict(num_layers=4, d_model=256, num_heads=4, num_kv_heads=4, head_dim=64,
-                 ffn_dim=768, seq_len=128),
-    # MegaDLMs examples/dlm_training/dlm_pretrain_1.7b.sh (Qwen3-1.7B shape, plain MHA, untied).
-    '1p7b': dict(num_layers=28, d_model=2048, num_heads=16, num_kv_heads=16, head_dim=128,
-                 ffn_dim=6144, seq_len=2048, vocab_size=50289, rope_theta=10000.0, norm_eps=1e-6,
-                 init_std=0.02, tie_embeddings=False, mask_token_id=50277, eos_token_id=0,
-                 pad_token_id=1),
+  # A few-million-parameter model that learns visibly on a 2-core CPU in minutes.
+  'tiny': dict(
+    num_layers=4, d_model=256, num_heads=4, num_kv_heads=4, head_dim=64, ffn_dim=768, seq_len=128
+  ),
+  # MegaDLMs examples/dlm_training/dlm_pretrain_1.7b.sh (Qwen3-1.7B shape, plain MHA, untied).
+  '1p7b': dict(
+    num_layers=28,
+    d_model=2048,
+    num_heads=16,
+    num_kv_heads=16,
+    head_dim=128,
+    ffn_dim=6144,
+    seq_len=2048,
+    vocab_size=50289,
+    rope_theta=10000.0,
+    norm_eps=1e-6,
+    init_std=0.02,
+    tie_embeddings=False,
+    mask_token_id=50277,
+    eos_token_id=0,
+    pad_token_id=1,
+  ),
 }
 
 
@@ -68,17 +82,34 @@ class ModelConfig:
     m = config.model
     schedule = {}
     if pipeline and config.mesh.pipeline > 1:
-      schedule = dict(pipeline_stages=config.mesh.pipeline,
-                      pipeline_repeats=config.mesh.pipeline_repeats,
-                      pipeline_microbatches=config_lib.pipeline_microbatches(config))
-    return cls(num_layers=m.num_layers, d_model=m.d_model, num_heads=m.num_heads,
-               num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, ffn_dim=m.ffn_dim,
-               vocab_size=config_lib.padded_vocab_size(config), seq_len=m.seq_len,
-               rope_theta=m.rope_theta, norm_eps=m.norm_eps, init_std=m.init_std,
-               tie_embeddings=m.tie_embeddings, attention_mask=m.attention_mask,
-               block_size=m.block_size, attention_backend=m.attention_backend,
-               norm_backend=m.norm_backend, dtype=m.dtype,
-               matmul_dtype=m.matmul_dtype, remat=m.remat, scan_layers=m.scan_layers, **schedule)
+      schedule = dict(
+        pipeline_stages=config.mesh.pipeline,
+        pipeline_repeats=config.mesh.pipeline_repeats,
+        pipeline_microbatches=config_lib.pipeline_microbatches(config),
+      )
+    return cls(
+      num_layers=m.num_layers,
+      d_model=m.d_model,
+      num_heads=m.num_heads,
+      num_kv_heads=m.num_kv_heads,
+      head_dim=m.head_dim,
+      ffn_dim=m.ffn_dim,
+      vocab_size=config_lib.padded_vocab_size(config),
+      seq_len=m.seq_len,
+      rope_theta=m.rope_theta,
+      norm_eps=m.norm_eps,
+      init_std=m.init_std,
+      tie_embeddings=m.tie_embeddings,
+      attention_mask=m.attention_mask,
+      block_size=m.block_size,
+      attention_backend=m.attention_backend,
+      norm_backend=m.norm_backend,
+      dtype=m.dtype,
+      matmul_dtype=m.matmul_dtype,
+      remat=m.remat,
+      scan_layers=m.scan_layers,
+      **schedule,
+    )
 
   def num_params(self) -> int:
     """Exact parameter count, without building the model."""

@@ -18,14 +18,16 @@ from dlmjax.model.presets import ModelConfig
 from dlmjax.parallel import pipeline, rules
 
 # Names tagged with checkpoint_name in attention.py / layers.py.
-_PROJECTIONS = ('query_proj', 'key_proj', 'value_proj', 'out_proj', 'mlp_gate', 'mlp_up',
-                'mlp_out')
+_PROJECTIONS = ('query_proj', 'key_proj', 'value_proj', 'out_proj', 'mlp_gate', 'mlp_up', 'mlp_out')
 # Attention kernels: cuDNN's forward (inside jax.nn.dot_product_attention's custom VJP), the
 # Triton flash kernel's forward (a pallas_call named flash_attention_fwd) and the Mosaic GPU
 # kernel (it shows up as the custom_vmap_call that wraps it). Their outputs, the attention output
 # and its softmax statistics, are what their backward needs.
-_ATTENTION_KERNELS = ('dot_product_attention_fwd_wrapper', 'dot_product_attention_fwd',
-                      'custom_vmap_call')
+_ATTENTION_KERNELS = (
+  'dot_product_attention_fwd_wrapper',
+  'dot_product_attention_fwd',
+  'custom_vmap_call',
+)
 
 
 def _pallas_kernel(prim, params, prefix: str) -> bool:
@@ -36,8 +38,11 @@ def _save_dots_and_attention(prim, *avals, **params):
   """save_dots, plus the attention kernel's outputs: the backward then runs the attention
   backward straight away instead of first re-running the whole attention forward (which under
   save_dots costs a third of attention's time)."""
-  return (prim.name in _ATTENTION_KERNELS or _pallas_kernel(prim, params, 'flash_attention')
-          or jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *avals, **params))
+  return (
+    prim.name in _ATTENTION_KERNELS
+    or _pallas_kernel(prim, params, 'flash_attention')
+    or jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *avals, **params)
+  )
 
 
 def _save_norm_kernels(prim, *_, **params):
@@ -51,17 +56,20 @@ def _save_norm_kernels(prim, *_, **params):
 _ACTIVATIONS = ('attn_norm', 'query_rope', 'key_rope', 'attn_residual', 'mlp_norm', 'mlp_hidden')
 
 REMAT_POLICIES = {
-    'none': None,
-    'minimal': jax.checkpoint_policies.save_only_these_names(*_PROJECTIONS, 'context'),
-    'save_dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    'save_dots_attention': _save_dots_and_attention,
-    # Everything the backward reads, each once in the compute dtype: no recomputation but the
-    # XLA norms' float32 statistics (the norm kernels' are kept; 'none' keeps the float32
-    # intermediates instead).
-    'save_activations': jax.checkpoint_policies.save_from_both_policies(
-        _save_dots_and_attention, jax.checkpoint_policies.save_from_both_policies(
-            _save_norm_kernels, jax.checkpoint_policies.save_only_these_names(*_ACTIVATIONS))),
-    'full': jax.checkpoint_policies.nothing_saveable,
+  'none': None,
+  'minimal': jax.checkpoint_policies.save_only_these_names(*_PROJECTIONS, 'context'),
+  'save_dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+  'save_dots_attention': _save_dots_and_attention,
+  # Everything the backward reads, each once in the compute dtype: no recomputation but the
+  # XLA norms' float32 statistics (the norm kernels' are kept; 'none' keeps the float32
+  # intermediates instead).
+  'save_activations': jax.checkpoint_policies.save_from_both_policies(
+    _save_dots_and_attention,
+    jax.checkpoint_policies.save_from_both_policies(
+      _save_norm_kernels, jax.checkpoint_policies.save_only_these_names(*_ACTIVATIONS)
+    ),
+  ),
+  'full': jax.checkpoint_policies.nothing_saveable,
 }
 
 
@@ -74,18 +82,33 @@ class Block(nnx.Module):
     norm = dict(eps=cfg.norm_eps, backend=cfg.norm_backend, **kw)
     self.input_norm = layers.RMSNorm(cfg.d_model, **norm)
     self.attn = attention.Attention(
-        d_model=cfg.d_model, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim, norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
-        std=cfg.init_std, out_std=out_std, matmul_dtype=cfg.matmul_dtype,
-        norm_backend=cfg.norm_backend, **kw)
+      d_model=cfg.d_model,
+      num_heads=cfg.num_heads,
+      num_kv_heads=cfg.num_kv_heads,
+      head_dim=cfg.head_dim,
+      norm_eps=cfg.norm_eps,
+      rope_theta=cfg.rope_theta,
+      std=cfg.init_std,
+      out_std=out_std,
+      matmul_dtype=cfg.matmul_dtype,
+      norm_backend=cfg.norm_backend,
+      **kw,
+    )
     self.post_attn_norm = layers.RMSNorm(cfg.d_model, **norm)
-    self.mlp = layers.MLP(cfg.d_model, cfg.ffn_dim, std=cfg.init_std, out_std=out_std,
-                          matmul_dtype=cfg.matmul_dtype, **kw)
+    self.mlp = layers.MLP(
+      cfg.d_model,
+      cfg.ffn_dim,
+      std=cfg.init_std,
+      out_std=out_std,
+      matmul_dtype=cfg.matmul_dtype,
+      **kw,
+    )
 
   def __call__(self, x_BLD, positions_BL, **attention_kwargs):
     x_BLD, normed_BLD = self.input_norm.with_residual(x_BLD)
-    x_BLD = x_BLD + self.attn(checkpoint_name(normed_BLD, 'attn_norm'), positions_BL,
-                              **attention_kwargs)
+    x_BLD = x_BLD + self.attn(
+      checkpoint_name(normed_BLD, 'attn_norm'), positions_BL, **attention_kwargs
+    )
     x_BLD, normed_BLD = self.post_attn_norm.with_residual(checkpoint_name(x_BLD, 'attn_residual'))
     x_BLD = x_BLD + self.mlp(checkpoint_name(normed_BLD, 'mlp_norm'))
     return rules.constrain(x_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
@@ -93,16 +116,19 @@ class Block(nnx.Module):
 
 def _run_layers(cfg, graphdef, stacked, x_BLD, side):
   """The stacked blocks (leading axis: layers) applied in order, scanned or unrolled, with remat."""
-  attention_kwargs = dict(kind=cfg.attention_mask, block_size=cfg.block_size,
-                          backend=cfg.attention_backend, segment_ids_BL=side.get('segment_ids_BL'),
-                          valid_length_B=side.get('valid_length_B'))
+  attention_kwargs = dict(
+    kind=cfg.attention_mask,
+    block_size=cfg.block_size,
+    backend=cfg.attention_backend,
+    segment_ids_BL=side.get('segment_ids_BL'),
+    valid_length_B=side.get('valid_length_B'),
+  )
 
   def layer(x, layer_params):
     return nnx.merge(graphdef, layer_params)(x, side['positions_BL'], **attention_kwargs), None
 
   if cfg.remat != 'none':
-    layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat],
-                           prevent_cse=not cfg.scan_layers)
+    layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
     x_BLD, _ = jax.lax.scan(layer, x_BLD, _compute_weights(cfg, stacked))
   else:
@@ -142,14 +168,17 @@ class Transformer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.embed_tokens = layers.stacked_param(rngs, (cfg.vocab_size, cfg.d_model),
-                                             (rules.VOCAB, rules.EMBED), std=cfg.init_std)
+    self.embed_tokens = layers.stacked_param(
+      rngs, (cfg.vocab_size, cfg.d_model), (rules.VOCAB, rules.EMBED), std=cfg.init_std
+    )
     self.blocks = Block(cfg, rngs=rngs, num_stacked=cfg.num_layers)
-    self.final_norm = layers.RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs,
-                                     backend=cfg.norm_backend)
+    self.final_norm = layers.RMSNorm(
+      cfg.d_model, eps=cfg.norm_eps, rngs=rngs, backend=cfg.norm_backend
+    )
     if not cfg.tie_embeddings:
-      self.lm_head = layers.stacked_param(rngs, (cfg.d_model, cfg.vocab_size),
-                                          (rules.EMBED, rules.VOCAB), std=cfg.init_std)
+      self.lm_head = layers.stacked_param(
+        rngs, (cfg.d_model, cfg.vocab_size), (rules.EMBED, rules.VOCAB), std=cfg.init_std
+      )
 
   def hidden(self, tokens_BL, *, segment_ids_BL=None, valid_length_B=None, positions_BL=None):
     """Final-norm hidden states [B, L, D] in the compute dtype (the input of the output head)."""
@@ -159,8 +188,9 @@ class Transformer(nnx.Module):
     x_BLD = jnp.take(self.embed_tokens.value, tokens_BL, axis=0).astype(cfg.compute_dtype)
     x_BLD = rules.constrain(x_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
     # Per-row inputs every layer needs; the pipeline hands each stage its micro-batch's rows.
-    side = dict(positions_BL=positions_BL, segment_ids_BL=segment_ids_BL,
-                valid_length_B=valid_length_B)
+    side = dict(
+      positions_BL=positions_BL, segment_ids_BL=segment_ids_BL, valid_length_B=valid_length_B
+    )
     side = {k: v for k, v in side.items() if v is not None}
     graphdef, stacked = nnx.split(self.blocks)
     params = nnx.to_pure_dict(stacked)
@@ -169,10 +199,21 @@ class Transformer(nnx.Module):
       return _run_layers(cfg, graphdef, layer_params, x_BLD, side)
 
     if cfg.pipeline_stages > 1:
-      axes = nnx.to_pure_dict(jax.tree.map(lambda v: v.get_metadata()['axes'], stacked,
-                                           is_leaf=lambda v: isinstance(v, nnx.Variable)))
-      x_BLD = pipeline.run(run_layers, params, axes, x_BLD, side, stages=cfg.pipeline_stages,
-                           repeats=cfg.pipeline_repeats, microbatches=cfg.pipeline_microbatches)
+      axes = nnx.to_pure_dict(
+        jax.tree.map(
+          lambda v: v.get_metadata()['axes'], stacked, is_leaf=lambda v: isinstance(v, nnx.Variable)
+        )
+      )
+      x_BLD = pipeline.run(
+        run_layers,
+        params,
+        axes,
+        x_BLD,
+        side,
+        stages=cfg.pipeline_stages,
+        repeats=cfg.pipeline_repeats,
+        microbatches=cfg.pipeline_microbatches,
+      )
     else:
       x_BLD = run_layers(params, x_BLD, side)
     return self.final_norm(x_BLD)

@@ -15,9 +15,9 @@ PLOTS_DIR = 'plots'
 # figure -> the metrics it draws (each only if some row has it); 'reward' also takes any key that
 # starts with "reward" (RL stages log reward_mean, reward_std, ...).
 FIGURES = {
-    'loss': ('loss', 'masked_ce', 'val_loss'),
-    'throughput': ('tokens_per_s', 'mfu'),
-    'reward': ('val_reward',),
+  'loss': ('loss', 'masked_ce', 'val_loss'),
+  'throughput': ('tokens_per_s', 'mfu'),
+  'reward': ('val_reward',),
 }
 
 
@@ -28,8 +28,9 @@ class PlotError(ValueError):
 def read_metrics(run_dir: str) -> list[dict]:
   path = os.path.join(run_dir, 'metrics.jsonl')
   if not os.path.exists(path):
-    raise PlotError(f'{path} does not exist: RUN_DIR must be a dlmjax run directory (the '
-                    'training output_dir).')
+    raise PlotError(
+      f'{path} does not exist: RUN_DIR must be a dlmjax run directory (the training output_dir).'
+    )
   rows = []
   with open(path) as f:
     for number, line in enumerate(f, 1):
@@ -65,6 +66,7 @@ def draw(run_dir: str, out_dir: str | None = None) -> list[str]:
   """Writes <figure>.png for each figure with data; returns the paths written."""
   try:
     import matplotlib  # pylint: disable=import-outside-toplevel
+
     matplotlib.use('Agg')
     from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
   except ImportError as e:
@@ -74,8 +76,7 @@ def draw(run_dir: str, out_dir: str | None = None) -> list[str]:
   os.makedirs(out_dir, exist_ok=True)
   written = []
   for name, keys in _figure_keys(rows).items():
-    fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.4 * len(keys)), sharex=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.4 * len(keys)), sharex=True, squeeze=False)
     for ax, key in zip(axes[:, 0], keys):
       ax.plot(*series(rows, key), linewidth=1)
       ax.set_ylabel(key)

@@ -18,7 +18,6 @@ TENSORBOARD_DIR = 'tensorboard'
 
 
 class TensorBoardSink:
-
   def __init__(self, log_dir: str):
     self.writer = tensorboard.EventWriter(log_dir)
 
@@ -37,11 +36,16 @@ class WandbSink:
       import wandb  # pylint: disable=import-outside-toplevel
     except ImportError as e:
       raise config_lib.ConfigError(
-          'log.outputs names wandb, which is not installed: `pip install wandb`, or leave it '
-          'out of --config.log.outputs.') from e
-    self._run = wandb.init(project=os.environ.get('WANDB_PROJECT', 'dlmjax'), dir=run_dir,
-                           mode='offline', name=os.path.basename(os.path.abspath(run_dir)),
-                           config=config.to_dict())
+        'log.outputs names wandb, which is not installed: `pip install wandb`, or leave it '
+        'out of --config.log.outputs.'
+      ) from e
+    self._run = wandb.init(
+      project=os.environ.get('WANDB_PROJECT', 'dlmjax'),
+      dir=run_dir,
+      mode='offline',
+      name=os.path.basename(os.path.abspath(run_dir)),
+      config=config.to_dict(),
+    )
 
   def write(self, step: int, row: dict) -> None:
     self._run.log({k: v for k, v in row.items() if k != 'step'}, step=step)

@@ -45,8 +45,12 @@ def masked_crc32c(data: bytes) -> int:
 
 def frame(data: bytes) -> bytes:
   length = struct.pack('<Q', len(data))
-  return (length + struct.pack('<I', masked_crc32c(length)) + data
-          + struct.pack('<I', masked_crc32c(data)))
+  return (
+    length
+    + struct.pack('<I', masked_crc32c(length))
+    + data
+    + struct.pack('<I', masked_crc32c(data))
+  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -67,16 +71,21 @@ def _length_delimited(field: int, payload: bytes) -> bytes:
   return _varint(field << 3 | 2) + _varint(len(payload)) + payload
 
 
-def encode_event(wall_time: float, step: int, *, scalars: dict[str, float] | None = None,
-                 file_version: str | None = None) -> bytes:
+def encode_event(
+  wall_time: float,
+  step: int,
+  *,
+  scalars: dict[str, float] | None = None,
+  file_version: str | None = None,
+) -> bytes:
   event = b'\x09' + struct.pack('<d', wall_time) + b'\x10' + _varint(step)
   if file_version is not None:
     event += _length_delimited(3, file_version.encode())
   if scalars:
     values = b''.join(
-        _length_delimited(1, _length_delimited(1, tag.encode())
-                          + b'\x15' + struct.pack('<f', value))
-        for tag, value in scalars.items())
+      _length_delimited(1, _length_delimited(1, tag.encode()) + b'\x15' + struct.pack('<f', value))
+      for tag, value in scalars.items()
+    )
     event += _length_delimited(5, values)
   return event
 
@@ -94,8 +103,11 @@ class EventWriter:
 
   def scalars(self, step: int, values: dict[str, float]) -> None:
     """One event with every finite-or-not numeric value of `values` (bools and strings skipped)."""
-    numeric = {k: float(v) for k, v in values.items()
-               if isinstance(v, numbers.Real) and not isinstance(v, bool)}
+    numeric = {
+      k: float(v)
+      for k, v in values.items()
+      if isinstance(v, numbers.Real) and not isinstance(v, bool)
+    }
     if numeric:
       self._file.write(frame(encode_event(time.time(), step, scalars=numeric)))
       self._file.flush()  # a preempted run keeps every row it logged
@@ -121,13 +133,13 @@ def read_records(path: str) -> list[bytes]:
   while at < len(data):
     if len(data) - at < 12:
       raise CorruptEventFile(f'{path}: truncated record header at byte {at}')
-    header = data[at:at + 8]
+    header = data[at : at + 8]
     (length,) = struct.unpack('<Q', header)
-    (header_crc,) = struct.unpack('<I', data[at + 8:at + 12])
+    (header_crc,) = struct.unpack('<I', data[at + 8 : at + 12])
     if header_crc != masked_crc32c(header):
       raise CorruptEventFile(f'{path}: bad length CRC at byte {at}')
-    body = data[at + 12:at + 12 + length]
-    footer = data[at + 12 + length:at + 16 + length]
+    body = data[at + 12 : at + 12 + length]
+    footer = data[at + 12 + length : at + 16 + length]
     if len(body) != length or len(footer) != 4:
       raise CorruptEventFile(f'{path}: truncated record at byte {at}')
     if struct.unpack('<I', footer)[0] != masked_crc32c(body):
@@ -146,12 +158,12 @@ def _fields(buf: bytes):
     if wire == 0:
       value, at = _read_varint(buf, at)
     elif wire == 1:
-      value, at = buf[at:at + 8], at + 8
+      value, at = buf[at : at + 8], at + 8
     elif wire == 2:
       size, at = _read_varint(buf, at)
-      value, at = buf[at:at + size], at + size
+      value, at = buf[at : at + size], at + size
     elif wire == 5:
-      value, at = buf[at:at + 4], at + 4
+      value, at = buf[at : at + 4], at + 4
     else:
       raise CorruptEventFile(f'unsupported protobuf wire type {wire}')
     yield field, wire, value

@@ -37,6 +37,7 @@ class LaunchError(config_lib.ConfigError):
 @dataclasses.dataclass(frozen=True)
 class Launch:
   """Where this process sits in the job. local_device_ids None: every local device."""
+
   source: str  # explicit | megadlms | slurm | single
   num_processes: int = 1
   process_id: int = 0
@@ -60,11 +61,12 @@ def launch_from_env(env: Mapping[str, str] | None = None) -> Launch:
   else:
     launch = Launch('single')
   if _set(env, 'LOCAL_DEVICE_IDS'):
-    ids = tuple(_int(env, 'LOCAL_DEVICE_IDS', part)
-                for part in env['LOCAL_DEVICE_IDS'].split(','))
+    ids = tuple(_int(env, 'LOCAL_DEVICE_IDS', part) for part in env['LOCAL_DEVICE_IDS'].split(','))
     if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
-      raise LaunchError(f'LOCAL_DEVICE_IDS={env["LOCAL_DEVICE_IDS"]!r} must list distinct '
-                        'device ids >= 0, e.g. 0,1,2,3.')
+      raise LaunchError(
+        f'LOCAL_DEVICE_IDS={env["LOCAL_DEVICE_IDS"]!r} must list distinct '
+        'device ids >= 0, e.g. 0,1,2,3.'
+      )
     launch = dataclasses.replace(launch, local_device_ids=ids)
   if launch.source not in ('slurm', 'single') and all(_set(env, k) for k in _SLURM):
     _check_against_slurm(launch, env)
@@ -86,12 +88,15 @@ def initialize(env: Mapping[str, str] | None = None) -> Launch:
   launch = launch_from_env(env)
   if launch.is_multiprocess:
     import jax  # pylint: disable=import-outside-toplevel
+
     jax.distributed.initialize(
-        coordinator_address=launch.coordinator_address, num_processes=launch.num_processes,
-        process_id=launch.process_id,
-        local_device_ids=list(launch.local_device_ids) if launch.local_device_ids else None,
-        # We detected the cluster ourselves; JAX's detection would override local devices.
-        cluster_detection_method='deactivate')
+      coordinator_address=launch.coordinator_address,
+      num_processes=launch.num_processes,
+      process_id=launch.process_id,
+      local_device_ids=list(launch.local_device_ids) if launch.local_device_ids else None,
+      # We detected the cluster ourselves; JAX's detection would override local devices.
+      cluster_detection_method='deactivate',
+    )
   _initialized = launch
   return launch
 
@@ -114,8 +119,7 @@ def _explicit(env) -> Launch:
   _check_address(address, 'COORDINATOR_ADDRESS')
   num = _int(env, 'NUM_PROCESSES')
   pid = _int(env, 'PROCESS_ID')
-  _check_rank('PROCESS_ID', pid, 'NUM_PROCESSES', num,
-              '; number the processes 0..NUM_PROCESSES-1.')
+  _check_rank('PROCESS_ID', pid, 'NUM_PROCESSES', num, '; number the processes 0..NUM_PROCESSES-1.')
   return Launch('explicit', num, pid, address)
 
 
@@ -123,8 +127,9 @@ def _megadlms(env) -> Launch:
   _require(env, _MEGADLMS, 'MegaDLMs-style launch (envs/.env)')
   nodes, rank = _int(env, 'NUM_NODES'), _int(env, 'NODE_RANK')
   port = _int(env, 'MASTER_PORT')
-  _check_rank('NODE_RANK', rank, 'NUM_NODES', nodes,
-              '; give each node its own rank 0..NUM_NODES-1.')
+  _check_rank(
+    'NODE_RANK', rank, 'NUM_NODES', nodes, '; give each node its own rank 0..NUM_NODES-1.'
+  )
   if not 0 < port < 65536:
     raise LaunchError(f'MASTER_PORT={port} is not a TCP port (1..65535).')
   address = f'{env["MASTER_ADDR"]}:{port}'
@@ -143,8 +148,11 @@ def _slurm(env) -> Launch:
     return Launch('single')
   if not 0 <= pid < num:
     raise LaunchError(f'SLURM_PROCID={pid} is not below SLURM_NTASKS={num}.')
-  port = (_int(env, 'JAX_COORDINATOR_PORT') if _set(env, 'JAX_COORDINATOR_PORT')
-          else 61440 + _int(env, 'SLURM_JOB_ID') % 4096)
+  port = (
+    _int(env, 'JAX_COORDINATOR_PORT')
+    if _set(env, 'JAX_COORDINATOR_PORT')
+    else 61440 + _int(env, 'SLURM_JOB_ID') % 4096
+  )
   address = f'{first_hostname(env["SLURM_STEP_NODELIST"])}:{port}'
   nodes = _int(env, 'SLURM_STEP_NUM_NODES') if _set(env, 'SLURM_STEP_NUM_NODES') else None
   if nodes is not None and num == nodes:
@@ -160,7 +168,7 @@ def first_hostname(nodelist: str) -> str:
   cut = min([i for i in (nodelist.find(','), nodelist.find('[')) if i >= 0] or [len(nodelist)])
   if cut == len(nodelist) or nodelist[cut] == ',':
     return nodelist[:cut]
-  return nodelist[:cut] + re.split(r'[,\-\]]', nodelist[cut + 1:], maxsplit=1)[0]
+  return nodelist[:cut] + re.split(r'[,\-\]]', nodelist[cut + 1 :], maxsplit=1)[0]
 
 
 def _check_against_slurm(launch: Launch, env) -> None:
@@ -168,10 +176,12 @@ def _check_against_slurm(launch: Launch, env) -> None:
   tasks = _int(env, 'SLURM_NTASKS')
   if launch.num_processes % tasks:
     names = ' / '.join(_EXPLICIT if launch.source == 'explicit' else _MEGADLMS)
-    raise LaunchError(f'{names} describe {launch.num_processes} process(es), but SLURM started '
-                      f'{tasks} tasks, each of which runs or launches an equal share of them; fix '
-                      'the variables (e.g. NUM_NODES=$SLURM_NNODES), or unset them to let SLURM '
-                      'decide.')
+    raise LaunchError(
+      f'{names} describe {launch.num_processes} process(es), but SLURM started '
+      f'{tasks} tasks, each of which runs or launches an equal share of them; fix '
+      'the variables (e.g. NUM_NODES=$SLURM_NNODES), or unset them to let SLURM '
+      'decide.'
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,9 +196,11 @@ def _require(env, keys, what) -> None:
   missing = [k for k in keys if not _set(env, k)]
   if missing:
     given = [k for k in keys if _set(env, k)]
-    raise LaunchError(f'{what} needs {", ".join(keys)}; {", ".join(given)} set but '
-                      f'{", ".join(missing)} missing. Set them all (see envs/.env.example), or '
-                      'unset them all for a single process.')
+    raise LaunchError(
+      f'{what} needs {", ".join(keys)}; {", ".join(given)} set but '
+      f'{", ".join(missing)} missing. Set them all (see envs/.env.example), or '
+      'unset them all for a single process.'
+    )
 
 
 def _int(env, key, text=None) -> int:
@@ -213,9 +225,11 @@ def barrier(name: str, timeout_s: int = 3600) -> None:
   """Waits until every process arrives, through the coordination service (no device collective,
   so no collective timeout: gloo's is 30 s). A no-op for one process."""
   import jax  # pylint: disable=import-outside-toplevel
+
   if jax.process_count() == 1:
     return
   from orbax.checkpoint import multihost  # pylint: disable=import-outside-toplevel
+
   multihost.get_barrier_sync_fn()(key=f'dlmjax_{name}', timeout_ms=timeout_s * 1000)
 
 
@@ -231,9 +245,11 @@ def data_shard(batch_sharding, global_batch_size: int) -> tuple[int, int]:
     rows.update(range(*index[0].indices(global_batch_size)))
   first, count = min(rows), len(rows)
   if rows != set(range(first, first + count)) or global_batch_size % count or first % count:
-    raise LaunchError(f'this process holds batch rows {sorted(rows)[:4]}... of '
-                      f'{global_batch_size}, not one contiguous block; the mesh device order '
-                      'does not match the processes (report this with the mesh shape).')
+    raise LaunchError(
+      f'this process holds batch rows {sorted(rows)[:4]}... of '
+      f'{global_batch_size}, not one contiguous block; the mesh device order '
+      'does not match the processes (report this with the mesh shape).'
+    )
   return first // count, global_batch_size // count
 
 
@@ -243,6 +259,7 @@ def from_full_host(value, sharding):
   that spans other processes' devices; this is the conversion it asks for."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
+
   value = np.asarray(value)
   return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
@@ -252,7 +269,9 @@ def to_host(array):
   device-to-host gather every program uses."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
+
   if isinstance(array, jax.Array) and not array.is_fully_addressable:
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
   return np.asarray(jax.device_get(array))

@@ -26,20 +26,27 @@ def bubble_fraction(stages: int, repeats: int, microbatches: int) -> float:
   return (stages - 1) / (repeats * microbatches + stages - 1)
 
 
-def check_schedule(num_layers: int, batch: int, *, stages: int, repeats: int,
-                   microbatches: int) -> None:
+def check_schedule(
+  num_layers: int, batch: int, *, stages: int, repeats: int, microbatches: int
+) -> None:
   """ValueError naming the fix for a stack or batch the schedule cannot split."""
   if num_layers % (stages * repeats):
-    raise ValueError(f'{num_layers} layers do not split into {stages} pipeline stages x '
-                     f'{repeats} repeats; make model.num_layers a multiple of mesh.pipeline x '
-                     'mesh.pipeline_repeats.')
+    raise ValueError(
+      f'{num_layers} layers do not split into {stages} pipeline stages x '
+      f'{repeats} repeats; make model.num_layers a multiple of mesh.pipeline x '
+      'mesh.pipeline_repeats.'
+    )
   if batch % microbatches:
-    raise ValueError(f'a batch of {batch} rows does not split into {microbatches} pipeline '
-                     'micro-batches; make the batch a multiple of mesh.pipeline_microbatches.')
+    raise ValueError(
+      f'a batch of {batch} rows does not split into {microbatches} pipeline '
+      'micro-batches; make the batch a multiple of mesh.pipeline_microbatches.'
+    )
   if repeats > 1 and microbatches < stages:
-    raise ValueError(f'the circular schedule ({repeats} repeats) needs at least one micro-batch '
-                     f'per stage, got {microbatches} for {stages} stages; raise '
-                     'mesh.pipeline_microbatches.')
+    raise ValueError(
+      f'the circular schedule ({repeats} repeats) needs at least one micro-batch '
+      f'per stage, got {microbatches} for {stages} stages; raise '
+      'mesh.pipeline_microbatches.'
+    )
 
 
 def _split(x, num):
@@ -71,8 +78,9 @@ def _stage_major(w, stages, repeats):
     blocks = w_local.reshape(R, per_stage, *w_local.shape[1:])
     d = jax.lax.axis_index(axis)
     k_SC = (jnp.arange(S)[:, None] - d * R) % S + S * jnp.arange(slots)[None, :]
-    send = jnp.where((k_SC < R).reshape(S, slots, *([1] * (blocks.ndim - 1))),
-                     blocks[jnp.minimum(k_SC, R - 1)], 0)
+    send = jnp.where(
+      (k_SC < R).reshape(S, slots, *([1] * (blocks.ndim - 1))), blocks[jnp.minimum(k_SC, R - 1)], 0
+    )
     recv = jax.lax.all_to_all(send, axis, 0, 0, tiled=True)  # [S sources, slots, Lps, ...]
     s = jax.lax.axis_index(axis)
     q_R = jnp.arange(R) * S + s
@@ -81,16 +89,23 @@ def _stage_major(w, stages, repeats):
     return recv[source_R, slot_R][:, None]
 
   spec = jax.sharding.PartitionSpec
-  return jax.shard_map(local, mesh=mesh, in_specs=spec(axis), out_specs=spec(None, axis),
-                       axis_names=set(axis), check_vma=False)(w)
+  return jax.shard_map(
+    local,
+    mesh=mesh,
+    in_specs=spec(axis),
+    out_specs=spec(None, axis),
+    axis_names=set(axis),
+    check_vma=False,
+  )(w)
 
 
 def _side_axes(x):
-  return (rules.BATCH, rules.LENGTH)[:x.ndim]
+  return (rules.BATCH, rules.LENGTH)[: x.ndim]
 
 
-def run(stage_fn, params, param_axes, x_BLD, side, *, stages: int, repeats: int = 1,
-        microbatches: int = 1):
+def run(
+  stage_fn, params, param_axes, x_BLD, side, *, stages: int, repeats: int = 1, microbatches: int = 1
+):
   """The stack applied to x_BLD through the pipeline schedule.
 
   Args:
@@ -102,8 +117,9 @@ def run(stage_fn, params, param_axes, x_BLD, side, *, stages: int, repeats: int 
       stage needs for the micro-batch it is running.
   """
   num_layers = jax.tree.leaves(params)[0].shape[0]
-  check_schedule(num_layers, x_BLD.shape[0], stages=stages, repeats=repeats,
-                 microbatches=microbatches)
+  check_schedule(
+    num_layers, x_BLD.shape[0], stages=stages, repeats=repeats, microbatches=microbatches
+  )
   S, R, M = stages, repeats, microbatches  # noqa: N806 (the schedule's letters)
   per_stage = num_layers // (S * R)
   is_axes = lambda a: isinstance(a, tuple)  # noqa: E731
@@ -133,8 +149,7 @@ def run(stage_fn, params, param_axes, x_BLD, side, *, stages: int, repeats: int 
       w = jax.tree.map(lambda a: jnp.tensordot(pick_R.astype(a.dtype), a, axes=1), w_R)
     return stage_fn(w, x, side_b)
 
-  stages_fn = jax.vmap(run_stage, in_axes=(1, 0, 0, 0), spmd_axis_name=rules.mesh_axes(
-      rules.STAGE))
+  stages_fn = jax.vmap(run_stage, in_axes=(1, 0, 0, 0), spmd_axis_name=rules.mesh_axes(rules.STAGE))
 
   def collect(outputs, io, t):
     """Rolls stage outputs one stage on; stage 0 stores what the last stage finished at t - 1."""
@@ -153,8 +168,10 @@ def run(stage_fn, params, param_axes, x_BLD, side, *, stages: int, repeats: int 
     inputs = rules.constrain(jnp.where(first, fresh, rolled), (rules.STAGE, *act))
     micro = (t - stage_ids) % M
     repeat = jnp.clip((t - stage_ids) // M, 0, R - 1)
-    side_S = {k: rules.constrain(jnp.take(v, micro, axis=0), (rules.STAGE, *_side_axes(v[0])))
-              for k, v in micro_side.items()}
+    side_S = {
+      k: rules.constrain(jnp.take(v, micro, axis=0), (rules.STAGE, *_side_axes(v[0])))
+      for k, v in micro_side.items()
+    }
     outputs = rules.constrain(stages_fn(weights, inputs, repeat, side_S), (rules.STAGE, *act))
     return (outputs, io), None
 

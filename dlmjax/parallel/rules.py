@@ -36,22 +36,22 @@ ATTN_HEADS = 'attn_heads'
 STAGE = 'stage'  # the pipeline-stage axis of the stage-major layer and activation views.
 
 RULES: dict[str, tuple[str, ...]] = {
-    LAYERS: ('pipeline',),  # the stacked layer axis: GPipe stages are contiguous layer blocks.
-    STAGE: ('pipeline',),
-    VOCAB: ('tensor',),
-    EMBED: ('fsdp', 'context'),  # context devices would otherwise hold copies: shard over both.
-    HEADS: ('tensor',),
-    KV_HEADS: ('tensor',),
-    HEAD_DIM: (),
-    MLP: ('tensor',),
-    NORM: (),
-    BATCH: ('data', 'fsdp'),
-    LENGTH: ('context',),
-    ACT_EMBED: (),
-    ACT_HEADS: ('tensor',),
-    ACT_MLP: ('tensor',),
-    ACT_VOCAB: ('tensor',),
-    ATTN_HEADS: ('tensor', 'context'),
+  LAYERS: ('pipeline',),  # the stacked layer axis: GPipe stages are contiguous layer blocks.
+  STAGE: ('pipeline',),
+  VOCAB: ('tensor',),
+  EMBED: ('fsdp', 'context'),  # context devices would otherwise hold copies: shard over both.
+  HEADS: ('tensor',),
+  KV_HEADS: ('tensor',),
+  HEAD_DIM: (),
+  MLP: ('tensor',),
+  NORM: (),
+  BATCH: ('data', 'fsdp'),
+  LENGTH: ('context',),
+  ACT_EMBED: (),
+  ACT_HEADS: ('tensor',),
+  ACT_MLP: ('tensor',),
+  ACT_VOCAB: ('tensor',),
+  ATTN_HEADS: ('tensor', 'context'),
 }
 
 
@@ -75,8 +75,9 @@ def named_sharding(mesh, logical_axes) -> NamedSharding:
 
 def tree_shardings(mesh, axes_tree):
   """NamedShardings for a pytree whose leaves are logical-axis tuples."""
-  return jax.tree.map(lambda axes: named_sharding(mesh, axes), axes_tree,
-                      is_leaf=lambda x: isinstance(x, tuple))
+  return jax.tree.map(
+    lambda axes: named_sharding(mesh, axes), axes_tree, is_leaf=lambda x: isinstance(x, tuple)
+  )
 
 
 _ACTIVE_MESH: contextvars.ContextVar = contextvars.ContextVar('dlmjax_mesh', default=None)
@@ -108,10 +109,12 @@ def per_shard(fn, args, in_axes, out_axes):
   if mesh is None or mesh.size == 1:
     return fn(*args)
   in_specs = tuple(None if a is None else spec(axes) for a, axes in zip(args, in_axes))
-  out_specs = (tuple(spec(axes) for axes in out_axes) if isinstance(out_axes, list)
-               else spec(out_axes))
-  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                       check_vma=False)(*args)
+  out_specs = (
+    tuple(spec(axes) for axes in out_axes) if isinstance(out_axes, list) else spec(out_axes)
+  )
+  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(
+    *args
+  )
 
 
 def constrain(x, logical_axes):

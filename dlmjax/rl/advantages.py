@@ -12,8 +12,9 @@ SCALINGS = ('none', 'std')
 NEGATIVES = ('keep', 'drop')
 
 
-def group_advantages(rewards_B, group_size: int, scaling: str = 'none', eps: float = 1e-4,
-                     negatives: str = 'keep'):
+def group_advantages(
+  rewards_B, group_size: int, scaling: str = 'none', eps: float = 1e-4, negatives: str = 'keep'
+):
   """A_i = r_i - mean(group) [/ (std(group) + eps)]; rows i*G .. i*G+G-1 share a prompt.
 
   negatives='drop' zeroes the below-average rows (max(A, 0)): the update then only raises the

@@ -24,34 +24,65 @@ def row_keys(seed: int, mask_seeds_B):
   return jax.vmap(lambda s: jax.random.fold_in(base, s))(mask_seeds_B)
 
 
-def d1_token_logprobs(module, tokens_BL, prompt_lengths_B, lengths_B, mask_seeds_B, *, seed: int,
-                      mask_id: int, p_mask_prompt: float, chunk_size: int = 0):
+def d1_token_logprobs(
+  module,
+  tokens_BL,
+  prompt_lengths_B,
+  lengths_B,
+  mask_seeds_B,
+  *,
+  seed: int,
+  mask_id: int,
+  p_mask_prompt: float,
+  chunk_size: int = 0,
+):
   """d1's one-step estimate: log p(o_k | prompt with each token masked w.p. p_mask_prompt, all
   completion tokens masked) for every completion position k; [B, L], 0 outside the completion."""
   positions_1L = jnp.arange(tokens_BL.shape[1])[None]
   prompt_BL = positions_1L < prompt_lengths_B[:, None]
   completion_BL = ~prompt_BL & (positions_1L < lengths_B[:, None])
   uniform_BL = jax.vmap(lambda k: jax.random.uniform(k, tokens_BL.shape[1:]))(
-      row_keys(seed, mask_seeds_B))
+    row_keys(seed, mask_seeds_B)
+  )
   masked_BL = completion_BL | (prompt_BL & (uniform_BL < p_mask_prompt))
   noisy_BL = jnp.where(masked_BL, mask_id, tokens_BL)
-  ce_BL = loss_lib.model_cross_entropy(module, noisy_BL, tokens_BL, chunk_size=chunk_size,
-                                       valid_length_B=lengths_B)
+  ce_BL = loss_lib.model_cross_entropy(
+    module, noisy_BL, tokens_BL, chunk_size=chunk_size, valid_length_B=lengths_B
+  )
   return jnp.where(completion_BL, -ce_BL, 0.0)
 
 
-def sequence_elbo(module, tokens_BL, prompt_lengths_B, lengths_B, mask_seeds_B, *, seed: int,
-                  mask_id: int, num_samples: int, chunk_size: int = 0):
+def sequence_elbo(
+  module,
+  tokens_BL,
+  prompt_lengths_B,
+  lengths_B,
+  mask_seeds_B,
+  *,
+  seed: int,
+  mask_id: int,
+  num_samples: int,
+  chunk_size: int = 0,
+):
   """ESPO's sequence log-likelihood: LLaDA's low-variance ELBO of the completion given the
   prompt (dlmjax.diffusion.likelihood) with num_samples stratified mask counts; [B]."""
-  settings = likelihood.LikelihoodConfig(mc_num=num_samples, mc_batch=num_samples,
-                                         chunk_tokens=chunk_size)
-  return likelihood.log_likelihood(module, tokens_BL, prompt_lengths_B, lengths_B,
-                                   row_keys(seed, mask_seeds_B), settings, mask_id=mask_id)
+  settings = likelihood.LikelihoodConfig(
+    mc_num=num_samples, mc_batch=num_samples, chunk_tokens=chunk_size
+  )
+  return likelihood.log_likelihood(
+    module,
+    tokens_BL,
+    prompt_lengths_B,
+    lengths_B,
+    row_keys(seed, mask_seeds_B),
+    settings,
+    mask_id=mask_id,
+  )
 
 
-def spg_block_masks(key, prompt_length, completion_length, width: int, *, block_length: int,
-                    p_mask_prompt: float):
+def spg_block_masks(
+  key, prompt_length, completion_length, width: int, *, block_length: int, p_mask_prompt: float
+):
   """SPG's block-wise mask for one row and MC sample: [width] bool, True = masked.
 
   A block of the completion is drawn uniformly (blocks of block_length from the prompt's end);
@@ -72,16 +103,31 @@ def spg_block_masks(key, prompt_length, completion_length, width: int, *, block_
   window = (positions >= start) & (positions < start + in_block)
   order = jnp.where(window, jax.random.uniform(order_key, (width,)), 2.0)
   rank = jnp.argsort(jnp.argsort(order))  # the window's positions come first, in random order
-  masked = ((window & (rank < count)) | (positions >= start + block_length) |
-            (positions >= prompt_length + completion_length))  # none of these reach the prompt
+  masked = (
+    (window & (rank < count))
+    | (positions >= start + block_length)
+    | (positions >= prompt_length + completion_length)
+  )  # none of these reach the prompt
   in_prompt = positions < prompt_length
   return masked | (in_prompt & (jax.random.uniform(prompt_key, (width,)) < p_mask_prompt))
 
 
-def spg_sequence_bounds(module, tokens_BL, prompt_lengths_B, lengths_B, completion_mask_BL,
-                        mask_seeds_B, *, seed: int, mask_id: int, num_samples: int,
-                        block_length: int, p_mask_prompt: float, eubo_beta: float,
-                        chunk_size: int = 0):
+def spg_sequence_bounds(
+  module,
+  tokens_BL,
+  prompt_lengths_B,
+  lengths_B,
+  completion_mask_BL,
+  mask_seeds_B,
+  *,
+  seed: int,
+  mask_id: int,
+  num_samples: int,
+  block_length: int,
+  p_mask_prompt: float,
+  eubo_beta: float,
+  chunk_size: int = 0,
+):
   """SPG's two bounds on log pi(completion | prompt) from num_samples block-wise masks; ([B], [B]).
 
   ELBO: per sample, the mean log-prob of the masked completion tokens, averaged over samples.
@@ -92,21 +138,25 @@ def spg_sequence_bounds(module, tokens_BL, prompt_lengths_B, lengths_B, completi
   batch, width = tokens_BL.shape
   completion_lengths_B = completion_mask_BL.sum(axis=1).astype(jnp.int32)
   keys_BS = jax.vmap(lambda k: jax.random.split(k, num_samples))(row_keys(seed, mask_seeds_B))
-  make = functools.partial(spg_block_masks, width=width, block_length=block_length,
-                           p_mask_prompt=p_mask_prompt)
+  make = functools.partial(
+    spg_block_masks, width=width, block_length=block_length, p_mask_prompt=p_mask_prompt
+  )
   masked_BSL = jax.vmap(lambda ks, p, c: jax.vmap(lambda k: make(k, p, c))(ks))(
-      keys_BS, prompt_lengths_B, completion_lengths_B)
+    keys_BS, prompt_lengths_B, completion_lengths_B
+  )
   tile = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731  rows b*S + s
   noisy = jnp.where(masked_BSL.reshape(batch * num_samples, width), mask_id, tile(tokens_BL))
-  ce = loss_lib.model_cross_entropy(module, noisy, tile(tokens_BL), chunk_size=chunk_size,
-                                    valid_length_B=tile(lengths_B))
+  ce = loss_lib.model_cross_entropy(
+    module, noisy, tile(tokens_BL), chunk_size=chunk_size, valid_length_B=tile(lengths_B)
+  )
   logp_BSL = -ce.reshape(batch, num_samples, width)
   scored_BSL = (masked_BSL & (completion_mask_BL[:, None, :] > 0)).astype(jnp.float32)
   per_sample = (logp_BSL * scored_BSL).sum(-1) / jnp.maximum(scored_BSL.sum(-1), 1.0)
   elbo_B = per_sample.mean(axis=1)
   t_hat_BS = scored_BSL.sum(-1) / jnp.maximum(completion_lengths_B[:, None], 1)
-  weighted_BL = (jnp.exp(eubo_beta * logp_BSL) * scored_BSL /
-                 jnp.maximum(t_hat_BS, 1e-8)[..., None]).mean(axis=1)
+  weighted_BL = (
+    jnp.exp(eubo_beta * logp_BSL) * scored_BSL / jnp.maximum(t_hat_BS, 1e-8)[..., None]
+  ).mean(axis=1)
   seen_BL = weighted_BL > 0
   log_BL = jnp.log(jnp.where(seen_BL, weighted_BL, 1.0))
   eubo_B = (log_BL * seen_BL).sum(-1) / jnp.maximum(seen_BL.sum(-1), 1) / eubo_beta

@@ -28,8 +28,8 @@ class HeldOutReward:
     self.config, self.prompts = config, prompts
     self.num = config.eval.batches * config.train.global_batch_size
     self.sampler = rl_sampler.RolloutSampler(
-        config, setup, prompts.tokenizer, sampler_lib.SamplingConfig.from_config(config),
-        greedy=True)
+      config, setup, prompts.tokenizer, sampler_lib.SamplingConfig.from_config(config), greedy=True
+    )
     self._held_out = {}  # (split, num, seed) -> PromptSet, built on first use
 
   def completions(self, params, num: int, seed: int, split: str = 'test'):
@@ -40,28 +40,37 @@ class HeldOutReward:
     held_out = self._held_out[split, num, seed]
     rows, texts = self.config.train.global_batch_size, []
     for start in range(0, len(held_out.examples), rows):
-      chunk = held_out.token_ids[start:start + rows]
+      chunk = held_out.token_ids[start : start + rows]
       chunk = chunk + [chunk[0]] * (rows - len(chunk))  # a full global batch; extras dropped
       prompt_BP, prompt_lengths = self.sampler.pad(chunk)
       key = jax.random.fold_in(jax.random.key(seed), start)  # unused at temperature 0
       texts += self.sampler.texts(self.sampler.generate(params, prompt_BP, prompt_lengths, key))
-    return held_out.examples, texts[:len(held_out.examples)]
+    return held_out.examples, texts[: len(held_out.examples)]
 
   def reward(self, params, num: int, seed: int, split: str = 'test') -> dict:
     """Mean reward and accuracy of greedy completions of `num` held-out problems."""
     examples, texts = self.completions(params, num, seed, split)
     rewards, failures, correct = rollout_lib.score_texts(self.prompts.task, examples, texts)
-    return dict(val_reward=float(rewards.mean()), val_accuracy=float(np.mean(correct)),
-                val_examples=len(examples), val_reward_failures=failures)
+    return dict(
+      val_reward=float(rewards.mean()),
+      val_accuracy=float(np.mean(correct)),
+      val_examples=len(examples),
+      val_reward_failures=failures,
+    )
 
   def run(self, step: int, params) -> dict[str, float]:
     """The row {'step', 'val_reward', 'val_accuracy', ...} for metrics.jsonl; prints a line."""
     jax.block_until_ready(params)
     start = time.time()
-    row = {'step': step, **self.reward(params, self.num, config_lib.EVAL_SEED,
-                                        self.config.rl.eval_split)}
+    row = {
+      'step': step,
+      **self.reward(params, self.num, config_lib.EVAL_SEED, self.config.rl.eval_split),
+    }
     if jax.process_index() == 0:
-      print(f'step {step}: val_reward {row["val_reward"]:.4f} | val_accuracy '
-            f'{row["val_accuracy"]:.4f} ({row["val_examples"]} held-out problems, '
-            f'{time.time() - start:.1f}s)', flush=True)
+      print(
+        f'step {step}: val_reward {row["val_reward"]:.4f} | val_accuracy '
+        f'{row["val_accuracy"]:.4f} ({row["val_examples"]} held-out problems, '
+        f'{time.time() - start:.1f}s)',
+        flush=True,
+      )
     return row

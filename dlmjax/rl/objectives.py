@@ -39,8 +39,9 @@ def d1_token_loss(logp_BL, old_logp_BL, ref_logp_BL, advantages_B, *, eps: float
   return surrogate_BL + beta * kl_BL, kl_BL, clipped_BL
 
 
-def espo_sequence_loss(elbo_B, old_elbo_B, ref_elbo_B, advantages_B, length_B, *, eps: float,
-                       beta: float):
+def espo_sequence_loss(
+  elbo_B, old_elbo_B, ref_elbo_B, advantages_B, length_B, *, eps: float, beta: float
+):
   """ESPO per sequence: ratio exp((ELBO - ELBO_old) / L), clipped, plus beta * k2 KL.
   Returns (loss [B], kl [B], clipped [B])."""
   ratio_B = jnp.exp((elbo_B - old_elbo_B) / length_B)

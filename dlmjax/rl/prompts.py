@@ -42,8 +42,10 @@ class Prompts:
     ids = self.tokenizer.encode_batch(texts)
     kept = [(e, t) for e, t in zip(examples, ids) if 0 < len(t) <= r.max_prompt_tokens]
     if not kept:
-      raise ValueError(f'task {r.task}: no {split} prompt fits rl.max_prompt_tokens='
-                       f'{r.max_prompt_tokens} (asked for {num}); raise rl.max_prompt_tokens.')
+      raise ValueError(
+        f'task {r.task}: no {split} prompt fits rl.max_prompt_tokens='
+        f'{r.max_prompt_tokens} (asked for {num}); raise rl.max_prompt_tokens.'
+      )
     return PromptSet([e for e, _ in kept], [t for _, t in kept])
 
   def held_out(self, split: str, num: int, seed: int) -> PromptSet:
@@ -57,7 +59,9 @@ class Prompts:
     try:  # a prefix-stable draw: enough to skip every RL prompt even with the same seed
       drawn = self.task.examples('train', num + len(used), seed)
     except ValueError as e:
-      raise ValueError(f'rl.eval_split=valid needs {num} train problems besides the '
-                       f'{len(used)} RL prompts ({e}); lower rl.num_prompts or eval.batches, or '
-                       'use rl.eval_split=test.') from None
+      raise ValueError(
+        f'rl.eval_split=valid needs {num} train problems besides the '
+        f'{len(used)} RL prompts ({e}); lower rl.num_prompts or eval.batches, or '
+        'use rl.eval_split=test.'
+      ) from None
     return self.encode('train', num, seed, [e for e in drawn if e.prompt not in used][:num])

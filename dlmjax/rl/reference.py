@@ -19,7 +19,6 @@ def needed(config) -> bool:
 
 
 class ReferenceModel:
-
   def __init__(self, config, setup):
     self.on_host, self.shardings = config.rl.reference_on_host, setup.param_shardings
     dtype = jnp.dtype(config.rl.reference_dtype)

@@ -24,8 +24,18 @@ from dlmjax.rl import estimators
 from dlmjax.rl import reference as reference_lib
 from dlmjax.rl import sampler as rl_sampler
 
-BATCH_KEYS = ('tokens', 'prompt_lengths', 'lengths', 'mask_seeds', 'advantages', 'old', 'ref',
-              'weight', 'completion_mask', 'rewards')
+BATCH_KEYS = (
+  'tokens',
+  'prompt_lengths',
+  'lengths',
+  'mask_seeds',
+  'advantages',
+  'old',
+  'ref',
+  'weight',
+  'completion_mask',
+  'rewards',
+)
 
 
 def to_right_padded(out_BW, prompt_lengths_B, prompt_width: int, *, eos_id: int, pad_id: int):
@@ -44,9 +54,9 @@ def to_right_padded(out_BW, prompt_lengths_B, prompt_width: int, *, eos_id: int,
     eos = np.flatnonzero(canvas == eos_id)
     end = int(eos[0]) + 1 if len(eos) else gen
     canvas[end:] = eos_id
-    tokens[b, :p] = out_BW[b, prompt_width - p:prompt_width]
-    tokens[b, p:p + gen] = canvas
-    mask[b, p:p + end] = 1.0
+    tokens[b, :p] = out_BW[b, prompt_width - p : prompt_width]
+    tokens[b, p : p + gen] = canvas
+    mask[b, p : p + end] = 1.0
   return tokens, mask, lengths
 
 
@@ -76,8 +86,17 @@ class RolloutBatches:
   rl.reference.ReferenceModel or None.
   """
 
-  def __init__(self, config, setup, prompts, sampler, reference=None, *, process_index: int = 0,
-               process_count: int = 1):
+  def __init__(
+    self,
+    config,
+    setup,
+    prompts,
+    sampler,
+    reference=None,
+    *,
+    process_index: int = 0,
+    process_count: int = 1,
+  ):
     self.config, self.r = config, config.rl
     self.setup, self.prompts, self.sampler, self.reference = setup, prompts, sampler, reference
     # Several processes: each builds the same whole rollout (same prompts and keys, the sampler
@@ -107,7 +126,7 @@ class RolloutBatches:
     del batch['mask_seeds_all']
     self.served += 1
     rows = self.config.train.global_batch_size // self.shards
-    return {k: v[self.shard * rows:(self.shard + 1) * rows] for k, v in batch.items()}, row
+    return {k: v[self.shard * rows : (self.shard + 1) * rows] for k, v in batch.items()}, row
 
   def _rollout(self, index: int, params) -> tuple[dict, dict]:
     config, r = self.config, self.r
@@ -118,7 +137,8 @@ class RolloutBatches:
     chosen = [rng.randrange(len(training.examples)) for _ in range(rows // group)]
     examples = [training.examples[i] for i in chosen for _ in range(group)]
     prompt_BP, prompt_lengths = self.sampler.pad(
-        [training.token_ids[i] for i in chosen for _ in range(group)])
+      [training.token_ids[i] for i in chosen for _ in range(group)]
+    )
     # Generate.
     start = time.time()
     key = jax.random.fold_in(jax.random.key(config.seed), index)
@@ -130,19 +150,39 @@ class RolloutBatches:
     rewards, failures, correct = score_texts(self.prompts.task, examples, texts)
     advantages = advantages_lib.group_advantages(rewards, group)
     tokens, completion_mask, lengths = to_right_padded(
-        out, prompt_lengths, r.max_prompt_tokens, eos_id=m.eos_token_id, pad_id=m.pad_token_id)
-    seeds = np.stack([(index * r.inner_updates + j) * rows + np.arange(rows, dtype=np.int64)
-                      for j in range(r.inner_updates)]).astype(np.int32)
+      out, prompt_lengths, r.max_prompt_tokens, eos_id=m.eos_token_id, pad_id=m.pad_token_id
+    )
+    seeds = np.stack(
+      [
+        (index * r.inner_updates + j) * rows + np.arange(rows, dtype=np.int64)
+        for j in range(r.inner_updates)
+      ]
+    ).astype(np.int32)
     old_all, ref_all = self._old_and_reference(params, tokens, prompt_lengths, lengths, seeds)
     score_s = time.time() - start
-    row = dict(step=self.served + 1, rollout=index, generate_s=generate_s, score_s=score_s,
-               rollout_reward_mean=float(rewards.mean()), rollout_reward_std=float(rewards.std()),
-               rollout_accuracy=float(np.mean(correct)), reward_failures=failures,
-               rollout_completion_length=float(completion_mask.sum(1).mean()))
-    batch = dict(tokens=tokens, prompt_lengths=prompt_lengths, lengths=lengths,
-                 mask_seeds_all=seeds, advantages=advantages, old_all=old_all, ref_all=ref_all,
-                 weight=loss_weights(completion_mask, r.objective),
-                 completion_mask=completion_mask, rewards=rewards)
+    row = dict(
+      step=self.served + 1,
+      rollout=index,
+      generate_s=generate_s,
+      score_s=score_s,
+      rollout_reward_mean=float(rewards.mean()),
+      rollout_reward_std=float(rewards.std()),
+      rollout_accuracy=float(np.mean(correct)),
+      reward_failures=failures,
+      rollout_completion_length=float(completion_mask.sum(1).mean()),
+    )
+    batch = dict(
+      tokens=tokens,
+      prompt_lengths=prompt_lengths,
+      lengths=lengths,
+      mask_seeds_all=seeds,
+      advantages=advantages,
+      old_all=old_all,
+      ref_all=ref_all,
+      weight=loss_weights(completion_mask, r.objective),
+      completion_mask=completion_mask,
+      rewards=rewards,
+    )
     return batch, row
 
   def _old_and_reference(self, params, tokens, prompt_lengths, lengths, seeds):
@@ -157,8 +197,11 @@ class RolloutBatches:
     for seeds_B in seeds:
       old = self._score(params, tokens, prompt_lengths, lengths, seeds_B)
       old_all.append(old)
-      ref_all.append(old if reference is None else
-                     self._score(reference, tokens, prompt_lengths, lengths, seeds_B))
+      ref_all.append(
+        old
+        if reference is None
+        else self._score(reference, tokens, prompt_lengths, lengths, seeds_B)
+      )
     return old_all, ref_all
 
   def _score(self, params, tokens, prompt_lengths, lengths, seeds):
@@ -168,11 +211,19 @@ class RolloutBatches:
 
 def make_batches(config, setup, prompts, *, process_index: int = 0, process_count: int = 1):
   """The rollout source of a run: its sampler and, when the KL needs one, its reference."""
-  sampler = rl_sampler.RolloutSampler(config, setup, prompts.tokenizer,
-                                      sampler_lib.SamplingConfig.from_config(config))
+  sampler = rl_sampler.RolloutSampler(
+    config, setup, prompts.tokenizer, sampler_lib.SamplingConfig.from_config(config)
+  )
   reference = reference_lib.ReferenceModel(config, setup) if reference_lib.needed(config) else None
-  return RolloutBatches(config, setup, prompts, sampler, reference, process_index=process_index,
-                        process_count=process_count)
+  return RolloutBatches(
+    config,
+    setup,
+    prompts,
+    sampler,
+    reference,
+    process_index=process_index,
+    process_count=process_count,
+  )
 
 
 def score_texts(task, examples, texts):
@@ -192,16 +243,19 @@ def make_score_fn(config, model_config):
   """jit(fn(params, tokens, prompt_lengths, lengths, mask_seeds)): the objective's estimate
   (d1: token log-probs [B, L]; ESPO: sequence ELBO [B]) without gradients, params in any dtype."""
   r = config.rl
-  common = dict(seed=config.seed, mask_id=config.model.mask_token_id,
-                chunk_size=config.model.loss_chunk_tokens)
+  common = dict(
+    seed=config.seed, mask_id=config.model.mask_token_id, chunk_size=config.model.loss_chunk_tokens
+  )
 
   def fn(params, tokens, prompt_lengths, lengths, mask_seeds):
     params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
     module = model_lib.merge(model_config, params)
     if r.objective == 'd1':
-      return estimators.d1_token_logprobs(module, tokens, prompt_lengths, lengths, mask_seeds,
-                                          p_mask_prompt=r.p_mask_prompt, **common)
-    return estimators.sequence_elbo(module, tokens, prompt_lengths, lengths, mask_seeds,
-                                    num_samples=r.elbo_samples, **common)
+      return estimators.d1_token_logprobs(
+        module, tokens, prompt_lengths, lengths, mask_seeds, p_mask_prompt=r.p_mask_prompt, **common
+      )
+    return estimators.sequence_elbo(
+      module, tokens, prompt_lengths, lengths, mask_seeds, num_samples=r.elbo_samples, **common
+    )
 
   return programs.jit_program(fn, model_config.matmul_dtype)

@@ -17,8 +17,9 @@ from dlmjax.parallel import distributed
 class RolloutSampler:
   """Samples with `sampling` (greedy=True: the same settings at temperature 0)."""
 
-  def __init__(self, config, setup, tokenizer, sampling: sampler_lib.SamplingConfig,
-               greedy: bool = False):
+  def __init__(
+    self, config, setup, tokenizer, sampling: sampler_lib.SamplingConfig, greedy: bool = False
+  ):
     m = config.model
     if greedy:
       sampling = dataclasses.replace(sampling, temperature=0.0)
@@ -26,8 +27,14 @@ class RolloutSampler:
     self.prompt_width = config.rl.max_prompt_tokens
     self.pad_id, self.eos_id = m.pad_token_id, m.eos_token_id
     self._generate = sampler_lib.make_generate_fn(
-        setup.model_config, sampling, mask_id=m.mask_token_id, eos_id=m.eos_token_id,
-        pad_id=m.pad_token_id, mesh=setup.mesh, vocab_size=m.vocab_size)
+      setup.model_config,
+      sampling,
+      mask_id=m.mask_token_id,
+      eos_id=m.eos_token_id,
+      pad_id=m.pad_token_id,
+      mesh=setup.mesh,
+      vocab_size=m.vocab_size,
+    )
 
   def pad(self, token_ids: list[list[int]]):
     """(prompt_BP, prompt_lengths_B): prompts left-padded to rl.max_prompt_tokens."""
@@ -39,5 +46,7 @@ class RolloutSampler:
 
   def texts(self, out_BW) -> list[str]:
     """The completion texts (up to the first EOS) of generate's rows."""
-    return [self.tokenizer.decode(c)
-            for c in sampler_lib.completions(out_BW, self.prompt_width, self.eos_id)]
+    return [
+      self.tokenizer.decode(c)
+      for c in sampler_lib.completions(out_BW, self.prompt_width, self.eos_id)
+    ]

@@ -49,7 +49,7 @@ def _solve(values, ops):
     i = ops.index('*')
     result = values[i] * values[i + 1]
     steps.append(f'{values[i]}*{values[i + 1]}={result}')
-    values[i:i + 2], ops[i:i + 1] = [result], []
+    values[i : i + 2], ops[i : i + 1] = [result], []
   while ops:
     result = values[0] + values[1] if ops[0] == '+' else values[0] - values[1]
     steps.append(f'{values[0]}{ops[0]}{values[1]}={result}')

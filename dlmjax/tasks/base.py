@@ -48,6 +48,7 @@ def collect(name: str, split: str, num: int, seed: int, draw, *, max_misses: int
   Problems are deduplicated by problem key; the split follows the solution key. Stops with a
   clear error after max_misses draws in a row that add nothing (the split is exhausted)."""
   import random  # pylint: disable=import-outside-toplevel
+
   check_request(name, split, num)
   rng = random.Random(f'{name}:{split}:{seed}')
   seen, out, misses = set(), [], 0
@@ -60,8 +61,10 @@ def collect(name: str, split: str, num: int, seed: int, draw, *, max_misses: int
     out.append(example)
     misses = 0
   if len(out) < num:
-    raise ValueError(f'{name}: only about {len(out)} distinct {split} examples exist (asked for '
-                     f'{num}); ask for fewer.')
+    raise ValueError(
+      f'{name}: only about {len(out)} distinct {split} examples exist (asked for '
+      f'{num}); ask for fewer.'
+    )
   return out
 
 

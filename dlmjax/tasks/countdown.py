@@ -17,8 +17,13 @@ from dlmjax.tasks import base
 CORRECT_SCORE = 1.0
 FORMAT_SCORE = 0.1
 _ALLOWED_RE = re.compile(r'^[\d+\-*/().\s]+$')  # d1's character whitelist
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv}
+_BINARY = {
+  ast.Add: operator.add,
+  ast.Sub: operator.sub,
+  ast.Mult: operator.mul,
+  ast.Div: operator.truediv,
+  ast.FloorDiv: operator.floordiv,
+}
 _MAX_EXPONENT = 16  # '**' passes d1's whitelist; a huge power would hang eval, so we cap it.
 
 
@@ -80,8 +85,12 @@ def _random_solution(rng, numbers):
     i, j = rng.sample(range(len(pool)), 2)
     (ta, va, pa), (tb, vb, pb) = pool[i], pool[j]
     op = rng.choice('+-*/')
-    value = {'+': va + vb, '-': va - vb, '*': va * vb,
-             '/': va // vb if vb and va % vb == 0 else None}[op]
+    value = {
+      '+': va + vb,
+      '-': va - vb,
+      '*': va * vb,
+      '/': va // vb if vb and va % vb == 0 else None,
+    }[op]
     if value is None or value <= 0:
       return None
     p = _PRECEDENCE[op]
@@ -113,8 +122,9 @@ class Countdown(base.Task):
         break
     expression, steps, target = solution
     response = f'{", ".join(steps)}\n<answer>{expression}</answer>'
-    example = base.Example(prompt=self.prompt(numbers, target), response=response,
-                           answer=str(target))
+    example = base.Example(
+      prompt=self.prompt(numbers, target), response=response, answer=str(target)
+    )
     # The answer is the target: splitting by it keeps every test target out of training.
     return (tuple(sorted(numbers)), target), str(target), example
 

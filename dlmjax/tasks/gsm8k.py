@@ -13,8 +13,9 @@ import re
 from dlmjax.data import jsonl
 from dlmjax.tasks import base
 
-SYSTEM_PROMPT = ('Respond in the following format:\n<reasoning>\n...\n</reasoning>\n<answer>\n...\n'
-                 '</answer>')
+SYSTEM_PROMPT = (
+  'Respond in the following format:\n<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>'
+)
 MAX_REWARD = 4.0
 _STRICT = r'^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$'
 _SOFT = r'<reasoning>.*?</reasoning>\s*<answer>.*?</answer>'
@@ -61,9 +62,13 @@ def xml_count_reward(text: str) -> float:
 
 
 def total_reward(completion: str, answer: str) -> float:
-  return (xml_count_reward(completion) + soft_format_reward(completion) +
-          strict_format_reward(completion) + int_reward(completion) +
-          correctness_reward(completion, answer))
+  return (
+    xml_count_reward(completion)
+    + soft_format_reward(completion)
+    + strict_format_reward(completion)
+    + int_reward(completion)
+    + correctness_reward(completion, answer)
+  )
 
 
 def final_answer(solution: str) -> str:
@@ -73,24 +78,34 @@ def final_answer(solution: str) -> str:
   return solution.split('####')[-1].strip().replace(',', '')
 
 
-def load_jsonl(path: str, *, question_key: str = 'question', answer_key: str = 'answer',
-               system_prompt: str = SYSTEM_PROMPT) -> list[base.Example]:
+def load_jsonl(
+  path: str,
+  *,
+  question_key: str = 'question',
+  answer_key: str = 'answer',
+  system_prompt: str = SYSTEM_PROMPT,
+) -> list[base.Example]:
   """Examples from GSM8K-style jsonl ({"question": ..., "answer": "... #### 42"} per line)."""
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'GSM8K jsonl {path!r} does not exist; pass the path of a jsonl file '
-                            f'with "{question_key}" and "{answer_key}" fields.')
+    raise FileNotFoundError(
+      f'GSM8K jsonl {path!r} does not exist; pass the path of a jsonl file '
+      f'with "{question_key}" and "{answer_key}" fields.'
+    )
   examples = []
   for number, row in jsonl.read_objects(path, error=ValueError):
     try:
       question, solution = row[question_key], row[answer_key]
       answer = final_answer(solution)
     except (KeyError, TypeError, ValueError) as e:
-      raise ValueError(f'{path}:{number}: not a GSM8K row ({e}); each line needs '
-                       f'"{question_key}" and "{answer_key}" ending in "#### <answer>".') from e
+      raise ValueError(
+        f'{path}:{number}: not a GSM8K row ({e}); each line needs '
+        f'"{question_key}" and "{answer_key}" ending in "#### <answer>".'
+      ) from e
     reasoning = solution.split('####')[0].strip()
     prompt = f'{system_prompt}\n\n{question}' if system_prompt else question
-    examples.append(base.Example(prompt=prompt, response=format_response(reasoning, answer),
-                                 answer=answer))
+    examples.append(
+      base.Example(prompt=prompt, response=format_response(reasoning, answer), answer=answer)
+    )
   if not examples:
     raise ValueError(f'{path} holds no examples.')
   return examples
@@ -111,6 +126,7 @@ class Gsm8kJsonl(base.Task):
       raise ValueError(f'gsm8k: no jsonl file for the {split} split.')
     rows = load_jsonl(self.paths[split])
     import random  # pylint: disable=import-outside-toplevel
+
     random.Random(seed).shuffle(rows)
     if num > len(rows):
       raise ValueError(f'gsm8k: {self.paths[split]} has {len(rows)} examples, asked for {num}.')

@@ -26,8 +26,11 @@ def all_grids() -> tuple[str, ...]:
       return
     r, c = divmod(len(cells), 4)
     for d in '1234':
-      clash = (d in cells[4 * r:] or any(cells[4 * k + c] == d for k in range(r)) or
-               any(cells[i] == d for i in range(len(cells)) if _BOX[i // 4][i % 4] == _BOX[r][c]))
+      clash = (
+        d in cells[4 * r :]
+        or any(cells[4 * k + c] == d for k in range(r))
+        or any(cells[i] == d for i in range(len(cells)) if _BOX[i // 4][i % 4] == _BOX[r][c])
+      )
       if not clash:
         fill(cells + [d])
 
@@ -52,7 +55,7 @@ def compute_score(completion: str, puzzle: str, solution: str) -> float:
 
 
 def _rows(grid: str) -> str:
-  return ' '.join(grid[4 * r:4 * r + 4] for r in range(4))
+  return ' '.join(grid[4 * r : 4 * r + 4] for r in range(4))
 
 
 class Sudoku4(base.Task):
@@ -69,8 +72,11 @@ class Sudoku4(base.Task):
       puzzle = ''.join('0' if i in blanks else ch for i, ch in enumerate(solution))
       if len(solutions(puzzle)) == 1:
         break
-    example = base.Example(prompt=f'Sudoku 4x4, 0 is blank: {_rows(puzzle)}',
-                           response=f'<answer>{_rows(solution)}</answer>', answer=solution)
+    example = base.Example(
+      prompt=f'Sudoku 4x4, 0 is blank: {_rows(puzzle)}',
+      response=f'<answer>{_rows(solution)}</answer>',
+      answer=solution,
+    )
     return puzzle, solution, example
 
   def examples(self, split, num, seed):

@@ -1,9 +1,9 @@
 """Validation loss during training: the stage's own loss on held-out batches, comparable over time.
 
 MegaDLMs validates with fresh random masks (reference 1.2), so two evaluations of one model
-differ. Here the masks derive from config.EVAL_SEED and each held-out example's index, never from the
-step, and no micro-batch is truncated: every evaluation scores the same tokens masked the same way,
-and val_loss moves only when the model does. (Stage rl validates a reward instead:
+differ. Here the masks derive from config.EVAL_SEED and each held-out example's index, never from
+the step, and no micro-batch is truncated: every evaluation scores the same tokens masked the same
+way, and val_loss moves only when the model does. (Stage rl validates a reward instead:
 dlmjax/rl/evaluation.py.)
 """
 
@@ -21,6 +21,7 @@ from dlmjax import model as model_lib
 from dlmjax.model import programs
 from dlmjax.parallel import rules
 from dlmjax.train import step as step_lib
+
 
 def eval_config(config):
   """The run's config with config.EVAL_SEED as the mask seed and no variable-length truncation:
@@ -40,14 +41,17 @@ def make_eval_fn(setup, loss_fn):
     module = model_lib.merge(cfg, params)
     rows = next(iter(batch.values())).shape[0]
     example_ids = batch_index * rows + jnp.arange(rows)
-    xs = ({k: step_lib.microbatch_split(v, num_micro) for k, v in batch.items()},
-          step_lib.microbatch_split(example_ids, num_micro), jnp.arange(num_micro))
+    xs = (
+      {k: step_lib.microbatch_split(v, num_micro) for k, v in batch.items()},
+      step_lib.microbatch_split(example_ids, num_micro),
+      jnp.arange(num_micro),
+    )
 
     def sums_of(arrays, ids, index):
-      arrays = {k: rules.constrain(v, (rules.BATCH,) + (None,) * (v.ndim - 1))
-                for k, v in arrays.items()}
-      return loss_fn(module, step=jnp.int32(0), micro_index=index, example_ids_B=ids,
-                     **arrays)[1]
+      arrays = {
+        k: rules.constrain(v, (rules.BATCH,) + (None,) * (v.ndim - 1)) for k, v in arrays.items()
+      }
+      return loss_fn(module, step=jnp.int32(0), micro_index=index, example_ids_B=ids, **arrays)[1]
 
     def accumulate(total, x):
       return jax.tree.map(jnp.add, total, sums_of(*x)), None
@@ -72,20 +76,28 @@ class LossEvaluator:
     available = len(self._batches)
     self.num_batches = min(config.eval.batches, available)
     if self.num_batches < config.eval.batches and jax.process_index() == 0:
-      print(f'note: the valid split holds {available} global batches; evaluating on those '
-            f'instead of eval.batches={config.eval.batches}.', flush=True)
+      print(
+        f'note: the valid split holds {available} global batches; evaluating on those '
+        f'instead of eval.batches={config.eval.batches}.',
+        flush=True,
+      )
     self._sharding = rules.named_sharding(setup.mesh, (rules.BATCH,))
     jitted = programs.jit_program(
-        make_eval_fn(setup, loss), setup.model_config.matmul_dtype,
-        in_shardings=(setup.param_shardings, {k: self._sharding for k in batch_keys}, None),
-        out_shardings=setup.replicated)
+      make_eval_fn(setup, loss),
+      setup.model_config.matmul_dtype,
+      in_shardings=(setup.param_shardings, {k: self._sharding for k in batch_keys}, None),
+      out_shardings=setup.replicated,
+    )
     # Compiled now, from the first batch's shapes, so no logged interval pays for it.
     first = next(self._batches)
-    shapes = {k: jax.ShapeDtypeStruct((v.shape[0] * jax.process_count(), *v.shape[1:]), v.dtype)
-              for k, v in first.items()}
+    shapes = {
+      k: jax.ShapeDtypeStruct((v.shape[0] * jax.process_count(), *v.shape[1:]), v.dtype)
+      for k, v in first.items()
+    }
     with rules.activation_mesh(setup.mesh):
-      self._compiled = jitted.lower(setup.param_shapes, shapes,
-                                    jax.ShapeDtypeStruct((), jnp.int32)).compile()
+      self._compiled = jitted.lower(
+        setup.param_shapes, shapes, jax.ShapeDtypeStruct((), jnp.int32)
+      ).compile()
 
   def sums(self, params) -> dict[str, np.ndarray]:
     """The loss's sums over the first eval.batches held-out batches (float64, on the host)."""
@@ -93,8 +105,9 @@ class LossEvaluator:
     total = None
     for index in range(self.num_batches):
       local = next(self._batches)
-      batch = {k: jax.make_array_from_process_local_data(self._sharding, v)
-               for k, v in local.items()}
+      batch = {
+        k: jax.make_array_from_process_local_data(self._sharding, v) for k, v in local.items()
+      }
       sums = self._compiled(params, batch, jnp.int32(index))
       sums = jax.tree.map(lambda x: np.asarray(x, np.float64), jax.device_get(sums))
       total = sums if total is None else jax.tree.map(np.add, total, sums)
@@ -109,6 +122,10 @@ class LossEvaluator:
     row.update({f'val_{k}': float(v) for k, v in metrics.items() if k != 'tokens'})
     if jax.process_index() == 0:
       shown = [f'{k} {row[k]:.4f}' for k in ('val_loss', 'val_masked_ce') if k in row]
-      print(f'step {step}: ' + ' | '.join(shown)
-            + f' ({self.num_batches} held-out batches, {time.time() - start:.1f}s)', flush=True)
+      print(
+        f'step {step}: '
+        + ' | '.join(shown)
+        + f' ({self.num_batches} held-out batches, {time.time() - start:.1f}s)',
+        flush=True,
+      )
     return row

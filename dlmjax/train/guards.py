@@ -25,8 +25,7 @@ class ResourceError(RuntimeError):
 
 def checkpoint_bytes(state_shapes) -> int:
   """Bytes of one checkpoint of the train state (params + optimizer state + step)."""
-  return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
-             for x in jax.tree.leaves(state_shapes))
+  return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(state_shapes))
 
 
 def check_free_disk(output_dir: str, state_shapes) -> None:
@@ -38,9 +37,10 @@ def check_free_disk(output_dir: str, state_shapes) -> None:
   free = shutil.disk_usage(output_dir).free
   if free < needed:
     raise ResourceError(
-        f'output_dir {output_dir} has {_gib(free)} free, but the next checkpoint needs about '
-        f'{_gib(needed)} (params + optimizer state). Free some space, lower '
-        '--config.checkpoint.keep, or set --config.output_dir to a larger disk.')
+      f'output_dir {output_dir} has {_gib(free)} free, but the next checkpoint needs about '
+      f'{_gib(needed)} (params + optimizer state). Free some space, lower '
+      '--config.checkpoint.keep, or set --config.output_dir to a larger disk.'
+    )
 
 
 def _gib(n: int) -> str:
@@ -62,9 +62,10 @@ def next_batch(batches, params, config, step: int) -> tuple[dict[str, np.ndarray
   except OSError as e:
     name = e.filename or describe_data_source(config)
     raise DataError(
-        f'reading the batch of step {step} failed: {name}: {e.strerror or e}. A data file was '
-        'moved, deleted or became unreadable during the run; restore it and start the same '
-        'command again (it resumes from the last checkpoint).') from e
+      f'reading the batch of step {step} failed: {name}: {e.strerror or e}. A data file was '
+      'moved, deleted or became unreadable during the run; restore it and start the same '
+      'command again (it resumes from the last checkpoint).'
+    ) from e
   check_token_ids(batch['tokens'], config, step)  # every stage's model input (Stage.batch_keys)
   return batch, row
 
@@ -77,16 +78,19 @@ def check_token_ids(tokens: np.ndarray, config, step: int) -> None:
     return
   row, position = (int(i) for i in np.argwhere(bad)[0])
   raise DataError(
-      f'the batch of step {step} ({describe_data_source(config)}) has {int(bad.sum())} token ids '
-      f'outside [0, {vocab}), first {int(tokens[row, position])} at row {row}, position '
-      f'{position}. Re-tokenize the data with the model\'s tokenizer, or set '
-      '--config.model.vocab_size to the tokenizer\'s vocabulary.')
+    f'the batch of step {step} ({describe_data_source(config)}) has {int(bad.sum())} token ids '
+    f'outside [0, {vocab}), first {int(tokens[row, position])} at row {row}, position '
+    f"{position}. Re-tokenize the data with the model's tokenizer, or set "
+    "--config.model.vocab_size to the tokenizer's vocabulary."
+  )
 
 
-OOM_HINT = ('reduce --config.train.micro_batch_size (gradients accumulate to the same global '
-            'batch), turn on --config.model.remat=full (or save_dots), or shard parameters and '
-            'optimizer state over more devices with --config.mesh.fsdp; '
-            '`python -m dlmjax.summary` shows the memory per device.')
+OOM_HINT = (
+  'reduce --config.train.micro_batch_size (gradients accumulate to the same global '
+  'batch), turn on --config.model.remat=full (or save_dots), or shard parameters and '
+  'optimizer state over more devices with --config.mesh.fsdp; '
+  '`python -m dlmjax.summary` shows the memory per device.'
+)
 
 
 @contextlib.contextmanager
@@ -98,6 +102,6 @@ def explain_out_of_memory():
     if 'RESOURCE_EXHAUSTED' not in str(e):
       raise
     first_line = str(e).strip().splitlines()[0] if str(e).strip() else 'RESOURCE_EXHAUSTED'
-    raise ResourceError(f'the device ran out of memory ({first_line[:300]}). To fit, '
-                        + OOM_HINT) from e
-
+    raise ResourceError(
+      f'the device ran out of memory ({first_line[:300]}). To fit, ' + OOM_HINT
+    ) from e

@@ -33,8 +33,10 @@ def check_output_dir(output_dir: str) -> None:
       f.write('ok')
     os.remove(probe)
   except OSError as e:
-    raise config_lib.ConfigError(f'output_dir {output_dir!r} is not writable ({e.strerror}); set '
-                                 '--config.output_dir to a writable directory.') from e
+    raise config_lib.ConfigError(
+      f'output_dir {output_dir!r} is not writable ({e.strerror}); set '
+      '--config.output_dir to a writable directory.'
+    ) from e
 
 
 def initial_state(config, setup, checkpoints):
@@ -68,8 +70,11 @@ def train(config) -> dict | None:
   SIGTERM/SIGINT end the run early, after a checkpoint of the step in flight (preemption).
   """
   # On any error, saves already started (of good states) still finish before it propagates.
-  with contextlib.ExitStack() as cleanup, preemption.StopRequest() as stop, \
-      guards.explain_out_of_memory():
+  with (
+    contextlib.ExitStack() as cleanup,
+    preemption.StopRequest() as stop,
+    guards.explain_out_of_memory(),
+  ):
     return _run(config, stop, cleanup)
 
 
@@ -89,9 +94,12 @@ def _run(config, stop, cleanup) -> dict | None:
   cleanup.callback(checkpoints.close)
   if jax.process_index() == 0:
     m = config.mesh
-    print(f'{config.stage}: {setup.model_config.num_params():,} parameters on '
-          f'{jax.device_count()} x {jax.devices()[0].device_kind} (data {m.data} x fsdp {m.fsdp} '
-          f'x tensor {m.tensor}); run directory {config.output_dir}', flush=True)
+    print(
+      f'{config.stage}: {setup.model_config.num_params():,} parameters on '
+      f'{jax.device_count()} x {jax.devices()[0].device_kind} (data {m.data} x fsdp {m.fsdp} '
+      f'x tensor {m.tensor}); run directory {config.output_dir}',
+      flush=True,
+    )
   # State.
   guards.check_free_disk(config.output_dir, setup.state_shapes)
   state, data_state = initial_state(config, setup, checkpoints)
@@ -104,12 +112,15 @@ def _run(config, stop, cleanup) -> dict | None:
   batches = stage.batches(setup, shard, shards)
   if data_state is not None:
     batches.set_state(data_state)
-  reporter = reporting.Reporter(config.output_dir, total_steps=config.train.steps,
-                                flops_per_token=setup.model_config.flops_per_token(),
-                                peak_tflops=0.0,
-                                sinks=sinks_lib.make_sinks(config, config.output_dir),
-                                console_metrics=stage.console_metrics,
-                                flag_spikes=stage.flag_spikes)
+  reporter = reporting.Reporter(
+    config.output_dir,
+    total_steps=config.train.steps,
+    flops_per_token=setup.model_config.flops_per_token(),
+    peak_tflops=0.0,
+    sinks=sinks_lib.make_sinks(config, config.output_dir),
+    console_metrics=stage.console_metrics,
+    flag_spikes=stage.flag_spikes,
+  )
   cleanup.callback(reporter.close)
   evaluator = stage.evaluator(setup) if config.eval.every else None
   # Loop: dispatch step n, then read back step n-1's metrics, so the device never waits on us.
@@ -121,8 +132,9 @@ def _run(config, stop, cleanup) -> dict | None:
     local, row = guards.next_batch(batches, state['params'], config, step)
     if row is not None:
       reporter.write_row(row)
-    batch = {k: jax.make_array_from_process_local_data(step_fn.batch_sharding, v)
-             for k, v in local.items()}
+    batch = {
+      k: jax.make_array_from_process_local_data(step_fn.batch_sharding, v) for k, v in local.items()
+    }
     if step == start + 1 and jax.process_count() > 1:
       # Compile, then line the processes up: a collective times out (gloo's after 30 s) while
       # another process is still compiling. The call below reuses the compiled step.
@@ -135,8 +147,7 @@ def _run(config, stop, cleanup) -> dict | None:
     elif step == start + 1:
       jax.block_until_ready(metrics)
       if jax.process_index() == 0:
-        print(f'compiled and ran the first step in {time.time() - compile_start:.1f}s',
-              flush=True)
+        print(f'compiled and ran the first step in {time.time() - compile_start:.1f}s', flush=True)
       reporter.start(start)
     pending = (step, metrics)
     if evaluator is not None and _should_evaluate(config, step):
@@ -146,8 +157,10 @@ def _run(config, stop, cleanup) -> dict | None:
       checkpoints.save(state, batches.get_state())
     if preempted:
       received = stop.signal_name or 'a stop signal on another process'
-      print(f'{received}: checkpointing step {step} and stopping; the same command resumes '
-            'from it.', flush=True)
+      print(
+        f'{received}: checkpointing step {step} and stopping; the same command resumes from it.',
+        flush=True,
+      )
       break
   # Finish.
   if pending is not None:
@@ -184,7 +197,8 @@ def _stop_if_diverged(config, reporter, checkpoints, state, batches) -> None:
   checkpoints.save(state, batches.get_state())
   checkpoints.close()
   raise NonFiniteError(
-      f'{reporter.consecutive_skips} consecutive steps had a non-finite loss or gradient '
-      f'(skipped {reporter.skipped_total} in all); the last good state is saved in '
-      f'{checkpoints.directory}. Lower --config.train.lr, check the data, or raise '
-      '--config.train.max_consecutive_skips.')
+    f'{reporter.consecutive_skips} consecutive steps had a non-finite loss or gradient '
+    f'(skipped {reporter.skipped_total} in all); the last good state is saved in '
+    f'{checkpoints.directory}. Lower --config.train.lr, check the data, or raise '
+    '--config.train.max_consecutive_skips.'
+  )

@@ -20,10 +20,16 @@ import jax
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 
-GIB = 1024 ** 3
+GIB = 1024**3
 # Memory per GPU as nvidia-smi reports it (GiB); first match of the device kind wins.
-DEVICE_MEMORY_GIB = (('GH200', 95.6), ('H200', 140.4), ('H100', 79.6), ('B200', 179.1),
-                     ('A100-SXM4-40GB', 40.0), ('A100', 80.0))
+DEVICE_MEMORY_GIB = (
+  ('GH200', 95.6),
+  ('H200', 140.4),
+  ('H100', 79.6),
+  ('B200', 179.1),
+  ('A100-SXM4-40GB', 40.0),
+  ('A100', 80.0),
+)
 _DEFAULT_MEM_FRACTION = 0.75  # JAX preallocates this share unless XLA_PYTHON_CLIENT_MEM_FRACTION
 
 
@@ -33,13 +39,13 @@ def _saved_per_token_layer(cfg, remat: str, tensor: int) -> float:
   q, kv = cfg.num_heads * cfg.head_dim / tensor, cfg.num_kv_heads * cfg.head_dim / tensor
   with_attention_output = 3 * d + 2 * q + 2 * kv + 2 * f
   return {
-      'full': d,  # the layer input only
-      'save_dots': 3 * d + q + 2 * kv + 2 * f,  # input, q, k, v, out proj, gate, up, down
-      'minimal': with_attention_output,  # the same plus the attention output
-      'save_dots_attention': with_attention_output,  # the same (+ softmax stats, ~0)
-      # + both norms' outputs, q and k after RoPE, the mid-layer stream, the SwiGLU product
-      'save_activations': 6 * d + 3 * q + 3 * kv + 3 * f,
-      'none': 10 * d + 3 * q + 4 * kv + 6 * f,  # everything (norms in fp32, rope, silu)
+    'full': d,  # the layer input only
+    'save_dots': 3 * d + q + 2 * kv + 2 * f,  # input, q, k, v, out proj, gate, up, down
+    'minimal': with_attention_output,  # the same plus the attention output
+    'save_dots_attention': with_attention_output,  # the same (+ softmax stats, ~0)
+    # + both norms' outputs, q and k after RoPE, the mid-layer stream, the SwiGLU product
+    'save_activations': 6 * d + 3 * q + 3 * kv + 3 * f,
+    'none': 10 * d + 3 * q + 4 * kv + 6 * f,  # everything (norms in fp32, rope, silu)
   }[remat]
 
 
@@ -63,8 +69,9 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
     probs = 0.0
   recompute = 0.0
   if cfg.remat != 'none':  # one layer's worth of what the policy did not save, rebuilt at once
-    rebuilt = (_saved_per_token_layer(cfg, 'none', mesh.tensor)
-               - _saved_per_token_layer(cfg, cfg.remat, mesh.tensor))
+    rebuilt = _saved_per_token_layer(cfg, 'none', mesh.tensor) - _saved_per_token_layer(
+      cfg, cfg.remat, mesh.tensor
+    )
     recompute = tokens * act_bytes * rebuilt + probs
   chunk_tokens = config.model.loss_chunk_tokens
   chunk = min(chunk_tokens, tokens) if chunk_tokens else tokens
@@ -101,13 +108,16 @@ def check_fits(config, capacity_bytes: float | None) -> dict[str, float]:
   if capacity_bytes is None or estimate['total'] <= capacity_bytes:
     return estimate
   gib = {k: v / GIB for k, v in estimate.items()}
-  breakdown = (f'state {gib["state"]:.1f} + activations {gib["activations"]:.1f} + recompute '
-               f'{gib["recompute"]:.1f} + logits {gib["logits"]:.1f}')
+  breakdown = (
+    f'state {gib["state"]:.1f} + activations {gib["activations"]:.1f} + recompute '
+    f'{gib["recompute"]:.1f} + logits {gib["logits"]:.1f}'
+  )
   raise config_lib.ConfigError(
-      f'the config needs about {gib["total"]:.1f} GiB per device ({breakdown}) but a device has '
-      f'{capacity_bytes / GIB:.1f} GiB usable; {_advice(config, estimate)} '
-      '(`python -m dlmjax.summary` shows the estimate; --config.train.check_memory=False skips '
-      'this check).')
+    f'the config needs about {gib["total"]:.1f} GiB per device ({breakdown}) but a device has '
+    f'{capacity_bytes / GIB:.1f} GiB usable; {_advice(config, estimate)} '
+    '(`python -m dlmjax.summary` shows the estimate; --config.train.check_memory=False skips '
+    'this check).'
+  )
 
 
 def _advice(config, estimate) -> str:
@@ -116,11 +126,20 @@ def _advice(config, estimate) -> str:
   if estimate['activations'] + estimate['recompute'] >= estimate['state']:
     if m.remat != 'full':
       # From the heaviest policies, a middle step first: it keeps most of the speed.
-      lighter = ('save_dots_attention or --config.model.remat=full'
-                 if m.remat in ('none', 'save_activations') else 'full')
-      return (f'save less for the backward pass with --config.model.remat={lighter} (now '
-              f'{m.remat}), or lower --config.train.micro_batch_size')
-    return ('lower --config.train.micro_batch_size (gradient accumulation keeps the global '
-            'batch), or split the sequence or layers with mesh.context / mesh.pipeline')
-  return ('shard the state over more devices: raise mesh.fsdp (use more GPUs, or move devices '
-          'from mesh.data to mesh.fsdp), or add mesh.tensor / mesh.pipeline')
+      lighter = (
+        'save_dots_attention or --config.model.remat=full'
+        if m.remat in ('none', 'save_activations')
+        else 'full'
+      )
+      return (
+        f'save less for the backward pass with --config.model.remat={lighter} (now '
+        f'{m.remat}), or lower --config.train.micro_batch_size'
+      )
+    return (
+      'lower --config.train.micro_batch_size (gradient accumulation keeps the global '
+      'batch), or split the sequence or layers with mesh.context / mesh.pipeline'
+    )
+  return (
+    'shard the state over more devices: raise mesh.fsdp (use more GPUs, or move devices '
+    'from mesh.data to mesh.fsdp), or add mesh.tensor / mesh.pipeline'
+  )

@@ -20,7 +20,7 @@ WSD_STYLES = {'wsd': 'exponential', 'wsd_linear': 'linear', 'wsd_cosine': 'cosin
 def _anneal(progress, style):
   """Coefficient going 1 -> 0 over progress 0 -> 1 (Megatron's WSD decay styles)."""
   if style == 'exponential':
-    return 2.0 * 0.5 ** progress - 1.0
+    return 2.0 * 0.5**progress - 1.0
   if style == 'linear':
     return 1.0 - progress
   if style == 'cosine':
@@ -56,15 +56,22 @@ def learning_rate_schedule(train_config):
 
 def weight_decay_mask(axes_tree):
   """Decay every matrix; never norms (MegaDLMs skips all 1-D params, the q/k norms included)."""
-  return jax.tree.map(lambda axes: rules.NORM not in axes, axes_tree,
-                      is_leaf=lambda x: isinstance(x, tuple))
+  return jax.tree.map(
+    lambda axes: rules.NORM not in axes, axes_tree, is_leaf=lambda x: isinstance(x, tuple)
+  )
 
 
 def make_optimizer(train_config, axes_tree) -> optax.GradientTransformation:
   """Global-norm clipping, then AdamW. The gradient norm is logged by the step before clipping."""
   t = train_config
   return optax.chain(
-      optax.clip_by_global_norm(t.clip_grad_norm) if t.clip_grad_norm > 0 else optax.identity(),
-      optax.adamw(learning_rate_schedule(t), b1=ADAM_B1, b2=t.b2, eps=ADAM_EPS,
-                  weight_decay=t.weight_decay, mask=weight_decay_mask(axes_tree)),
+    optax.clip_by_global_norm(t.clip_grad_norm) if t.clip_grad_norm > 0 else optax.identity(),
+    optax.adamw(
+      learning_rate_schedule(t),
+      b1=ADAM_B1,
+      b2=t.b2,
+      eps=ADAM_EPS,
+      weight_decay=t.weight_decay,
+      mask=weight_decay_mask(axes_tree),
+    ),
   )

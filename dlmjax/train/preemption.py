@@ -47,8 +47,10 @@ class StopRequest:
     stop after the same step instead of leaving the others waiting in the next collective.
     """
     import jax  # pylint: disable=import-outside-toplevel
+
     local = self.signal_name is not None
     if jax.process_count() == 1:
       return local
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
     return bool(np.asarray(multihost_utils.process_allgather(np.int32(local))).any())

@@ -30,16 +30,29 @@ def peak_flops_per_device(configured_tflops: float) -> float:
 class Reporter:
   """Turns per-step device metrics into throughput figures, a jsonl row and a console line."""
 
-  def __init__(self, run_dir: str, *, total_steps: int, flops_per_token: int, peak_tflops: float,
-               sinks=(), console_metrics=(), flag_spikes: bool = True):
+  def __init__(
+    self,
+    run_dir: str,
+    *,
+    total_steps: int,
+    flops_per_token: int,
+    peak_tflops: float,
+    sinks=(),
+    console_metrics=(),
+    flag_spikes: bool = True,
+  ):
     """console_metrics: the stage's metrics the console line shows after the loss;
     flag_spikes: whether the stage's loss gets MegaDLMs' 20% spike rule (Stage.flag_spikes)."""
     self.total_steps = total_steps
     self.console_metrics, self.flag_spikes = tuple(console_metrics), flag_spikes
     self.sinks = list(sinks)  # dlmjax.observability.sinks: TensorBoard, W&B
     # Between logged lines, a progress bar on a terminal (never in log files).
-    self._bar = progress.Bar(total_steps, 'train', stream=sys.stdout,
-                             enabled=jax.process_index() == 0 and progress.is_tty(sys.stdout))
+    self._bar = progress.Bar(
+      total_steps,
+      'train',
+      stream=sys.stdout,
+      enabled=jax.process_index() == 0 and progress.is_tty(sys.stdout),
+    )
     self.flops_per_token = flops_per_token
     self.peak_flops = peak_flops_per_device(peak_tflops) * jax.device_count()
     self.is_writer = jax.process_index() == 0
@@ -64,8 +77,11 @@ class Reporter:
       self.skipped_total += 1
       self.consecutive_skips += 1
       if self.is_writer:
-        print(f'step {step}: loss {metrics["loss"]} / grad norm {metrics["grad_norm"]} is not '
-              f'finite; update skipped ({self.consecutive_skips} in a row)', flush=True)
+        print(
+          f'step {step}: loss {metrics["loss"]} / grad norm {metrics["grad_norm"]} is not '
+          f'finite; update skipped ({self.consecutive_skips} in a row)',
+          flush=True,
+        )
     else:
       self.consecutive_skips = 0
       self._check_spike(step, metrics['loss'])
@@ -76,8 +92,7 @@ class Reporter:
     now = time.time()
     elapsed = max(now - self._last_time, 1e-9)
     steps_done = step - self._last_step
-    row = dict(step=step, **metrics, skipped_total=self.skipped_total,
-               loss_spikes=self.loss_spikes)
+    row = dict(step=step, **metrics, skipped_total=self.skipped_total, loss_spikes=self.loss_spikes)
     row['tokens_per_s'] = self._tokens_since / elapsed
     row['step_time_s'] = elapsed / max(steps_done, 1)
     if self.peak_flops:
@@ -114,15 +129,20 @@ class Reporter:
       return
     self.loss_spikes += 1
     if self.is_writer:
-      print(f'step {step}: loss spike {last:.4f} -> {loss:.4f} '
-            f'({100 * (loss - last) / last:+.0f}%)', flush=True)
+      print(
+        f'step {step}: loss spike {last:.4f} -> {loss:.4f} ({100 * (loss - last) / last:+.0f}%)',
+        flush=True,
+      )
 
   def _line(self, row) -> str:
     eta = row['step_time_s'] * (self.total_steps - row['step'])
     parts = [f'step {row["step"]}/{self.total_steps}', f'loss {row["loss"]:.4f}']
     parts += [f'{name} {row[name]:.4f}' for name in self.console_metrics]
-    parts += [f'lr {row["lr"]:.2e}', f'grad_norm {row["grad_norm"]:.3f}',
-              f'{row["tokens_per_s"]:,.0f} tok/s']
+    parts += [
+      f'lr {row["lr"]:.2e}',
+      f'grad_norm {row["grad_norm"]:.3f}',
+      f'{row["tokens_per_s"]:,.0f} tok/s',
+    ]
     if self.peak_flops:
       parts.append(f'MFU {100 * row["mfu"]:.1f}%')
     parts.append(f'ETA {_duration(eta)}')

@@ -25,12 +25,16 @@ class TrainSetup:
     self.optimizer = optimizer_lib.make_optimizer(config.train, self.param_axes)
     self.param_shardings = rules.tree_shardings(mesh, self.param_axes)
     abstract_opt = jax.eval_shape(self.optimizer.init, self.param_shapes)
-    self.state_shapes = dict(step=jax.ShapeDtypeStruct((), jnp.int32), params=self.param_shapes,
-                             opt_state=abstract_opt)
-    self.state_shardings = dict(step=self.replicated, params=self.param_shardings,
-                                opt_state=_opt_state_shardings(abstract_opt, self.param_shapes,
-                                                               self.param_shardings,
-                                                               self.replicated))
+    self.state_shapes = dict(
+      step=jax.ShapeDtypeStruct((), jnp.int32), params=self.param_shapes, opt_state=abstract_opt
+    )
+    self.state_shardings = dict(
+      step=self.replicated,
+      params=self.param_shardings,
+      opt_state=_opt_state_shardings(
+        abstract_opt, self.param_shapes, self.param_shardings, self.replicated
+      ),
+    )
 
   @property
   def replicated(self):
@@ -41,8 +45,9 @@ class TrainSetup:
 
     def init(key):
       params = model_lib.init_params(self.model_config, key)
-      return dict(step=jnp.zeros((), jnp.int32), params=params,
-                  opt_state=self.optimizer.init(params))
+      return dict(
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
+      )
 
     return jax.jit(init, out_shardings=self.state_shardings)(jax.random.key(seed))
 
@@ -50,11 +55,13 @@ class TrainSetup:
     """A step-0 state around given params (fine-tuning from a checkpoint or an import)."""
 
     def init(params):
-      return dict(step=jnp.zeros((), jnp.int32), params=params,
-                  opt_state=self.optimizer.init(params))
+      return dict(
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
+      )
 
-    return jax.jit(init, in_shardings=(self.param_shardings,),
-                   out_shardings=self.state_shardings)(params)
+    return jax.jit(init, in_shardings=(self.param_shardings,), out_shardings=self.state_shardings)(
+      params
+    )
 
 
 def _opt_state_shardings(abstract_opt, param_shapes, param_shardings, replicated):

@@ -50,8 +50,9 @@ def make_step_fn(setup, loss_fn, metrics_fn):
   def micro_step(params, step, arrays, example_ids, micro_index):
     def objective(p):
       module = model_lib.merge(cfg, p)
-      return loss_fn(module, step=step, micro_index=micro_index, example_ids_B=example_ids,
-                     **arrays)
+      return loss_fn(
+        module, step=step, micro_index=micro_index, example_ids_B=example_ids, **arrays
+      )
 
     (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(params)
     return grads, sums
@@ -61,8 +62,10 @@ def make_step_fn(setup, loss_fn, metrics_fn):
     rows = next(iter(batch.values())).shape[0]
     example_ids = step * rows + jnp.arange(rows)
     # Every per-row array is split into micro-batches and laid out the same way.
-    micro_arrays = {k: rules.constrain(microbatch_split(v, num_micro), _row_axes(v.ndim, (None,)))
-                    for k, v in batch.items()}
+    micro_arrays = {
+      k: rules.constrain(microbatch_split(v, num_micro), _row_axes(v.ndim, (None,)))
+      for k, v in batch.items()
+    }
     micro_ids = microbatch_split(example_ids, num_micro)
 
     def accumulate(carry, xs):
@@ -76,11 +79,12 @@ def make_step_fn(setup, loss_fn, metrics_fn):
 
     zero_grads = jax.tree.map(jnp.zeros_like, params)
     _, zero_sums = jax.eval_shape(
-        lambda: micro_step(params, step, {k: v[0] for k, v in micro_arrays.items()},
-                           micro_ids[0], 0))
+      lambda: micro_step(params, step, {k: v[0] for k, v in micro_arrays.items()}, micro_ids[0], 0)
+    )
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_sums)
-    (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_sums),
-                                    (micro_arrays, micro_ids, jnp.arange(num_micro)))
+    (grads, sums), _ = jax.lax.scan(
+      accumulate, (zero_grads, zero_sums), (micro_arrays, micro_ids, jnp.arange(num_micro))
+    )
     grad_norm = optax.global_norm(grads)
     updates, opt_state = setup.optimizer.update(grads, state['opt_state'], params)
     # A non-finite loss or gradient skips the update: params and optimizer state (and with it the
@@ -91,11 +95,12 @@ def make_step_fn(setup, loss_fn, metrics_fn):
     def keep(new, old):
       return jnp.where(finite, new, old)
 
-    new_state = dict(step=step + 1,
-                     params=jax.tree.map(keep, optax.apply_updates(params, updates), params),
-                     opt_state=jax.tree.map(keep, opt_state, state['opt_state']))
-    metrics.update(skipped=1.0 - finite.astype(jnp.float32), grad_norm=grad_norm,
-                   lr=schedule(step))
+    new_state = dict(
+      step=step + 1,
+      params=jax.tree.map(keep, optax.apply_updates(params, updates), params),
+      opt_state=jax.tree.map(keep, opt_state, state['opt_state']),
+    )
+    metrics.update(skipped=1.0 - finite.astype(jnp.float32), grad_norm=grad_norm, lr=schedule(step))
     return new_state, metrics
 
   return step_fn
@@ -112,10 +117,12 @@ class CompiledStep:
     self.setup, self.stage = setup, stage
     self.batch_sharding = rules.named_sharding(setup.mesh, (rules.BATCH,))
     self._jitted = programs.jit_program(
-        make_step_fn(setup, stage.loss, stage.metrics), setup.model_config.matmul_dtype,
-        in_shardings=(setup.state_shardings, {k: self.batch_sharding for k in stage.batch_keys}),
-        out_shardings=(setup.state_shardings, setup.replicated),
-        donate_argnums=0)
+      make_step_fn(setup, stage.loss, stage.metrics),
+      setup.model_config.matmul_dtype,
+      in_shardings=(setup.state_shardings, {k: self.batch_sharding for k in stage.batch_keys}),
+      out_shardings=(setup.state_shardings, setup.replicated),
+      donate_argnums=0,
+    )
 
   def __call__(self, state, batch):
     with rules.activation_mesh(self.setup.mesh):

@@ -34,8 +34,9 @@ def ones_share(_, example, completion) -> float:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument('--from', dest='source', required=True, help='a demo seed directory')
   parser.add_argument('--seed', type=int, default=1)
   parser.add_argument('--output-dir', default='runs/rl_direction_check')

@@ -13,8 +13,10 @@ import pytest
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
 _SCRIPTS = sorted(
-    p for p in [*(_ROOT / 'benchmarks').rglob('*.py'), *(_ROOT / 'scripts').rglob('*.py')]
-    if p.name != '__init__.py')
+  p
+  for p in [*(_ROOT / 'benchmarks').rglob('*.py'), *(_ROOT / 'scripts').rglob('*.py')]
+  if p.name != '__init__.py'
+)
 _OURS = ('dlmjax', 'benchmarks')
 
 
@@ -38,5 +40,8 @@ def test_script_imports_resolve(path):
 
 def test_every_benchmark_is_found():
   names = {str(p.relative_to(_ROOT)) for p in _SCRIPTS}
-  assert {'benchmarks/sampler.py', 'benchmarks/rl_recipe_search.py',
-          'scripts/research/rl_direction_check.py'} <= names
+  assert {
+    'benchmarks/sampler.py',
+    'benchmarks/rl_recipe_search.py',
+    'scripts/research/rl_direction_check.py',
+  } <= names

@@ -8,8 +8,22 @@ from tests.checkpoint import tiny_run
 
 def test_bench_prints_tokens_per_second(tmp_path, capsys):
   tiny_run.make_run(tmp_path / 'run')
-  args = ['--checkpoint-path', str(tmp_path / 'run'), '--batch', '2', '--prompt-length', '4',
-          '--gen-length', '8', '--steps', '4', '--block-length', '4', '--repeats', '1']
+  args = [
+    '--checkpoint-path',
+    str(tmp_path / 'run'),
+    '--batch',
+    '2',
+    '--prompt-length',
+    '4',
+    '--gen-length',
+    '8',
+    '--steps',
+    '4',
+    '--block-length',
+    '4',
+    '--repeats',
+    '1',
+  ]
   assert sampler.main(args + ['--modes', 'plain,truncate']) == 0  # truncate: bidirectional
   rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
   assert [r['mode'] for r in rows] == ['plain']

@@ -17,13 +17,15 @@ def test_compute_and_compare():
   assert len(problems) == 1 and problems[0].startswith('b/c: sha256 differs')
   del params['a']
   assert 'a: checksum saved but no such parameter' in checksums.compare(
-      digests, checksums.compute(params))
+    digests, checksums.compute(params)
+  )
 
 
 def test_large_sharded_leaves_hash_in_slabs_to_the_same_digest(monkeypatch):
   """Slab by slab (what bounds host memory for a huge multi-host leaf) = the whole array."""
   import hashlib  # pylint: disable=import-outside-toplevel
   from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
+
   x = np.random.default_rng(0).standard_normal((7, 8, 4)).astype(np.float32)
   mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(8), ('d',))
   sharded = jax.device_put(x, NamedSharding(mesh, PartitionSpec(None, 'd')))

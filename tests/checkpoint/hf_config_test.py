@@ -7,25 +7,56 @@ from dlmjax.checkpoint import hf_config
 from tests.checkpoint import tiny_run
 
 # MegaDLMs' DiffLM template (hf_configs/*_dlm/config.json): no model_type and no head_dim.
-DIFFLM = dict(architectures=['DiffLM'], hidden_size=64, intermediate_size=128,
-              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-              rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, vocab_size=256,
-              max_position_embeddings=64, eos_token_id=0, mask_token_id=250,
-              attn_mask_type='bidirectional', hidden_act='silu')
-LLADA = dict(architectures=['LLaDAModelLM'], model_type='llada', d_model=64, n_heads=4,
-             n_kv_heads=4, n_layers=2, mlp_hidden_size=96, vocab_size=250, embedding_size=256,
-             rope_theta=500000.0, rms_norm_eps=1e-5, weight_tying=False, mask_token_id=249,
-             block_type='llama', layer_norm_type='rms', activation_type='silu',
-             attention_layer_norm=False, include_bias=False, max_sequence_length=1024)
+DIFFLM = dict(
+  architectures=['DiffLM'],
+  hidden_size=64,
+  intermediate_size=128,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  num_key_value_heads=4,
+  rms_norm_eps=1e-6,
+  rope_theta=10000.0,
+  tie_word_embeddings=False,
+  vocab_size=256,
+  max_position_embeddings=64,
+  eos_token_id=0,
+  mask_token_id=250,
+  attn_mask_type='bidirectional',
+  hidden_act='silu',
+)
+LLADA = dict(
+  architectures=['LLaDAModelLM'],
+  model_type='llada',
+  d_model=64,
+  n_heads=4,
+  n_kv_heads=4,
+  n_layers=2,
+  mlp_hidden_size=96,
+  vocab_size=250,
+  embedding_size=256,
+  rope_theta=500000.0,
+  rms_norm_eps=1e-5,
+  weight_tying=False,
+  mask_token_id=249,
+  block_type='llama',
+  layer_norm_type='rms',
+  activation_type='silu',
+  attention_layer_norm=False,
+  include_bias=False,
+  max_sequence_length=1024,
+)
 
 
-@pytest.mark.parametrize('hf, arch', [
+@pytest.mark.parametrize(
+  'hf, arch',
+  [
     (dict(model_type='qwen3', architectures=['Qwen3ForCausalLM']), 'qwen3'),
     (DIFFLM, 'difflm'),
     (dict(model_type='qwen2'), 'qwen2'),
     (dict(model_type='llama', architectures=['LlamaForCausalLM']), 'llama'),
     (LLADA, 'llada'),
-])
+  ],
+)
 def test_detects_architectures(hf, arch):
   assert hf_config.detect_architecture(hf) == arch
 
@@ -39,13 +70,28 @@ def test_export_config_reads_back_to_the_same_model():
   config = tiny_run.tiny_config(**{'model.tie_embeddings': True, 'model.mask_token_id': 7})
   hf = hf_config.to_hf(config, vocab_rows=256, dtype='bf16')
   assert (hf['model_type'], hf['architectures']) == ('qwen3', ['Qwen3ForCausalLM'])
-  assert (hf['mask_token_id'], hf['attn_mask_type'], hf['torch_dtype']) == (7, 'bidirectional',
-                                                                            'bfloat16')
+  assert (hf['mask_token_id'], hf['attn_mask_type'], hf['torch_dtype']) == (
+    7,
+    'bidirectional',
+    'bfloat16',
+  )
   assert hf['max_position_embeddings'] == config.model.seq_len
   back = hf_config.config_from_hf(hf)
-  for key in ('num_layers', 'd_model', 'num_heads', 'num_kv_heads', 'head_dim', 'ffn_dim',
-              'vocab_size', 'rope_theta', 'norm_eps', 'tie_embeddings', 'mask_token_id',
-              'seq_len', 'attention_mask'):
+  for key in (
+    'num_layers',
+    'd_model',
+    'num_heads',
+    'num_kv_heads',
+    'head_dim',
+    'ffn_dim',
+    'vocab_size',
+    'rope_theta',
+    'norm_eps',
+    'tie_embeddings',
+    'mask_token_id',
+    'seq_len',
+    'attention_mask',
+  ):
     assert back.model[key] == config.model[key], key
   hf_config.check_matches(hf, config)
 
@@ -55,16 +101,23 @@ def test_difflm_and_llada_dims():
   assert (c.model.head_dim, c.model.mask_token_id, c.model.eos_token_id) == (16, 250, 0)
   c = hf_config.config_from_hf(LLADA)
   assert (c.model.ffn_dim, c.model.head_dim, c.model.vocab_size, c.model.rope_theta) == (
-      96, 16, 250, 500000.0)
+    96,
+    16,
+    250,
+    500000.0,
+  )
   assert hf_config.embedding_rows(LLADA, 'llada') == 256
   assert config_lib.padded_vocab_size(c) == 256
 
 
-@pytest.mark.parametrize('change, message', [
+@pytest.mark.parametrize(
+  'change, message',
+  [
     (dict(rope_scaling=dict(rope_type='yarn', factor=4.0)), "rope type 'yarn'"),
     (dict(hidden_act='gelu'), 'SwiGLU'),
     (dict(attn_mask_type='sliding'), 'attn_mask_type'),
-])
+  ],
+)
 def test_unsupported_configs_are_refused(change, message):
   with pytest.raises(hf_config.HFConfigError, match=message):
     hf_config.config_from_hf(dict(DIFFLM, **change))
@@ -78,6 +131,9 @@ def test_llada_qk_layer_norm_is_refused():
 def test_check_matches_lists_differences():
   config = tiny_run.tiny_config(**{'model.ffn_dim': 96, 'model.num_kv_heads': 4})
   hf = hf_config.to_hf(tiny_run.tiny_config(), vocab_rows=256, dtype='fp32')
-  with pytest.raises(hf_config.HFConfigError, match=r'num_kv_heads: checkpoint 2, config 4; '
-                                                    r'model\.ffn_dim: checkpoint 128, config 96'):
+  with pytest.raises(
+    hf_config.HFConfigError,
+    match=r'num_kv_heads: checkpoint 2, config 4; '
+    r'model\.ffn_dim: checkpoint 128, config 96',
+  ):
     hf_config.check_matches(hf, config)

@@ -22,16 +22,16 @@ def test_round_trip_is_exact(tie):
   config, cfg, params = _setup(**{'model.tie_embeddings': tie})
   tensors = _export(params, cfg)
   assert ('lm_head.weight' in tensors) != tie
-  back = hf_mapping.import_params(hf_mapping.DictSource(tensors), 'qwen3', cfg,
-                                  vocab_size=config.model.vocab_size)
+  back = hf_mapping.import_params(
+    hf_mapping.DictSource(tensors), 'qwen3', cfg, vocab_size=config.model.vocab_size
+  )
   tiny_run.assert_same_params(params, back)
 
 
 def test_entries_list_every_tensor_in_order():
   _, cfg, params = _setup()
   entries = hf_mapping.export_entries(cfg, vocab_rows=cfg.vocab_size)
-  got = [(n, a.shape) for n, a in hf_mapping.export_tensors(params, cfg,
-                                                            vocab_rows=cfg.vocab_size)]
+  got = [(n, a.shape) for n, a in hf_mapping.export_tensors(params, cfg, vocab_rows=cfg.vocab_size)]
   assert got == entries
   assert len(entries) == 2 + 1 + 11 * cfg.num_layers  # embed, norm, head + 11 per layer
 
@@ -44,10 +44,13 @@ def test_layouts_follow_nn_linear():
   n, h, d = 3, 5, 7
   assert t['model.layers.1.self_attn.q_proj.weight'][n * cfg.head_dim + h, d] == q[d, n, h]
   assert t['model.layers.1.self_attn.o_proj.weight'][d, n * cfg.head_dim + h] == o[n, h, d]
-  assert t['model.layers.1.self_attn.k_proj.weight'].shape == (cfg.num_kv_heads * cfg.head_dim,
-                                                                cfg.d_model)
-  np.testing.assert_array_equal(t['model.layers.0.mlp.down_proj.weight'],
-                                params['blocks']['mlp']['down_proj'][0].T)
+  assert t['model.layers.1.self_attn.k_proj.weight'].shape == (
+    cfg.num_kv_heads * cfg.head_dim,
+    cfg.d_model,
+  )
+  np.testing.assert_array_equal(
+    t['model.layers.0.mlp.down_proj.weight'], params['blocks']['mlp']['down_proj'][0].T
+  )
   np.testing.assert_array_equal(t['lm_head.weight'], params['lm_head'].T)
 
 
@@ -77,8 +80,11 @@ def test_missing_misshaped_and_unknown_tensors_are_named():
   with pytest.raises(hf_mapping.MappingError, match=r'model\.layers\.1\.mlp\.up_proj\.weight'):
     hf_mapping.import_params(hf_mapping.DictSource(broken), 'qwen3', cfg, vocab_size=vocab)
   broken = dict(tensors, **{'model.layers.0.self_attn.k_proj.weight': np.zeros((8, 64))})
-  with pytest.raises(hf_mapping.MappingError, match=r'k_proj\.weight has shape \(8, 64\), '
-                                                    r'expected \(32, 64\)'):
+  with pytest.raises(
+    hf_mapping.MappingError,
+    match=r'k_proj\.weight has shape \(8, 64\), '
+    r'expected \(32, 64\)',
+  ):
     hf_mapping.import_params(hf_mapping.DictSource(broken), 'qwen3', cfg, vocab_size=vocab)
   broken = dict(tensors, **{'model.layers.2.mlp.up_proj.weight': np.zeros(1)})
   with pytest.raises(hf_mapping.MappingError, match='does not know: model.layers.2'):
@@ -98,11 +104,13 @@ def test_models_without_qk_norm_are_refused_unless_asked():
   tensors = _without_qk_norm(_export(params, cfg))
   with pytest.raises(hf_mapping.MappingError, match='llama has no QK-norm'):
     hf_mapping.import_params(hf_mapping.DictSource(tensors), 'llama', cfg, vocab_size=256)
-  back = hf_mapping.import_params(hf_mapping.DictSource(tensors), 'llama', cfg, vocab_size=256,
-                                  missing_qk_norm='ones')
+  back = hf_mapping.import_params(
+    hf_mapping.DictSource(tensors), 'llama', cfg, vocab_size=256, missing_qk_norm='ones'
+  )
   np.testing.assert_array_equal(back['blocks']['attn']['q_norm']['scale'], 1.0)
-  np.testing.assert_array_equal(back['blocks']['attn']['q_proj'],
-                                params['blocks']['attn']['q_proj'])
+  np.testing.assert_array_equal(
+    back['blocks']['attn']['q_proj'], params['blocks']['attn']['q_proj']
+  )
   del config
 
 
@@ -112,33 +120,48 @@ def test_qwen2_biases_must_be_zero():
   for i in range(cfg.num_layers):
     for s in 'qkv':
       tensors[f'model.layers.{i}.self_attn.{s}_proj.bias'] = np.zeros(16 * (4 if s == 'q' else 2))
-  hf_mapping.import_params(hf_mapping.DictSource(tensors), 'qwen2', cfg, vocab_size=256,
-                           missing_qk_norm='ones')
+  hf_mapping.import_params(
+    hf_mapping.DictSource(tensors), 'qwen2', cfg, vocab_size=256, missing_qk_norm='ones'
+  )
   tensors['model.layers.1.self_attn.v_proj.bias'][3] = 0.5
-  with pytest.raises(hf_mapping.MappingError, match=r'layers\.1\.self_attn\.v_proj\.bias is '
-                                                    r'non-zero \(max \|b\| = 0\.5\)'):
-    hf_mapping.import_params(hf_mapping.DictSource(tensors), 'qwen2', cfg, vocab_size=256,
-                             missing_qk_norm='ones')
+  with pytest.raises(
+    hf_mapping.MappingError,
+    match=r'layers\.1\.self_attn\.v_proj\.bias is '
+    r'non-zero \(max \|b\| = 0\.5\)',
+  ):
+    hf_mapping.import_params(
+      hf_mapping.DictSource(tensors), 'qwen2', cfg, vocab_size=256, missing_qk_norm='ones'
+    )
 
 
 def test_llada_names():
   _, cfg, params = _setup()
-  rename = {'model.embed_tokens.weight': 'model.transformer.wte.weight',
-            'model.norm.weight': 'model.transformer.ln_f.weight',
-            'lm_head.weight': 'model.transformer.ff_out.weight'}
-  suffixes = {'input_layernorm': 'attn_norm', 'post_attention_layernorm': 'ff_norm',
-              'self_attn.o_proj': 'attn_out', 'mlp.gate_proj': 'ff_proj', 'mlp.up_proj': 'up_proj',
-              'mlp.down_proj': 'ff_out', 'self_attn.q_proj': 'q_proj',
-              'self_attn.k_proj': 'k_proj', 'self_attn.v_proj': 'v_proj'}
+  rename = {
+    'model.embed_tokens.weight': 'model.transformer.wte.weight',
+    'model.norm.weight': 'model.transformer.ln_f.weight',
+    'lm_head.weight': 'model.transformer.ff_out.weight',
+  }
+  suffixes = {
+    'input_layernorm': 'attn_norm',
+    'post_attention_layernorm': 'ff_norm',
+    'self_attn.o_proj': 'attn_out',
+    'mlp.gate_proj': 'ff_proj',
+    'mlp.up_proj': 'up_proj',
+    'mlp.down_proj': 'ff_out',
+    'self_attn.q_proj': 'q_proj',
+    'self_attn.k_proj': 'k_proj',
+    'self_attn.v_proj': 'v_proj',
+  }
   llada = {}
   for name, value in _without_qk_norm(_export(params, cfg)).items():
     if name in rename:
       llada[rename[name]] = value
       continue
-    i, rest = name[len('model.layers.'):].split('.', 1)
-    llada[f'model.transformer.blocks.{i}.{suffixes[rest[:-len(".weight")]]}.weight'] = value
-  back = hf_mapping.import_params(hf_mapping.DictSource(llada), 'llada', cfg, vocab_size=256,
-                                  missing_qk_norm='ones')
+    i, rest = name[len('model.layers.') :].split('.', 1)
+    llada[f'model.transformer.blocks.{i}.{suffixes[rest[: -len(".weight")]]}.weight'] = value
+  back = hf_mapping.import_params(
+    hf_mapping.DictSource(llada), 'llada', cfg, vocab_size=256, missing_qk_norm='ones'
+  )
   for key in ('gate_proj', 'up_proj', 'down_proj'):
     np.testing.assert_array_equal(back['blocks']['mlp'][key], params['blocks']['mlp'][key])
   np.testing.assert_array_equal(back['lm_head'], params['lm_head'])

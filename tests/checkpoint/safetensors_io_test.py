@@ -9,15 +9,18 @@ import pytest
 
 from dlmjax.checkpoint import safetensors_io
 
-TENSORS = [('a', np.arange(12, dtype=np.float32).reshape(3, 4)),
-           ('b.weight', np.linspace(-1, 1, 10).astype(ml_dtypes.bfloat16)),
-           ('c', np.ones((2, 2, 2), np.float32))]
+TENSORS = [
+  ('a', np.arange(12, dtype=np.float32).reshape(3, 4)),
+  ('b.weight', np.linspace(-1, 1, 10).astype(ml_dtypes.bfloat16)),
+  ('c', np.ones((2, 2, 2), np.float32)),
+]
 
 
 def _write(directory, max_bytes, tensors=TENSORS):
   entries = [(n, a.shape, a.dtype) for n, a in tensors]
-  return safetensors_io.write_model(str(directory), entries, iter(tensors),
-                                    max_shard_bytes=max_bytes, metadata={'format': 'pt'})
+  return safetensors_io.write_model(
+    str(directory), entries, iter(tensors), max_shard_bytes=max_bytes, metadata={'format': 'pt'}
+  )
 
 
 @pytest.mark.parametrize('max_bytes, files', [(10**9, 1), (50, 3)])
@@ -47,8 +50,9 @@ def test_official_reader_agrees(tmp_path):
 def test_stream_must_follow_its_plan(tmp_path):
   entries = [(n, a.shape, a.dtype) for n, a in TENSORS]
   with pytest.raises(safetensors_io.SafetensorsError, match='expected tensor b.weight'):
-    safetensors_io.write_model(str(tmp_path), entries, iter([TENSORS[0], TENSORS[2]]),
-                               max_shard_bytes=10**9)
+    safetensors_io.write_model(
+      str(tmp_path), entries, iter([TENSORS[0], TENSORS[2]]), max_shard_bytes=10**9
+    )
 
 
 def test_truncated_file_is_reported(tmp_path):

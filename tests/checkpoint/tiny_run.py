@@ -20,8 +20,9 @@ def random_params(config, seed=0):
   cfg = model_lib.ModelConfig.from_config(config)
   params = model_lib.init_params(cfg, jax.random.key(seed))
   rng = np.random.default_rng(seed)
-  return jax.tree.map(lambda x: np.asarray(x + 0.1 * rng.standard_normal(x.shape), np.float32),
-                      params)
+  return jax.tree.map(
+    lambda x: np.asarray(x + 0.1 * rng.standard_normal(x.shape), np.float32), params
+  )
 
 
 def make_run(directory, seed=0, **overrides):
@@ -36,10 +37,12 @@ def make_run(directory, seed=0, **overrides):
 def write_tokenizer(directory, size=256) -> str:
   """A Hugging Face tokenizer.json with `size` ids (a word-level one) in `directory`."""
   import tokenizers  # pylint: disable=import-outside-toplevel
+
   vocab = {f't{i}': i for i in range(size)}
   os.makedirs(directory, exist_ok=True)
   tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token='t0')).save(
-      os.path.join(directory, 'tokenizer.json'))
+    os.path.join(directory, 'tokenizer.json')
+  )
   return str(directory)
 
 

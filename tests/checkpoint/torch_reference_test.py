@@ -35,8 +35,9 @@ def test_reference_matches_jax(tmp_path, kind):
 
 def test_transformers_honours_the_mask_kind(tmp_path):
   pytest.importorskip('transformers')
-  tokens, ours = _export(tmp_path, **{'model.attention_mask': 'block_causal',
-                                      'model.block_size': 4})
+  tokens, ours = _export(
+    tmp_path, **{'model.attention_mask': 'block_causal', 'model.block_size': 4}
+  )
   model = torch_reference.transformers_model(str(tmp_path))
   with torch.no_grad():
     theirs = model(input_ids=torch.as_tensor(tokens), use_cache=False).logits.numpy()

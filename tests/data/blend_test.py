@@ -25,22 +25,28 @@ def test_parse_blend():
   assert blend.parse_blend('0 /p/a 2 /p/b') == (['/p/b'], [1.0])
 
 
-@pytest.mark.parametrize('spec,message', [
+@pytest.mark.parametrize(
+  'spec,message',
+  [
     ('', 'no data prefixes'),
     ('0.7 /p/a 0.3', 'mixes weights and prefixes'),
     ('0.7 /p/a x /p/b', r"bad: \['x'\]"),
     ('-1 /p/a 2 /p/b', r"bad: \['-1'\]"),
     ('0 /p/a 0 /p/b', 'sum to 0'),
     ('nan /p/a', 'finite'),
-])
+  ],
+)
 def test_parse_blend_errors(spec, message):
   with pytest.raises(DataError, match=message):
     blend.parse_blend(spec)
 
 
 def test_split_documents():
-  assert [blend.split_documents(1000, '969,30,1', s)[[0, -1]].tolist()
-          for s in blend.SPLITS] == [[0, 968], [969, 998], [999, 999]]
+  assert [blend.split_documents(1000, '969,30,1', s)[[0, -1]].tolist() for s in blend.SPLITS] == [
+    [0, 968],
+    [969, 998],
+    [999, 999],
+  ]
   assert len(blend.split_documents(10, '969, 30, 1', 'test')) == 0  # round(9.99) = round(10).
   assert len(blend.split_documents(10, '1', 'valid')) == 0
   assert len(blend.split_documents(10, None, 'valid')) == 10
@@ -62,8 +68,9 @@ def test_blending_indices_hand_examples():
 def test_blended_sizes_and_draws(tmp_path):
   a = _write(tmp_path / 'a', 50, 9, 1)
   b = _write(tmp_path / 'b', 50, 9, 2)
-  ds = blend.build_dataset(f'0.7 {a} 0.3 {b}', split='969,30,1', name='train', num_samples=100,
-                           seq_len=8, seed=1)
+  ds = blend.build_dataset(
+    f'0.7 {a} 0.3 {b}', split='969,30,1', name='train', num_samples=100, seq_len=8, seed=1
+  )
   assert isinstance(ds, blend.BlendedDataset)
   assert len(ds) == 71 + 31  # ceil(100 * 0.7 * 1.005) + ceil(100 * 0.3 * 1.005).
   firsts = [int(ds[i][0]) for i in range(10)]
@@ -74,19 +81,24 @@ def test_blended_sizes_and_draws(tmp_path):
 def test_single_and_unweighted(tmp_path):
   a = _write(tmp_path / 'a', 40, 9, 1)
   b = _write(tmp_path / 'b', 20, 9, 2)
-  single = blend.build_dataset(a, split='969,30,1', name='valid', num_samples=None, seq_len=8,
-                               seed=1)
+  single = blend.build_dataset(
+    a, split='969,30,1', name='valid', num_samples=None, seq_len=8, seed=1
+  )
   assert isinstance(single, gpt_dataset.GPTDataset) and len(single.document_index) == 1
-  both = blend.build_dataset(f'{a} {b}', split=None, name='train', num_samples=None, seq_len=8,
-                             seed=1)
-  assert np.bincount(both.dataset_index).tolist() == [len(both.datasets[0]), len(
-      both.datasets[1])]  # one epoch of each, in proportion to their sizes.
+  both = blend.build_dataset(
+    f'{a} {b}', split=None, name='train', num_samples=None, seq_len=8, seed=1
+  )
+  assert np.bincount(both.dataset_index).tolist() == [
+    len(both.datasets[0]),
+    len(both.datasets[1]),
+  ]  # one epoch of each, in proportion to their sizes.
 
 
 def test_builder_checks_vocab_and_empty_split(tmp_path):
   a = _write(tmp_path / 'a', 10, 9, 300)
   with pytest.raises(DataError, match=r'a has 90 token ids outside \[0, 256\)'):
-    blend.build_dataset(a, split=None, name='train', num_samples=4, seq_len=8, seed=1,
-                        vocab_size=256)
+    blend.build_dataset(
+      a, split=None, name='train', num_samples=4, seq_len=8, seed=1, vocab_size=256
+    )
   with pytest.raises(DataError, match=r"test split of .*a is empty \(data.split '99,1'"):
     blend.build_dataset(a, split='99,1', name='test', num_samples=4, seq_len=8, seed=1)

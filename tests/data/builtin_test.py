@@ -51,6 +51,7 @@ def test_second_call_is_cached(builtin_corpus):
 def test_failed_build_leaves_no_cache(tmp_path, monkeypatch):
   def fail(*args, **kwargs):
     raise RuntimeError('killed')
+
   monkeypatch.setattr(builtin, 'stdlib_documents', lambda: [('a.py', 'x = 1\n')])
   monkeypatch.setattr(tokenizer_lib, 'train_sentencepiece', fail)
   with pytest.raises(RuntimeError, match='killed'):

@@ -5,29 +5,35 @@ import pytest
 from dlmjax.data import chat
 from dlmjax.data.errors import DataError
 
-CONVERSATION = [{'role': 'system', 'content': 'Be brief.'},
-                {'role': 'user', 'content': 'Hi?'},
-                {'role': 'assistant', 'content': 'Hello.'},
-                {'role': 'user', 'content': '2+2?'}]
+CONVERSATION = [
+  {'role': 'system', 'content': 'Be brief.'},
+  {'role': 'user', 'content': 'Hi?'},
+  {'role': 'assistant', 'content': 'Hello.'},
+  {'role': 'user', 'content': '2+2?'},
+]
 
 
 def test_templates_render_the_documented_text():
   assert chat.render('none', CONVERSATION) == 'Be brief.Hi?Hello.2+2?'
   assert chat.render('plain', CONVERSATION, add_generation_prompt=True) == (
-      'System: Be brief.\nUser: Hi?\nAssistant: Hello.\nUser: 2+2?\nAssistant: ')
+    'System: Be brief.\nUser: Hi?\nAssistant: Hello.\nUser: 2+2?\nAssistant: '
+  )
   assert chat.render('chatml', CONVERSATION[1:3]) == (
-      '<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n')
+    '<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n'
+  )
   # LLaDA-8B-Instruct's template (Llama-3 headers after its BOS).
   assert chat.prompt_text('llada', 'Hi?') == (
-      '<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>'
-      '<|start_header_id|>assistant<|end_header_id|>\n\n')
+    '<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>'
+    '<|start_header_id|>assistant<|end_header_id|>\n\n'
+  )
   assert set(chat.TEMPLATES) >= {'none', 'plain', 'llada', 'chatml'}
 
 
 def test_prompt_text_is_render_of_one_user_turn():
   for name in chat.TEMPLATES:
     assert chat.prompt_text(name, 'x') == chat.render(
-        name, [{'role': 'user', 'content': 'x'}], add_generation_prompt=True)
+      name, [{'role': 'user', 'content': 'x'}], add_generation_prompt=True
+    )
 
 
 def test_split_conversation_takes_the_last_assistant_turn_as_the_response():
@@ -41,19 +47,23 @@ def test_split_conversation_takes_the_last_assistant_turn_as_the_response():
     chat.split_conversation('plain', CONVERSATION)
 
 
-@pytest.mark.parametrize('messages,message', [
+@pytest.mark.parametrize(
+  'messages,message',
+  [
     ([{'role': 'tool', 'content': 'x'}], "role 'tool'"),
     ([{'role': 'user'}], 'not {"role": str, "content": str}'),
     ([], 'non-empty list'),
-])
+  ],
+)
 def test_bad_messages_fail_clearly(messages, message):
   with pytest.raises(DataError, match=message):
     chat.render('plain', messages)
 
 
 def test_a_template_missing_a_role_names_it():
-  no_system = chat.Template(turns={'user': ('U: ', '\n'), 'assistant': ('A: ', '\n')},
-                            generation='A: ')
+  no_system = chat.Template(
+    turns={'user': ('U: ', '\n'), 'assistant': ('A: ', '\n')}, generation='A: '
+  )
   with pytest.raises(DataError, match="role 'system'.*its roles: user, assistant"):
     chat.render_with(no_system, CONVERSATION, name='no_system')
   with pytest.raises(DataError, match="unknown chat template 'alpaca'"):

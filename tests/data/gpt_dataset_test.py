@@ -34,7 +34,7 @@ def _write(tmp_path, lengths, dtype=np.uint16):
   values = np.arange(1, sum(lengths) + 1)
   with indexed.IndexedDatasetWriter(prefix, dtype) as writer:
     for start, n in zip(np.cumsum([0] + lengths[:-1]), lengths):
-      writer.add_document(values[start:start + n])
+      writer.add_document(values[start : start + n])
   return indexed.IndexedDataset(prefix)
 
 
@@ -88,7 +88,7 @@ def test_samples_are_overlapping_windows_of_the_stream(tmp_path):
     j = got.shuffle_index[i]
     sample = got[i]
     assert sample.dtype == np.int32 and sample.shape == (5,)
-    np.testing.assert_array_equal(sample, stream[j * 4:j * 4 + 5])
+    np.testing.assert_array_equal(sample, stream[j * 4 : j * 4 + 5])
 
 
 def test_separate_final_epoch_shuffles_apart(tmp_path):
@@ -108,7 +108,8 @@ def test_index_cache_round_trip(tmp_path):
   again = gpt_dataset.GPTDataset(ds, np.arange(3), 6, 3, seed=1, cache_dir=cache)
   assert isinstance(again.shuffle_index, np.memmap)  # loaded, not rebuilt.
   assert [again[i].tolist() for i in range(len(again))] == [
-      first[i].tolist() for i in range(len(first))]
+    first[i].tolist() for i in range(len(first))
+  ]
 
 
 def test_errors(tmp_path):

@@ -81,18 +81,21 @@ def test_optimal_dtype():
 def _corrupt(tmp_path, offset, value):
   prefix = _write(tmp_path / 'd', DOCS)
   raw = bytearray(open(prefix + '.idx', 'rb').read())
-  raw[offset:offset + len(value)] = value
+  raw[offset : offset + len(value)] = value
   open(prefix + '.idx', 'wb').write(bytes(raw))
   return prefix
 
 
-@pytest.mark.parametrize('offset,value,message', [
+@pytest.mark.parametrize(
+  'offset,value,message',
+  [
     (0, b'TNTIDX\x00\x00\x00', 'legacy'),
     (0, b'XXXX', 'not a Megatron MMIDIDX index'),
     (9, struct.pack('<Q', 2), 'index version 2'),
     (17, struct.pack('<B', 9), 'unknown dtype code 9'),
     (34 + 3 * 12 + 3 * 8, struct.pack('<q', 2), 'document index ends at 2'),
-])
+  ],
+)
 def test_corrupt_index_errors(tmp_path, offset, value, message):
   prefix = _corrupt(tmp_path, offset, value)
   with pytest.raises(DataError, match=message) as e:

@@ -18,7 +18,8 @@ TEXTS = ['def f(x):\n    return x\n', 'hello world\n', 'class A:\n    pass\n'] *
 def tok(tmp_path_factory):
   prefix = tmp_path_factory.mktemp('tok') / 'tok'
   return tokenizer_lib.load_tokenizer(
-      tokenizer_lib.train_sentencepiece(TEXTS, str(prefix), vocab_size=300))
+    tokenizer_lib.train_sentencepiece(TEXTS, str(prefix), vocab_size=300)
+  )
 
 
 def _write_jsonl(path, lines):
@@ -47,8 +48,9 @@ def test_preprocess_writes_megatron_documents_and_reports_bad_lines(tok, tmp_pat
   lines[3], lines[7] = 'oops', json.dumps({'text': None, 'title': 'x'})
   path = _write_jsonl(tmp_path / 'in.jsonl.gz', lines)
   logs = []
-  report = jsonl.preprocess_jsonl(path, str(tmp_path / 'out'), tok, json_keys=['text', 'title'],
-                                  append_eod=True, log=logs.append)
+  report = jsonl.preprocess_jsonl(
+    path, str(tmp_path / 'out'), tok, json_keys=['text', 'title'], append_eod=True, log=logs.append
+  )
   assert report.documents == 28 and report.num_bad_lines == 2
   assert [n for n, _ in report.bad_lines] == [4, 8]
   assert 'skipped 2 malformed lines (first: line 4: bad JSON' in logs[-1]
@@ -58,29 +60,35 @@ def test_preprocess_writes_megatron_documents_and_reports_bad_lines(tok, tmp_pat
       if i not in (3, 7):
         writer.add_document(tok.encode(text) + [tok.eod_id])
   for suffix in ('.bin', '.idx'):
-    assert open(report.prefixes['text'] + suffix, 'rb').read() == open(expected + suffix,
-                                                                       'rb').read()
+    assert (
+      open(report.prefixes['text'] + suffix, 'rb').read() == open(expected + suffix, 'rb').read()
+    )
   assert report.prefixes['title'].endswith('out_title_document')
   assert len(indexed.IndexedDataset(report.prefixes['title'])) == 28
 
 
 def test_workers_keep_input_order(tok, tmp_path):
-  path = _write_jsonl(tmp_path / 'in.jsonl', [json.dumps({'text': f'{i} {t}'})
-                                              for i, t in enumerate(TEXTS * 5)])
+  path = _write_jsonl(
+    tmp_path / 'in.jsonl', [json.dumps({'text': f'{i} {t}'}) for i, t in enumerate(TEXTS * 5)]
+  )
   one = jsonl.preprocess_jsonl(path, str(tmp_path / 'one'), tok, log=lambda _: None)
   two = jsonl.preprocess_jsonl(path, str(tmp_path / 'two'), tok, workers=2, log=lambda _: None)
   assert one.documents == two.documents == 150
   for suffix in ('.bin', '.idx'):
-    assert open(one.prefixes['text'] + suffix, 'rb').read() == open(two.prefixes['text'] + suffix,
-                                                                    'rb').read()
+    assert (
+      open(one.prefixes['text'] + suffix, 'rb').read()
+      == open(two.prefixes['text'] + suffix, 'rb').read()
+    )
 
 
 def test_read_objects_names_the_file_and_line_of_a_bad_row(tmp_path):
   path = tmp_path / 'rows.jsonl'
   path.write_text('{"a": 1}\n\n{"b": 2}\n')
   assert list(jsonl.read_objects(str(path))) == [(1, {'a': 1}), (3, {'b': 2})]  # blanks skipped
-  for text, message in (('{"a": 1}\n{"a": \n', 'rows.jsonl:2: bad JSON'),
-                        ('[1, 2]\n', 'rows.jsonl:1: a JSON list, not an object')):
+  for text, message in (
+    ('{"a": 1}\n{"a": \n', 'rows.jsonl:2: bad JSON'),
+    ('[1, 2]\n', 'rows.jsonl:1: a JSON list, not an object'),
+  ):
     path.write_text(text)
     with pytest.raises(ValueError, match=message):
       list(jsonl.read_objects(str(path), error=ValueError))

@@ -39,8 +39,10 @@ def test_batches_are_consecutive_samples_in_order(config):
 
 def test_processes_take_their_rows(config):
   whole = _take(pipeline.make_batch_iterator(config), 2)
-  parts = [_take(pipeline.make_batch_iterator(config, process_index=p, process_count=4), 2)
-           for p in range(4)]
+  parts = [
+    _take(pipeline.make_batch_iterator(config, process_index=p, process_count=4), 2)
+    for p in range(4)
+  ]
   for k in range(2):
     assert parts[0][k].shape == (2, 33)
     np.testing.assert_array_equal(np.concatenate([part[k] for part in parts]), whole[k])
@@ -83,13 +85,15 @@ def test_deterministic_and_seeded(config):
 def test_grain_checkpoint_handler_round_trip(config, tmp_path):
   import grain  # pylint: disable=import-outside-toplevel
   from etils import epath  # pylint: disable=import-outside-toplevel
+
   it = pipeline.make_batch_iterator(config)
   _take(it, 2)
   handler = grain.checkpoint.CheckpointHandler()
   handler.save(epath.Path(tmp_path), args=grain.checkpoint.CheckpointSave(it))
-  restored = handler.restore(epath.Path(tmp_path),
-                             args=grain.checkpoint.CheckpointRestore(
-                                 pipeline.make_batch_iterator(config)))
+  restored = handler.restore(
+    epath.Path(tmp_path),
+    args=grain.checkpoint.CheckpointRestore(pipeline.make_batch_iterator(config)),
+  )
   np.testing.assert_array_equal(next(restored)['tokens'], next(it)['tokens'])
 
 
@@ -123,8 +127,9 @@ def test_worker_processes_give_the_same_stream(config):
 
 def test_document_segment_ids_start_after_each_eod():
   tokens = np.array([[5, 2, 7, 8, 2, 9], [2, 2, 4, 4, 4, 4]])
-  np.testing.assert_array_equal(pipeline.document_segment_ids(tokens, eod_id=2),
-                                [[1, 1, 2, 2, 2, 3], [1, 2, 3, 3, 3, 3]])
+  np.testing.assert_array_equal(
+    pipeline.document_segment_ids(tokens, eod_id=2), [[1, 1, 2, 2, 2, 3], [1, 2, 3, 3, 3, 3]]
+  )
 
 
 def test_packing_adds_segment_ids(tmp_path):
@@ -139,5 +144,6 @@ def test_packing_adds_segment_ids(tmp_path):
   batch = next(pipeline.make_batch_iterator(c))
   assert batch['segment_ids'].shape == batch['tokens'].shape == (4, 17)
   np.testing.assert_array_equal(
-      batch['segment_ids'], pipeline.document_segment_ids(batch['tokens'], c.model.eos_token_id))
+    batch['segment_ids'], pipeline.document_segment_ids(batch['tokens'], c.model.eos_token_id)
+  )
   assert (batch['segment_ids'][:, -1] > 1).all()  # every 17-token row spans documents.

@@ -28,21 +28,32 @@ def write_jsonl(path, rows):
 
 
 def test_rows_of_both_formats_are_rendered_with_the_template(tmp_path):
-  path = write_jsonl(tmp_path / 'a.jsonl', [
+  path = write_jsonl(
+    tmp_path / 'a.jsonl',
+    [
       {'prompt': 'Hi?', 'response': 'Hello.'},
-      {'messages': [{'role': 'user', 'content': 'Q'}, {'role': 'assistant', 'content': 'A'}]}])
+      {'messages': [{'role': 'user', 'content': 'Q'}, {'role': 'assistant', 'content': 'A'}]},
+    ],
+  )
   rows = sft.read_conversations(path, 'chatml')
-  assert rows == [(1, chat.prompt_text('chatml', 'Hi?'), 'Hello.'),
-                  (2, chat.prompt_text('chatml', 'Q'), 'A')]
+  assert rows == [
+    (1, chat.prompt_text('chatml', 'Hi?'), 'Hello.'),
+    (2, chat.prompt_text('chatml', 'Q'), 'A'),
+  ]
 
 
-@pytest.mark.parametrize('row,message', [
+@pytest.mark.parametrize(
+  'row,message',
+  [
     ({'prompt': 'x', 'response': '  '}, r'b.jsonl:2: the response is empty'),
     ('{"prompt": ', r'b.jsonl:2: bad JSON'),
     ({'prompt': 'x'}, r'b.jsonl:2: a row needs string "prompt" and "response"'),
-    ({'messages': [{'role': 'robot', 'content': 'x'}, {'role': 'assistant', 'content': 'y'}]},
-     r"b.jsonl:2: .*role 'robot'"),
-])
+    (
+      {'messages': [{'role': 'robot', 'content': 'x'}, {'role': 'assistant', 'content': 'y'}]},
+      r"b.jsonl:2: .*role 'robot'",
+    ),
+  ],
+)
 def test_bad_rows_name_the_file_and_line(tmp_path, row, message):
   path = write_jsonl(tmp_path / 'b.jsonl', [{'prompt': 'ok', 'response': 'ok'}, row])
   with pytest.raises(DataError, match=message):
@@ -51,8 +62,9 @@ def test_bad_rows_name_the_file_and_line(tmp_path, row, message):
 
 def test_padded_rows_carry_prompt_response_and_eos_padding():
   conversations = [(1, 'abc', 'de'), (2, 'f', 'ghij')]
-  encoded, report = sft.encode_conversations(conversations, CharTokenizer(), eos_id=EOS,
-                                             canvas=8, too_long='error')
+  encoded, report = sft.encode_conversations(
+    conversations, CharTokenizer(), eos_id=EOS, canvas=8, too_long='error'
+  )
   assert report.rows == 2 and report.tokens == 6 + 6
   rows = sft.padded_rows(encoded, eos_id=EOS, width=9)
   t, r = rows['tokens'], rows['roles']
@@ -67,13 +79,12 @@ def test_too_long_rows_follow_the_switch():
   conversations = [(1, 'ab', 'cd'), (2, 'abcd', 'efghij'), (3, 'abcdefgh', 'x')]
   kwargs = dict(eos_id=EOS, canvas=8)
   with pytest.raises(DataError, match=':2: prompt \\+ response \\+ EOS is 11 tokens'):
-    sft.encode_conversations(conversations, CharTokenizer(), too_long='error', source='f',
-                             **kwargs)
-  kept, report = sft.encode_conversations(conversations, CharTokenizer(), too_long='drop',
-                                          **kwargs)
+    sft.encode_conversations(conversations, CharTokenizer(), too_long='error', source='f', **kwargs)
+  kept, report = sft.encode_conversations(conversations, CharTokenizer(), too_long='drop', **kwargs)
   assert (len(kept), report.dropped, report.truncated) == (1, 2, 0)
-  kept, report = sft.encode_conversations(conversations, CharTokenizer(), too_long='truncate',
-                                          **kwargs)
+  kept, report = sft.encode_conversations(
+    conversations, CharTokenizer(), too_long='truncate', **kwargs
+  )
   # Row 2 is cut to the canvas (no EOS: the answer goes on); row 3's prompt fills it: dropped.
   assert (len(kept), report.dropped, report.truncated) == (2, 1, 1)
   assert len(kept[1][0]) + len(kept[1][1]) == 8 and kept[1][1][-1] != EOS
@@ -82,8 +93,13 @@ def test_too_long_rows_follow_the_switch():
 
 def test_packing_keeps_every_conversation_whole_and_in_order():
   rng = np.random.default_rng(0)
-  encoded = [(list(rng.integers(4, 90, rng.integers(1, 5))),
-              list(rng.integers(4, 90, rng.integers(1, 5))) + [EOS]) for _ in range(40)]
+  encoded = [
+    (
+      list(rng.integers(4, 90, rng.integers(1, 5))),
+      list(rng.integers(4, 90, rng.integers(1, 5))) + [EOS],
+    )
+    for _ in range(40)
+  ]
   rows = sft.packed_rows(encoded, eos_id=EOS, width=17, canvas=16)
   t, r, s = rows['tokens'], rows['roles'], rows['segment_ids']
   assert (r[:, -1] == PADDING).all() and (s[r == PADDING] == 0).all()
@@ -100,8 +116,10 @@ def test_packing_keeps_every_conversation_whole_and_in_order():
 
 
 def _rows(n=10, width=9):
-  return {'tokens': np.arange(n * width, dtype=np.int32).reshape(n, width),
-          'roles': np.ones((n, width), np.int32)}
+  return {
+    'tokens': np.arange(n * width, dtype=np.int32).reshape(n, width),
+    'roles': np.ones((n, width), np.int32),
+  }
 
 
 def test_batches_are_deterministic_sharded_and_resumable():
@@ -114,11 +132,14 @@ def test_batches_are_deterministic_sharded_and_resumable():
   assert sorted(first_epoch) == list(range(10))
   assert not np.array_equal(np.concatenate(whole)[10:20], first_epoch)  # reshuffled
   # Two processes read the two halves of every global batch.
-  halves = [list(sft.make_batch_iterator(config, rows=rows, process_index=p, process_count=2))
-            for p in range(2)]
+  halves = [
+    list(sft.make_batch_iterator(config, rows=rows, process_index=p, process_count=2))
+    for p in range(2)
+  ]
   for k, batch in enumerate(whole):
-    np.testing.assert_array_equal(np.concatenate([h[k]['tokens'][:, 0] // 9 for h in halves]),
-                                  batch)
+    np.testing.assert_array_equal(
+      np.concatenate([h[k]['tokens'][:, 0] // 9 for h in halves]), batch
+    )
   # Resume: a new iterator set to the state after 3 batches continues with batch 3.
   it = sft.make_batch_iterator(config, rows=rows)
   for _ in range(3):
@@ -159,8 +180,10 @@ def test_build_rows_with_the_builtin_tokenizer(tmp_path):
   config = tiny_test_config(**{'stage': 'sft', 'model.seq_len': 32})
   if os.environ.get('DLMJAX_CACHE_DIR'):
     config.data.cache_dir = os.environ['DLMJAX_CACHE_DIR']
-  config.sft.train_file = write_jsonl(tmp_path / 'c.jsonl', [
-      {'prompt': 'Compute 2+2.', 'response': '4'}, {'prompt': 'x' * 200, 'response': 'y'}])
+  config.sft.train_file = write_jsonl(
+    tmp_path / 'c.jsonl',
+    [{'prompt': 'Compute 2+2.', 'response': '4'}, {'prompt': 'x' * 200, 'response': 'y'}],
+  )
   logged = []
   rows = sft.build_rows(config, log=logged.append)
   assert rows['tokens'].shape == (1, 33) and '1 dropped' in logged[0]

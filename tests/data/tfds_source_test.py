@@ -14,12 +14,15 @@ from dlmjax.data.errors import DataError
 
 tfds = pytest.importorskip('tensorflow_datasets')
 
-TEXTS = [f'document {i}: ' + 'the quick brown fox jumps over the lazy dog. ' * (i % 5 + 1)
-         for i in range(60)]
+TEXTS = [
+  f'document {i}: ' + 'the quick brown fox jumps over the lazy dog. ' * (i % 5 + 1)
+  for i in range(60)
+]
 
 
 class DlmjaxTinyText(tfds.core.GeneratorBasedBuilder):
   """60 short English documents, prepared in array_record format (readable without TF)."""
+
   VERSION = tfds.core.Version('1.0.0')
 
   def _info(self):
@@ -55,8 +58,7 @@ def test_tfds_split_is_tokenized_in_order_with_eod(tfds_config):
   config_lib.validate(tfds_config)
   prefix = tfds_source.ensure_tfds_prefix(tfds_config, tfds_config.data.cache_dir)
   tok = tokenizer_lib.load_tokenizer(tfds_config.data.tokenizer)
-  source = tfds.data_source('dlmjax_tiny_text', split='train',
-                            data_dir=os.environ['TFDS_DATA_DIR'])
+  source = tfds.data_source('dlmjax_tiny_text', split='train', data_dir=os.environ['TFDS_DATA_DIR'])
   ds = indexed.IndexedDataset(prefix)
   assert len(ds) == len(TEXTS)
   for i in (0, 17, 59):

@@ -11,9 +11,9 @@ from dlmjax.data import tokenizer as tokenizer_lib
 from dlmjax.data.errors import DataError
 
 TEXTS = [
-    'def add(a, b):\n    return a + b\n',
-    'class Point:\n    """A point."""\n\n    x: int = 0\n',
-    'The quick brown fox jumps over the lazy dog.\n' * 3,
+  'def add(a, b):\n    return a + b\n',
+  'class Point:\n    """A point."""\n\n    x: int = 0\n',
+  'The quick brown fox jumps over the lazy dog.\n' * 3,
 ] * 20
 
 

@@ -47,8 +47,7 @@ def _llada_reference(forward, context, continuation, key, *, mc_num, rows, width
   c, n_tokens, total = len(context), len(seq), len(continuation)
   losses = []
   for r in range(mc_num // rows):
-    k, u = likelihood.round_draws(jax.random.fold_in(key, r)[None], jnp.array([total]), rows,
-                                  width)
+    k, u = likelihood.round_draws(jax.random.fold_in(key, r)[None], jnp.array([total]), rows, width)
     k, u = int(k[0]), np.asarray(u[0])
     x = np.round(np.linspace(k, k + (rows - 1) * (total / rows), rows)).astype(int)
     x = ((x - 1) % total) + 1
@@ -59,29 +58,41 @@ def _llada_reference(forward, context, continuation, key, *, mc_num, rows, width
     if cfg:
       un = forward(np.where(np.arange(n_tokens) < c, MASK, noisy))
       logits = un + (cfg + 1) * (logits - un)
-    ce = -np.take_along_axis(_log_softmax(logits), np.broadcast_to(seq, noisy.shape)[..., None],
-                             -1)[..., 0]
+    ce = -np.take_along_axis(
+      _log_softmax(logits), np.broadcast_to(seq, noisy.shape)[..., None], -1
+    )[..., 0]
     p_mask = (x / total)[:, None]
     losses.append(np.sum(np.where(is_mask, ce / p_mask, 0.0)) / rows)
   return -np.mean(losses)
 
 
-PAIRS = [([5, 9, 17, 4, 8], [11, 12, 13, 14]), ([], [7, 6, 5, 4, 30, 31]), ([40] * 9, [41]),
-         ([50, 51], [52, 53, 54, 55, 56, 57, 58])]
+PAIRS = [
+  ([5, 9, 17, 4, 8], [11, 12, 13, 14]),
+  ([], [7, 6, 5, 4, 30, 31]),
+  ([40] * 9, [41]),
+  ([50, 51], [52, 53, 54, 55, 56, 57, 58]),
+]
 
 
 @pytest.mark.parametrize('cfg_scale', [0.0, 1.5])
 def test_matches_llada_loop_on_padded_batch(tiny, plain_fn, cfg_scale):
   cfg, params, forward = tiny
   # mc_batch 3: i*T/3 never ends in .5, so LLaDA's float rounding and ours agree exactly.
-  fn = plain_fn if cfg_scale == 0 else likelihood.make_log_likelihood_fn(
-      cfg, likelihood.LikelihoodConfig(mc_num=6, mc_batch=3, cfg_scale=cfg_scale), mask_id=MASK)
+  fn = (
+    plain_fn
+    if cfg_scale == 0
+    else likelihood.make_log_likelihood_fn(
+      cfg, likelihood.LikelihoodConfig(mc_num=6, mc_batch=3, cfg_scale=cfg_scale), mask_id=MASK
+    )
+  )
   width = WIDTH
   tokens, context_lengths, lengths = likelihood.pad_pairs(PAIRS, 0, width)
   key = jax.random.key(7)
   got = np.asarray(fn(params, tokens, context_lengths, lengths, key))
-  want = [_llada_reference(forward, c, y, key, mc_num=6, rows=3, width=width, cfg=cfg_scale)
-          for c, y in PAIRS]
+  want = [
+    _llada_reference(forward, c, y, key, mc_num=6, rows=3, width=width, cfg=cfg_scale)
+    for c, y in PAIRS
+  ]
   np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
   # A one-token continuation has one mask set: the estimate is its exact log-probability.
   c, y = PAIRS[2]
@@ -95,8 +106,16 @@ def test_matches_llada_loop_on_padded_batch(tiny, plain_fn, cfg_scale):
 
 def test_rows_do_not_depend_on_their_batch(tiny, plain_fn):
   _, params, _ = tiny
-  score = functools.partial(likelihood.score_pairs, plain_fn, params, key=jax.random.key(3),
-                            pad_id=0, max_length=WIDTH, batch_size=4, width_multiple=WIDTH)
+  score = functools.partial(
+    likelihood.score_pairs,
+    plain_fn,
+    params,
+    key=jax.random.key(3),
+    pad_id=0,
+    max_length=WIDTH,
+    batch_size=4,
+    width_multiple=WIDTH,
+  )
   together = score(PAIRS[::-1])  # sorted by length inside, returned in input order
   alone = score(PAIRS[1:2])
   np.testing.assert_allclose(alone[0], together[2], rtol=1e-5)
@@ -107,8 +126,7 @@ def _exact_elbo(forward, context, continuation):
   """E_n E_S [(T/n) sum_{i in S} log p(y_i | S masked)], n ~ U{1..T}, S uniform of size n."""
   seq = np.array(list(context) + list(continuation))
   c, total = len(context), len(continuation)
-  subsets = [s for n in range(1, total + 1)
-             for s in itertools.combinations(range(c, len(seq)), n)]
+  subsets = [s for n in range(1, total + 1) for s in itertools.combinations(range(c, len(seq)), n)]
   noisy = np.repeat(seq[None], len(subsets), 0)
   for row, subset in enumerate(subsets):
     noisy[row, list(subset)] = MASK
@@ -127,8 +145,12 @@ def test_expectation_is_the_exact_elbo(tiny, plain_fn):
   exact = _exact_elbo(forward, context, continuation)
   tokens, context_lengths, lengths = likelihood.pad_pairs([(context, continuation)] * 4, 0, WIDTH)
   # 48 independent estimates (each averages 2 stratified rounds of 3 rows).
-  estimates = np.array([float(plain_fn(params, tokens, context_lengths, lengths,
-                                       jax.random.key(100 + seed))[0]) for seed in range(48)])
+  estimates = np.array(
+    [
+      float(plain_fn(params, tokens, context_lengths, lengths, jax.random.key(100 + seed))[0])
+      for seed in range(48)
+    ]
+  )
   stderr = estimates.std(ddof=1) / np.sqrt(len(estimates))
   assert stderr > 0
   assert abs(estimates.mean() - exact) < 4 * stderr, (estimates.mean(), exact, stderr)
@@ -137,8 +159,9 @@ def test_expectation_is_the_exact_elbo(tiny, plain_fn):
 def test_stratified_counts_are_exactly_uniform():
   for total in range(1, 13):
     for rows in range(1, 9):
-      counts = np.asarray(likelihood.stratified_counts(np.arange(1, total + 1)[:, None], total,
-                                                       rows))
+      counts = np.asarray(
+        likelihood.stratified_counts(np.arange(1, total + 1)[:, None], total, rows)
+      )
       for i in range(rows):  # as k runs over 1..T, each row's count runs over 1..T once.
         assert sorted(counts[:, i]) == list(range(1, total + 1)), (total, rows, i)
   # LLaDA's float round-half-to-even: T=3, R=2 gives row 1 the counts {2, 1, 1}, never 3.

@@ -15,9 +15,11 @@ V, MASK = 16, 15
 
 def fake_model(table):
   """CE of logits = table[token]: a fixed function, so the formula is all that is tested."""
+
   def ce_fn(tokens_BL, targets_BL, valid_length_B=None):
     del valid_length_B
     return loss_lib.token_cross_entropy(jnp.asarray(table)[tokens_BL], targets_BL)
+
   return ce_fn
 
 
@@ -26,8 +28,7 @@ def jitted(fn, *args, **static):
   return jax.jit(functools.partial(fn, *args, **static))
 
 
-def mdm_loss_and_masks(ce_fn, tokens, *, seed, step, ids, varlen_prob, segment_ids=None,
-                       seen=None):
+def mdm_loss_and_masks(ce_fn, tokens, *, seed, step, ids, varlen_prob, segment_ids=None, seen=None):
   """The loss under test and the forward process drawn from the keys the formula names (seed,
   step, example id) at the length the loss kept: one jitted program, as eagerly the dispatch of
   their many small ops takes most of a test's time on CPU. Returns (objective, sums, noisy,
@@ -36,16 +37,24 @@ def mdm_loss_and_masks(ce_fn, tokens, *, seed, step, ids, varlen_prob, segment_i
   @jax.jit
   def fn(tokens, segment_ids):
     packed = {} if segment_ids is None else dict(segment_ids=segment_ids)
-    objective, sums = loss_lib.mdm_loss(ce_fn, tokens, seed=seed, step=step, micro_index=0,
-                                        example_ids_B=ids, mask_id=MASK,
-                                        varlen_prob=varlen_prob, **packed)
+    objective, sums = loss_lib.mdm_loss(
+      ce_fn,
+      tokens,
+      seed=seed,
+      step=step,
+      micro_index=0,
+      example_ids_B=ids,
+      mask_id=MASK,
+      varlen_prob=varlen_prob,
+      **packed,
+    )
     keys, length = masking.example_keys(seed, step, ids), sums['length_sum'].astype(jnp.int32)
     if segment_ids is None:
-      noisy, masked, _ = masking.forward_process(keys, tokens[:, :-1], mask_id=MASK,
-                                                 length=length)
+      noisy, masked, _ = masking.forward_process(keys, tokens[:, :-1], mask_id=MASK, length=length)
     else:
       noisy, masked, _ = masking.forward_process_segments(
-          keys, tokens[:, :-1], segment_ids[:, :-1], mask_id=MASK, length=length)
+        keys, tokens[:, :-1], segment_ids[:, :-1], mask_id=MASK, length=length
+      )
     return objective, sums, noisy, masked, dict(seen or {})
 
   *out, got = jax.device_get(fn(tokens, segment_ids))
@@ -65,8 +74,9 @@ def test_mdm_loss_matches_formula(varlen_prob):
   rng = np.random.default_rng(0)
   table = rng.normal(size=(V, V)).astype(np.float32)
   tokens = rng.integers(0, MASK, size=(6, 21)).astype(np.int32)
-  objective, sums, noisy, _ = mdm_loss_and_masks(fake_model(table), tokens, seed=1, step=2,
-                                                 ids=np.arange(6), varlen_prob=varlen_prob)
+  objective, sums, noisy, _ = mdm_loss_and_masks(
+    fake_model(table), tokens, seed=1, step=2, ids=np.arange(6), varlen_prob=varlen_prob
+  )
   length = int(sums['length_sum'])
   assert (length == 20) is (varlen_prob == 0.0)
   # Recover the masks the loss drew: the masked inputs are exactly the mask ids.
@@ -76,17 +86,24 @@ def test_mdm_loss_matches_formula(varlen_prob):
   num = (ce * m / p[:, None]).sum()
   den = 6 * length
   np.testing.assert_allclose(float(objective), num / den, rtol=1e-5)
-  np.testing.assert_allclose(float(sums['masked_ce_sum'] / sums['masked_count']),
-                             (ce * m).sum() / m.sum(), rtol=1e-5)
+  np.testing.assert_allclose(
+    float(sums['masked_ce_sum'] / sums['masked_count']), (ce * m).sum() / m.sum(), rtol=1e-5
+  )
 
 
 def test_ar_loss_matches_formula():
   rng = np.random.default_rng(0)
   table = rng.normal(size=(V, V)).astype(np.float32)
   tokens = rng.integers(0, V, size=(3, 9)).astype(np.int32)
-  objective, sums = jitted(loss_lib.ar_loss, fake_model(table), seed=0, step=0, micro_index=0,
-                           mask_id=MASK, varlen_prob=0.0)(
-                               jnp.asarray(tokens), example_ids_B=jnp.arange(3))
+  objective, sums = jitted(
+    loss_lib.ar_loss,
+    fake_model(table),
+    seed=0,
+    step=0,
+    micro_index=0,
+    mask_id=MASK,
+    varlen_prob=0.0,
+  )(jnp.asarray(tokens), example_ids_B=jnp.arange(3))
   expected = numpy_ce(table[tokens[:, :-1]], tokens[:, 1:]).mean()
   np.testing.assert_allclose(float(objective), expected, rtol=1e-5)
   assert float(sums['loss_den']) == 24
@@ -97,8 +114,9 @@ def test_identity_per_row_mean_when_untruncated():
   rng = np.random.default_rng(3)
   table = rng.normal(size=(V, V)).astype(np.float32)
   tokens = rng.integers(0, MASK, size=(4, 33)).astype(np.int32)
-  objective, _, noisy, m = mdm_loss_and_masks(fake_model(table), tokens, seed=0, step=0,
-                                              ids=np.arange(4), varlen_prob=0.0)
+  objective, _, noisy, m = mdm_loss_and_masks(
+    fake_model(table), tokens, seed=0, step=0, ids=np.arange(4), varlen_prob=0.0
+  )
   ce = numpy_ce(table[noisy], tokens[:, :-1])
   per_row = [(ce[b] * m[b]).sum() / m[b].sum() for b in range(4)]
   np.testing.assert_allclose(float(objective), np.mean(per_row), rtol=1e-5)
@@ -109,8 +127,9 @@ def test_packed_mdm_loss_weights_each_document_by_its_ratio(varlen_prob):
   rng = np.random.default_rng(1)
   table = rng.normal(size=(V, V)).astype(np.float32)
   tokens = rng.integers(0, MASK, size=(4, 21)).astype(np.int32)
-  segments = np.array([[1] * 7 + [2] * 9 + [3] * 5, [1] * 21, [1] * 3 + [2] * 18,
-                       [1] * 10 + [2] * 11], np.int32)
+  segments = np.array(
+    [[1] * 7 + [2] * 9 + [3] * 5, [1] * 21, [1] * 3 + [2] * 18, [1] * 10 + [2] * 11], np.int32
+  )
   seen = {}
 
   def model(tokens_BL, targets_BL, valid_length_B=None, segment_ids_BL=None, positions_BL=None):
@@ -118,9 +137,16 @@ def test_packed_mdm_loss_weights_each_document_by_its_ratio(varlen_prob):
     seen.update(segments=segment_ids_BL, positions=positions_BL)
     return loss_lib.token_cross_entropy(jnp.asarray(table)[tokens_BL], targets_BL)
 
-  objective, sums, noisy, m = mdm_loss_and_masks(model, tokens, seed=1, step=2, ids=np.arange(4),
-                                                 varlen_prob=varlen_prob, segment_ids=segments,
-                                                 seen=seen)
+  objective, sums, noisy, m = mdm_loss_and_masks(
+    model,
+    tokens,
+    seed=1,
+    step=2,
+    ids=np.arange(4),
+    varlen_prob=varlen_prob,
+    segment_ids=segments,
+    seen=seen,
+  )
   length = int(sums['length_sum'])
   np.testing.assert_array_equal(seen['segments'], segments[:, :-1])
   assert seen['positions'][0, 7] == 0 and seen['positions'][0, 15] == 8
@@ -141,8 +167,17 @@ def test_model_cross_entropy_fused_equals_full_logits(chunk_size):
   import dataclasses  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
-  cfg = model_lib.ModelConfig(num_layers=1, d_model=32, num_heads=2, num_kv_heads=2, head_dim=16,
-                              ffn_dim=64, vocab_size=128, seq_len=16)
+
+  cfg = model_lib.ModelConfig(
+    num_layers=1,
+    d_model=32,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=16,
+    ffn_dim=64,
+    vocab_size=128,
+    seq_len=16,
+  )
   for tie in (False, True):
     c = dataclasses.replace(cfg, tie_embeddings=tie)
     module = model_lib.merge(c, model_lib.init_params(c, jax.random.key(0)))

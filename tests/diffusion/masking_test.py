@@ -14,8 +14,10 @@ MASK = 7
 def _run(ids, tokens, length=None, step=3):
   keys = masking.example_keys(0, step, jnp.asarray(ids))
   length = tokens.shape[1] if length is None else length
-  return [np.asarray(a) for a in masking.forward_process(keys, jnp.asarray(tokens), mask_id=MASK,
-                                                         length=length)]
+  return [
+    np.asarray(a)
+    for a in masking.forward_process(keys, jnp.asarray(tokens), mask_id=MASK, length=length)
+  ]
 
 
 def test_masks_follow_the_rules():
@@ -47,8 +49,13 @@ def test_truncated_positions_never_masked():
 
 
 def test_varlen_length_rate_and_range():
-  lengths = np.array([int(masking.varlen_length(0, s, m, seq_len=16, prob=0.1))
-                      for s in range(100) for m in range(4)])
+  lengths = np.array(
+    [
+      int(masking.varlen_length(0, s, m, seq_len=16, prob=0.1))
+      for s in range(100)
+      for m in range(4)
+    ]
+  )
   truncated = lengths[lengths < 16]
   assert 0.04 < (lengths < 16).mean() < 0.18
   assert truncated.min() >= 1
@@ -70,10 +77,12 @@ def test_segment_masks_follow_the_rules_per_document():
   tokens, segments = _packed(64, 48, rng)
   length = 40  # a truncated micro-batch: tokens past it are never masked or counted.
   keys = masking.example_keys(0, 3, jnp.arange(64))
-  forward = jax.jit(functools.partial(masking.forward_process_segments, mask_id=MASK,
-                                      length=length))
-  noisy, masked, p = (np.asarray(a) for a in forward(keys, jnp.asarray(tokens),
-                                                      jnp.asarray(segments)))
+  forward = jax.jit(
+    functools.partial(masking.forward_process_segments, mask_id=MASK, length=length)
+  )
+  noisy, masked, p = (
+    np.asarray(a) for a in forward(keys, jnp.asarray(tokens), jnp.asarray(segments))
+  )
   np.testing.assert_array_equal(noisy, np.where(masked, MASK, tokens))
   assert not masked[:, length:].any()
   doc_ratios = []
@@ -93,5 +102,6 @@ def test_segment_masks_follow_the_rules_per_document():
 
 def test_segment_positions_restart():
   segments = jnp.array([[1, 1, 1, 2, 2, 3], [1, 2, 2, 2, 2, 2]])
-  np.testing.assert_array_equal(masking.segment_positions(segments),
-                                [[0, 1, 2, 0, 1, 0], [0, 0, 1, 2, 3, 4]])
+  np.testing.assert_array_equal(
+    masking.segment_positions(segments), [[0, 1, 2, 0, 1, 0], [0, 0, 1, 2, 3, 4]]
+  )

@@ -14,8 +14,16 @@ from dlmjax.parallel import mesh as mesh_lib
 from tests.conftest import tiny_test_config
 
 MASK, EOS, PAD, VOCAB = 3, 2, 0, 100
-PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [20], [30, 31, 32, 33, 34], [40, 41],
-           [50, 51, 52, 53, 54, 55, 56, 57], [60, 61, 62, 63], [70, 71, 72]]
+PROMPTS = [
+  [5, 6, 7],
+  [8, 9, 10, 11, 12, 13, 14],
+  [20],
+  [30, 31, 32, 33, 34],
+  [40, 41],
+  [50, 51, 52, 53, 54, 55, 56, 57],
+  [60, 61, 62, 63],
+  [70, 71, 72],
+]
 # 2 blocks of 8, 3 steps per block: 3, 3, 2 tokens per step (the remainder goes first).
 BASE = sampler.SamplingConfig(gen_length=16, steps=6, block_length=8)
 
@@ -30,15 +38,19 @@ def _model(**overrides):
 @pytest.fixture(scope='module')
 def tiny():
   model_config, params = _model()
-  forward = jax.jit(lambda p, tokens, seg, pos: model_lib.merge(model_config, p)(
-      tokens, segment_ids_BL=seg, positions_BL=pos))
+  forward = jax.jit(
+    lambda p, tokens, seg, pos: model_lib.merge(model_config, p)(
+      tokens, segment_ids_BL=seg, positions_BL=pos
+    )
+  )
   return model_config, params, lambda *a: np.asarray(forward(params, *a), np.float64)
 
 
 @functools.lru_cache
 def _generate_fn(model_config, sampling, mesh=None, eos_id=EOS):
-  return sampler.make_generate_fn(model_config, sampling, mask_id=MASK, eos_id=eos_id, pad_id=PAD,
-                                  vocab_size=VOCAB, mesh=mesh)
+  return sampler.make_generate_fn(
+    model_config, sampling, mask_id=MASK, eos_id=eos_id, pad_id=PAD, vocab_size=VOCAB, mesh=mesh
+  )
 
 
 def _generate(model_config, params, sampling, key=0, prompts=PROMPTS, mesh=None):
@@ -69,8 +81,9 @@ def llada_reference(logits_fn, prompts, s, key=0):
       forwards += 1
       if s.cfg_scale > 0:
         un_x = np.where(prompt_index, MASK, x)
-        both = logits_fn(np.concatenate([x, un_x]), np.concatenate([seg, seg]),
-                         np.concatenate([pos, pos]))
+        both = logits_fn(
+          np.concatenate([x, un_x]), np.concatenate([seg, seg]), np.concatenate([pos, pos])
+        )
         logits = both[batch:] + (s.cfg_scale + 1) * (both[:batch] - both[batch:])
       else:
         logits = logits_fn(x, seg, pos)
@@ -90,19 +103,22 @@ def llada_reference(logits_fn, prompts, s, key=0):
       confidence = np.where(mask_index, x0_p, -np.inf)
       for j in range(batch):
         order = np.argsort(-confidence[j], kind='stable')
-        select = list(order[:transfer[j, i]])
+        select = list(order[: transfer[j, i]])
         if s.threshold > 0:
           select += [q for q in order if confidence[j, q] >= s.threshold]
         x[j, select] = x0[j, select]
   return x, forwards
 
 
-@pytest.mark.parametrize('remasking,cfg_scale', [('low_confidence', 0.0), ('random', 0.0),
-                                                 ('low_confidence', 1.5), ('random', 0.5)])
+@pytest.mark.parametrize(
+  'remasking,cfg_scale',
+  [('low_confidence', 0.0), ('random', 0.0), ('low_confidence', 1.5), ('random', 0.5)],
+)
 def test_matches_llada_token_for_token(tiny, remasking, cfg_scale):
   model_config, params, logits_fn = tiny
-  s = sampler.SamplingConfig(gen_length=16, steps=6, block_length=8, remasking=remasking,
-                             cfg_scale=cfg_scale)
+  s = sampler.SamplingConfig(
+    gen_length=16, steps=6, block_length=8, remasking=remasking, cfg_scale=cfg_scale
+  )
   out = _generate(model_config, params, s)
   expected, _ = llada_reference(logits_fn, PROMPTS, s)
   assert out.shape == (8, 8 + 16) and not (out == MASK).any()
@@ -132,19 +148,20 @@ def test_stop_at_eos_keeps_the_text(tiny):
 def test_sharded_over_a_mesh_equals_one_device(tiny):
   model_config, params, _ = tiny
   mesh = mesh_lib.make_mesh(tiny_test_config(**{'mesh.data': 2, 'mesh.fsdp': 4}))
-  np.testing.assert_array_equal(_generate(model_config, params, BASE, mesh=mesh),
-                                _generate(model_config, params, BASE))
+  np.testing.assert_array_equal(
+    _generate(model_config, params, BASE, mesh=mesh), _generate(model_config, params, BASE)
+  )
 
 
 def test_truncated_canvas_is_exact_for_block_causal_models():
-  model_config, params = _model(**{'model.attention_mask': 'block_causal',
-                                   'model.block_size': 8})
-  s = sampler.SamplingConfig(gen_length=16, steps=8, block_length=8, temperature=0.8,
-                             remasking='random')
+  model_config, params = _model(**{'model.attention_mask': 'block_causal', 'model.block_size': 8})
+  s = sampler.SamplingConfig(
+    gen_length=16, steps=8, block_length=8, temperature=0.8, remasking='random'
+  )
   plain = _generate(model_config, params, s, key=3)
   np.testing.assert_array_equal(
-      _generate(model_config, params, dataclasses.replace(s, cache='truncate'),
-                key=3), plain)
+    _generate(model_config, params, dataclasses.replace(s, cache='truncate'), key=3), plain
+  )
   # A key fixes the draw; another key gives another one.
   np.testing.assert_array_equal(_generate(model_config, params, s, key=3), plain)
   assert (_generate(model_config, params, s, key=4) != plain).any()
@@ -155,8 +172,9 @@ def test_truncation_refused_where_inexact(tiny):
   s = sampler.SamplingConfig(gen_length=16, steps=8, block_length=8, cache='truncate')
   with pytest.raises(ValueError, match="cache='none'"):
     _generate(model_config, params, s)
-  block_causal, bc_params = _model(**{'model.attention_mask': 'block_causal',
-                                      'model.block_size': 8})
+  block_causal, bc_params = _model(
+    **{'model.attention_mask': 'block_causal', 'model.block_size': 8}
+  )
   with pytest.raises(ValueError, match='multiples of model.block_size'):
     _generate(block_causal, bc_params, s, prompts=[[5, 6, 7]])
 
@@ -196,7 +214,8 @@ def test_sample_tokens_draws_from_top_p_then_temperature():
   np.testing.assert_allclose(freq, expected, atol=0.01)
   assert set(np.flatnonzero(freq)) == set(kept)
   np.testing.assert_array_equal(
-      sampler.sample_tokens(np.tile(logits, (3, 1)), jax.random.key(2), 0.0), [order[0]] * 3)
+    sampler.sample_tokens(np.tile(logits, (3, 1)), jax.random.key(2), 0.0), [order[0]] * 3
+  )
 
 
 def test_pad_prompts_and_completions():
@@ -209,7 +228,9 @@ def test_pad_prompts_and_completions():
   assert sampler.completions(out, 1, EOS) == [[4, 5], [4, 4, 4, 4]]
 
 
-@pytest.mark.parametrize('kwargs,message', [
+@pytest.mark.parametrize(
+  'kwargs,message',
+  [
     (dict(gen_length=30, block_length=8), 'multiple of block_length'),
     (dict(gen_length=32, block_length=8, steps=6), 'multiple of the 4 blocks'),
     (dict(remasking='entropy'), 'unknown remasking'),
@@ -217,7 +238,8 @@ def test_pad_prompts_and_completions():
     (dict(temperature=-1.0), 'temperature'),
     (dict(cache='dual'), 'unknown cache'),
     (dict(threshold=2.0), 'threshold'),
-])
+  ],
+)
 def test_bad_settings_are_refused(kwargs, message):
   with pytest.raises(ValueError, match=message):
     sampler.SamplingConfig(**kwargs).validate()
@@ -228,8 +250,17 @@ def test_prompt_longer_than_the_canvas_is_refused(tiny):
   module = model_lib.merge(model_config, params)
   prompt_BP, lengths = sampler.pad_prompts([list(range(5, 25))], PAD)
   with pytest.raises(ValueError, match='exceed the model context'):
-    sampler.generate(module, prompt_BP, lengths, BASE, jax.random.key(0), mask_id=MASK,
-                     eos_id=EOS, pad_id=PAD)
+    sampler.generate(
+      module, prompt_BP, lengths, BASE, jax.random.key(0), mask_id=MASK, eos_id=EOS, pad_id=PAD
+    )
   with pytest.raises(ValueError, match='pad_id and mask_id'):
-    sampler.generate(module, prompt_BP[:, :4], lengths * 0 + 4, BASE, jax.random.key(0),
-                     mask_id=MASK, eos_id=EOS, pad_id=MASK)
+    sampler.generate(
+      module,
+      prompt_BP[:, :4],
+      lengths * 0 + 4,
+      BASE,
+      jax.random.key(0),
+      mask_id=MASK,
+      eos_id=EOS,
+      pad_id=MASK,
+    )

@@ -24,14 +24,13 @@ def random_rows(rng, batch, width, packed):
     start, segment = 0, 1
     while True:
       prompt, response = rng.integers(1, 6), rng.integers(1, 6)
-      if start + prompt + response > width - 1 - rng.integers(0, 4) or (
-          segment > 1 and not packed):
+      if start + prompt + response > width - 1 - rng.integers(0, 4) or (segment > 1 and not packed):
         break
-      tokens[b, start:start + prompt + response] = rng.integers(4, 50, prompt + response)
-      roles[b, start:start + prompt] = PROMPT
-      roles[b, start + prompt:start + prompt + response] = RESPONSE
+      tokens[b, start : start + prompt + response] = rng.integers(4, 50, prompt + response)
+      roles[b, start : start + prompt] = PROMPT
+      roles[b, start + prompt : start + prompt + response] = RESPONSE
       tokens[b, start + prompt + response - 1] = EOS  # the answer's own EOS is a response token
-      segments[b, start:start + prompt + response] = segment
+      segments[b, start : start + prompt + response] = segment
       start, segment = start + prompt + response, segment + 1
     if not packed:
       segments[b] = 1
@@ -46,8 +45,12 @@ def numpy_sft_loss(ce, masked, p, roles, segments, *, normalisation, supervise_p
   batch, length = ce.shape
   for b in range(batch):
     for conversation in sorted(set(segments[b])):
-      answer = [i for i in range(length) if segments[b, i] == conversation and (
-          roles[b, i] == RESPONSE or (roles[b, i] == PADDING and supervise_padding))]
+      answer = [
+        i
+        for i in range(length)
+        if segments[b, i] == conversation
+        and (roles[b, i] == RESPONSE or (roles[b, i] == PADDING and supervise_padding))
+      ]
       if not answer:
         continue
       conversations += 1
@@ -75,23 +78,47 @@ def compiled_losses(packed, supervise_padding, time_eps, batch, width):
         return jnp.asarray(ce)
 
       objective, sums = sft_loss.sft_loss(
-          ce_fn, tokens, roles=roles, seed=SEED, step=STEP, micro_index=0, example_ids_B=ids,
-          mask_id=MASK, segment_ids=segments if packed else None, normalisation=normalisation,
-          supervise_padding=supervise_padding, weight_by_inverse_t=weight, time_eps=time_eps)
+        ce_fn,
+        tokens,
+        roles=roles,
+        seed=SEED,
+        step=STEP,
+        micro_index=0,
+        example_ids_B=ids,
+        mask_id=MASK,
+        segment_ids=segments if packed else None,
+        normalisation=normalisation,
+        supervise_padding=supervise_padding,
+        weight_by_inverse_t=weight,
+        time_eps=time_eps,
+      )
       out[f'{normalisation}-{weight}'] = (objective, sums, seen)
     x, r = tokens[:, :-1], roles[:, :-1]
     maskable = (r == RESPONSE) | ((r == PADDING) & supervise_padding)
-    segs = jnp.where((r == PADDING) & (not supervise_padding), 0, segments[:, :-1]) if packed \
-        else jnp.ones_like(x)
-    _, masked, p = sft_loss.forward_process(masking.example_keys(SEED, STEP, ids), x, maskable,
-                                            segs, mask_id=MASK, time_eps=time_eps)
+    segs = (
+      jnp.where((r == PADDING) & (not supervise_padding), 0, segments[:, :-1])
+      if packed
+      else jnp.ones_like(x)
+    )
+    _, masked, p = sft_loss.forward_process(
+      masking.example_keys(SEED, STEP, ids), x, maskable, segs, mask_id=MASK, time_eps=time_eps
+    )
     return out, masked, p, segs
 
   return fn, ce
 
 
-def run_loss(tokens, roles, segments, packed, *, normalisation, supervise_padding,
-             weight_by_inverse_t, time_eps):
+def run_loss(
+  tokens,
+  roles,
+  segments,
+  packed,
+  *,
+  normalisation,
+  supervise_padding,
+  weight_by_inverse_t,
+  time_eps,
+):
   """(objective, sums, what the model saw, CE, masked, p, segments the loss used)."""
   fn, ce = compiled_losses(packed, supervise_padding, time_eps, *tokens.shape)
   out, masked, p, segs = jax.device_get(fn(tokens, roles, segments))
@@ -107,13 +134,24 @@ VARIANTS = list(itertools.product(NORMALISATIONS, (True, False), (True, False)))
 def test_padded_rows_match_numpy(normalisation, supervise_padding, weight):
   rng = np.random.default_rng(0)
   tokens, roles, segments = random_rows(rng, batch=6, width=25, packed=False)
-  switches = dict(normalisation=normalisation, supervise_padding=supervise_padding,
-                  weight_by_inverse_t=weight, time_eps=1e-3)
-  objective, sums, seen, ce, masked, p, segs = run_loss(tokens, roles, segments, False,
-                                                        **switches)
+  switches = dict(
+    normalisation=normalisation,
+    supervise_padding=supervise_padding,
+    weight_by_inverse_t=weight,
+    time_eps=1e-3,
+  )
+  objective, sums, seen, ce, masked, p, segs = run_loss(tokens, roles, segments, False, **switches)
   r = roles[:, :-1]
-  expected = numpy_sft_loss(ce, masked, p, r, segs, normalisation=normalisation,
-                            supervise_padding=supervise_padding, weight=weight)
+  expected = numpy_sft_loss(
+    ce,
+    masked,
+    p,
+    r,
+    segs,
+    normalisation=normalisation,
+    supervise_padding=supervise_padding,
+    weight=weight,
+  )
   np.testing.assert_allclose(objective, expected, rtol=1e-5)
   np.testing.assert_allclose(float(sums['loss_num'] / sums['loss_den']), expected, rtol=1e-5)
   # The prompt is never noised; the model sees exactly the masked tokens as MASK.
@@ -128,17 +166,27 @@ def test_padded_rows_match_numpy(normalisation, supervise_padding, weight):
     assert not (masked & (r == PADDING)).any()
 
 
-@pytest.mark.parametrize('normalisation,weight',
-                         list(itertools.product(NORMALISATIONS, (True, False))))
+@pytest.mark.parametrize(
+  'normalisation,weight', list(itertools.product(NORMALISATIONS, (True, False)))
+)
 def test_packed_rows_match_numpy(normalisation, weight):
   rng = np.random.default_rng(3)
   tokens, roles, segments = random_rows(rng, batch=4, width=33, packed=True)
   assert segments.max() >= 3
-  switches = dict(normalisation=normalisation, supervise_padding=False,
-                  weight_by_inverse_t=weight, time_eps=0.0)
+  switches = dict(
+    normalisation=normalisation, supervise_padding=False, weight_by_inverse_t=weight, time_eps=0.0
+  )
   objective, sums, seen, ce, masked, p, segs = run_loss(tokens, roles, segments, True, **switches)
-  expected = numpy_sft_loss(ce, masked, p, roles[:, :-1], segs, normalisation=normalisation,
-                            supervise_padding=False, weight=weight)
+  expected = numpy_sft_loss(
+    ce,
+    masked,
+    p,
+    roles[:, :-1],
+    segs,
+    normalisation=normalisation,
+    supervise_padding=False,
+    weight=weight,
+  )
   np.testing.assert_allclose(objective, expected, rtol=1e-5)
   conversations = sum(len(set(row[row > 0])) for row in segs)
   np.testing.assert_allclose(sums['conversations'], conversations, rtol=1e-5)
@@ -160,9 +208,16 @@ def test_masking_rate_is_p_and_p_is_lladas():
   rng = np.random.default_rng(0)
   maskable = rng.random((batch, length)) < 0.7
   keys = masking.example_keys(0, 0, np.arange(batch))
-  _, masked, p = jax.jit(lambda k, m: sft_loss.forward_process(
-      k, jnp.full((batch, length), 9), m, jnp.ones((batch, length), jnp.int32), mask_id=MASK,
-      time_eps=eps))(keys, maskable)
+  _, masked, p = jax.jit(
+    lambda k, m: sft_loss.forward_process(
+      k,
+      jnp.full((batch, length), 9),
+      m,
+      jnp.ones((batch, length), jnp.int32),
+      mask_id=MASK,
+      time_eps=eps,
+    )
+  )(keys, maskable)
   masked, p = np.asarray(masked), np.asarray(p)
   assert not (masked & ~maskable).any()
   assert p.min() >= eps and p.max() <= 1.0
@@ -177,6 +232,14 @@ def test_masking_rate_is_p_and_p_is_lladas():
 
 def test_unknown_normalisation_is_refused():
   with pytest.raises(ValueError, match='normalisation'):
-    sft_loss.sft_loss(None, jnp.zeros((1, 3), jnp.int32), roles=jnp.zeros((1, 3), jnp.int32),
-                      seed=0, step=0, micro_index=0, example_ids_B=np.arange(1), mask_id=3,
-                      normalisation='row')
+    sft_loss.sft_loss(
+      None,
+      jnp.zeros((1, 3), jnp.int32),
+      roles=jnp.zeros((1, 3), jnp.int32),
+      seed=0,
+      step=0,
+      micro_index=0,
+      example_ids_B=np.arange(1),
+      mask_id=3,
+      normalisation='row',
+    )

@@ -17,21 +17,27 @@ from tests.kernels.flash_attention_test import make_case, rel_err, value_and_gra
 
 
 def _shapes(batch, length, heads, kv_heads, head_dim, dtype):
-  return (jax.ShapeDtypeStruct((batch, length, heads, head_dim), dtype),
-          jax.ShapeDtypeStruct((batch, length, kv_heads, head_dim), dtype))
+  return (
+    jax.ShapeDtypeStruct((batch, length, heads, head_dim), dtype),
+    jax.ShapeDtypeStruct((batch, length, kv_heads, head_dim), dtype),
+  )
 
 
-@pytest.mark.parametrize('heads, kv_heads, head_dim, dtype, lengths', [
+@pytest.mark.parametrize(
+  'heads, kv_heads, head_dim, dtype, lengths',
+  [
     (4, 2, 128, jnp.bfloat16, False),  # grouped kv heads: dK / dV sum the group in the kernel
     (4, 2, 128, jnp.bfloat16, True),
     (2, 2, 64, jnp.float16, True),
-])
+  ],
+)
 def test_forward_and_backward_lower_for_cuda(heads, kv_heads, head_dim, dtype, lengths):
   q, k = _shapes(2, 256, heads, kv_heads, head_dim, dtype)
   valid = jax.ShapeDtypeStruct((2,), jnp.int32) if lengths else None
 
   def loss(q, k, v, valid):
     return fa_mgpu.flash_attention_mgpu(q, k, v, valid_length_B=valid).astype(jnp.float32).sum()
+
   grad = jax.value_and_grad(loss, argnums=(0, 1, 2))
   lowered = jax.jit(grad).trace(q, k, k, valid).lower(lowering_platforms=('cuda',))
   text = lowered.as_text()
@@ -43,10 +49,12 @@ def test_forward_and_backward_lower_for_cuda(heads, kv_heads, head_dim, dtype, l
 
 def test_refuses_what_it_cannot_take_and_says_why():
   f32, bf16 = jnp.float32, jnp.bfloat16
-  for (q, k), want in [(_shapes(1, 256, 2, 2, 128, f32), 'dtype float32'),
-                       (_shapes(1, 256, 2, 2, 96, bf16), 'head_dim 96'),
-                       (_shapes(1, 200, 2, 2, 128, bf16), 'length 200 (needs a multiple of 128)'),
-                       (_shapes(1, 256, 3, 2, 128, bf16), '3 query heads')]:
+  for (q, k), want in [
+    (_shapes(1, 256, 2, 2, 128, f32), 'dtype float32'),
+    (_shapes(1, 256, 2, 2, 96, bf16), 'head_dim 96'),
+    (_shapes(1, 200, 2, 2, 128, bf16), 'length 200 (needs a multiple of 128)'),
+    (_shapes(1, 256, 3, 2, 128, bf16), '3 query heads'),
+  ]:
     assert want in fa_mgpu.supported(q.shape, k.shape, q.dtype)
     with pytest.raises(ValueError, match='Mosaic GPU attention kernel does not take'):
       jax.eval_shape(fa_mgpu.flash_attention_mgpu, q, k, k)
@@ -60,6 +68,7 @@ def test_attention_remat_policies_keep_the_kernel_outputs(capsys):
 
   def loss(q, k, v):
     return fa_mgpu.flash_attention_mgpu(q, k, v).astype(jnp.float32).sum()
+
   for name, saved in [('save_dots', 0), ('save_dots_attention', 2), ('save_activations', 2)]:
     policy = transformer.REMAT_POLICIES[name]
     jax.ad_checkpoint.print_saved_residuals(jax.checkpoint(loss, policy=policy), q, q, q)
@@ -77,18 +86,28 @@ def test_pallas_backend_takes_triton_off_hopper():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize('heads, kv_heads, head_dim, valid', [
-    (4, 2, 128, None), (2, 2, 64, None), (8, 2, 128, [512, 301])])
+@pytest.mark.parametrize(
+  'heads, kv_heads, head_dim, valid', [(4, 2, 128, None), (2, 2, 64, None), (8, 2, 128, [512, 301])]
+)
 def test_gpu_matches_reference(heads, kv_heads, head_dim, valid):
   if not attention_lib._on_hopper():  # pylint: disable=protected-access
     pytest.skip('needs a Hopper (sm90) GPU')
-  q, k, v, do, _, valid = make_case(5, batch=2, length=512, heads=heads, kv_heads=kv_heads,
-                                    head_dim=head_dim, valid=valid, dtype=jnp.bfloat16)
+  q, k, v, do, _, valid = make_case(
+    5,
+    batch=2,
+    length=512,
+    heads=heads,
+    kv_heads=kv_heads,
+    head_dim=head_dim,
+    valid=valid,
+    dtype=jnp.bfloat16,
+  )
   kw = dict(valid_length_B=valid)
   got = value_and_grads(lambda q, k, v: fa_mgpu.flash_attention_mgpu(q, k, v, **kw), q, k, v, do)
   f32 = [x.astype(jnp.float32) for x in (q, k, v, do)]
   want = value_and_grads(
-      lambda q, k, v: attention_lib.xla_attention(q, k, v, kind='bidirectional', **kw), *f32)
+    lambda q, k, v: attention_lib.xla_attention(q, k, v, kind='bidirectional', **kw), *f32
+  )
   for g, w in zip(got, want):
     assert g.dtype == jnp.bfloat16
     assert rel_err(g.astype(jnp.float32), w) < 1e-2

@@ -35,8 +35,9 @@ def documents(key, batch, length, docs):
   return (jnp.arange(length)[None, :, None] >= cuts[:, None, :]).sum(-1).astype(jnp.int32)
 
 
-def make_case(seed, *, batch, length, heads, kv_heads, head_dim, docs=0, valid=None,
-              dtype=jnp.float32):
+def make_case(
+  seed, *, batch, length, heads, kv_heads, head_dim, docs=0, valid=None, dtype=jnp.float32
+):
   k = jax.random.split(jax.random.key(seed), 5)
   q = jax.random.normal(k[0], (batch, length, heads, head_dim), jnp.float32).astype(dtype)
   kk = jax.random.normal(k[1], (batch, length, kv_heads, head_dim), jnp.float32).astype(dtype)
@@ -51,6 +52,7 @@ def value_and_grads(attend, q, k, v, do):
   def run(q, k, v, do):
     o, vjp = jax.vjp(attend, q, k, v)
     return (o, *vjp(do))
+
   options = FAST_COMPILE if jax.default_backend() == 'cpu' else None
   return jax.jit(run).lower(q, k, v, do).compile(compiler_options=options)(q, k, v, do)
 
@@ -60,21 +62,24 @@ def rel_err(got, want):
   return np.linalg.norm(got - want) / np.linalg.norm(want)
 
 
-@pytest.mark.parametrize('kind, heads, kv_heads, length, docs, valid', [
+@pytest.mark.parametrize(
+  'kind, heads, kv_heads, length, docs, valid',
+  [
     ('causal', 4, 2, 32, 3, 'cut'),  # GQA, documents, padding: rows that see no key.
     ('block_causal', 2, 2, 40, 2, None),  # 40 is no multiple of the tile: padded inside.
-])  # The mask-free path (plain bidirectional) is test_sharded_matches_reference's.
+  ],
+)  # The mask-free path (plain bidirectional) is test_sharded_matches_reference's.
 def test_matches_reference(kind, heads, kv_heads, length, docs, valid):
-  q, k, v, do, seg, valid = make_case(0, batch=2, length=length, heads=heads, kv_heads=kv_heads,
-                                      head_dim=16, docs=docs, valid=None)
+  q, k, v, do, seg, valid = make_case(
+    0, batch=2, length=length, heads=heads, kv_heads=kv_heads, head_dim=16, docs=docs, valid=None
+  )
   if valid == 'cut':  # Row 0 ends before its last document starts: that document sees nothing.
     valid = jnp.array([int(jnp.argmax(seg[0] == seg[0].max())), length - 3], jnp.int32)
   kw = dict(kind=kind, block_size=8, segment_ids_BL=seg, valid_length_B=valid)
   sees_BL = np.asarray(attention_lib.attention_mask(length, **kw).any(-1))
   live = sees_BL[:, :, None, None]
   do = jnp.where(live, do, 0.0)  # The reference's output on rows that see nothing is arbitrary.
-  got = value_and_grads(lambda q, k, v: fa.flash_attention(q, k, v, tiles=SMALL, **kw),
-                        q, k, v, do)
+  got = value_and_grads(lambda q, k, v: fa.flash_attention(q, k, v, tiles=SMALL, **kw), q, k, v, do)
   want = value_and_grads(lambda q, k, v: attention_lib.xla_attention(q, k, v, **kw), q, k, v, do)
   np.testing.assert_allclose(np.where(live, got[0], 0), np.where(live, want[0], 0), atol=2e-5)
   for name, g, w in zip(('dq', 'dk', 'dv'), got[1:], want[1:]):
@@ -86,8 +91,11 @@ def test_matches_reference(kind, heads, kv_heads, length, docs, valid):
 def brute_live(kind, block_size, seg, valid, block_q, block_k):
   """Tile (i, j) is live iff some query of tile i sees some key of tile j."""
   length = 64
-  vis = np.asarray(attention_lib.attention_mask(length, kind=kind, block_size=block_size,
-                                                segment_ids_BL=seg, valid_length_B=valid))
+  vis = np.asarray(
+    attention_lib.attention_mask(
+      length, kind=kind, block_size=block_size, segment_ids_BL=seg, valid_length_B=valid
+    )
+  )
   b = valid.shape[0]
   return vis.reshape(b, length // block_q, block_q, length // block_k, block_k).any((2, 4))
 
@@ -128,10 +136,12 @@ def test_sharded_matches_reference():
   def sharded(q, k, v):
     with rules.activation_mesh(mesh):
       return attention_lib.pallas_attention(q, k, v, kind='bidirectional')
+
   assert 'shard_map' in str(jax.make_jaxpr(sharded)(q, k, v))
   got = value_and_grads(sharded, q, k, v, do)
   want = value_and_grads(
-      lambda q, k, v: attention_lib.xla_attention(q, k, v, kind='bidirectional'), q, k, v, do)
+    lambda q, k, v: attention_lib.xla_attention(q, k, v, kind='bidirectional'), q, k, v, do
+  )
   for name, g, w in zip(('o', 'dq', 'dk', 'dv'), got, want):
     np.testing.assert_allclose(g, w, atol=5e-5, rtol=1e-4, err_msg=name)
 
@@ -152,28 +162,46 @@ def test_bad_inputs_name_the_problem():
 
 def test_config_accepts_pallas_and_auto_and_checks_head_dim():
   for backend in ('pallas', 'auto'):
-    config_lib.validate(tiny_test_config(**{'model.attention_backend': backend,
-                                            'model.attention_mask': 'block_causal',
-                                            'data.packing': True}))
+    config_lib.validate(
+      tiny_test_config(
+        **{
+          'model.attention_backend': backend,
+          'model.attention_mask': 'block_causal',
+          'data.packing': True,
+        }
+      )
+    )
   with pytest.raises(config_lib.ConfigError, match='power-of-two model.head_dim'):
-    config_lib.validate(tiny_test_config(**{'model.attention_backend': 'pallas',
-                                            'model.head_dim': 24}))
+    config_lib.validate(
+      tiny_test_config(**{'model.attention_backend': 'pallas', 'model.head_dim': 24})
+    )
 
 
 def test_auto_is_xla_off_gpu():
   q, k, v, *_ = make_case(3, batch=1, length=16, heads=2, kv_heads=1, head_dim=16, docs=2)
   if jax.default_backend() == 'gpu':
     pytest.skip('CPU rule')
-  np.testing.assert_array_equal(attention_lib.auto_attention(q, k, v, kind='causal'),
-                                attention_lib.xla_attention(q, k, v, kind='causal'))
+  np.testing.assert_array_equal(
+    attention_lib.auto_attention(q, k, v, kind='causal'),
+    attention_lib.xla_attention(q, k, v, kind='causal'),
+  )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize('kind', fa.MASK_KINDS)
 def test_gpu_bf16_matches_reference(kind):
   """Triton lowering, bf16 in / f32 accumulate, against the f32 reference on the same inputs."""
-  q, k, v, do, seg, valid = make_case(4, batch=2, length=384, heads=4, kv_heads=2, head_dim=64,
-                                      docs=3, valid=[384, 301], dtype=jnp.bfloat16)
+  q, k, v, do, seg, valid = make_case(
+    4,
+    batch=2,
+    length=384,
+    heads=4,
+    kv_heads=2,
+    head_dim=64,
+    docs=3,
+    valid=[384, 301],
+    dtype=jnp.bfloat16,
+  )
   kw = dict(kind=kind, block_size=64, segment_ids_BL=seg, valid_length_B=valid)
   live = np.asarray(attention_lib.attention_mask(384, **kw).any(-1))[:, :, None, None]
   do = jnp.where(live, do, 0)

@@ -43,8 +43,10 @@ def value_and_grads(ce_fn, hidden_TD, weight_DV, targets_T, d_ce_T):
   def loss(h, w):
     ce_T = ce_fn(h, w, targets_T)
     return jnp.sum(ce_T * d_ce_T), ce_T
+
   (_, ce_T), (d_h, d_w) = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(
-      hidden_TD, weight_DV)
+    hidden_TD, weight_DV
+  )
   return ce_T, d_h, d_w
 
 
@@ -65,8 +67,9 @@ def test_float32_matches_reference(chunk_size):
     assert_close(got, want, rtol=1e-5, atol_frac=1e-6)
 
 
-@pytest.mark.parametrize('hidden_dtype,compute_dtype', [(jnp.bfloat16, None),
-                                                        (jnp.float32, jnp.bfloat16)])
+@pytest.mark.parametrize(
+  'hidden_dtype,compute_dtype', [(jnp.bfloat16, None), (jnp.float32, jnp.bfloat16)]
+)
 def test_bfloat16_matches_reference(hidden_dtype, compute_dtype):
   """Reference: the f32 formula on the bf16-rounded hidden and weight, so only our own rounding
   shows. The loss values share the bf16 products and f32 sums (rtol 1e-5); the gradients round
@@ -110,10 +113,13 @@ def _big_float_vars(jaxpr, limit):
 def test_forward_and_backward_never_hold_full_logits():
   """No f32 value as large as [T, V] in the gradient's jaxpr; the check catches the naive head."""
   h, w, t, g = inputs()
+
   def grad_jaxpr(ce_fn):
     def loss(h, w):
       return jnp.sum(ce_fn(h, w, t) * g)
+
     return jax.make_jaxpr(jax.grad(loss, (0, 1)))(h, w).jaxpr
+
   fused = functools.partial(linear_cross_entropy, chunk_size=16)
   assert _big_float_vars(grad_jaxpr(fused), T * V) == []
   assert (T, V) in _big_float_vars(grad_jaxpr(reference_ce), T * V)
@@ -123,18 +129,22 @@ def _mesh():
   return Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ('data', 'tensor'))
 
 
-@pytest.mark.parametrize('weight_spec,token_shards', [(P(), 1), (P(), 4), (P(None, 'tensor'), 4),
-                                                      (P('data', None), 8)])
+@pytest.mark.parametrize(
+  'weight_spec,token_shards', [(P(), 1), (P(), 4), (P(None, 'tensor'), 4), (P('data', None), 8)]
+)
 def test_sharded_matches_unsharded(weight_spec, token_shards):
   """Tokens over 'data'; the weight replicated, vocab-sharded over 'tensor', or fsdp-like on D."""
   mesh = _mesh()
   h, w, t, g = inputs(seed=2)
   want = value_and_grads(reference_ce, h, w, t, g)
+
   def on(x, spec):
     return jax.device_put(x, NamedSharding(mesh, spec))
+
   fused = functools.partial(linear_cross_entropy, chunk_size=32, token_shards=token_shards)
-  got = value_and_grads(fused, on(h, P('data')), on(w, weight_spec), on(t, P('data')),
-                        on(g, P('data')))
+  got = value_and_grads(
+    fused, on(h, P('data')), on(w, weight_spec), on(t, P('data')), on(g, P('data'))
+  )
   for a, b in zip(got, want):
     assert_close(a, b, rtol=1e-5, atol_frac=1e-6)
 
@@ -143,8 +153,10 @@ def _loop_body_collectives(token_shards):
   """Element counts of the all-reduces XLA placed inside loop bodies (any computation but ENTRY)."""
   mesh = _mesh()
   h, w, t, g = inputs()
+
   def loss(h, w):
     return jnp.sum(linear_cross_entropy(h, w, t, chunk_size=16, token_shards=token_shards) * g)
+
   h_sharded = jax.device_put(h, NamedSharding(mesh, P('data')))
   w_replicated = jax.device_put(w, NamedSharding(mesh, P()))
   hlo = jax.jit(jax.grad(loss, (0, 1))).lower(h_sharded, w_replicated).compile().as_text()

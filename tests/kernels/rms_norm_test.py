@@ -61,13 +61,15 @@ def test_matches_the_formula(dtype, rope):
   def formula(x, s):
     y = layers.rms_norm(x, s, EPS)
     return layers.rotary_embedding(y, positions, 1e4) if rope else y
+
   got = jax.jit(lambda x, s, g: _vjp(ours, x, s, g))(x, scale, g[0])
   want = jax.jit(lambda x, s, g: _vjp(formula, x, s, g))(x, scale, g[0])
   if dtype == jnp.float32:
     _assert_close(got, want, 1e-5)
   else:  # both round to bf16; against the f32 formula they err alike, so compare each to it.
     exact = jax.jit(lambda x, s, g: _vjp(formula, x, s, g))(
-        *(a.astype(jnp.float32) for a in (x, scale, g[0])))
+      *(a.astype(jnp.float32) for a in (x, scale, g[0]))
+    )
     _assert_close(got, exact, 1e-2)
     _assert_close(got[:1], want[:1], 4e-3)  # y: the same roundings, at most an ulp apart
 
@@ -80,6 +82,7 @@ def test_residual_adds_the_stream_gradient():
 
   def formula(x, s):
     return x, layers.rms_norm(x, s, EPS)
+
   (x_out, y), dx, dscale = _vjp(ours, x, scale, (g_stream, g_norm))
   (_, y_ref), dx_ref, dscale_ref = _vjp(formula, x, scale, (g_stream, g_norm))
   np.testing.assert_array_equal(x_out, x)
@@ -87,18 +90,29 @@ def test_residual_adds_the_stream_gradient():
 
 
 def test_model_with_pallas_norms_matches_xla_norms():
-  cfg = model_lib.ModelConfig(num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8,
-                              ffn_dim=64, vocab_size=128, seq_len=16, remat='save_activations')
+  cfg = model_lib.ModelConfig(
+    num_layers=2,
+    d_model=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    ffn_dim=64,
+    vocab_size=128,
+    seq_len=16,
+    remat='save_activations',
+  )
   params = model_lib.init_params(cfg, jax.random.key(0))
   params = jax.tree.map(  # gains away from 1, so a wrong d(scale) shows
-      lambda p: p + 0.2 * jax.random.normal(jax.random.key(2), p.shape) if p.ndim < 3 else p,
-      params)
+    lambda p: p + 0.2 * jax.random.normal(jax.random.key(2), p.shape) if p.ndim < 3 else p, params
+  )
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
 
   def run(cfg):
     def loss(p):
       return (model_lib.merge(cfg, p)(tokens) ** 2).mean()
+
     return jax.jit(jax.value_and_grad(loss))(params)
+
   want, g_want = run(cfg)
   got, g_got = run(dataclasses.replace(cfg, norm_backend='pallas'))
   np.testing.assert_allclose(got, want, rtol=1e-6)
@@ -114,6 +128,7 @@ def test_sharded_matches_unsharded():
     norm = layers.RMSNorm(16, eps=EPS, rngs=nnx.Rngs(0), backend='pallas')
     norm.scale.value = s
     return (norm.with_rope(x, positions, 1e4) * g[0]).sum()
+
   want = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, scale)
   mesh = Mesh(np.array(jax.devices()[:8]).reshape(1, 2, 2, 1, 2), config_lib.MESH_AXES)
   with rules.activation_mesh(mesh):
@@ -127,8 +142,12 @@ def test_train_objective_on_a_pipeline_tensor_data_mesh_matches_one_device():
   """The kernels inside the pipeline's vmapped stages, per shard of heads and rows."""
   base = {'model.num_layers': 4, 'model.num_kv_heads': 4, 'mesh.fsdp': 1}
   want = pipeline_test.objective_and_grads(tiny_test_config(**base))
-  got = pipeline_test.objective_and_grads(tiny_test_config(**base, **{
-      'model.norm_backend': 'pallas', 'mesh.pipeline': 2, 'mesh.tensor': 2, 'mesh.data': 2}))
+  got = pipeline_test.objective_and_grads(
+    tiny_test_config(
+      **base,
+      **{'model.norm_backend': 'pallas', 'mesh.pipeline': 2, 'mesh.tensor': 2, 'mesh.data': 2},
+    )
+  )
   pipeline_test.assert_same(got, want)
 
 
@@ -142,12 +161,16 @@ def test_lowers_for_triton(rope):
 
   def fwd_bwd(x, scale, cos, sin, g):
     if rope:
-      return _vjp(lambda x, s: kernel.rms_norm(x, s, eps=EPS, cos=cos, sin=sin, interpret=False),
-                  x, scale, g)
-    return _vjp(lambda x, s: kernel.rms_norm_residual(x, s, eps=EPS, interpret=False), x, scale,
-                (g, g))
-  text = jax.jit(fwd_bwd).trace(x, scale, table, table, x).lower(
-      lowering_platforms=('cuda',)).as_text()
+      return _vjp(
+        lambda x, s: kernel.rms_norm(x, s, eps=EPS, cos=cos, sin=sin, interpret=False), x, scale, g
+      )
+    return _vjp(
+      lambda x, s: kernel.rms_norm_residual(x, s, eps=EPS, interpret=False), x, scale, (g, g)
+    )
+
+  text = (
+    jax.jit(fwd_bwd).trace(x, scale, table, table, x).lower(lowering_platforms=('cuda',)).as_text()
+  )
   assert text.count('__gpu$xla.gpu.triton') == 2, text[:2000]
 
 
@@ -156,8 +179,9 @@ def test_supported_and_config_name_the_problem():
   assert 'power-of-two heads' in kernel.supported(12, 128, rope=True)
   assert 'power-of-two row width' in kernel.supported(1, 96, rope=False)
   config = tiny_test_config(**{'model.norm_backend': 'pallas', 'model.d_model': 96})
-  with pytest.raises(config_lib.ConfigError, match='norm_backend=pallas needs a power-of-two '
-                     'model.d_model'):
+  with pytest.raises(
+    config_lib.ConfigError, match='norm_backend=pallas needs a power-of-two model.d_model'
+  ):
     config_lib.validate(config)
   config_lib.validate(tiny_test_config(**{'model.norm_backend': 'auto', 'model.d_model': 96}))
   with pytest.raises(ValueError, match='power-of-two row width, got 96; use model.norm_backend'):
@@ -184,7 +208,9 @@ def test_gpu_bf16_matches_the_formula(rope):
   def formula(x, s):
     y = layers.rms_norm(x, s, EPS)
     return layers.rotary_embedding(y, positions, 1e4) if rope else y
+
   got = jax.jit(lambda x, s, g: _vjp(ours, x, s, g))(x, scale, g[0])
   exact = jax.jit(lambda x, s, g: _vjp(formula, x, s, g))(
-      *(a.astype(jnp.float32) for a in (x, scale, g[0])))
+    *(a.astype(jnp.float32) for a in (x, scale, g[0]))
+  )
   _assert_close(got, exact, 1e-2)

@@ -25,11 +25,13 @@ def test_mask_kinds():
   np.testing.assert_array_equal(causal, np.tril(np.ones((4, 4), bool)))
   block = np.asarray(attention.attention_mask(4, kind='block_causal', block_size=2))[0]
   np.testing.assert_array_equal(block, [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]])
-  padded = np.asarray(attention.attention_mask(3, kind='bidirectional',
-                                               valid_length_B=jnp.array([2])))[0]
+  padded = np.asarray(
+    attention.attention_mask(3, kind='bidirectional', valid_length_B=jnp.array([2]))
+  )[0]
   np.testing.assert_array_equal(padded, [[1, 1, 0]] * 3)
-  seg = np.asarray(attention.attention_mask(3, kind='bidirectional',
-                                            segment_ids_BL=jnp.array([[1, 1, 2]])))[0]
+  seg = np.asarray(
+    attention.attention_mask(3, kind='bidirectional', segment_ids_BL=jnp.array([[1, 1, 2]]))
+  )[0]
   np.testing.assert_array_equal(seg, [[1, 1, 0], [1, 1, 0], [0, 0, 1]])
 
 
@@ -42,10 +44,14 @@ def test_xla_attention_matches_numpy(kind, num_kv):
   v = jax.random.normal(kv, (2, 8, num_kv, 16))
   segments = jnp.array([[1, 1, 1, 2, 2, 2, 2, 2], [1] * 8])
   lengths = jnp.array([8, 5])
-  got = attention.xla_attention(q, k, v, kind=kind, block_size=4, segment_ids_BL=segments,
-                                valid_length_B=lengths)
-  visible = np.asarray(attention.attention_mask(8, kind=kind, block_size=4,
-                                                segment_ids_BL=segments, valid_length_B=lengths))
+  got = attention.xla_attention(
+    q, k, v, kind=kind, block_size=4, segment_ids_BL=segments, valid_length_B=lengths
+  )
+  visible = np.asarray(
+    attention.attention_mask(
+      8, kind=kind, block_size=4, segment_ids_BL=segments, valid_length_B=lengths
+    )
+  )
   np.testing.assert_allclose(got, numpy_attention(q, k, v, visible), rtol=1e-5, atol=1e-5)
 
 
@@ -80,5 +86,4 @@ def test_cudnn_matches_xla_on_gpu():
   for kind in ('bidirectional', 'causal'):
     ref = attention.xla_attention(q, k, v, kind=kind)
     got = attention.cudnn_attention(q, k, v, kind=kind)
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32),
-                               atol=2e-2)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32), atol=2e-2)

@@ -34,13 +34,15 @@ def _inputs(seed, x_shape, w_shape, x_dtype=jnp.float32):
   return jnp.asarray(x, x_dtype), jnp.asarray(w, jnp.float32)
 
 
-@pytest.mark.parametrize('fmt,dtype', [('e4m3', jnp.float32), ('e4m3', jnp.bfloat16),
-                                       ('e5m2', jnp.bfloat16)])
+@pytest.mark.parametrize(
+  'fmt,dtype', [('e4m3', jnp.float32), ('e4m3', jnp.bfloat16), ('e5m2', jnp.bfloat16)]
+)
 def test_quantize_is_bitwise_the_reference(fmt, dtype):
   x, _ = _inputs(0, (64, 48), (1,), dtype)
   q, scale = fp8.quantize(x, {'e4m3': fp8.E4M3, 'e5m2': fp8.E5M2}[fmt])
-  np.testing.assert_array_equal(np.asarray(fp8.dequantize(q, scale, jnp.float32), np.float64),
-                                _np_qdq(x, fmt))
+  np.testing.assert_array_equal(
+    np.asarray(fp8.dequantize(q, scale, jnp.float32), np.float64), _np_qdq(x, fmt)
+  )
   assert float(scale) == 2.0 ** np.round(np.log2(float(scale)))  # a power of two
   assert float(jnp.max(jnp.abs(q.astype(jnp.float32)))) > _FP8[fmt][1] / 2  # the range is used
 
@@ -52,11 +54,14 @@ def test_quantize_zero_and_nonfinite():
   assert not np.all(np.isfinite(np.asarray(q, np.float32)))  # an overflow is not clipped away
 
 
-@pytest.mark.parametrize('equation,x_shape,w_shape', [
+@pytest.mark.parametrize(
+  'equation,x_shape,w_shape',
+  [
     ('bld,dnh->blnh', (2, 8, 32), (32, 4, 16)),  # q/k/v
     ('blnh,nhd->bld', (2, 8, 4, 16), (4, 16, 32)),  # o: two contracted axes
     ('bld,df->blf', (2, 8, 32), (32, 48)),  # MLP
-])
+  ],
+)
 def test_forward_matches_numpy_qdq_reference(equation, x_shape, w_shape):
   x, w = _inputs(1, x_shape, w_shape)
   expected = np.einsum(equation, _np_qdq(x, 'e4m3'), _np_qdq(w, 'e4m3'))
@@ -72,7 +77,7 @@ def test_close_to_bf16_within_fp8_error():
   y_bf16 = jnp.einsum('bld,df->blf', x, w.astype(jnp.bfloat16)).astype(jnp.float32)
   rel = float(jnp.linalg.norm(y_fp8 - y_bf16) / jnp.linalg.norm(y_bf16))
   # e4m3 keeps 3 mantissa bits (relative rounding <= 2^-4 per operand); 2^-8 is bf16's own.
-  assert 2 ** -8 < rel < 0.06, rel
+  assert 2**-8 < rel < 0.06, rel
 
 
 def test_gradients_match_reference_vjp():
@@ -115,9 +120,18 @@ def _count_fp8_casts(jaxpr, counts=None):
   return counts
 
 
-CFG = model_lib.ModelConfig(num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, head_dim=16,
-                            ffn_dim=128, vocab_size=256, seq_len=16, dtype='bfloat16',
-                            scan_layers=False)
+CFG = model_lib.ModelConfig(
+  num_layers=2,
+  d_model=64,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=16,
+  ffn_dim=128,
+  vocab_size=256,
+  seq_len=16,
+  dtype='bfloat16',
+  scan_layers=False,
+)
 
 
 def test_all_seven_projections_and_nothing_else_run_in_fp8():
@@ -143,10 +157,17 @@ def step_losses():
   from dlmjax.train import stages  # pylint: disable=import-outside-toplevel
   from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.train import step as step_lib  # pylint: disable=import-outside-toplevel
+
   losses = {}
   for matmul_dtype in ('compute', 'fp8'):
-    config = tiny_test_config(**{'model.dtype': 'bfloat16', 'model.matmul_dtype': matmul_dtype,
-                                 'mesh.fsdp': 1, 'diffusion.varlen_prob': 0.0})
+    config = tiny_test_config(
+      **{
+        'model.dtype': 'bfloat16',
+        'model.matmul_dtype': matmul_dtype,
+        'mesh.fsdp': 1,
+        'diffusion.varlen_prob': 0.0,
+      }
+    )
     setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
     step_fn = step_lib.CompiledStep(setup, stages.build(config))
     state = setup.init_state(config.seed)
@@ -154,9 +175,10 @@ def step_losses():
     shape = (config.train.global_batch_size, config.model.seq_len + 1)
     values = []
     for _ in range(4):  # rows that count up: a rule the model learns within a few steps
-      tokens = (4 + (rng.integers(0, 64, size=(shape[0], 1)) + np.arange(shape[1])) % 64)
-      state, metrics = step_fn(state, {'tokens': jax.device_put(tokens.astype(np.int32),
-                                                                 step_fn.batch_sharding)})
+      tokens = 4 + (rng.integers(0, 64, size=(shape[0], 1)) + np.arange(shape[1])) % 64
+      state, metrics = step_fn(
+        state, {'tokens': jax.device_put(tokens.astype(np.int32), step_fn.batch_sharding)}
+      )
       values.append(float(metrics['loss']))
     losses[matmul_dtype] = np.array(values)
   return losses
@@ -194,20 +216,31 @@ def test_every_model_program_compiles_with_the_fp8_options(monkeypatch):
   from dlmjax.train import stages  # pylint: disable=import-outside-toplevel
   from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.train import step as step_lib  # pylint: disable=import-outside-toplevel
+
   seen, real_jit = [], programs.jit_program
-  monkeypatch.setattr(fp8, 'compiler_options', lambda d: {'xla_gpu_enable_triton_gemm': False}
-                      if d == 'fp8' else {})
-  monkeypatch.setattr(programs, 'jit_program',
-                      lambda fn, d, **kw: seen.append(d) or real_jit(fn, d, **kw))
+  monkeypatch.setattr(
+    fp8, 'compiler_options', lambda d: {'xla_gpu_enable_triton_gemm': False} if d == 'fp8' else {}
+  )
+  monkeypatch.setattr(
+    programs, 'jit_program', lambda fn, d, **kw: seen.append(d) or real_jit(fn, d, **kw)
+  )
   config = tiny_test_config(**{'model.matmul_dtype': 'fp8', 'mesh.fsdp': 1})
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
   step_lib.CompiledStep(setup, stages.build(config))
   rollout.make_score_fn(config, setup.model_config)
   cfg = dataclasses.replace(CFG, matmul_dtype='fp8')
   generate = sampler.make_generate_fn.__wrapped__(  # uncached: this test's own build
-      cfg, sampler.SamplingConfig(gen_length=8, steps=4, block_length=8), mask_id=1, eos_id=2,
-      pad_id=0)
+    cfg,
+    sampler.SamplingConfig(gen_length=8, steps=4, block_length=8),
+    mask_id=1,
+    eos_id=2,
+    pad_id=0,
+  )
   assert seen == ['fp8', 'fp8', 'fp8']
-  out = generate(model_lib.init_params(cfg, jax.random.key(0)), jnp.full((2, 4), 5, jnp.int32),
-                 jnp.array([4, 4], jnp.int32), jax.random.key(1))
+  out = generate(
+    model_lib.init_params(cfg, jax.random.key(0)),
+    jnp.full((2, 4), 5, jnp.int32),
+    jnp.array([4, 4], jnp.int32),
+    jax.random.key(1),
+  )
   assert out.shape == (2, 12) and not bool((out == 1).any())  # every mask decoded

@@ -11,16 +11,25 @@ import pytest
 from dlmjax import model as model_lib
 from dlmjax.model import layers
 
-CFG = model_lib.ModelConfig(num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8,
-                            ffn_dim=64, vocab_size=128, seq_len=16)
+CFG = model_lib.ModelConfig(
+  num_layers=2,
+  d_model=32,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  ffn_dim=64,
+  vocab_size=128,
+  seq_len=16,
+)
 
 
 def test_rmsnorm_matches_formula():
   import flax.nnx as nnx  # pylint: disable=import-outside-toplevel
+
   norm = layers.RMSNorm(8, eps=1e-6, rngs=nnx.Rngs(0))
   norm.scale.value = jnp.arange(8, dtype=jnp.float32)
   x = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
-  expected = np.arange(8) * x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6)
+  expected = np.arange(8) * x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6)
   np.testing.assert_allclose(norm(jnp.asarray(x)), expected, rtol=1e-5)
 
 
@@ -32,8 +41,12 @@ def test_rope_rotate_half():
   cos = np.cos(np.concatenate([ang, ang], -1))[:, :, None]
   sin = np.sin(np.concatenate([ang, ang], -1))[:, :, None]
   rot = np.concatenate([-x[..., 4:], x[..., :4]], -1)
-  np.testing.assert_allclose(layers.rotary_embedding(jnp.asarray(x), jnp.asarray(pos), 1e4),
-                             x * cos + rot * sin, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    layers.rotary_embedding(jnp.asarray(x), jnp.asarray(pos), 1e4),
+    x * cos + rot * sin,
+    rtol=1e-5,
+    atol=1e-6,
+  )
 
 
 @pytest.mark.parametrize('tie', [False, True])
@@ -48,15 +61,25 @@ def test_param_count_matches_tree(tie):
 
 
 def test_1p7b_param_count():
-  cfg = dataclasses.replace(CFG, num_layers=28, d_model=2048, num_heads=16, num_kv_heads=16,
-                            head_dim=128, ffn_dim=6144, vocab_size=50304, seq_len=2048)
+  cfg = dataclasses.replace(
+    CFG,
+    num_layers=28,
+    d_model=2048,
+    num_heads=16,
+    num_kv_heads=16,
+    head_dim=128,
+    ffn_dim=6144,
+    vocab_size=50304,
+    seq_len=2048,
+  )
   assert cfg.num_params() == 1_732_895_744  # reference: MegaDLMs 1.7B with V padded to 50304
   assert abs(cfg.flops_per_token() - 1.119e10) / 1.119e10 < 1e-3
 
 
 def test_init_statistics():
-  cfg = dataclasses.replace(CFG, num_layers=4, d_model=256, ffn_dim=512, num_heads=4,
-                            num_kv_heads=4, head_dim=64)
+  cfg = dataclasses.replace(
+    CFG, num_layers=4, d_model=256, ffn_dim=512, num_heads=4, num_kv_heads=4, head_dim=64
+  )
   params = model_lib.init_params(cfg, jax.random.key(0))
   assert abs(float(params['blocks']['attn']['q_proj'].std()) - 0.02) < 1e-3
   assert abs(float(params['blocks']['mlp']['down_proj'].std()) - 0.02 / np.sqrt(8)) < 3e-4
@@ -73,8 +96,9 @@ def _logits_and_grads(cfg, params, tokens):
   return _logits(cfg, params, tokens), jax.grad(lambda p: _logits(cfg, p, tokens).sum())(params)
 
 
-@pytest.mark.parametrize('remat', ['none', 'minimal', 'save_dots', 'save_dots_attention',
-                                   'save_activations', 'full'])
+@pytest.mark.parametrize(
+  'remat', ['none', 'minimal', 'save_dots', 'save_dots_attention', 'save_activations', 'full']
+)
 def test_scan_unrolled_and_remat_agree(remat):
   params = model_lib.init_params(CFG, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
@@ -90,7 +114,8 @@ def _saved(capsys, cfg, params, tokens):
   """The residuals the backward keeps, one description per line (jax's public printer)."""
   capsys.readouterr()
   jax.ad_checkpoint.print_saved_residuals(
-      lambda p: model_lib.merge(cfg, p).hidden(tokens).astype(jnp.float32).sum(), params)
+    lambda p: model_lib.merge(cfg, p).hidden(tokens).astype(jnp.float32).sum(), params
+  )
   return capsys.readouterr().out.splitlines()
 
 
@@ -101,8 +126,11 @@ def test_remat_policies_keep_what_they_say(capsys):
   cfg = dataclasses.replace(CFG, dtype='bfloat16', attention_backend='pallas', scan_layers=False)
   params = model_lib.init_params(cfg, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
-  saved = {r: _saved(capsys, dataclasses.replace(cfg, remat=r), params, tokens)
-           for r in ('save_dots', 'save_dots_attention', 'save_activations')}
+  saved = {
+    r: _saved(capsys, dataclasses.replace(cfg, remat=r), params, tokens)
+    for r in ('save_dots', 'save_dots_attention', 'save_activations')
+  }
+
   def kernel(lines):
     return [line for line in lines if 'output of pallas_call' in line]
 
@@ -113,10 +141,11 @@ def test_remat_policies_keep_what_they_say(capsys):
     tag = f"named '{name}'"
     assert sum(tag in line for line in saved['save_activations']) == CFG.num_layers, name
     assert not any(tag in line for line in saved['save_dots_attention'])
-  weight_shapes = {f'[{",".join(map(str, v.shape[1:]))}]'
-                   for v in jax.tree.leaves(params['blocks'])}
+  weight_shapes = {
+    f'[{",".join(map(str, v.shape[1:]))}]' for v in jax.tree.leaves(params['blocks'])
+  }
   for lines in saved.values():
-    kept = [line for line in lines if line.split(' ')[0][line.index('['):] in weight_shapes]
+    kept = [line for line in lines if line.split(' ')[0][line.index('[') :] in weight_shapes]
     assert kept and all(line.startswith('bf16') for line in kept), kept
 
 
@@ -151,6 +180,7 @@ def test_bfloat16_compute_stays_close():
 def test_packed_documents_are_isolated_with_restarted_positions():
   """A document's hidden states do not depend on its neighbours or where it sits in the row."""
   from dlmjax.diffusion import masking  # pylint: disable=import-outside-toplevel
+
   params = model_lib.init_params(CFG, jax.random.key(0))
   rng = np.random.default_rng(0)
   a, b = rng.integers(0, 128, size=6), rng.integers(0, 128, size=10)
@@ -161,8 +191,11 @@ def test_packed_documents_are_isolated_with_restarted_positions():
 
   def hidden(table_TD):
     module = model_lib.merge(CFG, dict(params, embed_tokens=table_TD))
-    out = module.hidden(jnp.arange(32).reshape(2, 16), segment_ids_BL=segments,
-                        positions_BL=masking.segment_positions(segments))
+    out = module.hidden(
+      jnp.arange(32).reshape(2, 16),
+      segment_ids_BL=segments,
+      positions_BL=masking.segment_positions(segments),
+    )
     return out[0, 2].sum(), out  # an output inside document a of row 0
 
   (_, out), grad = jax.jit(jax.value_and_grad(hidden, has_aux=True))(table)

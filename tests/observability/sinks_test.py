@@ -14,7 +14,6 @@ from tests.conftest import tiny_test_config
 
 
 class _FakeWandb(types.ModuleType):
-
   def __init__(self):
     super().__init__('wandb')
     self.runs = []
@@ -36,11 +35,24 @@ def test_reporter_rows_reach_every_sink(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, 'wandb', fake)
   monkeypatch.setenv('WANDB_PROJECT', 'proj')
   config = _config('tensorboard,wandb')
-  reporter = reporting.Reporter(str(tmp_path), total_steps=3, flops_per_token=10,
-                                peak_tflops=0.0, sinks=sinks.make_sinks(config, str(tmp_path)))
+  reporter = reporting.Reporter(
+    str(tmp_path),
+    total_steps=3,
+    flops_per_token=10,
+    peak_tflops=0.0,
+    sinks=sinks.make_sinks(config, str(tmp_path)),
+  )
   reporter.start(0)
-  metrics = dict(skipped=0.0, loss=2.5, masked_ce=2.0, mask_ratio=0.5, real_input_length=8.0,
-                 tokens=100.0, grad_norm=1.5, lr=1e-3)
+  metrics = dict(
+    skipped=0.0,
+    loss=2.5,
+    masked_ce=2.0,
+    mask_ratio=0.5,
+    real_input_length=8.0,
+    tokens=100.0,
+    grad_norm=1.5,
+    lr=1e-3,
+  )
   reporter.record(1, metrics, write=True)
   reporter.write_row({'step': 1, 'val_loss': 3.25, 'reward_mean': 0.5})
   reporter.close()

@@ -32,8 +32,13 @@ def _write_random(tmp_path, rng):
   writer = tensorboard.EventWriter(str(tmp_path))
   expected = {}
   for step in rng.choice(10**6, size=12, replace=False):
-    values = {'loss': float(rng.normal()), 'lr': float(rng.uniform(0, 1e-3)),
-              'reward_mean': float(rng.normal() * 1e4), 'flag': True, 'note': 'text'}
+    values = {
+      'loss': float(rng.normal()),
+      'lr': float(rng.uniform(0, 1e-3)),
+      'reward_mean': float(rng.normal() * 1e4),
+      'flag': True,
+      'note': 'text',
+    }
     writer.scalars(int(step), values)
     for key in ('loss', 'lr', 'reward_mean'):
       expected.setdefault(key, []).append((int(step), values[key]))
@@ -67,20 +72,23 @@ def test_a_flipped_byte_is_detected(tmp_path):
 def _protobuf_event_class():
   """tensorflow/core/util/event.proto's Event, Summary and Summary.Value, built at run time."""
   from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
   fdp = descriptor_pb2.FileDescriptorProto(name='event_test.proto', package='t')
   F = descriptor_pb2.FieldDescriptorProto
   value = fdp.message_type.add(name='Value')
   value.field.add(name='tag', number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
   value.field.add(name='simple_value', number=2, type=F.TYPE_FLOAT, label=F.LABEL_OPTIONAL)
   summary = fdp.message_type.add(name='Summary')
-  summary.field.add(name='value', number=1, type=F.TYPE_MESSAGE, type_name='.t.Value',
-                    label=F.LABEL_REPEATED)
+  summary.field.add(
+    name='value', number=1, type=F.TYPE_MESSAGE, type_name='.t.Value', label=F.LABEL_REPEATED
+  )
   event = fdp.message_type.add(name='Event')
   event.field.add(name='wall_time', number=1, type=F.TYPE_DOUBLE, label=F.LABEL_OPTIONAL)
   event.field.add(name='step', number=2, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
   event.field.add(name='file_version', number=3, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-  event.field.add(name='summary', number=5, type=F.TYPE_MESSAGE, type_name='.t.Summary',
-                  label=F.LABEL_OPTIONAL)
+  event.field.add(
+    name='summary', number=5, type=F.TYPE_MESSAGE, type_name='.t.Summary', label=F.LABEL_OPTIONAL
+  )
   pool = descriptor_pool.DescriptorPool()
   pool.Add(fdp)
   return message_factory.GetMessageClass(pool.FindMessageTypeByName('t.Event'))
@@ -112,8 +120,11 @@ def test_tensorboard_reads_the_file(tmp_path):
   path, expected = _write_random(tmp_path, np.random.default_rng(4))
   events = list(loader_module.EventFileLoader(path).Load())
   # The loader migrates simple_value scalars to tensor summaries (TensorBoard's data_compat).
-  got = [(e.step, v.tag, v.simple_value if v.HasField('simple_value') else v.tensor.float_val[0])
-         for e in events for v in e.summary.value]
+  got = [
+    (e.step, v.tag, v.simple_value if v.HasField('simple_value') else v.tensor.float_val[0])
+    for e in events
+    for v in e.summary.value
+  ]
   want = [(s, k, np.float32(v)) for k, pts in expected.items() for s, v in pts]
   assert sorted(got) == sorted(want)
 

@@ -5,10 +5,17 @@ import pytest
 from dlmjax.parallel import distributed
 from dlmjax.parallel.distributed import Launch, LaunchError, launch_from_env
 
-_SLURM = dict(SLURM_JOB_ID='4242', SLURM_STEP_NODELIST='gpu[007-010,012],cpu1', SLURM_NTASKS='16',
-              SLURM_PROCID='9', SLURM_LOCALID='1', SLURM_STEP_NUM_NODES='2')
-_MEGADLMS = dict(MASTER_ADDR='10.0.0.1', MASTER_PORT='29500', NUM_NODES='4', NODE_RANK='3',
-                 GPUS_PER_NODE='8')
+_SLURM = dict(
+  SLURM_JOB_ID='4242',
+  SLURM_STEP_NODELIST='gpu[007-010,012],cpu1',
+  SLURM_NTASKS='16',
+  SLURM_PROCID='9',
+  SLURM_LOCALID='1',
+  SLURM_STEP_NUM_NODES='2',
+)
+_MEGADLMS = dict(
+  MASTER_ADDR='10.0.0.1', MASTER_PORT='29500', NUM_NODES='4', NODE_RANK='3', GPUS_PER_NODE='8'
+)
 
 
 def test_nothing_set_is_one_process():
@@ -32,9 +39,17 @@ def test_megadlms_one_process_per_gpu_when_the_launcher_sets_local_rank():
   assert launch == Launch('megadlms', 32, 3 * 8 + 5, '10.0.0.1:29500', (5,))
 
 
-@pytest.mark.parametrize('nodelist,first', [
-    ('node001', 'node001'), ('node001,host2', 'node001'), ('node[001-015],host2', 'node001'),
-    ('node[003,007-015]', 'node003'), ('gpu[12]', 'gpu12'), ('a-b-1,a-b-2', 'a-b-1')])
+@pytest.mark.parametrize(
+  'nodelist,first',
+  [
+    ('node001', 'node001'),
+    ('node001,host2', 'node001'),
+    ('node[001-015],host2', 'node001'),
+    ('node[003,007-015]', 'node003'),
+    ('gpu[12]', 'gpu12'),
+    ('a-b-1,a-b-2', 'a-b-1'),
+  ],
+)
 def test_first_hostname(nodelist, first):
   assert distributed.first_hostname(nodelist) == first
 
@@ -46,7 +61,8 @@ def test_slurm_one_task_per_gpu():
   # srun --gpus-per-task=1 already restricted the task to one GPU: keep all visible ones.
   assert launch_from_env(dict(_SLURM, CUDA_VISIBLE_DEVICES='3')).local_device_ids is None
   assert launch_from_env(dict(_SLURM, JAX_COORDINATOR_PORT='5000')).coordinator_address == (
-      'gpu007:5000')
+    'gpu007:5000'
+  )
 
 
 def test_slurm_one_task_per_node_drives_all_its_gpus():
@@ -67,7 +83,9 @@ def test_the_script_launch_under_srun_is_consistent():
   assert launch_from_env(env).num_processes == 32
 
 
-@pytest.mark.parametrize('env,message', [
+@pytest.mark.parametrize(
+  'env,message',
+  [
     (dict(COORDINATOR_ADDRESS='h:1', NUM_PROCESSES='2'), 'PROCESS_ID missing'),
     (dict(COORDINATOR_ADDRESS='h', NUM_PROCESSES='2', PROCESS_ID='0'), 'is not host:port'),
     (dict(COORDINATOR_ADDRESS='h:1', NUM_PROCESSES='2', PROCESS_ID='2'), 'PROCESS_ID=2 must be'),
@@ -82,7 +100,8 @@ def test_the_script_launch_under_srun_is_consistent():
     (dict(_SLURM, SLURM_PROCID='16'), 'SLURM_PROCID=16 is not below SLURM_NTASKS=16'),
     # envs/.env's single-node defaults sourced inside a 16-task srun: 16 lone trainers otherwise.
     (dict(_SLURM, **dict(_MEGADLMS, NUM_NODES='1', NODE_RANK='0')), 'SLURM started 16 tasks'),
-])
+  ],
+)
 def test_inconsistent_env_is_a_clear_error(env, message):
   with pytest.raises(LaunchError) as error:
     launch_from_env(env)
@@ -91,6 +110,7 @@ def test_inconsistent_env_is_a_clear_error(env, message):
 
 def test_initialize_single_process_touches_nothing(monkeypatch):
   import jax  # pylint: disable=import-outside-toplevel
+
   monkeypatch.setattr(distributed, '_initialized', None)
   monkeypatch.setattr(jax.distributed, 'initialize', lambda **kw: pytest.fail('called'))
   assert distributed.initialize({}) == Launch('single')
@@ -98,10 +118,18 @@ def test_initialize_single_process_touches_nothing(monkeypatch):
 
 def test_initialize_passes_the_launch_to_jax_once(monkeypatch):
   import jax  # pylint: disable=import-outside-toplevel
+
   calls = []
   monkeypatch.setattr(distributed, '_initialized', None)
   monkeypatch.setattr(jax.distributed, 'initialize', lambda **kw: calls.append(kw))
   env = dict(_MEGADLMS, LOCAL_RANK='2')
   assert distributed.initialize(env) == distributed.initialize(env)
-  assert calls == [dict(coordinator_address='10.0.0.1:29500', num_processes=32, process_id=26,
-                        local_device_ids=[2], cluster_detection_method='deactivate')]
+  assert calls == [
+    dict(
+      coordinator_address='10.0.0.1:29500',
+      num_processes=32,
+      process_id=26,
+      local_device_ids=[2],
+      cluster_detection_method='deactivate',
+    )
+  ]

@@ -27,13 +27,31 @@ pytestmark = pytest.mark.multiprocess
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 # tiny_test_config with 4 steps, as command-line overrides (the reference applies the same).
-OVERRIDES = {'model.num_layers': 2, 'model.d_model': 64, 'model.num_heads': 4,
-             'model.num_kv_heads': 2, 'model.head_dim': 16, 'model.ffn_dim': 128,
-             'model.seq_len': 32, 'train.global_batch_size': 16, 'train.micro_batch_size': 8,
-             'train.steps': 4, 'train.warmup_steps': 1, 'train.wsd_decay_steps': 1,
-             'log.every': 1, 'checkpoint.every': 0}
-_LAUNCH_VARS = ('COORDINATOR_ADDRESS', 'NUM_PROCESSES', 'PROCESS_ID', 'LOCAL_DEVICE_IDS',
-                'LOCAL_RANK', 'JAX_COORDINATOR_ADDRESS', 'XLA_FLAGS')
+OVERRIDES = {
+  'model.num_layers': 2,
+  'model.d_model': 64,
+  'model.num_heads': 4,
+  'model.num_kv_heads': 2,
+  'model.head_dim': 16,
+  'model.ffn_dim': 128,
+  'model.seq_len': 32,
+  'train.global_batch_size': 16,
+  'train.micro_batch_size': 8,
+  'train.steps': 4,
+  'train.warmup_steps': 1,
+  'train.wsd_decay_steps': 1,
+  'log.every': 1,
+  'checkpoint.every': 0,
+}
+_LAUNCH_VARS = (
+  'COORDINATOR_ADDRESS',
+  'NUM_PROCESSES',
+  'PROCESS_ID',
+  'LOCAL_DEVICE_IDS',
+  'LOCAL_RANK',
+  'JAX_COORDINATOR_ADDRESS',
+  'XLA_FLAGS',
+)
 
 
 def _cache_dir(tmp):
@@ -60,25 +78,43 @@ def _reserved_port():
 def _launch(tmp, run_dir, *, nodes, exit_at_step=0, script=None):
   """Runs the pretrain script (or `script`: [path, args...]) once per node (all at once);
   returns their combined output."""
-  env = {k: v for k, v in os.environ.items()
-         if k not in _LAUNCH_VARS and not k.startswith('SLURM_')}
+  env = {
+    k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith('SLURM_')
+  }
   env.update(
-      PYTHON=sys.executable, DLMJAX_ENV_FILE=str(tmp / 'env'), CKPT_DIR=str(tmp),
-      OUTPUT_DIR=str(run_dir), CONFIG='configs/tiny.py', NUM_NODES=str(nodes),
-      MASTER_ADDR='localhost', GPUS_PER_NODE='2',
-      PROCESSES_PER_NODE='2', JAX_PLATFORMS='cpu', JAX_NUM_CPU_DEVICES='2',
-      # A fraction of the compile time; all processes compile alike.
-      XLA_FLAGS='--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
+    PYTHON=sys.executable,
+    DLMJAX_ENV_FILE=str(tmp / 'env'),
+    CKPT_DIR=str(tmp),
+    OUTPUT_DIR=str(run_dir),
+    CONFIG='configs/tiny.py',
+    NUM_NODES=str(nodes),
+    MASTER_ADDR='localhost',
+    GPUS_PER_NODE='2',
+    PROCESSES_PER_NODE='2',
+    JAX_PLATFORMS='cpu',
+    JAX_NUM_CPU_DEVICES='2',
+    # A fraction of the compile time; all processes compile alike.
+    XLA_FLAGS='--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true',
+  )
   if script is None:
     args = [f'--config.{k}={v}' for k, v in OVERRIDES.items()]
-    args += [f'--config.data.cache_dir={_cache_dir(tmp)}',
-             f'--config.train.exit_at_step={exit_at_step}']
+    args += [
+      f'--config.data.cache_dir={_cache_dir(tmp)}',
+      f'--config.train.exit_at_step={exit_at_step}',
+    ]
     script = ['scripts/dlm_pretrain_1p7b.sh', *args]
   with _reserved_port() as port:
-    nodes = [subprocess.Popen(['bash', *script], cwd=ROOT,
-                              env=dict(env, NODE_RANK=str(rank), MASTER_PORT=str(port)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(nodes)]
+    nodes = [
+      subprocess.Popen(
+        ['bash', *script],
+        cwd=ROOT,
+        env=dict(env, NODE_RANK=str(rank), MASTER_PORT=str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+      )
+      for rank in range(nodes)
+    ]
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
   for node, output in zip(nodes, outputs):
     assert node.returncode == 0, output[-3000:]
@@ -126,18 +162,31 @@ def test_two_then_four_processes_match_one_process(tmp_path, monkeypatch):
   reference = _reference(tmp_path, monkeypatch)
   assert [r['step'] for r in reference] == [1, 2, 3, 4]
   for key in ('loss', 'masked_ce', 'grad_norm'):
-    np.testing.assert_allclose([r[key] for r in rows], [r[key] for r in reference], rtol=1e-5,
-                               err_msg=key)
+    np.testing.assert_allclose(
+      [r[key] for r in rows], [r[key] for r in reference], rtol=1e-5, err_msg=key
+    )
   assert rows[3]['loss'] < rows[0]['loss']
 
 
 # Stage rl from a random tiny model: 2 rollouts of 4 prompts x G=4, d1 with a frozen reference
 # kept in host memory between rollouts.
-RL_OVERRIDES = {'train.global_batch_size': 16, 'train.micro_batch_size': 8, 'train.steps': 4,
-                'train.warmup_steps': 0, 'rl.num_prompts': 16, 'rl.max_prompt_tokens': 32,
-                'sampler.gen_length': 16, 'sampler.steps': 2, 'sampler.block_length': 16,
-                'rl.group_size': 4, 'rl.inner_updates': 2, 'log.every': 1,
-                'rl.reference_on_host': True, 'checkpoint.every': 0, 'log.outputs': ''}
+RL_OVERRIDES = {
+  'train.global_batch_size': 16,
+  'train.micro_batch_size': 8,
+  'train.steps': 4,
+  'train.warmup_steps': 0,
+  'rl.num_prompts': 16,
+  'rl.max_prompt_tokens': 32,
+  'sampler.gen_length': 16,
+  'sampler.steps': 2,
+  'sampler.block_length': 16,
+  'rl.group_size': 4,
+  'rl.inner_updates': 2,
+  'log.every': 1,
+  'rl.reference_on_host': True,
+  'checkpoint.every': 0,
+  'log.outputs': '',
+}
 
 
 def test_rl_on_two_processes_matches_one_process(tmp_path, monkeypatch):
@@ -146,6 +195,7 @@ def test_rl_on_two_processes_matches_one_process(tmp_path, monkeypatch):
   from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
+
   init = str(tmp_path / 'init')
   source = tiny_test_config(**{'model.seq_len': 64, 'output_dir': init})
   source.data.cache_dir = _cache_dir(tmp_path)

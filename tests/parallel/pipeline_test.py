@@ -20,8 +20,10 @@ from tests.train import step_test
 
 def _toy_layers(params, x_BLD, side):
   """A stand-in stack whose layers differ and read a per-row side input."""
+
   def layer(x, w):
     return jnp.tanh(x @ w['w']) + 0.1 * side['positions_BL'][..., None] * w['b'][None, None], None
+
   return jax.lax.scan(layer, x_BLD, params)[0]
 
 
@@ -36,8 +38,10 @@ def _pipeline_mesh(stages_):
 def test_schedule_equals_the_plain_stack(stages_, repeats, micro):
   num_layers, dim = stages_ * repeats * 2, 8
   rng = np.random.default_rng(stages_ * 100 + repeats * 10 + micro)
-  params = dict(w=rng.normal(size=(num_layers, dim, dim)).astype(np.float32) / dim ** 0.5,
-                b=rng.normal(size=(num_layers, dim)).astype(np.float32))
+  params = dict(
+    w=rng.normal(size=(num_layers, dim, dim)).astype(np.float32) / dim**0.5,
+    b=rng.normal(size=(num_layers, dim)).astype(np.float32),
+  )
   axes = dict(w=(rules.LAYERS, None, None), b=(rules.LAYERS, None))
   x = rng.normal(size=(4 * micro, 3, dim)).astype(np.float32)
   side = dict(positions_BL=rng.integers(0, 9, size=(4 * micro, 3)).astype(np.float32))
@@ -45,8 +49,11 @@ def test_schedule_equals_the_plain_stack(stages_, repeats, micro):
   def loss(fn, p, x):
     return jnp.sum(jnp.sin(fn(p, x, side)))
 
-  piped = lambda p, x, side: pipeline.run(_toy_layers, p, axes, x, side, stages=stages_,  # noqa: E731
-                                          repeats=repeats, microbatches=micro)
+  def piped(p, x, side):
+    return pipeline.run(
+      _toy_layers, p, axes, x, side, stages=stages_, repeats=repeats, microbatches=micro
+    )
+
   want = jax.jit(jax.value_and_grad(lambda p, x: loss(_toy_layers, p, x), argnums=(0, 1)))
   with rules.activation_mesh(_pipeline_mesh(stages_)):
     got = jax.jit(jax.value_and_grad(lambda p, x: loss(piped, p, x), argnums=(0, 1)))(params, x)
@@ -60,25 +67,44 @@ def test_bubble_fraction_counts_idle_stage_iterations():
     iterations = repeats * micro + stages_ - 1
     busy = sum(0 <= t - s < repeats * micro for t in range(iterations) for s in range(stages_))
     assert pipeline.bubble_fraction(stages_, repeats, micro) == pytest.approx(
-        1 - busy / (iterations * stages_))
+      1 - busy / (iterations * stages_)
+    )
 
 
-@pytest.mark.parametrize('layers,batch,repeats,micro,message', [
-    (6, 8, 1, 2, 'layers do not split'), (8, 6, 1, 4, 'micro-batches'),
-    (8, 8, 2, 1, 'at least one micro-batch per stage')])
+@pytest.mark.parametrize(
+  'layers,batch,repeats,micro,message',
+  [
+    (6, 8, 1, 2, 'layers do not split'),
+    (8, 6, 1, 4, 'micro-batches'),
+    (8, 8, 2, 1, 'at least one micro-batch per stage'),
+  ],
+)
 def test_bad_schedules_are_refused(layers, batch, repeats, micro, message):
   with pytest.raises(ValueError, match=message):
     pipeline.check_schedule(layers, batch, stages=4, repeats=repeats, microbatches=micro)
 
 
-@pytest.mark.parametrize('overrides,message', [
+@pytest.mark.parametrize(
+  'overrides,message',
+  [
     ({'mesh.pipeline': 4, 'model.num_layers': 6}, 'num_layers=6 is not divisible'),
     ({'mesh.pipeline': 2, 'mesh.pipeline_repeats': 2}, 'num_layers=2 is not divisible'),
-    ({'mesh.pipeline': 2, 'mesh.pipeline_repeats': 2, 'model.num_layers': 4,
-      'mesh.pipeline_microbatches': 1}, 'pipeline_microbatches >= mesh.pipeline'),
-    ({'mesh.pipeline': 2, 'mesh.fsdp': 4, 'mesh.pipeline_microbatches': 4},
-     'micro_batch_size=8 does not split into 4'),
-    ({'mesh.pipeline_repeats': 0}, 'pipeline_repeats=0 must be >= 1')])
+    (
+      {
+        'mesh.pipeline': 2,
+        'mesh.pipeline_repeats': 2,
+        'model.num_layers': 4,
+        'mesh.pipeline_microbatches': 1,
+      },
+      'pipeline_microbatches >= mesh.pipeline',
+    ),
+    (
+      {'mesh.pipeline': 2, 'mesh.fsdp': 4, 'mesh.pipeline_microbatches': 4},
+      'micro_batch_size=8 does not split into 4',
+    ),
+    ({'mesh.pipeline_repeats': 0}, 'pipeline_repeats=0 must be >= 1'),
+  ],
+)
 def test_config_validation_names_the_fix(overrides, message):
   config = tiny_test_config(**{'mesh.fsdp': -1, **overrides})
   with pytest.raises(config_lib.ConfigError, match=message):
@@ -88,7 +114,7 @@ def test_config_validation_names_the_fix(overrides, message):
 def objective_and_grads(config):
   """Loss and gradients of the pretraining objective on the config's mesh and schedule (with
   documents when data.packing, truncated rows when diffusion.varlen_prob = 1)."""
-  devices = jax.devices()[:config_lib.mesh_size(config)]
+  devices = jax.devices()[: config_lib.mesh_size(config)]
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, devices))
   params = setup.init_state(config.seed)['params']
   rng = np.random.default_rng(0)
@@ -100,10 +126,17 @@ def objective_and_grads(config):
   loss_fn = stages.build(config).loss
 
   def objective(p):
-    return loss_fn(model_lib.merge(setup.model_config, p), tokens.astype(np.int32), step=3,
-                   micro_index=1, example_ids_B=np.arange(8), seed=config.seed,
-                   mask_id=config.model.mask_token_id,
-                   varlen_prob=config.diffusion.varlen_prob, **fields)[0]
+    return loss_fn(
+      model_lib.merge(setup.model_config, p),
+      tokens.astype(np.int32),
+      step=3,
+      micro_index=1,
+      example_ids_B=np.arange(8),
+      seed=config.seed,
+      mask_id=config.model.mask_token_id,
+      varlen_prob=config.diffusion.varlen_prob,
+      **fields,
+    )[0]
 
   with rules.activation_mesh(setup.mesh):
     loss, grads = jax.jit(jax.value_and_grad(objective))(params)
@@ -122,24 +155,44 @@ def test_model_objective_matches_one_device():
   8 layers as 4 stages x 2 circular repeats (layer l on stage l % 4) over 4 micro-batches, and
   on 2 GPipe stages whose sequence is split 4 ways (context parallelism inside the stages).
   One test, so both layouts share the single-device reference compile."""
-  config = tiny_test_config(**{'model.num_layers': 8, 'model.num_kv_heads': 4,
-                               'data.packing': True, 'diffusion.varlen_prob': 1.0,
-                               'mesh.fsdp': 1})
+  config = tiny_test_config(
+    **{
+      'model.num_layers': 8,
+      'model.num_kv_heads': 4,
+      'data.packing': True,
+      'diffusion.varlen_prob': 1.0,
+      'mesh.fsdp': 1,
+    }
+  )
   want = objective_and_grads(config)
-  for layout in (dict(pipeline=4, pipeline_repeats=2, pipeline_microbatches=4),
-                 dict(pipeline=2, context=4)):
-    assert_same(objective_and_grads(tiny_test_config(**{
-        'model.num_layers': 8, 'model.num_kv_heads': 4, 'data.packing': True,
-        'diffusion.varlen_prob': 1.0, 'mesh.fsdp': 1,
-        **{f'mesh.{k}': v for k, v in layout.items()}})), want)
+  for layout in (
+    dict(pipeline=4, pipeline_repeats=2, pipeline_microbatches=4),
+    dict(pipeline=2, context=4),
+  ):
+    assert_same(
+      objective_and_grads(
+        tiny_test_config(
+          **{
+            'model.num_layers': 8,
+            'model.num_kv_heads': 4,
+            'data.packing': True,
+            'diffusion.varlen_prob': 1.0,
+            'mesh.fsdp': 1,
+            **{f'mesh.{k}': v for k, v in layout.items()},
+          }
+        )
+      ),
+      want,
+    )
 
 
 @pytest.mark.slow  # ~25 s on 2 cores: two step compiles
 def test_train_step_with_pipeline_fsdp_tensor_gives_the_single_device_losses():
   """The shared step on pipeline 2 x fsdp 2 x tensor 2 gives the losses of one device (run here,
   as tests/train/step_test.py runs it: not pinned numbers, which move with XLA)."""
-  config = tiny_test_config(**{'diffusion.varlen_prob': 0.3, 'mesh.pipeline': 2, 'mesh.fsdp': 2,
-                               'mesh.tensor': 2})
+  config = tiny_test_config(
+    **{'diffusion.varlen_prob': 0.3, 'mesh.pipeline': 2, 'mesh.fsdp': 2, 'mesh.tensor': 2}
+  )
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
   assert setup.model_config.pipeline_stages == 2
   state = setup.init_state(config.seed)
@@ -148,11 +201,13 @@ def test_train_step_with_pipeline_fsdp_tensor_gives_the_single_device_losses():
   losses = []
   for _ in range(2):
     tokens = rng.integers(4, config.model.vocab_size, size=(16, config.model.seq_len + 1))
-    state, metrics = step_fn(state, {'tokens': jax.device_put(tokens.astype(np.int32),
-                                                              step_fn.batch_sharding)})
+    state, metrics = step_fn(
+      state, {'tokens': jax.device_put(tokens.astype(np.int32), step_fn.batch_sharding)}
+    )
     losses.append(float(metrics['loss']))
   single, _ = step_test.run_steps(
-      tiny_test_config(**{'diffusion.varlen_prob': 0.3, 'mesh.fsdp': 1}), num_steps=2)
+    tiny_test_config(**{'diffusion.varlen_prob': 0.3, 'mesh.fsdp': 1}), num_steps=2
+  )
   np.testing.assert_allclose(losses, single, rtol=1e-5)
   # The layer stack really is split: each pipeline device holds one layer.
   q_proj = state['params']['blocks']['attn']['q_proj']
@@ -161,8 +216,15 @@ def test_train_step_with_pipeline_fsdp_tensor_gives_the_single_device_losses():
 
 def test_summary_reports_the_bubble_fraction():
   from dlmjax import summary  # pylint: disable=import-outside-toplevel
-  config = tiny_test_config(**{'model.num_layers': 8, 'mesh.pipeline': 4,
-                               'mesh.pipeline_repeats': 2, 'mesh.pipeline_microbatches': 4})
+
+  config = tiny_test_config(
+    **{
+      'model.num_layers': 8,
+      'mesh.pipeline': 4,
+      'mesh.pipeline_repeats': 2,
+      'mesh.pipeline_microbatches': 4,
+    }
+  )
   # (S - 1) / (R M + S - 1) = 3 / 11 with fsdp filling the other 2 devices.
   assert 'bubble fraction 0.273' in summary.summarize(config, 8)
   assert 'pipeline: off' in summary.summarize(tiny_test_config(), 8)

@@ -25,36 +25,57 @@ PROMPT, GEN = 6, 16
 @pytest.mark.parametrize('objective', ['d1', 'spg'])
 def test_one_step_moves_logprobs_toward_positive_advantages(objective):
   # 4 groups of 2 over 2 micro-batches (strided rows): a row/advantage mix-up would show.
-  c = tiny_test_config(**{'rl.objective': objective, 'stage': 'rl', 'model.seq_len': 24,
-                          'train.global_batch_size': 8, 'train.micro_batch_size': 4,
-                          'train.schedule': 'constant',
-                          'train.warmup_steps': 0, 'train.lr': 1e-3, 'train.weight_decay': 0.0,
-                          'rl.group_size': 2, 'rl.max_prompt_tokens': PROMPT,
-                          'sampler.gen_length': GEN, 'sampler.block_length': GEN,
-                          'sampler.steps': 4,
-                          'rl.kl_beta': 0.0,
-                          'init_from': 'unused: the params are made here'})
+  c = tiny_test_config(
+    **{
+      'rl.objective': objective,
+      'stage': 'rl',
+      'model.seq_len': 24,
+      'train.global_batch_size': 8,
+      'train.micro_batch_size': 4,
+      'train.schedule': 'constant',
+      'train.warmup_steps': 0,
+      'train.lr': 1e-3,
+      'train.weight_decay': 0.0,
+      'rl.group_size': 2,
+      'rl.max_prompt_tokens': PROMPT,
+      'sampler.gen_length': GEN,
+      'sampler.block_length': GEN,
+      'sampler.steps': 4,
+      'rl.kl_beta': 0.0,
+      'init_from': 'unused: the params are made here',
+    }
+  )
   setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c, jax.devices()[:1]))
   state = setup.init_state(0)
   rng = np.random.default_rng(0)
   rows, width = 8, c.model.seq_len
   tokens = rng.integers(4, c.model.vocab_size, size=(rows, width)).astype(np.int32)
   tokens[1::2, :PROMPT] = tokens[0::2, :PROMPT]  # the two rows of a group share the prompt
-  tokens[:, PROMPT + GEN:] = c.model.pad_token_id
+  tokens[:, PROMPT + GEN :] = c.model.pad_token_id
   prompt_lengths = np.full(rows, PROMPT, np.int32)
   lengths = np.full(rows, PROMPT + GEN, np.int32)
   seeds = np.arange(rows, dtype=np.int32)
   advantages = np.array([1, -1, -1, 1, 1, -1, -1, 1], np.float32) * 0.5
   completion = np.zeros((rows, width), np.float32)
-  completion[:, PROMPT:PROMPT + GEN] = 1.0
+  completion[:, PROMPT : PROMPT + GEN] = 1.0
   score = rollout.make_score_fn(c, setup.model_config)
 
   @jax.jit
   def spg_bound(params):  # the bound each row's SPG term uses: ELBO if A > 0, else the mixture
     elbo, eubo = estimators.spg_sequence_bounds(
-        model_lib.merge(setup.model_config, params), tokens, prompt_lengths, lengths, completion,
-        seeds, seed=c.seed, mask_id=c.model.mask_token_id, num_samples=c.rl.elbo_samples,
-        block_length=GEN, p_mask_prompt=c.rl.p_mask_prompt, eubo_beta=c.rl.spg_eubo_beta)
+      model_lib.merge(setup.model_config, params),
+      tokens,
+      prompt_lengths,
+      lengths,
+      completion,
+      seeds,
+      seed=c.seed,
+      mask_id=c.model.mask_token_id,
+      num_samples=c.rl.elbo_samples,
+      block_length=GEN,
+      p_mask_prompt=c.rl.p_mask_prompt,
+      eubo_beta=c.rl.spg_eubo_beta,
+    )
     w = c.rl.spg_mix_weight
     return jnp.where(advantages > 0, elbo, w * eubo + (1 - w) * elbo)
 
@@ -65,14 +86,27 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
     return (logp * completion).sum(1) / completion.sum(1)
 
   before = estimate(state['params'])
-  old = (np.asarray(score(state['params'], tokens, prompt_lengths, lengths, seeds))
-         if objective == 'd1' else np.zeros(rows, np.float32))
-  batch = dict(tokens=tokens, prompt_lengths=prompt_lengths, lengths=lengths, mask_seeds=seeds,
-               advantages=advantages, old=old, ref=old, completion_mask=completion,
-               weight=rollout.loss_weights(completion, objective, 'token'), rewards=advantages)
+  old = (
+    np.asarray(score(state['params'], tokens, prompt_lengths, lengths, seeds))
+    if objective == 'd1'
+    else np.zeros(rows, np.float32)
+  )
+  batch = dict(
+    tokens=tokens,
+    prompt_lengths=prompt_lengths,
+    lengths=lengths,
+    mask_seeds=seeds,
+    advantages=advantages,
+    old=old,
+    ref=old,
+    completion_mask=completion,
+    weight=rollout.loss_weights(completion, objective, 'token'),
+    rewards=advantages,
+  )
   step_fn = step_lib.CompiledStep(setup, stages.build(c))
-  state, metrics = step_fn(state, {k: jax.device_put(v, step_fn.batch_sharding)
-                                   for k, v in batch.items()})
+  state, metrics = step_fn(
+    state, {k: jax.device_put(v, step_fn.batch_sharding) for k, v in batch.items()}
+  )
   assert float(metrics['clip_fraction']) == 0.0  # ratio 1 at the first update
   change = estimate(state['params']) - before
   # Each group's A>0 row gains log-probability on its A<0 row.

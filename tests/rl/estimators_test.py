@@ -19,19 +19,51 @@ class _Jitted:
 
   def __init__(self):
     self.params = jax.jit(lambda key: model_lib.init_params(_CFG, key))(jax.random.key(0))
-    self._d1 = jax.jit(lambda params, tokens, prompt_lengths, lengths, seeds, p: (
-        estimators.d1_token_logprobs(model_lib.merge(_CFG, params), tokens, prompt_lengths,
-                                     lengths, seeds, seed=0, mask_id=3, p_mask_prompt=p)))
-    self._elbo = jax.jit(lambda params, tokens, prompt_lengths, lengths, seeds: (
-        estimators.sequence_elbo(model_lib.merge(_CFG, params), tokens, prompt_lengths, lengths,
-                                 seeds, seed=0, mask_id=3, num_samples=2)))
-    self._spg = jax.jit(lambda params, tokens, prompt_lengths, lengths, completion, seeds: (
-        estimators.spg_sequence_bounds(model_lib.merge(_CFG, params), tokens, prompt_lengths,
-                                       lengths, completion, seeds, seed=0, mask_id=3,
-                                       num_samples=3, block_length=4, p_mask_prompt=0.0,
-                                       eubo_beta=1.5)))
-    self._forward = jax.jit(lambda params, tokens, lengths: model_lib.merge(_CFG, params)(
-        tokens, valid_length_B=lengths))
+    self._d1 = jax.jit(
+      lambda params, tokens, prompt_lengths, lengths, seeds, p: estimators.d1_token_logprobs(
+        model_lib.merge(_CFG, params),
+        tokens,
+        prompt_lengths,
+        lengths,
+        seeds,
+        seed=0,
+        mask_id=3,
+        p_mask_prompt=p,
+      )
+    )
+    self._elbo = jax.jit(
+      lambda params, tokens, prompt_lengths, lengths, seeds: estimators.sequence_elbo(
+        model_lib.merge(_CFG, params),
+        tokens,
+        prompt_lengths,
+        lengths,
+        seeds,
+        seed=0,
+        mask_id=3,
+        num_samples=2,
+      )
+    )
+    self._spg = jax.jit(
+      lambda params, tokens, prompt_lengths, lengths, completion, seeds: (
+        estimators.spg_sequence_bounds(
+          model_lib.merge(_CFG, params),
+          tokens,
+          prompt_lengths,
+          lengths,
+          completion,
+          seeds,
+          seed=0,
+          mask_id=3,
+          num_samples=3,
+          block_length=4,
+          p_mask_prompt=0.0,
+          eubo_beta=1.5,
+        )
+      )
+    )
+    self._forward = jax.jit(
+      lambda params, tokens, lengths: model_lib.merge(_CFG, params)(tokens, valid_length_B=lengths)
+    )
 
   def d1(self, *args, p_mask_prompt):
     return np.asarray(self._d1(self.params, *args, jnp.float32(p_mask_prompt)))
@@ -56,8 +88,11 @@ def _reference(module, tokens, prompt_len, length, mask_id):
   noisy = np.array(tokens)
   noisy[prompt_len:length] = mask_id
   logits = np.asarray(module(jnp.asarray(noisy[None]), valid_length_B=jnp.array([length])))[0]
-  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-      - logits.max(-1, keepdims=True)
+  logp = (
+    logits
+    - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    - logits.max(-1, keepdims=True)
+  )
   out = np.zeros(len(tokens))
   out[prompt_len:length] = logp[np.arange(prompt_len, length), tokens[prompt_len:length]]
   return out
@@ -67,11 +102,17 @@ def test_d1_logprobs_match_a_direct_forward(module):
   rng = np.random.default_rng(0)
   tokens = rng.integers(4, 100, (2, 12)).astype(np.int32)
   prompt_lengths, lengths = np.array([3, 5]), np.array([10, 12])
-  logp = module.d1(jnp.asarray(tokens), jnp.asarray(prompt_lengths), jnp.asarray(lengths),
-                   jnp.array([7, 8]), p_mask_prompt=0.0)
+  logp = module.d1(
+    jnp.asarray(tokens),
+    jnp.asarray(prompt_lengths),
+    jnp.asarray(lengths),
+    jnp.array([7, 8]),
+    p_mask_prompt=0.0,
+  )
   for b in range(2):
-    np.testing.assert_allclose(logp[b], _reference(module, tokens[b], prompt_lengths[b],
-                                                   lengths[b], 3), rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(
+      logp[b], _reference(module, tokens[b], prompt_lengths[b], lengths[b], 3), rtol=2e-4, atol=2e-4
+    )
 
 
 def test_prompt_masking_is_seeded_and_changes_the_estimate(module):
@@ -85,8 +126,12 @@ def test_prompt_masking_is_seeded_and_changes_the_estimate(module):
   full = module.d1(*args, jnp.arange(2), p_mask_prompt=1.0)
   masked_prompt = np.array(tokens)
   masked_prompt[:, :6] = 3  # p = 1: the whole prompt is masked
-  np.testing.assert_allclose(full, module.d1(jnp.asarray(masked_prompt), *args[1:], jnp.arange(2),
-                                             p_mask_prompt=0.0), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    full,
+    module.d1(jnp.asarray(masked_prompt), *args[1:], jnp.arange(2), p_mask_prompt=0.0),
+    rtol=1e-5,
+    atol=1e-5,
+  )
 
 
 def test_sequence_elbo_uses_shared_masks(module):
@@ -99,8 +144,11 @@ def test_sequence_elbo_uses_shared_masks(module):
 
 
 def _masks(key, prompt_len, completion_len, width=16, block=4, p=0.0):
-  return np.asarray(estimators.spg_block_masks(key, prompt_len, completion_len, width,
-                                               block_length=block, p_mask_prompt=p))
+  return np.asarray(
+    estimators.spg_block_masks(
+      key, prompt_len, completion_len, width, block_length=block, p_mask_prompt=p
+    )
+  )
 
 
 def test_spg_block_masks_follow_the_block_rule():
@@ -109,14 +157,14 @@ def test_spg_block_masks_follow_the_block_rule():
   for i in range(200):
     masked = _masks(jax.random.key(i), prompt_len, completion_len, width, block)
     assert not masked[:prompt_len].any()  # p_mask_prompt = 0
-    assert masked[prompt_len + completion_len:].all()  # after the completion: always masked
-    canvas = masked[prompt_len:prompt_len + completion_len]
+    assert masked[prompt_len + completion_len :].all()  # after the completion: always masked
+    canvas = masked[prompt_len : prompt_len + completion_len]
     first = int(np.argmax(canvas))  # the drawn block holds the first masked token
     b = first // block
     seen_blocks.add(b)
-    in_block = canvas[b * block:min((b + 1) * block, completion_len)]
+    in_block = canvas[b * block : min((b + 1) * block, completion_len)]
     assert 1 <= in_block.sum() <= len(in_block)
-    assert not canvas[:b * block].any() and canvas[(b + 1) * block:].all()
+    assert not canvas[: b * block].any() and canvas[(b + 1) * block :].all()
   assert seen_blocks == {0, 1, 2}
   prompt_masked = np.mean([_masks(jax.random.key(i), 8, 4, p=0.5)[:8].mean() for i in range(200)])
   assert 0.4 < prompt_masked < 0.6

@@ -23,7 +23,8 @@ def test_d1_token_loss_matches_numpy():
   loss, kl, clipped = objectives.d1_token_loss(logp, old, ref, adv, eps=0.2, beta=0.04)
   weight = rollout.loss_weights(mask, 'd1', 'token')
   assert float((np.asarray(loss) * weight).sum()) == pytest.approx(
-      _np_d1(logp, old, ref, adv, mask, 0.2, 0.04), rel=1e-5)
+    _np_d1(logp, old, ref, adv, mask, 0.2, 0.04), rel=1e-5
+  )
   ratio = np.exp(logp - old)
   expect_clipped = ((ratio < 0.8) & (adv[:, None] < 0)) | ((ratio > 1.2) & (adv[:, None] > 0))
   np.testing.assert_array_equal(np.asarray(clipped), expect_clipped)
@@ -31,8 +32,9 @@ def test_d1_token_loss_matches_numpy():
   # Sequence normalisation (GRPO): mean over each row's tokens, then over rows.
   per_token = np.asarray(loss)
   expected = np.mean([(per_token[b] * mask[b]).sum() / mask[b].sum() for b in range(6)])
-  assert float((per_token * rollout.loss_weights(mask, 'd1', 'sequence')).sum()) == \
-      pytest.approx(expected, rel=1e-5)
+  assert float((per_token * rollout.loss_weights(mask, 'd1', 'sequence')).sum()) == pytest.approx(
+    expected, rel=1e-5
+  )
 
 
 def test_espo_sequence_loss_matches_numpy():
@@ -42,10 +44,11 @@ def test_espo_sequence_loss_matches_numpy():
   length = rng.integers(5, 20, 5).astype(np.float32)
   loss, kl, _ = objectives.espo_sequence_loss(elbo, old, ref, adv, length, eps=0.2, beta=0.1)
   ratio = np.exp((elbo - old) / length)
-  expected = (-np.minimum(ratio * adv, np.clip(ratio, 0.8, 1.2) * adv)
-              + 0.1 * 0.5 * (elbo - ref)**2)
+  expected = (
+    -np.minimum(ratio * adv, np.clip(ratio, 0.8, 1.2) * adv) + 0.1 * 0.5 * (elbo - ref) ** 2
+  )
   np.testing.assert_allclose(loss, expected, rtol=1e-5)
-  np.testing.assert_allclose(kl, 0.5 * (elbo - ref)**2, rtol=1e-5)
+  np.testing.assert_allclose(kl, 0.5 * (elbo - ref) ** 2, rtol=1e-5)
 
 
 def test_spg_sequence_loss_matches_numpy():
@@ -59,20 +62,23 @@ def test_spg_sequence_loss_matches_numpy():
 
 def test_ratio_one_gives_the_policy_gradient_sign():
   zero = np.zeros((2, 3), np.float32)
-  loss, _, clipped = objectives.d1_token_loss(zero, zero, zero, np.array([1.0, -2.0], np.float32),
-                                              eps=0.5, beta=0.3)
+  loss, _, clipped = objectives.d1_token_loss(
+    zero, zero, zero, np.array([1.0, -2.0], np.float32), eps=0.5, beta=0.3
+  )
   np.testing.assert_allclose(loss, [[-1.0] * 3, [2.0] * 3])
   assert not np.asarray(clipped).any()
 
 
 def test_group_advantages():
   rewards = np.array([1.0, 0.0, 0.5, 0.5, 2.0, 2.0, 0.0, 4.0])
-  np.testing.assert_allclose(advantages.group_advantages(rewards, 4),
-                             [0.5, -0.5, 0.0, 0.0, 0.0, 0.0, -2.0, 2.0])
+  np.testing.assert_allclose(
+    advantages.group_advantages(rewards, 4), [0.5, -0.5, 0.0, 0.0, 0.0, 0.0, -2.0, 2.0]
+  )
   groups = rewards.reshape(2, 4)
   expected = (groups - groups.mean(1, keepdims=True)) / (groups.std(1, keepdims=True) + 1e-4)
-  np.testing.assert_allclose(advantages.group_advantages(rewards, 4, 'std'), expected.reshape(-1),
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    advantages.group_advantages(rewards, 4, 'std'), expected.reshape(-1), rtol=1e-5
+  )
   with pytest.raises(ValueError, match='at least|two'):
     advantages.group_advantages(rewards, 1)
   with pytest.raises(ValueError, match='groups of 3'):
@@ -81,8 +87,10 @@ def test_group_advantages():
 
 def test_dropped_negative_advantages_keep_only_above_average_rows():
   rewards = np.array([1.0, 0.0, 0.5, 0.5, 2.0, 2.0, 0.0, 4.0])
-  np.testing.assert_allclose(advantages.group_advantages(rewards, 4, negatives='drop'),
-                             [0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0])
+  np.testing.assert_allclose(
+    advantages.group_advantages(rewards, 4, negatives='drop'),
+    [0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0],
+  )
   scaled = advantages.group_advantages(rewards, 4, 'std', negatives='drop')
   np.testing.assert_allclose(scaled, np.maximum(advantages.group_advantages(rewards, 4, 'std'), 0))
   with pytest.raises(ValueError, match='keep.*drop'):
@@ -102,10 +110,13 @@ def test_score_counts_failing_reward_functions():
 
 def test_to_right_padded_layout():
   pad, eos = 0, 2
-  out = np.array([[0, 0, 5, 6, 7, 2, 9, 9],    # prompt [5, 6], completion [7, EOS] then junk
-                  [4, 5, 6, 7, 8, 9, 9, 9]])   # prompt [4, 5, 6, 7], no EOS
-  tokens, mask, lengths = rollout.to_right_padded(out, np.array([2, 4]), 4, eos_id=eos,
-                                                  pad_id=pad)
+  out = np.array(
+    [
+      [0, 0, 5, 6, 7, 2, 9, 9],  # prompt [5, 6], completion [7, EOS] then junk
+      [4, 5, 6, 7, 8, 9, 9, 9],
+    ]
+  )  # prompt [4, 5, 6, 7], no EOS
+  tokens, mask, lengths = rollout.to_right_padded(out, np.array([2, 4]), 4, eos_id=eos, pad_id=pad)
   np.testing.assert_array_equal(tokens, [[5, 6, 7, 2, 2, 2, 0, 0], [4, 5, 6, 7, 8, 9, 9, 9]])
   np.testing.assert_array_equal(mask, [[0, 0, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1, 1]])
   np.testing.assert_array_equal(lengths, [6, 8])

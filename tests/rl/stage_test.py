@@ -16,14 +16,28 @@ from tests.conftest import tiny_test_config
 
 
 def _rl_config(tmp_path, init_dir, **overrides):
-  c = tiny_test_config(**{'model.seq_len': 64, 'train.global_batch_size': 16,
-                          'train.micro_batch_size': 8, 'train.schedule': 'constant',
-                          'train.warmup_steps': 0, 'train.steps': 2, 'stage': 'rl',
-                          'init_from': init_dir, 'output_dir': str(tmp_path / 'rl'),
-                          'rl.num_prompts': 16, 'rl.max_prompt_tokens': 32,
-                          'sampler.gen_length': 16, 'sampler.steps': 2,
-                          'sampler.block_length': 16, 'rl.group_size': 4,
-                          'rl.inner_updates': 2, 'log.outputs': '', **overrides})
+  c = tiny_test_config(
+    **{
+      'model.seq_len': 64,
+      'train.global_batch_size': 16,
+      'train.micro_batch_size': 8,
+      'train.schedule': 'constant',
+      'train.warmup_steps': 0,
+      'train.steps': 2,
+      'stage': 'rl',
+      'init_from': init_dir,
+      'output_dir': str(tmp_path / 'rl'),
+      'rl.num_prompts': 16,
+      'rl.max_prompt_tokens': 32,
+      'sampler.gen_length': 16,
+      'sampler.steps': 2,
+      'sampler.block_length': 16,
+      'rl.group_size': 4,
+      'rl.inner_updates': 2,
+      'log.outputs': '',
+      **overrides,
+    }
+  )
   return c
 
 
@@ -43,9 +57,11 @@ def init_dir(tmp_path_factory):
 def test_rl_runs_and_logs(tmp_path, init_dir, objective):
   # ESPO also holds its reference in host memory, in bfloat16; SPG has no reference (no KL).
   # d1 also evaluates held-out reward (eval.every) at steps 1 and 2, on 16 test problems.
-  extra = {'d1': {'eval.every': 1, 'eval.batches': 1},
-           'espo': {'rl.reference_on_host': True, 'rl.reference_dtype': 'bfloat16'},
-           'spg': {'rl.kl_beta': 0.0}}[objective]
+  extra = {
+    'd1': {'eval.every': 1, 'eval.batches': 1},
+    'espo': {'rl.reference_on_host': True, 'rl.reference_dtype': 'bfloat16'},
+    'spg': {'rl.kl_beta': 0.0},
+  }[objective]
   c = _rl_config(tmp_path, init_dir, **{'rl.objective': objective, **extra})
   last = loop.train(c)
   assert last['step'] == 2
@@ -76,6 +92,7 @@ def _check_held_out_against_inference(c, row):
   from dlmjax import inference  # pylint: disable=import-outside-toplevel
   from dlmjax.rl import advantages  # pylint: disable=import-outside-toplevel
   from dlmjax.rl import evaluation as rl_evaluation  # pylint: disable=import-outside-toplevel
+
   setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c))
   prompts = rl_stage.make_prompts(c)
   held_out = rl_evaluation.HeldOutReward(c, setup, prompts)
@@ -83,8 +100,13 @@ def _check_held_out_against_inference(c, row):
   examples, texts = held_out.completions(on_mesh.params, 16, config_lib.EVAL_SEED)
   prompt_ids = prompts.encode('test', 16, config_lib.EVAL_SEED).token_ids
   rows = inference.load_pretrained(c.output_dir).generate_tokens(
-      prompt_ids, batch_size=4, gen_length=c.sampler.gen_length, steps=c.sampler.steps,
-      block_length=c.sampler.block_length, temperature=0.0)
+    prompt_ids,
+    batch_size=4,
+    gen_length=c.sampler.gen_length,
+    steps=c.sampler.steps,
+    block_length=c.sampler.block_length,
+    temperature=0.0,
+  )
   assert texts == [prompts.tokenizer.decode(r) for r in rows]
   # The comparison is not vacuous: the problems differ (whatever the tiny model decodes them to).
   assert len({tuple(p) for p in prompt_ids}) > 1
@@ -94,7 +116,9 @@ def _check_held_out_against_inference(c, row):
   assert row['val_accuracy'] == pytest.approx(float(sum(correct)) / len(correct))
 
 
-@pytest.mark.parametrize('overrides, match', [
+@pytest.mark.parametrize(
+  'overrides, match',
+  [
     ({'rl.group_size': 1}, 'at least 2'),
     ({'rl.group_size': 3}, 'does not divide'),  # 16 rows
     ({'rl.num_prompts': 0}, 'must be >= 1'),
@@ -103,7 +127,8 @@ def _check_held_out_against_inference(c, row):
     ({'init_from': ''}, 'init_from'),
     ({'rl.objective': 'spg'}, 'no KL term'),  # kl_beta 0.04 by default
     ({'rl.objective': 'spg', 'rl.kl_beta': 0.0, 'rl.spg_eubo_beta': 0.5}, 'spg_eubo_beta'),
-])
+  ],
+)
 def test_bad_rl_configs_name_the_fix(tmp_path, overrides, match):
   c = _rl_config(tmp_path, 'unused', **overrides)
   with pytest.raises(config_lib.ConfigError, match=match):
@@ -129,4 +154,3 @@ def test_valid_split_is_train_problems_outside_the_rl_prompts(tmp_path, init_dir
   assert not test & {e.answer for e in examples}  # the split is by answer: no test answer
   with pytest.raises(ValueError, match='held-out split'):
     prompts.held_out('dev', 4, 0)
-

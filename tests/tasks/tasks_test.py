@@ -7,9 +7,17 @@ import pytest
 from dlmjax import tasks
 from dlmjax.tasks import countdown, gsm8k, sudoku
 
-GARBAGE = ['', '<answer>', '</answer><answer>', '<answer>' + '9' * 5000 + '</answer>',
-           '<answer>2**99999999</answer>', '<answer>1/0</answer>', '<answer>__import__</answer>',
-           '\x00\uffff<answer>((((</answer>', 'x' * 10000]
+GARBAGE = [
+  '',
+  '<answer>',
+  '</answer><answer>',
+  '<answer>' + '9' * 5000 + '</answer>',
+  '<answer>2**99999999</answer>',
+  '<answer>1/0</answer>',
+  '<answer>__import__</answer>',
+  '\x00\uffff<answer>((((</answer>',
+  'x' * 10000,
+]
 
 
 @pytest.mark.parametrize('name', sorted(tasks.TASKS))
@@ -46,7 +54,9 @@ def test_unknown_task():
     tasks.get_task('chess')
 
 
-@pytest.mark.parametrize('completion, expected', [
+@pytest.mark.parametrize(
+  'completion, expected',
+  [
     ('<answer>(16-13)*6</answer>', 1.0),
     ('think <answer>16</answer> then <answer>6*(16-13)</answer>', 1.0),  # the last one counts
     ('<answer>16-13*6</answer>', 0.1),  # right numbers, wrong value
@@ -56,10 +66,12 @@ def test_unknown_task():
     ('<answer>6/(16-16)*13</answer>', 0.1),
     ('(16-13)*6', 0.0),  # no answer tags
     ('<answer>(16-13)*6', 0.0),
-])
+  ],
+)
 def test_countdown_reward_matches_d1(completion, expected):
-  example = tasks.Example(prompt=countdown.Countdown.prompt([16, 6, 13], 18), response='',
-                          answer='18')
+  example = tasks.Example(
+    prompt=countdown.Countdown.prompt([16, 6, 13], 18), response='', answer='18'
+  )
   assert tasks.TASKS['countdown3'].reward(example, completion) == expected
 
 
@@ -77,9 +89,9 @@ def test_sudoku_grids_and_reward():
   grids = sudoku.all_grids()
   assert len(grids) == len(set(grids)) == 288
   for g in grids:  # rows, columns and 2x2 boxes each hold 1..4
-    rows = [g[4 * r:4 * r + 4] for r in range(4)]
+    rows = [g[4 * r : 4 * r + 4] for r in range(4)]
     units = rows + [''.join(r[c] for r in rows) for c in range(4)]
-    units += [rows[br][bc:bc + 2] + rows[br + 1][bc:bc + 2] for br in (0, 2) for bc in (0, 2)]
+    units += [rows[br][bc : bc + 2] + rows[br + 1][bc : bc + 2] for br in (0, 2) for bc in (0, 2)]
     assert all(sorted(u) == list('1234') for u in units)
   solution = '1243341243212134'
   puzzle = '0203340003212104'  # blanks at 0, 2, 6, 7, 8, 14
@@ -91,8 +103,9 @@ def test_sudoku_grids_and_reward():
   assert sudoku.compute_score('<answer></answer>', puzzle, solution) == 0.0
   assert sudoku.compute_score(solution, puzzle, solution) == 0.0  # no tags
   example = tasks.TASKS['sudoku4'].examples('train', 1, seed=0)[0]
-  assert len(sudoku.solutions(''.join(ch for ch in example.prompt.split(':')[1]
-                                      if ch.isdigit()))) == 1
+  assert (
+    len(sudoku.solutions(''.join(ch for ch in example.prompt.split(':')[1] if ch.isdigit()))) == 1
+  )
 
 
 def test_gsm8k_rewards_by_hand():

@@ -18,10 +18,18 @@ from tests.conftest import tiny_test_config
 
 
 def _config(output_dir):
-  c = tiny_test_config(**{'train.steps': 4, 'eval.every': 2, 'eval.batches': 1,
-                          'model.num_layers': 1, 'train.warmup_steps': 1,
-                          'train.wsd_decay_steps': 1,
-                          'checkpoint.every': 0, 'log.outputs': ''})
+  c = tiny_test_config(
+    **{
+      'train.steps': 4,
+      'eval.every': 2,
+      'eval.batches': 1,
+      'model.num_layers': 1,
+      'train.warmup_steps': 1,
+      'train.wsd_decay_steps': 1,
+      'checkpoint.every': 0,
+      'log.outputs': '',
+    }
+  )
   c.output_dir = str(output_dir)
   if os.environ.get('DLMJAX_CACHE_DIR'):
     c.data.cache_dir = os.environ['DLMJAX_CACHE_DIR']
@@ -38,7 +46,8 @@ def run(tmp_path_factory):
   def capture(config):
     stage = pretrain(config)
     return dataclasses.replace(
-        stage, evaluator=lambda setup: made.append(stage.evaluator(setup)) or made[-1])
+      stage, evaluator=lambda setup: made.append(stage.evaluator(setup)) or made[-1]
+    )
 
   with pytest.MonkeyPatch.context() as patch:
     patch.setitem(stages.BUILDERS, 'pretrain', capture)
@@ -62,7 +71,8 @@ def test_validation_loss_is_fixed_and_equals_a_hand_written_loss(run):
   config, rows, evaluator = run
   _, step_dir, _ = checkpoint_lib.resolve_step_dir(config.output_dir)
   params = checkpoint_lib.restore_params(
-      step_dir, *model_lib.param_placement(config, evaluator.setup.mesh))
+    step_dir, *model_lib.param_placement(config, evaluator.setup.mesh)
+  )
   again = evaluator.run(4, params)
   logged = [r for r in rows if r.get('step') == 4 and 'val_loss' in r][0]
   # Evaluating the saved step-4 params again scores exactly what the loop logged.
@@ -72,11 +82,13 @@ def test_validation_loss_is_fixed_and_equals_a_hand_written_loss(run):
   tokens = next(pipeline.make_batch_iterator(config, split='valid'))['tokens']
   x = tokens[:, :-1]
   keys = masking.example_keys(config_lib.EVAL_SEED, 0, np.arange(x.shape[0]))
-  noisy, masked, p = masking.forward_process(keys, x, mask_id=config.model.mask_token_id,
-                                             length=x.shape[1])
+  noisy, masked, p = masking.forward_process(
+    keys, x, mask_id=config.model.mask_token_id, length=x.shape[1]
+  )
   cfg = model_lib.ModelConfig.from_config(config)
-  logits = np.asarray(jax.jit(lambda p_, t: model_lib.merge(cfg, p_)(t))(
-      jax.device_get(params), noisy), np.float64)
+  logits = np.asarray(
+    jax.jit(lambda p_, t: model_lib.merge(cfg, p_)(t))(jax.device_get(params), noisy), np.float64
+  )
   logits -= logits.max(-1, keepdims=True)
   ce = np.log(np.exp(logits).sum(-1)) - np.take_along_axis(logits, x[..., None], -1)[..., 0]
   masked = np.asarray(masked)

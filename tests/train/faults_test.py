@@ -29,11 +29,22 @@ pytestmark = pytest.mark.slow
 REPO = os.path.join(os.path.dirname(__file__), '..', '..')
 STEPS = 18
 OVERRIDES = {
-    'model.num_layers': 1, 'model.d_model': 64, 'model.num_heads': 4, 'model.num_kv_heads': 2,
-    'model.head_dim': 16, 'model.ffn_dim': 128, 'model.seq_len': 32,
-    'train.global_batch_size': 16, 'train.micro_batch_size': 16, 'train.warmup_steps': 2,
-    'train.wsd_decay_steps': 2, 'train.steps': STEPS, 'checkpoint.every': 6,
-    'checkpoint.keep': 3, 'log.every': 1, 'log.outputs': 'tensorboard',
+  'model.num_layers': 1,
+  'model.d_model': 64,
+  'model.num_heads': 4,
+  'model.num_kv_heads': 2,
+  'model.head_dim': 16,
+  'model.ffn_dim': 128,
+  'model.seq_len': 32,
+  'train.global_batch_size': 16,
+  'train.micro_batch_size': 16,
+  'train.warmup_steps': 2,
+  'train.wsd_decay_steps': 2,
+  'train.steps': STEPS,
+  'checkpoint.every': 6,
+  'checkpoint.keep': 3,
+  'log.every': 1,
+  'log.outputs': 'tensorboard',
 }
 
 
@@ -42,16 +53,27 @@ def _command(run_dir):
   cache = os.environ.get('DLMJAX_CACHE_DIR')
   if cache:
     flags.append(f'--config.data.cache_dir={cache}')
-  return [sys.executable, '-u', '-m', 'dlmjax.train', f'--config={REPO}/configs/tiny.py',
-          f'--config.output_dir={run_dir}', *flags]
+  return [
+    sys.executable,
+    '-u',
+    '-m',
+    'dlmjax.train',
+    f'--config={REPO}/configs/tiny.py',
+    f'--config.output_dir={run_dir}',
+    *flags,
+  ]
 
 
 def _env(compile_cache, **extra):
-  env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS='--xla_force_host_platform_device_count=1',
-             JAX_COMPILATION_CACHE_DIR=str(compile_cache),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0', **extra)
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS='cpu',
+    XLA_FLAGS='--xla_force_host_platform_device_count=1',
+    JAX_COMPILATION_CACHE_DIR=str(compile_cache),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0',
+    **extra,
+  )
   env['PYTHONPATH'] = os.path.abspath(REPO)
   return env
 
@@ -59,8 +81,14 @@ def _env(compile_cache, **extra):
 def _run_until(run_dir, env, marker, action):
   """Starts a run, applies `action(proc)` at the first output line containing `marker`;
   returns (exit code, output)."""
-  proc = subprocess.Popen(_command(run_dir), env=env, cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+  proc = subprocess.Popen(
+    _command(run_dir),
+    env=env,
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
   lines = []
   for line in proc.stdout:
     lines.append(line)
@@ -83,8 +111,7 @@ def _committed(run_dir):
 
 def _corrupt_params(step_dir):
   """Overwrites bytes in the middle of the largest file of the params item (bit rot)."""
-  files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(step_dir, 'params'))
-           for f in fs]
+  files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(step_dir, 'params')) for f in fs]
   target = max(files, key=os.path.getsize)
   with open(target, 'r+b') as f:
     size = os.path.getsize(target)
@@ -99,24 +126,28 @@ def chain(tmp_path_factory):
   root = tmp_path_factory.mktemp('faults')
   cache = root / 'compile_cache'
   out = types.SimpleNamespace(straight=root / 'straight', run=root / 'run')
-  done = subprocess.run(_command(out.straight), env=_env(cache), cwd=REPO, capture_output=True,
-                        text=True, timeout=600)
+  done = subprocess.run(
+    _command(out.straight), env=_env(cache), cwd=REPO, capture_output=True, text=True, timeout=600
+  )
   assert done.returncode == 0, done.stdout + done.stderr
   # B: the handler is in place before the banner line, so SIGTERM lands while step 1 compiles.
-  out.b_code, out.b_output = _run_until(out.run, _env(cache), 'parameters on',
-                                        lambda p: p.send_signal(signal.SIGTERM))
+  out.b_code, out.b_output = _run_until(
+    out.run, _env(cache), 'parameters on', lambda p: p.send_signal(signal.SIGTERM)
+  )
   out.b_checkpoints = _committed(out.run)
   out.b_losses = _losses(out.run)
   # C: stalls inside the commit of checkpoint 12 (its files written); killed right there.
   stall = _env(cache, **{checkpoint_lib.COMMIT_DELAY_ENV: '12:120'})
-  out.c_code, out.c_output = _run_until(out.run, stall, 'stalling the commit of checkpoint 12',
-                                        lambda p: p.kill())
+  out.c_code, out.c_output = _run_until(
+    out.run, stall, 'stalling the commit of checkpoint 12', lambda p: p.kill()
+  )
   out.c_entries = sorted(os.listdir(out.run / 'checkpoints'))
   out.c_losses = _losses(out.run)
   out.after_kill = checkpoint_lib.resolve_step_dir(str(out.run))
   _corrupt_params(str(out.run / 'checkpoints' / '6'))
-  done = subprocess.run(_command(out.run), env=_env(cache), cwd=REPO, capture_output=True,
-                        text=True, timeout=600)
+  done = subprocess.run(
+    _command(out.run), env=_env(cache), cwd=REPO, capture_output=True, text=True, timeout=600
+  )
   out.e_code, out.e_output = done.returncode, done.stdout + done.stderr
   return out
 
@@ -137,7 +168,8 @@ def test_kill_9_mid_save_leaves_the_previous_checkpoint_usable(chain):
   run_dir, step_dir, step = chain.after_kill
   assert step == 6
   params = checkpoint_lib.restore_params(
-      step_dir, *model_lib.param_placement(checkpoint_lib.load_run_config(run_dir)))
+    step_dir, *model_lib.param_placement(checkpoint_lib.load_run_config(run_dir))
+  )
   saved = checkpoint_lib.read_meta(step_dir)['checksums']
   assert checksums.compare(saved, checksums.compute(params)) == []
   # The run resumed from SIGTERM's checkpoint reproduced the uninterrupted losses exactly.
@@ -167,5 +199,4 @@ def test_tensorboard_scalars_are_written_by_default(chain):
     rows = [json.loads(line) for line in f]
   for key in ('loss', 'masked_ce', 'lr', 'grad_norm', 'tokens_per_s'):
     assert [s for s, _ in scalars[key]] == [r['step'] for r in rows]
-    np.testing.assert_array_equal([v for _, v in scalars[key]],
-                                  np.float32([r[key] for r in rows]))
+    np.testing.assert_array_equal([v for _, v in scalars[key]], np.float32([r[key] for r in rows]))

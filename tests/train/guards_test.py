@@ -20,8 +20,15 @@ from tests.conftest import tiny_test_config
 
 
 def _config(output_dir, **overrides):
-  c = tiny_test_config(**{'train.steps': 8, 'checkpoint.every': 2, 'checkpoint.keep': 5,
-                          'log.outputs': 'tensorboard', **overrides})
+  c = tiny_test_config(
+    **{
+      'train.steps': 8,
+      'checkpoint.every': 2,
+      'checkpoint.keep': 5,
+      'log.outputs': 'tensorboard',
+      **overrides,
+    }
+  )
   c.output_dir = str(output_dir)
   if os.environ.get('DLMJAX_CACHE_DIR'):
     c.data.cache_dir = os.environ['DLMJAX_CACHE_DIR']
@@ -64,8 +71,10 @@ def test_a_vanished_data_file_is_named():
 
 
 def test_checkpoint_bytes_and_free_disk(monkeypatch, tmp_path):
-  shapes = {'a': jax.ShapeDtypeStruct((3, 5), jnp.float32),
-            'b': [jax.ShapeDtypeStruct((7,), jnp.bfloat16), jax.ShapeDtypeStruct((), jnp.int32)]}
+  shapes = {
+    'a': jax.ShapeDtypeStruct((3, 5), jnp.float32),
+    'b': [jax.ShapeDtypeStruct((7,), jnp.bfloat16), jax.ShapeDtypeStruct((), jnp.int32)],
+  }
   assert guards.checkpoint_bytes(shapes) == 3 * 5 * 4 + 7 * 2 + 4
   usage = types.SimpleNamespace(total=10**9, used=0, free=80)
   monkeypatch.setattr(guards.shutil, 'disk_usage', lambda path: usage)
@@ -77,22 +86,31 @@ def test_checkpoint_bytes_and_free_disk(monkeypatch, tmp_path):
 
 class _FakeStep:
   """Stands in for CompiledStep: counts steps, reports a fixed loss, compiles nothing heavy."""
+
   fail_at = None
 
   def __init__(self, setup, stage):
     del stage
-    self.batch_sharding = step_lib.rules.named_sharding(setup.mesh,
-                                                        (step_lib.rules.BATCH, None))
+    self.batch_sharding = step_lib.rules.named_sharding(setup.mesh, (step_lib.rules.BATCH, None))
 
   def __call__(self, state, batch):
     del batch
     step = int(state['step']) + 1
     if step == self.fail_at:
       raise jax.errors.JaxRuntimeError(
-          'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 3.14GiB.')
+        'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 3.14GiB.'
+      )
     one = jnp.float32(1.0)
-    metrics = dict(skipped=0 * one, loss=one, masked_ce=one, mask_ratio=one,
-                   real_input_length=one, tokens=one, grad_norm=one, lr=one)
+    metrics = dict(
+      skipped=0 * one,
+      loss=one,
+      masked_ce=one,
+      mask_ratio=one,
+      real_input_length=one,
+      tokens=one,
+      grad_norm=one,
+      lr=one,
+    )
     return dict(state, step=state['step'] + 1), metrics
 
 
@@ -103,8 +121,11 @@ def fake_step(monkeypatch):
 
   def zero_state(setup, seed):
     del seed
-    return jax.tree.map(lambda s, sharding: jax.device_put(np.zeros(s.shape, s.dtype), sharding),
-                        setup.state_shapes, setup.state_shardings)
+    return jax.tree.map(
+      lambda s, sharding: jax.device_put(np.zeros(s.shape, s.dtype), sharding),
+      setup.state_shapes,
+      setup.state_shardings,
+    )
 
   monkeypatch.setattr(step_lib, 'CompiledStep', _FakeStep)
   monkeypatch.setattr(state_lib.TrainSetup, 'init_state', zero_state)
@@ -152,12 +173,16 @@ def _out_of_vocab(batch):
   return dict(batch, tokens=tokens)
 
 
-@pytest.mark.parametrize('fault,message', [
+@pytest.mark.parametrize(
+  'fault,message',
+  [
     (_vanish, '/data/shard_7.bin'),
     (_out_of_vocab, 'first 1000000 at row 1, position 4'),
-])
-def test_bad_data_mid_run_keeps_only_complete_checkpoints(tmp_path, monkeypatch, fake_step, fault,
-                                                         message):
+  ],
+)
+def test_bad_data_mid_run_keeps_only_complete_checkpoints(
+  tmp_path, monkeypatch, fake_step, fault, message
+):
   monkeypatch.setitem(stages.BUILDERS, 'pretrain', _fake_stage(5, fault))
   config = _config(tmp_path)
   with pytest.raises(DataError, match=message):
@@ -183,20 +208,25 @@ def test_out_of_memory_names_the_knobs(tmp_path, monkeypatch, fake_step):
 
 
 def test_too_little_disk_is_reported_before_training(tmp_path, monkeypatch):
-  monkeypatch.setattr(guards.shutil, 'disk_usage',
-                      lambda path: types.SimpleNamespace(total=1, used=1, free=1000))
+  monkeypatch.setattr(
+    guards.shutil, 'disk_usage', lambda path: types.SimpleNamespace(total=1, used=1, free=1000)
+  )
   with pytest.raises(guards.ResourceError, match='has 0.00 GiB free.*checkpoint.keep'):
     loop.train(_config(tmp_path))
   assert not os.path.exists(tmp_path / 'metrics.jsonl')
   assert not os.listdir(tmp_path / 'checkpoints')
 
 
-@pytest.mark.parametrize('documents,message', [
+@pytest.mark.parametrize(
+  'documents,message',
+  [
     ([[5, 6, 2]], r'corpus holds 1 sequences and 3 tokens, too few for one sample'),
     ([[]], r'train split of .*corpus is empty'),
-])
+  ],
+)
 def test_a_dataset_empty_after_filtering_names_the_file(tmp_path, documents, message):
   from dlmjax.data import indexed, pipeline  # pylint: disable=import-outside-toplevel
+
   prefix = str(tmp_path / 'corpus')
   with indexed.IndexedDatasetWriter(prefix) as writer:
     for document in documents:

@@ -13,8 +13,15 @@ from tests.conftest import tiny_test_config
 
 
 def _config(output_dir, **overrides):
-  c = tiny_test_config(**{'train.steps': 20, 'checkpoint.every': 8, 'checkpoint.keep': 2,
-                          'diffusion.varlen_prob': 0.2, **overrides})
+  c = tiny_test_config(
+    **{
+      'train.steps': 20,
+      'checkpoint.every': 8,
+      'checkpoint.keep': 2,
+      'diffusion.varlen_prob': 0.2,
+      **overrides,
+    }
+  )
   c.output_dir = str(output_dir)
   if os.environ.get('DLMJAX_CACHE_DIR'):
     c.data.cache_dir = os.environ['DLMJAX_CACHE_DIR']
@@ -59,14 +66,14 @@ def test_resume_is_exact(straight_run, tmp_path):
 
 def test_resume_refuses_a_different_model(straight_run, tmp_path):
   import shutil  # pylint: disable=import-outside-toplevel
+
   shutil.copytree(straight_run, tmp_path / 'run')
   with pytest.raises(checkpoint_lib.CheckpointError, match='model.d_model'):
     loop.train(_config(tmp_path / 'run', **{'model.d_model': 128, 'train.steps': 20}))
 
 
 def test_init_from_starts_a_new_run(straight_run, tmp_path):
-  c = _config(tmp_path, **{'train.steps': 2, 'train.warmup_steps': 0,
-                           'train.wsd_decay_steps': 1})
+  c = _config(tmp_path, **{'train.steps': 2, 'train.warmup_steps': 0, 'train.wsd_decay_steps': 1})
   c.init_from = str(straight_run)
   row = loop.train(c)
   assert row['step'] == 2
@@ -95,12 +102,20 @@ def test_smoke_recipe_trains_from_megatron_prefixes_on_the_command_line(tmp_path
       writer.add_document(np.append(rng.integers(1000, 1100, size=rng.integers(5, 30)), 2))
   repo = os.path.join(os.path.dirname(__file__), '..', '..')
   argv = [
-      'train', f'--config={repo}/configs/pretrain_1p7b.py:smoke', '--config.data.source=megatron',
-      f'--config.data.train_prefixes={prefix}', '--config.data.packing=True',
-      f'--config.data.cache_dir={tmp_path}/cache', f'--config.output_dir={tmp_path}/run',
-      '--config.model.seq_len=32', '--config.model.num_layers=2', '--config.train.steps=2',
-      '--config.train.warmup_steps=0', '--config.train.wsd_decay_steps=1',
-      '--config.log.every=1']
+    'train',
+    f'--config={repo}/configs/pretrain_1p7b.py:smoke',
+    '--config.data.source=megatron',
+    f'--config.data.train_prefixes={prefix}',
+    '--config.data.packing=True',
+    f'--config.data.cache_dir={tmp_path}/cache',
+    f'--config.output_dir={tmp_path}/run',
+    '--config.model.seq_len=32',
+    '--config.model.num_layers=2',
+    '--config.train.steps=2',
+    '--config.train.warmup_steps=0',
+    '--config.train.wsd_decay_steps=1',
+    '--config.log.every=1',
+  ]
   config, rest = config_lib.parse_command_line(argv, 'configs/tiny.py')
   assert rest == ['train']
   batch = next(pipeline.make_batch_iterator(config))
@@ -120,6 +135,7 @@ def test_consecutive_non_finite_steps_stop_with_a_good_checkpoint(tmp_path, monk
 
   from dlmjax.train import stages  # pylint: disable=import-outside-toplevel
   from tests.train.step_test import _nan_on  # pylint: disable=import-outside-toplevel
+
   pretrain = stages.BUILDERS['pretrain']
 
   def faulty(config):

@@ -11,7 +11,7 @@ from dlmjax import config as config_lib
 from dlmjax.train import memory
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..')
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _config_1p7b(devices=1, **overrides):
@@ -22,16 +22,27 @@ def _config_1p7b(devices=1, **overrides):
 
 
 def _8b(devices, mb, **mesh):
-  return _config_1p7b(devices, **{
-      'model.num_layers': 36, 'model.d_model': 4096, 'model.num_heads': 32,
-      'model.num_kv_heads': 8, 'model.ffn_dim': 12288, 'model.vocab_size': 151936,
-      'train.micro_batch_size': mb, 'train.global_batch_size': mb, 'model.remat': 'save_dots',
-      **{f'mesh.{k}': v for k, v in mesh.items()}})
+  return _config_1p7b(
+    devices,
+    **{
+      'model.num_layers': 36,
+      'model.d_model': 4096,
+      'model.num_heads': 32,
+      'model.num_kv_heads': 8,
+      'model.ffn_dim': 12288,
+      'model.vocab_size': 151936,
+      'train.micro_batch_size': mb,
+      'train.global_batch_size': mb,
+      'model.remat': 'save_dots',
+      **{f'mesh.{k}': v for k, v in mesh.items()},
+    },
+  )
 
 
 def test_matches_the_formula_written_out():
-  c = _config_1p7b(1, **{'train.micro_batch_size': 8, 'train.global_batch_size': 8,
-                         'model.remat': 'save_dots'})
+  c = _config_1p7b(
+    1, **{'train.micro_batch_size': 8, 'train.global_batch_size': 8, 'model.remat': 'save_dots'}
+  )
   got = memory.estimate_bytes_per_device(c)
   params = 1_732_895_744
   tokens, layers, d, f = 8 * 2048, 28, 2048, 6144
@@ -39,15 +50,18 @@ def test_matches_the_formula_written_out():
   # save_dots: layer input, q, k, v (16 heads x 128 each), out proj, gate, up, down; bf16.
   assert got['activations'] == tokens * layers * 2 * (d + 2048 + 2 * 2048 + d + 2 * f + d)
   # One layer of what save_dots did not keep: everything ('none') less the above.
-  assert got['recompute'] == tokens * 2 * ((10 * d + 3 * 2048 + 4 * 2048 + 6 * f)
-                                           - (d + 2048 + 2 * 2048 + d + 2 * f + d))
+  assert got['recompute'] == tokens * 2 * (
+    (10 * d + 3 * 2048 + 4 * 2048 + 6 * f) - (d + 2048 + 2 * 2048 + d + 2 * f + d)
+  )
   # + both norms, q and k after RoPE, the mid-layer stream, the SwiGLU product
   c.model.remat = 'save_activations'
   assert memory.estimate_bytes_per_device(c)['activations'] == (
-      tokens * layers * 2 * (6 * d + 3 * 2048 + 3 * 2048 + 3 * f))
+    tokens * layers * 2 * (6 * d + 3 * 2048 + 3 * 2048 + 3 * f)
+  )
   assert got['logits'] == 2 * 4096 * 50304 * 4  # one fused chunk, fp32 logits and gradient
-  assert got['total'] == pytest.approx(sum(got[k] for k in ('state', 'activations', 'recompute',
-                                                              'logits')))
+  assert got['total'] == pytest.approx(
+    sum(got[k] for k in ('state', 'activations', 'recompute', 'logits'))
+  )
   # Accumulating over micro-batches keeps an fp32 gradient sum: 4 more bytes per parameter.
   accumulating = _config_1p7b(1, **{'train.micro_batch_size': 8, 'train.global_batch_size': 32})
   assert memory.estimate_bytes_per_device(accumulating)['state'] == 20 * params
@@ -61,7 +75,9 @@ def _mb(mb, **overrides):
   return {'train.micro_batch_size': mb, 'train.global_batch_size': mb, **overrides}
 
 
-@pytest.mark.parametrize('config,measured_gib', [
+@pytest.mark.parametrize(
+  'config,measured_gib',
+  [
     # With the current layer loop (weights cast once, split per layer).
     (lambda: _save_dots(1, **_mb(8)), 43.8),
     (lambda: _config_1p7b(1, **_mb(8, **{'model.remat': 'save_dots_attention'})), 45.6),
@@ -70,12 +86,23 @@ def _mb(mb, **overrides):
     # Before that loop (it kept each layer's float32 weights for the backward).
     (lambda: _save_dots(1, **_mb(16)), 66.0),
     (lambda: _save_dots(2, **_mb(16)), 34.5),
-    (lambda: _save_dots(2, **{'train.micro_batch_size': 16, 'train.global_batch_size': 64,
-                              'mesh.data': 2, 'mesh.fsdp': 1}), 52.2),
+    (
+      lambda: _save_dots(
+        2,
+        **{
+          'train.micro_batch_size': 16,
+          'train.global_batch_size': 64,
+          'mesh.data': 2,
+          'mesh.fsdp': 1,
+        },
+      ),
+      52.2,
+    ),
     (lambda: _save_dots(2, **_mb(8, **{'mesh.tensor': 2, 'mesh.fsdp': 1})), 24.8),
     (lambda: _8b(4, 16), 57.0),
     (lambda: _8b(4, 32), 79.1),
-])
+  ],
+)
 def test_calibrated_on_h200_runs(config, measured_gib):
   """Peak GiB per GPU measured on H200s (docs/benchmarks.md, Memory per device): never under,
   at most 15% over."""
@@ -95,8 +122,9 @@ def test_device_memory_table(monkeypatch):
 def test_check_names_the_knob():
   c = _config_1p7b(1, **{'train.micro_batch_size': 64, 'train.global_batch_size': 64})
   assert memory.check_fits(c, None)['total'] > 100 * GIB  # no capacity known: no check
-  with pytest.raises(config_lib.ConfigError,
-                     match='remat=save_dots_attention or --config.model.remat=full'):
+  with pytest.raises(
+    config_lib.ConfigError, match='remat=save_dots_attention or --config.model.remat=full'
+  ):
     memory.check_fits(c, 80 * GIB)  # the default save_activations: the middle step first
   c.model.remat = 'save_dots'
   with pytest.raises(config_lib.ConfigError, match=r'remat=full \(now save_dots\)'):
@@ -109,6 +137,7 @@ def test_check_names_the_knob():
 def test_train_refuses_before_compiling(tmp_path, monkeypatch):
   from dlmjax.train import loop  # pylint: disable=import-outside-toplevel
   from tests.conftest import tiny_test_config  # pylint: disable=import-outside-toplevel
+
   monkeypatch.setattr(memory, 'present_device_memory_bytes', lambda: 1024.0)
   c = tiny_test_config()
   c.output_dir = str(tmp_path)
@@ -119,13 +148,19 @@ def test_train_refuses_before_compiling(tmp_path, monkeypatch):
 
 def test_summary_fails_fast_with_exit_2():
   env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
-  args = [sys.executable, '-m', 'dlmjax.summary', '--config=configs/pretrain_1p7b.py',
-          '--devices=8', '--device-kind=H100', '--config.train.micro_batch_size=256',
-          '--config.train.global_batch_size=256']
+  args = [
+    sys.executable,
+    '-m',
+    'dlmjax.summary',
+    '--config=configs/pretrain_1p7b.py',
+    '--devices=8',
+    '--device-kind=H100',
+    '--config.train.micro_batch_size=256',
+    '--config.train.global_batch_size=256',
+  ]
   result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert result.returncode == 2 and 'Traceback' not in result.stderr
   assert 'GiB per device' in result.stderr and 'micro_batch_size' in result.stderr
-  result = subprocess.run(args[:-2], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+  result = subprocess.run(args[:-2], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr
   assert 'memory check: fits' in result.stdout

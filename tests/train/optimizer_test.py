@@ -43,8 +43,9 @@ def test_cosine_and_constant():
 def test_no_weight_decay_on_norms():
   axes = {'w': ('layers', 'embed', 'mlp'), 'norm': {'scale': ('layers', 'norm')}}
   assert optimizer.weight_decay_mask(axes) == {'w': True, 'norm': {'scale': False}}
-  tx = optimizer.make_optimizer(_train(schedule='constant', warmup_steps=0, weight_decay=0.5,
-                                       clip_grad_norm=0.0), axes)
+  tx = optimizer.make_optimizer(
+    _train(schedule='constant', warmup_steps=0, weight_decay=0.5, clip_grad_norm=0.0), axes
+  )
   params = {'w': jnp.ones((1, 2, 2)), 'norm': {'scale': jnp.ones((1, 2))}}
   zero = {'w': jnp.zeros((1, 2, 2)), 'norm': {'scale': jnp.zeros((1, 2))}}
   updates, _ = tx.update(zero, tx.init(params), params)

@@ -8,8 +8,10 @@ import pytest
 
 from dlmjax.train import preemption
 
-pytestmark = pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
-                                reason='signal handlers can only be installed on the main thread')
+pytestmark = pytest.mark.skipif(
+  threading.current_thread() is not threading.main_thread(),
+  reason='signal handlers can only be installed on the main thread',
+)
 
 
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])

@@ -28,8 +28,9 @@ def test_rows_skips_and_spikes(tmp_path, capsys):
 
 def test_spike_rule_off_outside_pretraining(tmp_path, capsys):
   """An RL surrogate near zero swings by far more than 20%: not flagged when the stage says so."""
-  reporter = reporting.Reporter(str(tmp_path), total_steps=3, flops_per_token=10, peak_tflops=0,
-                                flag_spikes=False)
+  reporter = reporting.Reporter(
+    str(tmp_path), total_steps=3, flops_per_token=10, peak_tflops=0, flag_spikes=False
+  )
   reporter.start(0)
   for step, loss in enumerate([1e-4, -2e-4, 3e-3], start=1):
     reporter.record(step, _metrics(loss), write=True)

@@ -33,8 +33,16 @@ def sft_config(init_from, output_dir, train_file, **overrides):
 def pretrained(tmp_path_factory):
   """One real pre-training step (its compilation is most of this module's ~80 s of CPU)."""
   run_dir = tmp_path_factory.mktemp('pretrain')
-  c = _cache(tiny_test_config(**{'train.steps': 1, 'train.warmup_steps': 0,
-                                 'train.wsd_decay_steps': 1, 'diffusion.varlen_prob': 0.0}))
+  c = _cache(
+    tiny_test_config(
+      **{
+        'train.steps': 1,
+        'train.warmup_steps': 0,
+        'train.wsd_decay_steps': 1,
+        'diffusion.varlen_prob': 0.0,
+      }
+    )
+  )
   c.output_dir = str(run_dir)
   loop.train(c)
   return run_dir
@@ -56,9 +64,14 @@ def train_file(tmp_path_factory):
 def sft_run(pretrained, train_file, tmp_path_factory):
   run_dir = tmp_path_factory.mktemp('sft')
   # The train file doubles as the held-out file: val_loss at step 2 (the last) is logged.
-  row = loop.train(sft_config(pretrained, run_dir, train_file,
-                              **{'sft.eval_file': train_file, 'eval.every': 2,
-                                 'eval.batches': 1}))
+  row = loop.train(
+    sft_config(
+      pretrained,
+      run_dir,
+      train_file,
+      **{'sft.eval_file': train_file, 'eval.every': 2, 'eval.batches': 1},
+    )
+  )
   return run_dir, row
 
 
@@ -94,9 +107,12 @@ def test_init_from_a_hugging_face_export_adopts_its_model_and_weights(tmp_path, 
   from dlmjax.checkpoint import init_from as init_from_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
   from tests.checkpoint import tiny_run  # pylint: disable=import-outside-toplevel
+
   source, params, _ = tiny_run.make_run(tmp_path / 'run')
-  for path in (str(tmp_path / 'run'), hf_io.hf_from_checkpoint(
-      str(tmp_path / 'run'), str(tmp_path / 'hf'), dtype='fp32')):
+  for path in (
+    str(tmp_path / 'run'),
+    hf_io.hf_from_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'hf'), dtype='fp32'),
+  ):
     c = sft_config(path, tmp_path / 'sft', train_file, **{'model.dtype': 'bfloat16'})
     adopted = init_from_lib.adopt_source_config(c)
     assert 'model.d_model=64' in adopted and 'model.vocab_size=256' in adopted

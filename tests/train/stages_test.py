@@ -13,22 +13,36 @@ from tests.conftest import tiny_test_config
 # Every stage on the tiny model, with what it needs to validate (RL and SFT start from a model;
 # the path is never read here: neither the batches nor the evaluator are opened).
 _STAGE_CONFIGS = {
-    'pretrain': {'diffusion.varlen_prob': 0.0},
-    'sft': {'init_from': 'unused'},
-    'rl': {'init_from': 'unused', 'model.seq_len': 64, 'rl.max_prompt_tokens': 16,
-           'sampler.gen_length': 16, 'sampler.steps': 2, 'sampler.block_length': 16},
+  'pretrain': {'diffusion.varlen_prob': 0.0},
+  'sft': {'init_from': 'unused'},
+  'rl': {
+    'init_from': 'unused',
+    'model.seq_len': 64,
+    'rl.max_prompt_tokens': 16,
+    'sampler.gen_length': 16,
+    'sampler.steps': 2,
+    'sampler.block_length': 16,
+  },
 }
 
 
 def _one_step(name, micro_batch_size):
-  c = tiny_test_config(**{'stage': name, 'mesh.fsdp': 1, 'train.micro_batch_size':
-                          micro_batch_size, **_STAGE_CONFIGS[name]})
+  c = tiny_test_config(
+    **{
+      'stage': name,
+      'mesh.fsdp': 1,
+      'train.micro_batch_size': micro_batch_size,
+      **_STAGE_CONFIGS[name],
+    }
+  )
   setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c, jax.devices()[:1]))
   stage = stages.build(c)
   batch = stage.example_batch(np.random.default_rng(0))
   step_fn = step_lib.CompiledStep(setup, stage)
-  state, metrics = step_fn(setup.init_state(c.seed),
-                           {k: jax.device_put(v, step_fn.batch_sharding) for k, v in batch.items()})
+  state, metrics = step_fn(
+    setup.init_state(c.seed),
+    {k: jax.device_put(v, step_fn.batch_sharding) for k, v in batch.items()},
+  )
   return stage, batch, jax.device_get(state['params']), jax.device_get(metrics)
 
 

@@ -19,7 +19,7 @@ from tests.diffusion import loss_test
 
 def run_steps(config, num_steps=5, learnable=False):
   """Losses of num_steps steps on random tokens, or, when learnable, on rows that count up."""
-  devices = jax.devices()[:config.mesh.data * config.mesh.fsdp * config.mesh.tensor]
+  devices = jax.devices()[: config.mesh.data * config.mesh.fsdp * config.mesh.tensor]
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, devices))
   state = setup.init_state(config.seed)
   step_fn = step_lib.CompiledStep(setup, stages.build(config))
@@ -33,8 +33,9 @@ def run_steps(config, num_steps=5, learnable=False):
     arrays = {'tokens': tokens.astype(np.int32)}
     if config.data.packing:  # documents of ~8 tokens
       arrays['tokens'][rng.random(tokens.shape) < 0.125] = config.model.eos_token_id
-      arrays['segment_ids'] = pipeline.document_segment_ids(arrays['tokens'],
-                                                             config.model.eos_token_id)
+      arrays['segment_ids'] = pipeline.document_segment_ids(
+        arrays['tokens'], config.model.eos_token_id
+      )
     batch = {k: jax.device_put(v, step_fn.batch_sharding) for k, v in arrays.items()}
     state, metrics = step_fn(state, batch)
     losses.append(float(metrics['loss']))
@@ -48,8 +49,9 @@ def single_device_losses():
 
 @pytest.mark.parametrize('data,fsdp,tensor', [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 4, 2)])
 def test_mesh_layouts_match_single_device(single_device_losses, data, fsdp, tensor):
-  config = tiny_test_config(**{'diffusion.varlen_prob': 0.3, 'mesh.data': data,
-                               'mesh.fsdp': fsdp, 'mesh.tensor': tensor})
+  config = tiny_test_config(
+    **{'diffusion.varlen_prob': 0.3, 'mesh.data': data, 'mesh.fsdp': fsdp, 'mesh.tensor': tensor}
+  )
   losses, state = run_steps(config)
   np.testing.assert_allclose(losses, single_device_losses, rtol=1e-4)
   assert losses[-1] < losses[0]
@@ -60,24 +62,42 @@ def test_mesh_layouts_match_single_device(single_device_losses, data, fsdp, tens
 
 @pytest.mark.slow  # ~21 s on 2 cores: two step compiles
 def test_gradient_accumulation_is_exact():
-  one, _ = run_steps(tiny_test_config(**{'diffusion.varlen_prob': 0.0, 'mesh.fsdp': 1,
-                                         'train.micro_batch_size': 16}), num_steps=3)
-  two, _ = run_steps(tiny_test_config(**{'diffusion.varlen_prob': 0.0, 'mesh.fsdp': 1,
-                                         'train.micro_batch_size': 8}), num_steps=3)
+  one, _ = run_steps(
+    tiny_test_config(
+      **{'diffusion.varlen_prob': 0.0, 'mesh.fsdp': 1, 'train.micro_batch_size': 16}
+    ),
+    num_steps=3,
+  )
+  two, _ = run_steps(
+    tiny_test_config(**{'diffusion.varlen_prob': 0.0, 'mesh.fsdp': 1, 'train.micro_batch_size': 8}),
+    num_steps=3,
+  )
   np.testing.assert_allclose(one, two, rtol=1e-5)
 
 
 def test_microbatch_split_is_strided():
   x = np.arange(12)
-  np.testing.assert_array_equal(step_lib.microbatch_split(x, 3),
-                                [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]])
+  np.testing.assert_array_equal(
+    step_lib.microbatch_split(x, 3), [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]
+  )
 
 
 @pytest.mark.parametrize('objective,mask', [('ar', 'causal'), ('mdm', 'block_causal')])
 def test_other_objectives_and_masks_train(objective, mask):
-  losses, _ = run_steps(tiny_test_config(**{
-      'diffusion.objective': objective, 'model.attention_mask': mask, 'model.block_size': 8,
-      'mesh.fsdp': 1, 'train.lr': 1e-2, 'train.warmup_steps': 0}), num_steps=4, learnable=True)
+  losses, _ = run_steps(
+    tiny_test_config(
+      **{
+        'diffusion.objective': objective,
+        'model.attention_mask': mask,
+        'model.block_size': 8,
+        'mesh.fsdp': 1,
+        'train.lr': 1e-2,
+        'train.warmup_steps': 0,
+      }
+    ),
+    num_steps=4,
+    learnable=True,
+  )
   assert np.isfinite(losses).all()
   assert losses[-1] < losses[0]
 
@@ -94,15 +114,19 @@ def test_step_loss_is_the_masked_diffusion_formula(single_device_losses):
   logits_fn = jax.jit(lambda tokens, length: module(tokens, valid_length_B=length))
   rows, seq_len = config.train.global_batch_size, config.model.seq_len
   num_micro = rows // config.train.micro_batch_size
-  x = np.random.default_rng(0).integers(4, config.model.vocab_size,
-                                        size=(rows, seq_len + 1))[:, :-1]  # run_steps' first
+  x = np.random.default_rng(0).integers(4, config.model.vocab_size, size=(rows, seq_len + 1))[
+    :, :-1
+  ]  # run_steps' first
   num = den = 0.0
   for micro in range(num_micro):
     ids = np.arange(rows)[micro::num_micro]  # the strided micro-batch split of step 0
     length = int(masking.varlen_length(config.seed, 0, micro, seq_len=seq_len, prob=0.3))
     noisy, masked, _ = masking.forward_process(
-        masking.example_keys(config.seed, 0, ids), x[ids].astype(np.int32),
-        mask_id=config.model.mask_token_id, length=length)
+      masking.example_keys(config.seed, 0, ids),
+      x[ids].astype(np.int32),
+      mask_id=config.model.mask_token_id,
+      length=length,
+    )
     ce = loss_test.numpy_ce(np.asarray(logits_fn(noisy, np.full(len(ids), length))), x[ids])
     m = np.asarray(masked)
     assert not m[:, length:].any()
@@ -114,22 +138,31 @@ def test_step_loss_is_the_masked_diffusion_formula(single_device_losses):
 def test_packed_step_accumulates_segment_ids_exactly():
   """segment_ids travel with their rows through the micro-batch split: the 2-micro-batch step's
   loss equals the packed loss of the whole batch at once."""
-  config = tiny_test_config(**{'data.packing': True, 'diffusion.varlen_prob': 0.0,
-                               'mesh.fsdp': 1})
+  config = tiny_test_config(**{'data.packing': True, 'diffusion.varlen_prob': 0.0, 'mesh.fsdp': 1})
   losses, _ = run_steps(config, num_steps=1)
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
   params = setup.init_state(config.seed)['params']
   rng = np.random.default_rng(0)  # the first batch of run_steps
-  tokens = rng.integers(4, config.model.vocab_size,
-                        size=(config.train.global_batch_size, config.model.seq_len + 1))
+  tokens = rng.integers(
+    4, config.model.vocab_size, size=(config.train.global_batch_size, config.model.seq_len + 1)
+  )
   tokens[rng.random(tokens.shape) < 0.125] = config.model.eos_token_id
   segment_ids = pipeline.document_segment_ids(tokens, config.model.eos_token_id)
   assert segment_ids.max() > 3
   stage = stages.build(config)
-  _, sums = jax.jit(lambda p: stage.loss(
-      model_lib.merge(setup.model_config, p), tokens, segment_ids=segment_ids, step=0,
-      micro_index=0, example_ids_B=np.arange(16), seed=config.seed,
-      mask_id=config.model.mask_token_id, varlen_prob=0.0))(params)
+  _, sums = jax.jit(
+    lambda p: stage.loss(
+      model_lib.merge(setup.model_config, p),
+      tokens,
+      segment_ids=segment_ids,
+      step=0,
+      micro_index=0,
+      example_ids_B=np.arange(16),
+      seed=config.seed,
+      mask_id=config.model.mask_token_id,
+      varlen_prob=0.0,
+    )
+  )(params)
   np.testing.assert_allclose(losses[0], float(stage.metrics(sums)['loss']), rtol=1e-5)
 
 
@@ -162,6 +195,8 @@ def test_non_finite_step_skips_the_update():
   assert int(state['step']) == 3
   for a, b in zip(jax.tree.leaves(snapshots[0]), jax.tree.leaves(snapshots[1])):
     np.testing.assert_array_equal(a, b)  # params and optimizer (and its count) untouched
-  changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(snapshots[1][0]),
-                                                      jax.tree.leaves(snapshots[2][0]))]
+  changed = [
+    not np.array_equal(a, b)
+    for a, b in zip(jax.tree.leaves(snapshots[1][0]), jax.tree.leaves(snapshots[2][0]))
+  ]
   assert all(changed) and all(np.isfinite(x).all() for x in jax.tree.leaves(snapshots[2][0]))

@@ -31,22 +31,18 @@ class BatchSource(Protocol):
   to write (None when the source has nothing to log). Its state is checkpointed with the run.
   """
 
-  def next(self, params) -> tuple[Batch, Row | None]:
-    ...
+  def next(self, params) -> tuple[Batch, Row | None]: ...
 
-  def get_state(self) -> dict:
-    ...
+  def get_state(self) -> dict: ...
 
-  def set_state(self, state: dict) -> None:
-    ...
+  def set_state(self, state: dict) -> None: ...
 
 
 class Evaluator(Protocol):
   """A held-out evaluation, run every eval.every steps: `run` returns the row to log (with its
   `step`) and prints one line."""
 
-  def run(self, step: int, params) -> Row:
-    ...
+  def run(self, step: int, params) -> Row: ...
 
 
 class DataBatches:
@@ -85,6 +81,7 @@ class Stage:
   flag_spikes: apply MegaDLMs' 20% loss-spike rule (meaningful for a language-modelling loss; an
     RL surrogate near zero changes sign, SFT's moves with each batch's answer lengths).
   """
+
   name: str
   loss: Callable[..., tuple[Any, dict]]
   batch_keys: tuple[str, ...]

@@ -21,14 +21,17 @@ def make_loss(config):
   """
   objective = loss_lib.OBJECTIVES[config.diffusion.objective]
   num_micro = config_lib.num_microbatches(config)
-  head = dict(chunk_size=config.model.loss_chunk_tokens,
-              token_shards=config_lib.batch_parallelism(config))
-  bound = dict(seed=config.seed, mask_id=config.model.mask_token_id,
-               varlen_prob=config.diffusion.varlen_prob)
+  head = dict(
+    chunk_size=config.model.loss_chunk_tokens, token_shards=config_lib.batch_parallelism(config)
+  )
+  bound = dict(
+    seed=config.seed, mask_id=config.model.mask_token_id, varlen_prob=config.diffusion.varlen_prob
+  )
 
   def fn(module, tokens, **kwargs):
-    loss, sums = objective(functools.partial(loss_lib.model_cross_entropy, module, **head),
-                           tokens, **{**bound, **kwargs})
+    loss, sums = objective(
+      functools.partial(loss_lib.model_cross_entropy, module, **head), tokens, **{**bound, **kwargs}
+    )
     return loss / num_micro, sums
 
   return fn
@@ -37,11 +40,11 @@ def make_loss(config):
 def metrics(sums) -> dict:
   """MegaDLMs' `lm loss` (sum num / sum den over micro-batches) and what the console shows."""
   return dict(
-      loss=sums['loss_num'] / sums['loss_den'],
-      masked_ce=sums['masked_ce_sum'] / jnp.maximum(sums['masked_count'], 1.0),
-      mask_ratio=sums['mask_ratio_sum'] / sums['rows'],
-      real_input_length=sums['length_sum'] / sums['micro_batches'],
-      tokens=sums['loss_den'],
+    loss=sums['loss_num'] / sums['loss_den'],
+    masked_ce=sums['masked_ce_sum'] / jnp.maximum(sums['masked_count'], 1.0),
+    mask_ratio=sums['mask_ratio_sum'] / sums['rows'],
+    real_input_length=sums['length_sum'] / sums['micro_batches'],
+    tokens=sums['loss_den'],
   )
 
 
@@ -51,24 +54,45 @@ def stage(config) -> base.Stage:
 
   def batches(setup, process_index, process_count):
     del setup
-    return base.DataBatches(pipeline.make_batch_iterator(
-        config, split='train', process_index=process_index, process_count=process_count))
+    return base.DataBatches(
+      pipeline.make_batch_iterator(
+        config, split='train', process_index=process_index, process_count=process_count
+      )
+    )
 
   def evaluator(setup):
-    """The loss (masks from config.EVAL_SEED) on the pipeline's 'valid' split (read as the run reads)."""
+    """The loss (masks from config.EVAL_SEED) on the pipeline's 'valid' split, read as the run
+    reads it."""
     return evaluation.LossEvaluator(
-        config, setup, make_loss(evaluation.eval_config(config)), keys, metrics,
-        lambda process_index, process_count: pipeline.make_batch_iterator(
-            config, split='valid', process_index=process_index, process_count=process_count))
+      config,
+      setup,
+      make_loss(evaluation.eval_config(config)),
+      keys,
+      metrics,
+      lambda process_index, process_count: pipeline.make_batch_iterator(
+        config, split='valid', process_index=process_index, process_count=process_count
+      ),
+    )
 
   def example_batch(rng):
     tokens = base.random_tokens(
-        config, rng, (config.train.global_batch_size, config.model.seq_len + 1))
+      config, rng, (config.train.global_batch_size, config.model.seq_len + 1)
+    )
     if not packing:
       return {'tokens': tokens}
-    return {'tokens': tokens,
-            'segment_ids': pipeline.document_segment_ids(tokens, config.model.eos_token_id)}
+    return {
+      'tokens': tokens,
+      'segment_ids': pipeline.document_segment_ids(tokens, config.model.eos_token_id),
+    }
 
-  return base.Stage(name='pretrain', loss=make_loss(config), batch_keys=keys, metrics=metrics,
-                    batches=batches, evaluator=evaluator, example_batch=example_batch,
-                    console_metrics=('masked_ce',), flag_spikes=True)
+  return base.Stage(
+    name='pretrain',
+    loss=make_loss(config),
+    batch_keys=keys,
+    metrics=metrics,
+    batches=batches,
+    evaluator=evaluator,
+    example_batch=example_batch,
+    console_metrics=('masked_ce',),
+    flag_spikes=True,
+  )

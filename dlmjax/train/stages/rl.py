@@ -26,36 +26,75 @@ def make_loss(config):
   micro-batch's weighted sum is its share of the step's loss, as the step's rule wants.
   """
   r = config.rl
-  common = dict(seed=config.seed, mask_id=config.model.mask_token_id,
-                chunk_size=config.model.loss_chunk_tokens)
+  common = dict(
+    seed=config.seed, mask_id=config.model.mask_token_id, chunk_size=config.model.loss_chunk_tokens
+  )
   beta = r.kl_beta
 
-  def fn(module, *, tokens, prompt_lengths, lengths, mask_seeds, advantages, old, ref, weight,
-         completion_mask, rewards, step=None, micro_index=None, example_ids_B=None):
+  def fn(
+    module,
+    *,
+    tokens,
+    prompt_lengths,
+    lengths,
+    mask_seeds,
+    advantages,
+    old,
+    ref,
+    weight,
+    completion_mask,
+    rewards,
+    step=None,
+    micro_index=None,
+    example_ids_B=None,
+  ):
     del step, micro_index, example_ids_B  # randomness comes from the rollout's mask seeds
     if r.objective == 'd1':
-      logp = estimators.d1_token_logprobs(module, tokens, prompt_lengths, lengths, mask_seeds,
-                                          p_mask_prompt=r.p_mask_prompt, **common)
-      loss, kl, clipped = objectives.d1_token_loss(logp, old, ref, advantages, eps=r.clip_eps,
-                                                   beta=beta)
+      logp = estimators.d1_token_logprobs(
+        module, tokens, prompt_lengths, lengths, mask_seeds, p_mask_prompt=r.p_mask_prompt, **common
+      )
+      loss, kl, clipped = objectives.d1_token_loss(
+        logp, old, ref, advantages, eps=r.clip_eps, beta=beta
+      )
     elif r.objective == 'spg':
       elbo, eubo = estimators.spg_sequence_bounds(
-          module, tokens, prompt_lengths, lengths, completion_mask, mask_seeds,
-          num_samples=r.elbo_samples, block_length=config.sampler.block_length,
-          p_mask_prompt=r.p_mask_prompt, eubo_beta=r.spg_eubo_beta, **common)
+        module,
+        tokens,
+        prompt_lengths,
+        lengths,
+        completion_mask,
+        mask_seeds,
+        num_samples=r.elbo_samples,
+        block_length=config.sampler.block_length,
+        p_mask_prompt=r.p_mask_prompt,
+        eubo_beta=r.spg_eubo_beta,
+        **common,
+      )
       loss = objectives.spg_sequence_loss(elbo, eubo, advantages, mix_weight=r.spg_mix_weight)
       kl = clipped = jnp.zeros_like(loss)  # SPG has neither a ratio nor a KL term
     else:
-      elbo = estimators.sequence_elbo(module, tokens, prompt_lengths, lengths, mask_seeds,
-                                      num_samples=r.elbo_samples, **common)
+      elbo = estimators.sequence_elbo(
+        module, tokens, prompt_lengths, lengths, mask_seeds, num_samples=r.elbo_samples, **common
+      )
       loss, kl, clipped = objectives.espo_sequence_loss(
-          elbo, old, ref, advantages, (lengths - prompt_lengths).astype(jnp.float32),
-          eps=r.clip_eps, beta=beta)
+        elbo,
+        old,
+        ref,
+        advantages,
+        (lengths - prompt_lengths).astype(jnp.float32),
+        eps=r.clip_eps,
+        beta=beta,
+      )
     objective = jnp.sum(weight * loss)
-    sums = dict(loss_sum=objective, kl_sum=jnp.sum(weight * kl),
-                clip_sum=jnp.sum(weight * clipped.astype(jnp.float32)),
-                tokens=jnp.sum(completion_mask), rows=jnp.float32(tokens.shape[0]),
-                reward_sum=jnp.sum(rewards), reward_sq_sum=jnp.sum(jnp.square(rewards)))
+    sums = dict(
+      loss_sum=objective,
+      kl_sum=jnp.sum(weight * kl),
+      clip_sum=jnp.sum(weight * clipped.astype(jnp.float32)),
+      tokens=jnp.sum(completion_mask),
+      rows=jnp.float32(tokens.shape[0]),
+      reward_sum=jnp.sum(rewards),
+      reward_sq_sum=jnp.sum(jnp.square(rewards)),
+    )
     return objective, sums
 
   return fn
@@ -64,10 +103,15 @@ def make_loss(config):
 def metrics(sums) -> dict:
   rows = jnp.maximum(sums['rows'], 1.0)
   reward_mean = sums['reward_sum'] / rows
-  return dict(loss=sums['loss_sum'], kl=sums['kl_sum'], clip_fraction=sums['clip_sum'],
-              tokens=sums['tokens'], completion_length=sums['tokens'] / rows,
-              reward_mean=reward_mean,
-              reward_std=jnp.sqrt(jnp.maximum(sums['reward_sq_sum'] / rows - reward_mean**2, 0.0)))
+  return dict(
+    loss=sums['loss_sum'],
+    kl=sums['kl_sum'],
+    clip_fraction=sums['clip_sum'],
+    tokens=sums['tokens'],
+    completion_length=sums['tokens'] / rows,
+    reward_mean=reward_mean,
+    reward_std=jnp.sqrt(jnp.maximum(sums['reward_sq_sum'] / rows - reward_mean**2, 0.0)),
+  )
 
 
 def make_prompts(config) -> prompts_lib.Prompts:
@@ -78,8 +122,9 @@ def make_prompts(config) -> prompts_lib.Prompts:
 def stage(config) -> base.Stage:
 
   def batches(setup, process_index, process_count):
-    return rollout_lib.make_batches(config, setup, make_prompts(config),
-                                    process_index=process_index, process_count=process_count)
+    return rollout_lib.make_batches(
+      config, setup, make_prompts(config), process_index=process_index, process_count=process_count
+    )
 
   def evaluator(setup):
     return rl_evaluation.HeldOutReward(config, setup, make_prompts(config))
@@ -91,22 +136,32 @@ def stage(config) -> base.Stage:
     width = prompt + config.sampler.gen_length
     prompt_lengths = np.full((rows,), prompt // 2, np.int32)
     completion_mask = np.zeros((rows, width), np.float32)
-    completion_mask[:, prompt // 2:width - prompt // 2] = 1.0
+    completion_mask[:, prompt // 2 : width - prompt // 2] = 1.0
     return dict(
-        tokens=base.random_tokens(config, rng, (rows, width)), prompt_lengths=prompt_lengths,
-        lengths=np.full((rows,), width - prompt // 2, np.int32),
-        mask_seeds=np.arange(rows, dtype=np.int32),
-        advantages=rng.standard_normal(rows).astype(np.float32),
-        old=np.zeros(_estimate_shape(config, rows, width), np.float32),
-        ref=np.zeros(_estimate_shape(config, rows, width), np.float32),
-        weight=rollout_lib.loss_weights(completion_mask, config.rl.objective,
-                                        config.rl.loss_normalisation),
-        completion_mask=completion_mask,
-        rewards=rng.integers(0, 2, rows).astype(np.float32))
+      tokens=base.random_tokens(config, rng, (rows, width)),
+      prompt_lengths=prompt_lengths,
+      lengths=np.full((rows,), width - prompt // 2, np.int32),
+      mask_seeds=np.arange(rows, dtype=np.int32),
+      advantages=rng.standard_normal(rows).astype(np.float32),
+      old=np.zeros(_estimate_shape(config, rows, width), np.float32),
+      ref=np.zeros(_estimate_shape(config, rows, width), np.float32),
+      weight=rollout_lib.loss_weights(
+        completion_mask, config.rl.objective, config.rl.loss_normalisation
+      ),
+      completion_mask=completion_mask,
+      rewards=rng.integers(0, 2, rows).astype(np.float32),
+    )
 
-  return base.Stage(name='rl', loss=make_loss(config), batch_keys=rollout_lib.BATCH_KEYS,
-                    metrics=metrics, batches=batches, evaluator=evaluator,
-                    example_batch=example_batch, console_metrics=('reward_mean', 'kl'))
+  return base.Stage(
+    name='rl',
+    loss=make_loss(config),
+    batch_keys=rollout_lib.BATCH_KEYS,
+    metrics=metrics,
+    batches=batches,
+    evaluator=evaluator,
+    example_batch=example_batch,
+    console_metrics=('reward_mean', 'kl'),
+  )
 
 
 def _estimate_shape(config, rows: int, width: int) -> tuple[int, ...]:

@@ -21,15 +21,17 @@ def make_loss(config):
   Like pre-training's, the objective is the micro-batch's loss over the micro-batch count.
   """
   num_micro = config_lib.num_microbatches(config)
-  head = dict(chunk_size=config.model.loss_chunk_tokens,
-              token_shards=config_lib.batch_parallelism(config))
-  bound = dict(seed=config.seed, mask_id=config.model.mask_token_id,
-               supervise_padding=not config.data.packing)
+  head = dict(
+    chunk_size=config.model.loss_chunk_tokens, token_shards=config_lib.batch_parallelism(config)
+  )
+  bound = dict(
+    seed=config.seed, mask_id=config.model.mask_token_id, supervise_padding=not config.data.packing
+  )
 
   def fn(module, tokens, **kwargs):
     loss, sums = sft_loss.sft_loss(
-        functools.partial(loss_lib.model_cross_entropy, module, **head), tokens,
-        **{**bound, **kwargs})
+      functools.partial(loss_lib.model_cross_entropy, module, **head), tokens, **{**bound, **kwargs}
+    )
     return loss / num_micro, sums
 
   return fn
@@ -42,28 +44,42 @@ def stage(config) -> base.Stage:
 
   def batches(setup, process_index, process_count):
     del setup
-    return base.DataBatches(sft_data.make_batch_iterator(
-        config, process_index=process_index, process_count=process_count))
+    return base.DataBatches(
+      sft_data.make_batch_iterator(config, process_index=process_index, process_count=process_count)
+    )
 
   def evaluator(setup):
-    """The loss (masks from config.EVAL_SEED) on held-out conversations: sft.eval_file or the built-in
-    test set."""
+    """The loss (masks from config.EVAL_SEED) on held-out conversations: sft.eval_file or the
+    built-in test set."""
     return evaluation.LossEvaluator(
-        config, setup, make_loss(evaluation.eval_config(config)), keys, sft_loss.metrics,
-        lambda process_index, process_count: sft_data.make_eval_batch_iterator(
-            config, process_index=process_index, process_count=process_count))
+      config,
+      setup,
+      make_loss(evaluation.eval_config(config)),
+      keys,
+      sft_loss.metrics,
+      lambda process_index, process_count: sft_data.make_eval_batch_iterator(
+        config, process_index=process_index, process_count=process_count
+      ),
+    )
 
   def example_batch(rng):
     """Rows of one conversation each: a prompt of a quarter of the row, the response after."""
     rows, width = config.train.global_batch_size, config.model.seq_len + 1
     tokens = base.random_tokens(config, rng, (rows, width))
     role_ids = np.full((rows, width), roles.RESPONSE, np.int32)
-    role_ids[:, :width // 4] = roles.PROMPT
+    role_ids[:, : width // 4] = roles.PROMPT
     batch = {'tokens': tokens, 'roles': role_ids}
     if packing:
       batch['segment_ids'] = pipeline.document_segment_ids(tokens, config.model.eos_token_id)
     return batch
 
-  return base.Stage(name='sft', loss=make_loss(config), batch_keys=keys, metrics=sft_loss.metrics,
-                    batches=batches, evaluator=evaluator, example_batch=example_batch,
-                    console_metrics=('masked_ce',))
+  return base.Stage(
+    name='sft',
+    loss=make_loss(config),
+    batch_keys=keys,
+    metrics=sft_loss.metrics,
+    batches=batches,
+    evaluator=evaluator,
+    example_batch=example_batch,
+    console_metrics=('masked_ce',),
+  )
