@@ -145,9 +145,7 @@ def stage(config) -> base.Stage:
       advantages=rng.standard_normal(rows).astype(np.float32),
       old=np.zeros(_estimate_shape(config, rows, width), np.float32),
       ref=np.zeros(_estimate_shape(config, rows, width), np.float32),
-      weight=rollout_lib.loss_weights(
-        completion_mask, config.rl.objective, config.rl.loss_normalisation
-      ),
+      weight=rollout_lib.loss_weights(completion_mask, config.rl.objective),
       completion_mask=completion_mask,
       rewards=rng.integers(0, 2, rows).astype(np.float32),
     )
