@@ -129,10 +129,27 @@ def test_transformers_model_imports_exports_and_reloads_exactly(tmp_path, family
   assert not any('q_norm' in n or 'o_proj.bias' in n for n in names)
   _close(theirs, _theirs(out, tokens, class_name))
 
-  # Re-importing the export is bit-exact.
+  # Re-importing the export is bit-exact, and so is the .pt round trip.
   back_config, back = _restored(hf_io.checkpoint_from_hf(out, str(tmp_path / 'back')))
   tiny_run.assert_same_params(params, back)
   assert back_config.model == config.model
+  pt = hf_io.torch_from_checkpoint(run_dir, str(tmp_path / 'model.pt'))
+  back_config, back = _restored(hf_io.checkpoint_from_torch(pt, str(tmp_path / 'back_pt')))
+  tiny_run.assert_same_params(params, back)
+  assert back_config.model == config.model
+
+
+def test_init_from_a_qwen2_directory_adopts_its_attention_options(tmp_path):
+  from dlmjax.checkpoint import init_from  # pylint: disable=import-outside-toplevel
+
+  hf_dir = _transformers_dir(tmp_path / 'hf', 'qwen2')
+  config = tiny_run.tiny_config(**{'init_from': hf_dir})
+  changed = init_from.adopt_source_config(config)
+  assert {'model.qk_norm=False', 'model.qkv_bias=True', 'model.rope_theta=1000000.0'} <= set(
+    changed
+  )
+  _, params = hf_io.load_hf(hf_dir, config=config)  # what init_from restores: checked, exact
+  tiny_run.assert_same_params(hf_io.load_hf(hf_dir)[1], params)
 
 
 def test_qwen2_without_its_biases_or_with_a_qk_norm_is_another_function(tmp_path):

@@ -130,6 +130,18 @@ def test_qk_norm_off_is_plain_rope_and_biases_add():
   np.testing.assert_allclose(_logits(CFG, normed, tokens), _logits(CFG, base, tokens), atol=1e-4)
 
 
+def test_pallas_norm_backend_without_qk_norm_is_plain_rope():
+  """norm_backend=pallas: the stream norms take the kernel (interpret mode on CPU); without
+  QK-norm there is no fused norm + RoPE, and the logits are the XLA model's."""
+  cfg = dataclasses.replace(CFG, qk_norm=False, qkv_bias=True)
+  params = model_lib.init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+  pallas = dataclasses.replace(cfg, norm_backend='pallas')
+  np.testing.assert_allclose(
+    _logits(pallas, params, tokens), _logits(cfg, params, tokens), rtol=1e-5, atol=1e-5
+  )
+
+
 def test_init_statistics():
   cfg = dataclasses.replace(
     CFG, num_layers=4, d_model=256, ffn_dim=512, num_heads=4, num_kv_heads=4, head_dim=64
