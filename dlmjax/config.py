@@ -39,6 +39,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.seq_len = 128  # tokens per row: the canvas of every stage.
   c.model.rope_theta = 10000.0  # RoPE base.
   c.model.norm_eps = 1e-6  # RMSNorm epsilon.
+  # RMSNorm on q and k over the head dim before RoPE (Qwen3); off: straight to RoPE (Qwen2, Llama).
+  c.model.qk_norm = True
+  c.model.qkv_bias = False  # biases on the q, k and v projections (Qwen2); o has none.
   c.model.init_std = 0.02  # normal init std (output projections: / sqrt(2 x layers), Megatron).
   c.model.tie_embeddings = False  # the output head reuses the embedding.
   c.model.attention_mask = 'bidirectional'  # bidirectional | causal | block_causal

@@ -61,8 +61,10 @@ def _parser() -> argparse.ArgumentParser:
       '--missing-qk-norm',
       choices=hf_mapping.MISSING_QK_NORM,
       default='error',
-      help='models without QK-norm (Llama, Qwen2, LLaDA): refuse, or fill unit '
-      'scales (a different function; a start for further training only)',
+      help='a model without QK-norm (Llama, Qwen2, LLaDA) imports exactly with '
+      'model.qk_norm=False; into a QK-norm model (--config with model.qk_norm=True, or "ones" '
+      'without --config) it is refused, or takes unit scales with "ones" (a different function; '
+      'a start for further training only)',
     )
   return parser
 

@@ -2,10 +2,11 @@
 
 Two questions about a checkpoint. Integrity: is every array its config implies there, with the
 right shape and dtype, finite, matching its saved checksum, with optimizer state shaped like the
-params? Parity: does a PyTorch forward of the converted weights (transformers' Qwen3 with our mask
-kind, else dlmjax.checkpoint.torch_reference) give our JAX forward's logits on the same random
-masked tokens? MegaDLMs' verify_correctness_dlm.py prints differences without a threshold; we
-pass or fail. Exit 0 when every check passes, 1 otherwise.
+params? Parity: does a PyTorch forward of the converted weights (transformers' class of the
+export's family, Qwen3, Qwen2 or Llama, with our mask kind, else dlmjax.checkpoint.torch_reference)
+give our JAX forward's logits on the same random masked tokens? MegaDLMs'
+verify_correctness_dlm.py prints differences without a threshold; we pass or fail.
+Exit 0 when every check passes, 1 otherwise.
 
 Tolerances, relative to max(1, max |logit|) and to max(1, masked CE), with what we measured on
 the 1.7B shape (random weights, transformers on an H200, 2x128 / 4x512 tokens):

@@ -43,6 +43,24 @@ def test_good_checkpoint_passes(run, dtype, backend, capsys):
   assert '2 sha256' not in out and 'sha256 digests match' in out
 
 
+@pytest.mark.parametrize('backend', ['reference', 'transformers'])
+@pytest.mark.parametrize('qkv_bias', [False, True])
+def test_qwen2_and_llama_family_runs_verify(tmp_path, backend, qkv_bias, capsys):
+  """A model without QK-norm (Llama layout), or with q/k/v biases too (Qwen2 layout): both
+  PyTorch forwards read its export's names (the random params give the biases non-zero values)."""
+  if backend == 'transformers':
+    pytest.importorskip('transformers')
+  overrides = {'model.qk_norm': False, 'model.qkv_bias': qkv_bias}
+  _, params, _ = tiny_run.make_run(tmp_path / 'run', **overrides)
+  if qkv_bias:
+    assert np.abs(params['blocks']['attn']['q_bias']).min() > 0
+  argv = ['--checkpoint-path', str(tmp_path / 'run'), '--dtype', 'fp32', '--backend', backend]
+  code = verify.main(argv)
+  out = capsys.readouterr().out
+  assert code == 0, out
+  assert '8/8 checks passed' in out
+
+
 def test_exported_directory_is_checked_tensor_by_tensor(run, tmp_path):
   run_dir, _, _ = run
   hf_dir = hf_io.hf_from_checkpoint(run_dir, str(tmp_path / 'hf'), dtype='bf16')

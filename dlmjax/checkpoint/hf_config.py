@@ -1,8 +1,11 @@
 """Hugging Face config.json <-> dlmjax config: which architecture a checkpoint is, and its dims.
 
-Exports are transformers' Qwen3 (`model_type: qwen3`) plus MegaDLMs DiffLM's `mask_token_id` and
-`attn_mask_type`, so `Qwen3ForCausalLM` loads them and DiffLM tooling finds its fields. Imports
-read Qwen3, MegaDLMs DiffLM, Qwen2, Llama and LLaDA configs; anything else is refused by name.
+Exports are the transformers family whose layout holds the model exactly (export_family: Qwen3
+with QK-norm, Qwen2 with q/k/v biases, Llama with neither) plus MegaDLMs DiffLM's `mask_token_id`
+and `attn_mask_type`, so `Qwen3ForCausalLM` / `Qwen2ForCausalLM` / `LlamaForCausalLM` load them
+and DiffLM tooling finds its fields. Imports read Qwen3, MegaDLMs DiffLM, Qwen2, Llama and LLaDA
+configs, each into the model options of its family (model.qk_norm, model.qkv_bias); anything else,
+or a part we cannot compute (sliding windows, a RoPE scaling type), is refused by name.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from dlmjax import config as config_lib
 DLMJAX_CONFIG_FILE = 'dlmjax_config.json'  # the full run config, beside config.json in exports.
 ARCHITECTURES = ('qwen3', 'difflm', 'qwen2', 'llama', 'llada')
 _MASK_KINDS = ('bidirectional', 'causal', 'block_causal')
+# Exported families: (model.qk_norm, model.qkv_bias) -> the transformers class computing it.
+EXPORT_FAMILIES = {(True, False): 'qwen3', (False, True): 'qwen2', (False, False): 'llama'}
+_HF_CLASSES = dict(qwen3='Qwen3ForCausalLM', qwen2='Qwen2ForCausalLM', llama='LlamaForCausalLM')
 
 
 class HFConfigError(ValueError):
@@ -52,7 +58,10 @@ def _rope_theta(hf: dict) -> float:
   scaling = hf.get('rope_scaling') or {}
   kind = params.get('rope_type') or scaling.get('rope_type') or scaling.get('type') or 'default'
   if kind != 'default':
-    raise HFConfigError(f'rope type {kind!r} is not supported: dlmjax implements plain RoPE only.')
+    raise HFConfigError(
+      f'rope_scaling type {kind!r} is not supported: dlmjax implements plain RoPE only '
+      "(no frequency scaling, e.g. Llama-3.1's llama3 type)."
+    )
   return float(params.get('rope_theta', hf.get('rope_theta', 10000.0)))
 
 
@@ -65,10 +74,15 @@ def _dims(hf: dict, arch: str) -> dict:
   layer_types = hf.get('layer_types') or []
   if hf.get('use_sliding_window') or any(t != 'full_attention' for t in layer_types):
     raise HFConfigError(
-      'sliding-window layers are not supported; dlmjax attends to the full sequence.'
+      'sliding-window attention (use_sliding_window / sliding_attention layers) is not '
+      'supported; dlmjax attends to the full sequence.'
     )
   if hf.get('mlp_bias'):
     raise HFConfigError("mlp_bias=true: dlmjax's MLP has no biases.")
+  if arch != 'qwen2' and hf.get('attention_bias'):
+    raise HFConfigError(
+      f"attention_bias=true: {arch}'s o_proj then has a bias too, which dlmjax's attention lacks."
+    )
   heads = hf['num_attention_heads']
   dims = dict(
     num_layers=hf['num_hidden_layers'],
@@ -81,6 +95,8 @@ def _dims(hf: dict, arch: str) -> dict:
     rope_theta=_rope_theta(hf),
     norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
     tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
+    qk_norm=has_qk_norm(arch),
+    qkv_bias=arch == 'qwen2',  # transformers' Qwen2Attention: q/k/v_proj bias=True always.
   )
   if 'max_position_embeddings' in hf:
     dims['seq_len'] = hf['max_position_embeddings']
@@ -124,6 +140,8 @@ def _llada_dims(hf: dict) -> dict:
     norm_eps=float(hf.get('rms_norm_eps', 1e-5)),
     tie_embeddings=bool(hf.get('weight_tying', False)),
     seq_len=hf.get('max_sequence_length', 4096),
+    qk_norm=False,
+    qkv_bias=False,
   )
 
 
@@ -136,6 +154,17 @@ def embedding_rows(hf: dict, arch: str) -> int:
 
 def has_qk_norm(arch: str) -> bool:
   return arch in ('qwen3', 'difflm')
+
+
+def export_family(*, qk_norm: bool, qkv_bias: bool) -> str:
+  """The transformers family whose layout and forward are exactly the model with these options."""
+  family = EXPORT_FAMILIES.get((bool(qk_norm), bool(qkv_bias)))
+  if family is None:
+    raise HFConfigError(
+      'model.qk_norm=True with model.qkv_bias=True has no Hugging Face family to export to '
+      '(Qwen3 has QK-norm and no q/k/v-only biases, Qwen2 the biases without QK-norm).'
+    )
+  return family
 
 
 def config_from_hf(hf: dict, base=None):
@@ -162,11 +191,14 @@ def config_from_hf(hf: dict, base=None):
   return config
 
 
-def check_matches(hf: dict, config) -> None:
-  """Raises HFConfigError listing every model dimension where `config` and the checkpoint differ."""
+def check_matches(hf: dict, config, *, missing_qk_norm: str = 'error') -> None:
+  """Raises HFConfigError listing every model dimension where `config` and the checkpoint differ
+  (missing_qk_norm='ones' lets a QK-norm config take a checkpoint without QK-norm)."""
   arch = detect_architecture(hf)
   dims = _dims(hf, arch)
   dims.pop('seq_len', None)  # a training choice, not a property of the weights.
+  if missing_qk_norm == 'ones' and not dims['qk_norm']:
+    dims.pop('qk_norm')
   dims.pop('vocab_size')  # checked against the embedding rows below.
   differing = [
     f'model.{k}: checkpoint {v!r}, config {config.model[k]!r}'
@@ -187,16 +219,18 @@ def check_matches(hf: dict, config) -> None:
 
 
 def to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
-  """transformers Qwen3 config.json for a dlmjax config, with DiffLM's mask fields added.
+  """transformers config.json (Qwen3, Qwen2 or Llama: export_family) for a dlmjax config, with
+  DiffLM's mask fields added.
 
   `max_position_embeddings` is the training length, as MegaDLMs' converter writes it. `use_cache`
   is off: a bidirectional model must not decode with a causal KV cache.
   """
   m = config.model
+  family = export_family(qk_norm=m.qk_norm, qkv_bias=m.qkv_bias)
   torch_dtype = {'bf16': 'bfloat16', 'fp32': 'float32'}[dtype]
   hf = dict(
-    architectures=['Qwen3ForCausalLM'],
-    model_type='qwen3',
+    architectures=[_HF_CLASSES[family]],
+    model_type=family,
     vocab_size=vocab_rows,
     hidden_size=m.d_model,
     intermediate_size=m.ffn_dim,
@@ -210,7 +244,7 @@ def to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
     rms_norm_eps=m.norm_eps,
     rope_theta=m.rope_theta,
     rope_parameters=dict(rope_type='default', rope_theta=m.rope_theta),
-    attention_bias=False,
+    attention_bias=False,  # Qwen3 / Llama: no biases; Qwen2 has q/k/v biases always.
     attention_dropout=0.0,
     use_sliding_window=False,
     sliding_window=None,
@@ -227,4 +261,10 @@ def to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
   )
   if m.attention_mask == 'block_causal':
     hf['block_size'] = m.block_size
+  if family == 'qwen2':
+    del hf['attention_bias']  # Qwen2Config has no such field.
+  elif family == 'llama':
+    for key in ('use_sliding_window', 'sliding_window', 'max_window_layers'):
+      del hf[key]
+    hf['mlp_bias'] = False
   return hf

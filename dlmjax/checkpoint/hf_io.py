@@ -1,8 +1,10 @@
 """Hugging Face safetensors and PyTorch files <-> our params: the library `dlmjax.convert` runs.
 
-The HF directory is transformers' Qwen3 (Qwen3ForCausalLM loads it) with MegaDLMs DiffLM's
+The HF directory is the transformers family that computes the model (hf_config.export_family:
+Qwen3ForCausalLM, Qwen2ForCausalLM or LlamaForCausalLM loads it) with MegaDLMs DiffLM's
 `mask_token_id` and `attn_mask_type`, our full config in dlmjax_config.json and the tokenizer files.
-The .pt file holds {'state_dict' (the same Qwen3 names), 'hf_config', 'dlmjax_config'}.
+The .pt file holds {'state_dict' (the same names), 'hf_config', 'dlmjax_config'}. An import records
+the source family (and directory) in its checkpoint's metadata (`source`, manager.read_meta).
 Tensors move one at a time (hf_mapping): exports hold one tensor on the host beside the restored
 params, imports build one stacked array at a time and move it to the device. Orbax's own restore
 and save buffers dominate host memory (1.7B on an H200: to-hf 29 s, 11.7 GiB peak RSS; from-hf
@@ -105,7 +107,8 @@ def write_hf(
   trim_vocab: bool = False,
   copy_tokenizer: bool = True,
 ) -> str:
-  """Writes params (ours, any placement) as a Hugging Face Qwen3 directory; returns it."""
+  """Writes params (ours, any placement) as a Hugging Face directory of the model's family
+  (Qwen3, Qwen2 or Llama: hf_config.export_family); returns it."""
   if dtype not in DTYPES:
     raise ConvertError(f'--dtype={dtype!r} is not one of {sorted(DTYPES)}.')
   tokenizer = run_tokenizer.find(config) if copy_tokenizer else None
@@ -214,16 +217,20 @@ def torch_from_checkpoint(
 # Import
 
 
-def _resolve_config(hf: dict, config, saved_json: str | None):
+def _resolve_config(hf: dict, config, saved_json: str | None, missing_qk_norm: str = 'error'):
   """The config of an import: --config (checked against the weights), else the exporter's
-  dlmjax config, else one derived from the Hugging Face config."""
+  dlmjax config, else one derived from the Hugging Face config (a family without QK-norm into a
+  QK-norm model when missing_qk_norm='ones')."""
   if config is not None:
-    hf_config.check_matches(hf, config)
+    hf_config.check_matches(hf, config, missing_qk_norm=missing_qk_norm)
     return config
   base = None
   if saved_json is not None:
     base = config_lib.from_dict(json.loads(saved_json))
-  return hf_config.config_from_hf(hf, base)
+  config = hf_config.config_from_hf(hf, base)
+  if missing_qk_norm == 'ones':
+    config.model.qk_norm = True
+  return config
 
 
 def params_from_source(source, hf: dict, config, *, missing_qk_norm: str = 'error') -> dict:
@@ -240,7 +247,7 @@ def params_from_source(source, hf: dict, config, *, missing_qk_norm: str = 'erro
   )
 
 
-def hf_dir_config(hf_dir: str, config=None):
+def hf_dir_config(hf_dir: str, config=None, *, missing_qk_norm: str = 'error'):
   """The config of a Hugging Face directory (checked against `config` when given): what
   load_hf uses, without reading the weights (init_from adopts its model keys)."""
   hf = hf_config.read(hf_dir)
@@ -250,7 +257,7 @@ def hf_dir_config(hf_dir: str, config=None):
     with open(saved_path) as f:
       saved_json = f.read()
   given = config is not None
-  config = _resolve_config(hf, config, saved_json)
+  config = _resolve_config(hf, config, saved_json, missing_qk_norm)
   if not given and not os.path.exists(config.data.tokenizer):
     _point_at_tokenizer(config, hf_dir)
   return hf, config
@@ -258,7 +265,7 @@ def hf_dir_config(hf_dir: str, config=None):
 
 def load_hf(hf_dir: str, *, config=None, missing_qk_norm: str = 'error'):
   """(config, params on the first local device) of a Hugging Face directory we can read."""
-  hf, config = hf_dir_config(hf_dir, config)
+  hf, config = hf_dir_config(hf_dir, config, missing_qk_norm=missing_qk_norm)
   config_lib.validate(config)
   arch = hf_config.detect_architecture(hf)
   shipped = _shipped_tokenizer(hf_dir)
@@ -292,10 +299,15 @@ def _point_at_tokenizer(config, hf_dir: str) -> None:
     config.data.tokenizer = shipped
 
 
-def _save(output_dir: str, config, params: dict) -> str:
+def _save(output_dir: str, config, params: dict, source: dict) -> str:
   if os.path.exists(os.path.join(output_dir, manager.CHECKPOINT_DIR)):
     raise ConvertError(f'{output_dir} already holds checkpoints; choose a new --output-dir.')
-  return manager.save_params_checkpoint(output_dir, config, params)
+  return manager.save_params_checkpoint(output_dir, config, params, source=source)
+
+
+def _source(hf: dict, path: str) -> dict:
+  """What an import records of its source: the Hugging Face family and where it came from."""
+  return dict(family=hf_config.detect_architecture(hf), path=os.path.abspath(path))
 
 
 def checkpoint_from_hf(
@@ -304,7 +316,7 @@ def checkpoint_from_hf(
   """Imports a Hugging Face directory as a params-only run directory; returns the step dir."""
   config, params = load_hf(hf_dir, config=config, missing_qk_norm=missing_qk_norm)
   config.output_dir = os.path.abspath(output_dir)
-  return _save(output_dir, config, params)
+  return _save(output_dir, config, params, _source(hf_config.read(hf_dir), hf_dir))
 
 
 def checkpoint_from_torch(
@@ -334,9 +346,9 @@ def checkpoint_from_torch(
     raise ConvertError(
       f'{input_file} is neither a dlmjax .pt ({TORCH_FORMAT}) nor a state dict of tensors.'
     )
-  config = _resolve_config(hf, config, saved_json)
+  config = _resolve_config(hf, config, saved_json, missing_qk_norm)
   check_tokenizer_vocab(run_tokenizer.find(config), config.model.vocab_size, 'model.vocab_size')
   config.output_dir = os.path.abspath(output_dir)
   source = hf_mapping.DictSource(state_dict, to_numpy=lambda t: t.float().numpy())
   params = params_from_source(source, hf, config, missing_qk_norm=missing_qk_norm)
-  return _save(output_dir, config, params)
+  return _save(output_dir, config, params, _source(hf, input_file))

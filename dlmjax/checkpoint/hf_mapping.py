@@ -5,9 +5,11 @@ by head ([D, N, H], [N, H, D]), matmul kernels as [in, out]. Hugging Face: one t
 nn.Linear weights as [out, in]. Both directions stream: export yields one HF tensor at a time;
 import fills each stacked array from one HF tensor at a time, so a model is never held twice.
 
-Exports use transformers' Qwen3 names. Imports read the names of every architecture in
-hf_config.ARCHITECTURES; what a checkpoint has that our model cannot express (non-zero biases,
-missing QK-norm) is refused with the reason, never silently dropped.
+Exports use the names of the model's family (hf_config.export_family: Qwen3 with QK-norm, Qwen2
+with q/k/v biases, Llama with neither). Imports read the names of every architecture in
+hf_config.ARCHITECTURES into a model with the same options (model.qk_norm, model.qkv_bias); what a
+checkpoint has that our model cannot express (a non-zero bias it has no slot for, a missing QK-norm)
+is refused with the reason, never silently dropped.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from dlmjax.checkpoint import hf_config
 from dlmjax.model.presets import ModelConfig
 
 MISSING_QK_NORM = ('error', 'ones')
@@ -55,6 +58,12 @@ _LLAMA_KEYS = dict(
   down='mlp.down_proj.weight',
 )
 _QWEN3_KEYS = dict(_LLAMA_KEYS, q_norm='self_attn.q_norm.weight', k_norm='self_attn.k_norm.weight')
+_QWEN2_KEYS = dict(
+  _LLAMA_KEYS,
+  q_bias='self_attn.q_proj.bias',
+  k_bias='self_attn.k_proj.bias',
+  v_bias='self_attn.v_proj.bias',
+)
 _LLAMA_LIKE = dict(
   embed='model.embed_tokens.weight',
   final_norm='model.norm.weight',
@@ -64,7 +73,8 @@ _LLAMA_LIKE = dict(
 NAMINGS = {
   'qwen3': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
   'difflm': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
-  'qwen2': Naming(**_LLAMA_LIKE, layer_keys=_LLAMA_KEYS, bias_slots=('q', 'k', 'v')),
+  # transformers' Qwen2Attention: q/k/v_proj with bias=True, o_proj without.
+  'qwen2': Naming(**_LLAMA_LIKE, layer_keys=_QWEN2_KEYS),
   'llama': Naming(**_LLAMA_LIKE, layer_keys=_LLAMA_KEYS, bias_slots=('q', 'k', 'v', 'o')),
   # LLaDA's OLMo-derived LLaDALlamaBlock (GSAI-ML/LLaDA-8B-*, modeling_llada.py):
   # ff_proj is the SwiGLU gate, up_proj the up projection, ff_out the down projection.
@@ -93,11 +103,15 @@ NAMINGS = {
 #   in_heads:  [D, X, H]  <-> [X*H, D]   (q/k/v: nn.Linear(D, X*H))
 #   heads_out: [N, H, D]  <-> [D, N*H]   (o:     nn.Linear(N*H, D))
 #   matrix:    [I, O]     <-> [O, I]     (MLP)
+#   bias:      [X, H]     <-> [X*H]      (q/k/v biases)
 _SLOTS = {
   'input_norm': (('blocks', 'input_norm', 'scale'), 'vector'),
   'q': (('blocks', 'attn', 'q_proj'), 'in_heads'),
+  'q_bias': (('blocks', 'attn', 'q_bias'), 'bias'),
   'k': (('blocks', 'attn', 'k_proj'), 'in_heads'),
+  'k_bias': (('blocks', 'attn', 'k_bias'), 'bias'),
   'v': (('blocks', 'attn', 'v_proj'), 'in_heads'),
+  'v_bias': (('blocks', 'attn', 'v_bias'), 'bias'),
   'q_norm': (('blocks', 'attn', 'q_norm', 'scale'), 'vector'),
   'k_norm': (('blocks', 'attn', 'k_norm', 'scale'), 'vector'),
   'o': (('blocks', 'attn', 'o_proj'), 'heads_out'),
@@ -107,11 +121,29 @@ _SLOTS = {
   'down': (('blocks', 'mlp', 'down_proj'), 'matrix'),
 }
 _EMBED, _FINAL_NORM, _LM_HEAD = ('embed_tokens',), ('final_norm', 'scale'), ('lm_head',)
+_QK_NORM_SLOTS = ('q_norm', 'k_norm')
+_BIAS_SLOTS = ('q_bias', 'k_bias', 'v_bias')
+
+
+def model_slots(cfg: ModelConfig) -> list[str]:
+  """The per-layer slots our model of `cfg` has (QK-norm and biases only where switched on)."""
+  return [
+    s
+    for s in _SLOTS
+    if (cfg.qk_norm or s not in _QK_NORM_SLOTS) and (cfg.qkv_bias or s not in _BIAS_SLOTS)
+  ]
+
+
+def export_family(cfg: ModelConfig) -> str:
+  """The Hugging Face family whose layout holds exactly our model (hf_config.export_family)."""
+  return hf_config.export_family(qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias)
 
 
 def _hf_shape(shape, layout):
   if layout == 'vector':
     return tuple(shape)
+  if layout == 'bias':
+    return (shape[0] * shape[1],)
   if layout == 'in_heads':
     return (shape[1] * shape[2], shape[0])
   if layout == 'heads_out':
@@ -122,6 +154,8 @@ def _hf_shape(shape, layout):
 def _to_hf(array, layout):
   if layout == 'vector':
     return array
+  if layout == 'bias':
+    return array.reshape(-1)
   if layout == 'in_heads':
     return array.reshape(array.shape[0], -1).T
   if layout == 'heads_out':
@@ -130,7 +164,11 @@ def _to_hf(array, layout):
 
 
 def _from_hf(tensor, layout, shape):
-  return tensor if layout == 'vector' else tensor.T.reshape(shape)
+  if layout == 'vector':
+    return tensor
+  if layout == 'bias':
+    return tensor.reshape(shape)
+  return tensor.T.reshape(shape)
 
 
 def _layer_shapes(cfg: ModelConfig) -> dict:
@@ -141,6 +179,9 @@ def _layer_shapes(cfg: ModelConfig) -> dict:
     q=(d, n, h),
     k=(d, k, h),
     v=(d, k, h),
+    q_bias=(n, h),
+    k_bias=(k, h),
+    v_bias=(k, h),
     q_norm=(h,),
     k_norm=(h,),
     o=(n, h, d),
@@ -164,16 +205,16 @@ def _set(tree, path, value):
 
 
 # ----------------------------------------------------------------------------------------------
-# Export: our params -> Hugging Face Qwen3 tensors
+# Export: our params -> Hugging Face tensors of the model's family (Qwen3, Qwen2 or Llama)
 
 
 def export_entries(cfg: ModelConfig, *, vocab_rows: int) -> list[tuple[str, tuple]]:
   """(name, shape) of every exported tensor, in the order export_tensors yields them."""
-  naming, shapes = NAMINGS['qwen3'], _layer_shapes(cfg)
+  naming, shapes = NAMINGS[export_family(cfg)], _layer_shapes(cfg)
   entries = [(naming.embed, (vocab_rows, cfg.d_model))]
   for i in range(cfg.num_layers):
-    for slot, (_, layout) in _SLOTS.items():
-      entries.append((naming.layer_name(i, slot), _hf_shape(shapes[slot], layout)))
+    for slot in model_slots(cfg):
+      entries.append((naming.layer_name(i, slot), _hf_shape(shapes[slot], _SLOTS[slot][1])))
   entries.append((naming.final_norm, (cfg.d_model,)))
   if not cfg.tie_embeddings:  # tied: transformers re-creates lm_head from the embedding.
     entries.append((naming.lm_head, (vocab_rows, cfg.d_model)))
@@ -191,12 +232,13 @@ def export_tensors(
   """
   if not 0 < vocab_rows <= cfg.vocab_size:
     raise MappingError(f'vocab_rows={vocab_rows} must be in (0, {cfg.vocab_size}].')
-  naming = NAMINGS['qwen3']
+  naming = NAMINGS[export_family(cfg)]
   # No named intermediates: a host copy that is transposed into a new array is freed before the
   # yield, so the generator never holds two copies of one tensor.
   yield naming.embed, np.asarray(to_host(_get(params, _EMBED)[:vocab_rows]), np.float32)
   for i in range(cfg.num_layers):
-    for slot, (path, layout) in _SLOTS.items():
+    for slot in model_slots(cfg):
+      path, layout = _SLOTS[slot]
       yield (
         naming.layer_name(i, slot),
         np.ascontiguousarray(
@@ -244,7 +286,7 @@ def _expected(naming: Naming, cfg: ModelConfig, slots) -> list[str]:
   return names
 
 
-def _bias_names(naming: Naming, cfg: ModelConfig) -> list[str]:
+def _zero_bias_names(naming: Naming, cfg: ModelConfig) -> list[str]:
   return [
     naming.layer_name(i, s)[: -len('weight')] + 'bias'
     for i in range(cfg.num_layers)
@@ -266,14 +308,20 @@ def check_source(
   if missing_qk_norm not in MISSING_QK_NORM:
     raise MappingError(f'missing_qk_norm={missing_qk_norm!r} is not one of {MISSING_QK_NORM}.')
   naming = NAMINGS[arch]
-  if 'q_norm' not in naming.layer_keys and missing_qk_norm == 'error':
+  if cfg.qk_norm and 'q_norm' not in naming.layer_keys and missing_qk_norm == 'error':
     raise MappingError(
-      f"{arch} has no QK-norm, but dlmjax's attention always RMS-normalises q and k per head "
-      'before RoPE, so these weights would compute a different function. To use them anyway as '
-      'the start of further training, convert with --missing-qk-norm=ones (unit q/k norm '
-      'scales; expect a higher loss at first, and verify will show the gap).'
+      f'{arch} has no QK-norm, but the model has model.qk_norm=True (RMSNorm on q and k per '
+      'head before RoPE), so these weights would compute a different function. Import with '
+      'model.qk_norm=False (what converting without --config derives for this family), or, to '
+      'use them as the start of further training of a QK-norm model, convert with '
+      '--missing-qk-norm=ones (unit q/k norm scales; expect a higher loss at first).'
     )
-  slots = [s for s in _SLOTS if s in naming.layer_keys]
+  if cfg.qkv_bias and 'q_bias' not in naming.layer_keys:
+    raise MappingError(
+      f'{arch} checkpoints have no q/k/v biases, but the model has model.qkv_bias=True; '
+      'import with model.qkv_bias=False.'
+    )
+  slots = [s for s in model_slots(cfg) if s in naming.layer_keys]
   expected = _expected(naming, cfg, slots)
   present = set(source.keys())
   missing = [n for n in expected if n not in present]
@@ -282,7 +330,7 @@ def check_source(
       f'{len(missing)} tensors missing from the {arch} checkpoint: '
       f'{_listing(missing)}. Is it complete, and is the architecture right?'
     )
-  allowed = set(expected) | set(_bias_names(naming, cfg))
+  allowed = set(expected) | set(_zero_bias_names(naming, cfg))
   if cfg.tie_embeddings:
     allowed.add(naming.lm_head)  # some exporters write the tied head too; it is the embedding.
   unexpected = sorted(n for n in present - allowed if not re.fullmatch(naming.ignored, n))
@@ -339,11 +387,13 @@ def import_params(
   Vocabulary: the checkpoint's embedding rows V_hf may differ from our padded vocab V (cfg):
   rows [0, min(V_hf, V)) are copied, rows [V_hf, V) are zero (their logits are 0; they are
   never targets), rows past V are dropped; the tokenizer's `vocab_size` must be <= V_hf.
-  Biases are accepted only when zero. Without QK-norm, `missing_qk_norm='ones'` fills unit scales.
+  q/k/v biases fill model.qkv_bias's slots; biases the model has no slot for are accepted only
+  when zero. A checkpoint without QK-norm into a qk_norm=True model: `missing_qk_norm='ones'`
+  fills unit scales (another function; a start for further training only).
   """
   check_source(source, arch, cfg, vocab_size=vocab_size, missing_qk_norm=missing_qk_norm)
   naming = NAMINGS[arch]
-  for name in _bias_names(naming, cfg):
+  for name in _zero_bias_names(naming, cfg):
     if name in source:
       bias = np.asarray(source.get(name), np.float32)
       if np.any(bias != 0):
@@ -358,7 +408,8 @@ def import_params(
     place(_vocab_rows(np.asarray(source.get(naming.embed), np.float32), cfg.vocab_size)),
   )
   shapes = _layer_shapes(cfg)
-  for slot, (path, layout) in _SLOTS.items():
+  for slot in model_slots(cfg):
+    path, layout = _SLOTS[slot]
     stacked = np.empty((cfg.num_layers, *shapes[slot]), np.float32)
     for i in range(cfg.num_layers):
       if slot not in naming.layer_keys:  # q_norm / k_norm with missing_qk_norm='ones'.

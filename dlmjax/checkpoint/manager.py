@@ -33,11 +33,13 @@ _RESUME_KEYS = (
   'model.ffn_dim',
   'model.vocab_size',
   'model.tie_embeddings',
+  'model.qk_norm',
+  'model.qkv_bias',
   'seed',
   'train.global_batch_size',
   'diffusion.objective',
 )
-_ARCHITECTURE_KEYS = _RESUME_KEYS[:8]
+_ARCHITECTURE_KEYS = _RESUME_KEYS[:10]
 # Test hook, "STEP:SECONDS": stall the commit of that step's save (its files written, the step not
 # yet committed), so a test can kill the process mid-save deterministically.
 COMMIT_DELAY_ENV = 'DLMJAX_TEST_COMMIT_DELAY'
@@ -281,14 +283,19 @@ def restore_params(step_dir: str, shapes, shardings) -> dict:
     ) from e
 
 
-def save_params_checkpoint(output_dir: str, config, params: dict, step: int = 0) -> str:
-  """Writes a run directory holding only params (imports, exports); returns the step dir."""
+def save_params_checkpoint(
+  output_dir: str, config, params: dict, step: int = 0, source: dict | None = None
+) -> str:
+  """Writes a run directory holding only params (imports, exports); returns the step dir.
+  `source` (an import's family and path) is kept in the step's metadata."""
   write_run_config(output_dir, config)
   directory = os.path.join(os.path.abspath(output_dir), CHECKPOINT_DIR)
   manager = ocp.CheckpointManager(
     directory, options=ocp.CheckpointManagerOptions(create=True), item_names=_ITEMS
   )
   meta = dict(step=step, data_state=None, checksums=checksums.compute(params))
+  if source is not None:
+    meta['source'] = source
   manager.save(
     step,
     args=ocp.args.Composite(params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)),

@@ -1,8 +1,10 @@
 """PyTorch forwards of an exported checkpoint, for parity checks against our JAX model.
 
-Two of them: transformers' Qwen3ForCausalLM with our attention mask kind registered as an
-attention function (transformers' own Qwen3 is causal), and `Reference`, a small module written
-here from the same equations, for machines without transformers. Both read Qwen3-named tensors.
+Two of them: transformers' own class of the export's family (Qwen3ForCausalLM, Qwen2ForCausalLM or
+LlamaForCausalLM, by config.json's model_type) with our attention mask kind registered as an
+attention function (transformers' own classes are causal), and `Reference`, a small module written
+here from the same equations, for machines without transformers. Both read the exported names
+(Qwen3's, or Qwen2's / Llama's: no q/k norm weights, and q/k/v biases where present).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def visibility(length: int, kind: str, block_size: int = 0, device=None) -> torc
 def masked_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
   """transformers attention interface: our mask kind (config.attn_mask_type), GQA, fp32 softmax.
 
-  transformers' mask (causal for Qwen3) is ignored, as MegaDLMs' DiffLM ignores it.
+  transformers' mask (causal for Qwen3, Qwen2 and Llama) is ignored, as MegaDLMs' DiffLM ignores it.
   """
   del attention_mask, dropout, kwargs
   config = module.config
@@ -48,12 +50,13 @@ def masked_sdpa(module, query, key, value, attention_mask, scaling=None, dropout
 
 
 def transformers_model(hf_dir: str, dtype: torch.dtype = torch.float32):
-  """Qwen3ForCausalLM loaded from an exported directory, attending with our mask kind."""
+  """transformers' class of the directory's model_type (Qwen3ForCausalLM, Qwen2ForCausalLM,
+  LlamaForCausalLM), loaded from it, attending with our mask kind."""
   import transformers  # pylint: disable=import-outside-toplevel
 
   transformers.AttentionInterface.register(ATTENTION_NAME, masked_sdpa)
   transformers.utils.logging.disable_progress_bar()
-  model = transformers.Qwen3ForCausalLM.from_pretrained(
+  model = transformers.AutoModelForCausalLM.from_pretrained(
     hf_dir, dtype=dtype, attn_implementation=ATTENTION_NAME
   )
   return model.eval()
@@ -77,7 +80,9 @@ def _rope(x_BNLH, theta):
 
 
 class Reference(torch.nn.Module):
-  """Our transformer in plain PyTorch over a Qwen3-named state dict (weights [out, in])."""
+  """Our transformer in plain PyTorch over an exported state dict (weights [out, in]): Qwen3's
+  names, or Qwen2's / Llama's (no q_norm / k_norm: q and k go straight to RoPE; q/k/v biases
+  added where the state dict has them)."""
 
   def __init__(
     self, hf_config: dict, state_dict: dict, dtype: torch.dtype = torch.float32, device='cpu'
@@ -95,17 +100,14 @@ class Reference(torch.nn.Module):
     h, eps = c['head_dim'], c['rms_norm_eps']
 
     def heads(name, count):
-      y = F.linear(x, w[p + name + '.weight']).view(batch, length, count, h)
-      return y.transpose(1, 2)
+      y = F.linear(x, w[p + name + '.weight'], w.get(p + name + '.bias'))
+      return y.view(batch, length, count, h).transpose(1, 2)
 
-    q = _rope(
-      _rms_norm(heads('q_proj', c['num_attention_heads']), w[p + 'q_norm.weight'], eps),
-      c['rope_theta'],
-    )
-    k = _rope(
-      _rms_norm(heads('k_proj', c['num_key_value_heads']), w[p + 'k_norm.weight'], eps),
-      c['rope_theta'],
-    )
+    def norm(y, name):
+      return _rms_norm(y, w[p + name + '.weight'], eps) if p + name + '.weight' in w else y
+
+    q = _rope(norm(heads('q_proj', c['num_attention_heads']), 'q_norm'), c['rope_theta'])
+    k = _rope(norm(heads('k_proj', c['num_key_value_heads']), 'k_norm'), c['rope_theta'])
     v = heads('v_proj', c['num_key_value_heads'])
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)

@@ -1,4 +1,5 @@
-"""Self-attention: the Qwen3-style module (QK-norm before RoPE, GQA) and its backends.
+"""Self-attention: the Qwen3-style module (QK-norm before RoPE, GQA; QK-norm off and q/k/v biases
+on for Qwen2 and Llama) and its backends.
 
 Backends share one signature so a config switch picks them: `xla` (plain einsums, every mask,
 every device), `cudnn` (jax.nn.dot_product_attention, GPU; bidirectional or causal plus
@@ -164,7 +165,12 @@ BACKENDS = {
 
 
 class Attention(nnx.Module):
-  """Multi-head attention with RMSNorm on q and k over the head dim, applied before RoPE."""
+  """Multi-head attention with RMSNorm on q and k over the head dim, applied before RoPE.
+
+  qk_norm=False sends q and k straight to RoPE (Qwen2, Llama; the fused norm + RoPE kernel then
+  has nothing to fuse). qkv_bias=True adds biases [N or K, H] to the q, k and v projections in
+  their output dtype, after the (possibly FP8) matmul, as transformers' Qwen2Attention; o has none.
+  """
 
   def __init__(
     self,
@@ -181,9 +187,13 @@ class Attention(nnx.Module):
     num_stacked: int = 0,
     matmul_dtype: str = 'compute',
     norm_backend: str = 'xla',
+    qk_norm: bool = True,
+    qkv_bias: bool = False,
   ):
     kw = dict(num_stacked=num_stacked)
     self.rope_theta = rope_theta
+    self.qk_norm = qk_norm
+    self.qkv_bias = qkv_bias
     self.matmul_dtype = matmul_dtype  # q/k/v/o only: the attention core stays in the compute dtype
     self.q_proj = layers.stacked_param(
       rngs,
@@ -213,9 +223,21 @@ class Attention(nnx.Module):
       std=out_std,
       **kw,
     )
-    norm = dict(eps=norm_eps, rngs=rngs, backend=norm_backend, **kw)
-    self.q_norm = layers.RMSNorm(head_dim, **norm)
-    self.k_norm = layers.RMSNorm(head_dim, **norm)
+    if qkv_bias:  # zeros, as nn.Linear's bias is reset by transformers' Qwen2 init.
+      for name, heads, axis in (
+        ('q_bias', num_heads, rules.HEADS),
+        ('k_bias', num_kv_heads, rules.KV_HEADS),
+        ('v_bias', num_kv_heads, rules.KV_HEADS),
+      ):
+        setattr(
+          self,
+          name,
+          layers.stacked_param(rngs, (heads, head_dim), (axis, rules.HEAD_DIM), zeros=True, **kw),
+        )
+    if qk_norm:
+      norm = dict(eps=norm_eps, rngs=rngs, backend=norm_backend, **kw)
+      self.q_norm = layers.RMSNorm(head_dim, **norm)
+      self.k_norm = layers.RMSNorm(head_dim, **norm)
 
   def __call__(
     self,
@@ -232,11 +254,21 @@ class Attention(nnx.Module):
     q = layers.project('bld,dnh->blnh', x_BLD, self.q_proj.value, mm)
     k = layers.project('bld,dkh->blkh', x_BLD, self.k_proj.value, mm)
     v = layers.project('bld,dkh->blkh', x_BLD, self.v_proj.value, mm)
+    if self.qkv_bias:
+      q = q + self.q_bias.value.astype(q.dtype)[None, None]
+      k = k + self.k_bias.value.astype(k.dtype)[None, None]
+      v = v + self.v_bias.value.astype(v.dtype)[None, None]
     q = checkpoint_name(q, 'query_proj')
     k = checkpoint_name(k, 'key_proj')
     v = checkpoint_name(v, 'value_proj')
-    q = checkpoint_name(self.q_norm.with_rope(q, positions_BL, self.rope_theta), 'query_rope')
-    k = checkpoint_name(self.k_norm.with_rope(k, positions_BL, self.rope_theta), 'key_rope')
+    if self.qk_norm:
+      q = self.q_norm.with_rope(q, positions_BL, self.rope_theta)
+      k = self.k_norm.with_rope(k, positions_BL, self.rope_theta)
+    else:
+      q = layers.rotary_embedding(q, positions_BL, self.rope_theta)
+      k = layers.rotary_embedding(k, positions_BL, self.rope_theta)
+    q = checkpoint_name(q, 'query_rope')
+    k = checkpoint_name(k, 'key_rope')
     heads = (rules.BATCH, rules.LENGTH, rules.ACT_HEADS, None)
     # The kernel sees whole sequences: with context parallelism the heads are split over the
     # context devices instead of the sequence (an all-to-all each way, DeepSpeed-Ulysses), so

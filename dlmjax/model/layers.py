@@ -23,11 +23,16 @@ MATMUL_DTYPES = ('compute', 'fp8')  # model.matmul_dtype: the projections' opera
 NORM_BACKENDS = ('xla', 'pallas', 'auto')  # model.norm_backend (RMSNorm)
 
 
-def stacked_param(rngs: nnx.Rngs, shape, axes, *, std=None, num_stacked=0) -> nnx.Param:
-  """A float32 parameter, N(0, std) or ones when std is None, with its logical axis names."""
+def stacked_param(
+  rngs: nnx.Rngs, shape, axes, *, std=None, num_stacked=0, zeros=False
+) -> nnx.Param:
+  """A float32 parameter, N(0, std), ones when std is None or zeros (drawing no random numbers),
+  with its logical axis names."""
   if num_stacked:
     shape, axes = (num_stacked, *shape), (rules.LAYERS, *axes)
-  if std is None:
+  if zeros:
+    value = jnp.zeros(shape, jnp.float32)
+  elif std is None:
     value = jnp.ones(shape, jnp.float32)
   else:
     value = std * jax.random.normal(rngs.params(), shape, jnp.float32)

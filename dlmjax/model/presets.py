@@ -34,6 +34,46 @@ PRESETS: dict[str, dict] = {
     eos_token_id=0,
     pad_token_id=1,
   ),
+  # Qwen/Qwen2.5-0.5B config.json (Qwen2ForCausalLM): q/k/v biases, no QK-norm, tied; 0.49B.
+  # Qwen2.5 has no MASK token: mask_token_id is the first embedding row past the tokenizer's
+  # 151,665 ids; EOS and padding are <|endoftext|> (151643), as the base model's config.
+  'qwen2p5_0p5b': dict(
+    num_layers=24,
+    d_model=896,
+    num_heads=14,
+    num_kv_heads=2,
+    head_dim=64,
+    ffn_dim=4864,
+    seq_len=2048,
+    vocab_size=151936,
+    rope_theta=1e6,
+    norm_eps=1e-6,
+    qk_norm=False,
+    qkv_bias=True,
+    tie_embeddings=True,
+    mask_token_id=151665,
+    eos_token_id=151643,
+    pad_token_id=151643,
+  ),
+  # Qwen/Qwen2.5-7B config.json: as 0.5B but untied, vocab 152064; 7.61B.
+  'qwen2p5_7b': dict(
+    num_layers=28,
+    d_model=3584,
+    num_heads=28,
+    num_kv_heads=4,
+    head_dim=128,
+    ffn_dim=18944,
+    seq_len=2048,
+    vocab_size=152064,
+    rope_theta=1e6,
+    norm_eps=1e-6,
+    qk_norm=False,
+    qkv_bias=True,
+    tie_embeddings=False,
+    mask_token_id=151665,
+    eos_token_id=151643,
+    pad_token_id=151643,
+  ),
 }
 
 
@@ -56,6 +96,8 @@ class ModelConfig:
   seq_len: int
   rope_theta: float = 10000.0
   norm_eps: float = 1e-6
+  qk_norm: bool = True  # RMSNorm on q and k per head before RoPE (Qwen3); off for Qwen2 / Llama.
+  qkv_bias: bool = False  # biases on q, k, v (Qwen2), added in the projection's output dtype.
   init_std: float = 0.02
   tie_embeddings: bool = False
   attention_mask: str = 'bidirectional'
@@ -98,6 +140,8 @@ class ModelConfig:
       seq_len=m.seq_len,
       rope_theta=m.rope_theta,
       norm_eps=m.norm_eps,
+      qk_norm=m.qk_norm,
+      qkv_bias=m.qkv_bias,
       init_std=m.init_std,
       tie_embeddings=m.tie_embeddings,
       attention_mask=m.attention_mask,
@@ -114,7 +158,11 @@ class ModelConfig:
   def num_params(self) -> int:
     """Exact parameter count, without building the model."""
     d, h = self.d_model, self.head_dim
-    attn = d * h * (2 * self.num_heads + 2 * self.num_kv_heads) + 2 * h
+    attn = d * h * (2 * self.num_heads + 2 * self.num_kv_heads)
+    if self.qk_norm:
+      attn += 2 * h
+    if self.qkv_bias:
+      attn += h * (self.num_heads + 2 * self.num_kv_heads)
     mlp = 3 * d * self.ffn_dim
     per_layer = attn + mlp + 2 * d
     embed = self.vocab_size * d

@@ -92,6 +92,8 @@ class Block(nnx.Module):
       out_std=out_std,
       matmul_dtype=cfg.matmul_dtype,
       norm_backend=cfg.norm_backend,
+      qk_norm=cfg.qk_norm,
+      qkv_bias=cfg.qkv_bias,
       **kw,
     )
     self.post_attn_norm = layers.RMSNorm(cfg.d_model, **norm)

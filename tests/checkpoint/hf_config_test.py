@@ -113,7 +113,7 @@ def test_difflm_and_llada_dims():
 @pytest.mark.parametrize(
   'change, message',
   [
-    (dict(rope_scaling=dict(rope_type='yarn', factor=4.0)), "rope type 'yarn'"),
+    (dict(rope_scaling=dict(rope_type='yarn', factor=4.0)), "rope_scaling type 'yarn'"),
     (dict(hidden_act='gelu'), 'SwiGLU'),
     (dict(attn_mask_type='sliding'), 'attn_mask_type'),
   ],
@@ -121,6 +121,88 @@ def test_difflm_and_llada_dims():
 def test_unsupported_configs_are_refused(change, message):
   with pytest.raises(hf_config.HFConfigError, match=message):
     hf_config.config_from_hf(dict(DIFFLM, **change))
+
+
+QWEN2 = dict(
+  DIFFLM,
+  architectures=['Qwen2ForCausalLM'],
+  model_type='qwen2',
+  rope_theta=1e6,
+  tie_word_embeddings=True,
+  use_sliding_window=False,
+  sliding_window=32768,
+  max_window_layers=2,
+)
+LLAMA = dict(
+  {k: v for k, v in DIFFLM.items() if k not in ('mask_token_id', 'attn_mask_type')},
+  architectures=['LlamaForCausalLM'],
+  model_type='llama',
+  rms_norm_eps=1e-5,
+  rope_theta=5e5,
+  attention_bias=False,
+)
+
+
+@pytest.mark.parametrize(
+  'hf, qk_norm, qkv_bias',
+  [(DIFFLM, True, False), (QWEN2, False, True), (LLAMA, False, False), (LLADA, False, False)],
+)
+def test_each_family_imports_with_its_attention_options(hf, qk_norm, qkv_bias):
+  m = hf_config.config_from_hf(hf).model
+  assert (m.qk_norm, m.qkv_bias) == (qk_norm, qkv_bias)
+  if hf is QWEN2:
+    assert (m.rope_theta, m.tie_embeddings, m.norm_eps) == (1e6, True, 1e-6)
+
+
+@pytest.mark.parametrize(
+  'hf, message',
+  [
+    # Llama-3.1's frequency-scaled RoPE.
+    (
+      dict(
+        LLAMA,
+        rope_scaling=dict(
+          rope_type='llama3',
+          factor=8.0,
+          low_freq_factor=1.0,
+          high_freq_factor=4.0,
+          original_max_position_embeddings=8192,
+        ),
+      ),
+      "rope_scaling type 'llama3' is not supported",
+    ),
+    (dict(QWEN2, use_sliding_window=True), 'sliding-window attention'),
+    (
+      dict(QWEN2, layer_types=['full_attention', 'sliding_attention']),
+      'sliding-window attention',
+    ),
+    (dict(LLAMA, attention_bias=True), "llama's o_proj then has a bias"),
+  ],
+)
+def test_what_we_cannot_compute_is_refused_in_one_line(hf, message):
+  with pytest.raises(hf_config.HFConfigError, match=message) as e:
+    hf_config.config_from_hf(hf)
+  assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('family', ['qwen2', 'llama'])
+def test_export_config_names_the_family(family):
+  qkv_bias = family == 'qwen2'
+  config = tiny_run.tiny_config(**{'model.qk_norm': False, 'model.qkv_bias': qkv_bias})
+  hf = hf_config.to_hf(config, vocab_rows=256, dtype='fp32')
+  assert (hf['model_type'], hf['architectures']) == (
+    family,
+    ['Qwen2ForCausalLM' if qkv_bias else 'LlamaForCausalLM'],
+  )
+  back = hf_config.config_from_hf(hf).model
+  assert (back.qk_norm, back.qkv_bias) == (False, qkv_bias)
+  hf_config.check_matches(hf, config)
+
+
+def test_qk_norm_with_biases_has_no_family_to_export_to():
+  config = tiny_run.tiny_config(**{'model.qkv_bias': True})
+  with pytest.raises(hf_config.HFConfigError, match='no Hugging Face family'):
+    hf_config.to_hf(config, vocab_rows=256, dtype='fp32')
 
 
 def test_llada_qk_layer_norm_is_refused():

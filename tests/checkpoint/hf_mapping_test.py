@@ -114,24 +114,38 @@ def test_models_without_qk_norm_are_refused_unless_asked():
   del config
 
 
-def test_qwen2_biases_must_be_zero():
-  _, cfg, params = _setup()
-  tensors = _without_qk_norm(_export(params, cfg))
-  for i in range(cfg.num_layers):
-    for s in 'qkv':
-      tensors[f'model.layers.{i}.self_attn.{s}_proj.bias'] = np.zeros(16 * (4 if s == 'q' else 2))
-  hf_mapping.import_params(
-    hf_mapping.DictSource(tensors), 'qwen2', cfg, vocab_size=256, missing_qk_norm='ones'
+def test_qwen2_biases_map_both_ways():
+  """q/k/v biases [N or K, H] <-> q/k/v_proj.bias [N*H or K*H], head-major; no QK-norm tensors."""
+  config, cfg, params = _setup(**{'model.qk_norm': False, 'model.qkv_bias': True})
+  tensors = _export(params, cfg)
+  assert not any('_norm.weight' in n and 'layernorm' not in n for n in tensors)
+  bias = tensors['model.layers.1.self_attn.k_proj.bias']
+  np.testing.assert_array_equal(bias.reshape(2, 16), params['blocks']['attn']['k_bias'][1])
+  names = [n for n, _ in hf_mapping.export_entries(cfg, vocab_rows=cfg.vocab_size)]
+  assert names == list(tensors)
+  assert len(names) == 3 + 12 * cfg.num_layers  # 9 weights, 3 biases per layer
+  back = hf_mapping.import_params(
+    hf_mapping.DictSource(tensors), 'qwen2', cfg, vocab_size=config.model.vocab_size
   )
-  tensors['model.layers.1.self_attn.v_proj.bias'][3] = 0.5
+  tiny_run.assert_same_params(params, back)
+  del tensors['model.layers.0.self_attn.q_proj.bias']
+  with pytest.raises(hf_mapping.MappingError, match=r'layers\.0\.self_attn\.q_proj\.bias'):
+    hf_mapping.import_params(hf_mapping.DictSource(tensors), 'qwen2', cfg, vocab_size=256)
+
+
+def test_biases_without_a_slot_must_be_zero():
+  _, cfg, params = _setup(**{'model.qk_norm': False})
+  tensors = _export(params, cfg)
+  for i in range(cfg.num_layers):
+    for s in 'qkvo':
+      tensors[f'model.layers.{i}.self_attn.{s}_proj.bias'] = np.zeros(16 * (2 if s in 'kv' else 4))
+  hf_mapping.import_params(hf_mapping.DictSource(tensors), 'llama', cfg, vocab_size=256)
+  tensors['model.layers.1.self_attn.o_proj.bias'][3] = 0.5
   with pytest.raises(
     hf_mapping.MappingError,
-    match=r'layers\.1\.self_attn\.v_proj\.bias is '
-    r'non-zero \(max \|b\| = 0\.5\)',
+    match=r'layers\.1\.self_attn\.o_proj\.bias is non-zero \(max \|b\| = 0\.5\)',
   ):
-    hf_mapping.import_params(
-      hf_mapping.DictSource(tensors), 'qwen2', cfg, vocab_size=256, missing_qk_norm='ones'
-    )
+    hf_mapping.import_params(hf_mapping.DictSource(tensors), 'llama', cfg, vocab_size=256)
 
 
 def test_llada_names():

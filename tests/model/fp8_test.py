@@ -134,11 +134,14 @@ CFG = model_lib.ModelConfig(
 )
 
 
-def test_all_seven_projections_and_nothing_else_run_in_fp8():
-  params = model_lib.init_params(CFG, jax.random.key(0))
+@pytest.mark.parametrize('qkv_bias', [False, True])
+def test_all_seven_projections_and_nothing_else_run_in_fp8(qkv_bias):
+  """With q/k/v biases too: they are added after the FP8 dot, never quantised themselves."""
+  base = dataclasses.replace(CFG, qkv_bias=qkv_bias, qk_norm=not qkv_bias)
+  params = model_lib.init_params(base, jax.random.key(0))
   tokens = jnp.zeros((1, 16), jnp.int32)
   for matmul_dtype, per_layer in (('compute', 0), ('fp8', 7)):
-    cfg = dataclasses.replace(CFG, matmul_dtype=matmul_dtype)
+    cfg = dataclasses.replace(base, matmul_dtype=matmul_dtype)
 
     def loss(p, cfg=cfg):
       return model_lib.merge(cfg, p)(tokens).sum()

@@ -49,12 +49,19 @@ def test_rope_rotate_half():
   )
 
 
-@pytest.mark.parametrize('tie', [False, True])
-def test_param_count_matches_tree(tie):
-  cfg = dataclasses.replace(CFG, tie_embeddings=tie)
+@pytest.mark.parametrize(
+  'tie,qk_norm,qkv_bias', [(False, True, False), (True, True, False), (True, False, True)]
+)
+def test_param_count_matches_tree(tie, qk_norm, qkv_bias):
+  cfg = dataclasses.replace(CFG, tie_embeddings=tie, qk_norm=qk_norm, qkv_bias=qkv_bias)
   _, shapes, axes = model_lib.abstract(cfg)
   assert sum(np.prod(s.shape) for s in jax.tree.leaves(shapes)) == cfg.num_params()
   assert ('lm_head' in shapes) is (not tie)
+  attn = shapes['blocks']['attn']
+  assert ('q_norm' in attn and 'k_norm' in attn) is qk_norm
+  assert all((f'{n}_bias' in attn) is qkv_bias for n in 'qkv') and 'o_bias' not in attn
+  if qkv_bias:
+    assert attn['k_bias'].shape == (CFG.num_layers, CFG.num_kv_heads, CFG.head_dim)
   axes_leaves = jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple))
   for s, a in zip(jax.tree.leaves(shapes), axes_leaves):
     assert len(s.shape) == len(a)
@@ -74,6 +81,65 @@ def test_1p7b_param_count():
   )
   assert cfg.num_params() == 1_732_895_744  # reference: MegaDLMs 1.7B with V padded to 50304
   assert abs(cfg.flops_per_token() - 1.119e10) / 1.119e10 < 1e-3
+
+
+@pytest.mark.parametrize(
+  'preset,published',
+  [
+    # Qwen2.5 model cards: 0.49B (0.36B non-embedding), 7.61B (6.53B non-embedding).
+    ('qwen2p5_0p5b', 494_032_768),
+    ('qwen2p5_7b', 7_615_616_512),
+  ],
+)
+def test_qwen2p5_presets_have_the_published_param_counts(preset, published):
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
+
+  config = config_lib.defaults()
+  model_lib.apply_preset(config.model, preset)
+  cfg = model_lib.ModelConfig.from_config(config)
+  assert cfg.vocab_size == config.model.vocab_size  # 151936 and 152064 are multiples of 128
+  assert cfg.num_params() == published
+  embed = cfg.vocab_size * cfg.d_model
+  non_embedding = cfg.num_params() - embed * (1 if cfg.tie_embeddings else 2)
+  assert round(non_embedding / 1e9, 2) == {'qwen2p5_0p5b': 0.36, 'qwen2p5_7b': 6.53}[preset]
+
+
+def test_qk_norm_off_is_plain_rope_and_biases_add():
+  """qk_norm=False: q and k go straight to RoPE; qkv_bias: biases shift q, k and v by the value."""
+  cfg = dataclasses.replace(CFG, qk_norm=False, qkv_bias=True)
+  params = model_lib.init_params(cfg, jax.random.key(0))
+  assert not np.any(params['blocks']['attn']['q_bias'])  # zero init (draws no random numbers)
+  base = model_lib.init_params(CFG, jax.random.key(0))
+  for name in ('q_proj', 'k_proj', 'v_proj', 'o_proj'):  # same stream with and without biases
+    np.testing.assert_array_equal(params['blocks']['attn'][name], base['blocks']['attn'][name])
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+  plain = _logits(cfg, params, tokens)
+  rng = np.random.default_rng(0)
+  biased = jax.tree.map(lambda x: x, params)
+  for name in ('q_bias', 'k_bias', 'v_bias'):
+    shape = params['blocks']['attn'][name].shape
+    biased['blocks']['attn'][name] = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    assert not np.allclose(_logits(cfg, biased, tokens), plain, atol=1e-4), name
+    biased['blocks']['attn'][name] = params['blocks']['attn'][name]
+  # The QK-norm is really gone: scaling q changes the logits (a per-head norm would cancel it).
+  scaled = jax.tree.map(lambda x: x, params)
+  scaled['blocks']['attn']['q_proj'] = 3.0 * params['blocks']['attn']['q_proj']
+  assert not np.allclose(_logits(cfg, scaled, tokens), plain, atol=1e-4)
+  normed = jax.tree.map(lambda x: x, base)
+  normed['blocks']['attn']['q_proj'] = 3.0 * base['blocks']['attn']['q_proj']
+  np.testing.assert_allclose(_logits(CFG, normed, tokens), _logits(CFG, base, tokens), atol=1e-4)
+
+
+def test_pallas_norm_backend_without_qk_norm_is_plain_rope():
+  """norm_backend=pallas: the stream norms take the kernel (interpret mode on CPU); without
+  QK-norm there is no fused norm + RoPE, and the logits are the XLA model's."""
+  cfg = dataclasses.replace(CFG, qk_norm=False, qkv_bias=True)
+  params = model_lib.init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+  pallas = dataclasses.replace(cfg, norm_backend='pallas')
+  np.testing.assert_allclose(
+    _logits(pallas, params, tokens), _logits(cfg, params, tokens), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_init_statistics():

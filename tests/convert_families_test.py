@@ -1,0 +1,170 @@
+"""Qwen2 and Llama in and out exactly: transformers' own random-weight models imported through
+`convert from-hf` and `load_pretrained` give their logits (bidirectional attention, fp32), and the
+export goes back into transformers' own class, re-importing bit-exact."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dlmjax import convert
+from dlmjax import inference
+from dlmjax import model as model_lib
+from dlmjax.checkpoint import hf_io
+from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import safetensors_io
+from tests.checkpoint import tiny_run
+
+torch = pytest.importorskip('torch')
+transformers = pytest.importorskip('transformers')
+
+_DIMS = dict(
+  vocab_size=256,
+  hidden_size=64,
+  intermediate_size=128,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  num_key_value_heads=2,
+  max_position_embeddings=64,
+  bos_token_id=5,
+  eos_token_id=2,
+  pad_token_id=1,
+)
+FAMILIES = {
+  # Qwen2.5-style: q/k/v biases, tied, theta 1e6.
+  'qwen2': (
+    'Qwen2Config',
+    'Qwen2ForCausalLM',
+    dict(_DIMS, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True),
+  ),
+  # Llama-3-style without rope_scaling: no biases, untied, theta 5e5, eps 1e-5, explicit head_dim.
+  'llama': (
+    'LlamaConfig',
+    'LlamaForCausalLM',
+    dict(_DIMS, rms_norm_eps=1e-5, rope_theta=5e5, tie_word_embeddings=False, head_dim=16),
+  ),
+}
+
+
+def _transformers_dir(directory, family: str) -> str:
+  """save_pretrained of a tiny random-weight transformers model of the family: every tensor
+  random, biases and norm gains included (transformers initialises biases to zero and gains to
+  one, which would hide a dropped bias or a mixed-up norm)."""
+  config_name, class_name, kwargs = FAMILIES[family]
+  config = getattr(transformers, config_name)(**kwargs)
+  torch.manual_seed(0)
+  model = getattr(transformers, class_name)(config)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = 0.1 * torch.randn_like(p)
+      p.copy_(1.0 + noise if 'norm' in name else noise if 'bias' in name else 2 * noise)
+  model.save_pretrained(directory)
+  tiny_run.write_tokenizer(directory, 256)
+  return str(directory)
+
+
+def _theirs(hf_dir: str, tokens, class_name: str):
+  from dlmjax.checkpoint import torch_reference  # pylint: disable=import-outside-toplevel
+
+  model = torch_reference.transformers_model(hf_dir)  # bidirectional: our attention function
+  assert type(model).__name__ == class_name
+  with torch.no_grad():
+    return model(input_ids=torch.as_tensor(tokens), use_cache=False).logits.numpy()
+
+
+def _ours(config, params, tokens):
+  cfg = model_lib.ModelConfig.from_config(config)
+  return np.asarray(model_lib.merge(cfg, params)(tokens))
+
+
+def _close(theirs, ours):
+  np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-4 * np.abs(ours).max())
+
+
+def _restored(step_dir):
+  run_dir, step_dir, _ = manager.resolve_step_dir(step_dir)
+  config = manager.load_run_config(run_dir)
+  return config, manager.restore_params(step_dir, *model_lib.param_placement(config))
+
+
+@pytest.mark.parametrize('family', sorted(FAMILIES))
+def test_transformers_model_imports_exports_and_reloads_exactly(tmp_path, family):
+  _, class_name, kwargs = FAMILIES[family]
+  hf_dir = _transformers_dir(tmp_path / 'hf', family)
+  tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
+  theirs = _theirs(hf_dir, tokens, class_name)
+
+  # Import through the command line: the family's options, dims and special ids.
+  run_dir = str(tmp_path / 'run')
+  assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', run_dir]) == 0
+  config, params = _restored(run_dir)
+  m = config.model
+  assert (m.qk_norm, m.qkv_bias) == (False, family == 'qwen2')
+  assert (m.rope_theta, m.norm_eps, m.tie_embeddings) == (
+    kwargs['rope_theta'],
+    kwargs['rms_norm_eps'],
+    kwargs['tie_word_embeddings'],
+  )
+  assert (m.vocab_size, m.eos_token_id, m.pad_token_id, m.head_dim) == (256, 2, 1, 16)
+  step_dir = manager.resolve_step_dir(run_dir)[1]
+  assert manager.read_meta(step_dir)['source'] == dict(family=family, path=os.path.abspath(hf_dir))
+  if family == 'qwen2':
+    assert np.abs(params['blocks']['attn']['k_bias']).min() > 0  # the biases came across
+  _close(theirs, _ours(config, params, tokens))
+
+  # And straight from the directory, as inference does.
+  pretrained = inference.load_pretrained(hf_dir)
+  _close(theirs, _ours(pretrained.config, pretrained.params, tokens))
+
+  # Export back: the family's layout, loaded by its own transformers class, the same logits.
+  out = str(tmp_path / 'out')
+  argv = ['to-hf', '--checkpoint-path', run_dir, '--output-dir', out, '--dtype', 'fp32']
+  assert convert.main(argv) == 0
+  with open(os.path.join(out, 'config.json')) as f:
+    exported = json.load(f)
+  assert (exported['model_type'], exported['architectures']) == (family, [class_name])
+  names = set(safetensors_io.SafetensorsReader(out).keys())
+  assert ('model.layers.1.self_attn.v_proj.bias' in names) is (family == 'qwen2')
+  assert not any('q_norm' in n or 'o_proj.bias' in n for n in names)
+  _close(theirs, _theirs(out, tokens, class_name))
+
+  # Re-importing the export is bit-exact, and so is the .pt round trip.
+  back_config, back = _restored(hf_io.checkpoint_from_hf(out, str(tmp_path / 'back')))
+  tiny_run.assert_same_params(params, back)
+  assert back_config.model == config.model
+  pt = hf_io.torch_from_checkpoint(run_dir, str(tmp_path / 'model.pt'))
+  back_config, back = _restored(hf_io.checkpoint_from_torch(pt, str(tmp_path / 'back_pt')))
+  tiny_run.assert_same_params(params, back)
+  assert back_config.model == config.model
+
+
+def test_init_from_a_qwen2_directory_adopts_its_attention_options(tmp_path):
+  from dlmjax.checkpoint import init_from  # pylint: disable=import-outside-toplevel
+
+  hf_dir = _transformers_dir(tmp_path / 'hf', 'qwen2')
+  config = tiny_run.tiny_config(**{'init_from': hf_dir})
+  changed = init_from.adopt_source_config(config)
+  assert {'model.qk_norm=False', 'model.qkv_bias=True', 'model.rope_theta=1000000.0'} <= set(
+    changed
+  )
+  _, params = hf_io.load_hf(hf_dir, config=config)  # what init_from restores: checked, exact
+  tiny_run.assert_same_params(hf_io.load_hf(hf_dir)[1], params)
+
+
+def test_qwen2_without_its_biases_or_with_a_qk_norm_is_another_function(tmp_path):
+  """The parity above can fail: zeroing the imported biases, or importing into a QK-norm model
+  (--missing-qk-norm=ones), moves the logits far past the tolerance."""
+  hf_dir = _transformers_dir(tmp_path / 'hf', 'qwen2')
+  tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
+  theirs = _theirs(hf_dir, tokens, 'Qwen2ForCausalLM')
+  config, params = hf_io.load_hf(hf_dir)
+  params = {**params, 'blocks': {**params['blocks'], 'attn': dict(params['blocks']['attn'])}}
+  for name in ('q_bias', 'k_bias', 'v_bias'):
+    params['blocks']['attn'][name] = np.zeros_like(params['blocks']['attn'][name])
+  with pytest.raises(AssertionError):
+    _close(theirs, _ours(config, params, tokens))
+  config, params = hf_io.load_hf(hf_dir, missing_qk_norm='ones')
+  assert config.model.qk_norm and config.model.qkv_bias
+  with pytest.raises(AssertionError):
+    _close(theirs, _ours(config, params, tokens))
