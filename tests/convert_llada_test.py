@@ -312,3 +312,26 @@ def test_absent_llada_fields_mean_llada_defaults():
   del hf['rope']
   with pytest.raises(hf_config.HFConfigError, match='rope=False'):
     hf_config.config_from_hf(hf)
+
+
+def test_llada_8b_config_imports_as_the_llada_8b_preset():
+  """GSAI-ML/LLaDA-8B-Instruct's config.json sizes and ids read into exactly the preset."""
+  hf = dict(
+    _LLADA_CONFIG,
+    d_model=4096,
+    n_heads=32,
+    n_kv_heads=32,
+    n_layers=32,
+    mlp_hidden_size=12288,
+    mlp_ratio=4,
+    vocab_size=126464,
+    embedding_size=126464,
+    max_sequence_length=4096,
+    mask_token_id=126336,
+    eos_token_id=126081,
+    pad_token_id=126081,
+  )
+  config = hf_config.config_from_hf(hf)
+  preset = model_lib.PRESETS['llada_8b']
+  assert {k: config.model[k] for k in preset} == preset
+  assert hf_config.embedding_rows(hf, 'llada') == 126464
