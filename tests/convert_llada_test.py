@@ -21,6 +21,7 @@ import os
 import numpy as np
 import pytest
 
+from dlmjax import config as config_lib
 from dlmjax import convert
 from dlmjax import inference
 from dlmjax import model as model_lib
@@ -335,3 +336,16 @@ def test_llada_8b_config_imports_as_the_llada_8b_preset():
   preset = model_lib.PRESETS['llada_8b']
   assert {k: config.model[k] for k in preset} == preset
   assert hf_config.embedding_rows(hf, 'llada') == 126464
+
+
+def test_init_from_a_llada_directory_adopts_its_model(tmp_path):
+  from dlmjax.checkpoint import init_from  # pylint: disable=import-outside-toplevel
+
+  hf_dir, _, _ = _llada_dir(tmp_path / 'llada', 'gqa_tied_qkv_bias_padded')
+  config = config_lib.defaults()  # every model key at its default: all come from LLaDA's
+  config.init_from = hf_dir
+  changed = set(init_from.adopt_source_config(config))
+  assert {'model.ffn_dim=96', 'model.vocab_size=200', 'model.tie_embeddings=True'} <= changed
+  assert {'model.qk_norm=False', 'model.qkv_bias=True', 'model.rope_theta=500000.0'} <= changed
+  _, params = hf_io.load_hf(hf_dir, config=config)  # what init_from restores: checked, exact
+  tiny_run.assert_same_params(hf_io.load_hf(hf_dir)[1], params)
