@@ -103,31 +103,73 @@ def _dims(hf: dict, arch: str) -> dict:
   return dims
 
 
+# LLaDAConfig fills every field config.json leaves out from its ModelConfig defaults
+# (configuration_llada.py); the ones the import reads, so an absent key means what LLaDA means.
+_LLADA_DEFAULTS = dict(
+  block_type='sequential',
+  block_group_size=1,
+  layer_norm_type='default',
+  layer_norm_with_affine=True,
+  bias_for_layer_norm=None,
+  activation_type='swiglu',
+  rope=False,
+  alibi=False,
+  input_emb_norm=False,
+  scale_logits=False,
+  attention_layer_norm=False,
+  include_bias=False,
+  include_qkv_bias=False,
+  multi_query_attention=None,
+  n_kv_heads=None,
+  mlp_ratio=4,
+  mlp_hidden_size=None,
+  rope_theta=10000.0,
+  rms_norm_eps=1e-5,
+  weight_tying=True,
+  embedding_size=50304,
+  max_sequence_length=1024,
+)
+
+
+def _llada(hf: dict, key: str):
+  return hf.get(key, _LLADA_DEFAULTS[key])
+
+
 def _llada_dims(hf: dict) -> dict:
-  """LLaDA's OLMo-style config (d_model, n_heads, ...); only its `llama` block type maps to ours."""
+  """LLaDA's OLMo-style config (d_model, n_heads, ...) read as modeling_llada.py builds the model;
+  only its `llama` block (pre-norm RMSNorm with a gain, silu(ff_proj) * up_proj, rotate-half RoPE,
+  bidirectional attention) maps to ours, and anything else is refused by name."""
   for key, wanted in (
     ('block_type', 'llama'),
+    ('block_group_size', 1),  # >1 nests the blocks under block_groups.{g}: another layout.
     ('layer_norm_type', 'rms'),
+    ('layer_norm_with_affine', True),
+    # LLaDALlamaBlock multiplies act(ff_proj(x)) by up_proj(x): with act=silu that is SwiGLU;
+    # 'swiglu' would halve ff_proj's output first (a shape LLaDA itself cannot multiply).
+    ('activation_type', 'silu'),
     ('rope', True),
     ('alibi', False),
     ('input_emb_norm', False),
     ('scale_logits', False),
     ('include_bias', False),
   ):
-    if key in hf and hf[key] != wanted:
+    if _llada(hf, key) != wanted:
       raise HFConfigError(
-        f"LLaDA config {key}={hf[key]!r}: only {key}={wanted!r} maps onto dlmjax's transformer."
+        f"LLaDA config {key}={_llada(hf, key)!r}: only {key}={wanted!r} maps onto dlmjax's "
+        'transformer.'
       )
-  if hf.get('activation_type', 'silu') not in ('silu', 'swiglu'):
-    raise HFConfigError(f'LLaDA activation_type={hf["activation_type"]!r}: dlmjax uses SwiGLU.')
-  if hf.get('attention_layer_norm'):
+  if _llada(hf, 'bias_for_layer_norm'):
+    raise HFConfigError("LLaDA bias_for_layer_norm=true: dlmjax's RMSNorm has no bias.")
+  if _llada(hf, 'attention_layer_norm'):
     raise HFConfigError(
       'LLaDA attention_layer_norm=true normalises q and k over all heads at '
       'once (OLMo style); dlmjax normalises each head, so cannot represent it.'
     )
   heads = hf['n_heads']
-  kv = 1 if hf.get('multi_query_attention') else (hf.get('n_kv_heads') or heads)
-  ffn = hf.get('mlp_hidden_size') or hf['mlp_ratio'] * hf['d_model']
+  kv = _llada(hf, 'n_kv_heads')
+  if kv is None:  # configuration_llada.py: effective_n_kv_heads.
+    kv = 1 if _llada(hf, 'multi_query_attention') else heads
+  ffn = _llada(hf, 'mlp_hidden_size') or _llada(hf, 'mlp_ratio') * hf['d_model']
   return dict(
     num_layers=hf['n_layers'],
     d_model=hf['d_model'],
@@ -136,19 +178,20 @@ def _llada_dims(hf: dict) -> dict:
     head_dim=hf['d_model'] // heads,
     ffn_dim=ffn,
     vocab_size=hf['vocab_size'],
-    rope_theta=float(hf.get('rope_theta', 10000.0)),
-    norm_eps=float(hf.get('rms_norm_eps', 1e-5)),
-    tie_embeddings=bool(hf.get('weight_tying', False)),
-    seq_len=hf.get('max_sequence_length', 4096),
+    rope_theta=float(_llada(hf, 'rope_theta')),
+    norm_eps=float(_llada(hf, 'rms_norm_eps')),
+    tie_embeddings=bool(_llada(hf, 'weight_tying')),
+    seq_len=_llada(hf, 'max_sequence_length'),
     qk_norm=False,
-    qkv_bias=False,
+    # include_qkv_bias: q/k/v_proj get biases (LLaDALlamaBlock), attn_out and the MLP do not.
+    qkv_bias=bool(_llada(hf, 'include_qkv_bias')),
   )
 
 
 def embedding_rows(hf: dict, arch: str) -> int:
   """Rows of the checkpoint's embedding (LLaDA may pad it past vocab_size: `embedding_size`)."""
   if arch == 'llada':
-    return hf.get('embedding_size') or hf['vocab_size']
+    return _llada(hf, 'embedding_size') or hf['vocab_size']
   return hf['vocab_size']
 
 

@@ -77,7 +77,8 @@ NAMINGS = {
   'qwen2': Naming(**_LLAMA_LIKE, layer_keys=_QWEN2_KEYS),
   'llama': Naming(**_LLAMA_LIKE, layer_keys=_LLAMA_KEYS, bias_slots=('q', 'k', 'v', 'o')),
   # LLaDA's OLMo-derived LLaDALlamaBlock (GSAI-ML/LLaDA-8B-*, modeling_llada.py):
-  # ff_proj is the SwiGLU gate, up_proj the up projection, ff_out the down projection.
+  # ff_out(silu(ff_proj(x)) * up_proj(x)): ff_proj is the SwiGLU gate, up_proj the up
+  # projection, ff_out the down projection; q/k/v_proj have biases when include_qkv_bias.
   'llada': Naming(
     embed='model.transformer.wte.weight',
     final_norm='model.transformer.ln_f.weight',
@@ -93,6 +94,9 @@ NAMINGS = {
       gate='ff_proj.weight',
       up='up_proj.weight',
       down='ff_out.weight',
+      q_bias='q_proj.bias',
+      k_bias='k_proj.bias',
+      v_bias='v_proj.bias',
     ),
     bias_slots=('q', 'k', 'v'),
   ),
@@ -287,10 +291,13 @@ def _expected(naming: Naming, cfg: ModelConfig, slots) -> list[str]:
 
 
 def _zero_bias_names(naming: Naming, cfg: ModelConfig) -> list[str]:
+  """Biases the checkpoint may carry that the model has no slot for (q/k/v biases fill
+  model.qkv_bias's slots when it is on)."""
   return [
     naming.layer_name(i, s)[: -len('weight')] + 'bias'
     for i in range(cfg.num_layers)
     for s in naming.bias_slots
+    if not (cfg.qkv_bias and f'{s}_bias' in naming.layer_keys)
   ]
 
 

@@ -43,6 +43,7 @@ LLADA = dict(
   activation_type='silu',
   attention_layer_norm=False,
   include_bias=False,
+  rope=True,
   max_sequence_length=1024,
 )
 

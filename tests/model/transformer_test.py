@@ -104,6 +104,46 @@ def test_qwen2p5_presets_have_the_published_param_counts(preset, published):
   assert round(non_embedding / 1e9, 2) == {'qwen2p5_0p5b': 0.36, 'qwen2p5_7b': 6.53}[preset]
 
 
+@pytest.mark.parametrize(
+  'preset,published,non_embedding_b,qk_norm',
+  [
+    # Qwen3 model cards (Qwen/Qwen3-0.6B, -1.7B, -8B): 0.6B (0.44B non-embedding), 1.7B (1.4B),
+    # 8.2B (6.95B); exact counts with the tied embedding counted once (the HF safetensors of
+    # 0.6B / 1.7B also store the tied head: 751,632,384 / 2,031,739,904).
+    ('qwen3_0p6b', 596_049_920, 0.44, True),
+    ('qwen3_1p7b', 1_720_574_976, 1.41, True),
+    ('qwen3_8b', 8_190_735_360, 6.95, True),
+    # meta-llama/Meta-Llama-3-8B safetensors total: 8,030,261,248.
+    ('llama3_8b', 8_030_261_248, 6.98, False),
+    # GSAI-ML/LLaDA-8B-Base safetensors 8.02B; LLaDA paper (Nie et al. 2025), architecture table:
+    # 8.02B total, 6.98B non-embedding (the same blocks as Llama-3-8B, MHA and a 12288 MLP).
+    ('llada_8b', 8_015_581_184, 6.98, False),
+  ],
+)
+def test_published_presets_have_the_published_param_counts(
+  preset, published, non_embedding_b, qk_norm
+):
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
+
+  config = config_lib.defaults()
+  model_lib.apply_preset(config.model, preset)
+  config_lib.validate(config)
+  cfg = model_lib.ModelConfig.from_config(config)
+  assert cfg.vocab_size == config.model.vocab_size  # 151936, 128256, 126464: multiples of 128
+  assert (cfg.qk_norm, cfg.qkv_bias) == (qk_norm, False)
+  assert cfg.num_params() == published
+  embed = cfg.vocab_size * cfg.d_model
+  non_embedding = cfg.num_params() - embed * (1 if cfg.tie_embeddings else 2)
+  assert round(non_embedding / 1e9, 2) == non_embedding_b
+
+
+def test_qwen3_1p7b_is_not_megadlms_1p7b():
+  """Both are kept: MegaDLMs' 1.7B (MHA, GPT-NeoX vocab, untied) is another model than Qwen3's."""
+  a, b = model_lib.PRESETS['1p7b'], model_lib.PRESETS['qwen3_1p7b']
+  differ = {k for k in a if a[k] != b.get(k)}
+  assert {'num_kv_heads', 'vocab_size', 'tie_embeddings', 'rope_theta'} <= differ
+
+
 def test_qk_norm_off_is_plain_rope_and_biases_add():
   """qk_norm=False: q and k go straight to RoPE; qkv_bias: biases shift q, k and v by the value."""
   cfg = dataclasses.replace(CFG, qk_norm=False, qkv_bias=True)

@@ -1,0 +1,351 @@
+"""LLaDA in exactly: a tiny random-weight LLaDA directory, laid out as GSAI-ML/LLaDA-8B-* ships it
+(config.json of LLaDAConfig's fields, model_type 'llada'; sharded safetensors named
+model.transformer.*), imported through `convert from-hf`, `hf_io.load_hf` and `load_pretrained`,
+gives the logits of a plain PyTorch forward written here from LLaDA's published formulas.
+
+The reference follows modeling_llada.py's LLaDALlamaBlock (read, not copied; no transformers):
+  x = wte[ids]; per block: x += attn_out(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))) with
+  n = RMSNorm(x) * attn_norm.weight; x += ff_out(silu(ff_proj(m)) * up_proj(m)) with
+  m = RMSNorm(x) * ff_norm.weight; logits = (RMSNorm(x) * ln_f.weight) @ (ff_out | wte).T.
+  RMSNorm: x * rsqrt(mean(x^2) + rms_norm_eps), gain only (no bias). RoPE: rotate-half
+  (cat(-x2, x1) over the two halves of each head), inv_freq = theta^(-arange(0, H, 2) / H), H =
+  d_model / n_heads. Attention: softmax(q k^T / sqrt(H)) with no mask (bidirectional; LLaDA passes
+  is_causal=False), k/v heads repeat_interleave'd to the q heads (GQA). q/k/v_proj carry a bias
+  only with include_qkv_bias (attn_out, ff_* and the norms never do here; include_bias is refused).
+"""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from dlmjax import config as config_lib
+from dlmjax import convert
+from dlmjax import inference
+from dlmjax import model as model_lib
+from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint import hf_io
+from dlmjax.checkpoint import manager
+from tests.checkpoint import tiny_run
+
+torch = pytest.importorskip('torch')
+safetensors_torch = pytest.importorskip('safetensors.torch')
+
+# configuration_llada.py's ModelConfig fields as LLaDAConfig.save_pretrained writes them, with
+# LLaDA-8B's values where they are not sizes (llama block, rms, silu, rope theta 5e5, eps 1e-5,
+# untied, mask 126336 -> a tiny id here) and tiny sizes.
+_LLADA_CONFIG = dict(
+  activation_type='silu',
+  alibi=False,
+  alibi_bias_max=8.0,
+  architectures=['LLaDAModelLM'],
+  attention_dropout=0.0,
+  attention_layer_norm=False,
+  attention_layer_norm_with_affine=True,
+  auto_map={
+    'AutoConfig': 'configuration_llada.LLaDAConfig',
+    'AutoModelForCausalLM': 'modeling_llada.LLaDAModelLM',
+    'AutoModel': 'modeling_llada.LLaDAModelLM',
+  },
+  bias_for_layer_norm=False,
+  block_group_size=1,
+  block_type='llama',
+  d_model=64,
+  embedding_dropout=0.0,
+  embedding_size=256,
+  eos_token_id=2,
+  flash_attention=False,
+  include_bias=False,
+  include_qkv_bias=False,
+  init_cutoff_factor=None,
+  init_device='meta',
+  init_fn='mitchell',
+  init_std=0.02,
+  input_emb_norm=False,
+  layer_norm_type='rms',
+  layer_norm_with_affine=True,
+  mask_token_id=250,
+  max_sequence_length=64,
+  mlp_hidden_size=96,
+  mlp_ratio=4,
+  model_type='llada',
+  multi_query_attention=None,
+  n_heads=4,
+  n_kv_heads=4,
+  n_layers=2,
+  pad_token_id=2,
+  precision='amp_bf16',
+  residual_dropout=0.0,
+  rms_norm_eps=1e-5,
+  rope=True,
+  rope_full_precision=True,
+  rope_theta=500000.0,
+  scale_logits=False,
+  transformers_version='4.46.3',
+  use_cache=False,
+  vocab_size=256,
+  weight_tying=False,
+)
+VARIANTS = {
+  # LLaDA-8B's architecture: MHA, untied, vocab_size == embedding_size.
+  'llada_8b_like': {},
+  # What else LLaDA's code computes and we can: GQA, tied head, q/k/v biases, and an embedding
+  # padded past the tokenizer (embedding_size > vocab_size, as LLaDA allows).
+  'gqa_tied_qkv_bias_padded': dict(
+    n_kv_heads=2, weight_tying=True, include_qkv_bias=True, vocab_size=200, mask_token_id=199
+  ),
+}
+
+
+def _llada_state_dict(hf: dict, seed: int = 0) -> dict:
+  """LLaDAModelLM's state dict names and shapes (self.model = LLaDAModel: model.transformer.*),
+  every tensor random (norm gains around one)."""
+  g = torch.Generator().manual_seed(seed)
+  d, heads, layers = hf['d_model'], hf['n_heads'], hf['n_layers']
+  hd, kv, f = d // heads, hf['n_kv_heads'], hf['mlp_hidden_size']
+  rows = hf['embedding_size'] or hf['vocab_size']
+
+  def rand(*shape, scale=0.2):
+    return scale * torch.randn(*shape, generator=g)
+
+  sd = {'model.transformer.wte.weight': rand(rows, d, scale=1.0)}
+  for i in range(layers):
+    p = f'model.transformer.blocks.{i}.'
+    sd[p + 'attn_norm.weight'] = 1.0 + rand(d, scale=0.1)
+    sd[p + 'ff_norm.weight'] = 1.0 + rand(d, scale=0.1)
+    sd[p + 'q_proj.weight'] = rand(heads * hd, d)
+    sd[p + 'k_proj.weight'] = rand(kv * hd, d)
+    sd[p + 'v_proj.weight'] = rand(kv * hd, d)
+    if hf['include_qkv_bias']:
+      sd[p + 'q_proj.bias'] = rand(heads * hd)
+      sd[p + 'k_proj.bias'] = rand(kv * hd)
+      sd[p + 'v_proj.bias'] = rand(kv * hd)
+    sd[p + 'attn_out.weight'] = rand(d, d)
+    sd[p + 'ff_proj.weight'] = rand(f, d)
+    sd[p + 'up_proj.weight'] = rand(f, d)
+    sd[p + 'ff_out.weight'] = rand(d, f)
+  sd['model.transformer.ln_f.weight'] = 1.0 + rand(d, scale=0.1)
+  if not hf['weight_tying']:  # tied: LLaDAModel creates no transformer.ff_out.
+    sd['model.transformer.ff_out.weight'] = rand(rows, d)
+  return sd
+
+
+def _llada_dir(directory, variant: str):
+  """A LLaDA model directory as save_pretrained writes it: config.json, two safetensors shards
+  with model.safetensors.index.json (LLaDA-8B ships 6 shards), and a tokenizer.json."""
+  hf = dict(_LLADA_CONFIG, **VARIANTS[variant])
+  sd = _llada_state_dict(hf)
+  os.makedirs(directory, exist_ok=True)
+  names = list(sd)
+  shards = {'model-00001-of-00002.safetensors': names[:7], 'model-00002-of-00002.safetensors': []}
+  shards['model-00002-of-00002.safetensors'] = names[7:]
+  weight_map = {}
+  for file, shard_names in shards.items():
+    safetensors_torch.save_file(
+      {n: sd[n].contiguous() for n in shard_names},
+      os.path.join(directory, file),
+      metadata={'format': 'pt'},
+    )
+    weight_map.update({n: file for n in shard_names})
+  with open(os.path.join(directory, 'model.safetensors.index.json'), 'w') as f:
+    json.dump(dict(metadata=dict(total_size=0), weight_map=weight_map), f)
+  with open(os.path.join(directory, 'config.json'), 'w') as f:
+    json.dump(hf, f, indent=2)
+  tiny_run.write_tokenizer(directory, hf['vocab_size'])
+  return str(directory), hf, sd
+
+
+def _rms(x, w, eps):
+  return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rope(t_BNTH, theta, *, interleaved=False):
+  """LLaDA's rotate-half RoPE; interleaved=True is the (wrong, GPT-J) pairing of the mutation."""
+  hd, length = t_BNTH.shape[-1], t_BNTH.shape[-2]
+  inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+  freqs = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq[None, :]
+  if interleaved:
+    cos, sin = freqs.cos().repeat_interleave(2, -1), freqs.sin().repeat_interleave(2, -1)
+    pairs = t_BNTH.unflatten(-1, (hd // 2, 2))
+    rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), -1).flatten(-2)
+  else:
+    angles = torch.cat((freqs, freqs), -1)
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = t_BNTH[..., : hd // 2], t_BNTH[..., hd // 2 :]
+    rotated = torch.cat((-x2, x1), -1)
+  return t_BNTH * cos.to(t_BNTH.dtype) + rotated * sin.to(t_BNTH.dtype)
+
+
+def llada_reference(sd, hf, ids, *, swap_gate_up=False, interleaved_rope=False, drop_bias=False):
+  """LLaDA's forward (module docstring) in float64 from its state dict; the flags are the wrong
+  details a broken import would compute instead."""
+  sd = {k: v.double() for k, v in sd.items()}
+  heads, kv, eps = hf['n_heads'], hf['n_kv_heads'], hf['rms_norm_eps']
+  hd = hf['d_model'] // heads
+  x = sd['model.transformer.wte.weight'][torch.as_tensor(ids)]
+  batch, length, _ = x.shape
+
+  def linear(h, name):
+    out = h @ sd[name + '.weight'].T
+    bias = sd.get(name + '.bias')
+    return out if bias is None or drop_bias else out + bias
+
+  for i in range(hf['n_layers']):
+    p = f'model.transformer.blocks.{i}.'
+    n = _rms(x, sd[p + 'attn_norm.weight'], eps)
+    q = linear(n, p + 'q_proj').view(batch, length, heads, hd).transpose(1, 2)
+    k = linear(n, p + 'k_proj').view(batch, length, kv, hd).transpose(1, 2)
+    v = linear(n, p + 'v_proj').view(batch, length, kv, hd).transpose(1, 2)
+    q = _rope(q, hf['rope_theta'], interleaved=interleaved_rope)
+    k = _rope(k, hf['rope_theta'], interleaved=interleaved_rope)
+    k, v = (t.repeat_interleave(heads // kv, dim=1) for t in (k, v))
+    att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), -1) @ v  # no mask
+    x = x + linear(att.transpose(1, 2).reshape(batch, length, -1), p + 'attn_out')
+    m = _rms(x, sd[p + 'ff_norm.weight'], eps)
+    gate, up = linear(m, p + 'ff_proj'), linear(m, p + 'up_proj')
+    if swap_gate_up:
+      gate, up = up, gate
+    x = x + linear(torch.nn.functional.silu(gate) * up, p + 'ff_out')
+  x = _rms(x, sd['model.transformer.ln_f.weight'], eps)
+  head = sd[
+    'model.transformer.wte.weight' if hf['weight_tying'] else 'model.transformer.ff_out.weight'
+  ]
+  return (x @ head.T).numpy()
+
+
+def _ours(config, params, tokens):
+  cfg = model_lib.ModelConfig.from_config(config)
+  return np.asarray(model_lib.merge(cfg, params)(tokens))
+
+
+def _close(theirs, ours):
+  """<= 1e-4 relative to the logits' scale (fp32 ours against the float64 reference)."""
+  assert theirs.shape == ours.shape, (theirs.shape, ours.shape)
+  np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-4 * np.abs(theirs).max())
+
+
+def _restored(run_dir):
+  run_dir, step_dir, _ = manager.resolve_step_dir(run_dir)
+  config = manager.load_run_config(run_dir)
+  return config, manager.restore_params(step_dir, *model_lib.param_placement(config))
+
+
+@pytest.mark.parametrize('variant', sorted(VARIANTS))
+def test_llada_directory_imports_to_llada_function(tmp_path, variant):
+  hf_dir, hf, sd = _llada_dir(tmp_path / 'llada', variant)
+  tokens = np.random.default_rng(1).integers(0, hf['vocab_size'], (2, 24))
+  theirs = llada_reference(sd, hf, tokens)
+
+  run_dir = str(tmp_path / 'run')
+  assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', run_dir]) == 0
+  config, params = _restored(run_dir)
+  m = config.model
+  assert (m.qk_norm, m.qkv_bias, m.tie_embeddings) == (
+    False,
+    hf['include_qkv_bias'],
+    hf['weight_tying'],
+  )
+  assert (m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_dim) == (4, hf['n_kv_heads'], 16, 96)
+  assert (m.rope_theta, m.norm_eps, m.attention_mask) == (500000.0, 1e-5, 'bidirectional')
+  assert (m.vocab_size, m.mask_token_id, m.eos_token_id, m.pad_token_id) == (
+    hf['vocab_size'],
+    hf['mask_token_id'],
+    2,
+    2,
+  )
+  step_dir = manager.resolve_step_dir(run_dir)[1]
+  assert manager.read_meta(step_dir)['source']['family'] == 'llada'
+  _close(theirs, _ours(config, params, tokens))
+
+  _, params = hf_io.load_hf(hf_dir)
+  _close(theirs, _ours(config, params, tokens))
+  pretrained = inference.load_pretrained(hf_dir)
+  _close(theirs, _ours(pretrained.config, pretrained.params, tokens))
+
+
+@pytest.mark.parametrize(
+  'wrong', ['swap_gate_up', 'interleaved_rope', 'drop_bias'], ids=lambda w: w
+)
+def test_the_parity_sees_a_wrong_detail(tmp_path, wrong):
+  """The comparison above can fail: LLaDA with ff_proj/up_proj swapped, interleaved RoPE or its
+  q/k/v biases dropped is far past the tolerance from what the import computes."""
+  hf_dir, hf, sd = _llada_dir(tmp_path / 'llada', 'gqa_tied_qkv_bias_padded')
+  tokens = np.random.default_rng(1).integers(0, hf['vocab_size'], (2, 24))
+  config, params = hf_io.load_hf(hf_dir)
+  ours = _ours(config, params, tokens)
+  _close(llada_reference(sd, hf, tokens), ours)
+  with pytest.raises(AssertionError):
+    _close(llada_reference(sd, hf, tokens, **{wrong: True}), ours)
+
+
+@pytest.mark.parametrize(
+  'change, named',
+  [
+    (dict(include_bias=True), 'include_bias=True'),
+    (dict(activation_type='swiglu'), "activation_type='swiglu'"),
+    (dict(layer_norm_type='default'), "layer_norm_type='default'"),
+    (dict(layer_norm_with_affine=False), 'layer_norm_with_affine=False'),
+    (dict(bias_for_layer_norm=True), 'bias_for_layer_norm=true'),
+    (dict(block_group_size=4), 'block_group_size=4'),
+    (dict(scale_logits=True), 'scale_logits=True'),
+    (dict(attention_layer_norm=True), 'attention_layer_norm=true'),
+    (dict(rope=False), 'rope=False'),
+  ],
+)
+def test_llada_features_we_cannot_compute_are_refused_by_name(tmp_path, change, named):
+  hf_dir, hf, _ = _llada_dir(tmp_path / 'llada', 'llada_8b_like')
+  with open(os.path.join(hf_dir, 'config.json'), 'w') as f:
+    json.dump(dict(hf, **change), f)
+  with pytest.raises(hf_config.HFConfigError, match=named.replace('(', r'\(')):
+    hf_io.load_hf(hf_dir)
+
+
+def test_absent_llada_fields_mean_llada_defaults():
+  """LLaDAConfig fills absent fields from its ModelConfig: weight_tying defaults to True, a
+  missing `rope` means no RoPE (refused), embedding_size defaults to 50304."""
+  hf = dict(_LLADA_CONFIG)
+  del hf['weight_tying'], hf['embedding_size']
+  config = hf_config.config_from_hf(hf)
+  assert config.model.tie_embeddings
+  assert hf_config.embedding_rows(hf, 'llada') == 50304
+  del hf['rope']
+  with pytest.raises(hf_config.HFConfigError, match='rope=False'):
+    hf_config.config_from_hf(hf)
+
+
+def test_llada_8b_config_imports_as_the_llada_8b_preset():
+  """GSAI-ML/LLaDA-8B-Instruct's config.json sizes and ids read into exactly the preset."""
+  hf = dict(
+    _LLADA_CONFIG,
+    d_model=4096,
+    n_heads=32,
+    n_kv_heads=32,
+    n_layers=32,
+    mlp_hidden_size=12288,
+    mlp_ratio=4,
+    vocab_size=126464,
+    embedding_size=126464,
+    max_sequence_length=4096,
+    mask_token_id=126336,
+    eos_token_id=126081,
+    pad_token_id=126081,
+  )
+  config = hf_config.config_from_hf(hf)
+  preset = model_lib.PRESETS['llada_8b']
+  assert {k: config.model[k] for k in preset} == preset
+  assert hf_config.embedding_rows(hf, 'llada') == 126464
+
+
+def test_init_from_a_llada_directory_adopts_its_model(tmp_path):
+  from dlmjax.checkpoint import init_from  # pylint: disable=import-outside-toplevel
+
+  hf_dir, _, _ = _llada_dir(tmp_path / 'llada', 'gqa_tied_qkv_bias_padded')
+  config = config_lib.defaults()  # every model key at its default: all come from LLaDA's
+  config.init_from = hf_dir
+  changed = set(init_from.adopt_source_config(config))
+  assert {'model.ffn_dim=96', 'model.vocab_size=200', 'model.tie_embeddings=True'} <= changed
+  assert {'model.qk_norm=False', 'model.qkv_bias=True', 'model.rope_theta=500000.0'} <= changed
+  _, params = hf_io.load_hf(hf_dir, config=config)  # what init_from restores: checked, exact
+  tiny_run.assert_same_params(hf_io.load_hf(hf_dir)[1], params)
