@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import math
+import numbers
 import os
 
 import ml_collections
@@ -660,7 +661,7 @@ def validate(config, num_devices: int | None = None) -> None:
 
   _validate_sft(config)
   _validate_rl(config)
-  _validate_sampler(config)
+  check_sampler_settings(config.sampler, prefix='sampler.')
   _validate_mesh(config, num_devices)
 
 
@@ -710,33 +711,33 @@ def _validate_rl(config):
       )
 
 
-def _validate_sampler(config):
-  """The sampler group as plain data (dlmjax/diffusion/sampler.py checks the same settings of
-  any SamplingConfig; this names the sampler.* key)."""
-  s = config.sampler
+def check_sampler_settings(settings, prefix: str = '') -> None:
+  """The sampler's rules, written once: for the sampler.* group (prefix 'sampler.') and for any
+  dlmjax.diffusion.sampler.SamplingConfig (its validate); raises ConfigError naming the setting."""
+  p = prefix
   for key in ('gen_length', 'steps', 'block_length'):
-    if not isinstance(s[key], int) or isinstance(s[key], bool) or s[key] < 1:
-      raise ConfigError(f'sampler.{key}={s[key]!r} must be a positive integer.')
-  if s.gen_length % s.block_length:
+    value = getattr(settings, key)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+      raise ConfigError(f'{p}{key}={value!r} must be a positive integer.')
+  gen, block, steps = settings.gen_length, settings.block_length, settings.steps
+  if gen % block:
     raise ConfigError(
-      f'sampler.gen_length={s.gen_length} is not a multiple of '
-      f'sampler.block_length={s.block_length}; pick a block_length that divides '
-      'it.'
+      f'{p}gen_length={gen} is not a multiple of {p}block_length={block}; pick a block_length '
+      'that divides it.'
     )
-  blocks = s.gen_length // s.block_length
-  if s.steps % blocks:
+  if steps % (gen // block):
     raise ConfigError(
-      f'sampler.steps={s.steps} is not a multiple of the {blocks} blocks '
-      f'(sampler.gen_length / sampler.block_length); use steps = k * {blocks}.'
+      f'{p}steps={steps} is not a multiple of the {gen // block} blocks ({p}gen_length / '
+      f'{p}block_length); use steps = k * {gen // block}.'
     )
-  if s.temperature < 0:
-    raise ConfigError(f'sampler.temperature={s.temperature} must be >= 0 (0 = greedy).')
-  if not 0 < s.top_p <= 1:
-    raise ConfigError(f'sampler.top_p={s.top_p} must lie in (0, 1].')
-  if s.cfg_scale < 0:
-    raise ConfigError(f'sampler.cfg_scale={s.cfg_scale} must be >= 0 (0 = off).')
-  if not 0 <= s.threshold <= 1:
-    raise ConfigError(f'sampler.threshold={s.threshold} must lie in [0, 1] (0 = off).')
+  if settings.temperature < 0:
+    raise ConfigError(f'{p}temperature={settings.temperature} must be >= 0 (0 = greedy).')
+  if not 0 < settings.top_p <= 1:
+    raise ConfigError(f'{p}top_p={settings.top_p} must lie in (0, 1].')
+  if settings.cfg_scale < 0:
+    raise ConfigError(f'{p}cfg_scale={settings.cfg_scale} must be >= 0 (0 = off).')
+  if not 0 <= settings.threshold <= 1:
+    raise ConfigError(f'{p}threshold={settings.threshold} must lie in [0, 1] (0 = off).')
 
 
 def _validate_sft(config):

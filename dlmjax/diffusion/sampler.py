@@ -50,30 +50,10 @@ class SamplingConfig:
     return self.steps // self.num_blocks
 
   def validate(self) -> 'SamplingConfig':
-    """Raises ValueError naming the setting to change; returns self."""
-    for name in ('gen_length', 'steps', 'block_length'):
-      if not isinstance(getattr(self, name), (int, np.integer)) or getattr(self, name) < 1:
-        raise ValueError(f'{name} must be a positive integer, got {getattr(self, name)!r}.')
-    if self.gen_length % self.block_length:
-      raise ValueError(
-        f'gen_length={self.gen_length} is not a multiple of block_length='
-        f'{self.block_length}; pick a block_length that divides it.'
-      )
-    if self.steps % self.num_blocks:
-      raise ValueError(
-        f'steps={self.steps} is not a multiple of the {self.num_blocks} blocks '
-        f'(gen_length / block_length); use steps = k * {self.num_blocks}.'
-      )
-    if self.temperature < 0:
-      raise ValueError(f'temperature must be >= 0 (0 = greedy), got {self.temperature}.')
-    if not 0 < self.top_p <= 1:
-      raise ValueError(f'top_p must lie in (0, 1], got {self.top_p}.')
-    if self.cfg_scale < 0:
-      raise ValueError(f'cfg_scale must be >= 0 (0 = off), got {self.cfg_scale}.')
+    """Raises ConfigError (a ValueError) naming the setting to change; returns self."""
+    config_lib.check_sampler_settings(self)
     if self.remasking not in REMASKING:
       raise ValueError(f'unknown remasking {self.remasking!r}; known: {REMASKING}.')
-    if not 0 <= self.threshold <= 1:
-      raise ValueError(f'threshold must lie in [0, 1] (0 = off), got {self.threshold}.')
     if self.cache not in CACHE_MODES:
       raise ValueError(f'unknown cache {self.cache!r}; known: {CACHE_MODES}.')
     return self
