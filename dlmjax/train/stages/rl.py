@@ -7,6 +7,8 @@ own mask seed and the old / reference estimates for it, computed once after gene
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -120,14 +122,16 @@ def make_prompts(config) -> prompts_lib.Prompts:
 
 
 def stage(config) -> base.Stage:
+  # Rollouts and the held-out evaluation share one tokenised prompt set, built on first use.
+  prompts = functools.cache(lambda: make_prompts(config))
 
   def batches(setup, process_index, process_count):
     return rollout_lib.make_batches(
-      config, setup, make_prompts(config), process_index=process_index, process_count=process_count
+      config, setup, prompts(), process_index=process_index, process_count=process_count
     )
 
   def evaluator(setup):
-    return rl_evaluation.HeldOutReward(config, setup, make_prompts(config))
+    return rl_evaluation.HeldOutReward(config, setup, prompts())
 
   def example_batch(rng):
     """A rollout's arrays: prompts of half the prompt width, completions filling the canvas."""
