@@ -210,14 +210,16 @@ def generate(
 
   Per block of block_length tokens, steps_per_block steps; per step a forward over the canvas,
   CFG (logits = u + (s + 1)(c - u), u from a copy whose prompt is MASK), predictions x0 (argmax or
-  Gumbel-max), confidence = softmax(logits)[x0] (low_confidence) or U(0, 1) (random), and the
-  num_transfer_tokens most confident masked tokens of the block are committed. Differences from
-  LLaDA, all without effect on the result: logits, noise and confidence are computed for the
-  current block only (positions after it get -inf confidence there, and before it nothing is
-  masked); only the completion is decoded (a MASK id inside a prompt stays). Two differences that
-  matter only for untrained models: MASK is never predicted (LLaDA would commit it and leave the
-  position masked), nor are padded vocabulary rows (>= vocab_size). Pads are excluded from
-  attention through segment ids and positions start at 0 at each row's first real token.
+  Gumbel-max), confidence = softmax(logits)[x0] (low_confidence), U(0, 1) (random) or Dream's
+  orders, and the num_transfer_tokens most confident masked tokens of the block are committed, with
+  Fast-dLLM's threshold or factor rule on top (the commit rule: decoding.commit_step).
+  Differences from LLaDA, all without effect on the result: logits, noise and confidence are
+  computed for the current block only (positions after it get -inf confidence there, and before
+  it nothing is masked); only the completion is decoded (a MASK id inside a prompt stays). Two
+  differences that matter only for untrained models: MASK is never predicted (LLaDA would commit
+  it and leave the position masked), nor are padded vocabulary rows (>= vocab_size). Pads are
+  excluded from attention through segment ids and positions start at 0 at each row's first real
+  token.
   """
   sampling.validate()
   batch, width = prompt_BP.shape
