@@ -158,6 +158,8 @@ def write_hf(
     shutil.copy(_MODELING_PATH, os.path.join(output_dir, hf_config.MODELING_FILE))
   if copy_tokenizer:
     _copy_tokenizer(tokenizer, output_dir)
+    if tokenizer is not None:
+      _write_tokenizer_config(tokenizer, output_dir, config)
   return output_dir
 
 
@@ -190,6 +192,42 @@ def _copy_tokenizer(tokenizer: str, output_dir: str) -> None:
     shutil.copy(tokenizer, os.path.join(output_dir, 'tokenizer.model'))
   else:
     shutil.copy(tokenizer, os.path.join(output_dir, os.path.basename(tokenizer)))
+
+
+# transformers' class for a tokenizer.json (or, converted on load, a SentencePiece model) taken as
+# it is: the name in v4 and v5 (an alias of TokenizersBackend there). Without it AutoTokenizer
+# picks the model_type's class (Qwen2Tokenizer for a qwen3 export), whose own pre-tokenizer
+# splits a SentencePiece vocabulary differently (it dropped the spaces).
+_TOKENIZER_CLASS = 'PreTrainedTokenizerFast'
+
+
+def _write_tokenizer_config(tokenizer: str, output_dir: str, config) -> None:
+  """tokenizer_config.json for AutoTokenizer: the tokenizer taken exactly as dlmjax reads it, and
+  the model's end-of-document, padding and mask pieces as eos/pad/mask tokens. A copied
+  tokenizer_config.json keeps its fields (chat template, its own class); the special tokens are
+  set to the model's."""
+  path = os.path.join(output_dir, 'tokenizer_config.json')
+  fields = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      fields = json.load(f)
+  fields.setdefault('tokenizer_class', _TOKENIZER_CLASS)
+  fields.setdefault('add_bos_token', False)  # dlmjax encodes without BOS/EOS (data/tokenizer.py).
+  fields.setdefault('add_eos_token', False)
+  fields.setdefault('clean_up_tokenization_spaces', False)  # decode(encode(text)) == text
+  loaded = tokenizer_lib.load_tokenizer(tokenizer, require_mask=False)
+  m = config.model
+  for field, token_id in (
+    ('eos_token', m.eos_token_id),
+    ('pad_token', m.pad_token_id),
+    ('mask_token', m.mask_token_id),
+  ):
+    piece = loaded.id_piece(token_id)
+    if piece is not None:  # a mask row past the tokenizer's ids has no piece to name.
+      fields[field] = piece
+  fields.setdefault('model_max_length', m.seq_len)
+  with open(path, 'w') as f:
+    json.dump(fields, f, indent=2, ensure_ascii=False)
 
 
 def _restore(checkpoint_path: str):
