@@ -12,6 +12,7 @@ import pytest
 
 from dlmjax import convert
 from dlmjax import model as model_lib
+from dlmjax import verify
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
@@ -74,7 +75,7 @@ def test_each_layout_reimports_bit_exact(tmp_path, layout):
 
 
 @pytest.mark.parametrize('tie', [False, True])
-def test_llada_export_is_the_llada_forward(tmp_path, tie):
+def test_llada_export_is_the_llada_forward(tmp_path, capsys, tie):
   """LLaDA's names and config.json: the float64 forward written from LLaDA's formulas
   (convert_llada_test.llada_reference) on the exported files gives our logits."""
   overrides = dict(LAYOUTS['llada'], **{'model.tie_embeddings': tie, 'model.rope_theta': 5e5})
@@ -111,6 +112,10 @@ def test_llada_export_is_the_llada_forward(tmp_path, tie):
   with pytest.raises(AssertionError):  # the comparison sees a wrong detail
     wrong = convert_llada_test.llada_reference(sd, hf, tokens, swap_gate_up=True)
     convert_llada_test._close(wrong[..., : ours.shape[-1]], ours)
+  if not tie:  # verify's PyTorch forwards read Qwen3 / Qwen2 / Llama names: refused by name
+    capsys.readouterr()
+    assert verify.main(['--checkpoint-path', str(tmp_path / 'run'), '--hf-dir', out]) == 1
+    assert 'has the llada layout' in capsys.readouterr().out
 
 
 def test_source_layout_goes_back_to_the_imported_family(tmp_path):
@@ -197,8 +202,11 @@ def _rel(theirs, ours):
   return float(np.abs(theirs - ours).max() / np.abs(ours).max())
 
 
-@pytest.mark.parametrize('layout', ['qwen3', 'qwen2', 'llama'])
-@pytest.mark.parametrize('kind', ['bidirectional', 'causal', 'block_causal'])
+@pytest.mark.parametrize(
+  'layout, kind',
+  [('qwen3', k) for k in ('bidirectional', 'causal', 'block_causal')]
+  + [('qwen2', 'bidirectional'), ('llama', 'block_causal')],
+)
 def test_autoclass_on_the_export_gives_our_logits(tmp_path, layout, kind):
   """AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True) loads our shipped
   modeling_dlmjax.py and computes the trained mask kind: <= 1e-4 relative to our logits; a

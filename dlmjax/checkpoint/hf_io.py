@@ -215,7 +215,8 @@ def _write_tokenizer_config(tokenizer: str, output_dir: str, config) -> None:
   fields.setdefault('add_bos_token', False)  # dlmjax encodes without BOS/EOS (data/tokenizer.py).
   fields.setdefault('add_eos_token', False)
   fields.setdefault('clean_up_tokenization_spaces', False)  # decode(encode(text)) == text
-  loaded = tokenizer_lib.load_tokenizer(tokenizer, require_mask=False)
+  # Only its pieces are read: the ids are the model's, so none is looked up by piece here.
+  loaded = tokenizer_lib.load_tokenizer(tokenizer, eod_token=0, pad_token=0, require_mask=False)
   m = config.model
   for field, token_id in (
     ('eos_token', m.eos_token_id),
