@@ -1,9 +1,10 @@
 """Hugging Face config.json <-> dlmjax config: which architecture a checkpoint is, and its dims.
 
-Exports are the transformers family whose layout holds the model exactly (export_family: Qwen3
-with QK-norm, Qwen2 with q/k/v biases, Llama with neither) plus MegaDLMs DiffLM's `mask_token_id`
-and `attn_mask_type`, so `Qwen3ForCausalLM` / `Qwen2ForCausalLM` / `LlamaForCausalLM` load them
-and DiffLM tooling finds its fields. Imports read Qwen3, MegaDLMs DiffLM, Qwen2, Llama and LLaDA
+Exports (the layouts of hf_layouts) write a transformers family's config.json (to_hf: by default
+the one whose layout holds the model exactly, export_family: Qwen3 with QK-norm, Qwen2 with q/k/v
+biases, Llama with neither) plus MegaDLMs DiffLM's `mask_token_id` and `attn_mask_type`, so
+`Qwen3ForCausalLM` / `Qwen2ForCausalLM` / `LlamaForCausalLM` load them and DiffLM tooling finds
+its fields, or LLaDA's (llada_to_hf). Imports read Qwen3, MegaDLMs DiffLM, Qwen2, Llama and LLaDA
 configs, each into the model options of its family (model.qk_norm, model.qkv_bias); anything else,
 or a part we cannot compute (sliding windows, a RoPE scaling type), is refused by name.
 """
