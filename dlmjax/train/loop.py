@@ -81,6 +81,9 @@ def train(config) -> dict | None:
 def _run(config, stop, cleanup) -> dict | None:
   # Setup.
   check_output_dir(config.output_dir)
+  schedule_note = config_lib.fit_schedule(config)
+  if schedule_note and jax.process_index() == 0:
+    print(schedule_note, flush=True)
   if config.init_from:  # model keys left at their defaults come from the source model
     adopted = init_from_lib.adopt_source_config(config)
     if adopted and jax.process_index() == 0:
