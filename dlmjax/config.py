@@ -178,9 +178,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.sampler.stop_at_eos = False  # skip blocks once every row has committed an EOS (text-exact).
 
   # Reinforcement learning (stage rl, README "Reinforcement learning"): dlmjax/rl,
-  # dlmjax/train/stages/rl.py. Advantages are r - group mean, d1's token normalisation and
-  # frozen-init KL reference (kl_beta 0 = none); the peers' alternatives are parameters of
-  # dlmjax/rl/advantages.py and rollout.loss_weights.
+  # dlmjax/train/stages/rl.py. Advantages are r - group mean, a token mean over the batch (d1's
+  # is per micro-batch) and d1's frozen-init KL reference (kl_beta 0 = none); the peers'
+  # alternatives are parameters of dlmjax/rl/advantages.py and rollout.loss_weights.
   c.rl = ml_collections.ConfigDict()
   c.rl.task = 'countdown3'  # a dlmjax.tasks name, or gsm8k (reads rl.task_data)
   c.rl.task_data = ''  # gsm8k: TRAIN.jsonl[,TEST.jsonl]
@@ -222,8 +222,8 @@ REMOVED = {
   'dlmjax/rl/advantages.py)',
   'rl.negative_advantages': 'every advantage is kept (dropping negatives: a parameter of '
   'dlmjax/rl/advantages.py)',
-  'rl.loss_normalisation': "d1 normalises per token (GRPO's per sequence: a parameter of "
-  'dlmjax/rl/rollout.py loss_weights)',
+  'rl.loss_normalisation': "the loss is a token mean over the batch (GRPO's per sequence: a "
+  'parameter of dlmjax/rl/rollout.py loss_weights)',
   'rl.kl_reference': 'the KL reference is the init model; rl.kl_beta=0 turns the KL off',
   'sft.supervise_padding': 'EOS padding is supervised unless data.packing=True',
   'sft.normalisation': "LLaDA's per-answer-length normalisation (others: a parameter of "

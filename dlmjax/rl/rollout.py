@@ -63,9 +63,10 @@ def to_right_padded(out_BW, prompt_lengths_B, prompt_width: int, *, eos_id: int,
 def loss_weights(completion_mask_BL, objective: str, normalisation: str = 'token'):
   """Each unit's share of the global batch loss: per token (d1) or per sequence (ESPO).
 
-  d1 'token': mask / total completion tokens (d1, DAPO); 'sequence': mask / (tokens of the row x
-  rows) (GRPO). ESPO: 1 / rows per sequence. SPG: the row's completion length / all rows' (SPG's
-  length-weighted sequence average)."""
+  d1 'token': mask / the global batch's completion tokens, DAPO's token mean (d1 takes the token
+  mean per micro-batch of 6 rows and averages the micro-batches; with equal lengths both agree);
+  'sequence': mask / (tokens of the row x rows) (GRPO). ESPO: 1 / rows per sequence. SPG: the
+  row's completion length / all rows' (SPG's length-weighted sequence average)."""
   rows = completion_mask_BL.shape[0]
   if objective == 'espo':
     return np.full((rows,), 1.0 / rows, np.float32)

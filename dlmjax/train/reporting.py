@@ -67,12 +67,16 @@ class Reporter:
     self._last_loss = None
 
   def start(self, step: int) -> None:
+    """Starts the throughput clock after `step`: a row for it or an earlier step (the first step,
+    which includes compilation) reports no tokens/s, MFU or ETA."""
     self._last_time, self._last_step, self._tokens_since = time.time(), step, 0.0
 
   def record(self, step: int, metrics: dict, *, write: bool) -> dict | None:
     """Accumulates tokens; when `write`, returns (and logs) the row for `step`."""
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    self._tokens_since += metrics['tokens']
+    timed = step > self._last_step  # steps up to the clock's start ran before it (compilation)
+    if timed:
+      self._tokens_since += metrics['tokens']
     if metrics['skipped']:
       self.skipped_total += 1
       self.consecutive_skips += 1
@@ -89,16 +93,16 @@ class Reporter:
       self._bar.update(step, f'loss {metrics["loss"]:.4f}')
       return None
     self._bar.clear()
-    now = time.time()
-    elapsed = max(now - self._last_time, 1e-9)
-    steps_done = step - self._last_step
     row = dict(step=step, **metrics, skipped_total=self.skipped_total, loss_spikes=self.loss_spikes)
-    row['tokens_per_s'] = self._tokens_since / elapsed
-    row['step_time_s'] = elapsed / max(steps_done, 1)
-    if self.peak_flops:
-      row['mfu'] = row['tokens_per_s'] * self.flops_per_token / self.peak_flops
+    if timed:
+      now = time.time()
+      elapsed = max(now - self._last_time, 1e-9)
+      row['tokens_per_s'] = self._tokens_since / elapsed
+      row['step_time_s'] = elapsed / (step - self._last_step)
+      if self.peak_flops:
+        row['mfu'] = row['tokens_per_s'] * self.flops_per_token / self.peak_flops
+      self._last_time, self._last_step, self._tokens_since = now, step, 0.0
     row.update(device_memory())
-    self._last_time, self._last_step, self._tokens_since = now, step, 0.0
     self.write_row(row)
     if self.is_writer:
       print(self._line(row), flush=True)
@@ -121,11 +125,12 @@ class Reporter:
     self.sinks = []
 
   def _check_spike(self, step: int, loss: float) -> None:
-    """MegaDLMs' spiky-loss rule: |loss - last| / last >= 20% is flagged (logged, not fatal)."""
+    """MegaDLMs' spiky-loss rule: a rise (loss - last) / last >= 20% is flagged (logged, not
+    fatal); a drop is progress, never a spike."""
     last, self._last_loss = self._last_loss, loss
     if not self.flag_spikes or last is None or last <= 0:
       return
-    if abs(loss - last) / last < SPIKE_FRACTION:
+    if (loss - last) / last < SPIKE_FRACTION:
       return
     self.loss_spikes += 1
     if self.is_writer:
@@ -135,16 +140,15 @@ class Reporter:
       )
 
   def _line(self, row) -> str:
-    eta = row['step_time_s'] * (self.total_steps - row['step'])
     parts = [f'step {row["step"]}/{self.total_steps}', f'loss {row["loss"]:.4f}']
     parts += [f'{name} {row[name]:.4f}' for name in self.console_metrics]
-    parts += [
-      f'lr {row["lr"]:.2e}',
-      f'grad_norm {row["grad_norm"]:.3f}',
-      f'{row["tokens_per_s"]:,.0f} tok/s',
-    ]
-    if self.peak_flops:
+    parts += [f'lr {row["lr"]:.2e}', f'grad_norm {row["grad_norm"]:.3f}']
+    if 'tokens_per_s' not in row:  # the step that compiled: its time says nothing of speed
+      return ' | '.join(parts)
+    parts.append(f'{row["tokens_per_s"]:,.0f} tok/s')
+    if 'mfu' in row:
       parts.append(f'MFU {100 * row["mfu"]:.1f}%')
+    eta = row['step_time_s'] * (self.total_steps - row['step'])
     parts.append(f'ETA {_duration(eta)}')
     return ' | '.join(parts)
 

@@ -13,16 +13,16 @@ def _metrics(loss, skipped=0.0):
 def test_rows_skips_and_spikes(tmp_path, capsys):
   reporter = reporting.Reporter(str(tmp_path), total_steps=6, flops_per_token=10, peak_tflops=0)
   reporter.start(0)
-  losses = [5.0, 4.5, 5.5, float('nan'), 5.4, 4.0]  # +22% spike at 3, skip at 4, -26% at 6
+  losses = [5.0, 4.5, 5.5, float('nan'), 5.4, 4.0]  # +22% spike at 3, skip at 4, -26% drop at 6
   for step, loss in enumerate(losses, start=1):
     reporter.record(step, _metrics(loss, skipped=float(loss != loss)), write=True)
   rows = [json.loads(line) for line in open(os.path.join(tmp_path, 'metrics.jsonl'))]
   assert [r['step'] for r in rows] == [1, 2, 3, 4, 5, 6]
-  assert [r['loss_spikes'] for r in rows] == [0, 0, 1, 1, 1, 2]
+  assert [r['loss_spikes'] for r in rows] == [0, 0, 1, 1, 1, 1]  # a drop is no spike
   assert rows[-1]['skipped_total'] == 1 and reporter.consecutive_skips == 0
   assert rows[0]['tokens_per_s'] > 0 and 'mfu' not in rows[0]  # CPU: no known peak
   out = capsys.readouterr().out
-  assert 'loss spike 4.5000 -> 5.5000 (+22%)' in out
+  assert 'loss spike 4.5000 -> 5.5000 (+22%)' in out and '5.4000 -> 4.0000' not in out
   assert 'update skipped (1 in a row)' in out
 
 
@@ -35,3 +35,22 @@ def test_spike_rule_off_outside_pretraining(tmp_path, capsys):
   for step, loss in enumerate([1e-4, -2e-4, 3e-3], start=1):
     reporter.record(step, _metrics(loss), write=True)
   assert reporter.loss_spikes == 0 and 'loss spike' not in capsys.readouterr().out
+
+
+def test_the_compiling_step_reports_no_speed(tmp_path, capsys, monkeypatch):
+  """The loop restarts the clock after step 1 (compilation): step 1's row has its loss but no
+  tokens/s, MFU or ETA; step 2's speed is its tokens over the time since step 1 ended."""
+  reporter = reporting.Reporter(str(tmp_path), total_steps=12, flops_per_token=10, peak_tflops=1)
+  clock = iter([0.0, 50.0, 53.0])  # start(0); start(1) after compiling; step 2 read back
+  monkeypatch.setattr(reporting.time, 'time', lambda: next(clock))
+  reporter.start(0)
+  reporter.start(1)
+  first = reporter.record(1, _metrics(5.0), write=True)
+  second = reporter.record(2, _metrics(4.0), write=True)
+  assert 'tokens_per_s' not in first and 'mfu' not in first
+  assert second['tokens_per_s'] == 100.0 / 3.0 and second['step_time_s'] == 3.0
+  peak = 1e12 * reporting.jax.device_count()
+  assert second['mfu'] == second['tokens_per_s'] * 10 / peak
+  lines = capsys.readouterr().out.strip().split('\n')
+  assert lines[0] == 'step 1/12 | loss 5.0000 | lr 1.00e-03 | grad_norm 1.000'
+  assert lines[1].endswith('| 33 tok/s | MFU 0.0% | ETA 0m30s')  # 3 s x 10 steps left
