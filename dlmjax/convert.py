@@ -17,6 +17,7 @@ import sys
 import jax
 
 from dlmjax import config as config_lib
+from dlmjax import extras
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_mapping
@@ -69,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
+@extras.name_missing_extras('python -m dlmjax.convert')
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
