@@ -141,6 +141,12 @@ class RolloutBatches:
       [training.token_ids[i] for i in chosen for _ in range(group)]
     )
     # Generate.
+    if self._batch is None and jax.process_index() == 0:  # the first rollout compiles the sampler
+      print(
+        f'rollout {index + 1}: sampling {rows} completions of {config.sampler.gen_length} tokens '
+        '(the first compiles the sampler)...',
+        flush=True,
+      )
     start = time.time()
     key = jax.random.fold_in(jax.random.key(config.seed), index)
     out = self.sampler.generate(params, prompt_BP, prompt_lengths, key)

@@ -146,9 +146,11 @@ def _run(config, stop, cleanup) -> dict | None:
   cleanup.callback(reporter.close)
   evaluator = stage.evaluator(setup) if config.eval.every else None
   # Loop: dispatch step n, then read back step n-1's metrics, so the device never waits on us.
-  pending, last_row = None, None
+  pending, last_row, saved_step = None, None, None
   reporter.start(start)
   compile_start = time.time()
+  if jax.process_index() == 0 and start < _last_step(config):
+    print(f'step {start + 1}: first batch, then compiling the train step...', flush=True)
   for step in range(start + 1, _last_step(config) + 1):
     # The params of the step about to run (RL samples its rollouts from them).
     local, row = guards.next_batch(batches, state['params'], config, step)
@@ -177,6 +179,7 @@ def _run(config, stop, cleanup) -> dict | None:
     preempted = stop.requested()
     if preempted or _should_save(config, step):
       checkpoints.save(state, batches.get_state())
+      saved_step = step
     if preempted:
       received = stop.signal_name or 'a stop signal on another process'
       print(
@@ -191,6 +194,14 @@ def _run(config, stop, cleanup) -> dict | None:
   checkpoints.close()
   reporter.close()
   _draw_plots(config)
+  if jax.process_index() == 0 and pending is not None:
+    summary = reporter.summary(
+      pending[0],
+      run_dir=config.output_dir,
+      saved_step=saved_step,
+      outputs=config_lib.log_outputs(config),
+    )
+    print(summary, flush=True)
   return last_row
 
 

@@ -54,3 +54,33 @@ def test_the_compiling_step_reports_no_speed(tmp_path, capsys, monkeypatch):
   lines = capsys.readouterr().out.strip().split('\n')
   assert lines[0] == 'step 1/12 | loss 5.0000 | lr 1.00e-03 | grad_norm 1.000'
   assert lines[1].endswith('| 33 tok/s | MFU 0.0% | ETA 0m30s')  # 3 s x 10 steps left
+
+
+def test_console_shows_side_rows_and_the_run_ends_with_a_summary(tmp_path, capsys):
+  """RL's line carries the latest rollout's seconds (a row written beside the steps); the run's
+  last lines say how far it got and where its checkpoint, metrics, plots and events are."""
+  reporter = reporting.Reporter(
+    str(tmp_path),
+    total_steps=4,
+    flops_per_token=10,
+    peak_tflops=0,
+    console_metrics=('reward_mean', 'generate_s', 'step_time_s'),
+  )
+  reporter.start(0)
+  reporter.write_row({'step': 1, 'rollout': 0, 'generate_s': 12.345})
+  reporter.record(1, dict(_metrics(0.5), reward_mean=0.25), write=True)
+  reporter.record(2, dict(_metrics(0.25), reward_mean=0.75), write=True)
+  line = capsys.readouterr().out.strip().split('\n')[-1]
+  assert line.startswith(
+    'step 2/4 | loss 0.2500 | reward_mean 0.7500 | generate 12.35s | step_time'
+  )
+  run = str(tmp_path)
+  summary = reporter.summary(2, run_dir=run, saved_step=2, outputs=('tensorboard', 'plots'))
+  lines = summary.split('\n')
+  assert lines[0].startswith('done: 2/4 steps, loss 0.5000 -> 0.2500, 200 tokens in 0m0')
+  assert f'  checkpoint   {run}/checkpoints/2' in lines
+  assert f'  metrics      {run}/metrics.jsonl' in lines
+  assert f'  plots        {run}/plots' in lines
+  assert f'  tensorboard  tensorboard --logdir {run}/tensorboard' in lines
+  assert '  resume       the same command continues from step 2' in lines
+  assert lines[-1].endswith(f'to-hf --checkpoint-path {run} --output-dir hf/{tmp_path.name}')
