@@ -187,7 +187,7 @@ class Reporter:
     if step < self.total_steps:
       lines.append(f'  resume       the same command continues from step {saved_step}')
     else:
-      lines.append('  train longer the same command with a larger --config.train.steps')
+      lines.append('  continue     the same command with a larger --config.train.steps')
     name = os.path.basename(os.path.normpath(run_dir))
     export = f'python -m dlmjax.convert to-hf --checkpoint-path {run_dir} --output-dir hf/{name}'
     lines.append(f'  export       {export}')
