@@ -1,10 +1,11 @@
-"""The embedded default: a ~4M-parameter masked-diffusion LM on the bundled Python-stdlib corpus.
+"""The embedded default: a 5.5M-parameter masked-diffusion LM on the bundled Python-stdlib corpus.
 
     python -m dlmjax.train --config=configs/tiny.py
 
 Needs no download and no GPU: the first run builds the corpus and a 4096-piece SentencePiece
-tokenizer from the Python installation (cached in ~/.cache/dlmjax). On a 2-core CPU it trains 200
-steps in a few minutes; the loss falls from ~8.3 (uniform over 4096) to about 6.
+tokenizer from the Python installation (cached in ~/.cache/dlmjax). On a 2-core CPU it trains its
+120 steps in about 5 minutes (4 min 31 s measured on free cores, up to 12 on shared ones); the loss
+falls from ~8.3 (uniform over 4096) to about 5.9.
 Batch sizes divide by 8, so any 8-device mesh works, e.g. --config.mesh.fsdp=8 with
 XLA_FLAGS=--xla_force_host_platform_device_count=8.
 """

@@ -185,9 +185,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.sampler.factor = 0.0
 
   # Reinforcement learning (stage rl, README "Reinforcement learning"): dlmjax/rl,
-  # dlmjax/train/stages/rl.py. Advantages are r - group mean, d1's token normalisation and
-  # frozen-init KL reference (kl_beta 0 = none); the peers' alternatives are parameters of
-  # dlmjax/rl/advantages.py and rollout.loss_weights.
+  # dlmjax/train/stages/rl.py. Advantages are r - group mean, a token mean over the batch (d1's
+  # is per micro-batch) and d1's frozen-init KL reference (kl_beta 0 = none); the peers'
+  # alternatives are parameters of dlmjax/rl/advantages.py and rollout.loss_weights.
   c.rl = ml_collections.ConfigDict()
   c.rl.task = 'countdown3'  # a dlmjax.tasks name, or gsm8k (reads rl.task_data)
   c.rl.task_data = ''  # gsm8k: TRAIN.jsonl[,TEST.jsonl]
@@ -229,8 +229,8 @@ REMOVED = {
   'dlmjax/rl/advantages.py)',
   'rl.negative_advantages': 'every advantage is kept (dropping negatives: a parameter of '
   'dlmjax/rl/advantages.py)',
-  'rl.loss_normalisation': "d1 normalises per token (GRPO's per sequence: a parameter of "
-  'dlmjax/rl/rollout.py loss_weights)',
+  'rl.loss_normalisation': "the loss is a token mean over the batch (GRPO's per sequence: a "
+  'parameter of dlmjax/rl/rollout.py loss_weights)',
   'rl.kl_reference': 'the KL reference is the init model; rl.kl_beta=0 turns the KL off',
   'sft.supervise_padding': 'EOS padding is supervised unless data.packing=True',
   'sft.normalisation': "LLaDA's per-answer-length normalisation (others: a parameter of "
@@ -643,10 +643,11 @@ def validate(config, num_devices: int | None = None) -> None:
       f'train.micro_batch_size={t.micro_batch_size}; pick a micro-batch that '
       'divides it (gradients accumulate over global/micro steps).'
     )
-  if t.schedule.startswith('wsd') and t.warmup_steps + t.wsd_decay_steps > t.steps:
+  if _ramp_steps(t) > t.steps:
     raise ConfigError(
-      f'train.warmup_steps + train.wsd_decay_steps = '
-      f'{t.warmup_steps + t.wsd_decay_steps} exceeds train.steps={t.steps}.'
+      f'train.warmup_steps + train.wsd_decay_steps = {_ramp_steps(t)} exceeds '
+      f'train.steps={t.steps}; lower --config.train.warmup_steps and '
+      '--config.train.wsd_decay_steps.'
     )
   if t.max_consecutive_skips < 0:
     raise ConfigError(f'train.max_consecutive_skips={t.max_consecutive_skips} must be >= 0.')
@@ -787,6 +788,31 @@ def _validate_sft(config):
       'stage sft reads sft.train_file (jsonl), or the built-in instruction set '
       'when data.source=builtin; set --config.sft.train_file=PATH.'
     )
+
+
+def _ramp_steps(t) -> int:
+  """Steps the schedule spends warming up plus, for wsd*, annealing."""
+  return t.warmup_steps + (t.wsd_decay_steps if t.schedule.startswith('wsd') else 0)
+
+
+def fit_schedule(config) -> str | None:
+  """Shrinks warmup and anneal in proportion when they do not fit in train.steps (a shortened
+  run, e.g. --config.train.steps=5); returns the one info line to print, or None."""
+  t = config.train
+  ramp = _ramp_steps(t)
+  if t.steps <= 0 or ramp <= t.steps:
+    return None
+  wsd = t.schedule.startswith('wsd')
+  before = f'warmup {t.warmup_steps}' + (f' + anneal {t.wsd_decay_steps}' if wsd else '')
+  t.warmup_steps = t.warmup_steps * t.steps // ramp
+  if wsd:
+    t.wsd_decay_steps = t.wsd_decay_steps * t.steps // ramp
+  after = f'warmup {t.warmup_steps}' + (f' + anneal {t.wsd_decay_steps}' if wsd else '')
+  overrides = '--config.train.warmup_steps' + (' / --config.train.wsd_decay_steps' if wsd else '')
+  return (
+    f'train.steps={t.steps} is shorter than {before} steps: scaled to {after} (set '
+    f'{overrides} to choose).'
+  )
 
 
 def fit_to_devices(config, num_devices: int) -> None:

@@ -16,11 +16,13 @@ dlmjax/checkpoint/hf_io.py. The command line runs as one process.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import jax
 
 from dlmjax import config as config_lib
+from dlmjax import extras
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_layouts
@@ -81,8 +83,16 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
+@extras.name_missing_extras('python -m dlmjax.convert')
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
+  output_dir = getattr(args, 'output_dir', None)
+  if output_dir and os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    print(
+      f'error: --output-dir {output_dir!r} is a file; give a directory (made if missing).',
+      file=sys.stderr,
+    )
+    return 2
   try:
     if args.command == 'to-hf':
       out = hf_io.hf_from_checkpoint(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -77,7 +78,16 @@ def main(argv=None) -> int:
     print(f'error: {e}', file=sys.stderr)
     return 2
   if args.prompts_file:
-    out = open(args.output, 'w') if args.output else sys.stdout  # pylint: disable=consider-using-with
+    try:
+      if args.output:  # into a directory that does not exist yet: made, as the user meant
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+      out = open(args.output, 'w') if args.output else sys.stdout  # pylint: disable=consider-using-with
+    except OSError as e:
+      print(
+        f'error: cannot write --output {args.output!r} ({e.strerror}); give a file path.',
+        file=sys.stderr,
+      )
+      return 2
     for row, text in zip(rows, texts):
       out.write(json.dumps({**row, 'completion': text}) + '\n')
     if args.output:

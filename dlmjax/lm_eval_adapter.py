@@ -14,8 +14,19 @@ from __future__ import annotations
 
 import sys
 
-from lm_eval.api.model import LM
-from lm_eval.api.registry import register_model
+from dlmjax import extras
+
+try:
+  from lm_eval.api.model import LM
+  from lm_eval.api.registry import register_model
+except ImportError as e:
+  _message = extras.missing_message(e, 'dlmjax.lm_eval_adapter')
+  if _message is None:
+    raise
+  if __name__ == '__main__':  # the command line: one line, no traceback
+    print(f'error: {_message}', file=sys.stderr)
+    sys.exit(2)
+  raise ImportError(_message, name=e.name) from e
 
 from dlmjax import evaluate
 from dlmjax.diffusion import likelihood as likelihood_lib
@@ -93,4 +104,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == '__main__':
-  main()
+  sys.exit(main())

@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dlmjax import extras
 from dlmjax.observability import plots
 
 
+@extras.name_missing_extras('python -m dlmjax.plot')
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog='python -m dlmjax.plot', description=__doc__)
   parser.add_argument('run_dir', help='a training output_dir (holds metrics.jsonl)')

@@ -1,23 +1,19 @@
-"""A one-line console progress bar (no dependency) for loops people watch: training steps,
-conversion, evaluation. Drawn only on a terminal, so logs and CI output stay clean."""
+"""Console progress bars (tqdm) for loops people watch: training steps, conversion, scoring and
+generation. Drawn only on a terminal, so logs and CI output stay clean; a bar leaves no line."""
 
 from __future__ import annotations
 
 import sys
-import time
 
-
-def render(done: int, total: int, *, width: int = 30, prefix: str = '', suffix: str = '') -> str:
-  """'prefix [#########.....] done/total suffix' (done is clamped into [0, total])."""
-  total = max(total, 1)
-  done = min(max(done, 0), total)
-  filled = width * done // total
-  bar = '#' * filled + '.' * (width - filled)
-  return ' '.join(p for p in (prefix, f'[{bar}] {done}/{total}', suffix) if p)
+from tqdm import tqdm
 
 
 class Bar:
-  """Redraws one line in place with `\\r`; `clear()` before printing anything else."""
+  """A bar advanced to absolute counts (`update(done)`); `clear()` before printing anything else.
+
+  The bar starts at the first count it is given, so a resumed run's rate and ETA count only the
+  steps of this process.
+  """
 
   def __init__(
     self,
@@ -32,35 +28,33 @@ class Bar:
     self.stream = stream or sys.stderr
     self.enabled = is_tty(self.stream) if enabled is None else enabled
     self._min_interval_s = min_interval_s
-    self._last_draw = 0.0
-    self._width = 0
-    self._started = time.time()
-    self._start_done = None
+    self._bar = None
 
   def update(self, done: int, suffix: str = '') -> None:
     if not self.enabled:
       return
-    now = time.time()
-    if self._start_done is None:
-      self._start_done, self._started = done, now
-    if now - self._last_draw < self._min_interval_s and done < self.total:
-      return
-    rate = (done - self._start_done) / max(now - self._started, 1e-9)
-    if rate > 0:
-      suffix = f'{suffix} ETA {int((self.total - done) / rate)}s'.strip()
-    line = render(done, self.total, prefix=self.prefix, suffix=suffix)
-    self.stream.write('\r' + line + ' ' * max(self._width - len(line), 0))
-    self.stream.flush()
-    self._width, self._last_draw = len(line), now
+    if self._bar is None:
+      self._bar = tqdm(
+        total=self.total,
+        initial=done,
+        desc=self.prefix or None,
+        file=self.stream,
+        mininterval=self._min_interval_s,
+        leave=False,
+        dynamic_ncols=True,
+      )
+    if suffix:
+      self._bar.set_postfix_str(suffix, refresh=False)
+    self._bar.update(done - self._bar.n)
 
   def clear(self) -> None:
-    if self.enabled and self._width:
-      self.stream.write('\r' + ' ' * self._width + '\r')
-      self.stream.flush()
-      self._width = 0
+    if self._bar is not None:
+      self._bar.clear()
 
   def close(self) -> None:
-    self.clear()
+    if self._bar is not None:
+      self._bar.close()
+      self._bar = None
 
 
 def is_tty(stream) -> bool:
@@ -71,13 +65,9 @@ def is_tty(stream) -> bool:
 
 
 def track(items, prefix: str, *, total: int | None = None, stream=None):
-  """Yields from `items`, drawing a bar of how many were taken (terminal only); the loops of
+  """Yields from `items` with a bar of how many were taken (terminal only); the loops of
   conversion, scoring and generation wrap their iterables in it."""
-  items = list(items) if total is None and not hasattr(items, '__len__') else items
-  bar = Bar(len(items) if total is None else total, prefix, stream=stream)
-  try:
-    for done, item in enumerate(items, 1):
-      yield item
-      bar.update(done)
-  finally:
-    bar.close()
+  stream = stream or sys.stderr
+  yield from tqdm(
+    items, desc=prefix, total=total, file=stream, disable=not is_tty(stream), leave=False
+  )

@@ -50,6 +50,7 @@ def estimate_memory_per_device(config) -> dict:
 def summarize(config, num_devices: int | None) -> str:
   if num_devices is None:
     num_devices = jax.device_count()
+  schedule_note = config_lib.fit_schedule(config)
   config_lib.fit_to_devices(config, num_devices)
   cfg = model_lib.ModelConfig.from_config(config)
   unpadded = cfg.num_params() - (cfg.vocab_size - config.model.vocab_size) * cfg.d_model * (
@@ -75,6 +76,8 @@ def summarize(config, num_devices: int | None) -> str:
     f'recompute {memory["recompute"] / _GIB:.2f} + logits {memory["logits"] / _GIB:.2f} '
     f'(remat {cfg.remat}, {cfg.dtype})',
   ]
+  if schedule_note:
+    lines.append(schedule_note)
   return '\n'.join(lines)
 
 

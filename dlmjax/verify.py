@@ -34,6 +34,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from dlmjax import config as config_lib
+from dlmjax import extras
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import hf_config
@@ -343,6 +344,7 @@ def report(checks: list[Check]) -> str:
   return '\n'.join(lines)
 
 
+@extras.name_missing_extras('python -m dlmjax.verify')
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
     prog='python -m dlmjax.verify',

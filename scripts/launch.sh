@@ -42,11 +42,12 @@ dlm_launch() {
   exit "$status"
 }
 
-# dlm_stage NAME CONFIG [--config.key=value ...]: a later stage (sft, rl) on this node, its run
-# directory OUTPUT_DIR (default: $CKPT_DIR/dlm_NAME).
+# dlm_stage NAME FROM CONFIG [--config.key=value ...]: a later stage (sft, rl) on this node. Its run
+# directory is OUTPUT_DIR (default: $CKPT_DIR/dlm_NAME) and it starts from INIT_FROM (default:
+# $CKPT_DIR/dlm_FROM, the run directory the stage before writes); overrides come last and win.
 dlm_stage() {
-  local name=$1
-  shift
+  local name=$1 from=$2
+  shift 2
   if [ $# -lt 1 ] || [ ! -f "${1%%:*}" ]; then
     echo "usage: bash scripts/dlm_$name.sh CFG [--config.key=value ...] (CFG a config file, e.g." \
       "configs/$name.py)" >&2
@@ -54,5 +55,6 @@ dlm_stage() {
   fi
   local config=$1
   shift
-  dlm_launch "$config" --config.output_dir="${OUTPUT_DIR:-$CKPT_DIR/dlm_$name}" "$@"
+  dlm_launch "$config" --config.output_dir="${OUTPUT_DIR:-$CKPT_DIR/dlm_$name}" \
+    --config.init_from="${INIT_FROM:-$CKPT_DIR/dlm_$from}" "$@"
 }

@@ -2,7 +2,8 @@
 
 From the bottom up (LAYERS below is the table; a module takes the layer of its longest prefix):
 
-  base        config (the schema, read by everything), progress, data.errors, observability
+  base        config (the schema, read by everything), extras (optional dependencies), progress,
+              data.errors, observability
   parallel    mesh axes and sharding rules, the distributed runtime; kernels beside them
   model       the transformer and its programs
   data        readers, tokenizers, chat templates, the grain pipeline
@@ -30,7 +31,16 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / 'dlmjax'
 
 LAYERS = (
-  ('base', ('dlmjax.config', 'dlmjax.progress', 'dlmjax.data.errors', 'dlmjax.observability')),
+  (
+    'base',
+    (
+      'dlmjax.config',
+      'dlmjax.extras',
+      'dlmjax.progress',
+      'dlmjax.data.errors',
+      'dlmjax.observability',
+    ),
+  ),
   ('parallel', ('dlmjax.parallel', 'dlmjax.kernels')),
   ('model', ('dlmjax.model',)),
   ('data', ('dlmjax.data',)),

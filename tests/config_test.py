@@ -80,11 +80,29 @@ def test_bad_configs_name_the_fix(overrides, message):
     config_lib.validate(config, num_devices=devices)
 
 
+def test_short_runs_scale_warmup_and_anneal_to_fit():
+  tiny = config_lib.load_file('configs/tiny.py')  # warmup 10 + anneal 24 in 120 steps
+  assert config_lib.fit_schedule(tiny) is None
+  tiny.train.steps = 5
+  note = config_lib.fit_schedule(tiny)
+  # In proportion, rounded down: 10 * 5 // 34 = 1 and 24 * 5 // 34 = 3.
+  assert (tiny.train.warmup_steps, tiny.train.wsd_decay_steps) == (1, 3)
+  assert note.startswith('train.steps=5 is shorter than warmup 10 + anneal 24 steps: scaled')
+  assert '--config.train.wsd_decay_steps' in note
+  config_lib.validate(tiny, num_devices=1)
+  cosine = tiny_test_config(**{'train.schedule': 'cosine', 'train.warmup_steps': 8})
+  cosine.train.steps = 4  # cosine has no anneal length: only the warmup shrinks, to the run.
+  assert 'scaled to warmup 4 (set' in config_lib.fit_schedule(cosine)
+  unfitted = tiny_test_config(**{'train.warmup_steps': 30, 'train.wsd_decay_steps': 30})
+  with pytest.raises(config_lib.ConfigError, match='lower --config.train.warmup_steps and'):
+    config_lib.validate(unfitted, num_devices=8)
+
+
 def _num_keys(node):
   return sum(_num_keys(v) if isinstance(v, dict) else 1 for v in node.values())
 
 
-def test_the_config_has_fewer_than_100_keys():
+def test_the_config_has_fewer_than_130_keys():
   assert _num_keys(config_lib.defaults().to_dict()) < 130
 
 

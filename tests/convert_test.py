@@ -244,3 +244,14 @@ def test_tokenizer_larger_than_the_vocab_is_refused(run, tmp_path, capsys):
   assert 'vocab mismatch' in err and '300 tokens' in err and 'config.json) is 256' in err
   with pytest.raises(hf_io.ConvertError, match='vocab mismatch'):
     dlmjax.load_pretrained(hf_dir)
+
+
+@pytest.mark.parametrize('command', ['to-hf', 'from-hf', 'from-torch'])
+def test_output_dir_that_is_a_file_is_one_line(tmp_path, capsys, command):
+  (tmp_path / 'taken').write_text('')
+  source = {'to-hf': '--checkpoint-path', 'from-hf': '--hf-dir', 'from-torch': '--input'}[command]
+  args = [command, source, str(tmp_path), '--output-dir', str(tmp_path / 'taken')]
+  assert convert.main(args) == 2
+  assert capsys.readouterr().err == (
+    f"error: --output-dir '{tmp_path / 'taken'}' is a file; give a directory (made if missing).\n"
+  )

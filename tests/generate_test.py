@@ -100,7 +100,7 @@ def test_cli_prompt_and_prompts_file(run, tmp_path, capsys):
   assert capsys.readouterr().out == model.generate('t5 t6 t7', seed=1, **SAMPLING)[0] + '\n'
   rows = [{'prompt': 't5 t6', 'id': 1}, {'prompt': 't7'}, {'prompt': 't8 t9 t10'}]
   (tmp_path / 'in.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
-  out = tmp_path / 'out.jsonl'
+  out = tmp_path / 'new' / 'out.jsonl'  # a directory that does not exist yet is made
   assert (
     generate.main(
       [

@@ -33,7 +33,7 @@ def test_train_tokenizer_then_preprocess(tmp_path, capsys):
         '--input',
         str(data),
         '--output-prefix',
-        str(tmp_path / 'out'),
+        str(tmp_path / 'new' / 'out'),  # a directory that does not exist yet is made
         '--tokenizer',
         model,
         '--append-eod',
@@ -45,6 +45,6 @@ def test_train_tokenizer_then_preprocess(tmp_path, capsys):
   )
   err = capsys.readouterr().err
   assert 'docs/s' in err and 'tokens/s' in err and 'line 61: ' in err
-  ds = indexed.IndexedDataset(str(tmp_path / 'out_text_document'))
+  ds = indexed.IndexedDataset(str(tmp_path / 'new' / 'out_text_document'))
   tok = tokenizer_lib.load_tokenizer(model)
   assert len(ds) == 60 and tok.decode(ds[1][:-1]) == texts[1] and ds[1][-1] == tok.eod_id

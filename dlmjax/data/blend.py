@@ -88,25 +88,31 @@ def split_documents(num_sequences: int, split: str | None, name: str) -> np.ndar
   return np.arange(begin, end, dtype=np.int32)
 
 
-def blending_indices(weights: list[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+def blending_indices(
+  weights: list[float], size: int, limits: list[int] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
   """Megatron's greedy blend: sample s goes to argmax_i(w_i * max(s, 1) - count_i).
 
+  With limits, dataset i leaves the race once it has given limits[i] samples (Megatron's
+  exhaustive blend, used for unweighted blends: size = sum(limits), w_i = limits[i] / size).
   Returns (dataset_index int16, dataset_sample_index int64). Sequential by nature; plain Python
   floats are IEEE doubles, as in helpers.cpp, so ties break the same way (lowest i).
   """
   weights = [float(w) for w in weights]
   counts = [0] * len(weights)
   chosen, sample = [0] * size, [0] * size
-  others = range(1, len(weights))
+  open_ = list(range(len(weights)))
   for s in range(size):
     x = float(max(s, 1))
-    best, best_error = 0, weights[0] * x - counts[0]
-    for i in others:
+    best, best_error = -1, -math.inf
+    for i in open_:
       error = weights[i] * x - counts[i]
       if error > best_error:
         best, best_error = i, error
     chosen[s], sample[s] = best, counts[best]
     counts[best] += 1
+    if limits is not None and counts[best] == limits[best]:
+      open_.remove(best)
   return np.array(chosen, np.int16), np.array(sample, np.int64)
 
 
@@ -114,10 +120,17 @@ class BlendedDataset:
   """Samples drawn from several datasets in fixed proportions, in Megatron's order."""
 
   def __init__(
-    self, datasets, weights: list[float], size: int, *, cache_dir=None, name: str = 'train'
+    self,
+    datasets,
+    weights: list[float],
+    size: int,
+    *,
+    limits: list[int] | None = None,
+    cache_dir=None,
+    name: str = 'train',
   ):
     self.datasets, self.name = datasets, name
-    # The blending index depends on nothing but the weights and the size.
+    # The blending index depends on nothing but the weights, the size and the limits.
     description = dict(
       kind='BlendedDataset',
       name=name,
@@ -125,10 +138,12 @@ class BlendedDataset:
       size=size,
       arrays=['dataset_index', 'dataset_sample_index'],
     )
+    if limits is not None:
+      description['limits'] = list(limits)
     arrays = gpt_dataset.cached_arrays(
       cache_dir,
       description,
-      lambda: dict(zip(description['arrays'], blending_indices(weights, size))),
+      lambda: dict(zip(description['arrays'], blending_indices(weights, size, limits))),
     )
     self.dataset_index = arrays['dataset_index']
     self.dataset_sample_index = arrays['dataset_sample_index']
@@ -196,9 +211,9 @@ def build_dataset(
   if len(prefixes) == 1 and weights is None:
     return make(0, num_samples)
   if weights is None:
-    # Unweighted blends draw in proportion to each prefix's one-epoch sample count.
-    epoch = [(int(s.sequence_lengths[d].sum(dtype=np.int64)) - 1) // seq_len for s, d in sources]
-    weights = [n / sum(epoch) for n in epoch]
+    return _unweighted_blend(
+      [make(i, None) for i in range(len(sources))], num_samples, cache_dir, name
+    )
   if num_samples is None:
     datasets = [make(i, None) for i in range(len(sources))]
     # One pass: as many samples as the scarcest dataset allows at these weights.
@@ -210,3 +225,25 @@ def build_dataset(
   if len(datasets) == 1:
     return datasets[0]
   return BlendedDataset(datasets, weights, size, cache_dir=cache_dir, name=name)
+
+
+def _unweighted_blend(datasets, num_samples: int | None, cache_dir, name: str) -> BlendedDataset:
+  """Megatron's unweighted blend: one epoch of every prefix, weighted by its sample count.
+
+  megatron-core (BlendedMegatronDatasetBuilder) builds each dataset for one epoch, with no
+  surplus; the blend has min(num_samples, total) samples drawn greedily at weights
+  len_i / total, or, without num_samples, exactly len_i from each (the exhaustive blend).
+  """
+  lengths = [len(d) for d in datasets]
+  total = sum(lengths)
+  weights = [n / total for n in lengths]
+  if num_samples is None:
+    return BlendedDataset(datasets, weights, total, limits=lengths, cache_dir=cache_dir, name=name)
+  if num_samples > total:
+    raise DataError(
+      f'the unweighted {name} blend holds {total} samples (one epoch of each prefix, as '
+      f'Megatron sizes it) but {num_samples} are needed (train.steps x '
+      'train.global_batch_size); weight the prefixes ("1 /p/a 1 /p/b") to draw more than one '
+      'epoch, or train fewer steps.'
+    )
+  return BlendedDataset(datasets, weights, num_samples, cache_dir=cache_dir, name=name)

@@ -151,6 +151,7 @@ def preprocess_jsonl(
   log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
   if not os.path.isfile(input_path):
     raise DataError(f'no input file {input_path!r}: give a .jsonl or .jsonl.gz file.')
+  os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)  # as the user meant
   report = Report(prefixes={k: f'{output_prefix}_{k}_document' for k in json_keys})
   dtype = indexed.optimal_dtype(tokenizer.vocab_size)
   writers = {k: indexed.IndexedDatasetWriter(p, dtype) for k, p in report.prefixes.items()}

@@ -12,7 +12,10 @@ OBJECTIVES = ('d1', 'espo', 'spg')
 
 
 def clipped_surrogate(ratio, advantage, eps: float):
-  """-min(rho A, clip(rho, 1-eps, 1+eps) A) and whether the clip is active (TRL's clip ratio)."""
+  """-min(rho A, clip(rho, 1-eps, 1+eps) A) and whether the clip is active: the clipped term is
+  the smaller, so the unit gets no policy gradient (rho > 1+eps with A > 0, or rho < 1-eps with
+  A < 0; PPO's clip fraction). TRL's and d1's `clip_ratio` (rho A < clip(rho) A) counts the
+  opposite side, where rho left the range but the unclipped term is kept."""
   unclipped = ratio * advantage
   clipped = jnp.clip(ratio, 1.0 - eps, 1.0 + eps) * advantage
   is_clipped = ((ratio < 1.0 - eps) & (advantage < 0)) | ((ratio > 1.0 + eps) & (advantage > 0))

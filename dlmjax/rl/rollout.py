@@ -63,9 +63,10 @@ def to_right_padded(out_BW, prompt_lengths_B, prompt_width: int, *, eos_id: int,
 def loss_weights(completion_mask_BL, objective: str, normalisation: str = 'token'):
   """Each unit's share of the global batch loss: per token (d1) or per sequence (ESPO).
 
-  d1 'token': mask / total completion tokens (d1, DAPO); 'sequence': mask / (tokens of the row x
-  rows) (GRPO). ESPO: 1 / rows per sequence. SPG: the row's completion length / all rows' (SPG's
-  length-weighted sequence average)."""
+  d1 'token': mask / the global batch's completion tokens, DAPO's token mean (d1 takes the token
+  mean per micro-batch of 6 rows and averages the micro-batches; with equal lengths both agree);
+  'sequence': mask / (tokens of the row x rows) (GRPO). ESPO: 1 / rows per sequence. SPG: the
+  row's completion length / all rows' (SPG's length-weighted sequence average)."""
   rows = completion_mask_BL.shape[0]
   if objective == 'espo':
     return np.full((rows,), 1.0 / rows, np.float32)
@@ -140,6 +141,12 @@ class RolloutBatches:
       [training.token_ids[i] for i in chosen for _ in range(group)]
     )
     # Generate.
+    if self._batch is None and jax.process_index() == 0:  # the first rollout compiles the sampler
+      print(
+        f'rollout {index + 1}: sampling {rows} completions of {config.sampler.gen_length} tokens '
+        '(the first compiles the sampler)...',
+        flush=True,
+      )
     start = time.time()
     key = jax.random.fold_in(jax.random.key(config.seed), index)
     out = self.sampler.generate(params, prompt_BP, prompt_lengths, key)

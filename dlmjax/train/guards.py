@@ -1,18 +1,22 @@
 """Run-time checks that turn cluster and data faults into one clear error naming the fix.
 
-Before training: free disk for the next checkpoint. Every step: the batch's token ids and the
-data files behind it. Around the loop: device out-of-memory, translated into the knobs that help.
+Before any model is built: the files the run reads (data prefixes, tokenizer, SFT and task
+files). Before training: free disk for the next checkpoint. Every step: the batch's token ids and
+the data files behind it. Around the loop: device out-of-memory, translated into the knobs that
+help.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 import shutil
 
 import jax
 import numpy as np
 
+from dlmjax.data import blend
 from dlmjax.data.errors import DataError
 
 # orbax writes arrays uncompressed plus small metadata; keep a margin for it and the filesystem.
@@ -21,6 +25,41 @@ _CHECKPOINT_MARGIN = 1.1
 
 class ResourceError(RuntimeError):
   """Not enough disk or device memory for the run as configured; the message names the knobs."""
+
+
+def check_inputs(config) -> None:
+  """Fails in a second, before any model is built, when a file the run will read is missing:
+  each failure one line naming the path and the key to fix."""
+  data = config.data
+  if config.stage == 'pretrain' and data.source == 'megatron':
+    for key in ('train_prefixes', 'valid_prefixes'):
+      if key == 'valid_prefixes' and not data.valid_prefixes:
+        continue
+      for prefix in blend.parse_blend(data[key])[0]:  # names a blend with no prefixes
+        missing = [p for p in (prefix + '.idx', prefix + '.bin') if not os.path.isfile(p)]
+        if missing:
+          raise DataError(
+            f'data.{key}: {" and ".join(missing)} not found; give the prefix of an indexed '
+            'dataset (path without .bin/.idx; `python -m dlmjax.preprocess` writes them) with '
+            f'--config.data.{key}.'
+          )
+  if data.tokenizer and not os.path.isfile(data.tokenizer):
+    raise DataError(
+      f'data.tokenizer {data.tokenizer!r} is not a file; set --config.data.tokenizer to a '
+      "tokenizer.json or tokenizer.model, or to '' for the built-in corpus's."
+    )
+  if config.stage == 'sft' and config.sft.train_file and not os.path.isfile(config.sft.train_file):
+    raise DataError(
+      f'sft.train_file {config.sft.train_file!r} is not a file; set --config.sft.train_file '
+      'to a jsonl of {"prompt", "response"} or {"messages": [...]} rows.'
+    )
+  if config.stage == 'rl' and config.rl.task == 'gsm8k':
+    for path in filter(None, config.rl.task_data.split(',')):
+      if not os.path.isfile(path):
+        raise DataError(
+          f'rl.task_data names {path!r}, which is not a file; set '
+          '--config.rl.task_data=TRAIN.jsonl[,TEST.jsonl].'
+        )
 
 
 def checkpoint_bytes(state_shapes) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import time
 
 import jax
@@ -69,18 +70,39 @@ def train(config) -> dict | None:
 
   SIGTERM/SIGINT end the run early, after a checkpoint of the step in flight (preemption).
   """
-  # On any error, saves already started (of good states) still finish before it propagates.
-  with (
-    contextlib.ExitStack() as cleanup,
-    preemption.StopRequest() as stop,
-    guards.explain_out_of_memory(),
-  ):
-    return _run(config, stop, cleanup)
+  guards.check_inputs(config)  # missing data or tokenizer: one line, before any directory or model
+  created = not os.path.exists(config.output_dir)
+  try:
+    # On any error, saves already started (of good states) still finish before it propagates.
+    with (
+      contextlib.ExitStack() as cleanup,
+      preemption.StopRequest() as stop,
+      guards.explain_out_of_memory(),
+    ):
+      return _run(config, stop, cleanup)
+  except BaseException:
+    if created:
+      _remove_if_unused(config.output_dir)
+    raise
+
+
+def _remove_if_unused(output_dir: str) -> None:
+  """A start that failed before its first metrics row or checkpoint leaves no run directory
+  behind (it would hold only the config and an empty log)."""
+  checkpoints = os.path.join(output_dir, checkpoint_lib.CHECKPOINT_DIR)
+  used = os.path.exists(os.path.join(output_dir, 'metrics.jsonl')) or (
+    os.path.isdir(checkpoints) and os.listdir(checkpoints)
+  )
+  if jax.process_index() == 0 and not used:
+    shutil.rmtree(output_dir, ignore_errors=True)
 
 
 def _run(config, stop, cleanup) -> dict | None:
   # Setup.
   check_output_dir(config.output_dir)
+  schedule_note = config_lib.fit_schedule(config)
+  if schedule_note and jax.process_index() == 0:
+    print(schedule_note, flush=True)
   if config.init_from:  # model keys left at their defaults come from the source model
     adopted = init_from_lib.adopt_source_config(config)
     if adopted and jax.process_index() == 0:
@@ -124,9 +146,11 @@ def _run(config, stop, cleanup) -> dict | None:
   cleanup.callback(reporter.close)
   evaluator = stage.evaluator(setup) if config.eval.every else None
   # Loop: dispatch step n, then read back step n-1's metrics, so the device never waits on us.
-  pending, last_row = None, None
+  pending, last_row, saved_step = None, None, None
   reporter.start(start)
   compile_start = time.time()
+  if jax.process_index() == 0 and start < _last_step(config):
+    print(f'step {start + 1}: first batch, then compiling the train step...', flush=True)
   for step in range(start + 1, _last_step(config) + 1):
     # The params of the step about to run (RL samples its rollouts from them).
     local, row = guards.next_batch(batches, state['params'], config, step)
@@ -142,19 +166,20 @@ def _run(config, stop, cleanup) -> dict | None:
       distributed.barrier('first_step_compiled')
     state, metrics = step_fn(state, batch)
     if pending is not None:
-      last_row = _report(reporter, config, *pending) or last_row
+      last_row = _report(reporter, config, *pending, start) or last_row
       _stop_if_diverged(config, reporter, checkpoints, state, batches)
     elif step == start + 1:
       jax.block_until_ready(metrics)
       if jax.process_index() == 0:
         print(f'compiled and ran the first step in {time.time() - compile_start:.1f}s', flush=True)
-      reporter.start(start)
+      reporter.start(step)  # throughput and ETA from here: compilation is not a step's time
     pending = (step, metrics)
     if evaluator is not None and _should_evaluate(config, step):
       reporter.write_row(evaluator.run(step, state['params']))  # val_loss / val_reward, ...
     preempted = stop.requested()
     if preempted or _should_save(config, step):
       checkpoints.save(state, batches.get_state())
+      saved_step = step
     if preempted:
       received = stop.signal_name or 'a stop signal on another process'
       print(
@@ -164,11 +189,19 @@ def _run(config, stop, cleanup) -> dict | None:
       break
   # Finish.
   if pending is not None:
-    last_row = _report(reporter, config, *pending) or last_row
+    last_row = _report(reporter, config, *pending, start) or last_row
     _stop_if_diverged(config, reporter, checkpoints, state, batches)
   checkpoints.close()
   reporter.close()
   _draw_plots(config)
+  if jax.process_index() == 0 and pending is not None:
+    summary = reporter.summary(
+      pending[0],
+      run_dir=config.output_dir,
+      saved_step=saved_step,
+      outputs=config_lib.log_outputs(config),
+    )
+    print(summary, flush=True)
   return last_row
 
 
@@ -181,8 +214,10 @@ def _draw_plots(config) -> None:
     print(f'no plots: {e}', flush=True)
 
 
-def _report(reporter, config, step, metrics):
-  write = step % config.log.every == 0 or step == _last_step(config)
+def _report(reporter, config, step, metrics, start):
+  """Records a step; rows are written every log.every steps, for the run's first step (where
+  the loss starts) and for its last."""
+  write = step % config.log.every == 0 or step in (start + 1, _last_step(config))
   return reporter.record(step, metrics, write=write)
 
 

@@ -10,6 +10,9 @@ import time
 import jax
 
 from dlmjax import progress
+from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.observability import plots as plots_lib
+from dlmjax.observability import sinks as sinks_lib
 
 SPIKE_FRACTION = 0.2  # Megatron's SPIKY_LOSS_PERC
 
@@ -65,14 +68,24 @@ class Reporter:
     self.consecutive_skips = 0
     self.loss_spikes = 0
     self._last_loss = None
+    self.tokens_total, self.first_loss, self.final_loss = 0.0, None, None
+    self._side = {}  # the latest values of rows written beside the steps' (a rollout's timings)
 
   def start(self, step: int) -> None:
+    """Starts the throughput clock after `step`: a row for it or an earlier step (the first step,
+    which includes compilation) reports no tokens/s, MFU or ETA."""
     self._last_time, self._last_step, self._tokens_since = time.time(), step, 0.0
 
   def record(self, step: int, metrics: dict, *, write: bool) -> dict | None:
     """Accumulates tokens; when `write`, returns (and logs) the row for `step`."""
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    self._tokens_since += metrics['tokens']
+    timed = step > self._last_step  # steps up to the clock's start ran before it (compilation)
+    self.tokens_total += metrics['tokens']
+    if not metrics['skipped']:
+      self.first_loss = metrics['loss'] if self.first_loss is None else self.first_loss
+      self.final_loss = metrics['loss']
+    if timed:
+      self._tokens_since += metrics['tokens']
     if metrics['skipped']:
       self.skipped_total += 1
       self.consecutive_skips += 1
@@ -89,16 +102,16 @@ class Reporter:
       self._bar.update(step, f'loss {metrics["loss"]:.4f}')
       return None
     self._bar.clear()
-    now = time.time()
-    elapsed = max(now - self._last_time, 1e-9)
-    steps_done = step - self._last_step
     row = dict(step=step, **metrics, skipped_total=self.skipped_total, loss_spikes=self.loss_spikes)
-    row['tokens_per_s'] = self._tokens_since / elapsed
-    row['step_time_s'] = elapsed / max(steps_done, 1)
-    if self.peak_flops:
-      row['mfu'] = row['tokens_per_s'] * self.flops_per_token / self.peak_flops
+    if timed:
+      now = time.time()
+      elapsed = max(now - self._last_time, 1e-9)
+      row['tokens_per_s'] = self._tokens_since / elapsed
+      row['step_time_s'] = elapsed / (step - self._last_step)
+      if self.peak_flops:
+        row['mfu'] = row['tokens_per_s'] * self.flops_per_token / self.peak_flops
+      self._last_time, self._last_step, self._tokens_since = now, step, 0.0
     row.update(device_memory())
-    self._last_time, self._last_step, self._tokens_since = now, step, 0.0
     self.write_row(row)
     if self.is_writer:
       print(self._line(row), flush=True)
@@ -107,6 +120,7 @@ class Reporter:
   def write_row(self, row: dict) -> None:
     """Appends a row ({'step': n, name: float, ...}) to metrics.jsonl and every sink; stages and
     evaluations log extra metrics (val_loss, reward stats) through this too."""
+    self._side.update({k: v for k, v in row.items() if k in self.console_metrics})
     if not self.is_writer:
       return
     with open(self.path, 'a') as f:
@@ -121,11 +135,12 @@ class Reporter:
     self.sinks = []
 
   def _check_spike(self, step: int, loss: float) -> None:
-    """MegaDLMs' spiky-loss rule: |loss - last| / last >= 20% is flagged (logged, not fatal)."""
+    """MegaDLMs' spiky-loss rule: a rise (loss - last) / last >= 20% is flagged (logged, not
+    fatal); a drop is progress, never a spike."""
     last, self._last_loss = self._last_loss, loss
     if not self.flag_spikes or last is None or last <= 0:
       return
-    if abs(loss - last) / last < SPIKE_FRACTION:
+    if (loss - last) / last < SPIKE_FRACTION:
       return
     self.loss_spikes += 1
     if self.is_writer:
@@ -135,18 +150,48 @@ class Reporter:
       )
 
   def _line(self, row) -> str:
-    eta = row['step_time_s'] * (self.total_steps - row['step'])
     parts = [f'step {row["step"]}/{self.total_steps}', f'loss {row["loss"]:.4f}']
-    parts += [f'{name} {row[name]:.4f}' for name in self.console_metrics]
-    parts += [
-      f'lr {row["lr"]:.2e}',
-      f'grad_norm {row["grad_norm"]:.3f}',
-      f'{row["tokens_per_s"]:,.0f} tok/s',
-    ]
-    if self.peak_flops:
+    for name in self.console_metrics:  # from this step's row, else the latest side row
+      value = row.get(name, self._side.get(name))
+      if value is None:
+        continue
+      # Seconds (generate_s, step_time_s) read as 'generate 12.3s'.
+      parts.append(f'{name[:-2]} {value:.2f}s' if name.endswith('_s') else f'{name} {value:.4f}')
+    parts += [f'lr {row["lr"]:.2e}', f'grad_norm {row["grad_norm"]:.3f}']
+    if 'tokens_per_s' not in row:  # the step that compiled: its time says nothing of speed
+      return ' | '.join(parts)
+    parts.append(f'{row["tokens_per_s"]:,.0f} tok/s')
+    if 'mfu' in row:
       parts.append(f'MFU {100 * row["mfu"]:.1f}%')
+    eta = row['step_time_s'] * (self.total_steps - row['step'])
     parts.append(f'ETA {_duration(eta)}')
     return ' | '.join(parts)
+
+  def summary(self, step: int, *, run_dir: str, saved_step: int | None, outputs) -> str:
+    """The run's closing lines: how far it got, and where everything it wrote is."""
+    head = f'done: {step}/{self.total_steps} steps'
+    if self.first_loss is not None:
+      head += f', loss {self.first_loss:.4f} -> {self.final_loss:.4f}'
+    lines = [f'{head}, {self.tokens_total:,.0f} tokens in {_duration(time.time() - self.started)}']
+    if saved_step is not None:
+      lines.append(
+        f'  checkpoint   {os.path.join(run_dir, checkpoint_lib.CHECKPOINT_DIR, str(saved_step))}'
+      )
+    lines.append(f'  metrics      {self.path}')
+    if 'plots' in outputs:
+      lines.append(f'  plots        {os.path.join(run_dir, plots_lib.PLOTS_DIR)}')
+    if 'tensorboard' in outputs:
+      lines.append(
+        f'  tensorboard  tensorboard --logdir {os.path.join(run_dir, sinks_lib.TENSORBOARD_DIR)}'
+      )
+    if step < self.total_steps:
+      lines.append(f'  resume       the same command continues from step {saved_step}')
+    else:
+      lines.append('  continue     the same command with a larger --config.train.steps')
+    name = os.path.basename(os.path.normpath(run_dir))
+    export = f'python -m dlmjax.convert to-hf --checkpoint-path {run_dir} --output-dir hf/{name}'
+    lines.append(f'  export       {export}')
+    return '\n'.join(lines)
 
 
 def device_memory() -> dict[str, float]:

@@ -78,20 +78,53 @@ def test_blended_sizes_and_draws(tmp_path):
   assert np.bincount(ds.dataset_index).tolist() == [71, 31]
 
 
-def test_single_and_unweighted(tmp_path):
+def _write_numbered(path, num_docs, doc_len, base):
+  """Documents whose tokens name the prefix and the document (base + j): samples are traceable."""
+  with indexed.IndexedDatasetWriter(str(path), np.uint16) as writer:
+    for j in range(num_docs):
+      writer.add_document(np.full(doc_len, base + j))
+  return str(path)
+
+
+def test_unweighted_blend_follows_megatron_at_and_around_one_epoch(tmp_path):
+  # Megatron's rule (megatron-core BlendedMegatronDatasetBuilder, BlendedDataset): with no
+  # weights, each prefix is built as its own one-epoch dataset (no surplus), the blend weights
+  # are those datasets' lengths n_i, and the blend has min(num_samples, sum n_i) samples drawn
+  # greedily; with no num_samples exactly n_i from each.
+  a = _write_numbered(tmp_path / 'a', 5, 9, 100)  # 45 tokens -> (45 - 1) // 8 = 5 samples.
+  b = _write_numbered(tmp_path / 'b', 4, 9, 200)  # 36 tokens -> 4 samples.
+  kw = dict(split=None, seq_len=8, seed=3)
+  alone = [blend.build_dataset(p, name='train', num_samples=None, **kw) for p in (a, b)]
+  assert [len(d) for d in alone] == [5, 4]
+  # Weights 5/9, 4/9: s=0 and s=1 both use max(s, 1) = 1; then 2, 3, ... (worked by hand).
+  order = [0, 1, 0, 1, 0, 1, 0, 1, 0]
+  for num_samples, size in [(None, 9), (8, 8), (9, 9)]:
+    both = blend.build_dataset(f'{a} {b}', name='train', num_samples=num_samples, **kw)
+    assert len(both) == size, num_samples
+    assert both.dataset_index.tolist() == order[:size]
+    counts = [0, 0]
+    for s, i in enumerate(order[:size]):
+      # Sample s is the next unused sample of prefix i's own one-epoch dataset.
+      np.testing.assert_array_equal(both[s], alone[i][counts[i]])
+      counts[i] += 1
+  with pytest.raises(DataError, match=r'unweighted train blend holds 9 samples .* 10 are needed'):
+    blend.build_dataset(f'{a} {b}', name='train', num_samples=10, **kw)
+
+
+def test_exhaustive_blend_drops_spent_datasets():
+  # Once dataset 0 has given its one sample it leaves the race: without the limit the tie at
+  # s=2 (0.5 * 2 - 1 = 0 each) would draw it again.
+  assert blend.blending_indices([0.5, 0.5], 4)[0].tolist() == [0, 1, 0, 1]
+  chosen, sample = blend.blending_indices([0.5, 0.5], 4, limits=[1, 3])
+  assert chosen.tolist() == [0, 1, 1, 1] and sample.tolist() == [0, 0, 1, 2]
+
+
+def test_single_prefix_validation_split(tmp_path):
   a = _write(tmp_path / 'a', 40, 9, 1)
-  b = _write(tmp_path / 'b', 20, 9, 2)
   single = blend.build_dataset(
     a, split='969,30,1', name='valid', num_samples=None, seq_len=8, seed=1
   )
   assert isinstance(single, gpt_dataset.GPTDataset) and len(single.document_index) == 1
-  both = blend.build_dataset(
-    f'{a} {b}', split=None, name='train', num_samples=None, seq_len=8, seed=1
-  )
-  assert np.bincount(both.dataset_index).tolist() == [
-    len(both.datasets[0]),
-    len(both.datasets[1]),
-  ]  # one epoch of each, in proportion to their sizes.
 
 
 def test_builder_checks_vocab_and_empty_split(tmp_path):

@@ -7,7 +7,8 @@ from dlmjax.rl import advantages, objectives, rollout
 
 
 def _np_d1(logp, old, ref, adv, mask, eps, beta):
-  """d1 diffu_grpo_trainer: per-token clipped GRPO + beta k3, token-normalised (DAPO)."""
+  """d1 diffu_grpo_trainer: per-token clipped GRPO + beta k3, a token mean over the batch (DAPO's;
+  d1 takes it per micro-batch, the same here as the test has one)."""
   ratio = np.exp(logp - old)
   a = adv[:, None]
   per_token = -np.minimum(ratio * a, np.clip(ratio, 1 - eps, 1 + eps) * a)
@@ -35,6 +36,15 @@ def test_d1_token_loss_matches_numpy():
   assert float((per_token * rollout.loss_weights(mask, 'd1', 'sequence')).sum()) == pytest.approx(
     expected, rel=1e-5
   )
+
+
+def test_clip_fraction_counts_the_units_the_clip_silences():
+  """rho out of [1-eps, 1+eps] on the side where the clipped term is the min (no gradient)."""
+  ratio = np.array([1.5, 1.5, 0.5, 0.5, 1.1], np.float32)
+  advantage = np.array([1.0, -1.0, 1.0, -1.0, 1.0], np.float32)
+  _, clipped = objectives.clipped_surrogate(ratio, advantage, 0.2)
+  # TRL's and d1's clip_ratio (rho A < clip(rho) A) would give [F, T, T, F, F] instead.
+  assert np.asarray(clipped).tolist() == [True, False, False, True, False]
 
 
 def test_espo_sequence_loss_matches_numpy():

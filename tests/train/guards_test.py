@@ -235,3 +235,54 @@ def test_a_dataset_empty_after_filtering_names_the_file(tmp_path, documents, mes
   config.data.cache_dir = str(tmp_path / 'cache')
   with pytest.raises(DataError, match=message):
     pipeline.make_batch_iterator(config)
+
+
+@pytest.mark.parametrize(
+  'overrides,message',
+  [
+    ({'data.source': 'megatron', 'data.train_prefixes': ''}, 'no data prefixes given'),
+    (
+      {'data.source': 'megatron', 'data.train_prefixes': '{tmp}/none'},
+      r'data.train_prefixes: .*none.idx and .*none.bin not found; .*--config.data.train_prefixes',
+    ),
+    ({'data.tokenizer': '{tmp}/tok.json'}, r"data.tokenizer '.*tok.json' is not a file; set"),
+    ({'stage': 'sft', 'sft.train_file': '{tmp}/sft.jsonl'}, 'sft.train_file .* is not a file'),
+    ({'stage': 'rl', 'rl.task': 'gsm8k', 'rl.task_data': '{tmp}/g.jsonl'}, 'rl.task_data names'),
+  ],
+)
+def test_missing_inputs_fail_before_the_run_directory_exists(tmp_path, overrides, message):
+  overrides = {k: v.replace('{tmp}', str(tmp_path)) for k, v in overrides.items()}
+  config = _config(tmp_path / 'run', **overrides)
+  with pytest.raises(DataError, match=message):
+    loop.train(config)
+  assert not os.path.exists(tmp_path / 'run')
+
+
+def test_present_inputs_pass(tmp_path):
+  from dlmjax.data import indexed  # pylint: disable=import-outside-toplevel
+
+  with indexed.IndexedDatasetWriter(str(tmp_path / 'c')) as writer:
+    writer.add_document(np.arange(5))
+  (tmp_path / 'tok.json').write_text('{}')
+  guards.check_inputs(
+    _config(
+      tmp_path,
+      **{
+        'data.source': 'megatron',
+        'data.train_prefixes': f'1 {tmp_path}/c 2 {tmp_path}/c',
+        'data.tokenizer': str(tmp_path / 'tok.json'),
+      },
+    )
+  )
+
+
+def test_a_failed_start_leaves_no_run_directory(tmp_path):
+  config = _config(tmp_path / 'run', **{'mesh.data': 3})  # refused after the directory is made
+  with pytest.raises(Exception, match='mesh'):
+    loop.train(config)
+  assert not os.path.exists(tmp_path / 'run')
+  (tmp_path / 'kept').mkdir()  # a directory the user made stays
+  config = _config(tmp_path / 'kept', **{'mesh.data': 3})
+  with pytest.raises(Exception, match='mesh'):
+    loop.train(config)
+  assert os.path.isdir(tmp_path / 'kept')

@@ -13,16 +13,16 @@ def _metrics(loss, skipped=0.0):
 def test_rows_skips_and_spikes(tmp_path, capsys):
   reporter = reporting.Reporter(str(tmp_path), total_steps=6, flops_per_token=10, peak_tflops=0)
   reporter.start(0)
-  losses = [5.0, 4.5, 5.5, float('nan'), 5.4, 4.0]  # +22% spike at 3, skip at 4, -26% at 6
+  losses = [5.0, 4.5, 5.5, float('nan'), 5.4, 4.0]  # +22% spike at 3, skip at 4, -26% drop at 6
   for step, loss in enumerate(losses, start=1):
     reporter.record(step, _metrics(loss, skipped=float(loss != loss)), write=True)
   rows = [json.loads(line) for line in open(os.path.join(tmp_path, 'metrics.jsonl'))]
   assert [r['step'] for r in rows] == [1, 2, 3, 4, 5, 6]
-  assert [r['loss_spikes'] for r in rows] == [0, 0, 1, 1, 1, 2]
+  assert [r['loss_spikes'] for r in rows] == [0, 0, 1, 1, 1, 1]  # a drop is no spike
   assert rows[-1]['skipped_total'] == 1 and reporter.consecutive_skips == 0
   assert rows[0]['tokens_per_s'] > 0 and 'mfu' not in rows[0]  # CPU: no known peak
   out = capsys.readouterr().out
-  assert 'loss spike 4.5000 -> 5.5000 (+22%)' in out
+  assert 'loss spike 4.5000 -> 5.5000 (+22%)' in out and '5.4000 -> 4.0000' not in out
   assert 'update skipped (1 in a row)' in out
 
 
@@ -35,3 +35,52 @@ def test_spike_rule_off_outside_pretraining(tmp_path, capsys):
   for step, loss in enumerate([1e-4, -2e-4, 3e-3], start=1):
     reporter.record(step, _metrics(loss), write=True)
   assert reporter.loss_spikes == 0 and 'loss spike' not in capsys.readouterr().out
+
+
+def test_the_compiling_step_reports_no_speed(tmp_path, capsys, monkeypatch):
+  """The loop restarts the clock after step 1 (compilation): step 1's row has its loss but no
+  tokens/s, MFU or ETA; step 2's speed is its tokens over the time since step 1 ended."""
+  reporter = reporting.Reporter(str(tmp_path), total_steps=12, flops_per_token=10, peak_tflops=1)
+  clock = iter([0.0, 50.0, 53.0])  # start(0); start(1) after compiling; step 2 read back
+  monkeypatch.setattr(reporting.time, 'time', lambda: next(clock))
+  reporter.start(0)
+  reporter.start(1)
+  first = reporter.record(1, _metrics(5.0), write=True)
+  second = reporter.record(2, _metrics(4.0), write=True)
+  assert 'tokens_per_s' not in first and 'mfu' not in first
+  assert second['tokens_per_s'] == 100.0 / 3.0 and second['step_time_s'] == 3.0
+  peak = 1e12 * reporting.jax.device_count()
+  assert second['mfu'] == second['tokens_per_s'] * 10 / peak
+  lines = capsys.readouterr().out.strip().split('\n')
+  assert lines[0] == 'step 1/12 | loss 5.0000 | lr 1.00e-03 | grad_norm 1.000'
+  assert lines[1].endswith('| 33 tok/s | MFU 0.0% | ETA 0m30s')  # 3 s x 10 steps left
+
+
+def test_console_shows_side_rows_and_the_run_ends_with_a_summary(tmp_path, capsys):
+  """RL's line carries the latest rollout's seconds (a row written beside the steps); the run's
+  last lines say how far it got and where its checkpoint, metrics, plots and events are."""
+  reporter = reporting.Reporter(
+    str(tmp_path),
+    total_steps=4,
+    flops_per_token=10,
+    peak_tflops=0,
+    console_metrics=('reward_mean', 'generate_s', 'step_time_s'),
+  )
+  reporter.start(0)
+  reporter.write_row({'step': 1, 'rollout': 0, 'generate_s': 12.345})
+  reporter.record(1, dict(_metrics(0.5), reward_mean=0.25), write=True)
+  reporter.record(2, dict(_metrics(0.25), reward_mean=0.75), write=True)
+  line = capsys.readouterr().out.strip().split('\n')[-1]
+  assert line.startswith(
+    'step 2/4 | loss 0.2500 | reward_mean 0.7500 | generate 12.35s | step_time'
+  )
+  run = str(tmp_path)
+  summary = reporter.summary(2, run_dir=run, saved_step=2, outputs=('tensorboard', 'plots'))
+  lines = summary.split('\n')
+  assert lines[0].startswith('done: 2/4 steps, loss 0.5000 -> 0.2500, 200 tokens in 0m0')
+  assert f'  checkpoint   {run}/checkpoints/2' in lines
+  assert f'  metrics      {run}/metrics.jsonl' in lines
+  assert f'  plots        {run}/plots' in lines
+  assert f'  tensorboard  tensorboard --logdir {run}/tensorboard' in lines
+  assert '  resume       the same command continues from step 2' in lines
+  assert lines[-1].endswith(f'to-hf --checkpoint-path {run} --output-dir hf/{tmp_path.name}')

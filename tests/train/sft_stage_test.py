@@ -87,8 +87,9 @@ def test_sft_runs_from_a_pretrained_run_and_adopts_its_model(sft_run, pretrained
   val = [r for r in rows if 'val_loss' in r]
   rows = [r for r in rows if 'val_loss' not in r]
   assert [r['step'] for r in rows] == [1, 2] and last['step'] == 2
-  for key in ('loss', 'masked_ce', 'mask_ratio', 'response_tokens', 'tokens_per_s', 'lr'):
+  for key in ('loss', 'masked_ce', 'mask_ratio', 'response_tokens', 'lr'):
     assert np.isfinite(rows[0][key]), key
+  assert np.isfinite(rows[1]['tokens_per_s'])  # step 1 compiles: it reports no speed
   assert [r['step'] for r in val] == [2] and np.isfinite(val[0]['val_loss'])
   assert 0 < rows[0]['mask_ratio'] < 1
   saved = checkpoint_lib.load_run_config(str(run_dir))

@@ -162,7 +162,8 @@ def stage(config) -> base.Stage:
     batches=batches,
     evaluator=evaluator,
     example_batch=example_batch,
-    console_metrics=('reward_mean', 'kl'),
+    # Per step: reward, KL, clip; the latest rollout's generate / score seconds; the update's.
+    console_metrics=('reward_mean', 'kl', 'clip_fraction', 'generate_s', 'score_s', 'step_time_s'),
   )
 
 
