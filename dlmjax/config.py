@@ -39,6 +39,10 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.vocab_size = 4096
   c.model.seq_len = 128  # tokens per row: the canvas of every stage.
   c.model.rope_theta = 10000.0  # RoPE base.
+  # RoPE frequency scaling: '' (none) | 'llama3:factor=8,low_freq_factor=1,high_freq_factor=4,
+  # original_max_position_embeddings=8192' (Llama-3.1/3.2) | 'linear:factor=F'
+  # (parse_rope_scaling; dlmjax/model/layers.py rope_inv_freq).
+  c.model.rope_scaling = ''
   c.model.norm_eps = 1e-6  # RMSNorm epsilon.
   # RMSNorm on q and k over the head dim before RoPE (Qwen3); off: straight to RoPE (Qwen2, Llama).
   c.model.qk_norm = True
@@ -449,6 +453,45 @@ def parse_command_line(argv, default_file: str):
 # ----------------------------------------------------------------------------------------------
 # Derived values
 
+# model.rope_scaling: each type and the fields its formula reads (transformers' rope_type names).
+ROPE_SCALING_FIELDS = {
+  'llama3': ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'),
+  'linear': ('factor',),
+}
+
+
+def parse_rope_scaling(text: str) -> tuple[str, dict] | None:
+  """model.rope_scaling 'TYPE:k=v,...' -> (type, {field: float}), or None for ''."""
+  if not text:
+    return None
+  kind, _, rest = text.partition(':')
+  fix = "write it as 'TYPE:field=value,...' with TYPE one of " + ', '.join(
+    f'{k} ({", ".join(v)})' for k, v in ROPE_SCALING_FIELDS.items()
+  )
+  if kind not in ROPE_SCALING_FIELDS:
+    raise ConfigError(f'model.rope_scaling={text!r}: unknown type {kind!r}; {fix}.')
+  fields = {}
+  for item in filter(None, rest.split(',')):
+    key, _, value = item.partition('=')
+    try:
+      fields[key.strip()] = float(value)
+    except ValueError:
+      raise ConfigError(
+        f'model.rope_scaling={text!r}: {item!r} is not field=number; {fix}.'
+      ) from None
+  if sorted(fields) != sorted(ROPE_SCALING_FIELDS[kind]):
+    raise ConfigError(
+      f'model.rope_scaling={text!r}: {kind} takes exactly {", ".join(ROPE_SCALING_FIELDS[kind])}.'
+    )
+  if kind == 'llama3' and not fields['high_freq_factor'] > fields['low_freq_factor']:
+    raise ConfigError(f'model.rope_scaling={text!r}: high_freq_factor must exceed low_freq_factor.')
+  return kind, fields
+
+
+def format_rope_scaling(kind: str, fields: dict) -> str:
+  """The model.rope_scaling string of a type and its fields (the inverse of parse_rope_scaling)."""
+  return f'{kind}:' + ','.join(f'{k}={fields[k]:g}' for k in ROPE_SCALING_FIELDS[kind])
+
 
 def padded_vocab_size(config) -> int:
   """The embedding rows: vocab rounded up to VOCAB_MULTIPLE x tensor, as Megatron pads."""
@@ -583,6 +626,7 @@ def validate(config, num_devices: int | None = None) -> None:
     )
   if m.head_dim % 2:
     raise ConfigError(f'model.head_dim={m.head_dim} must be even for rotary embeddings.')
+  parse_rope_scaling(m.rope_scaling)
   if m.loss_chunk_tokens < 0:
     raise ConfigError(
       f'model.loss_chunk_tokens={m.loss_chunk_tokens} must be >= 0 (0 = full logits).'

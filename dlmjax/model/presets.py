@@ -197,6 +197,7 @@ class ModelConfig:
   vocab_size: int  # padded: the number of embedding rows and logits.
   seq_len: int
   rope_theta: float = 10000.0
+  rope_scaling: str = ''  # model.rope_scaling: '' or 'TYPE:field=value,...' (layers.rope_inv_freq)
   norm_eps: float = 1e-6
   qk_norm: bool = True  # RMSNorm on q and k per head before RoPE (Qwen3); off for Qwen2 / Llama.
   qkv_bias: bool = False  # biases on q, k, v (Qwen2), added in the projection's output dtype.
@@ -241,6 +242,7 @@ class ModelConfig:
       vocab_size=config_lib.padded_vocab_size(config),
       seq_len=m.seq_len,
       rope_theta=m.rope_theta,
+      rope_scaling=m.rope_scaling,
       norm_eps=m.norm_eps,
       qk_norm=m.qk_norm,
       qkv_bias=m.qkv_bias,
