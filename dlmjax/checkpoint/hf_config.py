@@ -17,7 +17,7 @@ import os
 from dlmjax import config as config_lib
 
 DLMJAX_CONFIG_FILE = 'dlmjax_config.json'  # the full run config, beside config.json in exports.
-ARCHITECTURES = ('qwen3', 'difflm', 'qwen2', 'llama', 'llada')
+ARCHITECTURES = ('qwen3', 'difflm', 'qwen2', 'llama', 'llada', 'sdar')
 _MASK_KINDS = ('bidirectional', 'causal', 'block_causal')
 # Exported families: (model.qk_norm, model.qkv_bias) -> the transformers class computing it.
 EXPORT_FAMILIES = {(True, False): 'qwen3', (False, True): 'qwen2', (False, False): 'llama'}
@@ -44,12 +44,39 @@ def detect_architecture(hf: dict) -> str:
     return 'difflm'  # MegaDLMs' HF class; its config has no model_type.
   if model_type == 'llada' or any('llada' in n for n in names):
     return 'llada'
+  if model_type.startswith('sdar') or any(n.startswith('sdar') for n in names):
+    return _sdar_architecture(hf, model_type, names)
   for arch in ('qwen3', 'qwen2', 'llama'):
     if model_type == arch or any(n.startswith(arch) for n in names):
       return arch
   raise HFConfigError(
     f'unknown architecture (model_type={model_type!r}, architectures='
     f'{hf.get("architectures")}); dlmjax reads {", ".join(ARCHITECTURES)}.'
+  )
+
+
+# SDAR / TraDo (JetAstra/SDAR training/model/SDAR-*-Chat: configuration_sdar.py, modeling_sdar.py)
+# are Qwen3 exactly (Qwen3's tensor names, RMSNorm on q and k per head before rotate-half RoPE,
+# SwiGLU, no biases) trained and decoded with block-causal attention: a query in block a sees the
+# keys of blocks <= a, bidirectionally inside its own (modeling_sdar.py's block_diff_mask on the
+# clean stream; generate.py's inference mask). Logits score their own position (no shift).
+SDAR_DEFAULT_BLOCK_SIZE = 4  # SDAR README: the released models' default; b8..b64 variants set it.
+
+
+def _sdar_architecture(hf: dict, model_type: str, names: list[str]) -> str:
+  if 'moe' in model_type or any('moe' in n for n in names) or hf.get('num_experts'):
+    raise HFConfigError(
+      f'SDAR mixture-of-experts (model_type={model_type!r}, e.g. SDAR-30B-A3B) is not supported: '
+      "dlmjax's MLP is dense; the dense SDAR-1.7B/4B/8B and TraDo-4B/8B import."
+    )
+  return 'sdar'
+
+
+def _sdar_mask(hf: dict) -> dict:
+  """The attention an SDAR checkpoint computes: block-causal over its config's block_size."""
+  return dict(
+    attention_mask='block_causal',
+    block_size=int(hf.get('block_size') or SDAR_DEFAULT_BLOCK_SIZE),
   )
 
 
@@ -224,7 +251,7 @@ def embedding_rows(hf: dict, arch: str) -> int:
 
 
 def has_qk_norm(arch: str) -> bool:
-  return arch in ('qwen3', 'difflm')
+  return arch in ('qwen3', 'difflm', 'sdar')
 
 
 def export_family(*, qk_norm: bool, qkv_bias: bool) -> str:
@@ -252,6 +279,10 @@ def config_from_hf(hf: dict, base=None):
     value = hf.get(key)
     if isinstance(value, int) and 0 <= value < config.model.vocab_size:
       config.model[key] = value
+  if arch == 'sdar':
+    config.model.update(_sdar_mask(hf))
+    if not isinstance(hf.get('pad_token_id'), int):  # SDAR pads with EOS (generation_config.json)
+      config.model.pad_token_id = config.model.eos_token_id
   kind = hf.get('attn_mask_type')
   if kind is not None:
     if kind not in _MASK_KINDS:
