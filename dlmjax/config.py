@@ -239,7 +239,8 @@ REMOVED = {
   'log.plots': 'use log.outputs (comma-separated: tensorboard,wandb,plots)',
   'log.wandb_project': 'wandb reads the WANDB_PROJECT environment variable',
   'log.peak_tflops': "MFU uses the device kind's peak (dlmjax/train/reporting.py)",
-  'model.preset': 'configs apply presets with dlmjax.model.presets.apply_preset',
+  'model.preset': 'config files apply presets with dlmjax.model.presets.apply_preset; the '
+  'command line takes --config.model.preset=NAME',
   'model.vocab_multiple': 'the embedding pads to config.VOCAB_MULTIPLE (128, Megatron)',
   'data.tfds_data_dir': 'TFDS reads the TFDS_DATA_DIR environment variable',
   'checkpoint.async_save': 'checkpoints are always saved asynchronously',
@@ -348,12 +349,17 @@ def check_keys(config, *, source: str = 'the config') -> None:
       raise ConfigError(f'{source}: {message}')
 
 
-def apply_overrides(config, overrides) -> ml_collections.ConfigDict:
+PRESET_OVERRIDE = 'model.preset'  # not a key: the override that sets a whole preset's fields
+
+
+def apply_overrides(config, overrides, presets: dict | None = None) -> ml_collections.ConfigDict:
   """Sets dotted keys in place and returns the config.
 
   `overrides` is a dict {dotted key: value} (values as they are, or strings parsed as the
   default's type) or a list of "dotted.key=value" / "--config.dotted.key=value" strings. An old
-  key fails naming the new one; an unknown key fails naming the group's keys.
+  key fails naming the new one; an unknown key fails naming the group's keys. With `presets`
+  (dlmjax.model.presets.PRESETS, which the command lines pass: this layer cannot import it),
+  model.preset=NAME sets every field of that preset where it stands, so later overrides win.
   """
   if not isinstance(overrides, dict):
     pairs = {}
@@ -365,6 +371,11 @@ def apply_overrides(config, overrides) -> ml_collections.ConfigDict:
       pairs[key] = value
     overrides = pairs
   for dotted, value in overrides.items():
+    if dotted == PRESET_OVERRIDE and presets is not None:
+      if value not in presets:
+        raise ConfigError(f'model.preset={value!r} is not a preset; known: {sorted(presets)}.')
+      config.model.update(presets[value])
+      continue
     message = old_key_message(dotted)
     if message:
       raise ConfigError(message)
@@ -425,10 +436,11 @@ def _parse(dotted: str, value, default):
   return value
 
 
-def parse_command_line(argv, default_file: str):
+def parse_command_line(argv, default_file: str, presets: dict | None = None):
   """(config, the other arguments) from a command line with --config=FILE[:ARG] and
   --config.KEY=VALUE overrides, for the CLIs: the file is loaded with load_file, the overrides
-  applied with apply_overrides, in that order wherever they stand."""
+  applied with apply_overrides (with `presets` for --config.model.preset=NAME), in that order
+  wherever they stand."""
   spec, overrides, rest = default_file, [], []
   args = list(argv)
   i = 0
@@ -447,7 +459,7 @@ def parse_command_line(argv, default_file: str):
     else:
       rest.append(arg)
     i += 1
-  return apply_overrides(load_file(spec), overrides), rest
+  return apply_overrides(load_file(spec), overrides, presets), rest
 
 
 # ----------------------------------------------------------------------------------------------
