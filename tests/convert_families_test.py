@@ -14,55 +14,14 @@ from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
+from tests.checkpoint import family_dirs
 from tests.checkpoint import tiny_run
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
 
-_DIMS = dict(
-  vocab_size=256,
-  hidden_size=64,
-  intermediate_size=128,
-  num_hidden_layers=2,
-  num_attention_heads=4,
-  num_key_value_heads=2,
-  max_position_embeddings=64,
-  bos_token_id=5,
-  eos_token_id=2,
-  pad_token_id=1,
-)
-FAMILIES = {
-  # Qwen2.5-style: q/k/v biases, tied, theta 1e6.
-  'qwen2': (
-    'Qwen2Config',
-    'Qwen2ForCausalLM',
-    dict(_DIMS, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True),
-  ),
-  # Llama-3-style without rope_scaling: no biases, untied, theta 5e5, eps 1e-5, explicit head_dim.
-  'llama': (
-    'LlamaConfig',
-    'LlamaForCausalLM',
-    dict(_DIMS, rms_norm_eps=1e-5, rope_theta=5e5, tie_word_embeddings=False, head_dim=16),
-  ),
-}
-
-
-def _transformers_dir(directory, family: str, **overrides) -> str:
-  """save_pretrained of a tiny random-weight transformers model of the family (its FAMILIES
-  config with `overrides`): every tensor random, biases and norm gains included (transformers
-  initialises biases to zero and gains to one, which would hide a dropped bias or a mixed-up
-  norm)."""
-  config_name, class_name, kwargs = FAMILIES[family]
-  config = getattr(transformers, config_name)(**{**kwargs, **overrides})
-  torch.manual_seed(0)
-  model = getattr(transformers, class_name)(config)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = 0.1 * torch.randn_like(p)
-      p.copy_(1.0 + noise if 'norm' in name else noise if 'bias' in name else 2 * noise)
-  model.save_pretrained(directory)
-  tiny_run.write_tokenizer(directory, 256)
-  return str(directory)
+FAMILIES = family_dirs.TRANSFORMERS_FAMILIES
+_transformers_dir = family_dirs.transformers_dir
 
 
 def _theirs(hf_dir: str, tokens, class_name: str):

@@ -12,7 +12,6 @@ i // block_size >= j // block_size (the inference mask of SDAR's generate.py). T
 here from that formula, not taken from dlmjax.
 """
 
-import json
 import os
 
 import numpy as np
@@ -24,56 +23,15 @@ from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
+from tests.checkpoint import family_dirs
 from tests.checkpoint import tiny_run
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
 
-BLOCK = 4
-# SDAR-8B-Chat's config.json (JetAstra/SDAR training/model/SDAR-8B-Chat) with tiny sizes; the
-# training-only fields stay, as the released files carry them. mask 151669 -> a tiny id.
-SDAR_CONFIG = dict(
-  architectures=['SDARForCausalLM'],
-  auto_map={
-    'AutoConfig': 'configuration_sdar.SDARConfig',
-    'AutoModel': 'modeling_sdar.SDARModel',
-    'AutoModelForCausalLM': 'modeling_sdar.SDARForCausalLM',
-  },
-  attention_bias=False,
-  attention_dropout=0.0,
-  attn_implementation='flex_attention',
-  bos_token_id=2,
-  debug=False,
-  eos_token_id=2,
-  block_size=BLOCK,
-  mask_token_id=250,
-  ep_size=1,
-  fuse_cross_entropy=True,
-  head_dim=16,
-  hidden_act='silu',
-  hidden_size=64,
-  initializer_range=0.02,
-  intermediate_size=128,
-  max_position_embeddings=64,
-  max_window_layers=2,
-  micro_forward=False,
-  model_type='sdar',
-  num_attention_heads=4,
-  num_hidden_layers=2,
-  num_key_value_heads=2,
-  rms_norm_eps=1e-06,
-  rope_scaling=None,
-  rope_theta=1000000,
-  skip_checkpoint=False,
-  sliding_window=None,
-  tie_word_embeddings=False,
-  torch_dtype='float32',
-  transformers_version='4.52.4',
-  use_cache=False,
-  use_deepep=False,
-  use_sliding_window=False,
-  vocab_size=256,
-)
+BLOCK = family_dirs.SDAR_BLOCK
+SDAR_CONFIG = family_dirs.SDAR_CONFIG
+sdar_dir = family_dirs.sdar_dir
 _ATTENTION = 'sdar_block_causal_test'
 
 
@@ -90,34 +48,6 @@ def _sdar_attention(module, query, key, value, attention_mask, scaling=None, **k
   scores = torch.einsum('bnqh,bnkh->bnqk', query.float(), key.float()) * scaling
   probs = scores.masked_fill(~visible, float('-inf')).softmax(-1)
   return torch.einsum('bnqk,bnkh->bqnh', probs, value.float()).contiguous(), None
-
-
-def sdar_dir(directory, *, seed=0, tied=False) -> str:
-  """An SDAR-*-Chat-style directory: random Qwen3-named tensors (norm gains around one), SDAR's
-  config.json and a tokenizer. Returns it; `reference_logits` computes SDAR's forward of it."""
-  os.makedirs(directory, exist_ok=True)
-  hf = dict(SDAR_CONFIG, tie_word_embeddings=tied)
-  config = transformers.Qwen3Config(
-    **{k: hf[k] for k in ('vocab_size', 'hidden_size', 'intermediate_size', 'head_dim')},
-    num_hidden_layers=hf['num_hidden_layers'],
-    num_attention_heads=hf['num_attention_heads'],
-    num_key_value_heads=hf['num_key_value_heads'],
-    max_position_embeddings=hf['max_position_embeddings'],
-    rms_norm_eps=hf['rms_norm_eps'],
-    rope_theta=float(hf['rope_theta']),
-    tie_word_embeddings=tied,
-  )
-  torch.manual_seed(seed)
-  model = transformers.Qwen3ForCausalLM(config)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = 0.1 * torch.randn_like(p)
-      p.copy_(1.0 + noise if 'norm' in name else 2 * noise)
-  model.save_pretrained(directory)
-  with open(os.path.join(directory, 'config.json'), 'w') as f:
-    json.dump(hf, f, indent=2)
-  tiny_run.write_tokenizer(directory, 256)
-  return str(directory)
 
 
 def reference_logits(hf_dir: str, tokens, block_size: int = BLOCK) -> np.ndarray:
