@@ -232,8 +232,8 @@ def _check_source_weights(hf_dir: str, hf: dict, arch: str, params, config) -> C
   return Check(
     'source weights',
     not problems,
-    '; '.join(problems[:8]) or f"every {arch} tensor, read through {arch}'s names, equals ours "
-    f'in {dtype}',
+    '; '.join(problems[:8])
+    or f"every {arch} tensor, read through {arch}'s names, equals ours in {dtype}",
   )
 
 
