@@ -174,12 +174,19 @@ def defaults() -> ml_collections.ConfigDict:
   c.sampler.temperature = 0.9  # 0 = greedy; else Gumbel-max sampling at this temperature.
   c.sampler.top_p = 1.0  # nucleus filter before the temperature (1 = off).
   c.sampler.cfg_scale = 0.0  # classifier-free guidance against a masked prompt (0 = off).
-  c.sampler.remasking = 'low_confidence'  # low_confidence | random: which tokens commit first.
+  # The decoding order, which tokens commit first: LLaDA's low_confidence | random, Dream's
+  # entropy | margin | maskgit_plus (dlmjax/diffusion/decoding.py).
+  c.sampler.remasking = 'low_confidence'
   c.sampler.threshold = 0.0  # > 0: also commit every masked token this confident (Fast-dLLM).
   # none | truncate: the canvas after the current block is not computed (exact only under causal
   # or block-causal attention).
   c.sampler.cache = 'none'
-  c.sampler.stop_at_eos = False  # skip blocks once every row has committed an EOS (text-exact).
+  # Rows whose text is final (an EOS, nothing masked before it) stop changing; a block ends when
+  # every other row is done and finished batches skip the rest (the text is unchanged).
+  c.sampler.stop_at_eos = False
+  c.sampler.alg_temp = 0.0  # > 0: draw the positions from softmax(confidence / alg_temp) (Dream)
+  # > 0: also commit the n most confident tokens with (n + 1)(1 - c_n) <= factor (Fast-dLLM).
+  c.sampler.factor = 0.0
 
   # Reinforcement learning (stage rl, README "Reinforcement learning"): dlmjax/rl,
   # dlmjax/train/stages/rl.py. Advantages are r - group mean, d1's token normalisation and
@@ -580,7 +587,6 @@ _CHOICES = {
   'train.schedule': ('wsd', 'wsd_linear', 'wsd_cosine', 'cosine', 'constant'),
   'sft.chat_template': ('none', 'plain', 'llada', 'chatml'),
   'sft.too_long': ('truncate', 'drop', 'error'),
-  'sampler.remasking': ('low_confidence', 'random'),
   'sampler.cache': ('none', 'truncate'),
 }
 LOG_OUTPUTS = ('tensorboard', 'wandb', 'plots')
@@ -767,6 +773,11 @@ def _validate_rl(config):
       )
 
 
+# The sampler's decoding orders (dlmjax/diffusion/decoding.py); Dream's names that differ.
+SAMPLER_ORDERS = ('low_confidence', 'random', 'entropy', 'margin', 'maskgit_plus')
+_DREAM_ORDERS = {'topk_margin': 'margin', 'origin': 'random'}
+
+
 def check_sampler_settings(settings, prefix: str = '') -> None:
   """The sampler's rules, written once: for the sampler.* group (prefix 'sampler.') and for any
   dlmjax.diffusion.sampler.SamplingConfig (its validate); raises ConfigError naming the setting."""
@@ -794,6 +805,30 @@ def check_sampler_settings(settings, prefix: str = '') -> None:
     raise ConfigError(f'{p}cfg_scale={settings.cfg_scale} must be >= 0 (0 = off).')
   if not 0 <= settings.threshold <= 1:
     raise ConfigError(f'{p}threshold={settings.threshold} must lie in [0, 1] (0 = off).')
+  order = settings.remasking
+  if order not in SAMPLER_ORDERS:
+    hint = (
+      f" (Dream's {order} is closest to {_DREAM_ORDERS[order]!r})" if order in _DREAM_ORDERS else ''
+    )
+    raise ConfigError(
+      f'{p}remasking={order!r} is not a decoding order{hint}; use one of {SAMPLER_ORDERS}.'
+    )
+  if not settings.alg_temp >= 0:
+    raise ConfigError(
+      f'{p}alg_temp={settings.alg_temp} must be >= 0 (0 = the most confident, > 0 = drawn).'
+    )
+  if not settings.factor >= 0:
+    raise ConfigError(f'{p}factor={settings.factor} must be >= 0 (0 = off; Fast-dLLM uses 1).')
+  if settings.threshold > 0 and settings.factor > 0:
+    raise ConfigError(
+      f'{p}threshold={settings.threshold} and {p}factor={settings.factor} are two alternative '
+      'rules of Fast-dLLM; set one of them to 0.'
+    )
+  if order == 'entropy' and (settings.threshold > 0 or settings.factor > 0):
+    raise ConfigError(
+      f'{p}threshold and {p}factor bound a probability, but {p}remasking=entropy scores a '
+      'negative entropy; use remasking low_confidence, maskgit_plus or margin with them.'
+    )
 
 
 def _validate_sft(config):

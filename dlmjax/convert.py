@@ -1,12 +1,16 @@
 """python -m dlmjax.convert: orbax checkpoints <-> Hugging Face safetensors and PyTorch files.
 
     python -m dlmjax.convert to-hf --checkpoint-path runs/x [--dtype bf16|fp32] --output-dir hf/x
+        [--layout source|qwen3|qwen2|llama|llada|...]
     python -m dlmjax.convert from-hf --hf-dir hf/x --output-dir runs/y [--config configs/z.py]
     python -m dlmjax.convert to-torch --checkpoint-path runs/x --output x.pt [--dtype fp32|bf16]
     python -m dlmjax.convert from-torch --input x.pt --output-dir runs/y [--config configs/z.py]
 
-The formats, and the library other modules call, are in dlmjax/checkpoint/hf_io.py. The command
-line runs as one process.
+--layout picks the Hugging Face family whose names and config.json the export writes
+(dlmjax/checkpoint/hf_layouts.py); the default, source, is the family the checkpoint was imported
+from, else the one the model's options choose (Qwen3 with QK-norm, Qwen2 with q/k/v biases, Llama
+with neither). The formats, and the library other modules call, are in
+dlmjax/checkpoint/hf_io.py. The command line runs as one process.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import jax
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
+from dlmjax.checkpoint import hf_layouts
 from dlmjax.checkpoint import hf_mapping
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
@@ -40,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
   to_hf.add_argument('--output-dir', required=True)
   to_hf.add_argument('--dtype', choices=sorted(hf_io.DTYPES), default='bf16')
   to_hf.add_argument('--max-shard-size', default='5GB')
+  to_hf.add_argument(
+    '--layout',
+    choices=hf_layouts.choices(),
+    default=hf_layouts.SOURCE,
+    help='the family whose names and config.json to write; source (default): the family the '
+    "checkpoint came from, else the one the model's options choose",
+  )
   to_torch = sub.add_parser('to-torch', help='orbax checkpoint -> PyTorch .pt')
   to_torch.add_argument('--checkpoint-path', required=True)
   to_torch.add_argument('--output', required=True)
@@ -79,6 +91,7 @@ def main(argv=None) -> int:
         dtype=args.dtype,
         max_shard_size=args.max_shard_size,
         trim_vocab=args.trim_vocab,
+        layout=args.layout,
       )
     elif args.command == 'to-torch':
       out = hf_io.torch_from_checkpoint(

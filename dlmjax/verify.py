@@ -3,9 +3,10 @@
 Two questions about a checkpoint. Integrity: is every array its config implies there, with the
 right shape and dtype, finite, matching its saved checksum, with optimizer state shaped like the
 params? Parity: does a PyTorch forward of the converted weights (transformers' class of the
-export's family, Qwen3, Qwen2 or Llama, with our mask kind, else dlmjax.checkpoint.torch_reference)
-give our JAX forward's logits on the same random masked tokens? MegaDLMs'
-verify_correctness_dlm.py prints differences without a threshold; we pass or fail.
+export's family, Qwen3, Qwen2 or Llama, loaded through the modeling_dlmjax.py every export ships,
+as a user loads it: AutoModelForCausalLM with trust_remote_code; else
+dlmjax.checkpoint.torch_reference) give our JAX forward's logits on the same random masked
+tokens? MegaDLMs' verify_correctness_dlm.py prints differences without a threshold; we pass or fail.
 Exit 0 when every check passes, 1 otherwise.
 
 Tolerances, relative to max(1, max |logit|) and to max(1, masked CE), with what we measured on
@@ -42,8 +43,7 @@ from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
 from dlmjax.parallel import distributed
 
-# Directories transformers' own classes load (the rest: parity on a temporary export).
-TRANSFORMERS_FAMILIES = ('qwen3', 'difflm', 'qwen2', 'llama')
+PARITY_LAYOUTS = ('qwen3', 'difflm', 'qwen2', 'llama')  # what the PyTorch forwards read
 TOLERANCES = {'fp32': (1e-4, 1e-4), 'bf16': (1e-1, 1e-2)}  # (logits, masked CE)
 _COMPUTE = {'fp32': 'float32', 'bf16': 'bfloat16'}
 
@@ -354,7 +354,7 @@ def verify(
     return checks
   if hf_dir is not None:
     checks.append(check_hf_weights(hf_dir, params, config))
-    if hf_config.detect_architecture(hf_config.read(hf_dir)) in TRANSFORMERS_FAMILIES:
+    if hf_config.detect_architecture(hf_config.read(hf_dir)) in PARITY_LAYOUTS:
       return checks + check_parity(params, config, hf_dir, dtype=dtype, **parity_kwargs)
     # LLaDA, SDAR: no transformers class here runs them; the PyTorch forward runs on the export
     # (Qwen3, Qwen2 or Llama names) of the weights the check above found equal to hf_dir's.

@@ -145,6 +145,10 @@ def test_sampler_group_is_the_sampling_config():
     ({'sampler.remasking': 'sideways'}, 'sampler.remasking'),
     ({'sampler.cache': 'kv'}, 'sampler.cache'),
     ({'sampler.threshold': 2.0}, 'sampler.threshold'),
+    ({'sampler.remasking': 'topk_margin'}, "Dream's topk_margin is closest to 'margin'"),
+    ({'sampler.alg_temp': -0.5}, 'sampler.alg_temp=-0.5 must be >= 0'),
+    ({'sampler.factor': -1.0}, 'sampler.factor=-1.0 must be >= 0'),
+    ({'sampler.threshold': 0.9, 'sampler.factor': 1.0}, 'set one of them to 0'),
     ({'log.outputs': 'tensorboard,slack'}, "names 'slack'"),
   ],
 )

@@ -27,8 +27,8 @@ _transformers_dir = family_dirs.transformers_dir
 def _theirs(hf_dir: str, tokens, class_name: str):
   from dlmjax.checkpoint import torch_reference  # pylint: disable=import-outside-toplevel
 
-  model = torch_reference.transformers_model(hf_dir)  # bidirectional: our attention function
-  assert type(model).__name__ == class_name
+  model = torch_reference.transformers_model(hf_dir)  # bidirectional: modeling_dlmjax's class
+  assert isinstance(model, getattr(transformers, class_name))
   with torch.no_grad():
     return model(input_ids=torch.as_tensor(tokens), use_cache=False).logits.numpy()
 

@@ -128,7 +128,7 @@ def test_cli_prompt_and_prompts_file(run, tmp_path, capsys):
       ['--prompt', 'x', '--gen-length', '8', '--block-length', '4', '--steps', '3'],
       'multiple of the 2 blocks',
     ),
-    (['--prompt', 'x', '--remasking', 'entropy'], 'unknown remasking'),
+    (['--prompt', 'x', '--remasking', 'sideways'], 'not a decoding order'),
     (
       [
         '--prompt',

@@ -1,12 +1,13 @@
 """Hugging Face config.json <-> dlmjax config: which architecture a checkpoint is, and its dims.
 
-Exports are the transformers family whose layout holds the model exactly (export_family: Qwen3
-with QK-norm, Qwen2 with q/k/v biases, Llama with neither) plus MegaDLMs DiffLM's `mask_token_id`
-and `attn_mask_type`, so `Qwen3ForCausalLM` / `Qwen2ForCausalLM` / `LlamaForCausalLM` load them
-and DiffLM tooling finds its fields. Imports read Qwen3, MegaDLMs DiffLM, Qwen2, Llama and LLaDA
-configs, each into the model options of its family (model.qk_norm, model.qkv_bias,
-model.rope_scaling); anything else, or a part we cannot compute (sliding windows, a RoPE scaling
-type without a formula here), is refused by name.
+Exports (the layouts of hf_layouts) write a transformers family's config.json (to_hf: by default
+the one whose layout holds the model exactly, export_family: Qwen3 with QK-norm, Qwen2 with q/k/v
+biases, Llama with neither) plus MegaDLMs DiffLM's `mask_token_id` and `attn_mask_type`, so
+`Qwen3ForCausalLM` / `Qwen2ForCausalLM` / `LlamaForCausalLM` load them and DiffLM tooling finds
+its fields, or LLaDA's (llada_to_hf). Imports read Qwen3, MegaDLMs DiffLM, Qwen2, Llama, LLaDA and
+SDAR configs, each into the model options of its family (model.qk_norm, model.qkv_bias,
+model.rope_scaling, SDAR's block-causal attention); anything else, or a part we cannot compute
+(sliding windows, a RoPE scaling type without a formula here, MoE), is refused by name.
 """
 
 from __future__ import annotations
@@ -323,18 +324,31 @@ def check_matches(hf: dict, config, *, missing_qk_norm: str = 'error') -> None:
     )
 
 
-def to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
-  """transformers config.json (Qwen3, Qwen2 or Llama: export_family) for a dlmjax config, with
-  DiffLM's mask fields added.
+# Our transformers classes for exports (hf_modeling/modeling_dlmjax.py, copied into every Qwen3,
+# Qwen2 or Llama export): the family's class attending with the export's attn_mask_type.
+MODELING_FILE = 'modeling_dlmjax.py'
+_MODELING_CLASSES = dict(
+  qwen3='DlmjaxQwen3ForCausalLM', qwen2='DlmjaxQwen2ForCausalLM', llama='DlmjaxLlamaForCausalLM'
+)
 
+
+def to_hf(config, *, vocab_rows: int, dtype: str, family: str | None = None) -> dict:
+  """transformers config.json of `family` (Qwen3, Qwen2 or Llama; default export_family) for a
+  dlmjax config, with DiffLM's mask fields added.
+
+  Attention: `is_causal` is the setting transformers' own masks honour (masking_utils,
+  create_causal_mask: false gives the bidirectional mask), so plain `from_pretrained` computes a
+  bidirectional (or causal) export exactly; `auto_map` names our class in modeling_dlmjax.py,
+  which `trust_remote_code=True` loads and which computes every mask kind, block_causal too.
   `max_position_embeddings` is the training length, as MegaDLMs' converter writes it. `use_cache`
   is off: a bidirectional model must not decode with a causal KV cache.
   """
   m = config.model
-  family = export_family(qk_norm=m.qk_norm, qkv_bias=m.qkv_bias)
+  family = family or export_family(qk_norm=m.qk_norm, qkv_bias=m.qkv_bias)
   torch_dtype = {'bf16': 'bfloat16', 'fp32': 'float32'}[dtype]
   hf = dict(
     architectures=[_HF_CLASSES[family]],
+    auto_map=dict(AutoModelForCausalLM=f'{MODELING_FILE[:-3]}.{_MODELING_CLASSES[family]}'),
     model_type=family,
     vocab_size=vocab_rows,
     hidden_size=m.d_model,
@@ -356,6 +370,7 @@ def to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
     max_window_layers=m.num_layers,
     tie_word_embeddings=m.tie_embeddings,
     use_cache=False,
+    is_causal=m.attention_mask == 'causal',
     torch_dtype=torch_dtype,
     dtype=torch_dtype,
     bos_token_id=None,
@@ -374,4 +389,65 @@ def to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
     for key in ('use_sliding_window', 'sliding_window', 'max_window_layers'):
       del hf[key]
     hf['mlp_bias'] = False
+  return hf
+
+
+# LLaDA's own code (configuration_llada.py, modeling_llada.py) is not ours to ship: an export's
+# auto_map names it in the Hub repository it comes from ("repo--module.Class", transformers'
+# dynamic-module reference), as save_pretrained writes remote code that lives elsewhere.
+LLADA_CODE_REPO = 'GSAI-ML/LLaDA-8B-Instruct'
+
+
+def llada_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
+  """LLaDA's config.json (LLaDAConfig's fields, as GSAI-ML/LLaDA-8B-* ship them) for a dlmjax
+  model with LLaDA's architecture (hf_layouts refuses the others): the `llama` block, RMSNorm,
+  silu(ff_proj) * up_proj, rotate-half RoPE, bidirectional attention. `vocab_size` is the
+  model's vocabulary, `embedding_size` the rows written (LLaDA pads the embedding past it)."""
+  m = config.model
+  hf = dict(_LLADA_DEFAULTS)
+  hf.update(
+    architectures=['LLaDAModelLM'],
+    auto_map={
+      name: f'{LLADA_CODE_REPO}--{module}'
+      for name, module in (
+        ('AutoConfig', 'configuration_llada.LLaDAConfig'),
+        ('AutoModelForCausalLM', 'modeling_llada.LLaDAModelLM'),
+        ('AutoModel', 'modeling_llada.LLaDAModelLM'),
+      )
+    },
+    model_type='llada',
+    block_type='llama',
+    layer_norm_type='rms',
+    activation_type='silu',
+    rope=True,
+    rope_full_precision=True,
+    bias_for_layer_norm=False,
+    alibi_bias_max=8.0,
+    attention_layer_norm_with_affine=True,
+    include_qkv_bias=bool(m.qkv_bias),
+    d_model=m.d_model,
+    n_heads=m.num_heads,
+    n_kv_heads=m.num_kv_heads,
+    n_layers=m.num_layers,
+    mlp_hidden_size=m.ffn_dim,
+    mlp_ratio=max(1, m.ffn_dim // m.d_model),  # unused when mlp_hidden_size is set.
+    vocab_size=m.vocab_size,
+    embedding_size=vocab_rows,
+    max_sequence_length=m.seq_len,
+    rope_theta=m.rope_theta,
+    rms_norm_eps=m.norm_eps,
+    weight_tying=bool(m.tie_embeddings),
+    init_std=m.init_std,
+    init_device='meta',
+    init_fn='mitchell',
+    attention_dropout=0.0,
+    residual_dropout=0.0,
+    embedding_dropout=0.0,
+    flash_attention=False,
+    precision={'bf16': 'amp_bf16', 'fp32': 'fp32'}[dtype],
+    use_cache=False,
+    eos_token_id=m.eos_token_id,
+    pad_token_id=m.pad_token_id,
+    mask_token_id=m.mask_token_id,
+  )
   return hf

@@ -1,8 +1,10 @@
 """Hugging Face safetensors and PyTorch files <-> our params: the library `dlmjax.convert` runs.
 
-The HF directory is the transformers family that computes the model (hf_config.export_family:
-Qwen3ForCausalLM, Qwen2ForCausalLM or LlamaForCausalLM loads it) with MegaDLMs DiffLM's
-`mask_token_id` and `attn_mask_type`, our full config in dlmjax_config.json and the tokenizer files.
+The HF directory is in one of hf_layouts' layouts (default: the family the checkpoint came from,
+else the transformers family of its options: Qwen3ForCausalLM, Qwen2ForCausalLM or
+LlamaForCausalLM loads it), with MegaDLMs DiffLM's `mask_token_id` and `attn_mask_type`, our
+modeling_dlmjax.py (auto_map) for the mask kind, our full config in dlmjax_config.json and the
+tokenizer files.
 The .pt file holds {'state_dict' (the same names), 'hf_config', 'dlmjax_config'}. An import records
 the source family (and directory) in its checkpoint's metadata (`source`, manager.read_meta).
 Tensors move one at a time (hf_mapping): exports hold one tensor on the host beside the restored
@@ -26,6 +28,7 @@ from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax import progress
 from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint import hf_layouts
 from dlmjax.checkpoint import hf_mapping
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
@@ -97,6 +100,12 @@ def check_tokenizer_vocab(tokenizer: str | None, vocab_size: int, what: str) -> 
 # Export
 
 
+def check_output_dir(path: str, flag: str = '--output-dir') -> None:
+  """Refuses an output directory that is an existing file, before any work."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ConvertError(f'{flag} {path} is an existing file, not a directory; choose another path.')
+
+
 def write_hf(
   output_dir: str,
   config,
@@ -106,19 +115,28 @@ def write_hf(
   max_shard_size: str | int = '5GB',
   trim_vocab: bool = False,
   copy_tokenizer: bool = True,
+  layout: str = hf_layouts.SOURCE,
+  source_family: str | None = None,
 ) -> str:
-  """Writes params (ours, any placement) as a Hugging Face directory of the model's family
-  (Qwen3, Qwen2 or Llama: hf_config.export_family); returns it."""
+  """Writes params (ours, any placement) as a Hugging Face directory in `layout` (hf_layouts:
+  `source` is source_family's layout, else the family of the model's options); returns it."""
   if dtype not in DTYPES:
     raise ConvertError(f'--dtype={dtype!r} is not one of {sorted(DTYPES)}.')
+  check_output_dir(output_dir)
+  chosen = hf_layouts.choose(layout, config.model, source_family=source_family)
   tokenizer = run_tokenizer.find(config) if copy_tokenizer else None
   check_tokenizer_vocab(tokenizer, config.model.vocab_size, "the run's model.vocab_size")
   cfg = model_lib.ModelConfig.from_config(config)
   rows = _vocab_rows(config, trim_vocab)
   np_dtype = DTYPES[dtype]
-  entries = [(n, s, np_dtype) for n, s in hf_mapping.export_entries(cfg, vocab_rows=rows)]
+  entries = [
+    (n, s, np_dtype) for n, s in hf_mapping.export_entries(cfg, vocab_rows=rows, names=chosen.names)
+  ]
   tensors = _cast_each(
-    hf_mapping.export_tensors(params, cfg, vocab_rows=rows, to_host=distributed.to_host), np_dtype
+    hf_mapping.export_tensors(
+      params, cfg, vocab_rows=rows, to_host=distributed.to_host, names=chosen.names
+    ),
+    np_dtype,
   )
   if jax.process_index() != 0:
     for _ in tensors:  # take part in any cross-process gathers; write nothing.
@@ -133,12 +151,20 @@ def write_hf(
     metadata={'format': 'pt'},
   )
   with open(os.path.join(output_dir, 'config.json'), 'w') as f:
-    json.dump(hf_config.to_hf(config, vocab_rows=rows, dtype=dtype), f, indent=2)
+    json.dump(chosen.config_json(config, vocab_rows=rows, dtype=dtype), f, indent=2)
   with open(os.path.join(output_dir, hf_config.DLMJAX_CONFIG_FILE), 'w') as f:
     f.write(config.to_json(indent=2, sort_keys=True))
+  if chosen.ships_modeling:
+    shutil.copy(_MODELING_PATH, os.path.join(output_dir, hf_config.MODELING_FILE))
   if copy_tokenizer:
     _copy_tokenizer(tokenizer, output_dir)
+    if tokenizer is not None:
+      _write_tokenizer_config(tokenizer, output_dir, config)
   return output_dir
+
+
+# The transformers classes exports ship (config.json's auto_map names them), package data.
+_MODELING_PATH = os.path.join(os.path.dirname(__file__), 'hf_modeling', hf_config.MODELING_FILE)
 
 
 def _cast_each(tensors, dtype):
@@ -168,6 +194,43 @@ def _copy_tokenizer(tokenizer: str, output_dir: str) -> None:
     shutil.copy(tokenizer, os.path.join(output_dir, os.path.basename(tokenizer)))
 
 
+# transformers' class for a tokenizer.json (or, converted on load, a SentencePiece model) taken as
+# it is: the name in v4 and v5 (an alias of TokenizersBackend there). Without it AutoTokenizer
+# picks the model_type's class (Qwen2Tokenizer for a qwen3 export), whose own pre-tokenizer
+# splits a SentencePiece vocabulary differently (it dropped the spaces).
+_TOKENIZER_CLASS = 'PreTrainedTokenizerFast'
+
+
+def _write_tokenizer_config(tokenizer: str, output_dir: str, config) -> None:
+  """tokenizer_config.json for AutoTokenizer: the tokenizer taken exactly as dlmjax reads it, and
+  the model's end-of-document, padding and mask pieces as eos/pad/mask tokens. A copied
+  tokenizer_config.json keeps its fields (chat template, its own class); the special tokens are
+  set to the model's."""
+  path = os.path.join(output_dir, 'tokenizer_config.json')
+  fields = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      fields = json.load(f)
+  fields.setdefault('tokenizer_class', _TOKENIZER_CLASS)
+  fields.setdefault('add_bos_token', False)  # dlmjax encodes without BOS/EOS (data/tokenizer.py).
+  fields.setdefault('add_eos_token', False)
+  fields.setdefault('clean_up_tokenization_spaces', False)  # decode(encode(text)) == text
+  # Only its pieces are read: the ids are the model's, so none is looked up by piece here.
+  loaded = tokenizer_lib.load_tokenizer(tokenizer, eod_token=0, pad_token=0, require_mask=False)
+  m = config.model
+  for field, token_id in (
+    ('eos_token', m.eos_token_id),
+    ('pad_token', m.pad_token_id),
+    ('mask_token', m.mask_token_id),
+  ):
+    piece = loaded.id_piece(token_id)
+    if piece is not None:  # a mask row past the tokenizer's ids has no piece to name.
+      fields[field] = piece
+  fields.setdefault('model_max_length', m.seq_len)
+  with open(path, 'w') as f:
+    json.dump(fields, f, indent=2, ensure_ascii=False)
+
+
 def _restore(checkpoint_path: str):
   run_dir, step_dir, step = manager.resolve_step_dir(checkpoint_path)
   config = manager.load_run_config(run_dir)
@@ -175,10 +238,37 @@ def _restore(checkpoint_path: str):
   return config, manager.restore_params(step_dir, shapes, shardings), step
 
 
-def hf_from_checkpoint(checkpoint_path: str, output_dir: str, **kwargs) -> str:
-  """Exports a run directory (latest step) or step directory to a Hugging Face directory."""
+def source_family(checkpoint_path: str) -> str | None:
+  """The Hugging Face family a checkpoint came from: its import's `source` metadata, else that
+  of what its run started from (init_from: a Hugging Face directory, or an imported run)."""
+  seen = set()
+  while checkpoint_path and checkpoint_path not in seen:
+    seen.add(checkpoint_path)
+    if is_hf_dir(checkpoint_path):
+      try:
+        return hf_config.detect_architecture(hf_config.read(checkpoint_path))
+      except hf_config.HFConfigError:
+        return None
+    try:
+      run_dir, step_dir, _ = manager.resolve_step_dir(checkpoint_path)
+      family = (manager.read_meta(step_dir).get('source') or {}).get('family')
+      checkpoint_path = manager.load_run_config(run_dir).get('init_from') or ''
+    except (manager.CheckpointError, OSError, ValueError):
+      return None
+    if family:
+      return family
+  return None
+
+
+def hf_from_checkpoint(
+  checkpoint_path: str, output_dir: str, *, layout: str = hf_layouts.SOURCE, **kwargs
+) -> str:
+  """Exports a run directory (latest step) or step directory to a Hugging Face directory in
+  `layout` (default: the family the checkpoint came from, hf_layouts)."""
+  check_output_dir(output_dir)
   config, params, _ = _restore(checkpoint_path)
-  return write_hf(output_dir, config, params, **kwargs)
+  family = source_family(checkpoint_path) if layout == hf_layouts.SOURCE else None
+  return write_hf(output_dir, config, params, layout=layout, source_family=family, **kwargs)
 
 
 def torch_from_checkpoint(
@@ -314,6 +404,7 @@ def checkpoint_from_hf(
   hf_dir: str, output_dir: str, *, config=None, missing_qk_norm: str = 'error'
 ) -> str:
   """Imports a Hugging Face directory as a params-only run directory; returns the step dir."""
+  check_output_dir(output_dir)
   config, params = load_hf(hf_dir, config=config, missing_qk_norm=missing_qk_norm)
   config.output_dir = os.path.abspath(output_dir)
   return _save(output_dir, config, params, _source(hf_config.read(hf_dir), hf_dir))
@@ -325,6 +416,7 @@ def checkpoint_from_torch(
   """Imports a .pt written by to-torch (or a plain Qwen3-named state dict, with --config)."""
   import torch  # pylint: disable=import-outside-toplevel
 
+  check_output_dir(output_dir)
   payload = torch.load(input_file, map_location='cpu', weights_only=True, mmap=True)
   if isinstance(payload, dict) and payload.get('format') == TORCH_FORMAT:
     state_dict, hf, saved_json = (

@@ -5,8 +5,9 @@ by head ([D, N, H], [N, H, D]), matmul kernels as [in, out]. Hugging Face: one t
 nn.Linear weights as [out, in]. Both directions stream: export yields one HF tensor at a time;
 import fills each stacked array from one HF tensor at a time, so a model is never held twice.
 
-Exports use the names of the model's family (hf_config.export_family: Qwen3 with QK-norm, Qwen2
-with q/k/v biases, Llama with neither). Imports read the names of every architecture in
+Exports use the names of the layout asked for (hf_layouts; by default the family of the model's
+options, hf_config.export_family: Qwen3 with QK-norm, Qwen2 with q/k/v biases, Llama with
+neither). Imports read the names of every architecture in
 hf_config.ARCHITECTURES into a model with the same options (model.qk_norm, model.qkv_bias); what a
 checkpoint has that our model cannot express (a non-zero bias it has no slot for, a missing QK-norm)
 is refused with the reason, never silently dropped.
@@ -211,12 +212,20 @@ def _set(tree, path, value):
 
 
 # ----------------------------------------------------------------------------------------------
-# Export: our params -> Hugging Face tensors of the model's family (Qwen3, Qwen2 or Llama)
+# Export: our params -> Hugging Face tensors of a layout's names (hf_layouts)
 
 
-def export_entries(cfg: ModelConfig, *, vocab_rows: int) -> list[tuple[str, tuple]]:
+def _export_naming(cfg: ModelConfig, names: str | None) -> Naming:
+  """The names an export writes: NAMINGS[names] (a layout's, hf_layouts), else the family the
+  model's options choose."""
+  return NAMINGS[names or export_family(cfg)]
+
+
+def export_entries(
+  cfg: ModelConfig, *, vocab_rows: int, names: str | None = None
+) -> list[tuple[str, tuple]]:
   """(name, shape) of every exported tensor, in the order export_tensors yields them."""
-  naming, shapes = NAMINGS[export_family(cfg)], _layer_shapes(cfg)
+  naming, shapes = _export_naming(cfg, names), _layer_shapes(cfg)
   entries = [(naming.embed, (vocab_rows, cfg.d_model))]
   for i in range(cfg.num_layers):
     for slot in model_slots(cfg):
@@ -228,17 +237,18 @@ def export_entries(cfg: ModelConfig, *, vocab_rows: int) -> list[tuple[str, tupl
 
 
 def export_tensors(
-  params: dict, cfg: ModelConfig, *, vocab_rows: int, to_host=np.asarray
+  params: dict, cfg: ModelConfig, *, vocab_rows: int, to_host=np.asarray, names: str | None = None
 ) -> Iterator[tuple[str, np.ndarray]]:
   """Yields (Hugging Face name, float32 numpy array), one tensor at a time.
 
   `vocab_rows` <= the padded vocab: the padded size keeps every row (MegaDLMs exports the padded
   50304), the tokenizer's size drops the padding. `to_host` turns one (possibly sharded, on-device)
-  array into numpy; only that slice is ever on the host.
+  array into numpy; only that slice is ever on the host. `names`: a key of NAMINGS (default: the
+  family of the model's options).
   """
   if not 0 < vocab_rows <= cfg.vocab_size:
     raise MappingError(f'vocab_rows={vocab_rows} must be in (0, {cfg.vocab_size}].')
-  naming = NAMINGS[export_family(cfg)]
+  naming = _export_naming(cfg, names)
   # No named intermediates: a host copy that is transposed into a new array is freed before the
   # yield, so the generator never holds two copies of one tensor.
   yield naming.embed, np.asarray(to_host(_get(params, _EMBED)[:vocab_rows]), np.float32)

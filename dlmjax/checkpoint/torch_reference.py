@@ -1,8 +1,8 @@
 """PyTorch forwards of an exported checkpoint, for parity checks against our JAX model.
 
 Two of them: transformers' own class of the export's family (Qwen3ForCausalLM, Qwen2ForCausalLM or
-LlamaForCausalLM, by config.json's model_type) with our attention mask kind registered as an
-attention function (transformers' own classes are causal), and `Reference`, a small module written
+LlamaForCausalLM, by config.json's model_type) with our attention mask kind, through the
+modeling file exports ship (hf_modeling/modeling_dlmjax.py), and `Reference`, a small module written
 here from the same equations, for machines without transformers. Both read the exported names
 (Qwen3's, or Qwen2's / Llama's: no q/k norm weights, and q/k/v biases where present).
 """
@@ -10,11 +10,12 @@ here from the same equations, for machines without transformers. Both read the e
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 
-ATTENTION_NAME = 'dlmjax_masked_sdpa'
+from dlmjax.checkpoint import hf_config
 
 
 def visibility(length: int, kind: str, block_size: int = 0, device=None) -> torch.Tensor | None:
@@ -30,35 +31,29 @@ def visibility(length: int, kind: str, block_size: int = 0, device=None) -> torc
   raise ValueError(f'unknown attention mask kind {kind!r}')
 
 
-def masked_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-  """transformers attention interface: our mask kind (config.attn_mask_type), GQA, fp32 softmax.
-
-  transformers' mask (causal for Qwen3, Qwen2 and Llama) is ignored, as MegaDLMs' DiffLM ignores it.
-  """
-  del attention_mask, dropout, kwargs
-  config = module.config
-  mask = visibility(
-    query.shape[2],
-    getattr(config, 'attn_mask_type', 'bidirectional'),
-    getattr(config, 'block_size', 0),
-    query.device,
-  )
-  out = F.scaled_dot_product_attention(
-    query, key, value, attn_mask=mask, scale=scaling, enable_gqa=True
-  )
-  return out.transpose(1, 2).contiguous(), None
-
-
 def transformers_model(hf_dir: str, dtype: torch.dtype = torch.float32):
-  """transformers' class of the directory's model_type (Qwen3ForCausalLM, Qwen2ForCausalLM,
-  LlamaForCausalLM), loaded from it, attending with our mask kind."""
+  """transformers' class of the directory's family attending with its mask kind: dlmjax's
+  modeling_dlmjax.py (the one file every export ships and this package holds), loaded the way
+  the README tells users for an export (AutoModelForCausalLM with trust_remote_code, through
+  config.json's auto_map), else by model_type for a directory without it (transformers' own
+  Qwen3 / Qwen2 / Llama save_pretrained: bidirectional, as config.json names no mask kind)."""
   import transformers  # pylint: disable=import-outside-toplevel
 
-  transformers.AttentionInterface.register(ATTENTION_NAME, masked_sdpa)
   transformers.utils.logging.disable_progress_bar()
-  model = transformers.AutoModelForCausalLM.from_pretrained(
-    hf_dir, dtype=dtype, attn_implementation=ATTENTION_NAME
-  )
+  if os.path.exists(os.path.join(hf_dir, hf_config.MODELING_FILE)):
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+      hf_dir, dtype=dtype, trust_remote_code=True
+    )
+  else:
+    from dlmjax.checkpoint.hf_modeling import modeling_dlmjax  # pylint: disable=import-outside-toplevel
+
+    model_type = hf_config.read(hf_dir).get('model_type')
+    if model_type not in modeling_dlmjax.CLASSES:
+      raise hf_config.HFConfigError(
+        f'{hf_dir}: model_type={model_type!r} has no transformers class here; '
+        f'known: {", ".join(modeling_dlmjax.CLASSES)}.'
+      )
+    model = modeling_dlmjax.CLASSES[model_type].from_pretrained(hf_dir, dtype=dtype)
   return model.eval()
 
 

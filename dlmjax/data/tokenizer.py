@@ -34,6 +34,9 @@ class _SentencePiece:
     i = self.model.piece_to_id(piece)  # unknown pieces map to unk: check the round trip.
     return i if self.model.id_to_piece(i) == piece else None
 
+  def id_piece(self, i):
+    return self.model.id_to_piece(i)
+
   def encode(self, text):
     return self.model.encode(text)
 
@@ -56,6 +59,9 @@ class _HuggingFace:
 
   def piece_id(self, piece):
     return self.model.token_to_id(piece)
+
+  def id_piece(self, i):
+    return self.model.id_to_token(i)
 
   def encode(self, text):
     return self.model.encode(text).ids
@@ -147,6 +153,10 @@ class Tokenizer:
 
   def piece_id(self, piece: str) -> int | None:
     return self._backend.piece_id(piece)
+
+  def id_piece(self, i: int) -> str | None:
+    """The piece of id i, or None past the vocabulary."""
+    return self._backend.id_piece(int(i)) if 0 <= i < self.vocab_size else None
 
   def __getstate__(self):
     return self._args  # reload by path in worker processes.

@@ -17,10 +17,11 @@ import numpy as np
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
+from dlmjax.diffusion import decoding
 from dlmjax.model import attention, programs
 from dlmjax.parallel import distributed, rules
 
-REMASKING = ('low_confidence', 'random')
+REMASKING = decoding.ORDERS  # the decoding orders (decoding.confidence)
 # 'none': the whole canvas every step. 'truncate': the canvas after the current block is never
 # computed, exact only where it cannot be seen (causal and block-causal attention; see generate).
 CACHE_MODES = ('none', 'truncate')
@@ -36,10 +37,12 @@ class SamplingConfig:
   temperature: float = 0.0
   top_p: float = 1.0
   cfg_scale: float = 0.0
-  remasking: str = 'low_confidence'
+  remasking: str = 'low_confidence'  # the decoding order (decoding.ORDERS)
   threshold: float = 0.0  # > 0: also commit every masked token this confident (Fast-dLLM).
   cache: str = 'none'
-  stop_at_eos: bool = False  # skip blocks once every row has committed an EOS (text-exact).
+  stop_at_eos: bool = False  # rows whose text is final stop changing; skip finished work.
+  alg_temp: float = 0.0  # > 0: draw the schedule's positions from softmax(conf / alg_temp) (Dream)
+  factor: float = 0.0  # > 0: also commit the n most confident with c_n >= 1 - factor/(n+1)
 
   @property
   def num_blocks(self) -> int:
@@ -52,8 +55,6 @@ class SamplingConfig:
   def validate(self) -> 'SamplingConfig':
     """Raises ConfigError (a ValueError) naming the setting to change; returns self."""
     config_lib.check_sampler_settings(self)
-    if self.remasking not in REMASKING:
-      raise ValueError(f'unknown remasking {self.remasking!r}; known: {REMASKING}.')
     if self.cache not in CACHE_MODES:
       raise ValueError(f'unknown cache {self.cache!r}; known: {CACHE_MODES}.')
     return self
@@ -97,7 +98,9 @@ _HELP = {
   'remasking': ' | '.join(REMASKING),
   'threshold': 'also commit tokens at least this confident (0 = off)',
   'cache': ' | '.join(CACHE_MODES),
-  'stop_at_eos': 'skip the remaining blocks once every row has an EOS',
+  'stop_at_eos': 'rows whose text ended (an EOS, nothing masked before it) stop; skip the rest',
+  'alg_temp': "Dream's: draw the positions from softmax(confidence / alg_temp) (0 = top-k)",
+  'factor': "Fast-dLLM's factor rule: commit the n most confident with (n+1)(1 - c_n) <= f",
 }
 
 
@@ -138,62 +141,14 @@ def num_transfer_tokens(num_masked_B, steps: int):
   return base_B1 + (jnp.arange(steps)[None] < remainder_B1).astype(base_B1.dtype)
 
 
-def gumbel_noise(key, shape):
-  """Standard Gumbel noise -log(E), E ~ Exp(1), correct to float32 rounding far into both tails.
-
-  LLaDA draws Gumbel noise in float64: a float32 uniform (multiples of 2**-23 in jax) caps the noise
-  near 16, cutting off unlikely tokens, which lowers the effective temperature (arXiv 2409.02908).
-  x64 is off in JAX, so E = -log(W), W ~ U(0, 1), is built from 64 random bits split at W = 1/2:
-  W = v below it (-log v) and W = 1 - v above it (-log1p(-v)), with v ~ U(0, 1/2] carried in
-  float32's relative precision. Each half is then accurate to ~1e-7 relative, and the noise reaches
-  45 (float64 uniforms: 37), so no token of probability above ~e**-45 is ever cut off.
-  """
-  hi, lo = jax.random.bits(key, (2,) + tuple(shape), jnp.uint32)
-  upper = (hi >> 31) == 1
-  v = (
-    (hi & 0x7FFFFFFF).astype(jnp.float32) * 2.0**-32 + lo.astype(jnp.float32) * 2.0**-64 + 2.0**-65
-  )
-  exponential = jnp.where(upper, -jnp.log1p(-v), -jnp.log(v))
-  return -jnp.log(exponential)
-
-
-def top_p_filter(logits_V, top_p: float):
-  """Logits outside the smallest top set of probability >= top_p become -inf (HF TopPLogitsWarper).
-
-  A token is kept when the probability of the tokens strictly more likely than it is < top_p;
-  tokens tied with the last kept one are kept too.
-  """
-  sorted_V = -jnp.sort(-logits_V, axis=-1)
-  probs_V = jax.nn.softmax(sorted_V, axis=-1)
-  before_V = jnp.cumsum(probs_V, axis=-1) - probs_V
-  num_kept = jnp.sum(before_V < top_p, axis=-1, keepdims=True)
-  cutoff = jnp.take_along_axis(sorted_V, num_kept - 1, axis=-1)
-  return jnp.where(logits_V >= cutoff, logits_V, -jnp.inf)
-
-
-def sample_tokens(logits_V, key, temperature: float, top_p: float = 1.0):
-  """argmax at temperature 0; else a draw from softmax(top_p(logits) / T) by Gumbel-max.
-
-  Top-p comes before the temperature, as MegaDLMs does. argmax(l + T g) = argmax(l / T + g) is
-  LLaDA's argmax(exp(l) / E**T).
-  """
-  if temperature == 0:
-    return jnp.argmax(logits_V, axis=-1).astype(jnp.int32)
-  if top_p < 1:
-    logits_V = top_p_filter(logits_V, top_p)
-  noisy_V = logits_V + temperature * gumbel_noise(key, logits_V.shape)
-  return jnp.argmax(noisy_V, axis=-1).astype(jnp.int32)
+# The per-token pieces live in decoding.py; these names are the sampler's public API.
+gumbel_noise, top_p_filter = decoding.gumbel_noise, decoding.top_p_filter
+sample_tokens = decoding.sample_tokens
 
 
 def step_keys(key, block, step):
   """(noise key, remasking key) of one decoding step: a function of (key, block, step) only."""
   return jax.random.split(jax.random.fold_in(jax.random.fold_in(key, block), step))
-
-
-def _rank_descending(conf_BK):
-  """Each entry's rank (0 = largest) along the last axis; ties broken by position (stable)."""
-  order_BK = jnp.argsort(-conf_BK, axis=-1, stable=True)
-  return jnp.argsort(order_BK, axis=-1)
 
 
 def pad_prompts(token_lists, pad_id: int, width: int | None = None):
@@ -255,14 +210,16 @@ def generate(
 
   Per block of block_length tokens, steps_per_block steps; per step a forward over the canvas,
   CFG (logits = u + (s + 1)(c - u), u from a copy whose prompt is MASK), predictions x0 (argmax or
-  Gumbel-max), confidence = softmax(logits)[x0] (low_confidence) or U(0, 1) (random), and the
-  num_transfer_tokens most confident masked tokens of the block are committed. Differences from
-  LLaDA, all without effect on the result: logits, noise and confidence are computed for the
-  current block only (positions after it get -inf confidence there, and before it nothing is
-  masked); only the completion is decoded (a MASK id inside a prompt stays). Two differences that
-  matter only for untrained models: MASK is never predicted (LLaDA would commit it and leave the
-  position masked), nor are padded vocabulary rows (>= vocab_size). Pads are excluded from
-  attention through segment ids and positions start at 0 at each row's first real token.
+  Gumbel-max), confidence = softmax(logits)[x0] (low_confidence), U(0, 1) (random) or Dream's
+  orders, and the num_transfer_tokens most confident masked tokens of the block are committed, with
+  Fast-dLLM's threshold or factor rule on top (the commit rule: decoding.commit_step).
+  Differences from LLaDA, all without effect on the result: logits, noise and confidence are
+  computed for the current block only (positions after it get -inf confidence there, and before
+  it nothing is masked); only the completion is decoded (a MASK id inside a prompt stays). Two
+  differences that matter only for untrained models: MASK is never predicted (LLaDA would commit
+  it and leave the position masked), nor are padded vocabulary rows (>= vocab_size). Pads are
+  excluded from attention through segment ids and positions start at 0 at each row's first real
+  token.
   """
   sampling.validate()
   batch, width = prompt_BP.shape
@@ -306,22 +263,25 @@ def generate(
     vocab_V = jnp.arange(logits.shape[-1])
     return jnp.where((vocab_V < vocab_size) & (vocab_V != mask_id), logits, -jnp.inf)
 
+  def finished(x_BL):
+    """Rows frozen by stop_at_eos (decoding.finished_rows), or None."""
+    if not sampling.stop_at_eos:
+      return None
+    return decoding.finished_rows(x_BL, width, mask_id=mask_id, eos_id=eos_id)
+
   def decode_step(x_BL, block_index, step, start, view, transfer_B):
     logits = block_logits(x_BL, start, view)
-    noise_key, remask_key = step_keys(key, block_index, step)
     x_blk = jax.lax.dynamic_slice_in_dim(x_BL, start, block, axis=1)
-    masked = x_blk == mask_id
-    x0 = sample_tokens(logits, noise_key, sampling.temperature, sampling.top_p)
-    if sampling.remasking == 'low_confidence':  # the clean (un-noised, un-tempered) softmax.
-      chosen = jnp.take_along_axis(logits, x0[..., None], axis=-1)[..., 0]
-      conf = jnp.exp(chosen - jax.nn.logsumexp(logits, axis=-1))
-    else:
-      conf = jax.random.uniform(remask_key, (batch, block))
-    conf = jnp.where(masked, conf, -jnp.inf)
-    commit = masked & (_rank_descending(conf) < transfer_B[:, None])
-    if sampling.threshold > 0:
-      commit = commit | (masked & (conf >= sampling.threshold))
-    return jax.lax.dynamic_update_slice_in_dim(x_BL, jnp.where(commit, x0, x_blk), start, axis=1)
+    x_blk = decoding.commit_step(
+      logits,
+      x_blk,
+      transfer_B,
+      step_keys(key, block_index, step),
+      sampling,
+      mask_id=mask_id,
+      frozen_B=finished(x_BL),
+    )
+    return jax.lax.dynamic_update_slice_in_dim(x_BL, x_blk, start, axis=1)
 
   def decode_block(block_index, x_BL, view):
     start = width + block_index * block
@@ -330,8 +290,11 @@ def generate(
 
     def unfinished(carry):
       step, x = carry
-      left = jnp.any(jax.lax.dynamic_slice_in_dim(x, start, block, axis=1) == mask_id)
-      return (step < spb) & left  # with a threshold, a block can finish early.
+      left_BK = jax.lax.dynamic_slice_in_dim(x, start, block, axis=1) == mask_id
+      done_B = finished(x)
+      if done_B is not None:
+        left_BK = left_BK & ~done_B[:, None]
+      return (step < spb) & jnp.any(left_BK)  # with a threshold or factor, a block can end early.
 
     def body(carry):
       step, x = carry
@@ -343,10 +306,8 @@ def generate(
   def maybe_decode_block(block_index, x_BL, view):
     if not sampling.stop_at_eos:
       return decode_block(block_index, x_BL, view)
-    start = width + block_index * block
-    done_B = jnp.any((x_BL == eos_id) & (index_1L >= width) & (index_1L < start), axis=1)
     return jax.lax.cond(
-      jnp.all(done_B), lambda x: x, lambda x: decode_block(block_index, x, view), x_BL
+      jnp.all(finished(x_BL)), lambda x: x, lambda x: decode_block(block_index, x, view), x_BL
     )
 
   if sampling.cache == 'truncate':  # static views: one unrolled loop iteration per block.
@@ -356,7 +317,7 @@ def generate(
     x_BL = jax.lax.fori_loop(
       0, sampling.num_blocks, lambda b, x: maybe_decode_block(b, x, length), x_BL
     )
-  if sampling.stop_at_eos:  # skipped blocks read as EOS, the end of the text anyway.
+  if sampling.stop_at_eos:  # skipped positions read as EOS, after the end of the text anyway.
     x_BL = jnp.where(x_BL == mask_id, eos_id, x_BL)
   return x_BL
 

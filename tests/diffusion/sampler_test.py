@@ -233,7 +233,12 @@ def test_pad_prompts_and_completions():
   [
     (dict(gen_length=30, block_length=8), 'multiple of block_length'),
     (dict(gen_length=32, block_length=8, steps=6), 'multiple of the 4 blocks'),
-    (dict(remasking='entropy'), 'unknown remasking'),
+    (dict(remasking='sideways'), 'not a decoding order'),
+    (dict(remasking='topk_margin'), "closest to 'margin'"),
+    (dict(alg_temp=-1.0), 'alg_temp'),
+    (dict(factor=-1.0), 'factor'),
+    (dict(threshold=0.9, factor=1.0), 'set one of them to 0'),
+    (dict(remasking='entropy', factor=1.0), 'negative entropy'),
     (dict(top_p=0.0), 'top_p'),
     (dict(temperature=-1.0), 'temperature'),
     (dict(cache='dual'), 'unknown cache'),

@@ -1,0 +1,148 @@
+"""The Hugging Face layouts an export can write (`convert to-hf --layout`), one table entry each.
+
+A layout is a family's tensor names (hf_mapping.NAMINGS), its config.json (hf_config), the
+model options it can hold, and the source families (an import's `source.family` in checkpoint
+metadata) that export back to it. `source`, the default, picks the layout of the family the
+checkpoint came from, else the one the model's options choose (hf_config.export_family). A
+layout that cannot hold the model is refused with one line naming one that can. A new family
+adds one `Layout` to LAYOUTS (register).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from dlmjax.checkpoint import hf_config
+
+SOURCE = 'source'
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """One export layout.
+
+  names: key of hf_mapping.NAMINGS. families: source families exported to it by default.
+  cannot_hold(model config) -> why the layout cannot represent that model, or None.
+  config_json(config, vocab_rows=, dtype=) -> config.json. ships_modeling: copy our
+  modeling_dlmjax.py beside the weights (config.json's auto_map names its class).
+  """
+
+  name: str
+  names: str
+  families: tuple
+  cannot_hold: Callable
+  config_json: Callable
+  ships_modeling: bool = False
+
+
+def _transformers_family(family: str) -> Callable:
+  """A Qwen3 / Qwen2 / Llama layout holds exactly the options export_family maps to it:
+  Qwen3's QK-norm, Qwen2's q/k/v biases (always present in Qwen2Attention), Llama neither
+  (LlamaConfig.attention_bias would add an o_proj bias too)."""
+
+  def cannot_hold(m) -> str | None:
+    wanted = {v: k for k, v in hf_config.EXPORT_FAMILIES.items()}[family]
+    have = (bool(m.qk_norm), bool(m.qkv_bias))
+    if have == wanted:
+      return None
+    parts = []
+    if have[0] != wanted[0]:
+      parts.append('has QK-norm weights' if wanted[0] else 'has no QK-norm')
+    if have[1] != wanted[1]:
+      parts.append('has q/k/v biases' if wanted[1] else 'has no q/k/v biases')
+    return f'the {family} layout {" and ".join(parts)}'
+
+  return cannot_hold
+
+
+def _llada_cannot_hold(m) -> str | None:
+  """LLaDA's `llama` block: no QK-norm, heads that tile d_model (attn_out is d_model x d_model,
+  head size d_model / n_heads), and bidirectional attention only (modeling_llada.py)."""
+  if m.qk_norm:
+    return 'the llada layout has no QK-norm'
+  if m.num_heads * m.head_dim != m.d_model:
+    return (
+      f'the llada layout needs num_heads * head_dim == d_model '
+      f'({m.num_heads} * {m.head_dim} != {m.d_model})'
+    )
+  if m.attention_mask != 'bidirectional':
+    return f'the llada layout attends bidirectionally, the model is {m.attention_mask}'
+  if m.rope_scaling:
+    return f'the llada layout has no RoPE scaling (the model has {m.rope_scaling!r})'
+  return None
+
+
+def _family_config(family: str) -> Callable:
+  def config_json(config, *, vocab_rows: int, dtype: str) -> dict:
+    return hf_config.to_hf(config, vocab_rows=vocab_rows, dtype=dtype, family=family)
+
+  return config_json
+
+
+LAYOUTS: dict[str, Layout] = {}
+
+
+def register(layout: Layout) -> None:
+  LAYOUTS[layout.name] = layout
+
+
+for _family, _sources in (
+  ('qwen3', ('qwen3', 'difflm', 'sdar')),  # SDAR: Qwen3's modules, block-causal
+  ('qwen2', ('qwen2',)),
+  ('llama', ('llama',)),
+):
+  register(
+    Layout(
+      name=_family,
+      names=_family,
+      families=_sources,
+      cannot_hold=_transformers_family(_family),
+      config_json=_family_config(_family),
+      ships_modeling=True,
+    )
+  )
+register(
+  Layout(
+    name='llada',
+    names='llada',
+    families=('llada',),
+    cannot_hold=_llada_cannot_hold,
+    config_json=hf_config.llada_to_hf,
+  )
+)
+
+
+def choices() -> list[str]:
+  return [SOURCE, *LAYOUTS]
+
+
+def for_family(family: str | None) -> Layout | None:
+  """The layout a source family exports back to, or None (unknown or unrecorded family)."""
+  for layout in LAYOUTS.values():
+    if family in layout.families:
+      return layout
+  return None
+
+
+def choose(name: str, model, *, source_family: str | None = None) -> Layout:
+  """The layout `name` (or, for `source`, the source family's, else the options' choice) for a
+  model (ModelConfig or config.model); raises HFConfigError when it cannot hold the model."""
+  if name == SOURCE:
+    layout = for_family(source_family)
+    if layout is None:
+      layout = LAYOUTS[_options_family(model)]
+  elif name in LAYOUTS:
+    layout = LAYOUTS[name]
+  else:
+    raise hf_config.HFConfigError(f'--layout={name!r} is not one of {", ".join(choices())}.')
+  why = layout.cannot_hold(model)
+  if why is not None:
+    able = [other.name for other in LAYOUTS.values() if other.cannot_hold(model) is None]
+    instead = f'use --layout={able[0]}' if able else 'no layout can hold it'
+    raise hf_config.HFConfigError(f'cannot export with --layout={layout.name}: {why}; {instead}.')
+  return layout
+
+
+def _options_family(model) -> str:
+  return hf_config.export_family(qk_norm=model.qk_norm, qkv_bias=model.qkv_bias)
