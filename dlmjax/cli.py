@@ -9,6 +9,7 @@ from absl import app, flags, logging
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import manager
 from dlmjax.data import errors as data_errors
+from dlmjax.model import presets
 from dlmjax.train import guards
 from dlmjax.train import loop
 
@@ -33,7 +34,8 @@ def run(main, config_file: str | None = None) -> None:
   """app.run(main) with readable errors for bad flags and for user errors raised by main.
 
   With config_file, the command line's --config=FILE[:ARG] (default config_file) and
-  --config.KEY=VALUE overrides are read by config.parse_command_line and main is called as
+  --config.KEY=VALUE overrides (and --config.model.preset=NAME: a model/presets.py preset's
+  fields) are read by config.parse_command_line and main is called as
   main(argv, config); absl parses the other flags.
   """
   loaded = {}
@@ -41,7 +43,7 @@ def run(main, config_file: str | None = None) -> None:
   def parse_flags(argv):
     if config_file is not None:
       try:
-        loaded['config'], argv = config_lib.parse_command_line(argv, config_file)
+        loaded['config'], argv = config_lib.parse_command_line(argv, config_file, presets.PRESETS)
       except config_lib.ConfigError as e:
         fail(str(e))
     try:

@@ -39,6 +39,10 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.vocab_size = 4096
   c.model.seq_len = 128  # tokens per row: the canvas of every stage.
   c.model.rope_theta = 10000.0  # RoPE base.
+  # RoPE frequency scaling: '' (none) | 'llama3:factor=8,low_freq_factor=1,high_freq_factor=4,
+  # original_max_position_embeddings=8192' (Llama-3.1/3.2) | 'linear:factor=F'
+  # (parse_rope_scaling; dlmjax/model/layers.py rope_inv_freq).
+  c.model.rope_scaling = ''
   c.model.norm_eps = 1e-6  # RMSNorm epsilon.
   # RMSNorm on q and k over the head dim before RoPE (Qwen3); off: straight to RoPE (Qwen2, Llama).
   c.model.qk_norm = True
@@ -242,7 +246,8 @@ REMOVED = {
   'log.plots': 'use log.outputs (comma-separated: tensorboard,wandb,plots)',
   'log.wandb_project': 'wandb reads the WANDB_PROJECT environment variable',
   'log.peak_tflops': "MFU uses the device kind's peak (dlmjax/train/reporting.py)",
-  'model.preset': 'configs apply presets with dlmjax.model.presets.apply_preset',
+  'model.preset': 'config files apply presets with dlmjax.model.presets.apply_preset; the '
+  'command line takes --config.model.preset=NAME',
   'model.vocab_multiple': 'the embedding pads to config.VOCAB_MULTIPLE (128, Megatron)',
   'data.tfds_data_dir': 'TFDS reads the TFDS_DATA_DIR environment variable',
   'checkpoint.async_save': 'checkpoints are always saved asynchronously',
@@ -351,12 +356,17 @@ def check_keys(config, *, source: str = 'the config') -> None:
       raise ConfigError(f'{source}: {message}')
 
 
-def apply_overrides(config, overrides) -> ml_collections.ConfigDict:
+PRESET_OVERRIDE = 'model.preset'  # not a key: the override that sets a whole preset's fields
+
+
+def apply_overrides(config, overrides, presets: dict | None = None) -> ml_collections.ConfigDict:
   """Sets dotted keys in place and returns the config.
 
   `overrides` is a dict {dotted key: value} (values as they are, or strings parsed as the
   default's type) or a list of "dotted.key=value" / "--config.dotted.key=value" strings. An old
-  key fails naming the new one; an unknown key fails naming the group's keys.
+  key fails naming the new one; an unknown key fails naming the group's keys. With `presets`
+  (dlmjax.model.presets.PRESETS, which the command lines pass: this layer cannot import it),
+  model.preset=NAME sets every field of that preset where it stands, so later overrides win.
   """
   if not isinstance(overrides, dict):
     pairs = {}
@@ -368,6 +378,11 @@ def apply_overrides(config, overrides) -> ml_collections.ConfigDict:
       pairs[key] = value
     overrides = pairs
   for dotted, value in overrides.items():
+    if dotted == PRESET_OVERRIDE and presets is not None:
+      if value not in presets:
+        raise ConfigError(f'model.preset={value!r} is not a preset; known: {sorted(presets)}.')
+      config.model.update(presets[value])
+      continue
     message = old_key_message(dotted)
     if message:
       raise ConfigError(message)
@@ -428,10 +443,11 @@ def _parse(dotted: str, value, default):
   return value
 
 
-def parse_command_line(argv, default_file: str):
+def parse_command_line(argv, default_file: str, presets: dict | None = None):
   """(config, the other arguments) from a command line with --config=FILE[:ARG] and
   --config.KEY=VALUE overrides, for the CLIs: the file is loaded with load_file, the overrides
-  applied with apply_overrides, in that order wherever they stand."""
+  applied with apply_overrides (with `presets` for --config.model.preset=NAME), in that order
+  wherever they stand."""
   spec, overrides, rest = default_file, [], []
   args = list(argv)
   i = 0
@@ -450,11 +466,50 @@ def parse_command_line(argv, default_file: str):
     else:
       rest.append(arg)
     i += 1
-  return apply_overrides(load_file(spec), overrides), rest
+  return apply_overrides(load_file(spec), overrides, presets), rest
 
 
 # ----------------------------------------------------------------------------------------------
 # Derived values
+
+# model.rope_scaling: each type and the fields its formula reads (transformers' rope_type names).
+ROPE_SCALING_FIELDS = {
+  'llama3': ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'),
+  'linear': ('factor',),
+}
+
+
+def parse_rope_scaling(text: str) -> tuple[str, dict] | None:
+  """model.rope_scaling 'TYPE:k=v,...' -> (type, {field: float}), or None for ''."""
+  if not text:
+    return None
+  kind, _, rest = text.partition(':')
+  fix = "write it as 'TYPE:field=value,...' with TYPE one of " + ', '.join(
+    f'{k} ({", ".join(v)})' for k, v in ROPE_SCALING_FIELDS.items()
+  )
+  if kind not in ROPE_SCALING_FIELDS:
+    raise ConfigError(f'model.rope_scaling={text!r}: unknown type {kind!r}; {fix}.')
+  fields = {}
+  for item in filter(None, rest.split(',')):
+    key, _, value = item.partition('=')
+    try:
+      fields[key.strip()] = float(value)
+    except ValueError:
+      raise ConfigError(
+        f'model.rope_scaling={text!r}: {item!r} is not field=number; {fix}.'
+      ) from None
+  if sorted(fields) != sorted(ROPE_SCALING_FIELDS[kind]):
+    raise ConfigError(
+      f'model.rope_scaling={text!r}: {kind} takes exactly {", ".join(ROPE_SCALING_FIELDS[kind])}.'
+    )
+  if kind == 'llama3' and not fields['high_freq_factor'] > fields['low_freq_factor']:
+    raise ConfigError(f'model.rope_scaling={text!r}: high_freq_factor must exceed low_freq_factor.')
+  return kind, fields
+
+
+def format_rope_scaling(kind: str, fields: dict) -> str:
+  """The model.rope_scaling string of a type and its fields (the inverse of parse_rope_scaling)."""
+  return f'{kind}:' + ','.join(f'{k}={fields[k]:g}' for k in ROPE_SCALING_FIELDS[kind])
 
 
 def padded_vocab_size(config) -> int:
@@ -589,6 +644,7 @@ def validate(config, num_devices: int | None = None) -> None:
     )
   if m.head_dim % 2:
     raise ConfigError(f'model.head_dim={m.head_dim} must be even for rotary embeddings.')
+  parse_rope_scaling(m.rope_scaling)
   if m.loss_chunk_tokens < 0:
     raise ConfigError(
       f'model.loss_chunk_tokens={m.loss_chunk_tokens} must be >= 0 (0 = full logits).'

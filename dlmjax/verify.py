@@ -177,8 +177,14 @@ def _round_to(params, dtype):
 
 
 def check_hf_weights(hf_dir: str, params, config) -> Check:
-  """Every tensor in hf_dir equals our export of params, rounded to the file's dtype."""
+  """Every tensor in hf_dir equals ours, rounded to the file's dtype: by name against our export
+  where hf_dir has the export's names (Qwen3, Qwen2, Llama), else (LLaDA, SDAR, ...) imported
+  through the family's own names and compared array by array."""
   cfg = model_lib.ModelConfig.from_config(config)
+  hf = hf_config.read(hf_dir)
+  arch = hf_config.detect_architecture(hf)
+  if hf_mapping.NAMINGS[arch] != hf_mapping.NAMINGS[hf_config.export_family(**_options(cfg))]:
+    return _check_source_weights(hf_dir, hf, arch, params, config)
   reader = safetensors_io.SafetensorsReader(hf_dir)
   rows = reader.shape('model.embed_tokens.weight')[0]
   problems = []
@@ -199,6 +205,36 @@ def check_hf_weights(hf_dir: str, params, config) -> Check:
     not problems,
     '; '.join(problems[:8])
     or f'every tensor equals ours in {reader.dtype("model.embed_tokens.weight")}',
+  )
+
+
+def _options(cfg) -> dict:
+  return dict(qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias)
+
+
+def _check_source_weights(hf_dir: str, hf: dict, arch: str, params, config) -> Check:
+  """hf_dir's tensors read through its family's names (hf_mapping.import_params, which refuses
+  a missing or unknown tensor) equal our params rounded to the file's dtype."""
+  reader = safetensors_io.SafetensorsReader(hf_dir)
+  dtype = reader.dtype(hf_mapping.NAMINGS[arch].embed)
+  try:
+    theirs = _flat(hf_io.params_from_source(reader, hf, config))
+  except hf_mapping.MappingError as e:
+    return Check('source weights', False, str(e))
+  ours = _flat(_round_to(params, jnp.dtype(dtype)))
+  problems = []
+  for key, mine in ours.items():
+    other = np.asarray(theirs[key], np.float32)
+    mine = np.asarray(mine, np.float32)
+    if other.shape != mine.shape:
+      problems.append(f'{key}: {arch} tensors give {other.shape}, ours {mine.shape}')
+    elif np.any(other != mine):
+      problems.append(f'{key}: differs (max |diff| {np.abs(other - mine).max():.3g})')
+  return Check(
+    'source weights',
+    not problems,
+    '; '.join(problems[:8])
+    or f"every {arch} tensor, read through {arch}'s names, equals ours in {dtype}",
   )
 
 
@@ -318,18 +354,11 @@ def verify(
   if params is None or not parity:
     return checks
   if hf_dir is not None:
-    arch = hf_config.detect_architecture(hf_config.read(hf_dir))
-    if arch not in PARITY_LAYOUTS:
-      return checks + [
-        Check(
-          'export layout',
-          False,
-          f'{hf_dir} has the {arch} layout; verify runs Qwen3, Qwen2 and Llama exports: '
-          'verify without --hf-dir (a temporary export of the family of the model options).',
-        )
-      ]
     checks.append(check_hf_weights(hf_dir, params, config))
-    return checks + check_parity(params, config, hf_dir, dtype=dtype, **parity_kwargs)
+    if hf_config.detect_architecture(hf_config.read(hf_dir)) in PARITY_LAYOUTS:
+      return checks + check_parity(params, config, hf_dir, dtype=dtype, **parity_kwargs)
+    # LLaDA, SDAR: no transformers class here runs them; the PyTorch forward runs on the export
+    # (Qwen3, Qwen2 or Llama names) of the weights the check above found equal to hf_dir's.
   with tempfile.TemporaryDirectory(prefix='dlmjax_verify_') as tmp:
     hf_io.write_hf(tmp, config, params, dtype=dtype, copy_tokenizer=False)
     return checks + check_parity(params, config, tmp, dtype=dtype, **parity_kwargs)

@@ -333,3 +333,23 @@ def test_parse_command_line_splits_config_flags_from_the_rest():
   c, rest = config_lib.parse_command_line(argv, 'configs/tiny.py')
   assert rest == ['prog', '--devices=8', '--compile']
   assert (c.rl.objective, c.train.steps, c.sampler.temperature) == ('espo', 7, 0.5)
+
+
+def test_rope_scaling_is_parsed_and_bad_values_fail_in_one_line():
+  config = config_lib.defaults()
+  text = (
+    'llama3:factor=8,low_freq_factor=1,high_freq_factor=4,original_max_position_embeddings=8192'
+  )
+  config.model.rope_scaling = text
+  config_lib.validate(config, num_devices=1)
+  kind, fields = config_lib.parse_rope_scaling(text)
+  assert config_lib.format_rope_scaling(kind, fields) == text
+  for bad, says in (
+    ('yarn:factor=4', "unknown type 'yarn'"),
+    ('linear:factor=x', "'factor=x' is not field=number"),
+    ('llama3:factor=8', 'llama3 takes exactly'),
+  ):
+    config.model.rope_scaling = bad
+    with pytest.raises(config_lib.ConfigError, match=says) as e:
+      config_lib.validate(config, num_devices=1)
+    assert '\n' not in str(e.value) and 'model.rope_scaling' in str(e.value)

@@ -14,54 +14,14 @@ from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
+from tests.checkpoint import family_dirs
 from tests.checkpoint import tiny_run
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
 
-_DIMS = dict(
-  vocab_size=256,
-  hidden_size=64,
-  intermediate_size=128,
-  num_hidden_layers=2,
-  num_attention_heads=4,
-  num_key_value_heads=2,
-  max_position_embeddings=64,
-  bos_token_id=5,
-  eos_token_id=2,
-  pad_token_id=1,
-)
-FAMILIES = {
-  # Qwen2.5-style: q/k/v biases, tied, theta 1e6.
-  'qwen2': (
-    'Qwen2Config',
-    'Qwen2ForCausalLM',
-    dict(_DIMS, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True),
-  ),
-  # Llama-3-style without rope_scaling: no biases, untied, theta 5e5, eps 1e-5, explicit head_dim.
-  'llama': (
-    'LlamaConfig',
-    'LlamaForCausalLM',
-    dict(_DIMS, rms_norm_eps=1e-5, rope_theta=5e5, tie_word_embeddings=False, head_dim=16),
-  ),
-}
-
-
-def _transformers_dir(directory, family: str) -> str:
-  """save_pretrained of a tiny random-weight transformers model of the family: every tensor
-  random, biases and norm gains included (transformers initialises biases to zero and gains to
-  one, which would hide a dropped bias or a mixed-up norm)."""
-  config_name, class_name, kwargs = FAMILIES[family]
-  config = getattr(transformers, config_name)(**kwargs)
-  torch.manual_seed(0)
-  model = getattr(transformers, class_name)(config)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = 0.1 * torch.randn_like(p)
-      p.copy_(1.0 + noise if 'norm' in name else noise if 'bias' in name else 2 * noise)
-  model.save_pretrained(directory)
-  tiny_run.write_tokenizer(directory, 256)
-  return str(directory)
+FAMILIES = family_dirs.TRANSFORMERS_FAMILIES
+_transformers_dir = family_dirs.transformers_dir
 
 
 def _theirs(hf_dir: str, tokens, class_name: str):
@@ -168,3 +128,58 @@ def test_qwen2_without_its_biases_or_with_a_qk_norm_is_another_function(tmp_path
   assert config.model.qk_norm and config.model.qkv_bias
   with pytest.raises(AssertionError):
     _close(theirs, _ours(config, params, tokens))
+
+
+# Llama-3.1's rope_scaling with original_max_position_embeddings shrunk to the tiny model's
+# lengths, so each band holds a frequency the 32-token test turns far: head_dim 16 at theta 5e5
+# has wavelengths 6.3 (< 64 / 4: kept), 32.4 (interpolated) and 167 and up (> 64: / factor).
+_LLAMA3_SCALING = dict(
+  rope_type='llama3',
+  factor=8.0,
+  low_freq_factor=1.0,
+  high_freq_factor=4.0,
+  original_max_position_embeddings=64,
+)
+
+
+def test_llama3_rope_scaling_imports_computes_and_exports_exactly(tmp_path):
+  hf_dir = _transformers_dir(tmp_path / 'hf', 'llama', rope_scaling=_LLAMA3_SCALING)
+  tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
+  theirs = _theirs(hf_dir, tokens, 'LlamaForCausalLM')
+
+  run_dir = str(tmp_path / 'run')
+  assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', run_dir]) == 0
+  config, params = _restored(run_dir)
+  assert config.model.rope_scaling == (
+    'llama3:factor=8,low_freq_factor=1,high_freq_factor=4,original_max_position_embeddings=64'
+  )
+  _close(theirs, _ours(config, params, tokens))
+  # Dropping the scaling (plain Llama-3 RoPE) is another function: the parity above can fail.
+  config.model.rope_scaling = ''
+  with pytest.raises(AssertionError):
+    _close(theirs, _ours(config, params, tokens))
+
+  out = str(tmp_path / 'out')
+  argv = ['to-hf', '--checkpoint-path', run_dir, '--output-dir', out, '--dtype', 'fp32']
+  assert convert.main(argv) == 0
+  with open(os.path.join(out, 'config.json')) as f:
+    exported = json.load(f)
+  assert exported['rope_parameters'] == dict(_LLAMA3_SCALING, rope_theta=5e5)
+  _close(theirs, _theirs(out, tokens, 'LlamaForCausalLM'))
+  back_config, _ = _restored(hf_io.checkpoint_from_hf(out, str(tmp_path / 'back')))
+  assert back_config.model.rope_scaling == _restored(run_dir)[0].model.rope_scaling
+
+
+@pytest.mark.parametrize(
+  'rope_scaling,named',
+  [
+    (dict(rope_type='yarn', factor=4.0, original_max_position_embeddings=32), 'yarn'),
+    (dict(rope_type='dynamic', factor=2.0), 'dynamic'),
+  ],
+)
+def test_rope_types_without_a_formula_are_refused_by_name(rope_scaling, named):
+  from dlmjax.checkpoint import hf_config  # pylint: disable=import-outside-toplevel
+
+  hf = dict(FAMILIES['llama'][2], model_type='llama', rope_scaling=rope_scaling)
+  with pytest.raises(hf_config.HFConfigError, match=f"type '{named}' is not supported"):
+    hf_config.config_from_hf(hf)

@@ -28,133 +28,15 @@ from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
+from tests.checkpoint import family_dirs
 from tests.checkpoint import tiny_run
 
 torch = pytest.importorskip('torch')
 safetensors_torch = pytest.importorskip('safetensors.torch')
 
-# configuration_llada.py's ModelConfig fields as LLaDAConfig.save_pretrained writes them, with
-# LLaDA-8B's values where they are not sizes (llama block, rms, silu, rope theta 5e5, eps 1e-5,
-# untied, mask 126336 -> a tiny id here) and tiny sizes.
-_LLADA_CONFIG = dict(
-  activation_type='silu',
-  alibi=False,
-  alibi_bias_max=8.0,
-  architectures=['LLaDAModelLM'],
-  attention_dropout=0.0,
-  attention_layer_norm=False,
-  attention_layer_norm_with_affine=True,
-  auto_map={
-    'AutoConfig': 'configuration_llada.LLaDAConfig',
-    'AutoModelForCausalLM': 'modeling_llada.LLaDAModelLM',
-    'AutoModel': 'modeling_llada.LLaDAModelLM',
-  },
-  bias_for_layer_norm=False,
-  block_group_size=1,
-  block_type='llama',
-  d_model=64,
-  embedding_dropout=0.0,
-  embedding_size=256,
-  eos_token_id=2,
-  flash_attention=False,
-  include_bias=False,
-  include_qkv_bias=False,
-  init_cutoff_factor=None,
-  init_device='meta',
-  init_fn='mitchell',
-  init_std=0.02,
-  input_emb_norm=False,
-  layer_norm_type='rms',
-  layer_norm_with_affine=True,
-  mask_token_id=250,
-  max_sequence_length=64,
-  mlp_hidden_size=96,
-  mlp_ratio=4,
-  model_type='llada',
-  multi_query_attention=None,
-  n_heads=4,
-  n_kv_heads=4,
-  n_layers=2,
-  pad_token_id=2,
-  precision='amp_bf16',
-  residual_dropout=0.0,
-  rms_norm_eps=1e-5,
-  rope=True,
-  rope_full_precision=True,
-  rope_theta=500000.0,
-  scale_logits=False,
-  transformers_version='4.46.3',
-  use_cache=False,
-  vocab_size=256,
-  weight_tying=False,
-)
-VARIANTS = {
-  # LLaDA-8B's architecture: MHA, untied, vocab_size == embedding_size.
-  'llada_8b_like': {},
-  # What else LLaDA's code computes and we can: GQA, tied head, q/k/v biases, and an embedding
-  # padded past the tokenizer (embedding_size > vocab_size, as LLaDA allows).
-  'gqa_tied_qkv_bias_padded': dict(
-    n_kv_heads=2, weight_tying=True, include_qkv_bias=True, vocab_size=200, mask_token_id=199
-  ),
-}
-
-
-def _llada_state_dict(hf: dict, seed: int = 0) -> dict:
-  """LLaDAModelLM's state dict names and shapes (self.model = LLaDAModel: model.transformer.*),
-  every tensor random (norm gains around one)."""
-  g = torch.Generator().manual_seed(seed)
-  d, heads, layers = hf['d_model'], hf['n_heads'], hf['n_layers']
-  hd, kv, f = d // heads, hf['n_kv_heads'], hf['mlp_hidden_size']
-  rows = hf['embedding_size'] or hf['vocab_size']
-
-  def rand(*shape, scale=0.2):
-    return scale * torch.randn(*shape, generator=g)
-
-  sd = {'model.transformer.wte.weight': rand(rows, d, scale=1.0)}
-  for i in range(layers):
-    p = f'model.transformer.blocks.{i}.'
-    sd[p + 'attn_norm.weight'] = 1.0 + rand(d, scale=0.1)
-    sd[p + 'ff_norm.weight'] = 1.0 + rand(d, scale=0.1)
-    sd[p + 'q_proj.weight'] = rand(heads * hd, d)
-    sd[p + 'k_proj.weight'] = rand(kv * hd, d)
-    sd[p + 'v_proj.weight'] = rand(kv * hd, d)
-    if hf['include_qkv_bias']:
-      sd[p + 'q_proj.bias'] = rand(heads * hd)
-      sd[p + 'k_proj.bias'] = rand(kv * hd)
-      sd[p + 'v_proj.bias'] = rand(kv * hd)
-    sd[p + 'attn_out.weight'] = rand(d, d)
-    sd[p + 'ff_proj.weight'] = rand(f, d)
-    sd[p + 'up_proj.weight'] = rand(f, d)
-    sd[p + 'ff_out.weight'] = rand(d, f)
-  sd['model.transformer.ln_f.weight'] = 1.0 + rand(d, scale=0.1)
-  if not hf['weight_tying']:  # tied: LLaDAModel creates no transformer.ff_out.
-    sd['model.transformer.ff_out.weight'] = rand(rows, d)
-  return sd
-
-
-def _llada_dir(directory, variant: str):
-  """A LLaDA model directory as save_pretrained writes it: config.json, two safetensors shards
-  with model.safetensors.index.json (LLaDA-8B ships 6 shards), and a tokenizer.json."""
-  hf = dict(_LLADA_CONFIG, **VARIANTS[variant])
-  sd = _llada_state_dict(hf)
-  os.makedirs(directory, exist_ok=True)
-  names = list(sd)
-  shards = {'model-00001-of-00002.safetensors': names[:7], 'model-00002-of-00002.safetensors': []}
-  shards['model-00002-of-00002.safetensors'] = names[7:]
-  weight_map = {}
-  for file, shard_names in shards.items():
-    safetensors_torch.save_file(
-      {n: sd[n].contiguous() for n in shard_names},
-      os.path.join(directory, file),
-      metadata={'format': 'pt'},
-    )
-    weight_map.update({n: file for n in shard_names})
-  with open(os.path.join(directory, 'model.safetensors.index.json'), 'w') as f:
-    json.dump(dict(metadata=dict(total_size=0), weight_map=weight_map), f)
-  with open(os.path.join(directory, 'config.json'), 'w') as f:
-    json.dump(hf, f, indent=2)
-  tiny_run.write_tokenizer(directory, hf['vocab_size'])
-  return str(directory), hf, sd
+_LLADA_CONFIG = family_dirs.LLADA_CONFIG
+VARIANTS = family_dirs.LLADA_VARIANTS
+_llada_dir = family_dirs.llada_dir
 
 
 def _rms(x, w, eps):

@@ -48,3 +48,60 @@ def test_bad_input_is_one_line(args, message):
   assert result.returncode == 2
   assert message in result.stderr
   assert 'Traceback' not in result.stderr
+
+
+# Every preset's published parameter count (the sources are in dlmjax/model/presets.py beside each
+# entry): the embedding as the checkpoint stores it, a tied head counted once.
+PUBLISHED = {
+  '1p7b': 1_732_895_744,  # MegaDLMs 1.7B, vocab padded to 50304 (test_pretrain_1p7b_counts)
+  'qwen2p5_0p5b': 494_032_768,  # Qwen2.5 model card 0.49B
+  'qwen2p5_7b': 7_615_616_512,  # Qwen2.5 model card 7.61B
+  'qwen3_0p6b': 596_049_920,  # Qwen3 model card 0.6B (tied head once)
+  'qwen3_1p7b': 1_720_574_976,  # Qwen3 model card 1.7B (tied head once)
+  'qwen3_8b': 8_190_735_360,  # Qwen3 model card 8.2B
+  'llama3_8b': 8_030_261_248,  # Meta-Llama-3-8B safetensors total
+  'llada_8b': 8_015_581_184,  # LLaDA-8B-Base safetensors 8.02B (LLaDA paper's table)
+  'sdar_1p7b': 2_031_739_904,  # Qwen3-1.7B's dims untied (presets.py: unconfirmed tying)
+  'sdar_4b': 4_411_424_256,  # SDAR-4B-Chat index total_size 8,822,848,512 B / 2
+  'sdar_8b': 8_190_735_360,  # SDAR-8B-Chat index total_size 16,381,470,720 B / 2
+}
+
+
+def test_every_preset_prints_its_published_count_and_the_model_builds_it():
+  """`summary --config.model.preset=NAME` (the command line's path, in process) prints the
+  published count; 'tiny', ours, is checked against the parameters the model actually builds."""
+  import re  # pylint: disable=import-outside-toplevel
+
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax import summary  # pylint: disable=import-outside-toplevel
+
+  tiny = config_lib.defaults()
+  model_lib.apply_preset(tiny.model, 'tiny')
+  shapes = model_lib.abstract(model_lib.ModelConfig.from_config(tiny))[1]
+  published = dict(PUBLISHED, tiny=sum(x.size for x in jax.tree.leaves(shapes)))
+  assert set(published) == set(model_lib.PRESETS), 'add the published count of a new preset'
+  for name, count in published.items():
+    argv = ['--config=configs/tiny.py', f'--config.model.preset={name}']
+    config, _ = config_lib.parse_command_line(argv, 'configs/tiny.py', model_lib.PRESETS)
+    printed = re.search(r'^parameters: ([\d,]+) ', summary.summarize(config, 1), re.M).group(1)
+    assert int(printed.replace(',', '')) == count, name
+
+
+def test_preset_on_the_command_line_sets_its_fields_and_later_overrides_win():
+  result = _run('--config.model.preset=sdar_8b', '--config.model.seq_len=512', '--devices=1')
+  assert result.returncode == 0, result.stderr
+  assert 'parameters: 8,190,735,360 ' in result.stdout
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
+
+  config = config_lib.apply_overrides(
+    config_lib.defaults(), ['model.preset=llada_8b', 'model.seq_len=512'], model_lib.PRESETS
+  )
+  assert (config.model.d_model, config.model.seq_len) == (4096, 512)
+  with pytest.raises(config_lib.ConfigError, match="model.preset='llada_9b' is not a preset"):
+    config_lib.apply_overrides(config, ['model.preset=llada_9b'], model_lib.PRESETS)
+  with pytest.raises(config_lib.ConfigError, match='apply_preset'):  # no table: a file's key
+    config_lib.apply_overrides(config, ['model.preset=llada_8b'])

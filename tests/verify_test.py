@@ -202,3 +202,41 @@ def test_trained_run_exports_imports_and_verifies_in_all_three_forms(tmp_path, c
   np.testing.assert_array_equal(
     dlmjax.load_pretrained(hf_dir).logits(tokens), trained.logits(tokens)
   )
+
+
+def _family_dir(directory, family):
+  from tests.checkpoint import family_dirs  # pylint: disable=import-outside-toplevel
+
+  if family == 'llada':
+    return family_dirs.llada_dir(directory, 'gqa_tied_qkv_bias_padded')[0]
+  if family == 'sdar':
+    return family_dirs.sdar_dir(directory)
+  return family_dirs.transformers_dir(directory, family)
+
+
+@pytest.mark.parametrize('family', ['llada', 'qwen2', 'llama', 'sdar'])
+def test_verify_hf_dir_checks_an_import_against_its_source_directory(tmp_path, family, capsys):
+  """verify --hf-dir on the directory a run was imported from: its tensors (read through the
+  family's own names) equal the checkpoint's, and the PyTorch forward gives our logits (on the
+  directory itself where transformers has the class, else on an export of the same weights)."""
+  pytest.importorskip('transformers')
+  hf_dir = _family_dir(tmp_path / 'hf', family)
+  run_dir = str(tmp_path / 'run')
+  assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', run_dir]) == 0
+  capsys.readouterr()
+  assert verify.main(['--checkpoint-path', run_dir, '--hf-dir', hf_dir]) == 0, capsys.readouterr()
+  out = capsys.readouterr().out
+  weights = 'source weights' if family == 'llada' else 'exported weights'
+  assert f'[PASS] {weights}' in out and '[PASS] logits parity' in out
+  if family != 'llada':
+    return
+  # One changed tensor in LLaDA's second shard: the weight check names the array it lands in.
+  safetensors_torch = pytest.importorskip('safetensors.torch')
+  shard = os.path.join(hf_dir, 'model-00002-of-00002.safetensors')
+  tensors = safetensors_torch.load_file(shard)
+  name = 'model.transformer.blocks.1.up_proj.weight'
+  tensors[name][0, 0] += 1
+  safetensors_torch.save_file(tensors, shard, metadata={'format': 'pt'})
+  checks = _by_name(verify.verify(run_dir, hf_dir=hf_dir))
+  assert not checks['source weights'].ok
+  assert checks['source weights'].detail.startswith('blocks/mlp/up_proj: differs')

@@ -4,9 +4,10 @@ Exports (the layouts of hf_layouts) write a transformers family's config.json (t
 the one whose layout holds the model exactly, export_family: Qwen3 with QK-norm, Qwen2 with q/k/v
 biases, Llama with neither) plus MegaDLMs DiffLM's `mask_token_id` and `attn_mask_type`, so
 `Qwen3ForCausalLM` / `Qwen2ForCausalLM` / `LlamaForCausalLM` load them and DiffLM tooling finds
-its fields, or LLaDA's (llada_to_hf). Imports read Qwen3, MegaDLMs DiffLM, Qwen2, Llama and LLaDA
-configs, each into the model options of its family (model.qk_norm, model.qkv_bias); anything else,
-or a part we cannot compute (sliding windows, a RoPE scaling type), is refused by name.
+its fields, or LLaDA's (llada_to_hf). Imports read Qwen3, MegaDLMs DiffLM, Qwen2, Llama, LLaDA and
+SDAR configs, each into the model options of its family (model.qk_norm, model.qkv_bias,
+model.rope_scaling, SDAR's block-causal attention); anything else, or a part we cannot compute
+(sliding windows, a RoPE scaling type without a formula here, MoE), is refused by name.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 from dlmjax import config as config_lib
 
 DLMJAX_CONFIG_FILE = 'dlmjax_config.json'  # the full run config, beside config.json in exports.
-ARCHITECTURES = ('qwen3', 'difflm', 'qwen2', 'llama', 'llada')
+ARCHITECTURES = ('qwen3', 'difflm', 'qwen2', 'llama', 'llada', 'sdar')
 _MASK_KINDS = ('bidirectional', 'causal', 'block_causal')
 # Exported families: (model.qk_norm, model.qkv_bias) -> the transformers class computing it.
 EXPORT_FAMILIES = {(True, False): 'qwen3', (False, True): 'qwen2', (False, False): 'llama'}
@@ -44,6 +45,8 @@ def detect_architecture(hf: dict) -> str:
     return 'difflm'  # MegaDLMs' HF class; its config has no model_type.
   if model_type == 'llada' or any('llada' in n for n in names):
     return 'llada'
+  if model_type.startswith('sdar') or any(n.startswith('sdar') for n in names):
+    return _sdar_architecture(hf, model_type, names)
   for arch in ('qwen3', 'qwen2', 'llama'):
     if model_type == arch or any(n.startswith(arch) for n in names):
       return arch
@@ -53,17 +56,68 @@ def detect_architecture(hf: dict) -> str:
   )
 
 
-def _rope_theta(hf: dict) -> float:
-  """RoPE base from transformers v5 `rope_parameters` or the older `rope_theta`/`rope_scaling`."""
+# SDAR / TraDo (JetAstra/SDAR training/model/SDAR-*-Chat: configuration_sdar.py, modeling_sdar.py)
+# are Qwen3 exactly (Qwen3's tensor names, RMSNorm on q and k per head before rotate-half RoPE,
+# SwiGLU, no biases) trained and decoded with block-causal attention: a query in block a sees the
+# keys of blocks <= a, bidirectionally inside its own (modeling_sdar.py's block_diff_mask on the
+# clean stream; generate.py's inference mask). Logits score their own position (no shift).
+SDAR_DEFAULT_BLOCK_SIZE = 4  # SDAR README: the released models' default; b8..b64 variants set it.
+
+
+def _sdar_architecture(hf: dict, model_type: str, names: list[str]) -> str:
+  if 'moe' in model_type or any('moe' in n for n in names) or hf.get('num_experts'):
+    raise HFConfigError(
+      f'SDAR mixture-of-experts (model_type={model_type!r}, e.g. SDAR-30B-A3B) is not supported: '
+      "dlmjax's MLP is dense; the dense SDAR-1.7B/4B/8B and TraDo-4B/8B import."
+    )
+  return 'sdar'
+
+
+def _sdar_mask(hf: dict) -> dict:
+  """The attention an SDAR checkpoint computes: block-causal over its config's block_size."""
+  return dict(
+    attention_mask='block_causal',
+    block_size=int(hf.get('block_size') or SDAR_DEFAULT_BLOCK_SIZE),
+  )
+
+
+def _rope(hf: dict) -> dict:
+  """model.rope_theta and model.rope_scaling from transformers v5 `rope_parameters` or the older
+  `rope_theta` / `rope_scaling`; a scaling type without a formula here is refused by name."""
   params = hf.get('rope_parameters') or {}
   scaling = hf.get('rope_scaling') or {}
   kind = params.get('rope_type') or scaling.get('rope_type') or scaling.get('type') or 'default'
-  if kind != 'default':
+  theta = float(params.get('rope_theta', hf.get('rope_theta', 10000.0)))
+  if kind == 'default':
+    return dict(rope_theta=theta, rope_scaling='')
+  fields = config_lib.ROPE_SCALING_FIELDS.get(kind)
+  if fields is None:
     raise HFConfigError(
-      f'rope_scaling type {kind!r} is not supported: dlmjax implements plain RoPE only '
-      "(no frequency scaling, e.g. Llama-3.1's llama3 type)."
+      f'rope_scaling type {kind!r} is not supported: dlmjax computes '
+      f'{", ".join(config_lib.ROPE_SCALING_FIELDS)} (no yarn, dynamic, longrope, su scaling).'
     )
-  return float(params.get('rope_theta', hf.get('rope_theta', 10000.0)))
+  source = {**scaling, **params}
+  missing = [k for k in fields if k not in source]
+  if missing:
+    raise HFConfigError(f'rope_scaling type {kind!r} without {", ".join(missing)}.')
+  if source.get('attention_factor') not in (None, 1, 1.0):
+    raise HFConfigError(
+      f'rope_scaling attention_factor={source["attention_factor"]}: dlmjax does not rescale '
+      'the rotary tables.'
+    )
+  values = {k: float(source[k]) for k in fields}
+  return dict(rope_theta=theta, rope_scaling=config_lib.format_rope_scaling(kind, values))
+
+
+def _rope_fields(rope_scaling: str) -> dict:
+  """The rope_type and fields a transformers config.json carries for model.rope_scaling."""
+  parsed = config_lib.parse_rope_scaling(rope_scaling)
+  if parsed is None:
+    return dict(rope_type='default')
+  kind, fields = parsed
+  if 'original_max_position_embeddings' in fields:
+    fields['original_max_position_embeddings'] = int(fields['original_max_position_embeddings'])
+  return dict(rope_type=kind, **fields)
 
 
 def _dims(hf: dict, arch: str) -> dict:
@@ -93,7 +147,7 @@ def _dims(hf: dict, arch: str) -> dict:
     head_dim=hf.get('head_dim') or hf['hidden_size'] // heads,
     ffn_dim=hf['intermediate_size'],
     vocab_size=hf['vocab_size'],
-    rope_theta=_rope_theta(hf),
+    **_rope(hf),
     norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
     tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
     qk_norm=has_qk_norm(arch),
@@ -180,6 +234,7 @@ def _llada_dims(hf: dict) -> dict:
     ffn_dim=ffn,
     vocab_size=hf['vocab_size'],
     rope_theta=float(_llada(hf, 'rope_theta')),
+    rope_scaling='',  # LLaDA's RoPE has no scaling (modeling_llada.py RotaryEmbedding).
     norm_eps=float(_llada(hf, 'rms_norm_eps')),
     tie_embeddings=bool(_llada(hf, 'weight_tying')),
     seq_len=_llada(hf, 'max_sequence_length'),
@@ -197,7 +252,7 @@ def embedding_rows(hf: dict, arch: str) -> int:
 
 
 def has_qk_norm(arch: str) -> bool:
-  return arch in ('qwen3', 'difflm')
+  return arch in ('qwen3', 'difflm', 'sdar')
 
 
 def export_family(*, qk_norm: bool, qkv_bias: bool) -> str:
@@ -225,6 +280,10 @@ def config_from_hf(hf: dict, base=None):
     value = hf.get(key)
     if isinstance(value, int) and 0 <= value < config.model.vocab_size:
       config.model[key] = value
+  if arch == 'sdar':
+    config.model.update(_sdar_mask(hf))
+    if not isinstance(hf.get('pad_token_id'), int):  # SDAR pads with EOS (generation_config.json)
+      config.model.pad_token_id = config.model.eos_token_id
   kind = hf.get('attn_mask_type')
   if kind is not None:
     if kind not in _MASK_KINDS:
@@ -244,10 +303,13 @@ def check_matches(hf: dict, config, *, missing_qk_norm: str = 'error') -> None:
   if missing_qk_norm == 'ones' and not dims['qk_norm']:
     dims.pop('qk_norm')
   dims.pop('vocab_size')  # checked against the embedding rows below.
+  # Compared as parsed values: 'factor=8' and 'factor=8.0' are one scaling.
+  ours = dict(
+    config.model.to_dict(), rope_scaling=config_lib.parse_rope_scaling(config.model.rope_scaling)
+  )
+  dims['rope_scaling'] = config_lib.parse_rope_scaling(dims['rope_scaling'])
   differing = [
-    f'model.{k}: checkpoint {v!r}, config {config.model[k]!r}'
-    for k, v in dims.items()
-    if config.model[k] != v
+    f'model.{k}: checkpoint {v!r}, config {ours[k]!r}' for k, v in dims.items() if ours[k] != v
   ]
   if config.model.vocab_size > embedding_rows(hf, arch):
     differing.append(
@@ -300,7 +362,7 @@ def to_hf(config, *, vocab_rows: int, dtype: str, family: str | None = None) -> 
     initializer_range=m.init_std,
     rms_norm_eps=m.norm_eps,
     rope_theta=m.rope_theta,
-    rope_parameters=dict(rope_type='default', rope_theta=m.rope_theta),
+    rope_parameters=dict(_rope_fields(m.rope_scaling), rope_theta=m.rope_theta),
     attention_bias=False,  # Qwen3 / Llama: no biases; Qwen2 has q/k/v biases always.
     attention_dropout=0.0,
     use_sliding_window=False,
@@ -319,6 +381,8 @@ def to_hf(config, *, vocab_rows: int, dtype: str, family: str | None = None) -> 
   )
   if m.attention_mask == 'block_causal':
     hf['block_size'] = m.block_size
+  if m.rope_scaling:  # transformers v4 reads the scaling here, v5 from rope_parameters.
+    hf['rope_scaling'] = _rope_fields(m.rope_scaling)
   if family == 'qwen2':
     del hf['attention_bias']  # Qwen2Config has no such field.
   elif family == 'llama':

@@ -68,6 +68,8 @@ def _llada_cannot_hold(m) -> str | None:
     )
   if m.attention_mask != 'bidirectional':
     return f'the llada layout attends bidirectionally, the model is {m.attention_mask}'
+  if m.rope_scaling:
+    return f'the llada layout has no RoPE scaling (the model has {m.rope_scaling!r})'
   return None
 
 
@@ -86,7 +88,7 @@ def register(layout: Layout) -> None:
 
 
 for _family, _sources in (
-  ('qwen3', ('qwen3', 'difflm')),
+  ('qwen3', ('qwen3', 'difflm', 'sdar')),  # SDAR: Qwen3's modules, block-causal
   ('qwen2', ('qwen2',)),
   ('llama', ('llama',)),
 ):

@@ -74,6 +74,8 @@ _LLAMA_LIKE = dict(
 NAMINGS = {
   'qwen3': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
   'difflm': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
+  # SDAR / TraDo (modeling_sdar.py): Qwen3's modules and names (hf_config: block-causal).
+  'sdar': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
   # transformers' Qwen2Attention: q/k/v_proj with bias=True, o_proj without.
   'qwen2': Naming(**_LLAMA_LIKE, layer_keys=_QWEN2_KEYS),
   'llama': Naming(**_LLAMA_LIKE, layer_keys=_LLAMA_KEYS, bias_slots=('q', 'k', 'v', 'o')),

@@ -83,6 +83,12 @@ class Reference(torch.nn.Module):
     self, hf_config: dict, state_dict: dict, dtype: torch.dtype = torch.float32, device='cpu'
   ):
     super().__init__()
+    kind = (hf_config.get('rope_parameters') or {}).get('rope_type', 'default')
+    if kind != 'default':
+      raise ValueError(
+        f'the plain PyTorch reference has no {kind!r} RoPE scaling; compare with transformers '
+        '(verify --backend transformers).'
+      )
     self.c = hf_config
     self.w = {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}
     if hf_config['tie_word_embeddings']:

@@ -189,9 +189,11 @@ class Attention(nnx.Module):
     norm_backend: str = 'xla',
     qk_norm: bool = True,
     qkv_bias: bool = False,
+    rope_scaling: str = '',
   ):
     kw = dict(num_stacked=num_stacked)
     self.rope_theta = rope_theta
+    self.rope_scaling = rope_scaling  # model.rope_scaling (layers.rope_inv_freq)
     self.qk_norm = qk_norm
     self.qkv_bias = qkv_bias
     self.matmul_dtype = matmul_dtype  # q/k/v/o only: the attention core stays in the compute dtype
@@ -262,11 +264,11 @@ class Attention(nnx.Module):
     k = checkpoint_name(k, 'key_proj')
     v = checkpoint_name(v, 'value_proj')
     if self.qk_norm:
-      q = self.q_norm.with_rope(q, positions_BL, self.rope_theta)
-      k = self.k_norm.with_rope(k, positions_BL, self.rope_theta)
+      q = self.q_norm.with_rope(q, positions_BL, self.rope_theta, self.rope_scaling)
+      k = self.k_norm.with_rope(k, positions_BL, self.rope_theta, self.rope_scaling)
     else:
-      q = layers.rotary_embedding(q, positions_BL, self.rope_theta)
-      k = layers.rotary_embedding(k, positions_BL, self.rope_theta)
+      q = layers.rotary_embedding(q, positions_BL, self.rope_theta, self.rope_scaling)
+      k = layers.rotary_embedding(k, positions_BL, self.rope_theta, self.rope_scaling)
     q = checkpoint_name(q, 'query_rope')
     k = checkpoint_name(k, 'key_rope')
     heads = (rules.BATCH, rules.LENGTH, rules.ACT_HEADS, None)

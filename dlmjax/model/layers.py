@@ -9,12 +9,14 @@ all layers and the transformer scans over it.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from dlmjax import config as config_lib
 from dlmjax.kernels import rms_norm as rms_norm_kernel
 from dlmjax.model import fp8
 from dlmjax.parallel import rules
@@ -91,11 +93,11 @@ class RMSNorm(nnx.Module):
       [_STREAM, _STREAM],
     )
 
-  def with_rope(self, x_BLNH, positions_BL, theta: float):
+  def with_rope(self, x_BLNH, positions_BL, theta: float, scaling: str = ''):
     """rotary_embedding(self(x)) over heads: the QK-norm and RoPE, one kernel pass each way."""
     if not self._kernel(x_BLNH.shape[-1], rope=True, heads=x_BLNH.shape[-2]):
-      return rotary_embedding(self._formula(x_BLNH), positions_BL, theta)
-    cos_BLh, sin_BLh = rope_tables(positions_BL, x_BLNH.shape[-1], theta)
+      return rotary_embedding(self._formula(x_BLNH), positions_BL, theta, scaling)
+    cos_BLh, sin_BLh = rope_tables(positions_BL, x_BLNH.shape[-1], theta, scaling)
     heads = (rules.BATCH, rules.LENGTH, rules.ACT_HEADS, None)
     tables = (rules.BATCH, rules.LENGTH, None)
 
@@ -127,16 +129,41 @@ def rms_norm(x, scale, eps: float):
   return scale.astype(x.dtype) * normed.astype(x.dtype)
 
 
-def rope_tables(positions_BL, head_dim: int, theta: float):
-  """cos and sin [B, L, H / 2] (float32) of each position's rotary angles."""
+def rope_inv_freq(head_dim: int, theta: float, scaling: str = ''):
+  """[H / 2] float32 rotary frequencies theta^(-2i / H), scaled as model.rope_scaling says.
+
+  linear divides every frequency by `factor`. llama3 (Llama-3.1's, as transformers'
+  `_compute_llama3_parameters`): wavelengths 2 pi / f longer than original_max_position_embeddings
+  / low_freq_factor are divided by `factor`, those shorter than ... / high_freq_factor kept, and
+  the band between interpolates with s = (original / wavelength - low) / (high - low):
+  f' = (1 - s) f / factor + s f. Neither type rescales the attention logits.
+  """
   inv_freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+  parsed = config_lib.parse_rope_scaling(scaling)
+  if parsed is None:
+    return inv_freq
+  kind, f = parsed
+  if kind == 'linear':
+    return inv_freq / f['factor']
+  original, factor = f['original_max_position_embeddings'], f['factor']
+  low, high = f['low_freq_factor'], f['high_freq_factor']
+  wavelength = 2 * math.pi / inv_freq
+  smooth = (original / wavelength - low) / (high - low)
+  interpolated = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+  scaled = jnp.where(wavelength > original / low, inv_freq / factor, interpolated)
+  return jnp.where(wavelength < original / high, inv_freq, scaled)
+
+
+def rope_tables(positions_BL, head_dim: int, theta: float, scaling: str = ''):
+  """cos and sin [B, L, H / 2] (float32) of each position's rotary angles."""
+  inv_freq = rope_inv_freq(head_dim, theta, scaling)
   angles_BLh = positions_BL.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
   return jnp.cos(angles_BLh), jnp.sin(angles_BLh)
 
 
-def rotary_embedding(x_BLNH, positions_BL, theta: float):
+def rotary_embedding(x_BLNH, positions_BL, theta: float, scaling: str = ''):
   """Rotate-half RoPE (non-interleaved), as Megatron with rotary fraction 1 and HF Qwen3."""
-  cos_BLh, sin_BLh = rope_tables(positions_BL, x_BLNH.shape[-1], theta)
+  cos_BLh, sin_BLh = rope_tables(positions_BL, x_BLNH.shape[-1], theta, scaling)
   cos, sin = (jnp.concatenate([t, t], axis=-1)[:, :, None, :] for t in (cos_BLh, sin_BLh))
   x1, x2 = jnp.split(x_BLNH.astype(jnp.float32), 2, axis=-1)
   rotated = jnp.concatenate([-x2, x1], axis=-1)

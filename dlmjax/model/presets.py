@@ -176,6 +176,76 @@ PRESETS: dict[str, dict] = {
     eos_token_id=126081,
     pad_token_id=126081,
   ),
+  # SDAR / TraDo (JetAstra/SDAR training/model/SDAR-{4B,8B}-Chat/config.json; TraDo-4B/8B share
+  # the shapes): Qwen3 blocks (QK-norm, GQA 32/8, head_dim 128, theta 1e6, eps 1e-6), untied,
+  # block-causal attention over blocks of 4 (the released default), MASK <MASK> 151669, EOS and
+  # padding <|endoftext|> 151643. Counts: model.safetensors.index.json total_size / 2 (bf16).
+  # SDAR-4B-Chat: 8,822,848,512 B = 4,411,424,256 params (Qwen3-4B's dims, but untied).
+  'sdar_4b': dict(
+    num_layers=36,
+    d_model=2560,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    ffn_dim=9728,
+    seq_len=2048,
+    vocab_size=151936,
+    rope_theta=1e6,
+    norm_eps=1e-6,
+    qk_norm=True,
+    qkv_bias=False,
+    tie_embeddings=False,
+    attention_mask='block_causal',
+    block_size=4,
+    mask_token_id=151669,
+    eos_token_id=151643,
+    pad_token_id=151643,
+  ),
+  # SDAR-8B-Chat: 16,381,470,720 B = 8,190,735,360 params (Qwen3-8B's shape).
+  'sdar_8b': dict(
+    num_layers=36,
+    d_model=4096,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    ffn_dim=12288,
+    seq_len=2048,
+    vocab_size=151936,
+    rope_theta=1e6,
+    norm_eps=1e-6,
+    qk_norm=True,
+    qkv_bias=False,
+    tie_embeddings=False,
+    attention_mask='block_causal',
+    block_size=4,
+    mask_token_id=151669,
+    eos_token_id=151643,
+    pad_token_id=151643,
+  ),
+  # SDAR-1.7B-Chat: Qwen3-1.7B's dims (2048/28/16/8/128/6144). Its config.json is not in the
+  # SDAR repository; untied as SDAR's 4B and 8B configs are (SDAR-4B unties where Qwen3-4B ties):
+  # 2,031,739,904 params, the count Qwen3-1.7B's safetensors hold with the head stored.
+  # Unconfirmed: if SDAR-1.7B ties, set model.tie_embeddings=True (1,720,574,976).
+  'sdar_1p7b': dict(
+    num_layers=28,
+    d_model=2048,
+    num_heads=16,
+    num_kv_heads=8,
+    head_dim=128,
+    ffn_dim=6144,
+    seq_len=2048,
+    vocab_size=151936,
+    rope_theta=1e6,
+    norm_eps=1e-6,
+    qk_norm=True,
+    qkv_bias=False,
+    tie_embeddings=False,
+    attention_mask='block_causal',
+    block_size=4,
+    mask_token_id=151669,
+    eos_token_id=151643,
+    pad_token_id=151643,
+  ),
 }
 
 
@@ -197,6 +267,7 @@ class ModelConfig:
   vocab_size: int  # padded: the number of embedding rows and logits.
   seq_len: int
   rope_theta: float = 10000.0
+  rope_scaling: str = ''  # model.rope_scaling: '' or 'TYPE:field=value,...' (layers.rope_inv_freq)
   norm_eps: float = 1e-6
   qk_norm: bool = True  # RMSNorm on q and k per head before RoPE (Qwen3); off for Qwen2 / Llama.
   qkv_bias: bool = False  # biases on q, k, v (Qwen2), added in the projection's output dtype.
@@ -241,6 +312,7 @@ class ModelConfig:
       vocab_size=config_lib.padded_vocab_size(config),
       seq_len=m.seq_len,
       rope_theta=m.rope_theta,
+      rope_scaling=m.rope_scaling,
       norm_eps=m.norm_eps,
       qk_norm=m.qk_norm,
       qkv_bias=m.qkv_bias,

@@ -88,6 +88,7 @@ class Block(nnx.Module):
       head_dim=cfg.head_dim,
       norm_eps=cfg.norm_eps,
       rope_theta=cfg.rope_theta,
+      rope_scaling=cfg.rope_scaling,
       std=cfg.init_std,
       out_std=out_std,
       matmul_dtype=cfg.matmul_dtype,

@@ -158,19 +158,14 @@ def test_each_family_imports_with_its_attention_options(hf, qk_norm, qkv_bias):
 @pytest.mark.parametrize(
   'hf, message',
   [
-    # Llama-3.1's frequency-scaled RoPE.
+    # RoPE scalings without a formula here (llama3 and linear import: convert_families_test).
     (
-      dict(
-        LLAMA,
-        rope_scaling=dict(
-          rope_type='llama3',
-          factor=8.0,
-          low_freq_factor=1.0,
-          high_freq_factor=4.0,
-          original_max_position_embeddings=8192,
-        ),
-      ),
-      "rope_scaling type 'llama3' is not supported",
+      dict(LLAMA, rope_scaling=dict(rope_type='yarn', factor=4.0, beta_fast=32)),
+      "rope_scaling type 'yarn' is not supported",
+    ),
+    (
+      dict(LLAMA, rope_scaling=dict(rope_type='llama3', factor=8.0)),
+      "'llama3' without low_freq_factor, high_freq_factor, original_max_position_embeddings",
     ),
     (dict(QWEN2, use_sliding_window=True), 'sliding-window attention'),
     (
@@ -219,4 +214,25 @@ def test_check_matches_lists_differences():
     match=r'num_kv_heads: checkpoint 2, config 4; '
     r'model\.ffn_dim: checkpoint 128, config 96',
   ):
+    hf_config.check_matches(hf, config)
+
+
+def test_llama3_rope_scaling_reads_and_writes_back():
+  scaling = dict(
+    rope_type='llama3',
+    factor=32.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=8192,
+  )
+  config = hf_config.config_from_hf(dict(LLAMA, rope_scaling=scaling))
+  assert config.model.rope_scaling == (
+    'llama3:factor=32,low_freq_factor=1,high_freq_factor=4,original_max_position_embeddings=8192'
+  )
+  hf = hf_config.to_hf(config, vocab_rows=config.model.vocab_size, dtype='fp32')
+  assert hf['rope_parameters'] == dict(scaling, rope_theta=config.model.rope_theta)
+  assert hf['rope_scaling'] == scaling  # transformers v4 reads it here
+  hf_config.check_matches(hf, config)
+  config.model.rope_scaling = ''
+  with pytest.raises(hf_config.HFConfigError, match='model.rope_scaling'):
     hf_config.check_matches(hf, config)

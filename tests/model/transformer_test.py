@@ -118,6 +118,11 @@ def test_qwen2p5_presets_have_the_published_param_counts(preset, published):
     # GSAI-ML/LLaDA-8B-Base safetensors 8.02B; LLaDA paper (Nie et al. 2025), architecture table:
     # 8.02B total, 6.98B non-embedding (the same blocks as Llama-3-8B, MHA and a 12288 MLP).
     ('llada_8b', 8_015_581_184, 6.98, False),
+    # JetAstra/SDAR SDAR-{4B,8B}-Chat model.safetensors.index.json total_size / 2 (bf16):
+    # 8,822,848,512 B and 16,381,470,720 B. SDAR-1.7B: Qwen3-1.7B's dims untied (presets.py).
+    ('sdar_1p7b', 2_031_739_904, 1.41, True),
+    ('sdar_4b', 4_411_424_256, 3.63, True),
+    ('sdar_8b', 8_190_735_360, 6.95, True),
   ],
 )
 def test_published_presets_have_the_published_param_counts(

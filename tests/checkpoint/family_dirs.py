@@ -1,0 +1,260 @@
+"""Tiny random-weight model directories of each family, laid out as the family ships them, for
+the import, verify and every-stage tests: transformers' own Qwen2 / Llama (save_pretrained),
+LLaDA (model.transformer.* names in two shards, LLaDAConfig's fields) and SDAR (SDARConfig's
+fields over Qwen3's tensors). Every tensor is random, biases and norm gains included, so a dropped
+bias or a mixed-up norm shows.
+"""
+
+import json
+import os
+
+import pytest
+
+from tests.checkpoint import tiny_run
+
+torch = pytest.importorskip('torch')
+transformers = pytest.importorskip('transformers')
+safetensors_torch = pytest.importorskip('safetensors.torch')
+
+_DIMS = dict(
+  vocab_size=256,
+  hidden_size=64,
+  intermediate_size=128,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  num_key_value_heads=2,
+  max_position_embeddings=64,
+  bos_token_id=5,
+  eos_token_id=2,
+  pad_token_id=1,
+)
+TRANSFORMERS_FAMILIES = {
+  # Qwen2.5-style: q/k/v biases, tied, theta 1e6.
+  'qwen2': (
+    'Qwen2Config',
+    'Qwen2ForCausalLM',
+    dict(_DIMS, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True),
+  ),
+  # Llama-3-style without rope_scaling: no biases, untied, theta 5e5, eps 1e-5, explicit head_dim.
+  'llama': (
+    'LlamaConfig',
+    'LlamaForCausalLM',
+    dict(_DIMS, rms_norm_eps=1e-5, rope_theta=5e5, tie_word_embeddings=False, head_dim=16),
+  ),
+}
+
+
+def transformers_dir(directory, family: str, **overrides) -> str:
+  """save_pretrained of a tiny random-weight transformers model of the family (its config in
+  TRANSFORMERS_FAMILIES with `overrides`): transformers initialises biases to zero and gains to
+  one, so every tensor is redrawn."""
+  config_name, class_name, kwargs = TRANSFORMERS_FAMILIES[family]
+  config = getattr(transformers, config_name)(**{**kwargs, **overrides})
+  torch.manual_seed(0)
+  model = getattr(transformers, class_name)(config)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = 0.1 * torch.randn_like(p)
+      p.copy_(1.0 + noise if 'norm' in name else noise if 'bias' in name else 2 * noise)
+  model.save_pretrained(directory)
+  tiny_run.write_tokenizer(directory, 256)
+  return str(directory)
+
+
+# configuration_llada.py's ModelConfig fields as LLaDAConfig.save_pretrained writes them, with
+# LLaDA-8B's values where they are not sizes (llama block, rms, silu, rope theta 5e5, eps 1e-5,
+# untied, mask 126336 -> a tiny id here) and tiny sizes.
+LLADA_CONFIG = dict(
+  activation_type='silu',
+  alibi=False,
+  alibi_bias_max=8.0,
+  architectures=['LLaDAModelLM'],
+  attention_dropout=0.0,
+  attention_layer_norm=False,
+  attention_layer_norm_with_affine=True,
+  auto_map={
+    'AutoConfig': 'configuration_llada.LLaDAConfig',
+    'AutoModelForCausalLM': 'modeling_llada.LLaDAModelLM',
+    'AutoModel': 'modeling_llada.LLaDAModelLM',
+  },
+  bias_for_layer_norm=False,
+  block_group_size=1,
+  block_type='llama',
+  d_model=64,
+  embedding_dropout=0.0,
+  embedding_size=256,
+  eos_token_id=2,
+  flash_attention=False,
+  include_bias=False,
+  include_qkv_bias=False,
+  init_cutoff_factor=None,
+  init_device='meta',
+  init_fn='mitchell',
+  init_std=0.02,
+  input_emb_norm=False,
+  layer_norm_type='rms',
+  layer_norm_with_affine=True,
+  mask_token_id=250,
+  max_sequence_length=64,
+  mlp_hidden_size=96,
+  mlp_ratio=4,
+  model_type='llada',
+  multi_query_attention=None,
+  n_heads=4,
+  n_kv_heads=4,
+  n_layers=2,
+  pad_token_id=2,
+  precision='amp_bf16',
+  residual_dropout=0.0,
+  rms_norm_eps=1e-5,
+  rope=True,
+  rope_full_precision=True,
+  rope_theta=500000.0,
+  scale_logits=False,
+  transformers_version='4.46.3',
+  use_cache=False,
+  vocab_size=256,
+  weight_tying=False,
+)
+LLADA_VARIANTS = {
+  # LLaDA-8B's architecture: MHA, untied, vocab_size == embedding_size.
+  'llada_8b_like': {},
+  # What else LLaDA's code computes and we can: GQA, tied head, q/k/v biases, and an embedding
+  # padded past the tokenizer (embedding_size > vocab_size, as LLaDA allows).
+  'gqa_tied_qkv_bias_padded': dict(
+    n_kv_heads=2, weight_tying=True, include_qkv_bias=True, vocab_size=200, mask_token_id=199
+  ),
+}
+
+
+def llada_state_dict(hf: dict, seed: int = 0) -> dict:
+  """LLaDAModelLM's state dict names and shapes (self.model = LLaDAModel: model.transformer.*),
+  every tensor random (norm gains around one)."""
+  g = torch.Generator().manual_seed(seed)
+  d, heads, layers = hf['d_model'], hf['n_heads'], hf['n_layers']
+  hd, kv, f = d // heads, hf['n_kv_heads'], hf['mlp_hidden_size']
+  rows = hf['embedding_size'] or hf['vocab_size']
+
+  def rand(*shape, scale=0.2):
+    return scale * torch.randn(*shape, generator=g)
+
+  sd = {'model.transformer.wte.weight': rand(rows, d, scale=1.0)}
+  for i in range(layers):
+    p = f'model.transformer.blocks.{i}.'
+    sd[p + 'attn_norm.weight'] = 1.0 + rand(d, scale=0.1)
+    sd[p + 'ff_norm.weight'] = 1.0 + rand(d, scale=0.1)
+    sd[p + 'q_proj.weight'] = rand(heads * hd, d)
+    sd[p + 'k_proj.weight'] = rand(kv * hd, d)
+    sd[p + 'v_proj.weight'] = rand(kv * hd, d)
+    if hf['include_qkv_bias']:
+      sd[p + 'q_proj.bias'] = rand(heads * hd)
+      sd[p + 'k_proj.bias'] = rand(kv * hd)
+      sd[p + 'v_proj.bias'] = rand(kv * hd)
+    sd[p + 'attn_out.weight'] = rand(d, d)
+    sd[p + 'ff_proj.weight'] = rand(f, d)
+    sd[p + 'up_proj.weight'] = rand(f, d)
+    sd[p + 'ff_out.weight'] = rand(d, f)
+  sd['model.transformer.ln_f.weight'] = 1.0 + rand(d, scale=0.1)
+  if not hf['weight_tying']:  # tied: LLaDAModel creates no transformer.ff_out.
+    sd['model.transformer.ff_out.weight'] = rand(rows, d)
+  return sd
+
+
+def llada_dir(directory, variant: str):
+  """A LLaDA model directory as save_pretrained writes it: config.json, two safetensors shards
+  with model.safetensors.index.json (LLaDA-8B ships 6 shards), and a tokenizer.json."""
+  hf = dict(LLADA_CONFIG, **LLADA_VARIANTS[variant])
+  sd = llada_state_dict(hf)
+  os.makedirs(directory, exist_ok=True)
+  names = list(sd)
+  shards = {'model-00001-of-00002.safetensors': names[:7], 'model-00002-of-00002.safetensors': []}
+  shards['model-00002-of-00002.safetensors'] = names[7:]
+  weight_map = {}
+  for file, shard_names in shards.items():
+    safetensors_torch.save_file(
+      {n: sd[n].contiguous() for n in shard_names},
+      os.path.join(directory, file),
+      metadata={'format': 'pt'},
+    )
+    weight_map.update({n: file for n in shard_names})
+  with open(os.path.join(directory, 'model.safetensors.index.json'), 'w') as f:
+    json.dump(dict(metadata=dict(total_size=0), weight_map=weight_map), f)
+  with open(os.path.join(directory, 'config.json'), 'w') as f:
+    json.dump(hf, f, indent=2)
+  tiny_run.write_tokenizer(directory, hf['vocab_size'])
+  return str(directory), hf, sd
+
+
+SDAR_BLOCK = 4
+# SDAR-8B-Chat's config.json (JetAstra/SDAR training/model/SDAR-8B-Chat) with tiny sizes; the
+# training-only fields stay, as the released files carry them. mask 151669 -> a tiny id.
+SDAR_CONFIG = dict(
+  architectures=['SDARForCausalLM'],
+  auto_map={
+    'AutoConfig': 'configuration_sdar.SDARConfig',
+    'AutoModel': 'modeling_sdar.SDARModel',
+    'AutoModelForCausalLM': 'modeling_sdar.SDARForCausalLM',
+  },
+  attention_bias=False,
+  attention_dropout=0.0,
+  attn_implementation='flex_attention',
+  bos_token_id=2,
+  debug=False,
+  eos_token_id=2,
+  block_size=SDAR_BLOCK,
+  mask_token_id=250,
+  ep_size=1,
+  fuse_cross_entropy=True,
+  head_dim=16,
+  hidden_act='silu',
+  hidden_size=64,
+  initializer_range=0.02,
+  intermediate_size=128,
+  max_position_embeddings=64,
+  max_window_layers=2,
+  micro_forward=False,
+  model_type='sdar',
+  num_attention_heads=4,
+  num_hidden_layers=2,
+  num_key_value_heads=2,
+  rms_norm_eps=1e-06,
+  rope_scaling=None,
+  rope_theta=1000000,
+  skip_checkpoint=False,
+  sliding_window=None,
+  tie_word_embeddings=False,
+  torch_dtype='float32',
+  transformers_version='4.52.4',
+  use_cache=False,
+  use_deepep=False,
+  use_sliding_window=False,
+  vocab_size=256,
+)
+
+
+def sdar_dir(directory, *, seed=0, tied=False) -> str:
+  """An SDAR-*-Chat-style directory: random Qwen3-named tensors (norm gains around one), SDAR's
+  config.json and a tokenizer. Returns it; `reference_logits` computes SDAR's forward of it."""
+  os.makedirs(directory, exist_ok=True)
+  hf = dict(SDAR_CONFIG, tie_word_embeddings=tied)
+  config = transformers.Qwen3Config(
+    **{k: hf[k] for k in ('vocab_size', 'hidden_size', 'intermediate_size', 'head_dim')},
+    num_hidden_layers=hf['num_hidden_layers'],
+    num_attention_heads=hf['num_attention_heads'],
+    num_key_value_heads=hf['num_key_value_heads'],
+    max_position_embeddings=hf['max_position_embeddings'],
+    rms_norm_eps=hf['rms_norm_eps'],
+    rope_theta=float(hf['rope_theta']),
+    tie_word_embeddings=tied,
+  )
+  torch.manual_seed(seed)
+  model = transformers.Qwen3ForCausalLM(config)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = 0.1 * torch.randn_like(p)
+      p.copy_(1.0 + noise if 'norm' in name else 2 * noise)
+  model.save_pretrained(directory)
+  with open(os.path.join(directory, 'config.json'), 'w') as f:
+    json.dump(hf, f, indent=2)
+  tiny_run.write_tokenizer(directory, 256)
+  return str(directory)

@@ -1,0 +1,163 @@
+"""SDAR / TraDo in exactly: a tiny random-weight directory laid out as JetAstra/SDAR ships
+SDAR-*-Chat (config.json of SDARConfig's fields, model_type 'sdar', Qwen3 tensor names) imports
+through `convert from-hf`, `load_pretrained` and `init_from` into a block-causal model whose logits
+are SDAR's forward.
+
+The reference is transformers' Qwen3ForCausalLM over the same tensors with SDAR's attention mask
+put in: modeling_sdar.py's SDARAttention is Qwen3Attention line for line (q/k RMSNorm over the head
+dim before rotate-half RoPE, scale head_dim^-0.5, GQA, biases only with attention_bias), its
+decoder layer, RMSNorm (float32 statistics, gain after the cast back) and rotary table are Qwen3's,
+and only the mask differs: block_diff_mask's clean-stream term, a query at i sees key j iff
+i // block_size >= j // block_size (the inference mask of SDAR's generate.py). The mask is written
+here from that formula, not taken from dlmjax.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from dlmjax import convert
+from dlmjax import inference
+from dlmjax import model as model_lib
+from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint import hf_io
+from dlmjax.checkpoint import manager
+from tests.checkpoint import family_dirs
+from tests.checkpoint import tiny_run
+
+torch = pytest.importorskip('torch')
+transformers = pytest.importorskip('transformers')
+
+BLOCK = family_dirs.SDAR_BLOCK
+SDAR_CONFIG = family_dirs.SDAR_CONFIG
+sdar_dir = family_dirs.sdar_dir
+_ATTENTION = 'sdar_block_causal_test'
+
+
+def _sdar_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+  """SDAR's attention: softmax over the keys of blocks <= the query's block (fp32 scores)."""
+  del attention_mask, kwargs
+  length = query.shape[2]
+  i = torch.arange(length)
+  visible = (i[:, None] // module.config.sdar_block_size) >= (
+    i[None, :] // module.config.sdar_block_size
+  )
+  group = query.shape[1] // key.shape[1]
+  key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
+  scores = torch.einsum('bnqh,bnkh->bnqk', query.float(), key.float()) * scaling
+  probs = scores.masked_fill(~visible, float('-inf')).softmax(-1)
+  return torch.einsum('bnqk,bnkh->bqnh', probs, value.float()).contiguous(), None
+
+
+def reference_logits(hf_dir: str, tokens, block_size: int = BLOCK) -> np.ndarray:
+  """SDAR's forward: Qwen3ForCausalLM over the directory's tensors, SDAR's block-causal mask."""
+  transformers.AttentionInterface.register(_ATTENTION, _sdar_attention)
+  hf = hf_config.read(hf_dir)
+  config = transformers.Qwen3Config(
+    **{
+      k: hf[k]
+      for k in (
+        'vocab_size',
+        'hidden_size',
+        'intermediate_size',
+        'head_dim',
+        'num_hidden_layers',
+        'num_attention_heads',
+        'num_key_value_heads',
+        'max_position_embeddings',
+        'rms_norm_eps',
+        'tie_word_embeddings',
+      )
+    },
+    rope_theta=float(hf['rope_theta']),
+  )
+  config.sdar_block_size = block_size
+  config._attn_implementation = _ATTENTION  # pylint: disable=protected-access
+  model = transformers.Qwen3ForCausalLM(config)
+  from safetensors.torch import load_file  # pylint: disable=import-outside-toplevel
+
+  state = load_file(os.path.join(hf_dir, 'model.safetensors'))
+  model.load_state_dict(state, strict=not hf['tie_word_embeddings'])
+  with torch.no_grad():
+    return model.eval()(input_ids=torch.as_tensor(tokens), use_cache=False).logits.numpy()
+
+
+def _ours(config, params, tokens):
+  return np.asarray(model_lib.merge(model_lib.ModelConfig.from_config(config), params)(tokens))
+
+
+def _close(theirs, ours):
+  np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-4 * np.abs(ours).max())
+
+
+@pytest.mark.parametrize('tied', [False, True])
+def test_sdar_directory_imports_to_sdar_function(tmp_path, tied):
+  hf_dir = sdar_dir(tmp_path / 'hf', tied=tied)
+  tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
+  theirs = reference_logits(hf_dir, tokens)
+
+  run_dir = str(tmp_path / 'run')
+  assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', run_dir]) == 0
+  _, step_dir, _ = manager.resolve_step_dir(run_dir)
+  config = manager.load_run_config(run_dir)
+  params = manager.restore_params(step_dir, *model_lib.param_placement(config))
+  m = config.model
+  assert (m.attention_mask, m.block_size, m.qk_norm, m.qkv_bias) == ('block_causal', 4, True, False)
+  assert (m.mask_token_id, m.eos_token_id, m.pad_token_id) == (250, 2, 2)
+  assert (m.rope_theta, m.norm_eps, m.tie_embeddings, m.head_dim) == (1e6, 1e-6, tied, 16)
+  assert manager.read_meta(step_dir)['source']['family'] == 'sdar'
+  _close(theirs, _ours(config, params, tokens))
+  pretrained = inference.load_pretrained(hf_dir)
+  _close(theirs, _ours(pretrained.config, pretrained.params, tokens))
+
+  # The parity can fail: another block size, or bidirectional attention, is another function.
+  for wrong in (dict(block_size=8), dict(attention_mask='bidirectional')):
+    other = config.copy_and_resolve_references()
+    other.model.update(wrong)
+    with pytest.raises(AssertionError):
+      _close(theirs, _ours(other, params, tokens))
+
+
+def test_init_from_an_sdar_directory_adopts_block_causal_attention(tmp_path):
+  from dlmjax.checkpoint import init_from  # pylint: disable=import-outside-toplevel
+
+  hf_dir = sdar_dir(tmp_path / 'hf')
+  config = tiny_run.tiny_config(**{'init_from': hf_dir})
+  changed = set(init_from.adopt_source_config(config))
+  assert {"model.attention_mask='block_causal'", 'model.block_size=4'} <= changed
+  _, params = hf_io.load_hf(hf_dir, config=config)
+  tiny_run.assert_same_params(hf_io.load_hf(hf_dir)[1], params)
+
+
+def test_sdar_moe_is_refused_in_one_line():
+  for hf in (
+    dict(SDAR_CONFIG, model_type='sdar_moe', architectures=['SDARMoeForCausalLM']),
+    dict(SDAR_CONFIG, num_experts=128),
+  ):
+    with pytest.raises(hf_config.HFConfigError, match='SDAR mixture-of-experts') as e:
+      hf_config.config_from_hf(hf)
+    assert '\n' not in str(e.value)
+
+
+def test_sdar_8b_config_imports_as_the_sdar_8b_preset():
+  """SDAR-8B-Chat's own config.json values give the preset's model exactly."""
+  hf = dict(
+    SDAR_CONFIG,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    bos_token_id=151643,
+    eos_token_id=151643,
+    mask_token_id=151669,
+  )
+  config = hf_config.config_from_hf(hf)
+  preset = model_lib.PRESETS['sdar_8b']
+  assert {k: config.model[k] for k in preset if k != 'seq_len'} == {
+    k: v for k, v in preset.items() if k != 'seq_len'
+  }
