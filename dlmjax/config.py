@@ -43,6 +43,8 @@ def defaults() -> ml_collections.ConfigDict:
   # RMSNorm on q and k over the head dim before RoPE (Qwen3); off: straight to RoPE (Qwen2, Llama).
   c.model.qk_norm = True
   c.model.qkv_bias = False  # biases on the q, k and v projections (Qwen2); o has none.
+  # Dream's alignment: token i is predicted by the output at position i-1 (position 0: its own).
+  c.model.shift_logits = False
   c.model.init_std = 0.02  # normal init std (output projections: / sqrt(2 x layers), Megatron).
   c.model.tie_embeddings = False  # the output head reuses the embedding.
   c.model.attention_mask = 'bidirectional'  # bidirectional | causal | block_causal

@@ -200,6 +200,8 @@ class ModelConfig:
   norm_eps: float = 1e-6
   qk_norm: bool = True  # RMSNorm on q and k per head before RoPE (Qwen3); off for Qwen2 / Llama.
   qkv_bias: bool = False  # biases on q, k, v (Qwen2), added in the projection's output dtype.
+  # Dream: token i is predicted from position i-1 (position 0 from itself); transformer.py.
+  shift_logits: bool = False
   init_std: float = 0.02
   tie_embeddings: bool = False
   attention_mask: str = 'bidirectional'
@@ -244,6 +246,7 @@ class ModelConfig:
       norm_eps=m.norm_eps,
       qk_norm=m.qk_norm,
       qkv_bias=m.qkv_bias,
+      shift_logits=m.shift_logits,
       init_std=m.init_std,
       tie_embeddings=m.tie_embeddings,
       attention_mask=m.attention_mask,
