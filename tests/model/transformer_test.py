@@ -89,6 +89,9 @@ def test_1p7b_param_count():
     # Qwen2.5 model cards: 0.49B (0.36B non-embedding), 7.61B (6.53B non-embedding).
     ('qwen2p5_0p5b', 494_032_768),
     ('qwen2p5_7b', 7_615_616_512),
+    # Dream-org/Dream-v0-Base-7B: 7.62B safetensors (Qwen2.5-7B's shape, untied), 6.53B
+    # non-embedding.
+    ('dream_7b', 7_615_616_512),
   ],
 )
 def test_qwen2p5_presets_have_the_published_param_counts(preset, published):
@@ -101,7 +104,9 @@ def test_qwen2p5_presets_have_the_published_param_counts(preset, published):
   assert cfg.num_params() == published
   embed = cfg.vocab_size * cfg.d_model
   non_embedding = cfg.num_params() - embed * (1 if cfg.tie_embeddings else 2)
-  assert round(non_embedding / 1e9, 2) == {'qwen2p5_0p5b': 0.36, 'qwen2p5_7b': 6.53}[preset]
+  assert round(non_embedding / 1e9, 2) == {'qwen2p5_0p5b': 0.36, 'qwen2p5_7b': 6.53}.get(
+    preset, 6.53
+  )
 
 
 @pytest.mark.parametrize(
