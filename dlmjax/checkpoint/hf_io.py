@@ -108,7 +108,7 @@ def write_hf(
   copy_tokenizer: bool = True,
 ) -> str:
   """Writes params (ours, any placement) as a Hugging Face directory of the model's family
-  (Qwen3, Qwen2 or Llama: hf_config.export_family); returns it."""
+  (Qwen3, Qwen2, Llama, or Dream for a shifted model: hf_config.export_family); returns it."""
   if dtype not in DTYPES:
     raise ConvertError(f'--dtype={dtype!r} is not one of {sorted(DTYPES)}.')
   tokenizer = run_tokenizer.find(config) if copy_tokenizer else None
