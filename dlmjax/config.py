@@ -47,6 +47,8 @@ def defaults() -> ml_collections.ConfigDict:
   # RMSNorm on q and k over the head dim before RoPE (Qwen3); off: straight to RoPE (Qwen2, Llama).
   c.model.qk_norm = True
   c.model.qkv_bias = False  # biases on the q, k and v projections (Qwen2); o has none.
+  # Dream's alignment: token i is predicted by the output at position i-1 (position 0: its own).
+  c.model.shift_logits = False
   c.model.init_std = 0.02  # normal init std (output projections: / sqrt(2 x layers), Megatron).
   c.model.tie_embeddings = False  # the output head reuses the embedding.
   c.model.attention_mask = 'bidirectional'  # bidirectional | causal | block_causal
@@ -151,7 +153,7 @@ def defaults() -> ml_collections.ConfigDict:
   # data.source=builtin: the built-in instruction set made from dlmjax.tasks (no download).
   c.sft.train_file = ''
   c.sft.eval_file = ''  # held-out jsonl for val_loss (eval.every); builtin: the tasks' test split
-  c.sft.chat_template = 'plain'  # none | plain | llada | chatml (dlmjax/data/chat.py)
+  c.sft.chat_template = 'plain'  # none | plain | llada | chatml | dream (dlmjax/data/chat.py)
   c.sft.too_long = 'drop'  # rows longer than model.seq_len: truncate | drop | error
 
   # Evaluation (README, "Evaluation"; dlmjax/train/evaluation.py): the stage's loss on the
@@ -585,7 +587,7 @@ _CHOICES = {
   'diffusion.objective': ('mdm', 'ar'),
   'data.source': ('builtin', 'megatron', 'tfds:NAME:SPLIT'),
   'train.schedule': ('wsd', 'wsd_linear', 'wsd_cosine', 'cosine', 'constant'),
-  'sft.chat_template': ('none', 'plain', 'llada', 'chatml'),
+  'sft.chat_template': ('none', 'plain', 'llada', 'chatml', 'dream'),
   'sft.too_long': ('truncate', 'drop', 'error'),
   'sampler.cache': ('none', 'truncate'),
 }
@@ -687,6 +689,11 @@ def validate(config, num_devices: int | None = None) -> None:
         )
   if config.diffusion.objective == 'ar' and m.attention_mask != 'causal':
     raise ConfigError('diffusion.objective=ar needs --config.model.attention_mask=causal.')
+  if config.diffusion.objective == 'ar' and m.shift_logits:
+    raise ConfigError(
+      'diffusion.objective=ar already predicts the next token; model.shift_logits=True would '
+      'shift it twice: set --config.model.shift_logits=false.'
+    )
   if not 0.0 <= config.diffusion.varlen_prob <= 1.0:
     raise ConfigError(f'diffusion.varlen_prob={config.diffusion.varlen_prob} must be in [0, 1].')
 

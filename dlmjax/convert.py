@@ -16,7 +16,6 @@ dlmjax/checkpoint/hf_io.py. The command line runs as one process.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import jax
@@ -86,13 +85,6 @@ def _parser() -> argparse.ArgumentParser:
 @extras.name_missing_extras('python -m dlmjax.convert')
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
-  output_dir = getattr(args, 'output_dir', None)
-  if output_dir and os.path.exists(output_dir) and not os.path.isdir(output_dir):
-    print(
-      f'error: --output-dir {output_dir!r} is a file; give a directory (made if missing).',
-      file=sys.stderr,
-    )
-    return 2
   try:
     if args.command == 'to-hf':
       out = hf_io.hf_from_checkpoint(

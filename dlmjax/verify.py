@@ -256,7 +256,9 @@ def torch_logits(hf_dir: str, tokens_BL: np.ndarray, dtype: str, backend: str = 
   device = 'cuda' if torch.cuda.is_available() else 'cpu'
   if backend == 'auto':
     has_transformers = importlib.util.find_spec('transformers') is not None
-    backend = 'transformers' if has_transformers else 'reference'
+    # Dream's class is remote code transformers does not ship: its layout checks on Reference.
+    dream = hf_config.detect_architecture(hf_config.read(hf_dir)) == 'dream'
+    backend = 'transformers' if has_transformers and not dream else 'reference'
   tokens = torch.as_tensor(tokens_BL, dtype=torch.long, device=device)
   with torch.no_grad():
     if backend == 'transformers':

@@ -70,6 +70,10 @@ def test_tiny_batches_fit_every_8_device_mesh():
     ({'model.mask_token_id': 99999}, 'outside the vocabulary'),
     ({'model.attention_backend': 'cudnn', 'model.attention_mask': 'block_causal'}, 'xla'),
     ({'diffusion.objective': 'ar'}, 'attention_mask=causal'),
+    (
+      {'diffusion.objective': 'ar', 'model.attention_mask': 'causal', 'model.shift_logits': True},
+      'shift it twice: set --config.model.shift_logits=false',
+    ),
     ({'data.packing': True, 'model.attention_backend': 'cudnn'}, 'attention_backend=xla'),
   ],
 )

@@ -253,5 +253,6 @@ def test_output_dir_that_is_a_file_is_one_line(tmp_path, capsys, command):
   args = [command, source, str(tmp_path), '--output-dir', str(tmp_path / 'taken')]
   assert convert.main(args) == 2
   assert capsys.readouterr().err == (
-    f"error: --output-dir '{tmp_path / 'taken'}' is a file; give a directory (made if missing).\n"
+    f'error: --output-dir {tmp_path / "taken"} is an existing file, not a directory; '
+    'choose another path.\n'
   )

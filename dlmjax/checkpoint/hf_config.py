@@ -4,10 +4,11 @@ Exports (the layouts of hf_layouts) write a transformers family's config.json (t
 the one whose layout holds the model exactly, export_family: Qwen3 with QK-norm, Qwen2 with q/k/v
 biases, Llama with neither) plus MegaDLMs DiffLM's `mask_token_id` and `attn_mask_type`, so
 `Qwen3ForCausalLM` / `Qwen2ForCausalLM` / `LlamaForCausalLM` load them and DiffLM tooling finds
-its fields, or LLaDA's (llada_to_hf). Imports read Qwen3, MegaDLMs DiffLM, Qwen2, Llama, LLaDA and
-SDAR configs, each into the model options of its family (model.qk_norm, model.qkv_bias,
-model.rope_scaling, SDAR's block-causal attention); anything else, or a part we cannot compute
-(sliding windows, a RoPE scaling type without a formula here, MoE), is refused by name.
+its fields, or LLaDA's (llada_to_hf), or Dream's for a shifted model (dream_to_hf). Imports read
+Qwen3, MegaDLMs DiffLM, Qwen2, Llama, LLaDA, SDAR and Dream configs, each into the model options of
+its family (model.qk_norm, model.qkv_bias, model.rope_scaling, model.shift_logits, SDAR's
+block-causal attention); anything else, or a part we cannot compute (sliding windows, a RoPE
+scaling type without a formula here, MoE), is refused by name.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 from dlmjax import config as config_lib
 
 DLMJAX_CONFIG_FILE = 'dlmjax_config.json'  # the full run config, beside config.json in exports.
-ARCHITECTURES = ('qwen3', 'difflm', 'qwen2', 'llama', 'llada', 'sdar')
+ARCHITECTURES = ('qwen3', 'difflm', 'qwen2', 'llama', 'llada', 'sdar', 'dream')
 _MASK_KINDS = ('bidirectional', 'causal', 'block_causal')
 # Exported families: (model.qk_norm, model.qkv_bias) -> the transformers class computing it.
 EXPORT_FAMILIES = {(True, False): 'qwen3', (False, True): 'qwen2', (False, False): 'llama'}
@@ -47,6 +48,8 @@ def detect_architecture(hf: dict) -> str:
     return 'llada'
   if model_type.startswith('sdar') or any(n.startswith('sdar') for n in names):
     return _sdar_architecture(hf, model_type, names)
+  if model_type == 'dream' or any(n.startswith('dream') for n in names):
+    return 'dream'  # Dream-v0-*, Dream-Coder, DiffuCoder: model_type 'Dream', DreamModel.
   for arch in ('qwen3', 'qwen2', 'llama'):
     if model_type == arch or any(n.startswith(arch) for n in names):
       return arch
@@ -124,6 +127,8 @@ def _dims(hf: dict, arch: str) -> dict:
   """dlmjax model.* values a Hugging Face config determines."""
   if arch == 'llada':
     return _llada_dims(hf)
+  if arch == 'dream':
+    return _dream_dims(hf)
   if hf.get('hidden_act', 'silu') != 'silu':
     raise HFConfigError(f"hidden_act={hf['hidden_act']!r}: dlmjax's MLP is SwiGLU (silu).")
   layer_types = hf.get('layer_types') or []
@@ -151,11 +156,48 @@ def _dims(hf: dict, arch: str) -> dict:
     norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
     tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
     qk_norm=has_qk_norm(arch),
-    qkv_bias=arch == 'qwen2',  # transformers' Qwen2Attention: q/k/v_proj bias=True always.
+    qkv_bias=arch in ('qwen2', 'dream'),  # Qwen2Attention, DreamAttention: q/k/v bias=True.
   )
   if 'max_position_embeddings' in hf:
     dims['seq_len'] = hf['max_position_embeddings']
   return dims
+
+
+# DreamConfig's defaults for the fields the import reads (configuration_dream.py), so an absent
+# key means what Dream means; the special ids are Dream's <|mask|> and <|endoftext|>.
+_DREAM_DEFAULTS = dict(
+  rope_theta=10000.0,
+  rms_norm_eps=1e-6,
+  tie_word_embeddings=False,
+  mask_token_id=151666,
+  pad_token_id=151643,
+)
+# Dream-v0 was trained on 2048-token sequences (DreamLM/Dream README); its config's
+# max_position_embeddings (131072) is Qwen2.5's, so an import's canvas is capped at this.
+DREAM_TRAINED_LENGTH = 2048
+
+
+def _dream_dims(hf: dict) -> dict:
+  """Dream's config (Qwen2's fields, model_type 'Dream') read as modeling_dream.py builds it:
+  Qwen2's block (q/k/v biases, no o bias, no QK-norm, rotate-half RoPE), head size hidden_size /
+  num_attention_heads (DreamAttention ignores any head_dim), attention hard-coded bidirectional,
+  and the prediction for token i read from position i-1 (generation_utils.py's logit shift)."""
+  hf = dict(_DREAM_DEFAULTS, **{k: v for k, v in hf.items() if v is not None})
+  hf.pop('head_dim', None)
+  dims = _dims(hf, 'qwen2')
+  dims.update(
+    shift_logits=True,
+    attention_mask='bidirectional',
+    seq_len=min(dims.get('seq_len', DREAM_TRAINED_LENGTH), DREAM_TRAINED_LENGTH),
+  )
+  return dims
+
+
+def dream_special_ids(hf: dict) -> dict:
+  """mask / eos / pad ids of a Dream config, DreamConfig's defaults where it has none."""
+  return {
+    k: hf.get(k, _DREAM_DEFAULTS.get(k)) for k in ('mask_token_id', 'eos_token_id', 'pad_token_id')
+  }
 
 
 # LLaDAConfig fills every field config.json leaves out from its ModelConfig defaults
@@ -255,8 +297,16 @@ def has_qk_norm(arch: str) -> bool:
   return arch in ('qwen3', 'difflm', 'sdar')
 
 
-def export_family(*, qk_norm: bool, qkv_bias: bool) -> str:
-  """The transformers family whose layout and forward are exactly the model with these options."""
+def export_family(*, qk_norm: bool, qkv_bias: bool, shift_logits: bool = False) -> str:
+  """The family whose layout and forward are exactly the model with these options (a shifted
+  model: Dream's, the only one that reads token i from position i-1)."""
+  if shift_logits:
+    if qk_norm or not qkv_bias:
+      raise HFConfigError(
+        'model.shift_logits=True exports only as Dream (q/k/v biases, no QK-norm); this model has '
+        f'qk_norm={bool(qk_norm)}, qkv_bias={bool(qkv_bias)}, which no family with the shift holds.'
+      )
+    return 'dream'
   family = EXPORT_FAMILIES.get((bool(qk_norm), bool(qkv_bias)))
   if family is None:
     raise HFConfigError(
@@ -276,8 +326,9 @@ def config_from_hf(hf: dict, base=None):
   arch = detect_architecture(hf)
   config = config_lib.defaults() if base is None else base
   config.model.update(_dims(hf, arch))
+  ids = dream_special_ids(hf) if arch == 'dream' else hf
   for key in ('mask_token_id', 'eos_token_id', 'pad_token_id'):
-    value = hf.get(key)
+    value = ids.get(key)
     if isinstance(value, int) and 0 <= value < config.model.vocab_size:
       config.model[key] = value
   if arch == 'sdar':
@@ -344,7 +395,11 @@ def to_hf(config, *, vocab_rows: int, dtype: str, family: str | None = None) -> 
   is off: a bidirectional model must not decode with a causal KV cache.
   """
   m = config.model
-  family = family or export_family(qk_norm=m.qk_norm, qkv_bias=m.qkv_bias)
+  family = family or export_family(
+    qk_norm=m.qk_norm, qkv_bias=m.qkv_bias, shift_logits=m.shift_logits
+  )
+  if family == 'dream':
+    return dream_to_hf(config, vocab_rows=vocab_rows, dtype=dtype)
   torch_dtype = {'bf16': 'bfloat16', 'fp32': 'float32'}[dtype]
   hf = dict(
     architectures=[_HF_CLASSES[family]],
@@ -451,3 +506,73 @@ def llada_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
     mask_token_id=m.mask_token_id,
   )
   return hf
+
+
+# Dream's code (configuration_dream.py, modeling_dream.py) is not ours to ship: the export's
+# auto_map names it in the Hub repository it comes from ("repo--module.Class", transformers'
+# dynamic-module reference), under the class names Dream's own config.json gives.
+DREAM_CODE_REPO = 'Dream-org/Dream-v0-Base-7B'
+
+
+def dream_cannot_hold(m) -> str | None:
+  """Why Dream's layout cannot represent a model (config.model or ModelConfig), or None: Dream
+  is Qwen2's block with q/k/v biases and no QK-norm, head size hidden_size / num_heads,
+  bidirectional attention and the shifted prediction (modeling_dream.py, generation_utils.py)."""
+  if m.qk_norm:
+    return 'the dream layout has no QK-norm'
+  if not m.qkv_bias:
+    return 'the dream layout has q/k/v biases (DreamAttention: bias=True), the model has none'
+  if not m.shift_logits:
+    return (
+      'the dream layout reads token i from position i-1 (model.shift_logits=True), the model '
+      'predicts each token at its own position'
+    )
+  if m.num_heads * m.head_dim != m.d_model:
+    return (
+      f'the dream layout needs num_heads * head_dim == d_model '
+      f'({m.num_heads} * {m.head_dim} != {m.d_model})'
+    )
+  if m.attention_mask != 'bidirectional':
+    return f'the dream layout attends bidirectionally, the model is {m.attention_mask}'
+  return None
+
+
+def dream_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
+  """Dream's config.json (DreamConfig's fields, as Dream-org/Dream-v0-*-7B ship them) for a
+  model dream_cannot_hold accepts; refuses any other with the reason."""
+  m = config.model
+  why = dream_cannot_hold(m)
+  if why is not None:
+    raise HFConfigError(f'cannot export as Dream: {why}.')
+  torch_dtype = {'bf16': 'bfloat16', 'fp32': 'float32'}[dtype]
+  return dict(
+    architectures=['DreamModel'],
+    auto_map={
+      'AutoConfig': f'{DREAM_CODE_REPO}--configuration_dream.DreamConfig',
+      'AutoModel': f'{DREAM_CODE_REPO}--modeling_dream.DreamModel',
+    },
+    model_type='Dream',
+    vocab_size=vocab_rows,
+    hidden_size=m.d_model,
+    intermediate_size=m.ffn_dim,
+    num_hidden_layers=m.num_layers,
+    num_attention_heads=m.num_heads,
+    num_key_value_heads=m.num_kv_heads,
+    hidden_act='silu',
+    max_position_embeddings=m.seq_len,
+    initializer_range=m.init_std,
+    rms_norm_eps=m.norm_eps,
+    rope_theta=m.rope_theta,
+    rope_scaling=None,
+    attention_dropout=0.0,
+    use_sliding_window=False,
+    sliding_window=None,
+    max_window_layers=m.num_layers,
+    tie_word_embeddings=m.tie_embeddings,
+    use_cache=False,
+    torch_dtype=torch_dtype,
+    bos_token_id=None,
+    eos_token_id=m.eos_token_id,
+    pad_token_id=m.pad_token_id,
+    mask_token_id=m.mask_token_id,
+  )

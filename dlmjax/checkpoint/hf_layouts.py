@@ -42,6 +42,8 @@ def _transformers_family(family: str) -> Callable:
   (LlamaConfig.attention_bias would add an o_proj bias too)."""
 
   def cannot_hold(m) -> str | None:
+    if getattr(m, 'shift_logits', False):
+      return f'the {family} layout predicts each token at its own position (no shift)'
     wanted = {v: k for k, v in hf_config.EXPORT_FAMILIES.items()}[family]
     have = (bool(m.qk_norm), bool(m.qkv_bias))
     if have == wanted:
@@ -70,7 +72,15 @@ def _llada_cannot_hold(m) -> str | None:
     return f'the llada layout attends bidirectionally, the model is {m.attention_mask}'
   if m.rope_scaling:
     return f'the llada layout has no RoPE scaling (the model has {m.rope_scaling!r})'
+  if m.shift_logits:
+    return 'the llada layout predicts each token at its own position (no shift)'
   return None
+
+
+def _dream_cannot_hold(m) -> str | None:
+  if m.rope_scaling:
+    return f'the dream layout has no RoPE scaling (the model has {m.rope_scaling!r})'
+  return hf_config.dream_cannot_hold(m)
 
 
 def _family_config(family: str) -> Callable:
@@ -111,6 +121,15 @@ register(
     config_json=hf_config.llada_to_hf,
   )
 )
+register(
+  Layout(
+    name='dream',
+    names='dream',
+    families=('dream',),
+    cannot_hold=_dream_cannot_hold,
+    config_json=hf_config.dream_to_hf,
+  )
+)
 
 
 def choices() -> list[str]:
@@ -145,4 +164,6 @@ def choose(name: str, model, *, source_family: str | None = None) -> Layout:
 
 
 def _options_family(model) -> str:
-  return hf_config.export_family(qk_norm=model.qk_norm, qkv_bias=model.qkv_bias)
+  return hf_config.export_family(
+    qk_norm=model.qk_norm, qkv_bias=model.qkv_bias, shift_logits=model.shift_logits
+  )

@@ -79,6 +79,8 @@ NAMINGS = {
   # transformers' Qwen2Attention: q/k/v_proj with bias=True, o_proj without.
   'qwen2': Naming(**_LLAMA_LIKE, layer_keys=_QWEN2_KEYS),
   'llama': Naming(**_LLAMA_LIKE, layer_keys=_LLAMA_KEYS, bias_slots=('q', 'k', 'v', 'o')),
+  # Dream's DreamModel (modeling_dream.py): model = DreamBaseModel, Qwen2's names and biases.
+  'dream': Naming(**_LLAMA_LIKE, layer_keys=_QWEN2_KEYS),
   # LLaDA's OLMo-derived LLaDALlamaBlock (GSAI-ML/LLaDA-8B-*, modeling_llada.py):
   # ff_out(silu(ff_proj(x)) * up_proj(x)): ff_proj is the SwiGLU gate, up_proj the up
   # projection, ff_out the down projection; q/k/v_proj have biases when include_qkv_bias.
@@ -143,7 +145,9 @@ def model_slots(cfg: ModelConfig) -> list[str]:
 
 def export_family(cfg: ModelConfig) -> str:
   """The Hugging Face family whose layout holds exactly our model (hf_config.export_family)."""
-  return hf_config.export_family(qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias)
+  return hf_config.export_family(
+    qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias, shift_logits=cfg.shift_logits
+  )
 
 
 def _hf_shape(shape, layout):

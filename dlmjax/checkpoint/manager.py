@@ -35,11 +35,12 @@ _RESUME_KEYS = (
   'model.tie_embeddings',
   'model.qk_norm',
   'model.qkv_bias',
+  'model.shift_logits',
   'seed',
   'train.global_batch_size',
   'diffusion.objective',
 )
-_ARCHITECTURE_KEYS = _RESUME_KEYS[:10]
+_ARCHITECTURE_KEYS = _RESUME_KEYS[:11]
 # Test hook, "STEP:SECONDS": stall the commit of that step's save (its files written, the step not
 # yet committed), so a test can kill the process mid-save deterministically.
 COMMIT_DELAY_ENV = 'DLMJAX_TEST_COMMIT_DELAY'

@@ -4,7 +4,9 @@ Two of them: transformers' own class of the export's family (Qwen3ForCausalLM, Q
 LlamaForCausalLM, by config.json's model_type) with our attention mask kind, through the
 modeling file exports ship (hf_modeling/modeling_dlmjax.py), and `Reference`, a small module written
 here from the same equations, for machines without transformers. Both read the exported names
-(Qwen3's, or Qwen2's / Llama's: no q/k norm weights, and q/k/v biases where present).
+(Qwen3's, or Qwen2's / Llama's / Dream's: no q/k norm weights, and q/k/v biases where present;
+Dream's logits shifted right by one, as its generate reads them). transformers has no Dream class,
+so Dream exports are checked against `Reference`.
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ class Reference(torch.nn.Module):
     c, w = self.c, self.w
     p = f'model.layers.{i}.self_attn.'
     batch, length, _ = x.shape
-    h, eps = c['head_dim'], c['rms_norm_eps']
+    eps = c['rms_norm_eps']
+    h = c.get('head_dim') or c['hidden_size'] // c['num_attention_heads']  # Dream has no head_dim.
 
     def heads(name, count):
       y = F.linear(x, w[p + name + '.weight'], w.get(p + name + '.bias'))
@@ -139,4 +142,7 @@ class Reference(torch.nn.Module):
       up = F.linear(h, w[p + 'mlp.up_proj.weight'])
       x = x + F.linear(F.silu(gate) * up, w[p + 'mlp.down_proj.weight'])
     x = _rms_norm(x, w['model.norm.weight'], eps)
-    return F.linear(x.float(), w['lm_head.weight'].float())  # fp32 products, as our head.
+    logits = F.linear(x.float(), w['lm_head.weight'].float())  # fp32 products, as our head.
+    if str(c.get('model_type', '')).lower() == 'dream':  # token i read from position i-1.
+      logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+    return logits

@@ -20,6 +20,8 @@ class Template:
   turns: dict
   generation: str
   begin: str = ''  # once, before the first message (a BOS written as text).
+  # A system message rendered first when the conversation has none (Qwen2's template does this).
+  default_system: str = ''
 
 
 TEMPLATES: dict[str, Template] = {
@@ -46,6 +48,13 @@ TEMPLATES: dict[str, Template] = {
   'chatml': Template(
     turns={r: (f'<|im_start|>{r}\n', '<|im_end|>\n') for r in ('system', 'user', 'assistant')},
     generation='<|im_start|>assistant\n',
+  ),
+  # Dream-v0-Instruct-7B / DiffuCoder-Instruct: Qwen2.5's template, ChatML that opens with
+  # "You are a helpful assistant." when no system message is given.
+  'dream': Template(
+    turns={r: (f'<|im_start|>{r}\n', '<|im_end|>\n') for r in ('system', 'user', 'assistant')},
+    generation='<|im_start|>assistant\n',
+    default_system='You are a helpful assistant.',
   ),
 }
 
@@ -88,12 +97,18 @@ def render_with(
   """render() for a Template object (custom templates, tests)."""
   check_messages(messages, template, name)
   parts = [template.begin]
-  for message in messages:
+  for message in _with_default_system(template, messages):
     before, after = template.turns[message['role']]
     parts += [before, message['content'], after]
   if add_generation_prompt:
     parts.append(template.generation)
   return ''.join(parts)
+
+
+def _with_default_system(template: Template, messages) -> list:
+  if template.default_system and messages[0]['role'] != 'system':
+    return [{'role': 'system', 'content': template.default_system}, *messages]
+  return list(messages)
 
 
 def render(template: str, messages, *, add_generation_prompt: bool = False) -> str:
@@ -127,7 +142,7 @@ def split_conversation(template: str, messages) -> tuple[str, str]:
       f'the last message has role {messages[-1]["role"]!r}; an SFT conversation '
       "ends with the assistant's response."
     )
-  context = messages[:-1]
+  context = _with_default_system(chosen, messages)[:-1]
   prompt = (
     render_with(chosen, context, add_generation_prompt=True, name=repr(template))
     if context

@@ -74,6 +74,32 @@ PRESETS: dict[str, dict] = {
     eos_token_id=151643,
     pad_token_id=151643,
   ),
+  # Dream-org/Dream-v0-Base-7B / -Instruct-7B config.json (model_type Dream; DiffuCoder-7B is the
+  # same shape): Qwen2.5-7B's block (q/k/v biases, no QK-norm, untied, vocab 152064, theta 1e6,
+  # eps 1e-6), bidirectional, token i predicted from position i-1; <|mask|> 151666, EOS and
+  # padding <|endoftext|> 151643; trained at 2048 tokens (DreamLM/Dream README). Parameters:
+  # 28 x (3584*128*(2*28 + 2*4) + 128*(28 + 2*4) + 3*3584*18944 + 2*3584) + 2*152064*3584 + 3584
+  # = 7,615,616,512, the 7.62B of the model card (safetensors total) and Qwen2.5-7B's count.
+  'dream_7b': dict(
+    num_layers=28,
+    d_model=3584,
+    num_heads=28,
+    num_kv_heads=4,
+    head_dim=128,
+    ffn_dim=18944,
+    seq_len=2048,
+    vocab_size=152064,
+    rope_theta=1e6,
+    norm_eps=1e-6,
+    qk_norm=False,
+    qkv_bias=True,
+    shift_logits=True,
+    attention_mask='bidirectional',
+    tie_embeddings=False,
+    mask_token_id=151666,
+    eos_token_id=151643,
+    pad_token_id=151643,
+  ),
   # Qwen/Qwen3-0.6B config.json: GQA 16/8, head_dim 128 (num_heads * head_dim != d_model), QK-norm,
   # tied, theta 1e6. Qwen3 has no MASK token: mask_token_id is the first embedding row past the
   # tokenizer's 151,669 ids; EOS and padding are <|endoftext|> (151643), as the Base configs.
@@ -271,6 +297,8 @@ class ModelConfig:
   norm_eps: float = 1e-6
   qk_norm: bool = True  # RMSNorm on q and k per head before RoPE (Qwen3); off for Qwen2 / Llama.
   qkv_bias: bool = False  # biases on q, k, v (Qwen2), added in the projection's output dtype.
+  # Dream: token i is predicted from position i-1 (position 0 from itself); transformer.py.
+  shift_logits: bool = False
   init_std: float = 0.02
   tie_embeddings: bool = False
   attention_mask: str = 'bidirectional'
@@ -316,6 +344,7 @@ class ModelConfig:
       norm_eps=m.norm_eps,
       qk_norm=m.qk_norm,
       qkv_bias=m.qkv_bias,
+      shift_logits=m.shift_logits,
       init_std=m.init_std,
       tie_embeddings=m.tie_embeddings,
       attention_mask=m.attention_mask,

@@ -166,6 +166,21 @@ def _compute_weights(cfg, params):
   return jax.tree.map(lambda p: p.astype(cfg.compute_dtype), params)
 
 
+def shift_predictions(hidden_BLD, segment_ids_BL=None):
+  """Dream's alignment (model.shift_logits): the prediction for token i is read from the hidden
+  state at i-1, as its generate shifts the logits right by one (cat([l[:, :1], l[:, :-1]])); the
+  first position of a row keeps its own, and so does the first of each packed document (its
+  predecessor belongs to another document). Done on the hidden states, so every consumer of
+  `hidden` (losses, the fused head + CE, likelihood, RL, the sampler's block slice) sees
+  token-aligned predictions."""
+  previous_BLD = jnp.concatenate([hidden_BLD[:, :1], hidden_BLD[:, :-1]], axis=1)
+  if segment_ids_BL is not None:
+    previous_segment_BL = jnp.concatenate([segment_ids_BL[:, :1], segment_ids_BL[:, :-1]], axis=1)
+    starts_BL = segment_ids_BL != previous_segment_BL
+    previous_BLD = jnp.where(starts_BL[..., None], hidden_BLD, previous_BLD)
+  return rules.constrain(previous_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
+
+
 class Transformer(nnx.Module):
   """Bidirectional (or causal / block-causal) transformer returning float32 logits."""
 
@@ -184,7 +199,8 @@ class Transformer(nnx.Module):
       )
 
   def hidden(self, tokens_BL, *, segment_ids_BL=None, valid_length_B=None, positions_BL=None):
-    """Final-norm hidden states [B, L, D] in the compute dtype (the input of the output head)."""
+    """Final-norm hidden states [B, L, D] in the compute dtype (the input of the output head);
+    with model.shift_logits, position i holds the state predicting token i (shift_predictions)."""
     cfg = self.cfg
     if positions_BL is None:
       positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]), tokens_BL.shape)
@@ -219,7 +235,10 @@ class Transformer(nnx.Module):
       )
     else:
       x_BLD = run_layers(params, x_BLD, side)
-    return self.final_norm(x_BLD)
+    hidden_BLD = self.final_norm(x_BLD)
+    if cfg.shift_logits:
+      hidden_BLD = shift_predictions(hidden_BLD, segment_ids_BL)
+    return hidden_BLD
 
   def head_weight_DV(self):
     """The output projection [D, V] (the embedding, transposed, when tied)."""

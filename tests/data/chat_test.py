@@ -29,6 +29,21 @@ def test_templates_render_the_documented_text():
   assert set(chat.TEMPLATES) >= {'none', 'plain', 'llada', 'chatml'}
 
 
+def test_dream_template_is_qwen2p5_chatml_with_its_default_system_turn():
+  """Dream-v0-Instruct's template (Qwen2.5's): ChatML, opening with "You are a helpful
+  assistant." when the conversation has no system message, and with the given one otherwise;
+  SFT's prompt (split_conversation) and generate's (prompt_text) both carry it."""
+  default = '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n'
+  assert chat.prompt_text('dream', 'Hi?') == (
+    default + '<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n'
+  )
+  assert chat.render('dream', CONVERSATION[:2]) == (
+    '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n'
+  )
+  prompt, response = chat.split_conversation('dream', CONVERSATION[1:3])
+  assert (prompt, response) == (chat.prompt_text('dream', 'Hi?'), 'Hello.')
+
+
 def test_prompt_text_is_render_of_one_user_turn():
   for name in chat.TEMPLATES:
     assert chat.prompt_text(name, 'x') == chat.render(

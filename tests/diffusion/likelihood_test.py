@@ -104,6 +104,31 @@ def test_matches_llada_loop_on_padded_batch(tiny, plain_fn, cfg_scale):
   np.testing.assert_allclose(got[2], _log_softmax(logits)[0, -1, y[0]], rtol=2e-5)
 
 
+def test_shifted_model_matches_the_loop_on_shifted_logits(tiny):
+  """model.shift_logits (Dream): the MC likelihood of the shifted model is LLaDA's loop on the
+  unshifted model's logits moved right by one (Dream's cat([l[:, :1], l[:, :-1]])), position 0
+  (an empty context's first continuation token) scored from its own."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+
+  cfg, params, forward = tiny
+
+  def dream_forward(tokens):
+    logits = forward(tokens)
+    return np.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
+
+  shifted = dataclasses.replace(cfg, shift_logits=True)
+  fn = likelihood.make_log_likelihood_fn(
+    shifted, likelihood.LikelihoodConfig(mc_num=6, mc_batch=3), mask_id=MASK
+  )
+  tokens, context_lengths, lengths = likelihood.pad_pairs(PAIRS, 0, WIDTH)
+  key = jax.random.key(7)
+  got = np.asarray(fn(params, tokens, context_lengths, lengths, key))
+  want = [
+    _llada_reference(dream_forward, c, y, key, mc_num=6, rows=3, width=WIDTH) for c, y in PAIRS
+  ]
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
 def test_rows_do_not_depend_on_their_batch(tiny, plain_fn):
   _, params, _ = tiny
   score = functools.partial(

@@ -186,3 +186,34 @@ def test_model_cross_entropy_fused_equals_full_logits(chunk_size):
     expected = loss_lib.token_cross_entropy(module(tokens), targets)
     got = loss_lib.model_cross_entropy(module, tokens, targets, chunk_size=chunk_size)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('chunk_size', [0, 8])
+def test_shifted_model_cross_entropy_is_the_formula_on_shifted_logits(chunk_size):
+  """model.shift_logits through the loss's model path (full logits, and the fused head + CE):
+  CE_i = logsumexp(l_{i-1}) - l_{i-1}[y_i] with l the unshifted model's logits (l_{-1} := l_0),
+  as Dream's SFT trainer shifts them against unshifted labels."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
+
+  cfg = model_lib.ModelConfig(
+    num_layers=1,
+    d_model=32,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=16,
+    ffn_dim=64,
+    vocab_size=128,
+    seq_len=16,
+    qk_norm=False,
+    qkv_bias=True,
+  )
+  params = model_lib.init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+  targets = jax.random.randint(jax.random.key(2), (2, 16), 0, 128)
+  logits = np.asarray(model_lib.merge(cfg, params)(tokens), np.float64)
+  shifted_logits = np.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
+  shifted = model_lib.merge(dataclasses.replace(cfg, shift_logits=True), params)
+  got = loss_lib.model_cross_entropy(shifted, tokens, targets, chunk_size=chunk_size)
+  np.testing.assert_allclose(got, numpy_ce(shifted_logits, np.asarray(targets)), rtol=1e-5)

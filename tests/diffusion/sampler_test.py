@@ -125,6 +125,24 @@ def test_matches_llada_token_for_token(tiny, remasking, cfg_scale):
   np.testing.assert_array_equal(out, expected)
 
 
+def test_shifted_model_matches_the_reference_on_shifted_logits(tiny):
+  """model.shift_logits (Dream): the sampler's block slice of the shifted model decodes as the
+  reference loop does on the unshifted model's logits moved right by one, Dream's generate
+  (cat([logits[:, :1], logits[:, :-1]], 1)); the same weights unshifted decode differently."""
+  model_config, params, logits_fn = tiny
+  s = sampler.SamplingConfig(gen_length=16, steps=6, block_length=8)
+
+  def dream_logits(*a):
+    logits = logits_fn(*a)
+    return np.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
+
+  shifted = dataclasses.replace(model_config, shift_logits=True)
+  expected, _ = llada_reference(dream_logits, PROMPTS, s)
+  out = _generate(shifted, params, s)
+  np.testing.assert_array_equal(out, expected)
+  assert (out != _generate(model_config, params, s)).any()
+
+
 def test_threshold_decoding_matches_reference_and_finishes_early(tiny):
   model_config, params, logits_fn = tiny
   s = sampler.SamplingConfig(gen_length=16, steps=16, block_length=8, threshold=0.3)

@@ -89,6 +89,9 @@ def test_1p7b_param_count():
     # Qwen2.5 model cards: 0.49B (0.36B non-embedding), 7.61B (6.53B non-embedding).
     ('qwen2p5_0p5b', 494_032_768),
     ('qwen2p5_7b', 7_615_616_512),
+    # Dream-org/Dream-v0-Base-7B: 7.62B safetensors (Qwen2.5-7B's shape, untied), 6.53B
+    # non-embedding.
+    ('dream_7b', 7_615_616_512),
   ],
 )
 def test_qwen2p5_presets_have_the_published_param_counts(preset, published):
@@ -101,7 +104,9 @@ def test_qwen2p5_presets_have_the_published_param_counts(preset, published):
   assert cfg.num_params() == published
   embed = cfg.vocab_size * cfg.d_model
   non_embedding = cfg.num_params() - embed * (1 if cfg.tie_embeddings else 2)
-  assert round(non_embedding / 1e9, 2) == {'qwen2p5_0p5b': 0.36, 'qwen2p5_7b': 6.53}[preset]
+  assert round(non_embedding / 1e9, 2) == {'qwen2p5_0p5b': 0.36, 'qwen2p5_7b': 6.53}.get(
+    preset, 6.53
+  )
 
 
 @pytest.mark.parametrize(
@@ -315,3 +320,29 @@ def test_packed_documents_are_isolated_with_restarted_positions():
   grad = np.asarray(grad)
   assert np.abs(grad[:6]).sum(axis=1).min() > 0
   np.testing.assert_array_equal(grad[6:], 0.0)  # document b and row 1
+
+
+def _shift_right(logits_BLV):
+  """Dream's generate: cat([logits[:, :1], logits[:, :-1]], 1)."""
+  return np.concatenate([logits_BLV[:, :1], logits_BLV[:, :-1]], axis=1)
+
+
+def test_shift_logits_reads_token_i_from_position_i_minus_1():
+  """model.shift_logits is the unshifted model's logits moved right by one (position 0 and each
+  packed document's first position keep their own); the weights are the same."""
+  from dlmjax.diffusion import masking  # pylint: disable=import-outside-toplevel
+
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  shifted = dataclasses.replace(CFG, shift_logits=True)
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+  plain = np.asarray(_logits(CFG, params, tokens))
+  got = np.asarray(_logits(shifted, params, tokens))
+  np.testing.assert_allclose(got, _shift_right(plain), rtol=1e-6, atol=1e-6)
+  assert np.abs(got - plain).max() > 1e-3  # the shift is visible.
+  segments = jnp.asarray([[1] * 6 + [2] * 10, [1] * 16])
+  kwargs = dict(segment_ids_BL=segments, positions_BL=masking.segment_positions(segments))
+  plain = np.asarray(model_lib.merge(CFG, params)(tokens, **kwargs))
+  got = np.asarray(model_lib.merge(shifted, params)(tokens, **kwargs))
+  want = _shift_right(plain)
+  want[0, 6] = plain[0, 6]  # document 2 of row 0 starts at 6: its own prediction.
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

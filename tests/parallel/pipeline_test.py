@@ -228,3 +228,25 @@ def test_summary_reports_the_bubble_fraction():
   # (S - 1) / (R M + S - 1) = 3 / 11 with fsdp filling the other 2 devices.
   assert 'bubble fraction 0.273' in summary.summarize(config, 8)
   assert 'pipeline: off' in summary.summarize(tiny_test_config(), 8)
+
+
+@pytest.mark.slow  # ~30 s on 2 cores
+def test_shifted_model_objective_matches_one_device_with_pipeline_and_context():
+  """model.shift_logits (Dream) shifts the hidden states after the pipeline, across the context
+  shards and at packed documents' starts: 2 GPipe stages x 4-way sequence split give the single
+  device's loss and gradients."""
+  overrides = {
+    'model.num_layers': 2,
+    'model.num_kv_heads': 4,
+    'model.qk_norm': False,
+    'model.qkv_bias': True,
+    'model.shift_logits': True,
+    'data.packing': True,
+    'diffusion.varlen_prob': 1.0,
+    'mesh.fsdp': 1,
+  }
+  want = objective_and_grads(tiny_test_config(**overrides))
+  got = objective_and_grads(
+    tiny_test_config(**overrides, **{'mesh.pipeline': 2, 'mesh.context': 4})
+  )
+  assert_same(got, want)
