@@ -4,9 +4,9 @@ The open DLMs at their published sizes on one GPU, in bf16 with random weights: 
 (batch 16 x 512 tokens) and the sampler (batch 16, prompt 64, gen 256, blocks of 32, 256 steps,
 greedy low-confidence remasking) in tokens/s and peak memory, ours (JAX) beside a PyTorch peer in
 the same process: transformers' class of the family (LlamaForCausalLM for LLaDA, whose blocks are
-Llama's; Qwen2ForCausalLM for Dream, Qwen2.5-7B-shaped) with bidirectional SDPA
-(checkpoint/torch_reference.py masked_sdpa: is_causal off, no mask) under torch.compile, running
-LLaDA's generate loop (benchmarks/peers/torch_sampler_peer.py). The peer gets OUR weights
+Llama's; Qwen2ForCausalLM for Dream, its logits shifted as Dream's generate does) with
+bidirectional SDPA (is_causal off, no mask) under torch.compile, running LLaDA's generate loop
+(both from benchmarks/peers/torch_sampler_peer.py). The peer gets OUR weights
 (hf_mapping.export_tensors, bf16), so its logits are checked against ours first: the two must
 compute one function before their speeds compare (max |dlogit| / max |logit| printed).
 
@@ -40,9 +40,6 @@ from dlmjax.checkpoint import hf_config  # noqa: E402
 from dlmjax.checkpoint import hf_mapping  # noqa: E402
 from dlmjax.diffusion import sampler  # noqa: E402
 
-# Dream-v0-Instruct-7B is Qwen2.5-7B's shape (Dream-org/Dream: 28 layers, GQA 28/4, biases,
-# untied, vocab 152064) with <|mask|> 151666; the dream_7b preset where this branch has it.
-_DREAM_FALLBACK = ('qwen2p5_7b', dict(mask_token_id=151666))
 _TINY = dict(num_layers=2, d_model=128, num_heads=4, head_dim=32, ffn_dim=256, vocab_size=512)
 _GIB = 2**30
 
@@ -65,13 +62,9 @@ TINY = Shape(batch=2, seq=32, prompt=8, gen=16, block=8, steps=16, repeats=1)
 def model_config(name: str, tiny: bool):
   """A dlmjax config of the preset `name` in bf16 (shrunk, same options, for --tiny)."""
   config = config_lib.defaults()
-  preset, extra = (name, {}) if name in model_lib.PRESETS else (None, None)
-  if preset is None and name == 'dream_7b':
-    preset, extra = _DREAM_FALLBACK
-  if preset is None:
-    raise ValueError(f'unknown model {name!r}; known: {sorted(model_lib.PRESETS)} or dream_7b.')
-  model_lib.apply_preset(config.model, preset)
-  config.model.update(extra)
+  if name not in model_lib.PRESETS:
+    raise ValueError(f'unknown model {name!r}; known: {sorted(model_lib.PRESETS)}.')
+  model_lib.apply_preset(config.model, name)
   if tiny:
     kv = 4 if config.model.num_kv_heads == config.model.num_heads else 2
     config.model.update(_TINY, num_kv_heads=kv, mask_token_id=500, eos_token_id=2, pad_token_id=2)
@@ -138,28 +131,44 @@ def torch_peer(config, params, *, device: str, compile_model: bool):
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
 
-  from dlmjax.checkpoint import torch_reference  # pylint: disable=import-outside-toplevel
+  from benchmarks.peers import torch_sampler_peer  # pylint: disable=import-outside-toplevel
 
   cfg = model_lib.ModelConfig.from_config(config)
+  # Dream's blocks are Qwen2's: the peer is Qwen2 with Dream's shift applied to its logits.
   family = hf_config.export_family(qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias)
-  hf = hf_config.to_hf(config, vocab_rows=cfg.vocab_size, dtype='bf16')
+  hf = hf_config.to_hf(config, vocab_rows=cfg.vocab_size, dtype='bf16', family=family)
   config_class = {'llama': 'LlamaConfig', 'qwen2': 'Qwen2Config', 'qwen3': 'Qwen3Config'}[family]
   hf_cfg = getattr(transformers, config_class)(**hf)
-  transformers.AttentionInterface.register(
-    torch_reference.ATTENTION_NAME, torch_reference.masked_sdpa
-  )
-  hf_cfg._attn_implementation = torch_reference.ATTENTION_NAME  # pylint: disable=protected-access
+  transformers.AttentionInterface.register('bidir_sdpa', torch_sampler_peer.bidirectional_sdpa)
+  hf_cfg._attn_implementation = 'bidir_sdpa'  # pylint: disable=protected-access
   torch.set_default_dtype(torch.bfloat16)
   with torch.device(device):
     model = getattr(transformers, hf['architectures'][0])(hf_cfg).eval()
   torch.set_default_dtype(torch.float32)
   state = model.state_dict()
   with torch.no_grad():
-    for name, array in hf_mapping.export_tensors(params, cfg, vocab_rows=cfg.vocab_size):
+    for name, array in hf_mapping.export_tensors(
+      params, cfg, vocab_rows=cfg.vocab_size, names=family
+    ):
       state[name].copy_(torch.from_numpy(array))
   if compile_model:
     model.forward = torch.compile(model.forward)
-  return model
+  return _Shifted(model) if cfg.shift_logits else model
+
+
+class _Shifted:
+  """Dream's output convention on a transformers model: position i reads the logits of i - 1
+  (position 0 its own), as Dream's generate shifts them."""
+
+  def __init__(self, model):
+    self.model = model
+
+  def __call__(self, tokens):
+    import torch  # pylint: disable=import-outside-toplevel
+
+    out = self.model(tokens)
+    out.logits = torch.cat([out.logits[:, :1], out.logits[:, :-1]], dim=1)
+    return out
 
 
 def run_peer(model, config, shape: Shape, tokens, prompt, device: str) -> dict:

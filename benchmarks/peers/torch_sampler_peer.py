@@ -15,7 +15,8 @@ from transformers import AttentionInterface, Qwen3Config, Qwen3ForCausalLM
 
 
 def bidirectional_sdpa(module, q, k, v, attention_mask, scaling=None, dropout=0.0, **kw):
-  out = F.scaled_dot_product_attention(q, k, v, is_causal=False, scale=scaling)
+  gqa = q.shape[1] != k.shape[1]  # grouped-query attention: SDPA shares each K/V head itself
+  out = F.scaled_dot_product_attention(q, k, v, is_causal=False, scale=scaling, enable_gqa=gqa)
   return out.transpose(1, 2).contiguous(), None
 
 
