@@ -172,9 +172,11 @@ def defaults() -> ml_collections.ConfigDict:
   c.sampler.cfg_scale = 0.0  # classifier-free guidance against a masked prompt (0 = off).
   c.sampler.remasking = 'low_confidence'  # low_confidence | random: which tokens commit first.
   c.sampler.threshold = 0.0  # > 0: also commit every masked token this confident (Fast-dLLM).
-  # none | truncate: the canvas after the current block is not computed (exact only under causal
-  # or block-causal attention).
+  # none | truncate | prefix | dual | block. truncate: the canvas after the current block is not
+  # computed; block: a K/V cache of prompt and committed blocks (both exact only under causal or
+  # block-causal attention); prefix / dual: Fast-dLLM's approximate caches, refreshed per block.
   c.sampler.cache = 'none'
+  c.sampler.cache_refresh = 0  # prefix / dual: also refresh the K/V every k steps (0 = off).
   c.sampler.stop_at_eos = False  # skip blocks once every row has committed an EOS (text-exact).
 
   # Reinforcement learning (stage rl, README "Reinforcement learning"): dlmjax/rl,
@@ -526,7 +528,7 @@ _CHOICES = {
   'sft.chat_template': ('none', 'plain', 'llada', 'chatml'),
   'sft.too_long': ('truncate', 'drop', 'error'),
   'sampler.remasking': ('low_confidence', 'random'),
-  'sampler.cache': ('none', 'truncate'),
+  'sampler.cache': ('none', 'truncate', 'prefix', 'dual', 'block'),
 }
 LOG_OUTPUTS = ('tensorboard', 'wandb', 'plots')
 
@@ -738,6 +740,12 @@ def check_sampler_settings(settings, prefix: str = '') -> None:
     raise ConfigError(f'{p}cfg_scale={settings.cfg_scale} must be >= 0 (0 = off).')
   if not 0 <= settings.threshold <= 1:
     raise ConfigError(f'{p}threshold={settings.threshold} must lie in [0, 1] (0 = off).')
+  refresh, spb = settings.cache_refresh, steps // (gen // block)
+  if not isinstance(refresh, numbers.Integral) or refresh < 0 or (refresh and spb % refresh):
+    raise ConfigError(
+      f'{p}cache_refresh={refresh!r} must be 0 (refresh at block start only) or divide the '
+      f'{spb} steps per block ({p}steps / blocks); pick a divisor of {spb}.'
+    )
 
 
 def _validate_sft(config):
