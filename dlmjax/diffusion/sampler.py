@@ -356,7 +356,8 @@ def generate(
     return guided(hidden, start), kv
 
   def slice_kv(x_BL, kv, start, size):
-    """(block logits, updated K/V) of the canvas slice [start, start + size) against kv."""
+    """(block logits, the slice's fresh K/V) of the canvas slice [start, start + size) against
+    kv; the fresh K/V take kv's place inside the forward, kv itself is left as it is."""
     window = lambda a: jax.lax.dynamic_slice_in_dim(a, start, size, axis=1)  # noqa: E731
     hidden, kv = module.hidden_kv(
       window(model_tokens(x_BL)),
@@ -392,12 +393,12 @@ def generate(
     if mode == 'truncate':
       return block_logits(x_BL, start, static_start + block), kv
     if mode == 'block':
-      return slice_kv(x_BL, kv, start, block)
+      return slice_kv(x_BL, kv, start, block)[0], kv
     size = block if mode == 'dual' else length - static_start
     return jax.lax.cond(
       step % refresh_every == 0,
       lambda x, c: canvas_kv(x, start),
-      lambda x, c: slice_kv(x, c, start, size),
+      lambda x, c: (slice_kv(x, c, start, size)[0], c),
       x_BL,
       kv,
     )
@@ -422,7 +423,10 @@ def generate(
     if mode == 'block':  # the committed block's own K/V, what every later block attends to.
       kv = jax.lax.cond(
         block_index < sampling.num_blocks - 1,
-        lambda x, c: slice_kv(x, c, start, block)[1],
+        lambda x, c: tuple(
+          jax.lax.dynamic_update_slice_in_dim(a, new, start, axis=2)
+          for a, new in zip(c, slice_kv(x, c, start, block)[1])
+        ),
         lambda x, c: c,
         x_BL,
         kv,

@@ -279,13 +279,13 @@ class Attention(nnx.Module):
     kv_cache=None,
     cache_start=0,
   ):
-    """(output [B, L, D], (k, v) [B, S, K, H]: the post-RoPE keys and values attended to).
+    """(output [B, L, D], x's own post-RoPE keys and values (k, v), each [B, L, K, H]).
 
-    Without kv_cache the keys are x's own (S = L). With kv_cache (k, v) of a whole sequence of S
-    positions, x is its slice from cache_start (positions_BL are the slice's): the slice's fresh
-    k and v replace the cache's there and its queries attend to all S keys, with the mask those
-    positions have in the whole sequence (segment ids and lengths then cover the S keys). The
-    kernels take q and k of one length, so a slice shorter than S runs the xla backend.
+    Without kv_cache x attends to its own keys. With kv_cache (k, v) [B, S, K, H] of a whole
+    sequence of S positions, x is its slice from cache_start (positions_BL are the slice's): the
+    slice's fresh k and v take the cache's place there and its queries attend to all S keys, with
+    the mask those positions have in the whole sequence (segment ids and lengths then cover the S
+    keys). The kernels take q and k of one length, so a slice shorter than S runs the xla backend.
     """
     mm = self.matmul_dtype
     q = layers.project('bld,dnh->blnh', x_BLD, self.q_proj.value, mm)
@@ -311,6 +311,7 @@ class Attention(nnx.Module):
     # context devices instead of the sequence (an all-to-all each way, DeepSpeed-Ulysses), so
     # every mask kind, document mask and backend stays exact.
     kernel = (rules.BATCH, None, rules.ATTN_HEADS, None)
+    fresh = (k, v)
     if kv_cache is not None:
       k, v = (
         jax.lax.dynamic_update_slice_in_dim(c, new.astype(c.dtype), cache_start, axis=1)
@@ -324,4 +325,4 @@ class Attention(nnx.Module):
       out = BACKENDS[backend](q, k, v, valid_length_B=valid_length_B, **mask)
     out = checkpoint_name(rules.constrain(out, heads), 'context')
     out = layers.project('blnh,nhd->bld', out, self.o_proj.value, mm)
-    return checkpoint_name(out, 'out_proj'), (k, v)
+    return checkpoint_name(out, 'out_proj'), fresh

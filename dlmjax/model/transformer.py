@@ -121,8 +121,8 @@ class Block(nnx.Module):
 def _run_layers(cfg, graphdef, stacked, x_BLD, side, kv_cache=None, cache_start=0, want_kv=False):
   """The stacked blocks (leading axis: layers) applied in order, scanned or unrolled, with remat.
 
-  Returns (x, every layer's (k, v) stacked [layers, B, S, K, H], or None unless want_kv);
-  kv_cache, stacked the same way, holds the K/V each layer's slice attends to (Attention).
+  Returns (x, every layer's fresh (k, v) of x stacked [layers, B, L, K, H], or None unless
+  want_kv); kv_cache, [layers, B, S, K, H], holds the K/V each layer's slice attends to.
   """
   attention_kwargs = dict(
     kind=cfg.attention_mask,
@@ -208,15 +208,15 @@ class Transformer(nnx.Module):
     kv_cache=None,
     cache_start=0,
   ):
-    """(hidden [B, L, D], every layer's post-RoPE (k, v), each [layers, B, S, K, H]): the cached
-    decoding of the sampler (diffusion/sampler.py, Fast-dLLM's prefix and dual caches).
+    """(hidden [B, L, D], every layer's post-RoPE (k, v) of tokens_BL, each [layers, B, L, K,
+    H]): the cached decoding of the sampler (diffusion/sampler.py; Fast-dLLM's caches).
 
-    Without kv_cache, a whole sequence (S = L) whose K/V come back for later slices. With it (a
-    previous call's K/V of S positions), tokens_BL are the positions [cache_start, cache_start +
+    Without kv_cache, a whole sequence, whose K/V serve later slices. With it (K/V of a sequence
+    of S positions, [layers, B, S, K, H]), tokens_BL are the positions [cache_start, cache_start +
     L) of that sequence, positions_BL their RoPE positions, segment_ids_BL and valid_length_B
-    cover all S: the slice's fresh K/V replace the cache's there, and the returned K/V are the
-    updated cache. The same layers as `hidden`, so a slice attending to K/V computed from the same
-    sequence gives hidden's rows exactly (up to rounding).
+    cover all S: the slice attends to the cache with its own fresh K/V in their place, and only
+    those fresh K/V come back (write them in to keep them). The same layers as `hidden`, so a
+    slice attending to K/V computed from the same sequence gives hidden's rows (up to rounding).
     """
     if self.cfg.pipeline_stages > 1:
       raise ValueError(
