@@ -7,9 +7,12 @@ by layer through a hand-written prefix / dual K/V cache loop (Fast-dLLM v1's gen
 cache / generate_with_dual_cache, batched), its layer torch.compile'd on GPU. Random weights, so
 the threshold rarely fires (a trained model's confidence is what it buys). Before timing, both
 sides check that a cached forward of an unchanged canvas gives the whole forward's logits.
-One JSON line per measurement, one table last. The GPU figure (docs/benchmarks.md, Sampler):
-  python -m benchmarks.sampler_cache --batch 64 --prompt-length 64 --gen-lengths 256,512 \\
-      --block-length 32
+One JSON line per measurement, one table last ('x none' and 'same as none' against the run's own
+none rows). The GPU figures (docs/benchmarks.md, Sampler), split to fit 10-minute commands:
+  python -m benchmarks.sampler_cache --gen-lengths 256 --modes none,prefix,dual --repeats 1
+  python -m benchmarks.sampler_cache --gen-lengths 512 --modes none --thresholds 0 --repeats 1
+  python -m benchmarks.sampler_cache --gen-lengths 512 --modes prefix,dual --repeats 1
+(defaults: the 1.7B of configs/pretrain_1p7b.py, batch 64, 64-token prompts, block 32).
 On a CPU: python -m benchmarks.sampler_cache --tiny
 """
 
@@ -45,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--prompt-length', type=int, default=64)
   parser.add_argument('--gen-lengths', default='256,512')
   parser.add_argument('--block-length', type=int, default=32)
-  parser.add_argument('--threshold', type=float, default=0.9, help='Fast-dLLM uses 0.9')
+  parser.add_argument(
+    '--thresholds', default='0,0.9', help='each mode runs at each (0 = off; Fast-dLLM: 0.9)'
+  )
   parser.add_argument('--modes', default=','.join(MODES))
   parser.add_argument('--repeats', type=int, default=2)
   parser.add_argument('--no-torch', action='store_true', help='dlmjax only')
@@ -215,8 +220,9 @@ class TorchPeer:
     h = norm(x, ln2)
     return x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd), k, v
 
-  def forward(self, ids, start, cache=None):
-    """(logits [B, Q, V] float32, the K/V of every layer) of ids = canvas[start:start + Q]."""
+  def forward(self, ids, start, cache=None, rows=None):
+    """(float32 logits of ids' rows [rows[0], rows[1]) (all by default), the K/V of every
+    layer) of ids = canvas[start:start + Q]; the head runs on those rows only, as dlmjax's."""
     torch = self.torch
     q_len = ids.shape[1]
     index = torch.arange(start, start + q_len, device=self.device)
@@ -228,6 +234,8 @@ class TorchPeer:
       ck, cv = (None, None) if cache is None else cache[i]
       x, k, v = self.layer(x, w, cos, sin, ck, cv, index)
       kv.append((k, v))
+    if rows is not None:
+      x = x[:, rows[0] : rows[1]]
     return self.model.lm_head(self.model.model.norm(x)).float(), kv
 
   def generate(self, prompt, s: sampler.SamplingConfig, mask_id, vocab_size):
@@ -248,13 +256,12 @@ class TorchPeer:
       cache = None
       for step in range(spb):
         if s.cache == 'none' or step == 0:
-          logits, kv = self.forward(x, 0)
-          logits = logits[:, lo:hi]
+          logits, kv = self.forward(x, 0, rows=(lo, hi))
           cache = kv  # prefix overwrites [lo, end) of it, dual [lo, hi), every later step.
         elif s.cache == 'dual':
           logits = self.forward(x[:, lo:hi], lo, cache)[0]
         else:
-          logits = self.forward(x[:, lo:], lo, cache)[0][:, :block]
+          logits = self.forward(x[:, lo:], lo, cache, rows=(0, block))[0]
         logits = logits.masked_fill(banned, -math.inf)
         x0 = logits.argmax(-1)
         conf = torch.softmax(logits, -1).gather(-1, x0[..., None])[..., 0]
@@ -329,11 +336,11 @@ def _table(rows) -> str:
           r['mode'],
           r['threshold'],
           r['jax_tokens_per_s'],
-          r['jax_vs_none'],
+          r.get('jax_vs_none', '-'),
           r.get('torch_tokens_per_s', '-'),
           r.get('torch_vs_none', '-'),
           r.get('jax_vs_torch', '-'),
-          f'{r["same_as_none"]:.0%}',
+          f'{r["same_as_none"]:.0%}' if 'same_as_none' in r else '-',
         )
       )
     )
@@ -351,6 +358,7 @@ def main(argv=None) -> int:
     if unknown:
       raise ValueError(f'unknown modes {sorted(unknown)}; known: {list(MODES)}.')
     gens = [int(g) for g in args.gen_lengths.split(',')]
+    thresholds = [float(t) for t in args.thresholds.split(',')]
     config, model_config = _model_config(args)
     if model_config.attention_mask != 'bidirectional':
       raise ValueError(
@@ -392,25 +400,28 @@ def main(argv=None) -> int:
     plain = sampler.SamplingConfig(gen_length=gen, steps=gen, block_length=args.block_length)
     base = {}
     for mode in modes:
-      for threshold in (0.0, args.threshold):
+      for threshold in thresholds:
         s = dataclasses.replace(plain, cache=mode, threshold=threshold)
         jx = time_jax(config, model_config, params, s, prompt_BP, args.repeats)
         row = dict(gen=gen, mode=mode, threshold=threshold, device=device, batch=args.batch)
         row.update(prompt=args.prompt_length, block=args.block_length, steps=gen)
         row['jax_tokens_per_s'] = round(jx['tokens_per_s'], 1)
         row['jax_first_call_s'] = round(jx['first_call_s'], 1)
-        base.setdefault(('jax', threshold), jx)
-        ref = base[('jax', threshold)]
-        row['jax_vs_none'] = round(jx['tokens_per_s'] / ref['tokens_per_s'], 2)
-        row['same_as_none'] = float(np.mean(jx['out'] == ref['out']))
+        if mode == 'none':
+          base[('jax', threshold)] = jx
+        ref = base.get(('jax', threshold))
+        if ref:
+          row['jax_vs_none'] = round(jx['tokens_per_s'] / ref['tokens_per_s'], 2)
+          row['same_as_none'] = float(np.mean(jx['out'] == ref['out']))
         if peer:
           pt = peer.time(prompt_torch, s, m.mask_token_id, m.vocab_size, args.repeats)
-          base.setdefault(('torch', threshold), pt)
+          if mode == 'none':
+            base[('torch', threshold)] = pt
           row['torch_tokens_per_s'] = round(pt['tokens_per_s'], 1)
           row['torch_first_call_s'] = round(pt['first_call_s'], 1)
-          row['torch_vs_none'] = round(
-            pt['tokens_per_s'] / base[('torch', threshold)]['tokens_per_s'], 2
-          )
+          if ('torch', threshold) in base:
+            ref = base[('torch', threshold)]
+            row['torch_vs_none'] = round(pt['tokens_per_s'] / ref['tokens_per_s'], 2)
           row['jax_vs_torch'] = round(jx['tokens_per_s'] / pt['tokens_per_s'], 2)
         print(json.dumps(row), flush=True)
         rows.append(row)

@@ -118,7 +118,7 @@ def _same(model_config, params, sampling, prompts=PROMPTS, key=0, mesh=None):
   'kind,changes',
   [
     ('causal', dict(cfg_scale=1.5, temperature=0.7, top_p=0.9)),
-    ('causal', dict(threshold=0.3, remasking='random')),
+    ('causal', dict(threshold=0.3, remasking='random', stop_at_eos=True)),
     ('block_causal', dict(cfg_scale=0.5, threshold=0.3)),
   ],
 )
