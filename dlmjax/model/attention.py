@@ -266,7 +266,11 @@ class Attention(nnx.Module):
       self.q_norm = layers.RMSNorm(head_dim, **norm)
       self.k_norm = layers.RMSNorm(head_dim, **norm)
 
-  def __call__(
+  def __call__(self, x_BLD, positions_BL, **kwargs):
+    """The output [B, L, D] (`with_kv` without its K/V)."""
+    return self.with_kv(x_BLD, positions_BL, **kwargs)[0]
+
+  def with_kv(
     self,
     x_BLD,
     positions_BL,

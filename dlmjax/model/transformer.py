@@ -109,7 +109,7 @@ class Block(nnx.Module):
   def __call__(self, x_BLD, positions_BL, **attention_kwargs):
     """(x out, the attention's (k, v)); attention_kwargs go to Attention (kv_cache included)."""
     x_BLD, normed_BLD = self.input_norm.with_residual(x_BLD)
-    attn_BLD, kv = self.attn(
+    attn_BLD, kv = self.attn.with_kv(
       checkpoint_name(normed_BLD, 'attn_norm'), positions_BL, **attention_kwargs
     )
     x_BLD = x_BLD + attn_BLD
