@@ -180,8 +180,9 @@ def defaults() -> ml_collections.ConfigDict:
   # entropy | margin | maskgit_plus (dlmjax/diffusion/decoding.py).
   c.sampler.remasking = 'low_confidence'
   c.sampler.threshold = 0.0  # > 0: also commit every masked token this confident (Fast-dLLM).
-  # none | truncate: the canvas after the current block is not computed (exact only under causal
-  # or block-causal attention).
+  # none | truncate | prefix | dual | block. truncate: the canvas after the current block is not
+  # computed; block: a K/V cache of prompt and committed blocks (both exact only under causal or
+  # block-causal attention); prefix / dual: Fast-dLLM's approximate caches, refreshed per block.
   c.sampler.cache = 'none'
   # Rows whose text is final (an EOS, nothing masked before it) stop changing; a block ends when
   # every other row is done and finished batches skip the rest (the text is unchanged).
@@ -189,6 +190,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.sampler.alg_temp = 0.0  # > 0: draw the positions from softmax(confidence / alg_temp) (Dream)
   # > 0: also commit the n most confident tokens with (n + 1)(1 - c_n) <= factor (Fast-dLLM).
   c.sampler.factor = 0.0
+  c.sampler.cache_refresh = 0  # prefix / dual: also refresh the K/V every k steps (0 = off).
 
   # Reinforcement learning (stage rl, README "Reinforcement learning"): dlmjax/rl,
   # dlmjax/train/stages/rl.py. Advantages are r - group mean, a token mean over the batch (d1's
@@ -589,7 +591,7 @@ _CHOICES = {
   'train.schedule': ('wsd', 'wsd_linear', 'wsd_cosine', 'cosine', 'constant'),
   'sft.chat_template': ('none', 'plain', 'llada', 'chatml', 'dream'),
   'sft.too_long': ('truncate', 'drop', 'error'),
-  'sampler.cache': ('none', 'truncate'),
+  'sampler.cache': ('none', 'truncate', 'prefix', 'dual', 'block'),
 }
 LOG_OUTPUTS = ('tensorboard', 'wandb', 'plots')
 
@@ -836,6 +838,12 @@ def check_sampler_settings(settings, prefix: str = '') -> None:
     raise ConfigError(
       f'{p}threshold and {p}factor bound a probability, but {p}remasking=entropy scores a '
       'negative entropy; use remasking low_confidence, maskgit_plus or margin with them.'
+    )
+  refresh, spb = settings.cache_refresh, steps // (gen // block)
+  if not isinstance(refresh, numbers.Integral) or refresh < 0 or (refresh and spb % refresh):
+    raise ConfigError(
+      f'{p}cache_refresh={refresh!r} must be 0 (refresh at block start only) or divide the '
+      f'{spb} steps per block ({p}steps / blocks); pick a divisor of {spb}.'
     )
 
 

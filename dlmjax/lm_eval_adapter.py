@@ -37,8 +37,8 @@ from dlmjax.diffusion import sampler as sampler_lib
 class DlmjaxLM(LM):
   """model_args: checkpoint_path (required), mc_num, mc_batch, cfg (likelihood and sampler),
   the sampler's settings by their SamplingConfig names (gen_length, steps, block_length,
-  temperature, top_p, remasking, threshold, cache, stop_at_eos, alg_temp, factor; defaults:
-  LLaDA's demo), seed, tokenizer, dtype; batch_size from lm-eval."""
+  temperature, top_p, remasking, threshold, cache, cache_refresh, stop_at_eos, alg_temp, factor;
+  defaults: LLaDA's demo), seed, tokenizer, dtype; batch_size from lm-eval."""
 
   def __init__(
     self,

@@ -24,7 +24,12 @@ from dlmjax.parallel import distributed, rules
 REMASKING = decoding.ORDERS  # the decoding orders (decoding.confidence)
 # 'none': the whole canvas every step. 'truncate': the canvas after the current block is never
 # computed, exact only where it cannot be seen (causal and block-causal attention; see generate).
-CACHE_MODES = ('none', 'truncate')
+# 'prefix' and 'dual': Fast-dLLM's approximate K/V caches for any attention, refreshed by a whole-
+# canvas forward at each block's first step (and every cache_refresh steps); later steps run the
+# block and the suffix against the prefix's kept K/V ('prefix'), or the block alone against the
+# whole canvas's ('dual'). 'block': an exact cache of the prompt and committed blocks for causal
+# and block-causal models; each step runs the current block only. See generate.
+CACHE_MODES = ('none', 'truncate', 'prefix', 'dual', 'block')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +45,7 @@ class SamplingConfig:
   remasking: str = 'low_confidence'  # the decoding order (decoding.ORDERS)
   threshold: float = 0.0  # > 0: also commit every masked token this confident (Fast-dLLM).
   cache: str = 'none'
+  cache_refresh: int = 0  # prefix / dual: also refresh every this many steps (0 = block start only)
   stop_at_eos: bool = False  # rows whose text is final stop changing; skip finished work.
   alg_temp: float = 0.0  # > 0: draw the schedule's positions from softmax(conf / alg_temp) (Dream)
   factor: float = 0.0  # > 0: also commit the n most confident with c_n >= 1 - factor/(n+1)
@@ -57,6 +63,11 @@ class SamplingConfig:
     config_lib.check_sampler_settings(self)
     if self.cache not in CACHE_MODES:
       raise ValueError(f'unknown cache {self.cache!r}; known: {CACHE_MODES}.')
+    if self.cache_refresh and self.cache not in ('prefix', 'dual'):
+      raise ValueError(
+        f'cache_refresh={self.cache_refresh} refreshes an approximate cache; it needs '
+        f"cache='prefix' or 'dual' (this is {self.cache!r}): set cache_refresh=0."
+      )
     return self
 
   @classmethod
@@ -98,6 +109,7 @@ _HELP = {
   'remasking': ' | '.join(REMASKING),
   'threshold': 'also commit tokens at least this confident (0 = off)',
   'cache': ' | '.join(CACHE_MODES),
+  'cache_refresh': 'prefix / dual: refresh the K/V every this many steps (0 = at block start)',
   'stop_at_eos': 'rows whose text ended (an EOS, nothing masked before it) stop; skip the rest',
   'alg_temp': "Dream's: draw the positions from softmax(confidence / alg_temp) (0 = top-k)",
   'factor': "Fast-dLLM's factor rule: commit the n most confident with (n+1)(1 - c_n) <= f",
@@ -174,23 +186,28 @@ def completions(out_BL, prompt_width: int, eos_id: int) -> list[list[int]]:
   return result
 
 
-def _check_truncation(module, width: int, sampling: SamplingConfig) -> None:
-  """Truncating after the block is exact iff no position up to the block end sees past it."""
-  kind, size = module.cfg.attention_mask, module.cfg.block_size
+def _check_exact_cache(module, width: int, sampling: SamplingConfig) -> None:
+  """'truncate' and 'block' are exact iff no position up to the block end sees past it, and
+  ('block') no committed position's K/V depends on a later block."""
+  kind, size, mode = module.cfg.attention_mask, module.cfg.block_size, sampling.cache
   if kind == 'causal':
     return
-  ends = [width + (b + 1) * sampling.block_length for b in range(sampling.num_blocks)]
-  if kind == 'block_causal' and all(end % size == 0 for end in ends):
-    return
   if kind == 'block_causal':
+    if mode == 'truncate':
+      ends = [width + (b + 1) * sampling.block_length for b in range(sampling.num_blocks)]
+      aligned = all(end % size == 0 for end in ends)
+    else:
+      aligned = width % size == 0 and sampling.block_length % size == 0
+    if aligned:
+      return
     raise ValueError(
-      f"cache='truncate' needs the prompt width ({width}) and block_length "
+      f'cache={mode!r} needs the prompt width ({width}) and block_length '
       f'({sampling.block_length}) to be multiples of model.block_size ({size}); '
       'pad prompts to such a width (pad_prompts(..., width=)).'
     )
   raise ValueError(
-    f"cache='truncate' is exact only for causal or block_causal models; this one is "
-    f"{kind} (every token sees the whole canvas): use cache='none'."
+    f'cache={mode!r} is exact only for causal or block_causal models; this one is '
+    f"{kind} (every token sees the whole canvas): use cache='none', 'prefix' or 'dual'."
   )
 
 
@@ -220,10 +237,17 @@ def generate(
   it and leave the position masked), nor are padded vocabulary rows (>= vocab_size). Pads are
   excluded from attention through segment ids and positions start at 0 at each row's first real
   token.
+
+  The cache modes change only the forward. 'prefix' / 'dual' (Fast-dLLM v1, generate_with_prefix_
+  cache / generate_with_dual_cache): a refresh step is the whole-canvas forward, keeping every
+  layer's K/V; the other steps run [block start, canvas end) ('prefix', one static shape per
+  block) or the block alone ('dual') with their fresh K/V in place of the kept ones. 'block': the
+  prompt's K/V come from one forward, each step runs the block against them, and once a block is
+  committed one more forward of it stores its K/V, never recomputed.
   """
   sampling.validate()
   batch, width = prompt_BP.shape
-  block, spb = sampling.block_length, sampling.steps_per_block
+  block, spb, mode = sampling.block_length, sampling.steps_per_block, sampling.cache
   length = width + sampling.gen_length
   if mask_id == pad_id:
     raise ValueError(f'pad_id and mask_id are both {mask_id}; pads would be decoded as masks.')
@@ -233,8 +257,14 @@ def generate(
       f'exceed the model context (seq_len {module.cfg.seq_len}); shorten the '
       'prompt or gen_length.'
     )
-  if sampling.cache == 'truncate':
-    _check_truncation(module, width, sampling)
+  if mode in ('truncate', 'block'):
+    _check_exact_cache(module, width, sampling)
+  if mode in ('prefix', 'dual', 'block') and getattr(module.cfg, 'shift_logits', False):
+    raise ValueError(
+      f'cache={mode!r} does not yet serve shifted-logit models (model.shift_logits): a block '
+      "slice would need the position before it; use cache='none'."
+    )
+  refresh_every = sampling.cache_refresh or spb
   vocab_size = vocab_size or module.cfg.vocab_size
 
   offset_B1 = (width - jnp.asarray(prompt_lengths_B, jnp.int32))[:, None]
@@ -247,17 +277,21 @@ def generate(
     [jnp.asarray(prompt_BP, jnp.int32), jnp.full((batch, sampling.gen_length), mask_id, jnp.int32)],
     axis=1,
   )
+  cfg_on = sampling.cfg_scale > 0
+  if cfg_on:  # the conditional rows, then the unconditional ones (prompt masked).
+    segments_all, positions_all = (jnp.concatenate([a, a]) for a in (segment_ids_BL, positions_BL))
+  else:
+    segments_all, positions_all = segment_ids_BL, positions_BL
 
-  def block_logits(x_BL, start, view):
-    """float32 logits [B, block, V] of the current block, CFG applied; the forward sees x[:view]."""
-    tokens, segments, positions = x_BL[:, :view], segment_ids_BL[:, :view], positions_BL[:, :view]
-    if sampling.cfg_scale > 0:
-      unconditional = jnp.where(prompt_real_BL[:, :view], mask_id, tokens)
-      tokens = jnp.concatenate([tokens, unconditional])
-      segments, positions = (jnp.concatenate([a, a]) for a in (segments, positions))
-    hidden = module.hidden(tokens, segment_ids_BL=segments, positions_BL=positions)
-    logits = module.logits(jax.lax.dynamic_slice_in_dim(hidden, start, block, axis=1))
-    if sampling.cfg_scale > 0:
+  def model_tokens(x_BL):
+    if not cfg_on:
+      return x_BL
+    return jnp.concatenate([x_BL, jnp.where(prompt_real_BL, mask_id, x_BL)])
+
+  def guided(hidden_BQD, start):
+    """float32 logits [B, block, V] of the block at hidden's row `start`, CFG applied."""
+    logits = module.logits(jax.lax.dynamic_slice_in_dim(hidden_BQD, start, block, axis=1))
+    if cfg_on:
       cond, uncond = logits[:batch], logits[batch:]
       logits = uncond + (sampling.cfg_scale + 1) * (cond - uncond)
     vocab_V = jnp.arange(logits.shape[-1])
@@ -269,8 +303,36 @@ def generate(
       return None
     return decoding.finished_rows(x_BL, width, mask_id=mask_id, eos_id=eos_id)
 
-  def decode_step(x_BL, block_index, step, start, view, transfer_B):
-    logits = block_logits(x_BL, start, view)
+  def block_logits(x_BL, start, view):
+    """The current block's logits from a forward over x[:view] (no cache)."""
+    tokens = model_tokens(x_BL)[:, :view]
+    hidden = module.hidden(
+      tokens, segment_ids_BL=segments_all[:, :view], positions_BL=positions_all[:, :view]
+    )
+    return guided(hidden, start)
+
+  def canvas_kv(x_BL, start):
+    """(block logits, every layer's K/V) of a whole-canvas forward: a cache refresh."""
+    hidden, kv = module.hidden_kv(
+      model_tokens(x_BL), positions_BL=positions_all, segment_ids_BL=segments_all
+    )
+    return guided(hidden, start), kv
+
+  def slice_kv(x_BL, kv, start, size):
+    """(block logits, the slice's fresh K/V) of the canvas slice [start, start + size) against
+    kv; the fresh K/V take kv's place inside the forward, kv itself is left as it is."""
+    window = lambda a: jax.lax.dynamic_slice_in_dim(a, start, size, axis=1)  # noqa: E731
+    hidden, kv = module.hidden_kv(
+      window(model_tokens(x_BL)),
+      positions_BL=window(positions_all),
+      segment_ids_BL=segments_all,
+      kv_cache=kv,
+      cache_start=start,
+    )
+    return guided(hidden, 0), kv
+
+  def decode_step(x_BL, logits, block_index, step, start, transfer_B):
+    """Commits tokens of the block [start, start + block) from its logits."""
     x_blk = jax.lax.dynamic_slice_in_dim(x_BL, start, block, axis=1)
     x_blk = decoding.commit_step(
       logits,
@@ -283,13 +345,31 @@ def generate(
     )
     return jax.lax.dynamic_update_slice_in_dim(x_BL, x_blk, start, axis=1)
 
-  def decode_block(block_index, x_BL, view):
+  def step_logits(x_BL, kv, step, start, static_start):
+    """The step's block logits and the K/V kept for the next step, per cache mode; truncate
+    and prefix know the block start statically (static_start), their forwards' shapes need it."""
+    if mode == 'none':
+      return block_logits(x_BL, start, length), kv
+    if mode == 'truncate':
+      return block_logits(x_BL, start, static_start + block), kv
+    if mode == 'block':
+      return slice_kv(x_BL, kv, start, block)[0], kv
+    size = block if mode == 'dual' else length - static_start
+    return jax.lax.cond(
+      step % refresh_every == 0,
+      lambda x, c: canvas_kv(x, start),
+      lambda x, c: (slice_kv(x, c, start, size)[0], c),
+      x_BL,
+      kv,
+    )
+
+  def decode_block(block_index, x_BL, kv, static_start):
     start = width + block_index * block
     num_masked = jnp.sum(jax.lax.dynamic_slice_in_dim(x_BL, start, block, axis=1) == mask_id, -1)
     transfer_BS = num_transfer_tokens(num_masked, spb)
 
     def unfinished(carry):
-      step, x = carry
+      step, x, _ = carry
       left_BK = jax.lax.dynamic_slice_in_dim(x, start, block, axis=1) == mask_id
       done_B = finished(x)
       if done_B is not None:
@@ -297,25 +377,53 @@ def generate(
       return (step < spb) & jnp.any(left_BK)  # with a threshold or factor, a block can end early.
 
     def body(carry):
-      step, x = carry
+      step, x, kv = carry
       transfer_B = jax.lax.dynamic_index_in_dim(transfer_BS, step, axis=1, keepdims=False)
-      return step + 1, decode_step(x, block_index, step, start, view, transfer_B)
+      logits, kv = step_logits(x, kv, step, start, static_start)
+      return step + 1, decode_step(x, logits, block_index, step, start, transfer_B), kv
 
-    return jax.lax.while_loop(unfinished, body, (jnp.int32(0), x_BL))[1]
+    _, x_BL, kv = jax.lax.while_loop(unfinished, body, (jnp.int32(0), x_BL, kv))
+    if mode == 'block':  # the committed block's own K/V, what every later block attends to.
+      kv = jax.lax.cond(
+        block_index < sampling.num_blocks - 1,
+        lambda x, c: tuple(
+          jax.lax.dynamic_update_slice_in_dim(a, new, start, axis=2)
+          for a, new in zip(c, slice_kv(x, c, start, block)[1])
+        ),
+        lambda x, c: c,
+        x_BL,
+        kv,
+      )
+    return x_BL, kv
 
-  def maybe_decode_block(block_index, x_BL, view):
+  def maybe_decode_block(block_index, x_BL, kv, static_start=None):
     if not sampling.stop_at_eos:
-      return decode_block(block_index, x_BL, view)
+      return decode_block(block_index, x_BL, kv, static_start)
     return jax.lax.cond(
-      jnp.all(finished(x_BL)), lambda x: x, lambda x: decode_block(block_index, x, view), x_BL
+      jnp.all(finished(x_BL)),
+      lambda x, c: (x, c),
+      lambda x, c: decode_block(block_index, x, c, static_start),
+      x_BL,
+      kv,
     )
 
-  if sampling.cache == 'truncate':  # static views: one unrolled loop iteration per block.
+  kv = None  # the K/V buffers the loop carries: the prompt's (block), refreshed before use else.
+  if mode == 'block':
+    kv = canvas_kv(x_BL, width)[1]
+  elif mode in ('prefix', 'dual'):
+    shapes = jax.eval_shape(lambda x: canvas_kv(x, width)[1], x_BL)
+    kv = tuple(
+      rules.constrain(
+        jnp.zeros(a.shape, a.dtype), (None, rules.BATCH, None, rules.ATTN_HEADS, None)
+      )
+      for a in shapes
+    )
+  if mode in ('truncate', 'prefix'):  # static shapes: one unrolled loop iteration per block.
     for b in range(sampling.num_blocks):
-      x_BL = maybe_decode_block(b, x_BL, width + (b + 1) * block)
+      x_BL, kv = maybe_decode_block(b, x_BL, kv, width + b * block)
   else:
-    x_BL = jax.lax.fori_loop(
-      0, sampling.num_blocks, lambda b, x: maybe_decode_block(b, x, length), x_BL
+    x_BL, kv = jax.lax.fori_loop(
+      0, sampling.num_blocks, lambda b, carry: maybe_decode_block(b, *carry), (x_BL, kv)
     )
   if sampling.stop_at_eos:  # skipped positions read as EOS, after the end of the text anyway.
     x_BL = jnp.where(x_BL == mask_id, eos_id, x_BL)

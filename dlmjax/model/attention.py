@@ -25,13 +25,26 @@ _NEG_INF = -1e30  # finite, so a fully masked (padding) row stays NaN-free.
 
 
 def attention_mask(
-  length: int, *, kind: str, block_size: int = 0, segment_ids_BL=None, valid_length_B=None
+  length: int,
+  *,
+  kind: str,
+  block_size: int = 0,
+  segment_ids_BL=None,
+  valid_length_B=None,
+  query_start=0,
+  num_queries: int | None = None,
 ):
-  """Boolean visibility [B or 1, L(query), L(key)] for a mask kind, documents and padding."""
-  q = jnp.arange(length)[:, None]
+  """Boolean visibility [B or 1, Q(query), L(key)] for a mask kind, documents and padding.
+
+  The queries are positions [query_start, query_start + num_queries) of the L keys (all L by
+  default): a cached forward over a slice of the sequence (Attention's kv_cache) sees what those
+  positions see in the whole-sequence mask. query_start may be traced; segment ids cover the keys.
+  """
+  num_queries = length if num_queries is None else num_queries
+  q = query_start + jnp.arange(num_queries)[:, None]
   k = jnp.arange(length)[None, :]
   if kind == 'bidirectional':
-    visible = jnp.ones((length, length), bool)
+    visible = jnp.ones((num_queries, length), bool)
   elif kind == 'causal':
     visible = q >= k
   elif kind == 'block_causal':  # bidirectional inside a block, causal across blocks (BD3LM).
@@ -40,20 +53,32 @@ def attention_mask(
     raise ValueError(f'unknown attention mask kind {kind!r}; known: {MASK_KINDS}')
   visible = visible[None]
   if segment_ids_BL is not None:
-    visible = visible & (segment_ids_BL[:, :, None] == segment_ids_BL[:, None, :])
+    query_ids_BQ = jax.lax.dynamic_slice_in_dim(segment_ids_BL, query_start, num_queries, axis=1)
+    visible = visible & (query_ids_BQ[:, :, None] == segment_ids_BL[:, None, :])
   if valid_length_B is not None:
     visible = visible & (k[None] < valid_length_B[:, None, None])
   return visible
 
 
 def xla_attention(
-  q_BLNH, k_BLKH, v_BLKH, *, kind, block_size=0, segment_ids_BL=None, valid_length_B=None
+  q_BQNH,
+  k_BLKH,
+  v_BLKH,
+  *,
+  kind,
+  block_size=0,
+  segment_ids_BL=None,
+  valid_length_B=None,
+  query_start=0,
 ):
-  """Reference attention: fp32 softmax over einsum logits; grouped heads share K/V."""
-  batch, length, num_heads, head_dim = q_BLNH.shape
-  num_kv = k_BLKH.shape[2]
-  q_BLKGH = q_BLNH.reshape(batch, length, num_kv, num_heads // num_kv, head_dim)
-  logits = jnp.einsum('blkgh,bskh->bkgls', q_BLKGH, k_BLKH, preferred_element_type=jnp.float32)
+  """Reference attention: fp32 softmax over einsum logits; grouped heads share K/V.
+
+  q may be shorter than k (a cached forward): its rows are key positions from query_start on.
+  """
+  batch, num_queries, num_heads, head_dim = q_BQNH.shape
+  length, num_kv = k_BLKH.shape[1], k_BLKH.shape[2]
+  q_BQKGH = q_BQNH.reshape(batch, num_queries, num_kv, num_heads // num_kv, head_dim)
+  logits = jnp.einsum('blkgh,bskh->bkgls', q_BQKGH, k_BLKH, preferred_element_type=jnp.float32)
   logits = logits * (head_dim**-0.5)
   visible = attention_mask(
     length,
@@ -61,11 +86,13 @@ def xla_attention(
     block_size=block_size,
     segment_ids_BL=segment_ids_BL,
     valid_length_B=valid_length_B,
+    query_start=query_start,
+    num_queries=num_queries,
   )
   logits = jnp.where(visible[:, None, None], logits, _NEG_INF)
   probs = jax.nn.softmax(logits, axis=-1).astype(v_BLKH.dtype)
   out = jnp.einsum('bkgls,bskh->blkgh', probs, v_BLKH)
-  return out.reshape(batch, length, num_heads, head_dim)
+  return out.reshape(batch, num_queries, num_heads, head_dim)
 
 
 def cudnn_attention(
@@ -241,7 +268,11 @@ class Attention(nnx.Module):
       self.q_norm = layers.RMSNorm(head_dim, **norm)
       self.k_norm = layers.RMSNorm(head_dim, **norm)
 
-  def __call__(
+  def __call__(self, x_BLD, positions_BL, **kwargs):
+    """The output [B, L, D] (`with_kv` without its K/V)."""
+    return self.with_kv(x_BLD, positions_BL, **kwargs)[0]
+
+  def with_kv(
     self,
     x_BLD,
     positions_BL,
@@ -251,7 +282,17 @@ class Attention(nnx.Module):
     backend,
     segment_ids_BL=None,
     valid_length_B=None,
+    kv_cache=None,
+    cache_start=0,
   ):
+    """(output [B, L, D], x's own post-RoPE keys and values (k, v), each [B, L, K, H]).
+
+    Without kv_cache x attends to its own keys. With kv_cache (k, v) [B, S, K, H] of a whole
+    sequence of S positions, x is its slice from cache_start (positions_BL are the slice's): the
+    slice's fresh k and v take the cache's place there and its queries attend to all S keys, with
+    the mask those positions have in the whole sequence (segment ids and lengths then cover the S
+    keys). The kernels take q and k of one length, so a slice shorter than S runs the xla backend.
+    """
     mm = self.matmul_dtype
     q = layers.project('bld,dnh->blnh', x_BLD, self.q_proj.value, mm)
     k = layers.project('bld,dkh->blkh', x_BLD, self.k_proj.value, mm)
@@ -276,15 +317,18 @@ class Attention(nnx.Module):
     # context devices instead of the sequence (an all-to-all each way, DeepSpeed-Ulysses), so
     # every mask kind, document mask and backend stays exact.
     kernel = (rules.BATCH, None, rules.ATTN_HEADS, None)
+    fresh = (k, v)
+    if kv_cache is not None:
+      k, v = (
+        jax.lax.dynamic_update_slice_in_dim(c, new.astype(c.dtype), cache_start, axis=1)
+        for c, new in zip(kv_cache, (k, v))
+      )
     q, k, v = (rules.constrain(t, kernel) for t in (q, k, v))
-    out = BACKENDS[backend](
-      q,
-      k,
-      v,
-      kind=kind,
-      block_size=block_size,
-      segment_ids_BL=segment_ids_BL,
-      valid_length_B=valid_length_B,
-    )
+    mask = dict(kind=kind, block_size=block_size, segment_ids_BL=segment_ids_BL)
+    if q.shape[1] != k.shape[1]:
+      out = xla_attention(q, k, v, valid_length_B=valid_length_B, query_start=cache_start, **mask)
+    else:
+      out = BACKENDS[backend](q, k, v, valid_length_B=valid_length_B, **mask)
     out = checkpoint_name(rules.constrain(out, heads), 'context')
-    return checkpoint_name(layers.project('blnh,nhd->bld', out, self.o_proj.value, mm), 'out_proj')
+    out = layers.project('blnh,nhd->bld', out, self.o_proj.value, mm)
+    return checkpoint_name(out, 'out_proj'), fresh

@@ -108,36 +108,48 @@ class Block(nnx.Module):
     )
 
   def __call__(self, x_BLD, positions_BL, **attention_kwargs):
+    """(x out, the attention's (k, v)); attention_kwargs go to Attention (kv_cache included)."""
     x_BLD, normed_BLD = self.input_norm.with_residual(x_BLD)
-    x_BLD = x_BLD + self.attn(
+    attn_BLD, kv = self.attn.with_kv(
       checkpoint_name(normed_BLD, 'attn_norm'), positions_BL, **attention_kwargs
     )
+    x_BLD = x_BLD + attn_BLD
     x_BLD, normed_BLD = self.post_attn_norm.with_residual(checkpoint_name(x_BLD, 'attn_residual'))
     x_BLD = x_BLD + self.mlp(checkpoint_name(normed_BLD, 'mlp_norm'))
-    return rules.constrain(x_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
+    return rules.constrain(x_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED)), kv
 
 
-def _run_layers(cfg, graphdef, stacked, x_BLD, side):
-  """The stacked blocks (leading axis: layers) applied in order, scanned or unrolled, with remat."""
+def _run_layers(cfg, graphdef, stacked, x_BLD, side, kv_cache=None, cache_start=0, want_kv=False):
+  """The stacked blocks (leading axis: layers) applied in order, scanned or unrolled, with remat.
+
+  Returns (x, every layer's fresh (k, v) of x stacked [layers, B, L, K, H], or None unless
+  want_kv); kv_cache, [layers, B, S, K, H], holds the K/V each layer's slice attends to.
+  """
   attention_kwargs = dict(
     kind=cfg.attention_mask,
     block_size=cfg.block_size,
     backend=cfg.attention_backend,
     segment_ids_BL=side.get('segment_ids_BL'),
     valid_length_B=side.get('valid_length_B'),
+    cache_start=cache_start,
   )
 
-  def layer(x, layer_params):
-    return nnx.merge(graphdef, layer_params)(x, side['positions_BL'], **attention_kwargs), None
+  def layer(x, inputs):
+    layer_params, layer_kv = inputs
+    block = nnx.merge(graphdef, layer_params)
+    x, kv = block(x, side['positions_BL'], kv_cache=layer_kv, **attention_kwargs)
+    return x, (kv if want_kv else None)
 
   if cfg.remat != 'none':
     layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
-    x_BLD, _ = jax.lax.scan(layer, x_BLD, _compute_weights(cfg, stacked))
-  else:
-    for layer_params in _unstack(stacked):
-      x_BLD, _ = layer(x_BLD, _compute_weights(cfg, layer_params))
-  return x_BLD
+    return jax.lax.scan(layer, x_BLD, (_compute_weights(cfg, stacked), kv_cache))
+  kvs = []
+  for i, layer_params in enumerate(_unstack(stacked)):
+    layer_kv = None if kv_cache is None else tuple(c[i] for c in kv_cache)
+    x_BLD, kv = layer(x_BLD, (_compute_weights(cfg, layer_params), layer_kv))
+    kvs.append(kv)
+  return x_BLD, (tuple(jnp.stack(c) for c in zip(*kvs)) if want_kv else None)
 
 
 def _unstack(stacked):
@@ -201,6 +213,46 @@ class Transformer(nnx.Module):
   def hidden(self, tokens_BL, *, segment_ids_BL=None, valid_length_B=None, positions_BL=None):
     """Final-norm hidden states [B, L, D] in the compute dtype (the input of the output head);
     with model.shift_logits, position i holds the state predicting token i (shift_predictions)."""
+    return self._hidden(tokens_BL, segment_ids_BL, valid_length_B, positions_BL)[0]
+
+  def hidden_kv(
+    self,
+    tokens_BL,
+    *,
+    positions_BL,
+    segment_ids_BL=None,
+    valid_length_B=None,
+    kv_cache=None,
+    cache_start=0,
+  ):
+    """(hidden [B, L, D], every layer's post-RoPE (k, v) of tokens_BL, each [layers, B, L, K,
+    H]): the cached decoding of the sampler (diffusion/sampler.py; Fast-dLLM's caches).
+
+    Without kv_cache, a whole sequence, whose K/V serve later slices. With it (K/V of a sequence
+    of S positions, [layers, B, S, K, H]), tokens_BL are the positions [cache_start, cache_start +
+    L) of that sequence, positions_BL their RoPE positions, segment_ids_BL and valid_length_B
+    cover all S: the slice attends to the cache with its own fresh K/V in their place, and only
+    those fresh K/V come back (write them in to keep them). The same layers as `hidden`, so a
+    slice attending to K/V computed from the same sequence gives hidden's rows (up to rounding).
+    """
+    if self.cfg.pipeline_stages > 1:
+      raise ValueError(
+        'cached decoding runs the layers in one program; sample with model.pipeline_stages=1.'
+      )
+    return self._hidden(
+      tokens_BL, segment_ids_BL, valid_length_B, positions_BL, kv_cache, cache_start, True
+    )
+
+  def _hidden(
+    self,
+    tokens_BL,
+    segment_ids_BL,
+    valid_length_B,
+    positions_BL,
+    kv_cache=None,
+    cache_start=0,
+    want_kv=False,
+  ):
     cfg = self.cfg
     if positions_BL is None:
       positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]), tokens_BL.shape)
@@ -215,9 +267,12 @@ class Transformer(nnx.Module):
     params = nnx.to_pure_dict(stacked)
 
     def run_layers(layer_params, x_BLD, side):
-      return _run_layers(cfg, graphdef, layer_params, x_BLD, side)
+      return _run_layers(cfg, graphdef, layer_params, x_BLD, side)[0]
 
-    if cfg.pipeline_stages > 1:
+    kv = None
+    if want_kv:
+      x_BLD, kv = _run_layers(cfg, graphdef, params, x_BLD, side, kv_cache, cache_start, True)
+    elif cfg.pipeline_stages > 1:
       axes = nnx.to_pure_dict(
         jax.tree.map(
           lambda v: v.get_metadata()['axes'], stacked, is_leaf=lambda v: isinstance(v, nnx.Variable)
@@ -238,7 +293,7 @@ class Transformer(nnx.Module):
     hidden_BLD = self.final_norm(x_BLD)
     if cfg.shift_logits:
       hidden_BLD = shift_predictions(hidden_BLD, segment_ids_BL)
-    return hidden_BLD
+    return hidden_BLD, kv
 
   def head_weight_DV(self):
     """The output projection [D, V] (the embedding, transposed, when tied)."""

@@ -259,7 +259,9 @@ def test_pad_prompts_and_completions():
     (dict(remasking='entropy', factor=1.0), 'negative entropy'),
     (dict(top_p=0.0), 'top_p'),
     (dict(temperature=-1.0), 'temperature'),
-    (dict(cache='dual'), 'unknown cache'),
+    (dict(cache='kv'), 'unknown cache'),
+    (dict(cache='dual', cache_refresh=3), 'cache_refresh=3 must be 0'),
+    (dict(cache='block', cache_refresh=2), "needs cache='prefix' or 'dual'"),
     (dict(threshold=2.0), 'threshold'),
   ],
 )

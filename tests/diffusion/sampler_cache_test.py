@@ -1,0 +1,182 @@
+"""The sampler's K/V caches: `block` token for token against `none` (exact), `prefix` / `dual`
+against `none` where Fast-dLLM's approximation is exact, and the cached slice forward against a
+whole-canvas recomputation."""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dlmjax import model as model_lib
+from dlmjax.diffusion import sampler
+from dlmjax.parallel import mesh as mesh_lib
+from tests.conftest import tiny_test_config
+from tests.diffusion.sampler_test import MASK, PAD, PROMPTS, _generate, _model
+
+# 2 blocks of 8, 4 steps per block: the cached steps are 3 of every 4.
+BASE = sampler.SamplingConfig(gen_length=16, steps=8, block_length=8)
+# Prompts of one width, a multiple of block_size 4 (the block cache's rule for block_causal).
+ALIGNED = [p[:4] + [9] * (4 - len(p[:4])) for p in PROMPTS]
+
+
+@functools.lru_cache
+def _models(kind, scan=True):
+  overrides = {'model.attention_mask': kind, 'model.scan_layers': scan}
+  if kind == 'block_causal':
+    overrides['model.block_size'] = 4
+  return _model(**overrides)
+
+
+def _canvas(prompts, gen_length, seed=0):
+  """A left-padded canvas of prompts and random completion tokens, its segment ids and positions."""
+  prompt_BP, lengths_B = sampler.pad_prompts(prompts, PAD)
+  batch, width = prompt_BP.shape
+  rng = np.random.default_rng(seed)
+  tokens = np.concatenate([prompt_BP, rng.integers(4, 100, (batch, gen_length))], 1)
+  index = np.arange(width + gen_length)[None]
+  offset = (width - lengths_B)[:, None]
+  segments = (index >= offset).astype(np.int32)
+  positions = np.maximum(index - offset, 0)
+  return jnp.asarray(tokens, jnp.int32), jnp.asarray(segments), jnp.asarray(positions), width
+
+
+def _slice_logits(module, tokens, segments, positions, kv, start, size):
+  window = lambda a: jax.lax.dynamic_slice_in_dim(a, start, size, axis=1)  # noqa: E731
+  hidden, kv = module.hidden_kv(
+    window(tokens),
+    positions_BL=window(positions),
+    segment_ids_BL=segments,
+    kv_cache=kv,
+    cache_start=start,
+  )
+  return module.logits(hidden), kv
+
+
+def test_cached_slice_forward_equals_the_whole_canvas_forward(scan=True):
+  """Dual (the block alone) and prefix (block and suffix) slices attending to K/V of the same
+  canvas give the whole forward's logits, and hand back the same K/V for their positions."""
+  model_config, params = _models('bidirectional', scan)
+  tokens, segments, positions, width = _canvas(PROMPTS, 16)
+  start = width + 8
+
+  @jax.jit
+  def run(params, tokens):
+    module = model_lib.merge(model_config, params)
+    full = module(tokens, segment_ids_BL=segments, positions_BL=positions)
+    hidden, kv = module.hidden_kv(tokens, positions_BL=positions, segment_ids_BL=segments)
+    dual, dual_kv = _slice_logits(module, tokens, segments, positions, kv, start, 8)
+    prefix, _ = _slice_logits(module, tokens, segments, positions, kv, width, 16)
+    return full, module.logits(hidden), dual, prefix, kv, dual_kv
+
+  full, with_kv, dual, prefix, kv, dual_kv = run(params, tokens)
+  np.testing.assert_allclose(with_kv, full, atol=1e-5)
+  np.testing.assert_allclose(dual, full[:, start : start + 8], atol=1e-4)
+  np.testing.assert_allclose(prefix, full[:, width:], atol=1e-4)
+  assert kv[0].shape == (2, len(PROMPTS), tokens.shape[1], 2, 16)
+  for kept, returned in zip(kv, dual_kv):
+    assert returned.shape == (2, len(PROMPTS), 8, 2, 16)
+    np.testing.assert_allclose(returned, kept[:, :, start : start + 8], atol=1e-5)
+
+
+@pytest.mark.parametrize('scan', [True, False])
+def test_fresh_block_kv_replace_stale_ones(scan):
+  """After the block's tokens change, a causal model's cached block forward (prefix K/V kept,
+  the block's recomputed) equals the whole forward of the new canvas: stale block K/V would not."""
+  model_config, params = _models('causal', scan)
+  old, segments, positions, width = _canvas(PROMPTS, 16, seed=0)
+  new = old.at[:, width + 8 :].set(_canvas(PROMPTS, 16, seed=1)[0][:, width + 8 :])
+  start = width + 8
+
+  @jax.jit
+  def run(params, old, new):
+    module = model_lib.merge(model_config, params)
+    _, kv = module.hidden_kv(old, positions_BL=positions, segment_ids_BL=segments)
+    return (
+      module(new, segment_ids_BL=segments, positions_BL=positions)[:, start : start + 8],
+      _slice_logits(module, new, segments, positions, kv, start, 8)[0],
+      module(old, segment_ids_BL=segments, positions_BL=positions)[:, start : start + 8],
+    )
+
+  want, got, stale = run(params, old, new)
+  np.testing.assert_allclose(got, want, atol=1e-4)
+  assert np.abs(stale - want).max() > 1e-2  # the canvases differ where it matters.
+
+
+def _same(model_config, params, sampling, prompts=PROMPTS, key=0, mesh=None):
+  """(tokens of `sampling`, tokens of the same settings uncached)."""
+  none = dataclasses.replace(sampling, cache='none', cache_refresh=0)
+  return (
+    _generate(model_config, params, sampling, key=key, prompts=prompts, mesh=mesh),
+    _generate(model_config, params, none, key=key, prompts=prompts),
+  )
+
+
+@pytest.mark.parametrize(
+  'kind,changes',
+  [
+    ('causal', dict(cfg_scale=1.5, temperature=0.7, top_p=0.9)),
+    ('causal', dict(threshold=0.3, remasking='random', stop_at_eos=True)),
+    ('block_causal', dict(cfg_scale=0.5, threshold=0.3)),
+  ],
+)
+def test_block_cache_is_token_identical_to_none(kind, changes):
+  model_config, params = _models(kind)
+  prompts = PROMPTS if kind == 'causal' else ALIGNED
+  sampling = dataclasses.replace(BASE, cache='block', **changes)
+  got, want = _same(model_config, params, sampling, prompts=prompts)
+  np.testing.assert_array_equal(got, want)
+  assert not (got == MASK).any()
+
+
+@pytest.mark.parametrize(
+  'mode,sampling',
+  [
+    ('prefix', dataclasses.replace(BASE, cache_refresh=1)),  # refreshed every step.
+    # One step per block: every step a refresh.
+    ('dual', dataclasses.replace(BASE, steps=2, cfg_scale=1.5, temperature=0.7, top_p=0.9)),
+  ],
+  ids=['prefix_refresh_every_step', 'dual_one_step_per_block_cfg_sampled'],
+)
+def test_prefix_and_dual_are_exact_where_the_approximation_is(mode, sampling):
+  model_config, params = _models('bidirectional')
+  got, want = _same(model_config, params, dataclasses.replace(sampling, cache=mode))
+  np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize('mode', ['prefix', 'dual'])
+def test_prefix_and_dual_reuse_kv_exactly_for_a_causal_model(mode):
+  """Several cached steps per block; exact here, as no kept K/V depends on later positions."""
+  got, want = _same(*_models('causal'), dataclasses.replace(BASE, cache=mode, cfg_scale=0.5))
+  np.testing.assert_array_equal(got, want)
+
+
+def test_dual_is_an_approximation_for_a_bidirectional_model():
+  """The kept K/V are used between refreshes: the tokens differ from none's, and a mid-block
+  refresh changes them again."""
+  got, want = _same(*_models('bidirectional'), dataclasses.replace(BASE, cache='dual'))
+  assert (got != want).any() and not (got == MASK).any()
+  sampling = dataclasses.replace(BASE, cache='dual', cache_refresh=2)
+  refreshed = _generate(*_models('bidirectional'), sampling)
+  assert (refreshed != got).any()
+
+
+@pytest.mark.parametrize('mode', ['block', 'dual'])
+def test_cached_sampler_sharded_over_a_mesh_equals_one_device(mode):
+  assert jax.device_count() == 8
+  mesh = mesh_lib.make_mesh(tiny_test_config(**{'mesh.data': 2, 'mesh.fsdp': 4}))
+  model_config, params = _models('causal' if mode == 'block' else 'bidirectional')
+  sampling = dataclasses.replace(BASE, cache=mode, cfg_scale=0.5)
+  np.testing.assert_array_equal(
+    _generate(model_config, params, sampling, mesh=mesh),
+    _generate(model_config, params, sampling),
+  )
+
+
+def test_exact_cache_refused_where_inexact():
+  with pytest.raises(ValueError, match="cache='block' is exact only for causal"):
+    _generate(*_models('bidirectional'), dataclasses.replace(BASE, cache='block'))
+  with pytest.raises(ValueError, match='multiples of model.block_size'):
+    _generate(*_models('block_causal'), dataclasses.replace(BASE, cache='block'), prompts=[[5, 6]])
