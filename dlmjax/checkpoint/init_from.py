@@ -58,7 +58,7 @@ def restore_params(config, setup, purpose: str = 'initialising') -> dict:
   path = config.init_from
   if hf_io.is_hf_dir(path):
     _, params = hf_io.load_hf(path, config=config)  # checks the weights against config
-    return jax.device_put(params, setup.param_shardings)
+    return jax.device_put(params, model_lib.param_placement(config, setup.mesh)[1])
   run_dir, step_dir, _ = checkpoint_lib.resolve_step_dir(path)
   checkpoint_lib.check_architecture(checkpoint_lib.load_run_config(run_dir), config)
   if jax.process_index() == 0:

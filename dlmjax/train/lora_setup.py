@@ -1,0 +1,119 @@
+"""What a LoRA run (train.lora.rank > 0) adds to the train setup: the model with adapters, the
+frozen base in train.lora.base_dtype, the adapters' first values and the base's identity.
+
+The train state's `params` are the adapters alone, so the gradient, the optimizer state and the
+checkpoints hold nothing else; the base is restored from init_from (on resume too), converted
+once to its storage dtype and passed to every program beside them (docs/lora.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+
+from dlmjax import config as config_lib
+from dlmjax.checkpoint import checksums
+from dlmjax.model import lora, quantize
+
+BASE_FILE = 'lora_base.json'  # in the run directory: the base's path and checksum
+
+
+def enabled(config) -> bool:
+  return config.train.lora.rank > 0
+
+
+def model_config(base_config, config):
+  """The ModelConfig with the run's adapters and base storage (unchanged when rank is 0)."""
+  t = config.train.lora
+  if not enabled(config):
+    return base_config
+  return dataclasses.replace(
+    base_config,
+    lora_rank=t.rank,
+    lora_alpha=float(t.alpha),
+    lora_targets=config_lib.lora_targets(config),
+    weight_quant='int8' if t.base_dtype == 'int8' else 'none',
+  )
+
+
+def storage_dtype(config):
+  """The float dtype of the frozen base's leaves (int8 weights keep int8)."""
+  return jnp.float32 if config.train.lora.base_dtype == 'float32' else jnp.bfloat16
+
+
+def frozen_shapes(base_shapes, config):
+  dtype = storage_dtype(config)
+  return jax.tree.map(
+    lambda s: jax.ShapeDtypeStruct(s.shape, dtype if _is_float(s.dtype) else s.dtype),
+    base_shapes,
+  )
+
+
+def _is_float(dtype) -> bool:
+  return jnp.issubdtype(dtype, jnp.floating)
+
+
+def freeze(base: dict, cfg, config) -> dict:
+  """A float base tree (as init_from restores it) in its storage: the projections quantised
+  when base_dtype is int8, every float leaf in storage_dtype. Jit it with out_shardings."""
+  dtype = storage_dtype(config)
+
+  def walk(tree):
+    out = {}
+    for key, value in tree.items():
+      if isinstance(value, dict):
+        out[key] = walk(value)
+      elif cfg.weight_quant == 'int8' and key.endswith('_proj') and value.ndim > 2:
+        lead = 1  # the stacked layers axis
+        contract = tuple(range(lead, lead + lora.contract_ndim_of(key)))
+        q, scale = quantize.int8(value, contract)
+        out[key], out[key + quantize.SCALE_SUFFIX] = q, scale.astype(dtype)
+      else:
+        out[key] = value.astype(dtype) if _is_float(value.dtype) else value
+    return out
+
+  return walk(base)
+
+
+def init_adapters(adapter_shapes: dict, seed: int) -> dict:
+  """Fresh adapters: A as PEFT draws it, B zero (the model starts as its base)."""
+  key = jax.random.fold_in(jax.random.key(seed), 0x10AA)
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(adapter_shapes)
+  values = []
+  for i, (path, shape) in enumerate(leaves):
+    name = str(path[-1].key)
+    if name.endswith(lora.A_SUFFIX):
+      contract = lora.contract_ndim_of(name.removesuffix(lora.A_SUFFIX))
+      values.append(lora.init_a(jax.random.fold_in(key, i), shape.shape, contract))
+    else:
+      values.append(jnp.zeros(shape.shape, jnp.float32))
+  return treedef.unflatten(values)
+
+
+def base_checksum(frozen: dict) -> str:
+  """One sha256 over every frozen leaf's digest (checkpoint/checksums.py), mesh-independent."""
+  digests = checksums.compute(frozen)
+  return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
+
+
+def record_or_check_base(run_dir: str, path: str, checksum: str, *, resuming: bool) -> None:
+  """Writes the base's identity into a new run; a resumed run refuses a base that changed."""
+  file = os.path.join(run_dir, BASE_FILE)
+  if resuming and os.path.exists(file):
+    with open(file) as f:
+      saved = json.load(f)
+    if saved['checksum'] != checksum:
+      raise config_lib.ConfigError(
+        f'the LoRA base changed since this run started: {path} has checksum {checksum[:12]}, '
+        f'the run trained on {saved["path"]} with {saved["checksum"][:12]}; resume with that '
+        'base or start a new --config.output_dir.'
+      )
+    return
+  if jax.process_index() == 0:
+    with open(file, 'w') as f:
+      json.dump(dict(path=os.path.abspath(path), checksum=checksum), f, indent=1)
