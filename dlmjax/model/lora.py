@@ -155,3 +155,23 @@ def merge_into_base(params: dict, spec: Spec) -> dict:
       node[path[-1]] + delta(a, b, contract_ndim_of(path[-1]), spec.factor), np.float32
     )
   return base
+
+
+def freeze(base: dict, cfg, dtype) -> dict:
+  """A float base tree (no adapters, as init_from restores it) in its frozen storage: the
+  projections int8 when cfg.weight_quant is int8 (model/quantize.py), every float leaf in dtype."""
+
+  def walk(tree):
+    out = {}
+    for key, value in tree.items():
+      if isinstance(value, dict):
+        out[key] = walk(value)
+      elif cfg.weight_quant == 'int8' and key.endswith('_proj') and value.ndim > 2:
+        contract = tuple(range(1, 1 + contract_ndim_of(key)))  # after the stacked layers axis
+        q, scale = quantize.int8(value, contract)
+        out[key], out[key + quantize.SCALE_SUFFIX] = q, scale.astype(dtype)
+      else:
+        out[key] = value.astype(dtype) if jnp.issubdtype(value.dtype, jnp.floating) else value
+    return out
+
+  return walk(base)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import checksums
-from dlmjax.model import lora, quantize
+from dlmjax.model import lora
 
 BASE_FILE = 'lora_base.json'  # in the run directory: the base's path and checksum
 
@@ -59,25 +59,8 @@ def _is_float(dtype) -> bool:
 
 
 def freeze(base: dict, cfg, config) -> dict:
-  """A float base tree (as init_from restores it) in its storage: the projections quantised
-  when base_dtype is int8, every float leaf in storage_dtype. Jit it with out_shardings."""
-  dtype = storage_dtype(config)
-
-  def walk(tree):
-    out = {}
-    for key, value in tree.items():
-      if isinstance(value, dict):
-        out[key] = walk(value)
-      elif cfg.weight_quant == 'int8' and key.endswith('_proj') and value.ndim > 2:
-        lead = 1  # the stacked layers axis
-        contract = tuple(range(lead, lead + lora.contract_ndim_of(key)))
-        q, scale = quantize.int8(value, contract)
-        out[key], out[key + quantize.SCALE_SUFFIX] = q, scale.astype(dtype)
-      else:
-        out[key] = value.astype(dtype) if _is_float(value.dtype) else value
-    return out
-
-  return walk(base)
+  """The base in train.lora.base_dtype (model/lora.py freeze). Jit it with out_shardings."""
+  return lora.freeze(base, cfg, storage_dtype(config))
 
 
 def init_adapters(adapter_shapes: dict, seed: int) -> dict:
