@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dlmjax import config as config_lib
 from dlmjax.model import quantize
 
 A_SUFFIX, B_SUFFIX = '_lora_a', '_lora_b'
@@ -175,3 +176,28 @@ def freeze(base: dict, cfg, dtype) -> dict:
     return out
 
   return walk(base)
+
+
+def with_adapters(base_config, config):
+  """A ModelConfig with the run config's train.lora adapters and base storage (the same
+  ModelConfig when train.lora.rank is 0)."""
+  t = config.train.lora
+  if t.rank <= 0:
+    return base_config
+  return dataclasses.replace(
+    base_config,
+    lora_rank=t.rank,
+    lora_alpha=float(t.alpha),
+    lora_targets=config_lib.lora_targets(config),
+    weight_quant='int8' if t.base_dtype == 'int8' else 'none',
+  )
+
+
+def storage_dtype(config):
+  """The float dtype of a LoRA run's frozen base leaves (int8 weights keep int8)."""
+  return jnp.float32 if config.train.lora.base_dtype == 'float32' else jnp.bfloat16
+
+
+def is_lora_run(config) -> bool:
+  """A run config with adapters (runs saved before train.lora existed have none)."""
+  return int(config.get('train', {}).get('lora', {}).get('rank', 0)) > 0

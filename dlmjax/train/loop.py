@@ -11,7 +11,7 @@ import jax
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import init_from as init_from_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
-from dlmjax.checkpoint import peft_io
+from dlmjax.checkpoint import lora_checkpoint, peft_io
 from dlmjax.observability import plots
 from dlmjax.observability import sinks as sinks_lib
 from dlmjax.parallel import distributed
@@ -52,7 +52,7 @@ def initial_state(config, setup, checkpoints):
     lora_setup.record_or_check_base(
       config.output_dir,
       config.init_from,
-      lora_setup.base_checksum(setup.frozen),
+      lora_checkpoint.base_checksum(setup.frozen),
       resuming=resuming,
     )
   if resuming:

@@ -8,8 +8,6 @@ once to its storage dtype and passed to every program beside them (docs/lora.md)
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import os
 
@@ -17,10 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from dlmjax import config as config_lib
-from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import lora_checkpoint
 from dlmjax.model import lora
-
-BASE_FILE = 'lora_base.json'  # in the run directory: the base's path and checksum
 
 
 def enabled(config) -> bool:
@@ -28,22 +24,12 @@ def enabled(config) -> bool:
 
 
 def model_config(base_config, config):
-  """The ModelConfig with the run's adapters and base storage (unchanged when rank is 0)."""
-  t = config.train.lora
-  if not enabled(config):
-    return base_config
-  return dataclasses.replace(
-    base_config,
-    lora_rank=t.rank,
-    lora_alpha=float(t.alpha),
-    lora_targets=config_lib.lora_targets(config),
-    weight_quant='int8' if t.base_dtype == 'int8' else 'none',
-  )
+  """The ModelConfig with the run's adapters and base storage (model/lora.py with_adapters)."""
+  return lora.with_adapters(base_config, config)
 
 
 def storage_dtype(config):
-  """The float dtype of the frozen base's leaves (int8 weights keep int8)."""
-  return jnp.float32 if config.train.lora.base_dtype == 'float32' else jnp.bfloat16
+  return lora.storage_dtype(config)
 
 
 def frozen_shapes(base_shapes, config):
@@ -78,15 +64,9 @@ def init_adapters(adapter_shapes: dict, seed: int) -> dict:
   return treedef.unflatten(values)
 
 
-def base_checksum(frozen: dict) -> str:
-  """One sha256 over every frozen leaf's digest (checkpoint/checksums.py), mesh-independent."""
-  digests = checksums.compute(frozen)
-  return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
-
-
 def record_or_check_base(run_dir: str, path: str, checksum: str, *, resuming: bool) -> None:
   """Writes the base's identity into a new run; a resumed run refuses a base that changed."""
-  file = os.path.join(run_dir, BASE_FILE)
+  file = os.path.join(run_dir, lora_checkpoint.BASE_FILE)
   if resuming and os.path.exists(file):
     with open(file) as f:
       saved = json.load(f)
