@@ -708,7 +708,7 @@ def _validate_lora(config):
   if lora.alpha <= 0:
     raise ConfigError(f'train.lora.alpha={lora.alpha} must be positive.')
   names = lora_targets(config)
-  widths = _projection_widths(m)
+  widths = projection_widths(m)
   unknown = [t for t in names if t not in widths]
   if unknown or not names:
     raise ConfigError(
@@ -729,8 +729,9 @@ def lora_targets(config) -> tuple[str, ...]:
   return tuple(t.strip() for t in config.train.lora.targets.split(',') if t.strip())
 
 
-def _projection_widths(m) -> dict[str, tuple[int, int]]:
-  """(input, output) width of each LoRA target's projection (train.lora.targets)."""
+def projection_widths(m) -> dict[str, tuple[int, int]]:
+  """(input, output) width of each LoRA target's projection (train.lora.targets) of a model
+  group or ModelConfig (the same field names)."""
   d, f = m.d_model, m.ffn_dim
   q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
   return dict(q=(d, q), k=(d, kv), v=(d, kv), o=(q, d), gate=(d, f), up=(d, f), down=(f, d))

@@ -201,3 +201,23 @@ def storage_dtype(config):
 def is_lora_run(config) -> bool:
   """A run config with adapters (runs saved before train.lora existed have none)."""
   return int(config.get('train', {}).get('lora', {}).get('rank', 0)) > 0
+
+
+def num_adapter_params(cfg) -> int:
+  """Trainable parameters of a ModelConfig's adapters: rank x (in + out) per target and layer."""
+  if not cfg.lora_rank:
+    return 0
+  widths = config_lib.projection_widths(cfg)
+  return cfg.num_layers * sum(cfg.lora_rank * sum(widths[t]) for t in cfg.lora_targets)
+
+
+def base_bytes(cfg, float_bytes: int) -> float:
+  """Bytes of the frozen base: int8 projections (plus a float32-sized scale per output channel
+  in float_bytes) when cfg.weight_quant is int8, every other parameter float_bytes each."""
+  total = cfg.num_params() * float_bytes
+  if cfg.weight_quant != 'int8':
+    return total
+  widths = config_lib.projection_widths(cfg)
+  projections = cfg.num_layers * sum(i * o for i, o in widths.values())
+  scales = cfg.num_layers * sum(o for _, o in widths.values())
+  return total - projections * (float_bytes - 1) + scales * float_bytes

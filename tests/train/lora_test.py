@@ -12,7 +12,7 @@ from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.model import lora
 from dlmjax.parallel import mesh as mesh_lib
-from dlmjax.train import stages
+from dlmjax.train import memory, stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 from tests.conftest import tiny_test_config
@@ -178,3 +178,21 @@ def test_bad_lora_settings_fail_with_one_line_naming_the_fix(overrides, message)
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(_config(**overrides))
   assert message in str(e.value) and '\n' not in str(e.value)
+
+
+def test_memory_counts_the_frozen_base_and_the_adapters_state():
+  """state = base in its dtype + 20 bytes per adapter parameter (accumulating: 2 micro-batches)."""
+
+  def state(**overrides):
+    config = _config(**{'model.dtype': 'bfloat16', **overrides})
+    config_lib.fit_to_devices(config, 1)
+    return memory.estimate_bytes_per_device(config)['state']
+
+  cfg = model_lib.ModelConfig.from_config(_config())
+  adapters = 2 * 4 * sum(i + o for i, o in config_lib.projection_widths(cfg).values())
+  assert state(**{'train.lora.base_dtype': 'bfloat16'}) == 2 * cfg.num_params() + 20 * adapters
+  per_layer = sum(i * o for i, o in config_lib.projection_widths(cfg).values())
+  scales = 2 * sum(o for _, o in config_lib.projection_widths(cfg).values())
+  int8 = state(**{'train.lora.base_dtype': 'int8'})
+  assert int8 == 2 * cfg.num_params() - 2 * per_layer + 2 * scales + 20 * adapters
+  assert state(**{'train.lora.rank': 0}) == 20 * cfg.num_params()
