@@ -78,9 +78,13 @@ class TrainSetup:
   def init_state(self, seed: int) -> dict:
     """Random params and fresh optimizer state, created directly in their shardings. With LoRA
     the base is random too (benchmarks and tests; runs start from init_from)."""
-    if self.lora:
+    if self.lora:  # one program, so a float32 copy of the whole base never exists at once
       base_cfg = model_lib.ModelConfig.from_config(self.config, pipeline=True)
-      self.set_base(jax.jit(lambda k: model_lib.init_params(base_cfg, k))(jax.random.key(seed)))
+      cfg, config = self.model_config, self.config
+      self.frozen = jax.jit(
+        lambda k: lora_setup.freeze(model_lib.init_params(base_cfg, k), cfg, config),
+        out_shardings=self.frozen_shardings,
+      )(jax.random.key(seed))
       return self.state_from_params(lora_setup.init_adapters(self.trainable_shapes, seed))
 
     def init(key):
