@@ -12,6 +12,8 @@ from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.model import lora
 from dlmjax.parallel import mesh as mesh_lib
+from dlmjax.rl import reference as reference_lib
+from dlmjax.rl import rollout
 from dlmjax.train import memory, stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
@@ -196,3 +198,26 @@ def test_memory_counts_the_frozen_base_and_the_adapters_state():
   int8 = state(**{'train.lora.base_dtype': 'int8'})
   assert int8 == 2 * cfg.num_params() - 2 * per_layer + 2 * scales + 20 * adapters
   assert state(**{'train.lora.rank': 0}) == 20 * cfg.num_params()
+
+
+def test_the_rl_reference_is_the_base_with_the_adapters_off():
+  """No second copy: the reference holds the frozen base itself and scores it with the model
+  config without adapters; that equals the adapter model while B is zero, and not after."""
+  rl = {'rl.max_prompt_tokens': 16, 'sampler.gen_length': 16, 'sampler.block_length': 16}
+  config = _config(**{'stage': 'rl', 'rl.kl_beta': 0.04, 'sampler.steps': 2, **rl})
+  setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
+  state = setup.init_state(config.seed)
+  reference = reference_lib.ReferenceModel(config, setup)
+  assert reference.params() is setup.frozen and reference.model_config.lora_rank == 0
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 200, (4, 32)).astype(np.int32)
+  prompt_lengths, lengths = np.full(4, 8, np.int32), np.full(4, 32, np.int32)
+  seeds = np.arange(4, dtype=np.int32)
+  score = rollout.make_score_fn(config, setup.model_config)
+  ref_score = rollout.make_score_fn(config, reference.model_config)
+  want = ref_score(reference.params(), tokens, prompt_lengths, lengths, seeds)
+  fresh = score(setup.model_params(state['params']), tokens, prompt_lengths, lengths, seeds)
+  np.testing.assert_array_equal(fresh, want)
+  trained = _random_adapters(setup.trainable_shapes)
+  moved = score(setup.model_params(trained), tokens, prompt_lengths, lengths, seeds)
+  assert np.abs(np.asarray(moved) - np.asarray(want)).max() > 1e-3
