@@ -150,19 +150,24 @@ def test_rank_zero_is_the_full_model_bit_for_bit():
   jax.tree.map(np.testing.assert_array_equal, state_a['params'], state_b['params'])
 
 
-@pytest.mark.slow  # one device and eight (~80 s on the shared 2 cores)
-def test_lora_on_an_fsdp_and_tensor_mesh_equals_one_device():
-  """Adapters sharded like their weights (fsdp 4 x tensor 2): the same losses and adapters."""
-  one = _config()
-  mesh = _config(**{'mesh.fsdp': 4, 'mesh.tensor': 2})
-  _, _, state_1, metrics_1, _, _ = _step(one, steps=2)
-  _, _, state_8, metrics_8, _, _ = _step(mesh, steps=2, devices=jax.devices()[:8])
-  for a, b in zip(metrics_1, metrics_8):
+@pytest.mark.slow  # one device and eight, then two pipeline stages (~120 s on 2 cores)
+@pytest.mark.parametrize(
+  'layout, devices',
+  [({'mesh.fsdp': 4, 'mesh.tensor': 2}, 8), ({'mesh.pipeline': 2, 'model.remat': 'full'}, 2)],
+)
+def test_lora_on_a_mesh_equals_one_device(layout, devices):
+  """Adapters sharded like their weights (fsdp x tensor; pipeline stages, remat): the same
+  losses and adapters as one device."""
+  _, _, state_1, metrics_1, _, _ = _step(_config(), steps=2)
+  _, _, state_n, metrics_n, _, _ = _step(
+    _config(**layout), steps=2, devices=jax.devices()[:devices]
+  )
+  for a, b in zip(metrics_1, metrics_n):
     np.testing.assert_allclose(a['loss'], b['loss'], rtol=1e-5)
   jax.tree.map(
     lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
     state_1['params'],
-    state_8['params'],
+    state_n['params'],
   )
 
 
