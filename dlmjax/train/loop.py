@@ -58,6 +58,7 @@ def initial_state(config, setup, checkpoints):
   if resuming:
     saved = checkpoint_lib.load_run_config(config.output_dir)
     checkpoint_lib.check_resumable(saved, config)
+    lora_setup.check_resumable(saved, config)
     return checkpoints.restore_latest(setup)  # skips corrupt steps, with a warning
   if setup.lora:
     if config.train.lora.init_adapter:

@@ -80,3 +80,22 @@ def record_or_check_base(run_dir: str, path: str, checksum: str, *, resuming: bo
   if jax.process_index() == 0:
     with open(file, 'w') as f:
       json.dump(dict(path=os.path.abspath(path), checksum=checksum), f, indent=1)
+
+
+_RESUME_KEYS = ('rank', 'alpha', 'targets', 'base_dtype')
+
+
+def check_resumable(saved, config) -> None:
+  """The adapters' shapes and function must match the checkpoint's (a changed rank would
+  otherwise read as a damaged checkpoint)."""
+  before = saved.get('train', {}).get('lora', {})
+  changed = [
+    f'train.lora.{k}: checkpoint {before.get(k, "unset")!r}, run {config.train.lora[k]!r}'
+    for k in _RESUME_KEYS
+    if before.get(k, config_lib.defaults().train.lora[k]) != config.train.lora[k]
+  ]
+  if changed:
+    raise config_lib.ConfigError(
+      f'cannot resume {config.output_dir}: {"; ".join(changed)}; set them back or start a new '
+      '--config.output_dir.'
+    )

@@ -72,7 +72,11 @@ def test_lora_checkpoints_hold_adapters_and_resume_exactly(runs, tmp_path):
   loop.train(_lora(tmp_path, base, **{'train.exit_at_step': 2}))
   loop.train(_lora(tmp_path, base))  # resumes from step 2
   assert [_losses(tmp_path)[s] for s in (3, 4)] == [_losses(straight)[s] for s in (3, 4)]
-  # A base that changed since is refused with one line.
+  # Changed adapters, a LoRA run as init_from, a base that changed since: one line each.
+  with pytest.raises(config_lib.ConfigError, match='train.lora.rank: checkpoint 4, run 8'):
+    loop.train(_lora(tmp_path, base, **{'train.lora.rank': 8, 'train.steps': 6}))
+  with pytest.raises(config_lib.ConfigError, match='is a LoRA run'):
+    loop.train(_config(tmp_path / 'from_lora', **{'stage': 'sft', 'init_from': str(straight)}))
   record = os.path.join(tmp_path, lora_checkpoint.BASE_FILE)
   with open(record) as f:
     saved = json.load(f)
