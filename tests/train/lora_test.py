@@ -2,6 +2,8 @@
 adapters, rank 0 unchanged, mesh layouts, the int8 base and bad input."""
 
 import dataclasses
+import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ import pytest
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
+from dlmjax.checkpoint import peft_io, safetensors_io
 from dlmjax.model import lora
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.rl import reference as reference_lib
@@ -226,3 +229,37 @@ def test_the_rl_reference_is_the_base_with_the_adapters_off():
   trained = _random_adapters(setup.trainable_shapes)
   moved = score(setup.model_params(trained), tokens, prompt_lengths, lengths, seeds)
   assert np.abs(np.asarray(moved) - np.asarray(want)).max() > 1e-3
+
+
+def _write_peft(directory, adapters, cfg, family):
+  """A PEFT directory in `family`'s module names (LLaDA's: d1's adapters)."""
+  os.makedirs(directory, exist_ok=True)
+  tensors = list(peft_io.adapter_tensors(adapters, cfg, family))
+  entries = [(n, t.shape, t.dtype) for n, t in tensors]
+  safetensors_io.write_model(
+    str(directory), entries, iter(tensors), max_shard_bytes=1 << 40,
+    single_file=peft_io.WEIGHTS_FILE,
+  )  # fmt: skip
+  with open(os.path.join(directory, peft_io.CONFIG_FILE), 'w') as f:
+    json.dump(dict(peft_type='LORA', r=cfg.lora_rank, lora_alpha=cfg.lora_alpha), f)
+  return str(directory)
+
+
+def test_a_peft_adapter_with_llada_names_loads_and_one_that_does_not_fit_is_refused(tmp_path):
+  config = _config(**{'train.lora.targets': 'q,k,v,up'})  # what d1's adapters match in LLaDA
+  setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
+  adapters = jax.device_get(_random_adapters(setup.trainable_shapes))
+  d1 = _write_peft(tmp_path / 'd1', adapters, setup.model_config, 'llada')
+  back = jax.device_get(peft_io.read_adapter(d1, config, setup))
+  jax.tree.map(np.testing.assert_array_equal, back, adapters)
+  wider = _config(**{'train.lora.targets': 'q,k,v,up', 'model.ffn_dim': 192})
+  wide_setup = state_lib.TrainSetup(wider, setup.mesh)
+  wide = _write_peft(
+    tmp_path / 'wide',
+    jax.device_get(_random_adapters(wide_setup.trainable_shapes)),
+    wide_setup.model_config,
+    'llama',
+  )
+  with pytest.raises(config_lib.ConfigError, match=r'lora_B of up is \(192, 4\)') as e:
+    peft_io.read_adapter(wide, config, setup)
+  assert '\n' not in str(e.value)
