@@ -23,17 +23,9 @@ def enabled(config) -> bool:
   return config.train.lora.rank > 0
 
 
-def model_config(base_config, config):
-  """The ModelConfig with the run's adapters and base storage (model/lora.py with_adapters)."""
-  return lora.with_adapters(base_config, config)
-
-
-def storage_dtype(config):
-  return lora.storage_dtype(config)
-
-
 def frozen_shapes(base_shapes, config):
-  dtype = storage_dtype(config)
+  """The base's abstract arrays in their frozen storage (float leaves in the base dtype)."""
+  dtype = lora.storage_dtype(config)
   return jax.tree.map(
     lambda s: jax.ShapeDtypeStruct(s.shape, dtype if _is_float(s.dtype) else s.dtype),
     base_shapes,
@@ -46,7 +38,7 @@ def _is_float(dtype) -> bool:
 
 def freeze(base: dict, cfg, config) -> dict:
   """The base in train.lora.base_dtype (model/lora.py freeze). Jit it with out_shardings."""
-  return lora.freeze(base, cfg, storage_dtype(config))
+  return lora.freeze(base, cfg, lora.storage_dtype(config))
 
 
 def init_adapters(adapter_shapes: dict, seed: int) -> dict:

@@ -29,7 +29,7 @@ class TrainSetup:
     self.config = config
     self.mesh = mesh
     self.lora = lora_setup.enabled(config)
-    self.model_config = lora_setup.model_config(
+    self.model_config = lora.with_adapters(
       model_lib.ModelConfig.from_config(config, pipeline=True), config
     )
     _, shapes, self.param_axes = model_lib.abstract(self.model_config)
