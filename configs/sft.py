@@ -2,6 +2,9 @@
 
     python -m dlmjax.train --config=configs/tiny.py           # pre-train: writes runs/tiny
     python -m dlmjax.train --config=configs/sft.py [--config.init_from=runs/tiny]
+    python -m dlmjax.summary --config=configs/sft.py:llada_8b --config.train.lora.rank=128 \
+      --config.model.seq_len=2048 --config.model.remat=full --config.model.dtype=bfloat16 \
+      --devices=1 --device-kind=H100   # what a LoRA SFT of LLaDA-8B needs on one 80 GB GPU
 
 The model (architecture, tokenizer, special ids) comes from `init_from`: a dlmjax run or step
 directory, or a Hugging Face directory. The built-in instruction set is worked solutions of the
@@ -14,11 +17,13 @@ step 30 (the run was stopped there).
 """
 
 from dlmjax import config as config_lib
+from dlmjax.model import presets
 
 
 def get_config(arg=None):
-  del arg
   c = config_lib.defaults()
+  if arg:  # configs/sft.py:PRESET sets the model keys of a preset (e.g. for summary)
+    presets.apply_preset(c.model, arg)
   c.stage = 'sft'
   c.init_from = 'runs/tiny'
   c.output_dir = 'runs/sft'

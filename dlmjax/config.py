@@ -116,6 +116,16 @@ def defaults() -> ml_collections.ConfigDict:
   # Refuse at start a config whose estimated memory per device (dlmjax/train/memory.py)
   # exceeds the GPU's; False skips the check.
   c.train.check_memory = True
+  # LoRA (dlmjax/model/lora.py, docs/lora.md): rank > 0 trains adapters y = xW + (alpha/rank) xAB
+  # on the targeted projections of the frozen init_from model; 0 = full fine-tuning.
+  c.train.lora = ml_collections.ConfigDict()
+  c.train.lora.rank = 0
+  c.train.lora.alpha = 16.0  # the adapters' scale is alpha / rank (PEFT's lora_alpha).
+  c.train.lora.dropout = 0.0  # on the adapters' input; only 0 is implemented.
+  c.train.lora.targets = 'q,k,v,o,gate,up,down'  # comma-separated subset of these projections.
+  # The frozen base's storage: bfloat16 | float32 | int8 (projections int8 per output channel).
+  c.train.lora.base_dtype = 'bfloat16'
+  c.train.lora.init_adapter = ''  # a PEFT adapter directory to start the adapters from.
 
   # Devices per mesh axis; one axis may be -1: it takes whatever the others leave (default: FSDP
   # over every device, MaxText's default inside a node).
@@ -733,8 +743,70 @@ def validate(config, num_devices: int | None = None) -> None:
 
   _validate_sft(config)
   _validate_rl(config)
+  _validate_lora(config)
   check_sampler_settings(config.sampler, prefix='sampler.')
   _validate_mesh(config, num_devices)
+
+
+LORA_BASE_DTYPES = ('bfloat16', 'float32', 'int8')
+
+
+def _validate_lora(config):
+  """train.lora.*: adapters need a base to adapt and ranks the projections can hold."""
+  lora, m = config.train.lora, config.model
+  if lora.rank < 0:
+    raise ConfigError(f'train.lora.rank={lora.rank} must be >= 0 (0 = full fine-tuning).')
+  if lora.rank == 0:
+    if lora.init_adapter:
+      raise ConfigError(
+        f'train.lora.init_adapter={lora.init_adapter!r} needs adapters: set '
+        "--config.train.lora.rank (the adapter's own rank)."
+      )
+    return
+  if not config.init_from:
+    raise ConfigError(
+      'train.lora.rank > 0 trains adapters on a frozen base model: set --config.init_from to '
+      'a dlmjax run, step or Hugging Face directory (or train.lora.rank=0 to train every weight).'
+    )
+  if lora.base_dtype not in LORA_BASE_DTYPES:
+    raise ConfigError(
+      f'train.lora.base_dtype={lora.base_dtype!r} is not one of {LORA_BASE_DTYPES}.'
+    )
+  if lora.dropout != 0:
+    raise ConfigError(
+      f'train.lora.dropout={lora.dropout}: adapter dropout is not implemented (the forward '
+      'draws no random numbers); set --config.train.lora.dropout=0.'
+    )
+  if lora.alpha <= 0:
+    raise ConfigError(f'train.lora.alpha={lora.alpha} must be positive.')
+  names = lora_targets(config)
+  widths = projection_widths(m)
+  unknown = [t for t in names if t not in widths]
+  if unknown or not names:
+    raise ConfigError(
+      f'train.lora.targets={lora.targets!r} names {unknown or "nothing"}; use a '
+      f'comma-separated subset of {",".join(widths)}.'
+    )
+  for target in names:
+    if lora.rank > min(widths[target]):
+      raise ConfigError(
+        f"train.lora.rank={lora.rank} exceeds the {target} projection's width "
+        f'{min(widths[target])} ({widths[target][0]} -> {widths[target][1]}); lower '
+        '--config.train.lora.rank or drop the target.'
+      )
+
+
+def lora_targets(config) -> tuple[str, ...]:
+  """The names in train.lora.targets ('q,k,v' -> ('q', 'k', 'v'))."""
+  return tuple(t.strip() for t in config.train.lora.targets.split(',') if t.strip())
+
+
+def projection_widths(m) -> dict[str, tuple[int, int]]:
+  """(input, output) width of each LoRA target's projection (train.lora.targets) of a model
+  group or ModelConfig (the same field names)."""
+  d, f = m.d_model, m.ffn_dim
+  q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+  return dict(q=(d, q), k=(d, kv), v=(d, kv), o=(q, d), gate=(d, f), up=(d, f), down=(f, d))
 
 
 def _validate_rl(config):

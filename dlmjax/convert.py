@@ -9,13 +9,23 @@
 --layout picks the Hugging Face family whose names and config.json the export writes
 (dlmjax/checkpoint/hf_layouts.py); the default, source, is the family the checkpoint was imported
 from, else the one the model's options choose (Qwen3 with QK-norm, Qwen2 with q/k/v biases, Llama
-with neither). The formats, and the library other modules call, are in
-dlmjax/checkpoint/hf_io.py. The command line runs as one process.
+with neither).
+
+A LoRA run (train.lora.rank > 0; its checkpoints hold the adapters) exports to-hf as the merged
+model, W + (alpha / r) A B in every adapted weight; with `--adapter peft` as a PEFT adapter
+directory instead (adapter_config.json + adapter_model.safetensors, PEFT's names for the exported
+layout) beside the base it trained on, exported to OUTPUT_DIR/base (docs/lora.md):
+
+    python -m dlmjax.convert to-hf --checkpoint-path runs/lora --output-dir hf/lora --adapter peft
+
+The formats, and the library other modules call, are in dlmjax/checkpoint/hf_io.py. The command
+line runs as one process.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import jax
@@ -26,8 +36,49 @@ from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_layouts
 from dlmjax.checkpoint import hf_mapping
+from dlmjax.checkpoint import lora_checkpoint
 from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import peft_io
 from dlmjax.checkpoint import safetensors_io
+from dlmjax.model import lora, quantize
+
+
+# ----------------------------------------------------------------------------------------------
+# LoRA runs
+
+
+def _is_lora_run(checkpoint_path: str) -> bool:
+  run_dir, _, _ = manager.resolve_step_dir(checkpoint_path)
+  return lora.is_lora_run(manager.load_run_config(run_dir))
+
+
+def lora_to_hf(
+  checkpoint_path: str,
+  output_dir: str,
+  *,
+  adapter: str = 'merged',
+  layout: str = hf_layouts.SOURCE,
+  **kwargs,
+) -> str:
+  """A LoRA run's step as the merged Hugging Face model (in `layout`), or as a PEFT adapter
+  directory with its base exported to output_dir/base in the layout its PEFT names address."""
+  run_dir, step_dir, _ = manager.resolve_step_dir(checkpoint_path)
+  config = manager.load_run_config(run_dir)
+  cfg, adapters, frozen = lora_checkpoint.restore(run_dir, step_dir, config)
+  plain = config.copy_and_resolve_references()
+  plain.train.lora.rank = 0  # the exported model is a plain one
+  if adapter == 'merged':
+    merged = lora.merge_into_base(lora.combine(adapters, frozen), cfg.lora_spec)
+    return hf_io.write_hf(output_dir, plain, merged, layout=layout, **kwargs)
+  family = hf_mapping.export_family(cfg)
+  if layout not in (hf_layouts.SOURCE, family):
+    raise hf_io.ConvertError(
+      f'--adapter peft names the modules of the {family} layout; drop --layout {layout}, or '
+      'export the merged model (--adapter merged) in that layout.'
+    )
+  base_dir = os.path.join(output_dir, 'base')
+  hf_io.write_hf(base_dir, plain, quantize.dequantize_tree(frozen), layout=family, **kwargs)
+  return peft_io.write_adapter(output_dir, adapters, cfg, base_model=os.path.abspath(base_dir))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -52,6 +103,12 @@ def _parser() -> argparse.ArgumentParser:
     default=hf_layouts.SOURCE,
     help='the family whose names and config.json to write; source (default): the family the '
     "checkpoint came from, else the one the model's options choose",
+  )
+  to_hf.add_argument(
+    '--adapter',
+    choices=('merged', 'peft'),
+    default='merged',
+    help='a LoRA run: the merged model (default), or a PEFT adapter plus its base in OUTPUT/base',
   )
   to_torch = sub.add_parser('to-torch', help='orbax checkpoint -> PyTorch .pt')
   to_torch.add_argument('--checkpoint-path', required=True)
@@ -86,7 +143,22 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
-    if args.command == 'to-hf':
+    if args.command == 'to-hf' and _is_lora_run(args.checkpoint_path):
+      out = lora_to_hf(
+        args.checkpoint_path,
+        args.output_dir,
+        adapter=args.adapter,
+        layout=args.layout,
+        dtype=args.dtype,
+        max_shard_size=args.max_shard_size,
+        trim_vocab=args.trim_vocab,
+      )
+    elif args.command == 'to-hf':
+      if args.adapter != 'merged':
+        raise config_lib.ConfigError(
+          f'--adapter {args.adapter}: {args.checkpoint_path} is no LoRA run (train.lora.rank is '
+          '0); drop --adapter.'
+        )
       out = hf_io.hf_from_checkpoint(
         args.checkpoint_path,
         args.output_dir,

@@ -9,12 +9,14 @@ own memory analysis.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
 from dlmjax import cli
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
+from dlmjax.model import lora
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.parallel import pipeline
 from dlmjax.train import memory
@@ -71,6 +73,7 @@ def summarize(config, num_devices: int | None) -> str:
     f'context {m.context}; {config_lib.num_microbatches(config)} micro-batches of '
     f'{config.train.micro_batch_size} rows per step',
     _pipeline_line(config),
+    *_lora_lines(config, cfg),
     f'memory per device (estimate): {memory["total"] / _GIB:.2f} GiB = state '
     f'{memory["state"] / _GIB:.2f} + activations {memory["activations"] / _GIB:.2f} + '
     f'recompute {memory["recompute"] / _GIB:.2f} + logits {memory["logits"] / _GIB:.2f} '
@@ -79,6 +82,20 @@ def summarize(config, num_devices: int | None) -> str:
   if schedule_note:
     lines.append(schedule_note)
   return '\n'.join(lines)
+
+
+def _lora_lines(config, cfg) -> list[str]:
+  """The adapters a LoRA run trains and the base it holds frozen (nothing without LoRA)."""
+  t = config.train.lora
+  if t.rank <= 0:
+    return []
+  lora_cfg = lora.with_adapters(cfg, config)
+  base = lora.base_bytes(lora_cfg, jnp.dtype(lora.storage_dtype(config)).itemsize)
+  return [
+    f'LoRA: {lora.num_adapter_params(lora_cfg):,} trainable adapter parameters (rank {t.rank}, '
+    f'alpha {t.alpha:g}, targets {t.targets}); frozen base {base / _GIB:.2f} GiB in '
+    f'{t.base_dtype}, no gradient or optimizer state'
+  ]
 
 
 def _pipeline_line(config) -> str:

@@ -17,6 +17,7 @@ from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.model import lora
 
 RUNTIME_MODEL_KEYS = ('dtype', 'attention_backend', 'remat', 'scan_layers', 'loss_chunk_tokens')
 _ADOPTED_DATA_KEYS = ('tokenizer', 'cache_dir')  # where the source's tokenizer lives.
@@ -58,8 +59,13 @@ def restore_params(config, setup, purpose: str = 'initialising') -> dict:
   path = config.init_from
   if hf_io.is_hf_dir(path):
     _, params = hf_io.load_hf(path, config=config)  # checks the weights against config
-    return jax.device_put(params, setup.param_shardings)
+    return jax.device_put(params, model_lib.param_placement(config, setup.mesh)[1])
   run_dir, step_dir, _ = checkpoint_lib.resolve_step_dir(path)
+  if lora.is_lora_run(checkpoint_lib.load_run_config(run_dir)):
+    raise config_lib.ConfigError(
+      f'init_from={path!r} is a LoRA run (its checkpoints hold adapters only): export it merged '
+      'with python -m dlmjax.convert to-hf and set --config.init_from to that directory.'
+    )
   checkpoint_lib.check_architecture(checkpoint_lib.load_run_config(run_dir), config)
   if jax.process_index() == 0:
     print(f'{purpose} from {step_dir}', flush=True)

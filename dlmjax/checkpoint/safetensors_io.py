@@ -90,18 +90,20 @@ def plan_shards(entries, max_shard_bytes: int) -> list[list[tuple]]:
   return shards
 
 
-def write_model(directory: str, entries, tensors, *, max_shard_bytes: int, metadata=None) -> list:
+def write_model(
+  directory: str, entries, tensors, *, max_shard_bytes: int, metadata=None, single_file=SINGLE_FILE
+) -> list:
   """Writes `tensors` ((name, array) pairs, in the order of `entries`) as one or more shards.
 
   `entries` are (name, shape, numpy dtype) planned in advance; each arriving array is checked
   against its entry and written straight to disk. With several shards, an index maps names to
   files (`model.safetensors.index.json`, as transformers' save_pretrained writes). Returns the
-  file names.
+  file names. `single_file` names a one-shard file (PEFT's is adapter_model.safetensors).
   """
   os.makedirs(directory, exist_ok=True)
   shards = plan_shards(list(entries), max_shard_bytes)
   names = (
-    [SINGLE_FILE]
+    [single_file]
     if len(shards) == 1
     else [f'model-{i + 1:05d}-of-{len(shards):05d}.safetensors' for i in range(len(shards))]
   )

@@ -17,7 +17,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from dlmjax.kernels import flash_attention
 from dlmjax.kernels import flash_attention_mgpu
-from dlmjax.model import layers
+from dlmjax.model import layers, lora
 from dlmjax.parallel import rules
 
 MASK_KINDS = ('bidirectional', 'causal', 'block_causal')
@@ -217,6 +217,8 @@ class Attention(nnx.Module):
     qk_norm: bool = True,
     qkv_bias: bool = False,
     rope_scaling: str = '',
+    lora_spec: lora.Spec | None = None,
+    weight_quant: str = 'none',
   ):
     kw = dict(num_stacked=num_stacked)
     self.rope_theta = rope_theta
@@ -224,33 +226,32 @@ class Attention(nnx.Module):
     self.qk_norm = qk_norm
     self.qkv_bias = qkv_bias
     self.matmul_dtype = matmul_dtype  # q/k/v/o only: the attention core stays in the compute dtype
-    self.q_proj = layers.stacked_param(
-      rngs,
-      (d_model, num_heads, head_dim),
-      (rules.EMBED, rules.HEADS, rules.HEAD_DIM),
-      std=std,
-      **kw,
-    )
-    self.k_proj = layers.stacked_param(
-      rngs,
-      (d_model, num_kv_heads, head_dim),
-      (rules.EMBED, rules.KV_HEADS, rules.HEAD_DIM),
-      std=std,
-      **kw,
-    )
-    self.v_proj = layers.stacked_param(
-      rngs,
-      (d_model, num_kv_heads, head_dim),
-      (rules.EMBED, rules.KV_HEADS, rules.HEAD_DIM),
-      std=std,
-      **kw,
-    )
-    self.o_proj = layers.stacked_param(
+    self.lora_spec = lora_spec
+    proj = dict(num_stacked=num_stacked, lora_spec=lora_spec, quant=weight_quant)
+    for name, heads, head_axis in (
+      ('q_proj', num_heads, rules.HEADS),
+      ('k_proj', num_kv_heads, rules.KV_HEADS),
+      ('v_proj', num_kv_heads, rules.KV_HEADS),
+    ):
+      layers.add_projection(
+        self,
+        name,
+        rngs,
+        (d_model, heads, head_dim),
+        (rules.EMBED, head_axis, rules.HEAD_DIM),
+        std=std,
+        contract_ndim=1,
+        **proj,
+      )
+    layers.add_projection(
+      self,
+      'o_proj',
       rngs,
       (num_heads, head_dim, d_model),
       (rules.HEADS, rules.HEAD_DIM, rules.EMBED),
       std=out_std,
-      **kw,
+      contract_ndim=2,
+      **proj,
     )
     if qkv_bias:  # zeros, as nn.Linear's bias is reset by transformers' Qwen2 init.
       for name, heads, axis in (
@@ -293,10 +294,9 @@ class Attention(nnx.Module):
     the mask those positions have in the whole sequence (segment ids and lengths then cover the S
     keys). The kernels take q and k of one length, so a slice shorter than S runs the xla backend.
     """
-    mm = self.matmul_dtype
-    q = layers.project('bld,dnh->blnh', x_BLD, self.q_proj.value, mm)
-    k = layers.project('bld,dkh->blkh', x_BLD, self.k_proj.value, mm)
-    v = layers.project('bld,dkh->blkh', x_BLD, self.v_proj.value, mm)
+    q = self._project('q_proj', 'bld,dnh->blnh', x_BLD)
+    k = self._project('k_proj', 'bld,dkh->blkh', x_BLD)
+    v = self._project('v_proj', 'bld,dkh->blkh', x_BLD)
     if self.qkv_bias:
       q = q + self.q_bias.value.astype(q.dtype)[None, None]
       k = k + self.k_bias.value.astype(k.dtype)[None, None]
@@ -330,5 +330,10 @@ class Attention(nnx.Module):
     else:
       out = BACKENDS[backend](q, k, v, valid_length_B=valid_length_B, **mask)
     out = checkpoint_name(rules.constrain(out, heads), 'context')
-    out = layers.project('blnh,nhd->bld', out, self.o_proj.value, mm)
+    out = self._project('o_proj', 'blnh,nhd->bld', out)
     return checkpoint_name(out, 'out_proj'), fresh
+
+  def _project(self, name, equation, x):
+    w = getattr(self, name).value
+    extra = layers.projection_operands(self, name, self.lora_spec)
+    return layers.project(equation, x, w, self.matmul_dtype, **extra)

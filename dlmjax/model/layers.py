@@ -18,7 +18,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from dlmjax import config as config_lib
 from dlmjax.kernels import rms_norm as rms_norm_kernel
-from dlmjax.model import fp8
+from dlmjax.model import fp8, lora, quantize
 from dlmjax.parallel import rules
 
 MATMUL_DTYPES = ('compute', 'fp8')  # model.matmul_dtype: the projections' operand precision.
@@ -41,14 +41,66 @@ def stacked_param(
   return nnx.Param(value, axes=tuple(axes))
 
 
-def project(equation: str, x, w, matmul_dtype: str):
+def project(equation: str, x, w, matmul_dtype: str, *, scale=None, adapter=None):
   """A projection einsum of activations x and a float32 parameter w, the one path every
-  projection takes: operands in x's (compute) dtype, or FP8 (fp8.py) for matmul_dtype='fp8'."""
+  projection takes: operands in x's (compute) dtype, or FP8 (fp8.py) for matmul_dtype='fp8'.
+
+  scale: w is int8 and w * scale the weight (model/quantize.py), dequantised here. adapter:
+  (A, B, alpha / r) adds (alpha / r) (x A) B in the compute dtype (model/lora.py), whatever
+  matmul_dtype the base matmul runs in.
+  """
+  if scale is not None:
+    w = quantize.dequantize(w, scale, x.dtype if matmul_dtype == 'compute' else jnp.float32)
   if matmul_dtype == 'fp8':
-    return fp8.einsum(equation, x, w)
-  if matmul_dtype != 'compute':
+    y = fp8.einsum(equation, x, w)
+  elif matmul_dtype != 'compute':
     raise ValueError(f'matmul_dtype={matmul_dtype!r} is not one of {MATMUL_DTYPES}.')
-  return jnp.einsum(equation, x, w.astype(x.dtype))
+  else:
+    y = jnp.einsum(equation, x, w.astype(x.dtype))
+  if adapter is not None:
+    a, b, factor = adapter
+    down_eq, up_eq = lora.adapter_equations(equation)
+    xa = jnp.einsum(down_eq, x, a.astype(x.dtype))
+    y = y + (jnp.einsum(up_eq, xa, b.astype(x.dtype)) * factor).astype(y.dtype)
+  return y
+
+
+def add_projection(
+  module, name, rngs, shape, axes, *, std, num_stacked, contract_ndim, lora_spec, quant='none'
+):
+  """Sets module.<name> (the weight [layers?, *in, *out], N(0, std)), its int8 scale when
+  quant='int8' and its LoRA A and B when lora_spec adapts it; `projection_operands` reads them."""
+  weight = stacked_param(rngs, shape, axes, std=std, num_stacked=num_stacked)
+  full_shape, full_axes = weight.value.shape, weight.get_metadata()['axes']
+  if quant == 'int8':
+    lead = 1 if num_stacked else 0
+    contract = tuple(range(lead, lead + contract_ndim))
+    q, scale = quantize.int8(weight.value, contract)
+    weight = nnx.Param(q, axes=full_axes)
+    setattr(module, name + quantize.SCALE_SUFFIX, nnx.Param(scale, axes=full_axes))
+  elif quant != 'none':
+    raise ValueError(f'weight quantization {quant!r} is not one of {quantize.KINDS}.')
+  setattr(module, name, weight)
+  if lora_spec is not None and lora_spec.adapts(name):
+    (a_shape, a_axes), (b_shape, b_axes) = lora.adapter_shapes(
+      full_shape, full_axes, contract_ndim, lora_spec.rank, num_stacked
+    )
+    a = lora.init_a(rngs.params(), a_shape, contract_ndim)
+    setattr(module, name + lora.A_SUFFIX, nnx.Param(a, axes=a_axes))
+    setattr(module, name + lora.B_SUFFIX, nnx.Param(jnp.zeros(b_shape, jnp.float32), axes=b_axes))
+
+
+def projection_operands(module, name, lora_spec) -> dict:
+  """project()'s keyword arguments for module.<name>: its int8 scale and its adapter, if any."""
+  kwargs = {}
+  scale = getattr(module, name + quantize.SCALE_SUFFIX, None)
+  if scale is not None:
+    kwargs['scale'] = scale.value
+  if lora_spec is not None and lora_spec.adapts(name):
+    a = getattr(module, name + lora.A_SUFFIX).value
+    b = getattr(module, name + lora.B_SUFFIX).value
+    kwargs['adapter'] = (a, b, lora_spec.factor)
+  return kwargs
 
 
 class RMSNorm(nnx.Module):
@@ -183,23 +235,30 @@ class MLP(nnx.Module):
     rngs: nnx.Rngs,
     num_stacked: int = 0,
     matmul_dtype: str = 'compute',
+    lora_spec: lora.Spec | None = None,
+    weight_quant: str = 'none',
   ):
-    kw = dict(num_stacked=num_stacked)
     self.matmul_dtype = matmul_dtype
+    self.lora_spec = lora_spec
+    kw = dict(num_stacked=num_stacked, contract_ndim=1, lora_spec=lora_spec, quant=weight_quant)
     in_axes = (rules.EMBED, rules.MLP)
-    self.gate_proj = stacked_param(rngs, (d_model, ffn_dim), in_axes, std=std, **kw)
-    self.up_proj = stacked_param(rngs, (d_model, ffn_dim), in_axes, std=std, **kw)
-    self.down_proj = stacked_param(
-      rngs, (ffn_dim, d_model), (rules.MLP, rules.EMBED), std=out_std, **kw
+    for name in ('gate_proj', 'up_proj'):
+      add_projection(self, name, rngs, (d_model, ffn_dim), in_axes, std=std, **kw)
+    add_projection(
+      self, 'down_proj', rngs, (ffn_dim, d_model), (rules.MLP, rules.EMBED), std=out_std, **kw
     )
 
+  def _project(self, name, equation, x):
+    w = getattr(self, name).value
+    extra = projection_operands(self, name, self.lora_spec)
+    return project(equation, x, w, self.matmul_dtype, **extra)
+
   def __call__(self, x_BLD):
-    mm = self.matmul_dtype
-    gate_BLF = checkpoint_name(project('bld,df->blf', x_BLD, self.gate_proj.value, mm), 'mlp_gate')
-    up_BLF = checkpoint_name(project('bld,df->blf', x_BLD, self.up_proj.value, mm), 'mlp_up')
+    gate_BLF = checkpoint_name(self._project('gate_proj', 'bld,df->blf', x_BLD), 'mlp_gate')
+    up_BLF = checkpoint_name(self._project('up_proj', 'bld,df->blf', x_BLD), 'mlp_up')
     h_BLF = rules.constrain(
       jax.nn.silu(gate_BLF) * up_BLF, (rules.BATCH, rules.LENGTH, rules.ACT_MLP)
     )
     h_BLF = checkpoint_name(h_BLF, 'mlp_hidden')
-    out_BLD = project('blf,fd->bld', h_BLF, self.down_proj.value, mm)
+    out_BLD = self._project('down_proj', 'blf,fd->bld', h_BLF)
     return checkpoint_name(out_BLD, 'mlp_out')

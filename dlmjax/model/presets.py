@@ -10,6 +10,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from dlmjax import config as config_lib
+from dlmjax.model import lora
 
 PRESETS: dict[str, dict] = {
   # A few-million-parameter model that learns visibly on a 2-core CPU in minutes.
@@ -313,6 +314,17 @@ class ModelConfig:
   pipeline_stages: int = 1
   pipeline_repeats: int = 1
   pipeline_microbatches: int = 1
+  # LoRA adapters (model/lora.py; train.lora.*, set by the train setup): rank 0 = none.
+  lora_rank: int = 0
+  lora_alpha: float = 0.0
+  lora_targets: tuple[str, ...] = ()
+  weight_quant: str = 'none'  # none | int8: the projections' storage (model/quantize.py)
+
+  @property
+  def lora_spec(self):
+    if not self.lora_rank:
+      return None
+    return lora.Spec(self.lora_rank, self.lora_alpha, self.lora_targets)
 
   @property
   def compute_dtype(self):

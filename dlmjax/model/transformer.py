@@ -95,6 +95,8 @@ class Block(nnx.Module):
       norm_backend=cfg.norm_backend,
       qk_norm=cfg.qk_norm,
       qkv_bias=cfg.qkv_bias,
+      lora_spec=cfg.lora_spec,
+      weight_quant=cfg.weight_quant,
       **kw,
     )
     self.post_attn_norm = layers.RMSNorm(cfg.d_model, **norm)
@@ -104,6 +106,8 @@ class Block(nnx.Module):
       std=cfg.init_std,
       out_std=out_std,
       matmul_dtype=cfg.matmul_dtype,
+      lora_spec=cfg.lora_spec,
+      weight_quant=cfg.weight_quant,
       **kw,
     )
 
@@ -171,11 +175,17 @@ def _compute_weights(cfg, params):
 
   Every use in a layer casts them to that dtype anyway (projections, norm gains), so the values
   are the same; cast here, the backward reuses the forward's copy instead of re-casting each
-  weight from float32. FP8 projections quantise from float32 and keep it.
+  weight from float32. FP8 projections quantise from float32 and keep it. An int8 base weight
+  stays int8 (its projection dequantises it, model/quantize.py): a cast here would hold a
+  compute-dtype copy of every layer.
   """
   if cfg.matmul_dtype != 'compute':
     return params
-  return jax.tree.map(lambda p: p.astype(cfg.compute_dtype), params)
+
+  def cast(p):
+    return p.astype(cfg.compute_dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p
+
+  return jax.tree.map(cast, params)
 
 
 def shift_predictions(hidden_BLD, segment_ids_BL=None):

@@ -104,6 +104,12 @@ class RolloutBatches:
     # and scorer run over the global mesh) and serves the block of rows its devices hold.
     self.shard, self.shards = process_index, process_count
     self.score_fn = make_score_fn(config, setup.model_config)
+    self.reference_score_fn = None
+    if reference is not None:
+      same = reference.model_config == setup.model_config
+      self.reference_score_fn = (
+        self.score_fn if same else make_score_fn(config, reference.model_config)
+      )
     self.served = 0  # batches handed out; rollout = served // inner_updates
     self._batch = None
 
@@ -207,13 +213,16 @@ class RolloutBatches:
       ref_all.append(
         old
         if reference is None
-        else self._score(reference, tokens, prompt_lengths, lengths, seeds_B)
+        else self._score(
+          reference, tokens, prompt_lengths, lengths, seeds_B, self.reference_score_fn
+        )
       )
     return old_all, ref_all
 
-  def _score(self, params, tokens, prompt_lengths, lengths, seeds):
+  def _score(self, params, tokens, prompt_lengths, lengths, seeds, score_fn=None):
+    score_fn = score_fn or self.score_fn
     with rules.activation_mesh(self.setup.mesh):
-      return distributed.to_host(self.score_fn(params, tokens, prompt_lengths, lengths, seeds))
+      return distributed.to_host(score_fn(params, tokens, prompt_lengths, lengths, seeds))
 
 
 def make_batches(config, setup, prompts, *, process_index: int = 0, process_count: int = 1):
@@ -248,14 +257,17 @@ def _safe_correct(task, example, completion) -> bool:
 
 def make_score_fn(config, model_config):
   """jit(fn(params, tokens, prompt_lengths, lengths, mask_seeds)): the objective's estimate
-  (d1: token log-probs [B, L]; ESPO: sequence ELBO [B]) without gradients, params in any dtype."""
+  (d1: token log-probs [B, L]; ESPO: sequence ELBO [B]) without gradients, params in any float
+  dtype (taken as float32; a LoRA base's int8 weights stay int8, model/quantize.py)."""
   r = config.rl
   common = dict(
     seed=config.seed, mask_id=config.model.mask_token_id, chunk_size=config.model.loss_chunk_tokens
   )
 
   def fn(params, tokens, prompt_lengths, lengths, mask_seeds):
-    params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+    params = jax.tree.map(
+      lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+    )
     module = model_lib.merge(model_config, params)
     if r.objective == 'd1':
       return estimators.d1_token_logprobs(

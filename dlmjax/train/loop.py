@@ -12,11 +12,12 @@ import jax
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import init_from as init_from_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import lora_checkpoint, peft_io
 from dlmjax.observability import plots
 from dlmjax.observability import sinks as sinks_lib
 from dlmjax.parallel import distributed
 from dlmjax.parallel import mesh as mesh_lib
-from dlmjax.train import guards, memory, preemption, reporting, stages
+from dlmjax.train import guards, lora_setup, memory, preemption, reporting, stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 
@@ -41,11 +42,31 @@ def check_output_dir(output_dir: str) -> None:
 
 
 def initial_state(config, setup, checkpoints):
-  """The resume order, written once: this run's latest checkpoint -> init_from -> scratch."""
-  if checkpoints.latest_step() is not None:
+  """The resume order, written once: this run's latest checkpoint -> init_from -> scratch.
+
+  A LoRA run first restores its frozen base from init_from (on resume too), and its state is
+  the adapters: from train.lora.init_adapter, or fresh.
+  """
+  resuming = checkpoints.latest_step() is not None
+  if setup.lora:
+    setup.set_base(init_from_lib.restore_params(config, setup, purpose='LoRA base'))
+    lora_setup.record_or_check_base(
+      config.output_dir,
+      config.init_from,
+      lora_checkpoint.base_checksum(setup.frozen),
+      resuming=resuming,
+    )
+  if resuming:
     saved = checkpoint_lib.load_run_config(config.output_dir)
     checkpoint_lib.check_resumable(saved, config)
+    lora_setup.check_resumable(saved, config)
     return checkpoints.restore_latest(setup)  # skips corrupt steps, with a warning
+  if setup.lora:
+    if config.train.lora.init_adapter:
+      adapters = peft_io.read_adapter(config.train.lora.init_adapter, config, setup)
+    else:
+      adapters = lora_setup.init_adapters(setup.trainable_shapes, config.seed)
+    return setup.state_from_params(adapters), None
   if config.init_from:  # a run/step or Hugging Face directory (init_from.py)
     return setup.state_from_params(init_from_lib.restore_params(config, setup)), None
   return setup.init_state(config.seed), None
@@ -153,7 +174,7 @@ def _run(config, stop, cleanup) -> dict | None:
     print(f'step {start + 1}: first batch, then compiling the train step...', flush=True)
   for step in range(start + 1, _last_step(config) + 1):
     # The params of the step about to run (RL samples its rollouts from them).
-    local, row = guards.next_batch(batches, state['params'], config, step)
+    local, row = guards.next_batch(batches, setup.model_params(state['params']), config, step)
     if row is not None:
       reporter.write_row(row)
     batch = {
@@ -175,7 +196,9 @@ def _run(config, stop, cleanup) -> dict | None:
       reporter.start(step)  # throughput and ETA from here: compilation is not a step's time
     pending = (step, metrics)
     if evaluator is not None and _should_evaluate(config, step):
-      reporter.write_row(evaluator.run(step, state['params']))  # val_loss / val_reward, ...
+      reporter.write_row(
+        evaluator.run(step, setup.model_params(state['params']))
+      )  # val_loss / val_reward, ...
     preempted = stop.requested()
     if preempted or _should_save(config, step):
       checkpoints.save(state, batches.get_state())

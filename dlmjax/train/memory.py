@@ -9,6 +9,12 @@ docs/benchmarks.md, Memory per device: 0-15% above each, so it errs towards refu
   recompute    what a remat policy did not save, for one layer, rebuilt during its backward
   logits       fp32 logits and their gradient for one loss chunk (or all tokens without chunks)
 `train` refuses a config whose estimate exceeds the device's usable memory, before compiling.
+
+A LoRA run (train.lora.rank > 0) holds the frozen base in train.lora.base_dtype (bf16: 2 bytes per
+parameter, int8: 1 per projection weight) and the 16 (20) bytes per parameter of state for its
+adapters alone; with a float32 compute dtype over a bf16 base the step also casts the layers to
+float32 (4 bytes per parameter). Its activations are the full model's (the backward still runs
+through every layer).
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ from __future__ import annotations
 import os
 
 import jax
+import jax.numpy as jnp
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
+from dlmjax.model import lora
 
 GIB = 1024**3
 # Memory per GPU as nvidia-smi reports it (GiB); first match of the device kind wins.
@@ -56,7 +64,15 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
   context = mesh.get('context', 1)  # the axis exists once context parallelism lands
   shards = mesh.fsdp * mesh.tensor * mesh.pipeline * context
   per_param = 20 if config_lib.num_microbatches(config) > 1 else 16
-  state = per_param * cfg.num_params() / shards
+  if config.train.lora.rank > 0:
+    lora_cfg = lora.with_adapters(cfg, config)
+    base_dtype = jnp.dtype(lora.storage_dtype(config))
+    base = lora.base_bytes(lora_cfg, base_dtype.itemsize)
+    if jnp.dtype(cfg.dtype).itemsize > base_dtype.itemsize:  # the step's compute-dtype copy
+      base += cfg.num_params() * jnp.dtype(cfg.dtype).itemsize
+    state = (base + per_param * lora.num_adapter_params(lora_cfg)) / shards
+  else:
+    state = per_param * cfg.num_params() / shards
   rows = config.train.micro_batch_size / config_lib.batch_parallelism(config)
   tokens = rows * cfg.seq_len / context
   act_bytes = 2 if cfg.dtype == 'bfloat16' else 4

@@ -10,29 +10,52 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from dlmjax import model as model_lib
+from dlmjax.model import lora
 from dlmjax.parallel import rules
+from dlmjax.train import lora_setup
 from dlmjax.train import optimizer as optimizer_lib
 
 
 class TrainSetup:
-  """What every stage shares: model config, optimizer, abstract state and its shardings."""
+  """What every stage shares: model config, optimizer, abstract state and its shardings.
+
+  param_shapes / param_shardings: the whole model as programs see it. With LoRA
+  (train.lora.rank > 0, train/lora_setup.py) that is the adapters (the train state's params,
+  trainable_*) plus the frozen base (frozen_*, held in `frozen`, not in the state); without, the
+  state's params are the whole model and `frozen` is empty.
+  """
 
   def __init__(self, config, mesh):
     self.config = config
     self.mesh = mesh
-    self.model_config = model_lib.ModelConfig.from_config(config, pipeline=True)
-    _, self.param_shapes, self.param_axes = model_lib.abstract(self.model_config)
-    self.optimizer = optimizer_lib.make_optimizer(config.train, self.param_axes)
+    self.lora = lora_setup.enabled(config)
+    self.model_config = lora.with_adapters(
+      model_lib.ModelConfig.from_config(config, pipeline=True), config
+    )
+    _, shapes, self.param_axes = model_lib.abstract(self.model_config)
+    if self.lora:
+      trainable_shapes, base_shapes = lora.split(shapes)
+      trainable_axes, frozen_axes = lora.split(self.param_axes)
+      self.frozen_shapes = lora_setup.frozen_shapes(base_shapes, config)
+      self.frozen_shardings = rules.tree_shardings(mesh, frozen_axes)
+      self.param_shapes = lora.combine(trainable_shapes, self.frozen_shapes)
+    else:
+      trainable_shapes, trainable_axes, self.param_shapes = shapes, self.param_axes, shapes
+      self.frozen_shapes, self.frozen_shardings = {}, {}
+    self.frozen = {}
+    self.trainable_shapes = trainable_shapes
+    self.trainable_shardings = rules.tree_shardings(mesh, trainable_axes)
     self.param_shardings = rules.tree_shardings(mesh, self.param_axes)
-    abstract_opt = jax.eval_shape(self.optimizer.init, self.param_shapes)
+    self.optimizer = optimizer_lib.make_optimizer(config.train, trainable_axes)
+    abstract_opt = jax.eval_shape(self.optimizer.init, trainable_shapes)
     self.state_shapes = dict(
-      step=jax.ShapeDtypeStruct((), jnp.int32), params=self.param_shapes, opt_state=abstract_opt
+      step=jax.ShapeDtypeStruct((), jnp.int32), params=trainable_shapes, opt_state=abstract_opt
     )
     self.state_shardings = dict(
       step=self.replicated,
-      params=self.param_shardings,
+      params=self.trainable_shardings,
       opt_state=_opt_state_shardings(
-        abstract_opt, self.param_shapes, self.param_shardings, self.replicated
+        abstract_opt, trainable_shapes, self.trainable_shardings, self.replicated
       ),
     )
 
@@ -40,8 +63,29 @@ class TrainSetup:
   def replicated(self):
     return NamedSharding(self.mesh, PartitionSpec())
 
+  def model_params(self, params: dict) -> dict:
+    """The whole model's params of a state's params (the adapters joined to the frozen base)."""
+    return lora.combine(params, self.frozen) if self.lora else params
+
+  def set_base(self, base: dict) -> None:
+    """Holds the frozen base of a LoRA run: float params as init_from restores them (no
+    adapters), converted to train.lora.base_dtype in the frozen shardings."""
+    cfg, config = self.model_config, self.config
+    self.frozen = jax.jit(
+      lambda p: lora_setup.freeze(p, cfg, config), out_shardings=self.frozen_shardings
+    )(base)
+
   def init_state(self, seed: int) -> dict:
-    """Random params and fresh optimizer state, created directly in their shardings."""
+    """Random params and fresh optimizer state, created directly in their shardings. With LoRA
+    the base is random too (benchmarks and tests; runs start from init_from)."""
+    if self.lora:  # one program, so a float32 copy of the whole base never exists at once
+      base_cfg = model_lib.ModelConfig.from_config(self.config, pipeline=True)
+      cfg, config = self.model_config, self.config
+      self.frozen = jax.jit(
+        lambda k: lora_setup.freeze(model_lib.init_params(base_cfg, k), cfg, config),
+        out_shardings=self.frozen_shardings,
+      )(jax.random.key(seed))
+      return self.state_from_params(lora_setup.init_adapters(self.trainable_shapes, seed))
 
     def init(key):
       params = model_lib.init_params(self.model_config, key)
@@ -52,16 +96,17 @@ class TrainSetup:
     return jax.jit(init, out_shardings=self.state_shardings)(jax.random.key(seed))
 
   def state_from_params(self, params: dict) -> dict:
-    """A step-0 state around given params (fine-tuning from a checkpoint or an import)."""
+    """A step-0 state around given params (fine-tuning from a checkpoint or an import; the
+    adapters of a LoRA run)."""
 
     def init(params):
       return dict(
         step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
       )
 
-    return jax.jit(init, in_shardings=(self.param_shardings,), out_shardings=self.state_shardings)(
-      params
-    )
+    return jax.jit(
+      init, in_shardings=(self.trainable_shardings,), out_shardings=self.state_shardings
+    )(params)
 
 
 def _opt_state_shardings(abstract_opt, param_shapes, param_shardings, replicated):

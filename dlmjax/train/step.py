@@ -15,7 +15,7 @@ import optax
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.model import programs
+from dlmjax.model import lora, programs
 from dlmjax.parallel import rules
 from dlmjax.train import optimizer as optimizer_lib
 
@@ -35,7 +35,8 @@ def _row_axes(ndim: int, leading=()):
 
 
 def make_step_fn(setup, loss_fn, metrics_fn):
-  """step(state, batch) -> (state, metrics).
+  """step(state, batch, frozen) -> (state, metrics); frozen is a LoRA run's base (setup.frozen,
+  an empty dict otherwise), which gets no gradient.
 
   loss_fn(module, *, step, micro_index, example_ids_B, **arrays) -> (objective, sums) gets one
   micro-batch of every batch array ([rows, ...], e.g. tokens=, segment_ids=) and the indices its
@@ -47,9 +48,9 @@ def make_step_fn(setup, loss_fn, metrics_fn):
   num_micro = config_lib.num_microbatches(config)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
 
-  def micro_step(params, step, arrays, example_ids, micro_index):
+  def micro_step(params, frozen, step, arrays, example_ids, micro_index):
     def objective(p):
-      module = model_lib.merge(cfg, p)
+      module = model_lib.merge(cfg, lora.combine(p, frozen) if setup.lora else p)
       return loss_fn(
         module, step=step, micro_index=micro_index, example_ids_B=example_ids, **arrays
       )
@@ -57,7 +58,7 @@ def make_step_fn(setup, loss_fn, metrics_fn):
     (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(params)
     return grads, sums
 
-  def step_fn(state, batch):
+  def step_fn(state, batch, frozen):
     params, step = state['params'], state['step']
     rows = next(iter(batch.values())).shape[0]
     example_ids = step * rows + jnp.arange(rows)
@@ -72,14 +73,16 @@ def make_step_fn(setup, loss_fn, metrics_fn):
       grads_acc, sums_acc = carry
       arrays_mb, ids_mb, index = xs
       arrays_mb = {k: rules.constrain(v, _row_axes(v.ndim)) for k, v in arrays_mb.items()}
-      grads, sums = micro_step(params, step, arrays_mb, ids_mb, index)
+      grads, sums = micro_step(params, frozen, step, arrays_mb, ids_mb, index)
       grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
       sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
       return (grads_acc, sums_acc), None
 
     zero_grads = jax.tree.map(jnp.zeros_like, params)
     _, zero_sums = jax.eval_shape(
-      lambda: micro_step(params, step, {k: v[0] for k, v in micro_arrays.items()}, micro_ids[0], 0)
+      lambda: micro_step(
+        params, frozen, step, {k: v[0] for k, v in micro_arrays.items()}, micro_ids[0], 0
+      )
     )
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_sums)
     (grads, sums), _ = jax.lax.scan(
@@ -119,23 +122,27 @@ class CompiledStep:
     self._jitted = programs.jit_program(
       make_step_fn(setup, stage.loss, stage.metrics),
       setup.model_config.matmul_dtype,
-      in_shardings=(setup.state_shardings, {k: self.batch_sharding for k in stage.batch_keys}),
+      in_shardings=(
+        setup.state_shardings,
+        {k: self.batch_sharding for k in stage.batch_keys},
+        setup.frozen_shardings,
+      ),
       out_shardings=(setup.state_shardings, setup.replicated),
       donate_argnums=0,
     )
 
   def __call__(self, state, batch):
     with rules.activation_mesh(self.setup.mesh):
-      return self._jitted(state, batch)
+      return self._jitted(state, batch, self.setup.frozen)
 
   def compile(self, state, batch):
     """Compiles for these arguments without running; the next call reuses the executable (a
     multi-process run lines its processes up in between, see train/loop.py). Returns it: its
     HLO names the kernels a profile of the run shows (scripts/profile_step.py)."""
     with rules.activation_mesh(self.setup.mesh):
-      return self._jitted.lower(state, batch).compile()
+      return self._jitted.lower(state, batch, self.setup.frozen).compile()
 
   def lower(self, batch_shapes):
     """Lowered for the abstract state (summary uses this to report memory without running)."""
     with rules.activation_mesh(self.setup.mesh):
-      return self._jitted.lower(self.setup.state_shapes, batch_shapes)
+      return self._jitted.lower(self.setup.state_shapes, batch_shapes, self.setup.frozen_shapes)
