@@ -110,13 +110,11 @@ def _torch_part(args) -> dict:
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
 
-  from dlmjax.checkpoint import torch_reference  # pylint: disable=import-outside-toplevel
+  from benchmarks.peers import torch_sampler_peer  # pylint: disable=import-outside-toplevel
 
   shape = _shape(args.tiny)
   device = 'cuda' if torch.cuda.is_available() else 'cpu'
-  transformers.AttentionInterface.register(
-    torch_reference.ATTENTION_NAME, torch_reference.masked_sdpa
-  )
+  transformers.AttentionInterface.register('bidir_sdpa', torch_sampler_peer.bidirectional_sdpa)
   hf = transformers.LlamaConfig(
     vocab_size=shape['vocab_size'],
     hidden_size=shape['d_model'],
@@ -130,7 +128,7 @@ def _torch_part(args) -> dict:
     max_position_embeddings=shape['seq_len'],
     tie_word_embeddings=False,
   )
-  hf._attn_implementation = torch_reference.ATTENTION_NAME  # bidirectional: masked_sdpa
+  hf._attn_implementation = 'bidir_sdpa'  # bidirectional SDPA, no mask
   torch.manual_seed(0)
   with torch.device(device):
     model = transformers.LlamaForCausalLM(hf).to(torch.bfloat16)
