@@ -72,6 +72,8 @@ def _model_config(args):
   config.model.remat = 'none'
   if jax.default_backend() != 'gpu':
     config.model.attention_backend, config.model.norm_backend = 'xla', 'xla'
+  elif config.model.attention_backend == 'cudnn':  # left padding is segment ids: cuDNN has none
+    config.model.attention_backend = 'auto'  # (the sampler makes the same swap)
   return config, model_lib.ModelConfig.from_config(config)
 
 
