@@ -82,9 +82,13 @@ def dispatch(tree):
 
 def to_hex(folded) -> dict[str, str]:
   """{'blocks/attn/q_proj': 16 hex digits, ...} of `dispatch`'s result (waits for it)."""
+  if jax.process_count() > 1:  # the words may sit on another process's devices: 8 bytes each
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+    folded = multihost_utils.process_allgather(folded, tiled=True)
   leaves = jax.tree_util.tree_flatten_with_path(folded)[0]
   return {
-    _path_name(path): ''.join(f'{int(w):08x}' for w in np.asarray(jax.device_get(leaf)))
+    _path_name(path): ''.join(f'{int(w):08x}' for w in np.asarray(jax.device_get(leaf))[:2])
     for path, leaf in leaves
   }
 
