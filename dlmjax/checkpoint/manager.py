@@ -11,6 +11,7 @@ import asyncio
 import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -125,6 +126,7 @@ class RunCheckpoints:
       temporary_path_class=_test_hooks(),
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
+    _quiet_disk_full_tracebacks()
     self._closed = False
     self._in_flight: tuple[int, int] | None = None  # (step, bytes) of the save being written
     self.last_blocked_s = 0.0  # how long the last save() held up the caller
@@ -189,7 +191,9 @@ class RunCheckpoints:
     Checksums of every array are computed on the devices holding each shard (two 32-bit words
     per array reach the host); the caller then waits only for orbax's device-to-host copy.
     """
-    self._raise_if_write_failed()  # an earlier save's background write
+    # orbax waits for the previous save's background write here anyway; waiting first names the
+    # step of a write that failed (a full disk) instead of this one.
+    self.wait()
     arrays = dict(params=state['params'], opt_state=state['opt_state'])
     jax.block_until_ready(arrays)  # the step itself: not time the save holds training up
     started = time.perf_counter()
@@ -231,14 +235,6 @@ class RunCheckpoints:
       self._slowest_save_s = max(self._slowest_save_s, time.perf_counter() - self._save_started)
       self._save_started = None
     return max(self._slowest_save_s, self.last_blocked_s)
-
-  def _raise_if_write_failed(self) -> None:
-    """Surfaces an error of the background write (orbax re-raises it on the next call)."""
-    try:
-      self._manager.check_for_errors()
-    except Exception as e:  # pylint: disable=broad-except
-      self._raise_if_disk_full(e)
-      raise
 
   def _raise_if_disk_full(self, error: BaseException) -> None:
     if not _is_disk_full(error):
@@ -364,6 +360,20 @@ def _check_layout(step_dir, meta, arrays, manager, step) -> None:
       "it is. Use a new --config.output_dir, or set the model keys back to the checkpoint's "
       '(its config.json).'
     )
+
+
+class _DropDiskFullTracebacks(logging.Filter):
+  """orbax logs a failed background write with its traceback before re-raising it; a full disk
+  is reported as one error line (DiskFullError), so those records are dropped."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.exc_info and _is_disk_full(record.exc_info[1]))
+
+
+def _quiet_disk_full_tracebacks() -> None:
+  logger = logging.getLogger('absl')
+  if not any(isinstance(f, _DropDiskFullTracebacks) for f in logger.filters):
+    logger.addFilter(_DropDiskFullTracebacks())
 
 
 def _one_line(error: BaseException) -> str:
