@@ -371,9 +371,10 @@ class _DropDiskFullTracebacks(logging.Filter):
 
 
 def _quiet_disk_full_tracebacks() -> None:
-  logger = logging.getLogger('absl')
-  if not any(isinstance(f, _DropDiskFullTracebacks) for f in logger.filters):
-    logger.addFilter(_DropDiskFullTracebacks())
+  for name in ('absl', 'asyncio'):  # orbax's logs; asyncio's "Future exception never retrieved"
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _DropDiskFullTracebacks) for f in logger.filters):
+      logger.addFilter(_DropDiskFullTracebacks())
 
 
 def _one_line(error: BaseException) -> str:

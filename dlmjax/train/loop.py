@@ -120,6 +120,12 @@ def _run(config, stop, cleanup) -> dict | None:
     memory.check_fits(config, memory.present_device_memory_bytes())
   setup = state_lib.TrainSetup(config, mesh)
   stage = stages.build(config)
+  # Before the checkpoint manager starts its threads: a refusal here leaves nothing running.
+  disk = guards.check_free_disk(
+    config.output_dir, setup.state_shapes, guards.checkpoints_on_disk(config)
+  )
+  if jax.process_index() == 0:
+    print(disk, flush=True)
   checkpoints = checkpoint_lib.RunCheckpoints(
     config.output_dir, keep=config.checkpoint.keep, keep_every=config.checkpoint.keep_every
   )
@@ -133,11 +139,6 @@ def _run(config, stop, cleanup) -> dict | None:
       flush=True,
     )
   # State.
-  disk = guards.check_free_disk(
-    config.output_dir, setup.state_shapes, guards.checkpoints_on_disk(config)
-  )
-  if jax.process_index() == 0:
-    print(disk, flush=True)
   state, data_state = initial_state(config, setup, checkpoints)
   checkpoint_lib.write_run_config(config.output_dir, config)
   start = int(jax.device_get(state['step']))
