@@ -18,7 +18,8 @@ from tests.conftest import tiny_test_config
 
 
 def _setup(**overrides):
-  config = tiny_test_config(**{'model.num_layers': 2, **overrides})
+  # vocab 4200: padded to 4224 on every mesh (4352 if the padding followed mesh.tensor = 2).
+  config = tiny_test_config(**{'model.num_layers': 2, 'model.vocab_size': 4200, **overrides})
   return state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
 
 
