@@ -34,8 +34,8 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.num_kv_heads = 4  # key/value heads (grouped-query attention when fewer).
   c.model.head_dim = 32  # per head (q, k, v).
   c.model.ffn_dim = 384  # the SwiGLU hidden width.
-  # The tokenizer's vocabulary; the embedding is padded to a multiple of VOCAB_MULTIPLE x
-  # mesh.tensor (Megatron).
+  # The tokenizer's vocabulary; the embedding is padded to a multiple of VOCAB_MULTIPLE (fixed, so
+  # checkpoints keep their shapes on any mesh; mesh.tensor must divide the padded size).
   c.model.vocab_size = 4096
   c.model.seq_len = 128  # tokens per row: the canvas of every stage.
   c.model.rope_theta = 10000.0  # RoPE base.
@@ -95,6 +95,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.steps = 200  # optimizer steps; the schedule ends here.
   c.train.exit_at_step = 0  # stop (with a checkpoint) on reaching this step; 0 = run to the end.
+  # > 0: stop cleanly, with a checkpoint, before this many minutes of training have passed (a
+  # job's time limit; the last step and save are budgeted from the slowest seen).
+  c.train.max_minutes = 0.0
   # Rows per optimizer step, and rows per accumulation step across the WHOLE mesh (Megatron's
   # per-rank micro-batch times the data-parallel size). Both are mesh-independent, so a run gives
   # the same losses on any mesh.
@@ -147,6 +150,8 @@ def defaults() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 100  # 0 turns periodic saves off (the final step is still saved).
   c.checkpoint.keep = 3  # the newest checkpoints kept.
+  c.checkpoint.every_minutes = 0.0  # > 0: also save when this long has passed since the last save.
+  c.checkpoint.keep_every = 0  # > 0: checkpoints of steps divisible by it are kept for good.
 
   # Observability (README, "Faults and watching a run"): every logged row goes to metrics.jsonl,
   # log.outputs, comma-separated from: tensorboard (scalars under OUTPUT_DIR/tensorboard, no
@@ -275,7 +280,10 @@ REMOVED = {
 # Held-out masks and RL's held-out problems come from this seed and each example's index, so every
 # evaluation of every run scores the same tokens masked the same way (dlmjax/train/evaluation.py).
 EVAL_SEED = 0
-VOCAB_MULTIPLE = 128  # the embedding's rows are a multiple of this x mesh.tensor (Megatron).
+# The embedding's rows are a multiple of this, whatever the mesh: a checkpoint's shapes must not
+# depend on the layout it was trained on (docs/faults.md, "Mesh change on resume"). Megatron pads to
+# 128 x tensor; 128 is divisible by every power-of-two tensor size up to 128.
+VOCAB_MULTIPLE = 128
 
 
 def old_key_message(dotted: str) -> str | None:
@@ -527,9 +535,8 @@ def format_rope_scaling(kind: str, fields: dict) -> str:
 
 
 def padded_vocab_size(config) -> int:
-  """The embedding rows: vocab rounded up to VOCAB_MULTIPLE x tensor, as Megatron pads."""
-  multiple = VOCAB_MULTIPLE * config.mesh.tensor
-  return int(math.ceil(config.model.vocab_size / multiple) * multiple)
+  """The embedding rows: vocab rounded up to VOCAB_MULTIPLE, independent of the mesh."""
+  return int(math.ceil(config.model.vocab_size / VOCAB_MULTIPLE) * VOCAB_MULTIPLE)
 
 
 def num_microbatches(config) -> int:
@@ -728,6 +735,9 @@ def validate(config, num_devices: int | None = None) -> None:
     raise ConfigError(f'train.max_consecutive_skips={t.max_consecutive_skips} must be >= 0.')
   if config.checkpoint.every < 0 or config.checkpoint.keep < 1:
     raise ConfigError('checkpoint.every must be >= 0 and checkpoint.keep >= 1.')
+  for key in ('checkpoint.every_minutes', 'checkpoint.keep_every', 'train.max_minutes'):
+    if get_key(config, key) < 0:
+      raise ConfigError(f'{key}={get_key(config, key)} must be >= 0 (0 turns it off).')
   if config.log.every < 1:
     raise ConfigError(f'log.every={config.log.every} must be >= 1.')
   if config.eval.every < 0 or config.eval.batches < 1:
@@ -991,6 +1001,12 @@ def _validate_mesh(config, num_devices):
         f'model.{key}={m[key]} is not divisible by mesh.tensor={mesh.tensor}; '
         'pick a tensor size that divides it.'
       )
+  if padded_vocab_size(config) % mesh.tensor:
+    raise ConfigError(
+      f'the padded vocabulary ({padded_vocab_size(config)} rows, model.vocab_size rounded up to '
+      f'{VOCAB_MULTIPLE}) is not divisible by mesh.tensor={mesh.tensor}; use a power-of-two '
+      'tensor size.'
+    )
   if m.d_model % (mesh.fsdp * mesh.context):
     raise ConfigError(
       f'model.d_model={m.d_model} is not divisible by mesh.fsdp x mesh.context = '

@@ -130,13 +130,11 @@ def _check_opt_state(step_dir, cfg) -> Check:
 
 
 def _check_checksums(meta, params) -> Check:
-  saved = meta.get('checksums')
+  saved = manager.saved_checksums(meta)
   if saved is None:
-    return Check('checksums', True, 'none saved with this checkpoint; skipped')
+    return Check('checksums', True, 'none saved in this format with this checkpoint; skipped')
   problems = checksums.compare(saved, checksums.compute(params))
-  return Check(
-    'checksums', not problems, '; '.join(problems[:8]) or f'{len(saved)} sha256 digests match'
-  )
+  return Check('checksums', not problems, '; '.join(problems[:8]) or f'{len(saved)} digests match')
 
 
 def check_integrity(step_dir: str, config, step: int):

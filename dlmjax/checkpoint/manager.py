@@ -8,9 +8,14 @@ iterator state). Restores go straight into the target shardings; nothing is gath
 from __future__ import annotations
 
 import asyncio
+import errno
+import hashlib
 import json
+import logging
 import os
+import shutil
 import sys
+import time
 
 import jax
 import ml_collections
@@ -44,10 +49,20 @@ _ARCHITECTURE_KEYS = _RESUME_KEYS[:11]
 # Test hook, "STEP:SECONDS": stall the commit of that step's save (its files written, the step not
 # yet committed), so a test can kill the process mid-save deterministically.
 COMMIT_DELAY_ENV = 'DLMJAX_TEST_COMMIT_DELAY'
+# Test hook, "STEP": the save of that step fails as on a full disk (ENOSPC), after writing.
+DISK_FULL_ENV = 'DLMJAX_TEST_DISK_FULL'
 
 
 class CheckpointError(RuntimeError):
   """A checkpoint that is missing, incomplete or incompatible; the message names the fix."""
+
+
+class DiskFullError(CheckpointError):
+  """A save ran out of space; the message names the directory, the space and the knobs."""
+
+
+class DamagedCheckpoint(Exception):
+  """The bytes of one step are unreadable or do not match their checksums (set aside)."""
 
 
 def _abstract(shapes, shardings):
@@ -56,49 +71,92 @@ def _abstract(shapes, shardings):
   )
 
 
-class RunCheckpoints:
-  """The checkpoints of one run directory."""
+def _layout(tree) -> dict[str, str]:
+  """{'params/embed/embedding': 'float32[4096,64]', ...}: what a restore target must match."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {
+    checksums._path_name(path): f'{jax.numpy.dtype(x.dtype).name}{list(x.shape)}'  # pylint: disable=protected-access
+    for path, x in leaves
+  }
 
-  def __init__(self, run_dir: str, *, keep: int = 3, async_save: bool = True):
+
+def _meta_digest(step: int, data_state) -> str:
+  """sha256 of the step and data-iterator state (the meta item's own checksum)."""
+  text = json.dumps(dict(step=step, data_state=data_state), sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def saved_checksums(meta: dict, item: str = 'params') -> dict | None:
+  """The digests saved for `item` ('params' or 'opt_state'), or None when this checkpoint holds
+  none in the current format (saved before it existed: nothing to compare with)."""
+  if meta.get('checksum_format') != checksums.FORMAT:
+    return None
+  return meta.get('checksums' if item == 'params' else f'{item}_checksums')
+
+
+def _is_disk_full(error: BaseException) -> bool:
+  while error is not None:
+    if getattr(error, 'errno', None) == errno.ENOSPC or 'No space left on device' in str(error):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def _gib(n: int) -> str:
+  return f'{n / 2**30:.2f} GiB'
+
+
+class RunCheckpoints:
+  """The checkpoints of one run directory.
+
+  A save blocks the caller only while the arrays are checksummed on their devices and copied to
+  host memory; orbax writes them in the background. Every item is checksummed (params, optimizer
+  state, step and data state); a restore verifies each (docs/faults.md, "Integrity").
+  """
+
+  def __init__(self, run_dir: str, *, keep: int = 3, keep_every: int = 0, async_save: bool = True):
     self.directory = os.path.join(os.path.abspath(run_dir), CHECKPOINT_DIR)
+    self.keep = keep
     options = ocp.CheckpointManagerOptions(
       max_to_keep=keep,
+      keep_period=keep_every or None,  # milestones: steps divisible by it are never deleted
       enable_async_checkpointing=async_save,
       create=True,
       # a save killed mid-write leaves a temporary dir
       cleanup_tmp_directories=True,
-      temporary_path_class=_commit_delay_hook(),
+      temporary_path_class=_test_hooks(),
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
+    _quiet_disk_full_tracebacks()
     self._closed = False
+    self._in_flight: tuple[int, int] | None = None  # (step, bytes) of the save being written
+    self.last_blocked_s = 0.0  # how long the last save() held up the caller
+    self._save_started: float | None = None
+    self._slowest_save_s = 0.0
+    self._failed = False
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
   def restore_latest(self, setup) -> tuple[dict, object]:
-    """The newest checkpoint that restores and matches its params' checksums.
+    """The newest checkpoint whose bytes read back and match their checksums.
 
     orbax commits a step atomically (written to a temporary directory, then renamed), so a crash
-    mid-save leaves no step behind; a step damaged later (truncated files, bit flips) is renamed
-    to `<step>.corrupt` with a warning naming it, and the one before it is tried.
+    mid-save leaves no step behind. A step whose bytes are damaged later (truncated files, bit
+    flips, an edited meta item) is renamed to `<step>.corrupt` with one warning naming what
+    failed, and the one before it is tried. A step that is intact but does not fit this run
+    (other shapes) raises CheckpointError and nothing is renamed or deleted.
     """
     problems = []
     for step in sorted(self._manager.all_steps(), reverse=True):
       try:
         state, data_state = self.restore(step, setup)
-        self._verify(step, state['params'])
-      except Exception as e:  # pylint: disable=broad-except
-        # Any failure to read one step (orbax and tensorstore raise many kinds) means: try the
-        # previous one. Config mismatches were ruled out before (check_resumable); running out
-        # of memory says nothing about the files.
-        if 'RESOURCE_EXHAUSTED' in str(e):
-          raise
-        problem = f'{self.directory}/{step}: {type(e).__name__}: {str(e)[:500]}'
+      except DamagedCheckpoint as e:
+        problem = f'{self.directory}/{step}: {e}'
         problems.append(problem)
         moved = self._set_aside(step)
         _warn(
-          f'checkpoint {problem}; skipping it (kept as {moved}) and falling back to the '
-          'previous checkpoint.'
+          f'checkpoint {problem}; set aside as {moved}, falling back to the previous checkpoint.'
         )
         continue
       if jax.process_index() == 0:
@@ -112,19 +170,6 @@ class RunCheckpoints:
       + '. Start a new run with a new '
       '--config.output_dir (or --config.init_from a good checkpoint).'
     )
-
-  def _verify(self, step: int, params) -> None:
-    meta = read_meta(os.path.join(self.directory, str(step)))
-    if not meta.get('checksums'):  # saved before checksums existed
-      return
-    problems = checksums.compare(meta['checksums'], checksums.compute(params))
-    if problems:
-      raise CheckpointError(
-        'params do not match the checksums saved with them ('
-        + '; '.join(problems[:3])
-        + (' ...' if len(problems) > 3 else '')
-        + ')'
-      )
 
   def _set_aside(self, step: int) -> str:
     """Renames a bad step to `<step>.corrupt[N]` (kept for inspection); returns the new name."""
@@ -142,48 +187,200 @@ class RunCheckpoints:
     return os.path.basename(dst)
 
   def save(self, state: dict, data_state=None) -> None:
-    """Starts an (async) save; the params' checksums go in the same atomic commit."""
+    """Starts an async save of the train state and the data iterator's state.
+
+    Checksums of every array are computed on the devices holding each shard (two 32-bit words
+    per array reach the host); the caller then waits only for orbax's device-to-host copy.
+    """
+    # orbax waits for the previous save's background write here anyway; waiting first names the
+    # step of a write that failed (a full disk) instead of this one.
+    self.wait()
+    arrays = dict(params=state['params'], opt_state=state['opt_state'])
+    jax.block_until_ready(arrays)  # the step itself: not time the save holds training up
+    started = time.perf_counter()
     step = int(jax.device_get(state['step']))
-    meta = dict(step=step, data_state=data_state, checksums=checksums.compute(state['params']))
-    self._manager.save(
-      step,
-      args=ocp.args.Composite(
-        params=ocp.args.StandardSave(state['params']),
-        opt_state=ocp.args.StandardSave(state['opt_state']),
-        meta=ocp.args.JsonSave(meta),
-      ),
-      force=True,
+    digests = checksums.to_hex(checksums.dispatch(arrays))
+    meta = dict(
+      step=step,
+      data_state=data_state,
+      checksum_format=checksums.FORMAT,
+      checksums={k[len('params/') :]: v for k, v in digests.items() if k.startswith('params/')},
+      opt_state_checksums={
+        k[len('opt_state/') :]: v for k, v in digests.items() if k.startswith('opt_state/')
+      },
+      meta_checksum=_meta_digest(step, data_state),
+      layout=_layout(arrays),
     )
+    self._in_flight = (step, sum(x.nbytes for x in jax.tree.leaves(arrays)))
+    try:
+      self._manager.save(
+        step,
+        args=ocp.args.Composite(
+          params=ocp.args.StandardSave(state['params']),
+          opt_state=ocp.args.StandardSave(state['opt_state']),
+          meta=ocp.args.JsonSave(meta),
+        ),
+        force=True,
+      )
+    except Exception as e:  # pylint: disable=broad-except
+      self._raise_if_disk_full(e)
+      raise
+    self.last_blocked_s = time.perf_counter() - started
+    self._save_started = started
+
+  @property
+  def slowest_save_s(self) -> float:
+    """The longest a save took from its start to its commit (measured when asked, so an upper
+    bound by the time between calls); what stopping before a time limit must leave room for."""
+    if self._save_started is not None and not self._manager.is_saving_in_progress():
+      self._slowest_save_s = max(self._slowest_save_s, time.perf_counter() - self._save_started)
+      self._save_started = None
+    return max(self._slowest_save_s, self.last_blocked_s)
+
+  def _raise_if_disk_full(self, error: BaseException) -> None:
+    if not _is_disk_full(error):
+      return
+    step, nbytes = self._in_flight or (None, 0)
+    self._in_flight, self._failed = None, True
+    self._remove_partial_saves()
+    self._manager.reload()
+    last = self._manager.latest_step()
+    intact = f'{self.directory}/{last}' if last is not None else 'none'
+    raise DiskFullError(
+      f'checkpoint {step} ran out of space in {self.directory} (each checkpoint needs about '
+      f'{_gib(nbytes)}; checkpoint.keep={self.keep} + 1 are on disk while the next is written); '
+      f'the last complete checkpoint is {intact}. Free space, lower --config.checkpoint.keep, '
+      'raise --config.checkpoint.every, or set --config.output_dir to a larger disk.'
+    ) from error
+
+  def _remove_partial_saves(self) -> None:
+    """Deletes the temporary directory of the save that failed, freeing its space."""
+    if jax.process_index() != 0 or not os.path.isdir(self.directory):
+      return
+    for name in os.listdir(self.directory):
+      if '.orbax-checkpoint-tmp' in name:
+        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
   def restore(self, step: int, setup) -> tuple[dict, object]:
-    """(train state in the setup's shardings, data iterator state) of `step`."""
+    """(train state in the setup's shardings, data iterator state) of `step`.
+
+    Raises DamagedCheckpoint for unreadable or mismatching bytes, CheckpointError for a step
+    that does not fit this run.
+    """
+    step_dir = os.path.join(self.directory, str(step))
     target = _abstract(setup.state_shapes, setup.state_shardings)
-    restored = self._manager.restore(
-      step,
-      args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(target['params']),
-        opt_state=ocp.args.StandardRestore(target['opt_state']),
-        meta=ocp.args.JsonRestore(),
-      ),
-    )
-    meta = restored['meta']
+    arrays = dict(params=target['params'], opt_state=target['opt_state'])
+    try:
+      meta = read_meta(step_dir)
+    except (OSError, ValueError, CheckpointError) as e:
+      raise DamagedCheckpoint(f'meta: {_one_line(e)}') from e
+    if meta.get('step') != step or (
+      'meta_checksum' in meta and meta['meta_checksum'] != _meta_digest(step, meta['data_state'])
+    ):
+      raise DamagedCheckpoint(
+        f'meta: the step ({meta.get("step")!r}) or data-iterator state does not match its checksum'
+      )
+    _check_layout(step_dir, meta, arrays, self._manager, step)
+    try:
+      restored = self._manager.restore(
+        step,
+        args=ocp.args.Composite(
+          params=ocp.args.StandardRestore(target['params']),
+          opt_state=ocp.args.StandardRestore(target['opt_state']),
+        ),
+      )
+    except Exception as e:  # pylint: disable=broad-except
+      # orbax and tensorstore raise many kinds for unreadable files; device OOM is not one.
+      if 'RESOURCE_EXHAUSTED' in str(e) and 'OCDBT' not in str(e):
+        raise
+      raise DamagedCheckpoint(f'reading the arrays failed: {_one_line(e)}') from e
+    got = dict(params=restored['params'], opt_state=restored['opt_state'])
+    if saved_checksums(meta) is not None:
+      problems = []
+      digests = checksums.to_hex(checksums.dispatch(got))
+      for item in ('params', 'opt_state'):
+        now = {k[len(item) + 1 :]: v for k, v in digests.items() if k.startswith(item + '/')}
+        problems += [f'{item}/{p}' for p in checksums.compare(saved_checksums(meta, item), now)]
+      if problems:
+        raise DamagedCheckpoint(
+          '; '.join(problems[:3])
+          + (f' (and {len(problems) - 3} more)' if len(problems) > 3 else '')
+        )
     state = dict(
-      step=jax.device_put(jax.numpy.int32(meta['step']), setup.replicated),
-      params=restored['params'],
-      opt_state=restored['opt_state'],
+      step=jax.device_put(jax.numpy.int32(step), setup.replicated),
+      params=got['params'],
+      opt_state=got['opt_state'],
     )
     return state, meta['data_state']
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      self._raise_if_disk_full(e)
+      raise
+    self._in_flight = None
 
   def close(self) -> None:
     """Waits for saves in flight, then releases the manager; later calls do nothing."""
     if self._closed:
       return
     self._closed = True
-    self._manager.wait_until_finished()
-    self._manager.close()
+    if self._failed:  # the error was raised already; what orbax still holds is that same error
+      try:
+        self._manager.close()
+      except Exception:  # pylint: disable=broad-except
+        pass
+      return
+    try:
+      self.wait()
+    finally:
+      self._manager.close()
+
+
+def _check_layout(step_dir, meta, arrays, manager, step) -> None:
+  """CheckpointError (one line, nothing touched) when the saved arrays' shapes or dtypes are
+  not this run's: a changed model, never damage (a mesh change keeps every shape)."""
+  saved = meta.get('layout')
+  if saved is None:  # saved before layouts were recorded: orbax's own metadata
+    try:
+      items = manager.item_metadata(step)
+      saved = _layout(dict(params=items['params'].tree, opt_state=items['opt_state'].tree))
+    except Exception as e:  # pylint: disable=broad-except
+      raise DamagedCheckpoint(f'array metadata: {_one_line(e)}') from e
+  want = _layout(arrays)
+  differing = [
+    f'{k}: checkpoint {saved.get(k, "absent")}, run {want.get(k, "absent")}'
+    for k in sorted(set(saved) | set(want), key=lambda k: (not k.startswith('params/'), k))
+    if saved.get(k) != want.get(k)
+  ]
+  if differing:
+    raise CheckpointError(
+      f"the checkpoint {step_dir} holds arrays of other shapes than this run's model "
+      f'({"; ".join(differing[:3])}{" ..." if len(differing) > 3 else ""}); it was left as '
+      "it is. Use a new --config.output_dir, or set the model keys back to the checkpoint's "
+      '(its config.json).'
+    )
+
+
+class _DropDiskFullTracebacks(logging.Filter):
+  """orbax logs a failed background write with its traceback before re-raising it; a full disk
+  is reported as one error line (DiskFullError), so those records are dropped."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.exc_info and _is_disk_full(record.exc_info[1]))
+
+
+def _quiet_disk_full_tracebacks() -> None:
+  for name in ('absl', 'asyncio'):  # orbax's logs; asyncio's "Future exception never retrieved"
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _DropDiskFullTracebacks) for f in logger.filters):
+      logger.addFilter(_DropDiskFullTracebacks())
+
+
+def _one_line(error: BaseException) -> str:
+  text = ' '.join(str(error).split())
+  return f'{type(error).__name__}: {text[:300]}'
 
 
 def _warn(message: str) -> None:
@@ -191,21 +388,26 @@ def _warn(message: str) -> None:
     print(f'warning: {message}', file=sys.stderr, flush=True)
 
 
-def _commit_delay_hook():
-  """orbax's temporary-path class, stalled before the commit of one step (COMMIT_DELAY_ENV)."""
-  hook = os.environ.get(COMMIT_DELAY_ENV)
-  if not hook:
+def _test_hooks():
+  """orbax's temporary-path class with the fault hooks tests set (None when none is set):
+  COMMIT_DELAY_ENV stalls one step's commit; DISK_FULL_ENV makes one step's write fail as a full
+  disk does, after its files are written."""
+  delay, full = os.environ.get(COMMIT_DELAY_ENV), os.environ.get(DISK_FULL_ENV)
+  if not delay and not full:
     return None
-  step, seconds = hook.split(':')
+  stall_step, seconds = delay.split(':') if delay else (None, '0')
 
-  class StalledCommit(ocp.path.atomicity.AtomicRenameTemporaryPath):
+  class HookedCommit(ocp.path.atomicity.AtomicRenameTemporaryPath):
     async def finalize(self, *args, **kwargs):
-      if self.get_final().name == step:
-        print(f'test hook: stalling the commit of checkpoint {step} for {seconds}s', flush=True)
+      name = self.get_final().name
+      if name == full:
+        raise OSError(errno.ENOSPC, 'No space left on device (test hook)', str(self.get()))
+      if name == stall_step:
+        print(f'test hook: stalling the commit of checkpoint {name} for {seconds}s', flush=True)
         await asyncio.sleep(float(seconds))
       return await super().finalize(*args, **kwargs)
 
-  return StalledCommit
+  return HookedCommit
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,7 +496,13 @@ def save_params_checkpoint(
   manager = ocp.CheckpointManager(
     directory, options=ocp.CheckpointManagerOptions(create=True), item_names=_ITEMS
   )
-  meta = dict(step=step, data_state=None, checksums=checksums.compute(params))
+  meta = dict(
+    step=step,
+    data_state=None,
+    checksum_format=checksums.FORMAT,
+    checksums=checksums.compute(params),
+    meta_checksum=_meta_digest(step, None),
+  )
   if source is not None:
     meta['source'] = source
   manager.save(

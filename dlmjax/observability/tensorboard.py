@@ -124,29 +124,39 @@ class CorruptEventFile(ValueError):
   pass
 
 
-def read_records(path: str) -> list[bytes]:
-  """The records of a TFRecord file, each CRC checked."""
+def read_records(path: str, *, stop_at_damage: bool = False) -> list[bytes]:
+  """The records of a TFRecord file, each CRC checked; with stop_at_damage, the whole records
+  before the first damaged one (a file whose writer was killed mid-record) instead of an error."""
   records = []
   with open(path, 'rb') as f:
     data = f.read()
   at = 0
   while at < len(data):
-    if len(data) - at < 12:
-      raise CorruptEventFile(f'{path}: truncated record header at byte {at}')
-    header = data[at : at + 8]
-    (length,) = struct.unpack('<Q', header)
-    (header_crc,) = struct.unpack('<I', data[at + 8 : at + 12])
-    if header_crc != masked_crc32c(header):
-      raise CorruptEventFile(f'{path}: bad length CRC at byte {at}')
-    body = data[at + 12 : at + 12 + length]
-    footer = data[at + 12 + length : at + 16 + length]
-    if len(body) != length or len(footer) != 4:
-      raise CorruptEventFile(f'{path}: truncated record at byte {at}')
-    if struct.unpack('<I', footer)[0] != masked_crc32c(body):
-      raise CorruptEventFile(f'{path}: bad data CRC at byte {at}')
-    records.append(body)
+    problem = _record_problem(data, at)
+    if problem:
+      if stop_at_damage:
+        break
+      raise CorruptEventFile(f'{path}: {problem} at byte {at}')
+    (length,) = struct.unpack('<Q', data[at : at + 8])
+    records.append(data[at + 12 : at + 12 + length])
     at += 16 + length
   return records
+
+
+def _record_problem(data: bytes, at: int) -> str | None:
+  if len(data) - at < 12:
+    return 'truncated record header'
+  header = data[at : at + 8]
+  (length,) = struct.unpack('<Q', header)
+  if struct.unpack('<I', data[at + 8 : at + 12])[0] != masked_crc32c(header):
+    return 'bad length CRC'
+  body = data[at + 12 : at + 12 + length]
+  footer = data[at + 12 + length : at + 16 + length]
+  if len(body) != length or len(footer) != 4:
+    return 'truncated record'
+  if struct.unpack('<I', footer)[0] != masked_crc32c(body):
+    return 'bad data CRC'
+  return None
 
 
 def _fields(buf: bytes):

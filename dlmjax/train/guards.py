@@ -67,19 +67,45 @@ def checkpoint_bytes(state_shapes) -> int:
   return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(state_shapes))
 
 
-def check_free_disk(output_dir: str, state_shapes) -> None:
-  """Fails before training when output_dir cannot hold one more checkpoint.
+def checkpoints_on_disk(config) -> int:
+  """How many checkpoints of this run can sit on disk at once: checkpoint.keep, plus the one
+  being written before the oldest is deleted, plus checkpoint.keep_every's milestones."""
+  copies = config.checkpoint.keep + 1
+  if config.checkpoint.keep_every > 0:
+    copies += config.train.steps // config.checkpoint.keep_every
+  return copies
 
-  The next save is written before the oldest one is deleted, so it needs its full size free.
-  """
-  needed = int(checkpoint_bytes(state_shapes) * _CHECKPOINT_MARGIN)
-  free = shutil.disk_usage(output_dir).free
+
+def check_free_disk(output_dir: str, state_shapes, copies: int = 1) -> str:
+  """Fails before training when output_dir cannot hold `copies` checkpoints (checkpoints_on_disk
+  of the config); returns the line saying what was checked. Space this run's own checkpoints
+  hold already (a resume) counts as free: they are among the copies."""
+  one = int(checkpoint_bytes(state_shapes) * _CHECKPOINT_MARGIN)
+  needed = one * copies
+  free = shutil.disk_usage(output_dir).free + _bytes_under(os.path.join(output_dir, 'checkpoints'))
   if free < needed:
     raise ResourceError(
-      f'output_dir {output_dir} has {_gib(free)} free, but the next checkpoint needs about '
-      f'{_gib(needed)} (params + optimizer state). Free some space, lower '
-      '--config.checkpoint.keep, or set --config.output_dir to a larger disk.'
+      f'output_dir {output_dir} has {_gib(free)} free, but {copies} checkpoints of this run '
+      f'(checkpoint.keep + 1 while the next is written, plus milestones) need about '
+      f'{_gib(needed)} ({_gib(one)} each: params + optimizer state). Free some space, lower '
+      '--config.checkpoint.keep (or raise checkpoint.keep_every), or set --config.output_dir to '
+      'a larger disk.'
     )
+  return (
+    f'disk: {_gib(free)} free in {output_dir} holds the {copies} checkpoints of {_gib(one)} '
+    'this run keeps at once (checkpoint.keep + 1, plus milestones)'
+  )
+
+
+def _bytes_under(directory: str) -> int:
+  total = 0
+  for root, _, files in os.walk(directory):
+    for name in files:
+      try:
+        total += os.path.getsize(os.path.join(root, name))
+      except OSError:
+        pass
+  return total
 
 
 def _gib(n: int) -> str:

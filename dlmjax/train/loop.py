@@ -13,11 +13,11 @@ from dlmjax import config as config_lib
 from dlmjax.checkpoint import init_from as init_from_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.checkpoint import lora_checkpoint, peft_io
-from dlmjax.observability import plots
+from dlmjax.observability import history, plots
 from dlmjax.observability import sinks as sinks_lib
 from dlmjax.parallel import distributed
 from dlmjax.parallel import mesh as mesh_lib
-from dlmjax.train import guards, lora_setup, memory, preemption, reporting, stages
+from dlmjax.train import guards, lora_setup, memory, preemption, reporting, run_lock, stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 
@@ -118,12 +118,42 @@ def _remove_if_unused(output_dir: str) -> None:
     shutil.rmtree(output_dir, ignore_errors=True)
 
 
+class _Clock:
+  """The time-based knobs: checkpoint.every_minutes and train.max_minutes (a job's time limit).
+
+  The stop comes early enough for two more of the slowest steps seen and the slowest save seen
+  (blocked time plus background write), so the final checkpoint is complete before the limit.
+  """
+
+  def __init__(self, config):
+    self.started = self.last_save = self._last_tick = time.time()
+    self.save_every_s = config.checkpoint.every_minutes * 60
+    self.limit_s = config.train.max_minutes * 60
+    self.slowest_step_s = 0.0
+
+  def tick(self, first: bool) -> None:
+    now = time.time()
+    if not first:  # the first step compiles
+      self.slowest_step_s = max(self.slowest_step_s, now - self._last_tick)
+    self._last_tick = now
+
+  def save_due(self) -> bool:
+    return self.save_every_s > 0 and time.time() - self.last_save >= self.save_every_s
+
+  def stop_due(self, slowest_save_s: float) -> bool:
+    if self.limit_s <= 0:
+      return False
+    return time.time() - self.started + 2 * self.slowest_step_s + slowest_save_s >= self.limit_s
+
+
 def _run(config, stop, cleanup) -> dict | None:
   # Setup.
+  clock = _Clock(config)
   check_output_dir(config.output_dir)
   schedule_note = config_lib.fit_schedule(config)
   if schedule_note and jax.process_index() == 0:
     print(schedule_note, flush=True)
+  cleanup.enter_context(run_lock.RunLock(config.output_dir))  # one run per directory
   if config.init_from:  # model keys left at their defaults come from the source model
     adopted = init_from_lib.adopt_source_config(config)
     if adopted and jax.process_index() == 0:
@@ -133,7 +163,15 @@ def _run(config, stop, cleanup) -> dict | None:
     memory.check_fits(config, memory.present_device_memory_bytes())
   setup = state_lib.TrainSetup(config, mesh)
   stage = stages.build(config)
-  checkpoints = checkpoint_lib.RunCheckpoints(config.output_dir, keep=config.checkpoint.keep)
+  # Before the checkpoint manager starts its threads: a refusal here leaves nothing running.
+  disk = guards.check_free_disk(
+    config.output_dir, setup.state_shapes, guards.checkpoints_on_disk(config)
+  )
+  if jax.process_index() == 0:
+    print(disk, flush=True)
+  checkpoints = checkpoint_lib.RunCheckpoints(
+    config.output_dir, keep=config.checkpoint.keep, keep_every=config.checkpoint.keep_every
+  )
   cleanup.callback(checkpoints.close)
   if jax.process_index() == 0:
     m = config.mesh
@@ -144,10 +182,11 @@ def _run(config, stop, cleanup) -> dict | None:
       flush=True,
     )
   # State.
-  guards.check_free_disk(config.output_dir, setup.state_shapes)
   state, data_state = initial_state(config, setup, checkpoints)
   checkpoint_lib.write_run_config(config.output_dir, config)
   start = int(jax.device_get(state['step']))
+  if jax.process_index() == 0:  # rows the killed run logged past its last checkpoint
+    history.drop_rows_after(config.output_dir, start)
   # Step.
   step_fn = step_lib.CompiledStep(setup, stage)
   # Data: each process reads the rows its devices hold in the step's batch layout.
@@ -199,14 +238,28 @@ def _run(config, stop, cleanup) -> dict | None:
       reporter.write_row(
         evaluator.run(step, setup.model_params(state['params']))
       )  # val_loss / val_reward, ...
-    preempted = stop.requested()
-    if preempted or _should_save(config, step):
+    clock.tick(first=step == start + 1)
+    preempted, timed_save, out_of_time = preemption.any_process(
+      [stop.signal_name is not None, clock.save_due(), clock.stop_due(checkpoints.slowest_save_s)]
+    )
+    if preempted or out_of_time or timed_save or _should_save(config, step):
       checkpoints.save(state, batches.get_state())
       saved_step = step
+      clock.last_save = time.time()
+      # The step's row says how long its save held training up (docs/benchmarks.md, Checkpoints).
+      pending = (step, dict(metrics, checkpoint_blocked_s=checkpoints.last_blocked_s))
     if preempted:
       received = stop.signal_name or 'a stop signal on another process'
       print(
         f'{received}: checkpointing step {step} and stopping; the same command resumes from it.',
+        flush=True,
+      )
+      break
+    if out_of_time and step < _last_step(config):
+      left = clock.limit_s - (time.time() - clock.started)
+      print(
+        f'train.max_minutes={config.train.max_minutes:g}: checkpointing step {step} and '
+        f'stopping {left:.0f}s before the limit; the same command resumes from it.',
         flush=True,
       )
       break

@@ -41,16 +41,21 @@ class StopRequest:
     signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
 
   def requested(self) -> bool:
-    """Whether any process was signalled; every process gets the same answer.
+    """Whether any process was signalled; every process gets the same answer."""
+    return any_process([self.signal_name is not None])[0]
 
-    With several processes the flag is all-gathered (a tiny host collective each step), so all
-    stop after the same step instead of leaving the others waiting in the next collective.
-    """
-    import jax  # pylint: disable=import-outside-toplevel
 
-    local = self.signal_name is not None
-    if jax.process_count() == 1:
-      return local
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+def any_process(flags: list[bool]) -> list[bool]:
+  """Each flag OR-ed over the processes, so all take the same decision after the same step.
 
-    return bool(np.asarray(multihost_utils.process_allgather(np.int32(local))).any())
+  With several processes the flags are all-gathered (a tiny host collective each step) instead of
+  leaving some processes waiting in the next collective while others stop or save.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+
+  if jax.process_count() == 1:
+    return [bool(f) for f in flags]
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+  gathered = np.asarray(multihost_utils.process_allgather(np.asarray(flags, np.int32)))
+  return [bool(x) for x in gathered.reshape(-1, len(flags)).any(axis=0)]

@@ -1,34 +1,66 @@
-"""Parameter checksums: stable, independent of placement, and a change is named."""
+"""Array checksums: a hand-written numpy statement of the digest, mesh independence, and a
+one-ulp change named."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dlmjax.checkpoint import checksums
 
 
-def test_compute_and_compare():
-  params = {'a': np.arange(6, dtype=np.float32), 'b': {'c': np.ones((2, 3), np.float32)}}
-  digests = checksums.compute(params)
-  assert set(digests) == {'a', 'b/c'}
-  assert digests == checksums.compute(jax.tree.map(jax.numpy.asarray, params))
-  assert checksums.compare(digests, checksums.compute(params)) == []
-  params['b']['c'][1, 2] = 2.0
-  problems = checksums.compare(digests, checksums.compute(params))
-  assert len(problems) == 1 and problems[0].startswith('b/c: sha256 differs')
-  del params['a']
-  assert 'a: checksum saved but no such parameter' in checksums.compare(
-    digests, checksums.compute(params)
-  )
+def _mix(h):
+  h = h ^ (h >> np.uint32(16))
+  h = h * np.uint32(0x85EBCA6B)
+  h = h ^ (h >> np.uint32(13))
+  h = h * np.uint32(0xC2B2AE35)
+  return h ^ (h >> np.uint32(16))
 
 
-def test_large_sharded_leaves_hash_in_slabs_to_the_same_digest(monkeypatch):
-  """Slab by slab (what bounds host memory for a huge multi-host leaf) = the whole array."""
-  import hashlib  # pylint: disable=import-outside-toplevel
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
+def _reference(x: np.ndarray) -> str:
+  """The digest as the module docstring states it, element by element in numpy."""
+  bits = x.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize]).astype(np.uint32)
+  words = []
+  with np.errstate(over='ignore'):
+    for seed in (0x9E3779B9, 0x85EBCA77):
+      total = np.uint32(0)
+      for index in np.ndindex(x.shape):
+        h = np.uint32(seed)
+        for i in index:
+          h = _mix(h + np.uint32(i))
+        total = total + _mix(h ^ _mix(bits[index] + np.uint32(seed)))
+      words.append(f'{int(total):08x}')
+  return ''.join(words)
 
-  x = np.random.default_rng(0).standard_normal((7, 8, 4)).astype(np.float32)
-  mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(8), ('d',))
-  sharded = jax.device_put(x, NamedSharding(mesh, PartitionSpec(None, 'd')))
-  monkeypatch.setattr(checksums, 'SLAB_BYTES', 3 * 8 * 4 * 4)  # 3 rows: slabs of 3, 3, 1
-  assert len(list(checksums._host_slabs(sharded))) == 3  # pylint: disable=protected-access
-  assert checksums.digest(sharded) == hashlib.sha256(x.tobytes()).hexdigest()
+
+def test_digest_matches_the_written_out_formula():
+  rng = np.random.default_rng(0)
+  tree = {
+    'w': rng.standard_normal((3, 5)).astype(np.float32),
+    'b': {'v': rng.integers(-9, 9, (4,)).astype(np.int32), 's': np.float32(-0.0)},
+    'h': jnp.asarray(rng.standard_normal((2, 3)), jnp.bfloat16),
+  }
+  digests = checksums.compute(tree)
+  assert digests == {
+    'w': _reference(tree['w']),
+    'b/v': _reference(tree['b']['v']),
+    'b/s': _reference(np.asarray(tree['b']['s'])),
+    'h': _reference(np.asarray(tree['h'])),
+  }
+
+
+def test_digest_is_independent_of_the_sharding_and_names_a_one_ulp_change():
+  x = np.random.default_rng(1).standard_normal((8, 16, 4)).astype(np.float32)
+  devices = np.asarray(jax.devices()[:8])
+  whole = checksums.compute({'x': x})
+  for shape, spec in [((8,), PartitionSpec('a')), ((2, 4), PartitionSpec('b', 'a'))]:
+    mesh = Mesh(devices.reshape(shape), ('a', 'b')[: len(shape)])
+    assert checksums.compute({'x': jax.device_put(x, NamedSharding(mesh, spec))}) == whole
+  changed = x.copy()
+  changed[5, 3, 1] = np.nextafter(changed[5, 3, 1], np.inf)
+  problems = checksums.compare(whole, checksums.compute({'x': changed}))
+  assert len(problems) == 1 and problems[0].startswith('x: checksum differs')
+  swapped = x.copy()
+  swapped[[0, 1]] = swapped[[1, 0]]  # same values, other places: the index is in the hash
+  assert checksums.compute({'x': swapped}) != whole
+  assert checksums.compare(whole, {}) == ['x: checksum saved but no such array']

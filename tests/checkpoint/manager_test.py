@@ -1,23 +1,167 @@
-"""RunCheckpoints' resume-time integrity check: params against the checksums saved with them."""
+"""RunCheckpoints: every saved item checksummed (damage sets a step aside, with one warning, and
+the previous one restores), a step of another model refused untouched, the restored state
+bitwise the saved one on other meshes, a full disk ending in one error."""
 
+import json
+import os
+import re
+
+import jax
 import numpy as np
 import pytest
 
 from dlmjax.checkpoint import manager
+from dlmjax.parallel import mesh as mesh_lib
+from dlmjax.train import state as state_lib
 from tests.checkpoint import tiny_run
+from tests.conftest import tiny_test_config
 
 
-def test_verify_accepts_the_saved_params_and_names_a_changed_one(tmp_path):
-  _, params, _ = tiny_run.make_run(tmp_path)
-  checkpoints = manager.RunCheckpoints(str(tmp_path))
-  checkpoints._verify(0, params)  # pylint: disable=protected-access
-  changed = dict(params, final_norm=dict(params['final_norm']))
-  key = next(iter(changed['final_norm']))
-  changed['final_norm'][key] = np.nextafter(params['final_norm'][key], np.inf)  # 1 ulp
-  with pytest.raises(manager.CheckpointError, match=f'final_norm/{key}: sha256 differs'):
-    checkpoints._verify(0, changed)  # pylint: disable=protected-access
+def _setup(**overrides):
+  # vocab 4200: padded to 4224 on every mesh (4352 if the padding followed mesh.tensor = 2).
+  config = tiny_test_config(**{'model.num_layers': 2, 'model.vocab_size': 4200, **overrides})
+  return state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
+
+
+@pytest.fixture(scope='module')
+def saved(tmp_path_factory):
+  """A run directory with checkpoints 1 and 2 (random states) saved on fsdp 8; (dir, states)."""
+  run_dir = tmp_path_factory.mktemp('run')
+  setup = _setup(**{'mesh.fsdp': 8})
+  checkpoints = manager.RunCheckpoints(str(run_dir), keep=3)
+  states = {}
+  for step in (1, 2):
+    state = setup.init_state(step)
+    # Moments that are not all zeros, so a flipped byte of the optimizer state changes values.
+    key = jax.random.key(step)
+    noise = jax.tree.map(
+      lambda x: x + jax.random.normal(key, x.shape) if x.dtype == np.float32 else x,
+      state['opt_state'],
+    )
+    state = dict(state, step=jax.numpy.int32(step), opt_state=noise)
+    checkpoints.save(state, data_state={'epoch': 0, 'index': 16 * step})
+    states[step] = jax.device_get(state)
   checkpoints.close()
-  checkpoints.close()  # idempotent: the loop's error path may close again
+  return run_dir, states
+
+
+def _copy(saved, tmp_path):
+  import shutil  # pylint: disable=import-outside-toplevel
+
+  shutil.copytree(saved[0], tmp_path / 'run')
+  return tmp_path / 'run'
+
+
+def _assert_equal(a, b):
+  for (path, x), (_, y) in zip(
+    jax.tree_util.tree_flatten_with_path(a)[0], jax.tree_util.tree_flatten_with_path(b)[0]
+  ):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize(
+  'mesh',
+  [{'mesh.fsdp': 8}, {'mesh.fsdp': 4, 'mesh.tensor': 2}, {'mesh.pipeline': 2, 'mesh.fsdp': 4}],
+)
+def test_restore_on_another_mesh_is_bitwise_the_saved_state(saved, mesh, capsys):
+  checkpoints = manager.RunCheckpoints(str(saved[0]))
+  state, data_state = checkpoints.restore_latest(_setup(**mesh))  # checksums verified inside
+  checkpoints.close()
+  assert data_state == {'epoch': 0, 'index': 32}
+  _assert_equal(jax.device_get(state), saved[1][2])
+  assert 'warning' not in capsys.readouterr().err
+
+
+def _flip_bytes(directory):
+  """Bit rot in the largest data file of an item (orbax's ocdbt `d/` files hold the arrays)."""
+  files = [os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs if d.endswith('/d')]
+  target = max(files, key=os.path.getsize)
+  with open(target, 'r+b') as f:
+    f.seek(os.path.getsize(target) // 2)
+    chunk = f.read(64)
+    f.seek(os.path.getsize(target) // 2)
+    f.write(bytes(b ^ 0x01 for b in chunk))
+
+
+def _edit_meta(step_dir, **changes):
+  path = os.path.join(step_dir, 'meta', 'metadata')
+  with open(path) as f:
+    meta = json.load(f)
+  meta.update(changes)
+  with open(path, 'w') as f:
+    json.dump(meta, f)
+
+
+@pytest.mark.parametrize(
+  'damage, named',
+  [
+    (lambda d: _flip_bytes(os.path.join(d, 'params')), 'params/'),
+    (lambda d: _flip_bytes(os.path.join(d, 'opt_state')), 'opt_state/'),
+    (lambda d: _edit_meta(d, data_state={'epoch': 0, 'index': 48}), 'data-iterator state'),
+    (lambda d: _edit_meta(d, step=7), 'step (7)'),
+    (lambda d: open(os.path.join(d, 'meta', 'metadata'), 'w').write('{"st'), 'meta: '),
+  ],
+  ids=['params', 'opt_state', 'data_state', 'step', 'meta_truncated'],
+)
+def test_damage_to_any_item_sets_the_step_aside_and_the_previous_restores(
+  saved, tmp_path, capsys, damage, named
+):
+  run_dir = _copy(saved, tmp_path)
+  damage(str(run_dir / 'checkpoints' / '2'))
+  checkpoints = manager.RunCheckpoints(str(run_dir))
+  state, data_state = checkpoints.restore_latest(_setup(**{'mesh.fsdp': 8}))
+  checkpoints.close()
+  assert data_state == {'epoch': 0, 'index': 16}
+  _assert_equal(jax.device_get(state), saved[1][1])
+  (warning,) = capsys.readouterr().err.strip().splitlines()
+  assert warning.startswith(f'warning: checkpoint {run_dir}/checkpoints/2: ') and named in warning
+  assert sorted(os.listdir(run_dir / 'checkpoints')) == ['1', '2.corrupt']
+
+
+def test_a_step_of_another_model_is_refused_and_left_alone(saved, tmp_path):
+  run_dir = _copy(saved, tmp_path)
+  checkpoints = manager.RunCheckpoints(str(run_dir))
+  with pytest.raises(manager.CheckpointError, match='other shapes') as e:
+    checkpoints.restore_latest(_setup(**{'mesh.fsdp': 8, 'model.ffn_dim': 256}))
+  checkpoints.close()
+  assert '\n' not in str(e.value)
+  pattern = r'\(params/blocks/mlp/\w+: checkpoint float32\[[^]]*128[^]]*\], run float32\['
+  assert re.search(pattern, str(e.value)), str(e.value)
+  assert sorted(os.listdir(run_dir / 'checkpoints')) == ['1', '2']
+
+
+def test_a_full_disk_mid_save_names_the_knobs_and_keeps_the_last_checkpoint(
+  saved, tmp_path, monkeypatch
+):
+  run_dir = _copy(saved, tmp_path)
+  monkeypatch.setenv(manager.DISK_FULL_ENV, '3')
+  checkpoints = manager.RunCheckpoints(str(run_dir), keep=2)
+  setup = _setup(**{'mesh.fsdp': 8})
+  state = dict(setup.init_state(3), step=jax.numpy.int32(3))
+  with pytest.raises(manager.DiskFullError) as e:
+    checkpoints.save(state, data_state=None)
+    checkpoints.wait()
+  checkpoints.close()
+  message = str(e.value)
+  assert '\n' not in message
+  for part in (
+    f'{run_dir}/checkpoints',
+    'checkpoint 3 ran out of space',
+    'GiB',
+    'checkpoint.keep',
+    'checkpoint.every',
+    'output_dir',
+    f'last complete checkpoint is {run_dir}/checkpoints/2',
+  ):
+    assert part in message, message
+  assert sorted(os.listdir(run_dir / 'checkpoints')) == ['1', '2']  # no partial save left
+
+
+def test_saves_from_an_import_verify(tmp_path):
+  _, params, step_dir = tiny_run.make_run(tmp_path)
+  meta = manager.read_meta(step_dir)
+  assert manager.saved_checksums(meta) == manager.checksums.compute(params)
+  assert manager.saved_checksums({'checksums': {'a': 'f' * 64}}) is None  # an older format
 
 
 def test_set_aside_renames_without_clobbering(tmp_path):

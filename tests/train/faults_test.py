@@ -1,11 +1,15 @@
-"""Real faults on real training subprocesses: SIGTERM, kill -9 in the middle of a save, and a
-corrupt latest checkpoint; each resume must reproduce the uninterrupted run's losses exactly.
+"""Real faults on real training subprocesses: SIGTERM, kill -9 in the middle of a save and at a
+seeded random step, a corrupt latest checkpoint, a second run on the same directory and a full
+disk; each resume must reproduce the uninterrupted run's losses exactly and log no row twice.
 
 One chain of runs shares one persistent compilation cache (only the first run compiles):
   A  uninterrupted, 18 steps
   B  SIGTERM while step 1 compiles -> checkpoint 1, exit 0
-  C  resumes B; saves 6; its save of 12 stalls (test hook) and is killed with SIGKILL
+  C  resumes B; saves 6; its save of 12 stalls (test hook) and is killed with SIGKILL; while it
+     stalls, a second run on the same directory is refused (the lock)
   E  after checkpoint 6 is corrupted on disk: skips it with a warning, resumes from 1, finishes
+  K  a fresh run killed with SIGKILL at a seeded random step, then resumed to the end
+  F  a run whose save of step 12 fails as on a full disk: one error line, checkpoint 6 intact
 """
 
 import json
@@ -102,7 +106,12 @@ def _run_until(run_dir, env, marker, action):
 def _losses(run_dir):
   """{step: loss}; a step logged twice (before and after a resume) keeps its last value."""
   with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
-    return {row['step']: row['loss'] for row in map(json.loads, f)}
+    return {row['step']: row['loss'] for row in map(json.loads, f) if 'loss' in row}
+
+
+def _logged_steps(run_dir):
+  with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
+    return [row['step'] for row in map(json.loads, f) if 'loss' in row]
 
 
 def _committed(run_dir):
@@ -138,8 +147,16 @@ def chain(tmp_path_factory):
   out.b_losses = _losses(out.run)
   # C: stalls inside the commit of checkpoint 12 (its files written); killed right there.
   stall = _env(cache, **{checkpoint_lib.COMMIT_DELAY_ENV: '12:120'})
+
+  def second_run_then_kill(proc):
+    second = subprocess.run(
+      _command(out.run), env=_env(cache), cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    out.second = (second.returncode, second.stdout + second.stderr, proc.pid)
+    proc.kill()
+
   out.c_code, out.c_output = _run_until(
-    out.run, stall, 'stalling the commit of checkpoint 12', lambda p: p.kill()
+    out.run, stall, 'stalling the commit of checkpoint 12', second_run_then_kill
   )
   out.c_entries = sorted(os.listdir(out.run / 'checkpoints'))
   out.c_losses = _losses(out.run)
@@ -149,6 +166,27 @@ def chain(tmp_path_factory):
     _command(out.run), env=_env(cache), cwd=REPO, capture_output=True, text=True, timeout=600
   )
   out.e_code, out.e_output = done.returncode, done.stdout + done.stderr
+  # K: SIGKILL when a seeded random step is logged, then the same command to the end.
+  out.kill_step = int(np.random.default_rng(25).integers(2, STEPS))
+  out.k = root / 'killed'
+  out.k_code, _ = _run_until(
+    out.k, _env(cache), f'step {out.kill_step}/{STEPS}', lambda p: p.kill()
+  )
+  done = subprocess.run(
+    _command(out.k), env=_env(cache), cwd=REPO, capture_output=True, text=True, timeout=600
+  )
+  out.k_resume = (done.returncode, done.stdout + done.stderr)
+  # F: the save of step 12 runs out of space (DISK_FULL_ENV fails it as ENOSPC does).
+  out.f = root / 'full'
+  done = subprocess.run(
+    _command(out.f),
+    env=_env(cache, **{checkpoint_lib.DISK_FULL_ENV: '12'}),
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  out.f_code, out.f_stderr = done.returncode, done.stderr
   return out
 
 
@@ -190,6 +228,49 @@ def test_corrupt_latest_checkpoint_is_skipped_with_a_warning(chain):
   straight, resumed = _losses(chain.straight), _losses(chain.run)
   assert [resumed[s] for s in range(2, STEPS + 1)] == [straight[s] for s in range(2, STEPS + 1)]
   assert _committed(chain.run) == [6, 12, 18]
+  # Rows past the restored step were dropped before the resume: each step logged once, and
+  # TensorBoard holds the same rows.
+  assert _logged_steps(chain.run) == list(range(1, STEPS + 1))
+  log_dir = chain.run / sinks.TENSORBOARD_DIR
+  steps = sorted(
+    s
+    for name in os.listdir(log_dir)
+    for s, _ in tensorboard.read_scalars(str(log_dir / name)).get('loss', [])
+  )
+  assert steps == list(range(1, STEPS + 1))
+
+
+def test_a_second_run_on_the_same_directory_is_refused_naming_the_first(chain):
+  code, output, pid = chain.second
+  assert code == 2, output
+  errors = [line for line in output.splitlines() if line.startswith('error:')]
+  assert len(errors) == 1 and f'pid {pid} on host' in errors[0], output
+  assert 'Traceback' not in output
+
+
+def test_kill_9_at_a_random_step_resumes_exactly(chain):
+  assert chain.k_code == -signal.SIGKILL
+  code, output = chain.k_resume
+  assert code == 0, output
+  straight, resumed = _losses(chain.straight), _losses(chain.k)
+  assert resumed == straight
+  assert _logged_steps(chain.k) == list(range(1, STEPS + 1))
+
+
+def test_a_full_disk_mid_save_ends_in_one_error_line(chain):
+  assert chain.f_code == 2, chain.f_stderr
+  assert 'Traceback' not in chain.f_stderr, chain.f_stderr
+  (error,) = [line for line in chain.f_stderr.splitlines() if line.startswith('error:')]
+  for part in (
+    f'{chain.f}/checkpoints',
+    'checkpoint 12 ran out of space',
+    'checkpoint.keep',
+    'checkpoint.every',
+    'output_dir',
+    f'the last complete checkpoint is {chain.f}/checkpoints/6',
+  ):
+    assert part in error, error
+  assert _committed(chain.f) == [6]
 
 
 def test_tensorboard_scalars_are_written_by_default(chain):

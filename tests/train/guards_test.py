@@ -78,10 +78,24 @@ def test_checkpoint_bytes_and_free_disk(monkeypatch, tmp_path):
   assert guards.checkpoint_bytes(shapes) == 3 * 5 * 4 + 7 * 2 + 4
   usage = types.SimpleNamespace(total=10**9, used=0, free=80)
   monkeypatch.setattr(guards.shutil, 'disk_usage', lambda path: usage)
-  with pytest.raises(guards.ResourceError, match='needs about 0.00 GiB'):
+  with pytest.raises(guards.ResourceError, match='1 checkpoints of this run'):
     guards.check_free_disk(str(tmp_path), shapes)  # 78 bytes * 1.1 > 80
   usage.free = 86
-  guards.check_free_disk(str(tmp_path), shapes)
+  assert 'holds the 1 checkpoints' in guards.check_free_disk(str(tmp_path), shapes)
+  # keep + 1 copies: 4 x 85 bytes do not fit in 300, but do with this run's 40 bytes on disk.
+  usage.free = 300
+  with pytest.raises(guards.ResourceError, match='4 checkpoints of this run'):
+    guards.check_free_disk(str(tmp_path), shapes, copies=4)
+  (tmp_path / 'checkpoints' / '1').mkdir(parents=True)
+  (tmp_path / 'checkpoints' / '1' / 'x').write_bytes(b'0' * 40)
+  guards.check_free_disk(str(tmp_path), shapes, copies=4)
+
+
+def test_checkpoints_on_disk_counts_keep_plus_one_and_milestones():
+  config = tiny_test_config(**{'checkpoint.keep': 3, 'train.steps': 100})
+  assert guards.checkpoints_on_disk(config) == 4
+  config.checkpoint.keep_every = 30
+  assert guards.checkpoints_on_disk(config) == 7
 
 
 class _FakeStep:
@@ -214,7 +228,7 @@ def test_too_little_disk_is_reported_before_training(tmp_path, monkeypatch):
   with pytest.raises(guards.ResourceError, match='has 0.00 GiB free.*checkpoint.keep'):
     loop.train(_config(tmp_path))
   assert not os.path.exists(tmp_path / 'metrics.jsonl')
-  assert not os.listdir(tmp_path / 'checkpoints')
+  assert not os.path.exists(tmp_path / 'checkpoints')  # refused before the manager starts
 
 
 @pytest.mark.parametrize(

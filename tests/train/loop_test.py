@@ -157,3 +157,80 @@ def test_consecutive_non_finite_steps_stop_with_a_good_checkpoint(tmp_path, monk
   params = checkpoint_lib.restore_params(step_dir, *model_lib.param_placement(c))
   assert step >= 3
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+
+def _rows(run_dir):
+  with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
+    return [row for row in map(json.loads, f) if 'loss' in row]
+
+
+@pytest.mark.slow  # ~40 s on 2 cores: two more meshes compile
+def test_resume_on_other_meshes_continues_the_run(straight_run, tmp_path):
+  """fsdp 8 -> fsdp 4 x tensor 2 -> pipeline 2 x fsdp 4: every restore is the saved state bit for
+  bit (its checksums are verified, and they do not depend on the mesh); the losses then follow the
+  straight run's up to the reduction order of the other layouts."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  loop.train(_config(tmp_path, **{'train.exit_at_step': 8}))
+  loop.train(_config(tmp_path, **{'train.exit_at_step': 16, 'mesh.fsdp': 4, 'mesh.tensor': 2}))
+  loop.train(_config(tmp_path, **{'mesh.pipeline': 2, 'mesh.fsdp': 4}))
+  resumed, expected = _losses(tmp_path), _losses(straight_run)
+  assert [r['step'] for r in _rows(tmp_path)] == list(range(1, 21))  # no row twice
+  assert [resumed[s] for s in range(1, 9)] == [expected[s] for s in range(1, 9)]
+  np.testing.assert_allclose(
+    [resumed[s] for s in range(9, 21)], [expected[s] for s in range(9, 21)], rtol=2e-5
+  )
+
+
+def test_a_second_run_on_one_directory_is_refused_naming_the_first(tmp_path):
+  import socket  # pylint: disable=import-outside-toplevel
+
+  from dlmjax.train import run_lock  # pylint: disable=import-outside-toplevel
+
+  with run_lock.RunLock(str(tmp_path)):
+    with pytest.raises(run_lock.RunDirectoryInUse) as e:
+      loop.train(_config(tmp_path))
+  message = str(e.value)
+  assert f'pid {os.getpid()} on host {socket.gethostname()}' in message, message
+  assert f'delete {tmp_path}/.lock' in message and '\n' not in message
+  assert not os.path.exists(tmp_path / 'checkpoints')
+  with run_lock.RunLock(str(tmp_path)):  # released: the next run takes it
+    pass
+
+
+def test_max_minutes_stops_with_a_checkpoint_and_keep_every_keeps_milestones(tmp_path, capsys):
+  c = _config(
+    tmp_path,
+    **{'train.max_minutes': 1e-6, 'checkpoint.every': 2, 'checkpoint.keep': 1},
+  )
+  loop.train(c)
+  assert 'train.max_minutes=1e-06: checkpointing step 1 and stopping' in capsys.readouterr().out
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['1']
+  c = _config(
+    tmp_path,
+    **{'train.steps': 12, 'checkpoint.every': 2, 'checkpoint.keep': 1, 'checkpoint.keep_every': 4},
+  )
+  loop.train(c)
+  assert sorted(os.listdir(tmp_path / 'checkpoints'), key=int) == ['4', '8', '12']
+  assert [r['step'] for r in _rows(tmp_path)] == list(range(1, 13))
+
+
+def test_every_minutes_saves_when_the_time_has_come(monkeypatch):
+  now = [1000.0]
+  monkeypatch.setattr(loop.time, 'time', lambda: now[0])
+  clock = loop._Clock(  # pylint: disable=protected-access
+    config_lib.apply_overrides(
+      config_lib.defaults(), ['checkpoint.every_minutes=2', 'train.max_minutes=10']
+    )
+  )
+  clock.tick(first=True)
+  now[0] += 30
+  clock.tick(first=False)  # a 30 s step
+  assert not clock.save_due() and not clock.stop_due(slowest_save_s=5)
+  now[0] += 90
+  assert clock.save_due()
+  # 10 min: stop when two 30 s steps and a 5 s save no longer fit.
+  now[0] = 1000.0 + 600 - 65
+  assert clock.stop_due(slowest_save_s=5)
+  now[0] -= 1
+  assert not clock.stop_due(slowest_save_s=5)
