@@ -30,11 +30,19 @@ THRESHOLD = dict(
   remasking='margin',
   threshold=0.7,
   cache='truncate',
+  cache_refresh=0,
   stop_at_eos=True,
   alg_temp=0.3,
   factor=0.0,
 )
-FACTOR = {**THRESHOLD, 'remasking': 'maskgit_plus', 'threshold': 0.0, 'factor': 1.5}
+FACTOR = {
+  **THRESHOLD,
+  'remasking': 'maskgit_plus',
+  'threshold': 0.0,
+  'factor': 1.5,
+  'cache': 'dual',
+  'cache_refresh': 2,
+}
 SETTINGS = [THRESHOLD, FACTOR]
 
 
