@@ -31,6 +31,7 @@ from dlmjax import config as config_lib
 from dlmjax import evaluate
 from dlmjax import tasks as tasks_lib
 from dlmjax import verify
+from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.diffusion import sampler as sampler_lib
 from dlmjax.train import loop
 
@@ -162,11 +163,11 @@ def run_seed(seed: int, output_dir: str, task: str, objective: str = 'd1', log=p
     log(f'== seed {seed}: {stage} -> {configs[stage].output_dir}')
     stage_start = time.time()
     loop.train(configs[stage])
-    steps = final_loss(configs[stage].output_dir)[0]
-    if steps < configs[stage].train.steps:  # a stop signal checkpointed it early
+    saved = checkpoint_lib.resolve_step_dir(configs[stage].output_dir)[2]
+    if saved < configs[stage].train.steps:  # a stop signal checkpointed it early
       raise InterruptedError(
-        f'seed {seed}: {stage} stopped at step {steps} of '
-        f'{configs[stage].train.steps}; the same command resumes it.'
+        f'seed {seed}: {stage} stopped with its checkpoint at step {saved} of '
+        f'{configs[stage].train.steps}; the same command resumes it from there.'
       )
     rows.append(dict(seed=seed, stage=stage, train_s=time.time() - stage_start))
   for row in rows:

@@ -244,3 +244,13 @@ def test_one_stage_alone_from_the_config_file(tmp_path):
   assert from_file.rl.objective == alone.rl.objective == 'espo'
   with pytest.raises(ValueError, match='the stage is one of'):
     _recipe().get_config('eval')
+
+
+def test_an_early_stop_names_the_step_its_checkpoint_holds(tmp_path, monkeypatch):
+  """The stop message names the checkpointed step (what a resume starts from), not the last
+  logged row's."""
+  monkeypatch.setattr(demo.loop, 'train', lambda config: None)
+  monkeypatch.setattr(demo.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 6))
+  monkeypatch.setattr(demo, 'final_loss', lambda run_dir, step=None: (5, 1.0))
+  with pytest.raises(InterruptedError, match=r'pretrain stopped with its checkpoint at step 6 of'):
+    demo.run_seed(0, str(tmp_path), 'sudoku4')
