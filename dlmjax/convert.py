@@ -143,6 +143,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
+    if getattr(args, 'output_dir', None):  # before any reading: a file there is refused at once
+      hf_io.check_output_dir(args.output_dir)
     if args.command == 'to-hf' and _is_lora_run(args.checkpoint_path):
       out = lora_to_hf(
         args.checkpoint_path,

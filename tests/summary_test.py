@@ -56,6 +56,7 @@ PUBLISHED = {
   '1p7b': 1_732_895_744,  # MegaDLMs 1.7B, vocab padded to 50304 (test_pretrain_1p7b_counts)
   'qwen2p5_0p5b': 494_032_768,  # Qwen2.5 model card 0.49B
   'qwen2p5_7b': 7_615_616_512,  # Qwen2.5 model card 7.61B
+  'dream_7b': 7_615_616_512,  # Dream-v0-7B: Qwen2.5-7B's shape (model card 7.62B)
   'qwen3_0p6b': 596_049_920,  # Qwen3 model card 0.6B (tied head once)
   'qwen3_1p7b': 1_720_574_976,  # Qwen3 model card 1.7B (tied head once)
   'qwen3_8b': 8_190_735_360,  # Qwen3 model card 8.2B
