@@ -12,6 +12,9 @@ import jax.numpy as jnp
 from dlmjax import config as config_lib
 from dlmjax.model import lora
 
+# SDAR's block diffusion: block-causal attention over blocks of 4 (SDAR's released models).
+_SDAR_BLOCKS = dict(attention_mask='block_causal', block_size=4)
+
 PRESETS: dict[str, dict] = {
   # A few-million-parameter model that learns visibly on a 2-core CPU in minutes.
   'tiny': dict(
@@ -72,32 +75,6 @@ PRESETS: dict[str, dict] = {
     qkv_bias=True,
     tie_embeddings=False,
     mask_token_id=151665,
-    eos_token_id=151643,
-    pad_token_id=151643,
-  ),
-  # Dream-org/Dream-v0-Base-7B / -Instruct-7B config.json (model_type Dream; DiffuCoder-7B is the
-  # same shape): Qwen2.5-7B's block (q/k/v biases, no QK-norm, untied, vocab 152064, theta 1e6,
-  # eps 1e-6), bidirectional, token i predicted from position i-1; <|mask|> 151666, EOS and
-  # padding <|endoftext|> 151643; trained at 2048 tokens (DreamLM/Dream README). Parameters:
-  # 28 x (3584*128*(2*28 + 2*4) + 128*(28 + 2*4) + 3*3584*18944 + 2*3584) + 2*152064*3584 + 3584
-  # = 7,615,616,512, the 7.62B of the model card (safetensors total) and Qwen2.5-7B's count.
-  'dream_7b': dict(
-    num_layers=28,
-    d_model=3584,
-    num_heads=28,
-    num_kv_heads=4,
-    head_dim=128,
-    ffn_dim=18944,
-    seq_len=2048,
-    vocab_size=152064,
-    rope_theta=1e6,
-    norm_eps=1e-6,
-    qk_norm=False,
-    qkv_bias=True,
-    shift_logits=True,
-    attention_mask='bidirectional',
-    tie_embeddings=False,
-    mask_token_id=151666,
     eos_token_id=151643,
     pad_token_id=151643,
   ),
@@ -222,58 +199,30 @@ PRESETS: dict[str, dict] = {
     qk_norm=True,
     qkv_bias=False,
     tie_embeddings=False,
-    attention_mask='block_causal',
-    block_size=4,
-    mask_token_id=151669,
-    eos_token_id=151643,
-    pad_token_id=151643,
-  ),
-  # SDAR-8B-Chat: 16,381,470,720 B = 8,190,735,360 params (Qwen3-8B's shape).
-  'sdar_8b': dict(
-    num_layers=36,
-    d_model=4096,
-    num_heads=32,
-    num_kv_heads=8,
-    head_dim=128,
-    ffn_dim=12288,
-    seq_len=2048,
-    vocab_size=151936,
-    rope_theta=1e6,
-    norm_eps=1e-6,
-    qk_norm=True,
-    qkv_bias=False,
-    tie_embeddings=False,
-    attention_mask='block_causal',
-    block_size=4,
-    mask_token_id=151669,
-    eos_token_id=151643,
-    pad_token_id=151643,
-  ),
-  # SDAR-1.7B-Chat: Qwen3-1.7B's dims (2048/28/16/8/128/6144). Its config.json is not in the
-  # SDAR repository; untied as SDAR's 4B and 8B configs are (SDAR-4B unties where Qwen3-4B ties):
-  # 2,031,739,904 params, the count Qwen3-1.7B's safetensors hold with the head stored.
-  # Unconfirmed: if SDAR-1.7B ties, set model.tie_embeddings=True (1,720,574,976).
-  'sdar_1p7b': dict(
-    num_layers=28,
-    d_model=2048,
-    num_heads=16,
-    num_kv_heads=8,
-    head_dim=128,
-    ffn_dim=6144,
-    seq_len=2048,
-    vocab_size=151936,
-    rope_theta=1e6,
-    norm_eps=1e-6,
-    qk_norm=True,
-    qkv_bias=False,
-    tie_embeddings=False,
-    attention_mask='block_causal',
-    block_size=4,
+    **_SDAR_BLOCKS,
     mask_token_id=151669,
     eos_token_id=151643,
     pad_token_id=151643,
   ),
 }
+
+# Presets that are another's shape with the family's own options.
+# Dream-org/Dream-v0-Base-7B / -Instruct-7B config.json (model_type Dream; DiffuCoder-7B is the
+# same shape): Qwen2.5-7B's block (q/k/v biases, no QK-norm, untied, vocab 152064, theta 1e6,
+# eps 1e-6), bidirectional, token i predicted from position i-1; <|mask|> 151666, EOS and
+# padding <|endoftext|> 151643; trained at 2048 tokens (DreamLM/Dream README). Parameters:
+# 28 x (3584*128*(2*28 + 2*4) + 128*(28 + 2*4) + 3*3584*18944 + 2*3584) + 2*152064*3584 + 3584
+# = 7,615,616,512, the 7.62B of the model card (safetensors total) and Qwen2.5-7B's count.
+PRESETS['dream_7b'] = dict(
+  PRESETS['qwen2p5_7b'], shift_logits=True, attention_mask='bidirectional', mask_token_id=151666
+)
+# SDAR-8B-Chat: 16,381,470,720 B = 8,190,735,360 params (Qwen3-8B's shape).
+PRESETS['sdar_8b'] = dict(PRESETS['qwen3_8b'], **_SDAR_BLOCKS)
+# SDAR-1.7B-Chat: Qwen3-1.7B's dims (2048/28/16/8/128/6144). Its config.json is not in the
+# SDAR repository; untied as SDAR's 4B and 8B configs are (SDAR-4B unties where Qwen3-4B ties):
+# 2,031,739,904 params, the count Qwen3-1.7B's safetensors hold with the head stored.
+# Unconfirmed: if SDAR-1.7B ties, set model.tie_embeddings=True (1,720,574,976).
+PRESETS['sdar_1p7b'] = dict(PRESETS['qwen3_1p7b'], tie_embeddings=False, **_SDAR_BLOCKS)
 
 
 def apply_preset(model_config, name: str) -> None:
