@@ -34,7 +34,9 @@ def make_config(args):
   c = config_lib.load_file(os.path.join(ROOT, 'configs', 'pretrain_1p7b.py'))
   c.data.source = 'builtin'
   c.data.tokenizer = ''
-  c.model.vocab_size = 4096  # the built-in corpus's tokenizer
+  # The built-in corpus's tokenizer and its special ids (as configs/pretrain_1p7b.py's smoke run).
+  c.model.vocab_size, c.model.mask_token_id, c.model.eos_token_id = 4096, 3, 2
+  c.model.pad_token_id = 0
   if args.tiny:  # CPU: configs/tiny.py's model
     tiny = config_lib.load_file(os.path.join(ROOT, 'configs', 'tiny.py'))
     c.model = tiny.model
