@@ -265,7 +265,7 @@ def _run(config, stop, cleanup) -> dict | None:
       break
   # Finish.
   if pending is not None:
-    last_row = _report(reporter, config, *pending, start) or last_row
+    last_row = _report(reporter, config, *pending, start, final=True) or last_row
     _stop_if_diverged(config, reporter, checkpoints, state, batches)
   checkpoints.close()
   reporter.close()
@@ -290,11 +290,11 @@ def _draw_plots(config) -> None:
     print(f'no plots: {e}', flush=True)
 
 
-def _report(reporter, config, step, metrics, start):
+def _report(reporter, config, step, metrics, start, final=False):
   """Records a step; rows are written every log.every steps, for the run's first step (where
   the loss starts) and for its last."""
   write = step % config.log.every == 0 or step in (start + 1, _last_step(config))
-  return reporter.record(step, metrics, write=write)
+  return reporter.record(step, metrics, write=write, final=final)
 
 
 def _stop_if_diverged(config, reporter, checkpoints, state, batches) -> None:

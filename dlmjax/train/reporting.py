@@ -62,6 +62,7 @@ class Reporter:
     self.path = os.path.join(run_dir, 'metrics.jsonl')
     self._last_time = None
     self._last_step = None
+    self._window = None
     self._tokens_since = 0.0
     self.started = time.time()
     self.skipped_total = 0
@@ -75,9 +76,16 @@ class Reporter:
     """Starts the throughput clock after `step`: a row for it or an earlier step (the first step,
     which includes compilation) reports no tokens/s, MFU or ETA."""
     self._last_time, self._last_step, self._tokens_since = time.time(), step, 0.0
+    self._window = None  # the last timed row's window: (start time, first step before it, tokens)
 
-  def record(self, step: int, metrics: dict, *, write: bool) -> dict | None:
-    """Accumulates tokens; when `write`, returns (and logs) the row for `step`."""
+  def record(self, step: int, metrics: dict, *, write: bool, final: bool = False) -> dict | None:
+    """Accumulates tokens; when `write`, returns (and logs) the row for `step`.
+
+    A row's window ends when the loop reads its metrics back, just after dispatching the next
+    step; on a GPU that dispatch returns only near the next step's end (the launch queue is
+    full), so each window runs about a step late. The `final` row has no next step, so its own
+    window holds almost no compute: its speed spans the previous row's window too.
+    """
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     timed = step > self._last_step  # steps up to the clock's start ran before it (compilation)
     self.tokens_total += metrics['tokens']
@@ -105,11 +113,16 @@ class Reporter:
     row = dict(step=step, **metrics, skipped_total=self.skipped_total, loss_spikes=self.loss_spikes)
     if timed:
       now = time.time()
-      elapsed = max(now - self._last_time, 1e-9)
-      row['tokens_per_s'] = self._tokens_since / elapsed
-      row['step_time_s'] = elapsed / (step - self._last_step)
+      start, since, tokens = self._last_time, self._last_step, self._tokens_since
+      if final and self._window is not None:
+        start, since, earlier = self._window
+        tokens += earlier
+      elapsed = max(now - start, 1e-9)
+      row['tokens_per_s'] = tokens / elapsed
+      row['step_time_s'] = elapsed / (step - since)
       if self.peak_flops:
         row['mfu'] = row['tokens_per_s'] * self.flops_per_token / self.peak_flops
+      self._window = (self._last_time, self._last_step, self._tokens_since)
       self._last_time, self._last_step, self._tokens_since = now, step, 0.0
     row.update(device_memory())
     self.write_row(row)

@@ -56,6 +56,22 @@ def test_the_compiling_step_reports_no_speed(tmp_path, capsys, monkeypatch):
   assert lines[1].endswith('| 33 tok/s | MFU 0.0% | ETA 0m30s')  # 3 s x 10 steps left
 
 
+def test_the_last_row_spans_the_window_before_it(tmp_path, monkeypatch):
+  """Each window closes one step late on a GPU (the next step's dispatch returns near its end), so
+  the run's last row, read with no step behind it, would see ~0 s of compute (the H200 printed
+  MFU 774%): its speed is measured over the previous row's window and its own."""
+  reporter = reporting.Reporter(str(tmp_path), total_steps=4, flops_per_token=10, peak_tflops=0)
+  # start(1) at 0; rows 2 and 3 read back at 10 and 20; the last row 0.5 s later (its save).
+  clock = iter([0.0, 10.0, 20.0, 20.5])
+  monkeypatch.setattr(reporting.time, 'time', lambda: next(clock))
+  reporter.start(1)
+  reporter.record(1, _metrics(5.0), write=True)
+  rows = [reporter.record(s, _metrics(4.0), write=True) for s in (2, 3)]
+  last = reporter.record(4, _metrics(3.0), write=True, final=True)
+  assert [r['tokens_per_s'] for r in rows] == [10.0, 10.0]
+  assert last['tokens_per_s'] == 200.0 / 10.5 and last['step_time_s'] == 10.5 / 2
+
+
 def test_console_shows_side_rows_and_the_run_ends_with_a_summary(tmp_path, capsys):
   """RL's line carries the latest rollout's seconds (a row written beside the steps); the run's
   last lines say how far it got and where its checkpoint, metrics, plots and events are."""
