@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 
 import jax
@@ -134,6 +135,12 @@ class RunCheckpoints:
     self._save_started: float | None = None
     self._slowest_save_s = 0.0
     self._failed = False
+    self._warm_up: threading.Thread | None = None
+
+  def warm_up(self, state: dict) -> None:
+    """Compiles the save's checksums for arrays like `state`'s in the background, so the first
+    save blocks training no longer than the others (docs/benchmarks.md, Checkpoints)."""
+    self._warm_up = checksums.warm_up(dict(params=state['params'], opt_state=state['opt_state']))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -198,6 +205,9 @@ class RunCheckpoints:
     arrays = dict(params=state['params'], opt_state=state['opt_state'])
     jax.block_until_ready(arrays)  # the step itself: not time the save holds training up
     started = time.perf_counter()
+    if self._warm_up is not None:  # a compile still running holds this save up: it counts
+      self._warm_up.join()
+      self._warm_up = None
     step = int(jax.device_get(state['step']))
     digests = checksums.to_hex(checksums.dispatch(arrays))
     meta = dict(
@@ -326,6 +336,8 @@ class RunCheckpoints:
     if self._closed:
       return
     self._closed = True
+    if self._warm_up is not None:  # no compile left running into the interpreter's exit
+      self._warm_up.join()
     if self._failed:  # the error was raised already; what orbax still holds is that same error
       try:
         self._manager.close()

@@ -183,6 +183,7 @@ def _run(config, stop, cleanup) -> dict | None:
     )
   # State.
   state, data_state = initial_state(config, setup, checkpoints)
+  checkpoints.warm_up(state)  # the save's checksums compile beside the train step
   checkpoint_lib.write_run_config(config.output_dir, config)
   start = int(jax.device_get(state['step']))
   if jax.process_index() == 0:  # rows the killed run logged past its last checkpoint

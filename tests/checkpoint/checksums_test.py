@@ -1,6 +1,8 @@
 """Array checksums: a hand-written numpy statement of the digest, mesh independence, and a
 one-ulp change named."""
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,3 +66,23 @@ def test_digest_is_independent_of_the_sharding_and_names_a_one_ulp_change():
   swapped[[0, 1]] = swapped[[1, 0]]  # same values, other places: the index is in the hash
   assert checksums.compute({'x': swapped}) != whole
   assert checksums.compare(whole, {}) == ['x: checksum saved but no such array']
+
+
+def test_warm_up_compiles_what_a_save_then_reuses():
+  """A save's first checksums reuse the warm-up's executable: no compile while training waits."""
+  mesh = jax.make_mesh((1,), ('fsdp',))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('fsdp'))
+  tree = {'w': jax.device_put(np.arange(35.0, dtype=np.float32).reshape(7, 5), sharding)}
+  checksums.warm_up(tree).join()
+  compiled = []
+  with jax.log_compiles():
+    handler = logging.Handler()
+    handler.emit = lambda record: compiled.append(record.getMessage())
+    logger = logging.getLogger('jax')
+    logger.addHandler(handler)
+    try:
+      digest = checksums.compute(tree)
+    finally:
+      logger.removeHandler(handler)
+  assert not [m for m in compiled if 'Finished XLA compilation' in m], compiled
+  assert digest == checksums.compute({'w': np.arange(35.0, dtype=np.float32).reshape(7, 5)})
