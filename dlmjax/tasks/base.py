@@ -10,6 +10,8 @@ import dataclasses
 import hashlib
 import re
 
+from dlmjax.data import records
+
 SPLITS = ('train', 'test')
 TEST_FRACTION = 0.2  # share of solutions held out for the test split
 
@@ -91,3 +93,52 @@ class Task:
     except Exception:  # pylint: disable=broad-except  # garbage in -> no reward, never a crash
       return 0.0
     return value if value == value and abs(value) != float('inf') else 0.0
+
+
+class FileTask(Task):
+  """A task whose problems come from a data source per split (dlmjax/data/records.py).
+
+  Subclasses turn one row into an Example (`example_of`, raising KeyError/TypeError/ValueError
+  on a bad row); the split's rows are shuffled by the seed and the first `num` returned."""
+
+  row_help = ''  # what a row holds, for error messages
+
+  def __init__(self, train_path: str, test_path: str = '', *, columns: str = ''):
+    self.paths = {'train': train_path, 'test': test_path}
+    self.columns = columns
+
+  def example_of(self, row: dict) -> Example:
+    raise NotImplementedError
+
+  def load(self, source: str) -> list[Example]:
+    if not records.exists(source):
+      raise FileNotFoundError(
+        f'{self.name}: data {source!r} does not exist; pass a jsonl/parquet file or '
+        f'hub:NAME with {self.row_help}.'
+      )
+    examples = []
+    for where, row in records.read_records(source, columns=self.columns):
+      try:
+        examples.append(self.example_of(row))
+      except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+          f'{where}: not a {self.name} row ({type(e).__name__}: {e}); each row needs '
+          f'{self.row_help} (rename columns with --config.data.columns).'
+        ) from e
+    if not examples:
+      raise ValueError(f'{source} holds no examples.')
+    return examples
+
+  def examples(self, split, num, seed):
+    import random  # pylint: disable=import-outside-toplevel
+
+    check_request(self.name, split, num)
+    if not self.paths[split]:
+      raise ValueError(f'{self.name}: no data for the {split} split.')
+    rows = self.load(self.paths[split])
+    random.Random(seed).shuffle(rows)
+    if num > len(rows):
+      raise ValueError(
+        f'{self.name}: {self.paths[split]} has {len(rows)} examples, asked for {num}.'
+      )
+    return rows[:num]
