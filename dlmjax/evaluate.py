@@ -200,8 +200,7 @@ def tasks_mode(model: EvalModel, task_names: list[str], *, num: int, seed: int, 
     task = tasks_lib.get_task(name)
     examples = task.examples('test', num, seed) * samples
     completions = model.generate([e.prompt for e in examples])
-    correct = [task.is_correct(e, c) for e, c in zip(examples, completions)]
-    rewards = [task.reward(e, c) for e, c in zip(examples, completions)]
+    rewards, correct = task.judge(examples, completions)
     results += [
       dict(task=name, prompt=e.prompt, answer=e.answer, completion=c, correct=ok, reward=r)
       for e, c, ok, r in zip(examples, completions, correct, rewards)

@@ -6,6 +6,7 @@ TASKS maps a name to a Task: `examples(split, num, seed) -> list[Example]` and
 
 from dlmjax.tasks.arithmetic import Arithmetic
 from dlmjax.tasks.base import Example, Task, split_of
+from dlmjax.tasks.code import HumanEval, KodCode, Mbpp
 from dlmjax.tasks.countdown import Countdown
 from dlmjax.tasks.gsm8k import Gsm8kJsonl
 from dlmjax.tasks.math500 import Math500
@@ -20,12 +21,13 @@ TASKS: dict[str, Task] = {
 
 
 # Tasks read from a data source (jsonl, parquet, hub:NAME; dlmjax/data/records.py) per split.
-FILE_TASKS: dict[str, type] = {'gsm8k': Gsm8kJsonl, 'math500': Math500}
-
-
-def register_file_task(name: str, cls: type) -> None:
-  """Adds a FileTask class under `name` (code tasks register themselves this way)."""
-  FILE_TASKS[name] = cls
+FILE_TASKS: dict[str, type] = {
+  'gsm8k': Gsm8kJsonl,
+  'math500': Math500,
+  'humaneval': HumanEval,
+  'mbpp': Mbpp,
+  'kodcode': KodCode,
+}
 
 
 def get_task(name: str, *, data_path: str = '', columns: str = '') -> Task:
@@ -54,5 +56,7 @@ __all__ = [
   'Gsm8kJsonl',
   'Math500',
   'FILE_TASKS',
-  'register_file_task',
+  'HumanEval',
+  'Mbpp',
+  'KodCode',
 ]

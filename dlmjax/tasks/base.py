@@ -87,6 +87,17 @@ class Task:
     """Whether the completion solves the problem (held-out accuracy)."""
     return self.reward(example, completion) >= self.max_reward - 1e-9
 
+  def judge(self, examples, completions) -> tuple[list[float], list[bool]]:
+    """(rewards, correct) of a batch; tasks that run code score it in parallel."""
+    rewards = [self.reward(e, c) for e, c in zip(examples, completions)]
+    return rewards, [self.safe_is_correct(e, c) for e, c in zip(examples, completions)]
+
+  def safe_is_correct(self, example: Example, completion: str) -> bool:
+    try:
+      return bool(self.is_correct(example, completion))
+    except Exception:  # pylint: disable=broad-except  # garbage in -> not correct, never a crash
+      return False
+
   def reward(self, example: Example, completion: str) -> float:
     try:
       value = float(self.score(example, completion))
