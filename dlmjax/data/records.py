@@ -4,6 +4,7 @@ A source is a path or a cached hub dataset:
   rows.jsonl                      read line by line (our reader: errors name the line)
   rows.parquet | .json | .arrow | .csv, or a directory of them, or a glob
                                   read with `datasets` (streaming: no Arrow copy is written)
+  DIR saved by Dataset.save_to_disk  read with datasets.load_from_disk (memory-mapped)
   hub:NAME[:CONFIG][@SPLIT]       a hub dataset already in the `datasets` cache (never
                                   downloaded here: the machines may have no network)
 Column mapping (data.columns, e.g. 'prompt=question,response=answer') renames a source's
@@ -12,6 +13,7 @@ columns to the names our readers want; columns not named pass through unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from collections.abc import Iterator
@@ -77,15 +79,38 @@ def _datasets_rows(builder: str, files: list[str], streaming: bool) -> Iterator[
   yield from dataset
 
 
+def _saved_rows(path: str) -> Iterator[dict]:
+  import datasets  # pylint: disable=import-outside-toplevel
+
+  dataset = datasets.load_from_disk(path)
+  if isinstance(dataset, datasets.DatasetDict):
+    raise DataError(f'{path} holds splits {sorted(dataset)}; pass the directory of one split.')
+  yield from dataset
+
+
+@contextlib.contextmanager
+def _offline(datasets):
+  """The hub's offline switches on while loading: the cache answers, the network is not tried."""
+  import huggingface_hub.constants as hub  # pylint: disable=import-outside-toplevel
+
+  saved = (datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub.HF_HUB_OFFLINE)
+  datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = hub.HF_HUB_OFFLINE = True
+  try:
+    yield
+  finally:
+    datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub.HF_HUB_OFFLINE = saved
+
+
 def _hub_rows(spec: str) -> Iterator[dict]:
   import datasets  # pylint: disable=import-outside-toplevel
 
   name, _, split = spec.partition('@')
   name, _, subset = name.partition(':')
   try:
-    dataset = datasets.load_dataset(
-      name, subset or None, split=split or 'train', download_mode='reuse_cache_if_exists'
-    )
+    with _offline(datasets):
+      dataset = datasets.load_dataset(
+        name, subset or None, split=split or 'train', download_mode='reuse_cache_if_exists'
+      )
   except Exception as e:  # pylint: disable=broad-except  # network, missing cache, bad split
     raise DataError(
       f'{HUB_PREFIX}{spec}: not in the local `datasets` cache ({type(e).__name__}: '
@@ -106,6 +131,8 @@ def read_records(
     rows = ((f'{source}#{i}', row) for i, row in enumerate(_hub_rows(source[len(HUB_PREFIX) :])))
   elif source.endswith('.jsonl') and os.path.isfile(source):
     rows = ((f'{source}:{n}', row) for n, row in jsonl.read_objects(source))
+  elif os.path.isfile(os.path.join(source, 'state.json')):
+    rows = ((f'{source}#{i}', row) for i, row in enumerate(_saved_rows(source)))
   else:
     files = _files_of(source)
     if not files:
@@ -131,4 +158,8 @@ def read_records(
 
 def exists(source: str) -> bool:
   """Whether a source names something that can be read (hub names are checked when read)."""
-  return source.startswith(HUB_PREFIX) or bool(_files_of(source))
+  return (
+    source.startswith(HUB_PREFIX)
+    or os.path.isfile(os.path.join(source, 'state.json'))
+    or bool(_files_of(source))
+  )
