@@ -45,7 +45,8 @@ def parse_columns(spec: str) -> dict[str, str]:
   return mapping
 
 
-def _rename(row: dict, mapping: dict[str, str]) -> dict:
+def rename(row: dict, mapping: dict[str, str]) -> dict:
+  """The row with its columns renamed by a parse_columns mapping (the rest pass through)."""
   if not mapping:
     return row
   missing = [theirs for theirs in mapping if theirs not in row]
@@ -153,7 +154,7 @@ def read_records(
   for where, row in rows:
     if not isinstance(row, dict):
       raise DataError(f'{where}: a row must be an object with named columns.')
-    yield where, _rename(row, mapping)
+    yield where, rename(row, mapping)
 
 
 def exists(source: str) -> bool:

@@ -92,6 +92,17 @@ class Task:
     rewards = [self.reward(e, c) for e, c in zip(examples, completions)]
     return rewards, [self.safe_is_correct(e, c) for e, c in zip(examples, completions)]
 
+  def metrics(self, examples, completions) -> dict[str, list[float]]:
+    """Per completion: accuracy, reward and the peers' own metrics (docs/evaluation.md)."""
+    rewards, correct = self.judge(examples, completions)
+    extra = self.peer_metrics(examples, completions)
+    return {'accuracy': [float(c) for c in correct], 'mean_reward': list(rewards), **extra}
+
+  def peer_metrics(self, examples, completions) -> dict[str, list[float]]:
+    """The peers' scripts' metrics, where they extract differently from `is_correct`."""
+    del examples, completions
+    return {}
+
   def safe_is_correct(self, example: Example, completion: str) -> bool:
     try:
       return bool(self.is_correct(example, completion))
@@ -110,7 +121,8 @@ class FileTask(Task):
   """A task whose problems come from a data source per split (dlmjax/data/records.py).
 
   Subclasses turn one row into an Example (`example_of`, raising KeyError/TypeError/ValueError
-  on a bad row); the split's rows are shuffled by the seed and the first `num` returned."""
+  on a bad row); the split's rows are shuffled by the seed and the first `num` (0: all)
+  returned."""
 
   row_help = ''  # what a row holds, for error messages
 
@@ -148,6 +160,7 @@ class FileTask(Task):
       raise ValueError(f'{self.name}: no data for the {split} split.')
     rows = self.load(self.paths[split])
     random.Random(seed).shuffle(rows)
+    num = num or len(rows)  # 0: every row (evaluation)
     if num > len(rows):
       raise ValueError(
         f'{self.name}: {self.paths[split]} has {len(rows)} examples, asked for {num}.'

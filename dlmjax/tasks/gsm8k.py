@@ -69,6 +69,48 @@ def total_reward(completion: str, answer: str) -> float:
   )
 
 
+_NUMBER = r'-?\d+\.?\d*'
+_FLEXIBLE = re.compile(r'(-?[$0-9.,]{2,})|(-?[0-9]+)')
+
+
+def d1_eval_answer(text: str) -> float | None:
+  """d1's eval (eval/parse_and_get_acc.py, GSM8K): the first \\boxed{} with a number (itself,
+  or its first number), else the <answer> tags' number (itself, or their last number)."""
+  for content in re.findall(r'\\boxed{(.*?)}', text):
+    content = content.strip()
+    if not content or re.fullmatch(r'\.+', content):
+      continue
+    value = _float(content) if _float(content) is not None else _first(re.findall(_NUMBER, content))
+    if value is not None:
+      return value
+  match = re.search(r'<answer>(.*?)</answer>', text, re.DOTALL)
+  if match and match.group(1).strip():
+    inner = match.group(1).strip()
+    return _float(inner) if _float(inner) is not None else _first(re.findall(_NUMBER, inner)[-1:])
+  return None
+
+
+def _float(text: str) -> float | None:
+  try:
+    return float(text)
+  except ValueError:
+    return None
+
+
+def _first(numbers: list[str]) -> float | None:
+  return _float(numbers[0]) if numbers else None
+
+
+def flexible_extract(text: str) -> str:
+  """lm-eval gsm8k's flexible-extract: the last number-like match, with its exact_match's
+  regexes_to_ignore (',', '$', a trailing '.') applied."""
+  matches = _FLEXIBLE.findall(text)
+  if not matches:
+    return ''
+  found = next(group for group in matches[-1] if group)
+  return re.sub(r'\.$', '', found.replace(',', '').replace('$', '')).strip()
+
+
 def final_answer(solution: str) -> str:
   """GSM8K's answer field ends in '#### 42'; the number after it, without thousands commas."""
   if '####' not in solution:
@@ -106,3 +148,11 @@ class Gsm8kJsonl(base.FileTask):
 
   def is_correct(self, example, completion):
     return correctness_reward(completion, example.answer) > 0
+
+  def peer_metrics(self, examples, completions):
+    d1, flexible = [], []
+    for e, c in zip(examples, completions):
+      value = d1_eval_answer(c)
+      d1.append(float(value is not None and value == _float(e.answer)))
+      flexible.append(float(flexible_extract(c) == e.answer))
+    return {'d1_eval': d1, 'lm_eval_flexible': flexible}

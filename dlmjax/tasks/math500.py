@@ -10,6 +10,8 @@ this one tests for the box as intended (docs/evaluation.md, MATH).
 
 from __future__ import annotations
 
+import re
+
 from dlmjax.tasks import base
 from dlmjax.tasks import gsm8k
 from dlmjax.tasks import math_answer
@@ -58,3 +60,20 @@ class Math500(base.FileTask):
 
   def is_correct(self, example, completion):
     return correctness_reward(completion, example.answer) > 0
+
+  def peer_metrics(self, examples, completions):
+    """d1's eval: the last box, else the <answer> text, equal after normalisation (no CAS);
+    lm-eval minerva_math's math_verify: the CAS on the whole completion against the gold."""
+    d1, verified = [], []
+    for e, c in zip(examples, completions):
+      answer = math_answer.last_boxed(c)
+      if not answer:
+        tags = re.search(r'<answer>(.*?)</answer>', c, re.DOTALL)
+        answer = tags.group(1).strip() if tags else None
+      d1.append(
+        float(
+          answer is not None and math_answer.normalize(answer) == math_answer.normalize(e.answer)
+        )
+      )
+      verified.append(float(math_answer.cas_verify_text(c, e.answer)))
+    return {'d1_eval': d1, 'lm_eval_math_verify': verified}

@@ -185,6 +185,20 @@ def cas_equal(a: str, b: str) -> bool:
     return False
 
 
+def cas_verify_text(completion: str, gold: str) -> bool:
+  """math-verify on a whole completion (it finds the answer itself) against a gold answer."""
+  mv = _math_verify()
+  if mv is None or len(completion) > 20000:
+    return False
+  timeout = CAS_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+  try:
+    parsed_gold = mv.parse(f'${gold}$', parsing_timeout=timeout)
+    parsed = mv.parse(completion, parsing_timeout=timeout)
+    return bool(parsed_gold and parsed and mv.verify(parsed_gold, parsed, timeout_seconds=timeout))
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
 def is_equiv(a: str | None, b: str | None) -> bool:
   """Whether two final answers are the same: normalised strings, else the CAS."""
   if a is None or b is None:
