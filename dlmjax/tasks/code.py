@@ -5,7 +5,7 @@ Formats (one row each, jsonl / parquet / hub:NAME via dlmjax/data/records.py):
              the function's signature and docstring; each statement of check(candidate) that
              asserts is one test (evaluated with candidate = the entry point)
   mbpp       {"text" or "prompt", "code", "test_list", "test_setup_code"?}: lm-eval's MBPP
-             prompt (the task and its tests); each entry of test_list is one test
+             prompt, zero-shot (the task, its tests, [BEGIN]); each test_list entry is one test
   kodcode    {"question", "solution", "test"}: the test is a pytest module that imports from
              `solution`; each top-level test_* function (and Test* class method) is one test,
              a @pytest.mark.parametrize one runs over all its cases as one test
@@ -29,7 +29,7 @@ from dlmjax.tasks import code_exec
 _FENCE_RE = re.compile(r'```(?:python|py|Python)?[ \t]*\n(.*?)```', re.DOTALL)
 MBPP_PROMPT = (
   'You are an expert Python programmer, and here is your task: {text} '
-  'Your code should pass these tests:\n\n{tests}\n'
+  'Your code should pass these tests:\n\n{tests}\n[BEGIN]\n'
 )
 
 
@@ -45,9 +45,10 @@ class CodeExample(base.Example):
 
 
 def extract_code(completion: str) -> str:
-  """The last fenced code block of a completion, or the completion itself."""
+  """The last fenced code block of a completion, or the completion itself up to lm-eval MBPP's
+  '[DONE]' stop string."""
   blocks = _FENCE_RE.findall(completion)
-  return blocks[-1] if blocks else completion
+  return blocks[-1] if blocks else completion.split('[DONE]')[0]
 
 
 def program_of(example: CodeExample, completion: str) -> code_exec.Program:
