@@ -10,6 +10,7 @@ maintained sympy-based checker, Hugging Face) proves them equal; see docs/evalua
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 
@@ -115,8 +116,9 @@ def _fix_sqrt(s: str) -> str:
 
 
 def _fix_a_slash_b(s: str) -> str:
-  """'3/4' (two integers) -> \\frac{3}{4}."""
-  match = re.fullmatch(r'(-?)(\d+)/(\d+)', s)
+  """'3/4' -> \\frac{3}{4}, '\\sqrt{2}/2' -> \\frac{\\sqrt{2}}{2} (an integer or a root over an
+  integer)."""
+  match = re.fullmatch(r'(-?)(\d+|\\sqrt\{\d+\})/(\d+)', s)
   return f'{match[1]}\\frac{{{match[2]}}}{{{match[3]}}}' if match else s
 
 
@@ -154,11 +156,22 @@ def normalize(answer: str) -> str:
   return s
 
 
+@functools.cache
 def _math_verify():
+  """math-verify, warmed up once untimed (its first parse loads sympy and its LaTeX grammar,
+  seconds on a busy machine, which must not count against the per-answer timeout)."""
   try:
     import math_verify  # pylint: disable=import-outside-toplevel
   except ImportError:
     return None
+  try:
+    math_verify.verify(
+      math_verify.parse('$\\frac{1}{2}$', parsing_timeout=None),
+      math_verify.parse('$0.5$', parsing_timeout=None),
+      timeout_seconds=None,
+    )
+  except Exception:  # pylint: disable=broad-except  # the warm-up's verdict does not matter
+    pass
   return math_verify
 
 
