@@ -86,6 +86,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.data.cache_dir = ''  # built corpora, tokenizers, indices; '' = $DLMJAX_CACHE_DIR or ~/.cache.
   c.data.num_workers = 0  # loader worker processes (0 = in the main process).
   c.data.prefetch = 2  # batches read ahead.
+  # Renames the columns of sft.*_file / rl.task_data rows (jsonl, parquet, json, arrow, csv or
+  # hub:NAME[:CONFIG][@SPLIT], dlmjax/data/records.py): 'prompt=question,response=answer'.
+  c.data.columns = ''
   # Document-aware packing: attention, RoPE positions and the mask ratio t stay inside each
   # document (pretrain: split at model.eos_token_id; sft: each conversation) of a row; off packs
   # pretraining as Megatron (documents see each other) and pads SFT rows with EOS that is trained
@@ -212,8 +215,9 @@ def defaults() -> ml_collections.ConfigDict:
   # is per micro-batch) and d1's frozen-init KL reference (kl_beta 0 = none); the peers'
   # alternatives are parameters of dlmjax/rl/advantages.py and rollout.loss_weights.
   c.rl = ml_collections.ConfigDict()
-  c.rl.task = 'countdown3'  # a dlmjax.tasks name, or gsm8k (reads rl.task_data)
-  c.rl.task_data = ''  # gsm8k: TRAIN.jsonl[,TEST.jsonl]
+  # a dlmjax.tasks name; gsm8k, math500, humaneval, mbpp and kodcode read rl.task_data
+  c.rl.task = 'countdown3'
+  c.rl.task_data = ''  # file tasks: TRAIN[,TEST] (jsonl, parquet, ... or hub:NAME@SPLIT)
   c.rl.num_prompts = 1024  # training prompts drawn from the task's train split
   c.rl.max_prompt_tokens = 48  # prompt width; longer prompts are dropped
   c.rl.group_size = 4  # G completions per prompt; train.global_batch_size rows per rollout
@@ -643,6 +647,14 @@ def validate(config, num_devices: int | None = None) -> None:
     if value not in choices:
       raise ConfigError(
         f'{key}={value!r} is not one of {choices}; set --config.{key}=<one of them>.'
+      )
+
+  for item in filter(None, (part.strip() for part in config.data.columns.split(','))):
+    ours, _, theirs = item.partition('=')
+    if not ours.strip() or not theirs.strip():
+      raise ConfigError(
+        f'data.columns item {item!r} is not OURS=THEIRS; set e.g. '
+        "--config.data.columns='prompt=question,response=answer'."
       )
 
   m, t = config.model, config.train

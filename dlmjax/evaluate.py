@@ -2,11 +2,14 @@
 
   python -m dlmjax.evaluate --checkpoint-path P likelihood --data rows.jsonl [--mc-num 128]
   python -m dlmjax.evaluate --checkpoint-path P tasks --tasks countdown3,sudoku4 [--num 100]
+  python -m dlmjax.evaluate --checkpoint-path P tasks --num 0 \\
+      --tasks gsm8k=gsm8k_test.jsonl,math500=math500.jsonl,humaneval=humaneval.jsonl
 
 likelihood rows are {"context", "continuation"} (log-likelihood per row and in sum) or
 multiple-choice {"context", "choices": [...], "label": i} (accuracy of the most likely choice,
 and acc_norm: per character, as lm-eval). Scores are LLaDA's Monte Carlo ELBO
-(dlmjax/diffusion/likelihood.py); tasks decode with the sampler and score with dlmjax.tasks.
+(dlmjax/diffusion/likelihood.py); tasks decode with the sampler and score with dlmjax.tasks:
+accuracy, mean reward and the peers' metrics (d1's eval, lm-eval's; docs/evaluation.md).
 P is a run directory (latest step), a step directory or a Hugging Face directory.
 """
 
@@ -187,30 +190,56 @@ def likelihood_mode(model: EvalModel, rows: list[dict]) -> tuple[list[dict], dic
   return results, summary
 
 
-def tasks_mode(model: EvalModel, task_names: list[str], *, num: int, seed: int, samples: int = 1):
-  """Accuracy and mean reward of greedy (or sampled) completions on each task's test split.
+def parse_task_list(text: str) -> list[tuple[str, str]]:
+  """'countdown3,math500=test.jsonl' -> [('countdown3', ''), ('math500', 'test.jsonl')]."""
+  out = []
+  for item in filter(None, (part.strip() for part in text.split(','))):
+    name, _, path = item.partition('=')
+    out.append((name.strip(), path.strip()))
+  return out
+
+
+def tasks_mode(
+  model: EvalModel,
+  task_names: list,
+  *,
+  num: int,
+  seed: int,
+  samples: int = 1,
+  columns: str = '',
+):
+  """Accuracy, mean reward and the peers' metrics of greedy (or sampled) completions on each
+  task's test split; a (name, path) entry reads a file task's test rows from path.
 
   samples > 1 decodes every problem that many times (each row gets its own sampling noise) and
   averages over all completions: the expected reward under the sampler, which is what RL
-  optimises, with less noise than one draw per problem."""
+  optimises, with less noise than one draw per problem. num=0: every row of a file task."""
   if samples < 1:
     raise ValueError(f'samples={samples}: decode each problem at least once.')
   results, summary = [], {}
-  for name in task_names:
-    task = tasks_lib.get_task(name)
-    examples = task.examples('test', num, seed) * samples
+  for entry in task_names:
+    name, path = (entry, '') if isinstance(entry, str) else entry
+    if name in tasks_lib.FILE_TASKS and not path:
+      raise ValueError(f'task {name} reads its test rows from a file: pass --tasks {name}=PATH.')
+    task = tasks_lib.get_task(name, data_path=f',{path}' if path else '', columns=columns)
+    examples = task.examples('test', num if path else num or 100, seed) * samples
     completions = model.generate([e.prompt for e in examples])
-    correct = [task.is_correct(e, c) for e, c in zip(examples, completions)]
-    rewards = [task.reward(e, c) for e, c in zip(examples, completions)]
+    metrics = task.metrics(examples, completions)
     results += [
-      dict(task=name, prompt=e.prompt, answer=e.answer, completion=c, correct=ok, reward=r)
-      for e, c, ok, r in zip(examples, completions, correct, rewards)
+      dict(
+        task=name,
+        prompt=e.prompt,
+        answer=e.answer,
+        completion=c,
+        correct=bool(metrics['accuracy'][i]),
+        reward=metrics['mean_reward'][i],
+      )
+      for i, (e, c) in enumerate(zip(examples, completions))
     ]
     summary[name] = dict(
       examples=len(examples) // samples,
       samples=samples,
-      accuracy=float(np.mean(correct)),
-      mean_reward=float(np.mean(rewards)),
+      **{key: float(np.mean(values)) for key, values in metrics.items()},
     )
   return results, summary
 
@@ -241,9 +270,16 @@ def _parser() -> argparse.ArgumentParser:
   ll.add_argument('--mc-num', type=int, default=128, help='Monte Carlo samples (LLaDA: 128)')
   ll.add_argument('--mc-batch', type=int, default=32, help='samples per forward (LLaDA: 32)')
   ll.add_argument('--cfg', type=float, default=0.0, help='unsupervised CFG scale')
-  tk = sub.add_parser('tasks', help="accuracy on the built-in tasks' test splits")
-  tk.add_argument('--tasks', default='countdown3,sudoku4,arithmetic')
-  tk.add_argument('--num', type=int, default=100, help='test examples per task')
+  tk = sub.add_parser('tasks', help="accuracy on the built-in tasks' test splits or test files")
+  tk.add_argument(
+    '--tasks',
+    default='countdown3,sudoku4,arithmetic',
+    help='NAME or NAME=PATH (gsm8k, math500, humaneval, mbpp, kodcode: the test rows)',
+  )
+  tk.add_argument(
+    '--num', type=int, default=100, help='test examples per task (0: all rows of a file)'
+  )
+  tk.add_argument('--columns', default='', help="rename file columns: 'problem=question,...'")
   tk.add_argument(
     '--samples',
     type=int,
@@ -281,9 +317,13 @@ def main(argv=None) -> int:
         batch_size=args.batch_size,
         dtype=args.dtype,
       )
-      names = [n.strip() for n in args.tasks.split(',') if n.strip()]
       results, summary = tasks_mode(
-        model, names, num=args.num, seed=args.seed, samples=args.samples
+        model,
+        parse_task_list(args.tasks),
+        num=args.num,
+        seed=args.seed,
+        samples=args.samples,
+        columns=args.columns,
       )
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)

@@ -5,6 +5,8 @@ sampler.py). P is a run directory (its latest step), a step directory or a Huggi
 A fine-tuned checkpoint's prompts are wrapped in its chat template. --prompt prints the
 completion; --prompts-file reads jsonl rows {"prompt": ...} and writes each row with its
 "completion" to --output (default: stdout). Same code as `load_pretrained(P).generate(...)`.
+--infill TEMPLATE fills the template's <mask:N> holes anywhere in the text (fill-in-the-middle,
+dlmjax/diffusion/infill.py) and prints the whole filled text.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dlmjax import cli
 from dlmjax import inference
 from dlmjax.data import jsonl
 from dlmjax.data.errors import DataError
+from dlmjax.diffusion import infill as infill_lib
 from dlmjax.diffusion import sampler
 
 
@@ -33,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
   source = parser.add_mutually_exclusive_group(required=True)
   source.add_argument('--prompt', action='append', help='a prompt (repeat for several)')
   source.add_argument('--prompts-file', help='jsonl rows with a "prompt" string')
+  source.add_argument(
+    '--infill',
+    action='append',
+    help='a template with <mask:N> holes to fill (repeat for several; raw text; --steps steps)',
+  )
   parser.add_argument('--output', default='', help='jsonl out (with --prompts-file)')
   sampler.add_arguments(parser)
   parser.add_argument(
@@ -62,15 +70,19 @@ def main(argv=None) -> int:
     rows = (
       _read_prompts(args.prompts_file)
       if args.prompts_file
-      else [{'prompt': p} for p in args.prompt]
+      else [{'prompt': p} for p in args.prompt or args.infill]
     )
+    if args.infill:
+      infill_lib.check_settings(sampling)
     model = inference.load_pretrained(args.checkpoint_path, dtype=args.dtype)
     start = time.perf_counter()
-    texts = model.generate(
+    run = model.infill if args.infill else model.generate
+    options = {} if args.infill else {'chat_template': args.chat_template}
+    texts = run(
       [r['prompt'] for r in rows],
-      chat_template=args.chat_template,
       seed=args.seed,
       batch_size=args.batch_size,
+      **options,
       **dataclasses.asdict(sampling),
     )
     elapsed = time.perf_counter() - start
@@ -95,10 +107,8 @@ def main(argv=None) -> int:
   else:
     for text in texts:
       print(text)
-  print(
-    f'{len(rows)} prompts x {sampling.gen_length} tokens in {elapsed:.1f} s (with compilation)',
-    file=sys.stderr,
-  )
+  what = 'templates' if args.infill else f'prompts x {sampling.gen_length} tokens'
+  print(f'{len(rows)} {what} in {elapsed:.1f} s (with compilation)', file=sys.stderr)
   return 0
 
 

@@ -18,6 +18,7 @@ from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
 from dlmjax.data import chat
 from dlmjax.data import run_tokenizer
+from dlmjax.diffusion import infill as infill_lib
 from dlmjax.diffusion import sampler
 from dlmjax.model import programs
 from dlmjax.parallel import rules
@@ -141,6 +142,39 @@ class Pretrained:
       prompts = [chat.prompt_text(template, p) for p in prompts]
     ids = self.tokenizer.encode_batch(prompts)
     rows = self.generate_tokens(ids, seed=seed, batch_size=batch_size, **sampling)
+    return [self.tokenizer.decode(r) for r in rows]
+
+  def infill_tokens(
+    self, token_lists, *, seed: int = 0, batch_size: int = 8, **sampling
+  ) -> list[list[int]]:
+    """Each token list with its MASK ids decoded (dlmjax/diffusion/infill.py), the rest kept."""
+    settings = sampler.SamplingConfig.from_values(**sampling).validate()
+    m = self.config.model
+    if self.mesh is not None:
+      raise ValueError('infilling runs on one device; load the checkpoint without a mesh.')
+    fn = infill_lib.make_infill_fn(
+      self.model_config, settings, mask_id=m.mask_token_id, vocab_size=m.vocab_size
+    )
+    token_lists = [list(t) for t in token_lists]
+    width = max((len(t) for t in token_lists), default=0)
+    if width > m.seq_len:
+      raise ValueError(f'a template has {width} tokens, more than the context of {m.seq_len}.')
+    key, result = jax.random.key(seed), []
+    for start in range(0, len(token_lists), batch_size):
+      chunk = token_lists[start : start + batch_size]
+      chunk += [chunk[-1]] * (batch_size - len(chunk))
+      canvas_BL, lengths_B = sampler.pad_prompts(chunk, m.pad_token_id, width)
+      out = jax.device_get(fn(self.params, canvas_BL, lengths_B, jax.random.fold_in(key, start)))
+      rows = [list(row[width - n :]) for row, n in zip(out.tolist(), lengths_B.tolist())]
+      result += rows[: len(token_lists) - start]
+    return result
+
+  def infill(self, templates, *, seed: int = 0, batch_size: int = 8, **sampling) -> list[str]:
+    """Each template's text with its <mask:N> holes filled (raw text: no chat template)."""
+    templates = [templates] if isinstance(templates, str) else list(templates)
+    mask_id = self.config.model.mask_token_id
+    ids = [infill_lib.template_tokens(t, self.tokenizer.encode, mask_id) for t in templates]
+    rows = self.infill_tokens(ids, seed=seed, batch_size=batch_size, **sampling)
     return [self.tokenizer.decode(r) for r in rows]
 
 

@@ -2,6 +2,9 @@
 
   python -m dlmjax.lm_eval_adapter --model dlmjax \\
       --model_args checkpoint_path=runs/x,mc_num=128,mc_batch=32,cfg=0.5 --tasks arc_easy,piqa
+  python -m dlmjax.lm_eval_adapter --model dlmjax --model_args checkpoint_path=runs/x \\
+      --local-tasks gsm8k=gsm8k_test.jsonl,math500=math500.jsonl,humaneval=humaneval.jsonl \\
+      --tasks dlmjax_gsm8k,dlmjax_math500,dlmjax_humaneval
 
 lm-eval finds models only in its own registry, so this module registers `dlmjax` and then runs
 lm-eval's command line (every lm-eval flag works); in Python, `import dlmjax.lm_eval_adapter`
@@ -12,7 +15,10 @@ passes per request and no reported metric uses it) and loglikelihood_rolling is 
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+import tempfile
 
 from dlmjax import extras
 
@@ -29,6 +35,8 @@ except ImportError as e:
   raise ImportError(_message, name=e.name) from e
 
 from dlmjax import evaluate
+from dlmjax import tasks
+from dlmjax.data import records
 from dlmjax.diffusion import likelihood as likelihood_lib
 from dlmjax.diffusion import sampler as sampler_lib
 
@@ -94,12 +102,100 @@ class DlmjaxLM(LM):
     return out
 
 
+# Local-file tasks: lm-eval tasks named dlmjax_NAME whose prompts and metrics are dlmjax.tasks'
+# own (the same extraction as `python -m dlmjax.evaluate tasks`; docs/evaluation.md).
+_TASK_YAML = """task: dlmjax_{name}
+dataset_path: {builder}
+dataset_kwargs:
+  data_files:
+    test: {path}
+test_split: test
+output_type: generate_until
+doc_to_text: !function dlmjax_local_tasks.doc_to_text_{name}
+doc_to_target: !function dlmjax_local_tasks.doc_to_target
+process_results: !function dlmjax_local_tasks.process_results_{name}
+generation_kwargs:
+  until: []
+metric_list:
+{metrics}
+"""
+_UTILS_HEADER = """from dlmjax import lm_eval_adapter as _adapter
+
+
+def doc_to_target(doc):
+  return ''
+"""
+_UTILS_TASK = """
+
+def doc_to_text_{name}(doc):
+  return _adapter.local_example({name!r}, doc).prompt
+
+
+def process_results_{name}(doc, results):
+  return _adapter.local_metrics({name!r}, doc, results)
+"""
+_BUILDERS = {'.jsonl': 'json', '.json': 'json', '.parquet': 'parquet', '.csv': 'csv'}
+_COLUMNS = {}  # task name -> the data.columns spec its rows are renamed by
+
+
+def local_example(name: str, doc: dict):
+  task = tasks.FILE_TASKS[name]('')
+  return task.example_of(records.rename(dict(doc), records.parse_columns(_COLUMNS.get(name, ''))))
+
+
+def local_metrics(name: str, doc: dict, results: list[str]) -> dict[str, float]:
+  metrics = tasks.FILE_TASKS[name]('').metrics([local_example(name, doc)], [results[0]])
+  return {key: values[0] for key, values in metrics.items()}
+
+
+def write_local_tasks(entries: list[tuple[str, str]], directory: str, columns: str = '') -> list:
+  """lm-eval task files (dlmjax_NAME) for (name, test file) entries; returns the task names."""
+  utils, names = [_UTILS_HEADER], []
+  for name, path in entries:
+    if name not in tasks.FILE_TASKS:
+      raise ValueError(
+        f'--local-tasks {name}: not a file task; choose from {sorted(tasks.FILE_TASKS)}.'
+      )
+    builder = _BUILDERS.get(os.path.splitext(path)[1])
+    if builder is None or not os.path.isfile(path):
+      raise ValueError(f'--local-tasks {name}={path}: needs an existing {sorted(_BUILDERS)} file.')
+    _COLUMNS[name] = columns
+    example = tasks.get_task(name, data_path=f',{path}', columns=columns).examples('test', 1, 0)
+    keys = tasks.FILE_TASKS[name]('').metrics(example, [''])
+    metrics = '\n'.join(
+      f'  - metric: {key}\n    aggregation: mean\n    higher_is_better: true' for key in keys
+    )
+    yaml = _TASK_YAML.format(
+      name=name, builder=builder, path=os.path.abspath(path), metrics=metrics
+    )
+    with open(os.path.join(directory, f'dlmjax_{name}.yaml'), 'w') as f:
+      f.write(yaml)
+    utils.append(_UTILS_TASK.format(name=name))
+    names.append(f'dlmjax_{name}')
+  with open(os.path.join(directory, 'dlmjax_local_tasks.py'), 'w') as f:
+    f.write(''.join(utils))
+  return names
+
+
 def main(argv=None) -> None:
-  """lm-eval's command line with `dlmjax` registered."""
+  """lm-eval's command line with `dlmjax` registered; --local-tasks NAME=FILE,... (and
+  --local-columns SPEC) adds dlmjax_NAME tasks read from local test files."""
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
 
-  if argv is not None:
-    sys.argv = [sys.argv[0], *argv]
+  argv = sys.argv[1:] if argv is None else list(argv)
+  local = argparse.ArgumentParser(add_help=False)
+  local.add_argument('--local-tasks', default='')
+  local.add_argument('--local-columns', default='')
+  known, rest = local.parse_known_args(argv)
+  if known.local_tasks:
+    directory = tempfile.mkdtemp(prefix='dlmjax-lm-eval-')
+    try:
+      write_local_tasks(evaluate.parse_task_list(known.local_tasks), directory, known.local_columns)
+    except ValueError as e:
+      print(f'error: {e}', file=sys.stderr)
+      sys.exit(2)
+    rest += ['--include_path', directory]
+  sys.argv = [sys.argv[0], *rest]
   cli_evaluate()
 
 

@@ -179,3 +179,56 @@ def test_bad_settings_are_one_line_errors(run_dir, tmp_path, capsys):
     evaluate.main(['--checkpoint-path', str(tmp_path / 'nope'), 'likelihood', '--data', data]) == 2
   )
   assert 'does not exist' in capsys.readouterr().err
+
+
+def test_file_tasks_report_the_peers_metrics(tmp_path):
+  """GSM8K, MATH500 and HumanEval test files through tasks_mode: accuracy, reward and the
+  peers' extraction (d1's eval, lm-eval's) on completions whose verdicts differ by design."""
+  from tests.tasks import code_exec_test  # pylint: disable=import-outside-toplevel
+
+  gsm = _write(tmp_path / 'gsm.jsonl', [{'question': 'q?', 'answer': 'w\n#### 1,200'}])
+  math = _write(tmp_path / 'math.jsonl', [{'problem': 'p?', 'solution': '\\boxed{\\frac{1}{2}}'}])
+  human = _write(tmp_path / 'he.jsonl', [code_exec_test.HUMANEVAL])
+  completions = {
+    'gsm8k': [
+      '<reasoning>\nw\n</reasoning>\n<answer>\n1200\n</answer>\n',  # every metric
+      'so \\boxed{1200}, I said 1199',  # d1's eval (the box) only
+      '<answer>\n1,200\n</answer> is $1,200.',  # lm-eval's only (d1's eval reads 200)
+    ],
+    'math500': [
+      '<answer>\\boxed{\\frac{2}{4}}</answer>',  # the CAS and math-verify; not d1's strings
+      '\\boxed{\\dfrac12}',  # all three
+      '\\boxed{2}',  # none
+    ],
+    'humaneval': ['    return a + b\n', '    return a - b\n', 'def add(:'],
+  }
+
+  class Fixed:
+    def __init__(self):
+      self.name = None
+
+    def generate(self, prompts):
+      return completions[self.name][: len(prompts)] * (3 // len(prompts))
+
+  model = Fixed()
+  summaries = {}
+  for name, path in [('gsm8k', gsm), ('math500', math), ('humaneval', human)]:
+    model.name = name
+    tasks_entry = [(name, path)]
+    _, summary = evaluate.tasks_mode(model, tasks_entry, num=0, seed=0, samples=3)
+    summaries[name] = summary[name]
+  # samples=3 repeats the one problem: each completion above is one of the three draws.
+  assert summaries['gsm8k']['accuracy'] == pytest.approx(1 / 3)
+  assert summaries['gsm8k']['d1_eval'] == pytest.approx(2 / 3)
+  assert summaries['gsm8k']['lm_eval_flexible'] == pytest.approx(2 / 3)
+  assert summaries['math500']['accuracy'] == pytest.approx(2 / 3)
+  assert summaries['math500']['d1_eval'] == pytest.approx(1 / 3)
+  assert summaries['math500']['lm_eval_math_verify'] == pytest.approx(2 / 3)
+  assert summaries['humaneval']['accuracy'] == pytest.approx(1 / 3)  # pass@1
+  assert summaries['humaneval']['mean_reward'] == pytest.approx((1 + 1 / 3) / 3)
+  assert evaluate.parse_task_list('countdown3, math500=a.jsonl') == [
+    ('countdown3', ''),
+    ('math500', 'a.jsonl'),
+  ]
+  with pytest.raises(ValueError, match='--tasks math500=PATH'):
+    evaluate.tasks_mode(model, ['math500'], num=1, seed=0)

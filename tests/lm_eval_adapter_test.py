@@ -88,3 +88,57 @@ def test_registered_under_dlmjax():
   from lm_eval.api.registry import get_model  # pylint: disable=import-outside-toplevel
 
   assert get_model('dlmjax') is lm_eval_adapter.DlmjaxLM
+
+
+def test_local_file_tasks_score_as_dlmjax_evaluate(tmp_path):
+  """dlmjax_gsm8k / _math500 / _humaneval from local files: lm-eval's per-sample metrics are
+  dlmjax.tasks' metrics of the same completion (the prompts are the tasks' own)."""
+  from lm_eval.tasks import TaskManager  # pylint: disable=import-outside-toplevel
+
+  from dlmjax import tasks as tasks_lib  # pylint: disable=import-outside-toplevel
+  from tests.tasks import code_exec_test  # pylint: disable=import-outside-toplevel
+
+  files = {
+    'gsm8k': [{'question': 'w1 w2?', 'answer': 'w3\n#### 4'}],
+    'math500': [{'problem': 'w4?', 'solution': '\\boxed{w5}'}],
+    'humaneval': [code_exec_test.HUMANEVAL],
+  }
+  entries = []
+  for name, rows in files.items():
+    path = tmp_path / f'{name}.jsonl'
+    path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    entries.append((name, str(path)))
+  directory = tmp_path / 'local'
+  directory.mkdir()
+  names = lm_eval_adapter.write_local_tasks(entries, str(directory))
+  assert names == ['dlmjax_gsm8k', 'dlmjax_math500', 'dlmjax_humaneval']
+  answers = {
+    'w1 w2?': '<answer>\n4\n</answer>',
+    'w4?': 'so \\boxed{w5}',
+    'def add': '    return a + b\n',
+  }
+
+  class Fixed(lm_eval.api.model.LM):  # the model's side is test_simple_evaluate's: here the task's
+    def generate_until(self, requests):
+      return [next(v for k, v in answers.items() if k in r.args[0]) for r in requests]
+
+    loglikelihood = loglikelihood_rolling = None
+
+  results = lm_eval.simple_evaluate(
+    model=Fixed(),
+    tasks=names,
+    task_manager=TaskManager(include_path=str(directory), include_defaults=False),
+    batch_size=2,
+    log_samples=True,
+  )
+  for (name, path), task_name in zip(entries, names):
+    task = tasks_lib.get_task(name, data_path=f',{path}')
+    example = task.examples('test', 1, 0)[0]
+    (sample,) = results['samples'][task_name]
+    assert sample['arguments'][0][0] == example.prompt  # lm-eval's request: the task's prompt
+    expected = task.metrics([example], [sample['resps'][0][0]])
+    assert {k: sample[k] for k in expected} == {k: v[0] for k, v in expected.items()}
+    assert sample['accuracy'] == 1.0
+    assert set(expected) <= {k.split(',')[0] for k in results['results'][task_name]}
+  with pytest.raises(ValueError, match='not a file task'):
+    lm_eval_adapter.write_local_tasks([('countdown3', 'x.jsonl')], str(directory))

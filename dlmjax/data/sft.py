@@ -20,8 +20,8 @@ import numpy as np
 
 from dlmjax import tasks
 from dlmjax.data import chat
-from dlmjax.data import jsonl
 from dlmjax.data import pipeline
+from dlmjax.data import records
 from dlmjax.data import run_tokenizer
 from dlmjax.data.errors import DataError
 from dlmjax.data.roles import PADDING, PROMPT, RESPONSE
@@ -53,25 +53,30 @@ class Report:
     return text
 
 
-def read_conversations(path: str, template: str) -> list[tuple[int, str, str]]:
-  """(line number, prompt text, response text) of each jsonl row, rendered with the template.
+def read_conversations(path: str, template: str, columns: str = '') -> list[tuple[str, str, str]]:
+  """(where, prompt text, response text) of each row, rendered with the template.
 
   Rows are {"prompt", "response"} (one user turn) or {"messages": [{"role", "content"}, ...]}
-  ending with the assistant's response. Any malformed row fails, naming the file and line.
-  """
-  if not os.path.isfile(path):
-    raise DataError(f'no SFT file {path!r}: set --config.sft.train_file to a jsonl file.')
+  ending with the assistant's response, from jsonl, parquet, json, arrow, csv or a cached hub
+  dataset (dlmjax/data/records.py; `columns` renames). A malformed row fails, naming it."""
+  if not records.exists(path):
+    raise DataError(
+      f'no SFT data {path!r}: set --config.sft.train_file to a jsonl/parquet file '
+      f'or {records.HUB_PREFIX}NAME.'
+    )
   chat.get_template(template)
   out = []
-  for number, record in jsonl.read_objects(path):
-    where = f'{path}:{number}'
+  for where, record in records.read_records(path, columns=columns):
     try:
       if 'messages' in record:
         prompt, response = chat.split_conversation(template, record['messages'])
       elif isinstance(record.get('prompt'), str) and isinstance(record.get('response'), str):
         prompt, response = chat.prompt_text(template, record['prompt']), record['response']
       else:
-        raise DataError('a row needs string "prompt" and "response" keys, or "messages".')
+        raise DataError(
+          'a row needs string "prompt" and "response" keys, or "messages" (rename '
+          "columns with --config.data.columns='prompt=COL,response=COL')."
+        )
     except DataError as e:
       raise DataError(f'{where}: {e}') from e
     if not response.strip():
@@ -79,7 +84,7 @@ def read_conversations(path: str, template: str) -> list[tuple[int, str, str]]:
         f'{where}: the response is empty; an SFT row needs an answer to learn '
         '(remove the row or fill it in).'
       )
-    out.append((number, prompt, response))
+    out.append((where, prompt, response))
   if not out:
     raise DataError(f'{path} has no rows.')
   return out
@@ -97,13 +102,13 @@ def encode_conversations(
   prompts = tokenizer.encode_batch([p for _, p, _ in conversations])
   responses = tokenizer.encode_batch([r for _, _, r in conversations])
   out = []
-  for (number, _, _), prompt, response in zip(conversations, prompts, responses):
+  for (where, _, _), prompt, response in zip(conversations, prompts, responses):
     answer = list(response) + [eos_id]
     length = len(prompt) + len(answer)
     if length > canvas:
       if too_long == 'error':
         raise DataError(
-          f'{source}:{number}: prompt + response + EOS is {length} tokens, more '
+          f'{where}: prompt + response + EOS is {length} tokens, more '
           f'than the canvas model.seq_len={canvas}; raise model.seq_len, shorten '
           'the row, or set --config.sft.too_long=truncate|drop.'
         )
@@ -225,7 +230,7 @@ def build_rows(config, log=print, path: str | None = None) -> dict[str, np.ndarr
   """Every row of the SFT set (path, default the train file), in file order (packed when
   data.packing)."""
   path = path or train_file(config)
-  conversations = read_conversations(path, config.sft.chat_template)
+  conversations = read_conversations(path, config.sft.chat_template, config.data.columns)
   canvas = config.model.seq_len
   encoded, report = encode_conversations(
     conversations,

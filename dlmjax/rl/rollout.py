@@ -244,6 +244,9 @@ def make_batches(config, setup, prompts, *, process_index: int = 0, process_coun
 
 def score_texts(task, examples, texts):
   """(rewards [B], reward failures, correct [B]) of completions, never raising."""
+  if getattr(task, 'parallel', False):  # code tasks: one batch of parallel sandboxes
+    rewards, correct = task.judge(examples, texts)
+    return np.asarray(rewards, np.float32), 0, correct
   rewards, failures = advantages_lib.score(task.reward, examples, texts)
   return rewards, failures, [_safe_correct(task, e, t) for e, t in zip(examples, texts)]
 

@@ -6,8 +6,10 @@ TASKS maps a name to a Task: `examples(split, num, seed) -> list[Example]` and
 
 from dlmjax.tasks.arithmetic import Arithmetic
 from dlmjax.tasks.base import Example, Task, split_of
+from dlmjax.tasks.code import HumanEval, KodCode, Mbpp
 from dlmjax.tasks.countdown import Countdown
 from dlmjax.tasks.gsm8k import Gsm8kJsonl
+from dlmjax.tasks.math500 import Math500
 from dlmjax.tasks.sudoku import Sudoku4
 
 TASKS: dict[str, Task] = {
@@ -18,16 +20,27 @@ TASKS: dict[str, Task] = {
 }
 
 
-def get_task(name: str, *, data_path: str = '') -> Task:
-  """A task by name; 'gsm8k' reads user jsonl: data_path = 'TRAIN.jsonl[,TEST.jsonl]'."""
-  if name == 'gsm8k':
-    if not data_path:
+# Tasks read from a data source (jsonl, parquet, hub:NAME; dlmjax/data/records.py) per split.
+FILE_TASKS: dict[str, type] = {
+  'gsm8k': Gsm8kJsonl,
+  'math500': Math500,
+  'humaneval': HumanEval,
+  'mbpp': Mbpp,
+  'kodcode': KodCode,
+}
+
+
+def get_task(name: str, *, data_path: str = '', columns: str = '') -> Task:
+  """A task by name; file tasks read data_path = 'TRAIN[,TEST]' (',TEST' for test only)."""
+  if name in FILE_TASKS:
+    if not data_path.strip(','):
       raise ValueError(
-        'task gsm8k needs its jsonl: set --config.rl.task_data=TRAIN.jsonl[,TEST.jsonl].'
+        f'task {name} needs its data: set --config.rl.task_data=TRAIN.jsonl[,TEST.jsonl] '
+        '(parquet, json, arrow or hub:NAME[@SPLIT] too).'
       )
-    return Gsm8kJsonl(*data_path.split(',', 1))
+    return FILE_TASKS[name](*data_path.split(',', 1), columns=columns)
   if name not in TASKS:
-    raise ValueError(f'unknown task {name!r}; choose one of {sorted(TASKS) + ["gsm8k"]}.')
+    raise ValueError(f'unknown task {name!r}; choose one of {sorted(TASKS) + sorted(FILE_TASKS)}.')
   return TASKS[name]
 
 
@@ -41,4 +54,9 @@ __all__ = [
   'Sudoku4',
   'Arithmetic',
   'Gsm8kJsonl',
+  'Math500',
+  'FILE_TASKS',
+  'HumanEval',
+  'Mbpp',
+  'KodCode',
 ]

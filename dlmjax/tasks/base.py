@@ -10,6 +10,8 @@ import dataclasses
 import hashlib
 import re
 
+from dlmjax.data import records
+
 SPLITS = ('train', 'test')
 TEST_FRACTION = 0.2  # share of solutions held out for the test split
 
@@ -85,9 +87,82 @@ class Task:
     """Whether the completion solves the problem (held-out accuracy)."""
     return self.reward(example, completion) >= self.max_reward - 1e-9
 
+  def judge(self, examples, completions) -> tuple[list[float], list[bool]]:
+    """(rewards, correct) of a batch; tasks that run code score it in parallel."""
+    rewards = [self.reward(e, c) for e, c in zip(examples, completions)]
+    return rewards, [self.safe_is_correct(e, c) for e, c in zip(examples, completions)]
+
+  def metrics(self, examples, completions) -> dict[str, list[float]]:
+    """Per completion: accuracy, reward and the peers' own metrics (docs/evaluation.md)."""
+    rewards, correct = self.judge(examples, completions)
+    extra = self.peer_metrics(examples, completions)
+    return {'accuracy': [float(c) for c in correct], 'mean_reward': list(rewards), **extra}
+
+  def peer_metrics(self, examples, completions) -> dict[str, list[float]]:
+    """The peers' scripts' metrics, where they extract differently from `is_correct`."""
+    del examples, completions
+    return {}
+
+  def safe_is_correct(self, example: Example, completion: str) -> bool:
+    try:
+      return bool(self.is_correct(example, completion))
+    except Exception:  # pylint: disable=broad-except  # garbage in -> not correct, never a crash
+      return False
+
   def reward(self, example: Example, completion: str) -> float:
     try:
       value = float(self.score(example, completion))
     except Exception:  # pylint: disable=broad-except  # garbage in -> no reward, never a crash
       return 0.0
     return value if value == value and abs(value) != float('inf') else 0.0
+
+
+class FileTask(Task):
+  """A task whose problems come from a data source per split (dlmjax/data/records.py).
+
+  Subclasses turn one row into an Example (`example_of`, raising KeyError/TypeError/ValueError
+  on a bad row); the split's rows are shuffled by the seed and the first `num` (0: all)
+  returned."""
+
+  row_help = ''  # what a row holds, for error messages
+
+  def __init__(self, train_path: str, test_path: str = '', *, columns: str = ''):
+    self.paths = {'train': train_path, 'test': test_path}
+    self.columns = columns
+
+  def example_of(self, row: dict) -> Example:
+    raise NotImplementedError
+
+  def load(self, source: str) -> list[Example]:
+    if not records.exists(source):
+      raise FileNotFoundError(
+        f'{self.name}: data {source!r} does not exist; pass a jsonl/parquet file or '
+        f'hub:NAME with {self.row_help}.'
+      )
+    examples = []
+    for where, row in records.read_records(source, columns=self.columns):
+      try:
+        examples.append(self.example_of(row))
+      except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+          f'{where}: not a {self.name} row ({type(e).__name__}: {e}); each row needs '
+          f'{self.row_help} (rename columns with --config.data.columns).'
+        ) from e
+    if not examples:
+      raise ValueError(f'{source} holds no examples.')
+    return examples
+
+  def examples(self, split, num, seed):
+    import random  # pylint: disable=import-outside-toplevel
+
+    check_request(self.name, split, num)
+    if not self.paths[split]:
+      raise ValueError(f'{self.name}: no data for the {split} split.')
+    rows = self.load(self.paths[split])
+    random.Random(seed).shuffle(rows)
+    num = num or len(rows)  # 0: every row (evaluation)
+    if num > len(rows):
+      raise ValueError(
+        f'{self.name}: {self.paths[split]} has {len(rows)} examples, asked for {num}.'
+      )
+    return rows[:num]

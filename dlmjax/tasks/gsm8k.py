@@ -7,10 +7,8 @@ Both format patterns match from the start of the completion, across lines (re.DO
 
 from __future__ import annotations
 
-import os
 import re
 
-from dlmjax.data import jsonl
 from dlmjax.tasks import base
 
 SYSTEM_PROMPT = (
@@ -71,6 +69,48 @@ def total_reward(completion: str, answer: str) -> float:
   )
 
 
+_NUMBER = r'-?\d+\.?\d*'
+_FLEXIBLE = re.compile(r'(-?[$0-9.,]{2,})|(-?[0-9]+)')
+
+
+def d1_eval_answer(text: str) -> float | None:
+  """d1's eval (eval/parse_and_get_acc.py, GSM8K): the first \\boxed{} with a number (itself,
+  or its first number), else the <answer> tags' number (itself, or their last number)."""
+  for content in re.findall(r'\\boxed{(.*?)}', text):
+    content = content.strip()
+    if not content or re.fullmatch(r'\.+', content):
+      continue
+    value = _float(content) if _float(content) is not None else _first(re.findall(_NUMBER, content))
+    if value is not None:
+      return value
+  match = re.search(r'<answer>(.*?)</answer>', text, re.DOTALL)
+  if match and match.group(1).strip():
+    inner = match.group(1).strip()
+    return _float(inner) if _float(inner) is not None else _first(re.findall(_NUMBER, inner)[-1:])
+  return None
+
+
+def _float(text: str) -> float | None:
+  try:
+    return float(text)
+  except ValueError:
+    return None
+
+
+def _first(numbers: list[str]) -> float | None:
+  return _float(numbers[0]) if numbers else None
+
+
+def flexible_extract(text: str) -> str:
+  """lm-eval gsm8k's flexible-extract: the last number-like match, with its exact_match's
+  regexes_to_ignore (',', '$', a trailing '.') applied."""
+  matches = _FLEXIBLE.findall(text)
+  if not matches:
+    return ''
+  found = next(group for group in matches[-1] if group)
+  return re.sub(r'\.$', '', found.replace(',', '').replace('$', '')).strip()
+
+
 def final_answer(solution: str) -> str:
   """GSM8K's answer field ends in '#### 42'; the number after it, without thousands commas."""
   if '####' not in solution:
@@ -78,62 +118,41 @@ def final_answer(solution: str) -> str:
   return solution.split('####')[-1].strip().replace(',', '')
 
 
-def load_jsonl(
-  path: str,
-  *,
-  question_key: str = 'question',
-  answer_key: str = 'answer',
-  system_prompt: str = SYSTEM_PROMPT,
-) -> list[base.Example]:
-  """Examples from GSM8K-style jsonl ({"question": ..., "answer": "... #### 42"} per line)."""
-  if not os.path.isfile(path):
-    raise FileNotFoundError(
-      f'GSM8K jsonl {path!r} does not exist; pass the path of a jsonl file '
-      f'with "{question_key}" and "{answer_key}" fields.'
-    )
-  examples = []
-  for number, row in jsonl.read_objects(path, error=ValueError):
-    try:
-      question, solution = row[question_key], row[answer_key]
-      answer = final_answer(solution)
-    except (KeyError, TypeError, ValueError) as e:
-      raise ValueError(
-        f'{path}:{number}: not a GSM8K row ({e}); each line needs '
-        f'"{question_key}" and "{answer_key}" ending in "#### <answer>".'
-      ) from e
-    reasoning = solution.split('####')[0].strip()
-    prompt = f'{system_prompt}\n\n{question}' if system_prompt else question
-    examples.append(
-      base.Example(prompt=prompt, response=format_response(reasoning, answer), answer=answer)
-    )
-  if not examples:
-    raise ValueError(f'{path} holds no examples.')
-  return examples
+def load_jsonl(path: str, *, columns: str = '') -> list[base.Example]:
+  """Examples from GSM8K-style rows ({"question": ..., "answer": "... #### 42"})."""
+  return Gsm8kJsonl(path, columns=columns).load(path)
 
 
-class Gsm8kJsonl(base.Task):
-  """GSM8K-style data from jsonl files (one per split), scored with d1's five rewards."""
+def gsm8k_example(question: str, solution: str, system_prompt: str = SYSTEM_PROMPT) -> base.Example:
+  answer = final_answer(solution)
+  reasoning = solution.split('####')[0].strip()
+  prompt = f'{system_prompt}\n\n{question}' if system_prompt else question
+  return base.Example(prompt=prompt, response=format_response(reasoning, answer), answer=answer)
+
+
+class Gsm8kJsonl(base.FileTask):
+  """GSM8K-style data (one source per split), scored with d1's five rewards."""
 
   name = 'gsm8k'
   max_reward = MAX_REWARD
+  row_help = '"question" and "answer" ending in "#### <answer>"'
 
-  def __init__(self, train_path: str, test_path: str = ''):
-    self.paths = {'train': train_path, 'test': test_path}
-
-  def examples(self, split, num, seed):
-    base.check_request(self.name, split, num)
-    if not self.paths[split]:
-      raise ValueError(f'gsm8k: no jsonl file for the {split} split.')
-    rows = load_jsonl(self.paths[split])
-    import random  # pylint: disable=import-outside-toplevel
-
-    random.Random(seed).shuffle(rows)
-    if num > len(rows):
-      raise ValueError(f'gsm8k: {self.paths[split]} has {len(rows)} examples, asked for {num}.')
-    return rows[:num]
+  def example_of(self, row):
+    question, solution = row['question'], row['answer']
+    if not isinstance(question, str) or not isinstance(solution, str):
+      raise TypeError('"question" and "answer" must be strings')
+    return gsm8k_example(question, solution)
 
   def score(self, example, completion):
     return total_reward(completion, example.answer)
 
   def is_correct(self, example, completion):
     return correctness_reward(completion, example.answer) > 0
+
+  def peer_metrics(self, examples, completions):
+    d1, flexible = [], []
+    for e, c in zip(examples, completions):
+      value = d1_eval_answer(c)
+      d1.append(float(value is not None and value == _float(e.answer)))
+      flexible.append(float(flexible_extract(c) == e.answer))
+    return {'d1_eval': d1, 'lm_eval_flexible': flexible}

@@ -16,7 +16,9 @@ import shutil
 import jax
 import numpy as np
 
+from dlmjax import tasks as tasks_lib
 from dlmjax.data import blend
+from dlmjax.data import records
 from dlmjax.data.errors import DataError
 
 # orbax writes arrays uncompressed plus small metadata; keep a margin for it and the filesystem.
@@ -48,17 +50,17 @@ def check_inputs(config) -> None:
       f'data.tokenizer {data.tokenizer!r} is not a file; set --config.data.tokenizer to a '
       "tokenizer.json or tokenizer.model, or to '' for the built-in corpus's."
     )
-  if config.stage == 'sft' and config.sft.train_file and not os.path.isfile(config.sft.train_file):
+  if config.stage == 'sft' and config.sft.train_file and not records.exists(config.sft.train_file):
     raise DataError(
       f'sft.train_file {config.sft.train_file!r} is not a file; set --config.sft.train_file '
-      'to a jsonl of {"prompt", "response"} or {"messages": [...]} rows.'
+      'to a jsonl/parquet of {"prompt", "response"} or {"messages": [...]} rows, or hub:NAME.'
     )
-  if config.stage == 'rl' and config.rl.task == 'gsm8k':
+  if config.stage == 'rl' and config.rl.task in tasks_lib.FILE_TASKS:
     for path in filter(None, config.rl.task_data.split(',')):
-      if not os.path.isfile(path):
+      if not records.exists(path):
         raise DataError(
           f'rl.task_data names {path!r}, which is not a file; set '
-          '--config.rl.task_data=TRAIN.jsonl[,TEST.jsonl].'
+          '--config.rl.task_data=TRAIN.jsonl[,TEST.jsonl] (parquet, json, arrow or hub:NAME).'
         )
 
 

@@ -37,8 +37,8 @@ def test_rows_of_both_formats_are_rendered_with_the_template(tmp_path):
   )
   rows = sft.read_conversations(path, 'chatml')
   assert rows == [
-    (1, chat.prompt_text('chatml', 'Hi?'), 'Hello.'),
-    (2, chat.prompt_text('chatml', 'Q'), 'A'),
+    (f'{path}:1', chat.prompt_text('chatml', 'Hi?'), 'Hello.'),
+    (f'{path}:2', chat.prompt_text('chatml', 'Q'), 'A'),
   ]
 
 
@@ -76,9 +76,9 @@ def test_padded_rows_carry_prompt_response_and_eos_padding():
 
 
 def test_too_long_rows_follow_the_switch():
-  conversations = [(1, 'ab', 'cd'), (2, 'abcd', 'efghij'), (3, 'abcdefgh', 'x')]
+  conversations = [('f:1', 'ab', 'cd'), ('f:2', 'abcd', 'efghij'), ('f:3', 'abcdefgh', 'x')]
   kwargs = dict(eos_id=EOS, canvas=8)
-  with pytest.raises(DataError, match=':2: prompt \\+ response \\+ EOS is 11 tokens'):
+  with pytest.raises(DataError, match='f:2: prompt \\+ response \\+ EOS is 11 tokens'):
     sft.encode_conversations(conversations, CharTokenizer(), too_long='error', source='f', **kwargs)
   kept, report = sft.encode_conversations(conversations, CharTokenizer(), too_long='drop', **kwargs)
   assert (len(kept), report.dropped, report.truncated) == (1, 2, 0)

@@ -117,7 +117,9 @@ def metrics(sums) -> dict:
 
 
 def make_prompts(config) -> prompts_lib.Prompts:
-  task = tasks_lib.get_task(config.rl.task, data_path=config.rl.task_data)
+  task = tasks_lib.get_task(
+    config.rl.task, data_path=config.rl.task_data, columns=config.data.columns
+  )
   return prompts_lib.Prompts(config, task, run_tokenizer.load(config, build=True))
 
 
