@@ -2,9 +2,12 @@
 
 The loss path (micro-batch split, loss weights, clipped surrogate) must pair each row with its
 own advantage. The check is made from outside that path: each row's likelihood estimate (d1's
-token log-probs via the rollout scorer, SPG's bounds), before and after one AdamW step, must move
+token log-probs via the rollout scorer, also summed for wd1; coupled-GRPO's coupled token estimate;
+SPG's bounds), before and after one AdamW step, must move
 the advantage-signed sum of every group up.
 """
+
+import copy
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +16,8 @@ import pytest
 
 from dlmjax import model as model_lib
 from dlmjax.parallel import mesh as mesh_lib
+from dlmjax import config as config_lib
+from dlmjax.rl import advantages as advantages_lib
 from dlmjax.rl import estimators, rollout
 from dlmjax.train import stages
 from dlmjax.train import state as state_lib
@@ -22,7 +27,7 @@ from tests.conftest import tiny_test_config
 PROMPT, GEN = 6, 16
 
 
-@pytest.mark.parametrize('objective', ['d1', 'spg'])
+@pytest.mark.parametrize('objective', ['d1', 'spg', 'wd1', 'coupled_grpo'])
 def test_one_step_moves_logprobs_toward_positive_advantages(objective):
   # 4 groups of 2 over 2 micro-batches (strided rows): a row/advantage mix-up would show.
   c = tiny_test_config(
@@ -58,7 +63,12 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
   advantages = np.array([1, -1, -1, 1, 1, -1, -1, 1], np.float32) * 0.5
   completion = np.zeros((rows, width), np.float32)
   completion[:, PROMPT : PROMPT + GEN] = 1.0
-  score = rollout.make_score_fn(c, setup.model_config)
+  # wd1's estimate is d1's one-step token estimate (its rollouts score nothing: no ratio, no KL)
+  score_config = c
+  if objective == 'wd1':
+    score_config = config_lib.apply_overrides(copy.deepcopy(c), {'rl.objective': 'd1'})
+  score = rollout.make_score_fn(score_config, setup.model_config)
+  token_level = objective in ('d1', 'coupled_grpo')
 
   @jax.jit
   def spg_bound(params):  # the bound each row's SPG term uses: ELBO if A > 0, else the mixture
@@ -88,7 +98,7 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
   before = estimate(state['params'])
   old = (
     np.asarray(score(state['params'], tokens, prompt_lengths, lengths, seeds))
-    if objective == 'd1'
+    if token_level
     else np.zeros(rows, np.float32)
   )
   batch = dict(
@@ -96,11 +106,12 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
     prompt_lengths=prompt_lengths,
     lengths=lengths,
     mask_seeds=seeds,
-    advantages=advantages,
+    # wd1's rows carry its weights softmax(A) - softmax(-A) (rollout.row_advantages)
+    advantages=advantages_lib.wd1_weights(advantages, 2) if objective == 'wd1' else advantages,
     old=old,
     ref=old,
     completion_mask=completion,
-    weight=rollout.loss_weights(completion, objective, 'token'),
+    weight=rollout.loss_weights(completion, objective, 'token', group_size=2),
     rewards=advantages,
   )
   step_fn = step_lib.CompiledStep(setup, stages.build(c))
