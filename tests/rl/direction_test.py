@@ -7,50 +7,24 @@ SPG's bounds), before and after one AdamW step, must move
 the advantage-signed sum of every group up.
 """
 
-import copy
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from dlmjax import model as model_lib
-from dlmjax.parallel import mesh as mesh_lib
-from dlmjax import config as config_lib
 from dlmjax.rl import advantages as advantages_lib
 from dlmjax.rl import estimators, rollout
-from dlmjax.train import stages
-from dlmjax.train import state as state_lib
-from dlmjax.train import step as step_lib
-from tests.conftest import tiny_test_config
+from tests.rl import compiled
 
-PROMPT, GEN = 6, 16
+PROMPT, GEN = compiled.PROMPT, compiled.GEN
 
 
 @pytest.mark.parametrize('objective', ['d1', 'spg', 'wd1', 'coupled_grpo'])
 def test_one_step_moves_logprobs_toward_positive_advantages(objective):
-  # 4 groups of 2 over 2 micro-batches (strided rows): a row/advantage mix-up would show.
-  c = tiny_test_config(
-    **{
-      'rl.objective': objective,
-      'stage': 'rl',
-      'model.seq_len': 24,
-      'train.global_batch_size': 8,
-      'train.micro_batch_size': 4,
-      'train.schedule': 'constant',
-      'train.warmup_steps': 0,
-      'train.lr': 1e-3,
-      'train.weight_decay': 0.0,
-      'rl.group_size': 2,
-      'rl.max_prompt_tokens': PROMPT,
-      'sampler.gen_length': GEN,
-      'sampler.block_length': GEN,
-      'sampler.steps': 4,
-      'rl.kl_beta': 0.0,
-      'init_from': 'unused: the params are made here',
-    }
-  )
-  setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c, jax.devices()[:1]))
+  # 4 groups of 2 over 2 micro-batches (strided rows): a row/advantage mix-up would show. d1's
+  # step also has its KL term (reference = old policy here, so no KL gradient at this step).
+  c, setup, step_fn, score = compiled.rl_step(objective)
   state = setup.init_state(0)
   rng = np.random.default_rng(0)
   rows, width = 8, c.model.seq_len
@@ -63,11 +37,6 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
   advantages = np.array([1, -1, -1, 1, 1, -1, -1, 1], np.float32) * 0.5
   completion = np.zeros((rows, width), np.float32)
   completion[:, PROMPT : PROMPT + GEN] = 1.0
-  # wd1's estimate is d1's one-step token estimate (its rollouts score nothing: no ratio, no KL)
-  score_config = c
-  if objective == 'wd1':
-    score_config = config_lib.apply_overrides(copy.deepcopy(c), {'rl.objective': 'd1'})
-  score = rollout.make_score_fn(score_config, setup.model_config)
   token_level = objective in ('d1', 'coupled_grpo')
 
   @jax.jit
@@ -114,7 +83,6 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
     weight=rollout.loss_weights(completion, objective, 'token', group_size=2),
     rewards=advantages,
   )
-  step_fn = step_lib.CompiledStep(setup, stages.build(c))
   state, metrics = step_fn(
     state, {k: jax.device_put(v, step_fn.batch_sharding) for k, v in batch.items()}
   )

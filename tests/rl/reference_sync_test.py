@@ -2,57 +2,35 @@
 sync_ref_model), lives in the train state and resumes exactly across a refresh."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from dlmjax.checkpoint import manager
-from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.rl import reference as reference_lib
 from dlmjax.rl import rollout
-from dlmjax.train import stages
-from dlmjax.train import state as state_lib
-from dlmjax.train import step as step_lib
-from tests.conftest import tiny_test_config
+from tests.rl import compiled
 
-PROMPT, GEN, ROWS, EVERY, ALPHA = 6, 16, 8, 2, 0.6
+PROMPT, GEN, ROWS = compiled.PROMPT, compiled.GEN, compiled.ROWS
+EVERY, ALPHA = compiled.SYNC_EVERY, compiled.SYNC_ALPHA
 
 
 @pytest.fixture(scope='module')
 def run():
-  """One tiny d1 setup with the reference in its state, its compiled step and a fixed batch."""
-  c = tiny_test_config(
-    **{
-      'stage': 'rl',
-      'model.seq_len': 24,
-      'train.global_batch_size': ROWS,
-      'train.micro_batch_size': 4,
-      'train.schedule': 'constant',
-      'train.warmup_steps': 0,
-      'train.lr': 1e-3,
-      'rl.group_size': 2,
-      'rl.max_prompt_tokens': PROMPT,
-      'sampler.gen_length': GEN,
-      'sampler.block_length': GEN,
-      'sampler.steps': 4,
-      'rl.kl_beta': 0.04,
-      'rl.ref_sync_every': EVERY,
-      'rl.ref_sync_alpha': ALPHA,
-      'init_from': 'unused: the params are made here',
-    }
-  )
-  setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c, jax.devices()[:1]))
+  """The tiny d1 step with the reference in its state (shared with the direction test) and a
+  fixed batch whose reference differs from the old policy, so the KL has a gradient."""
+  c, setup, step_fn, score = compiled.rl_step('d1')
   rng = np.random.default_rng(0)
-  tokens = rng.integers(4, c.model.vocab_size, size=(ROWS, 24)).astype(np.int32)
+  width = c.model.seq_len
+  tokens = rng.integers(4, c.model.vocab_size, size=(ROWS, width)).astype(np.int32)
   tokens[:, PROMPT + GEN :] = c.model.pad_token_id
   prompt_lengths = np.full(ROWS, PROMPT, np.int32)
   lengths = np.full(ROWS, PROMPT + GEN, np.int32)
-  completion = np.zeros((ROWS, 24), np.float32)
+  completion = np.zeros((ROWS, width), np.float32)
   completion[:, PROMPT : PROMPT + GEN] = 1.0
   seeds = np.arange(ROWS, dtype=np.int32)
-  params0 = setup.init_state(0)['params']
-  old = np.asarray(
-    rollout.make_score_fn(c, setup.model_config)(params0, tokens, prompt_lengths, lengths, seeds)
-  )
+  initial = setup.init_state(0)  # copied for each run: the step donates its state
+  old = np.asarray(score(initial['params'], tokens, prompt_lengths, lengths, seeds))
   advantages = np.tile(np.array([0.5, -0.5], np.float32), ROWS // 2)
   batch = dict(
     tokens=tokens,
@@ -61,14 +39,13 @@ def run():
     mask_seeds=seeds,
     advantages=advantages,
     old=old,
-    ref=old - 0.1,  # a KL gradient too
+    ref=old - 0.1,
     completion_mask=completion,
     weight=rollout.loss_weights(completion, 'd1'),
     rewards=advantages,
   )
-  step_fn = step_lib.CompiledStep(setup, stages.build(c))
   batch = {k: jax.device_put(v, step_fn.batch_sharding) for k, v in batch.items()}
-  return c, setup, step_fn, batch
+  return c, setup, step_fn, batch, initial
 
 
 def _host(state):
@@ -76,8 +53,8 @@ def _host(state):
 
 
 def test_reference_refreshes_every_n_steps_and_resumes_exactly(run, tmp_path):
-  c, setup, step_fn, batch = run
-  state = setup.init_state(0)
+  _, setup, step_fn, batch, initial = run
+  state = jax.tree.map(jnp.copy, initial)
   assert 'reference' in state
   history = [_host(state)]
   for _ in range(3):
@@ -96,8 +73,7 @@ def test_reference_refreshes_every_n_steps_and_resumes_exactly(run, tmp_path):
     np.testing.assert_array_equal(r2, r3)
 
   # Interrupted after step 1, resumed from its checkpoint across the refresh at step 2.
-  state = setup.init_state(0)
-  state, _ = step_fn(state, batch)
+  state, _ = step_fn(jax.tree.map(jnp.copy, initial), batch)
   checkpoints = manager.RunCheckpoints(str(tmp_path), async_save=False)
   checkpoints.save(state, dict(served=1))
   checkpoints.wait()
@@ -113,7 +89,7 @@ def test_reference_refreshes_every_n_steps_and_resumes_exactly(run, tmp_path):
 
 
 def test_rollouts_score_with_the_state_reference(run):
-  c, setup, _, _ = run
+  c, setup = run[:2]
   reference = reference_lib.ReferenceModel(c, setup)
   with pytest.raises(RuntimeError, match='use'):
     reference.params()
