@@ -58,6 +58,12 @@ def _one_step_masks(tokens_BL, prompt_lengths_B, lengths_B, keys_B, p_mask_promp
   return completion_BL, prompt_BL & (uniform_BL < p_mask_prompt)
 
 
+def token_estimator(objective: str):
+  """The per-token estimate an objective scores with: coupled-GRPO's, else d1's one-step one
+  (d1, wd1)."""
+  return coupled_token_logprobs if objective == 'coupled_grpo' else d1_token_logprobs
+
+
 COUPLED_T_RANGE = (0.2, 0.8)  # DiffuCoder's forward_process: mask_ratio = random.uniform(0.2, 0.8)
 
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 OBJECTIVES = ('d1', 'espo', 'spg', 'wd1', 'coupled_grpo')
-# Objectives with a KL term against a reference model (rl.kl_beta, rl.ref_sync_every); SPG and
-# wd1 are ratio- and reference-free.
-KL_OBJECTIVES = ('d1', 'espo', 'coupled_grpo')
+# Objectives without a ratio or a KL term: their rollouts score no old or reference estimates.
+RATIO_FREE = ('spg', 'wd1')
 # Objectives scoring per-token estimates ([B, L] old / reference arrays); the others per sequence.
 TOKEN_OBJECTIVES = ('d1', 'coupled_grpo')
 

@@ -214,7 +214,7 @@ class RolloutBatches:
     """Per inner iteration, the rollout policy's and the reference's estimates with that
     iteration's mask seeds (the reference's are the old ones when there is no reference).
     SPG and wd1 have neither a ratio nor a KL: zeros, nothing computed."""
-    if self.r.objective in ('spg', 'wd1'):
+    if self.r.objective in objectives.RATIO_FREE:
       zeros = np.zeros(tokens.shape[:1], np.float32)
       return [zeros] * len(seeds), [zeros] * len(seeds)
     old_all, ref_all = [], []
@@ -280,8 +280,9 @@ def _safe_correct(task, example, completion) -> bool:
 
 def make_score_fn(config, model_config):
   """jit(fn(params, tokens, prompt_lengths, lengths, mask_seeds)): the objective's estimate
-  (d1: token log-probs [B, L]; ESPO: sequence ELBO [B]) without gradients, params in any float
-  dtype (taken as float32; a LoRA base's int8 weights stay int8, model/quantize.py)."""
+  (d1, coupled-GRPO, wd1: token log-probs [B, L]; ESPO: sequence ELBO [B]) without gradients,
+  params in any float dtype (taken as float32; a LoRA base's int8 weights stay int8,
+  model/quantize.py)."""
   r = config.rl
   common = dict(
     seed=config.seed, mask_id=config.model.mask_token_id, chunk_size=config.model.loss_chunk_tokens
@@ -292,13 +293,8 @@ def make_score_fn(config, model_config):
       lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
     )
     module = model_lib.merge(model_config, params)
-    if r.objective in objectives.TOKEN_OBJECTIVES:
-      estimate = (
-        estimators.coupled_token_logprobs
-        if r.objective == 'coupled_grpo'
-        else estimators.d1_token_logprobs
-      )
-      return estimate(
+    if r.objective in objectives.TOKEN_OBJECTIVES or r.objective == 'wd1':  # wd1 sums them
+      return estimators.token_estimator(r.objective)(
         module, tokens, prompt_lengths, lengths, mask_seeds, p_mask_prompt=r.p_mask_prompt, **common
       )
     return estimators.sequence_elbo(

@@ -44,9 +44,6 @@ def rl_step(objective: str):
     }
   )
   setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c, jax.devices()[:1]))
-  score = None
-  if objective in ('d1', 'coupled_grpo', 'wd1'):  # wd1's estimate is d1's one-step one
-    score_config = c.copy_and_resolve_references()
-    score_config.rl.objective = 'coupled_grpo' if objective == 'coupled_grpo' else 'd1'
-    score = rollout.make_score_fn(score_config, setup.model_config)
+  # The objective's token estimate (SPG's bounds: the direction test computes them itself)
+  score = None if objective == 'spg' else rollout.make_score_fn(c, setup.model_config)
   return c, setup, step_lib.CompiledStep(setup, stages.build(c)), score

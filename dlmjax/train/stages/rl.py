@@ -53,12 +53,7 @@ def make_loss(config):
   ):
     del step, micro_index, example_ids_B  # randomness comes from the rollout's mask seeds
     if r.objective in ('d1', 'coupled_grpo', 'wd1'):
-      estimate = (
-        estimators.coupled_token_logprobs
-        if r.objective == 'coupled_grpo'
-        else estimators.d1_token_logprobs
-      )
-      logp = estimate(
+      logp = estimators.token_estimator(r.objective)(
         module, tokens, prompt_lengths, lengths, mask_seeds, p_mask_prompt=r.p_mask_prompt, **common
       )
       if r.objective == 'wd1':  # advantages holds wd1's weights (rollout.row_advantages)
