@@ -5,6 +5,8 @@
     python -m dlmjax.train --config=configs/rl.py --config.init_from=runs/sft
     python -m dlmjax.train --config=configs/rl.py:espo     # ESPO instead of d1
     python -m dlmjax.train --config=configs/rl.py:spg      # SPG (ELBO / EUBO mixture)
+    python -m dlmjax.train --config=configs/rl.py:wd1      # wd1 (ratio-free weighted likelihood)
+    python -m dlmjax.train --config=configs/rl.py:coupled_grpo  # DiffuCoder's coupled-GRPO
 
 Each rollout samples rl.group_size completions for global_batch_size / group_size prompts of
 rl.task with the current params, scores them exactly, and takes rl.inner_updates optimizer steps
@@ -43,6 +45,17 @@ def get_config(arg=None):
     c.rl.objective = 'spg'
     c.rl.kl_beta = 0.0
     c.output_dir = 'runs/rl_spg'
+  elif arg == 'wd1':  # no ratio, no old or reference policy, no KL
+    c.rl.objective = 'wd1'
+    c.rl.kl_beta = 0.0
+    c.output_dir = 'runs/rl_wd1'
+  elif arg == 'coupled_grpo':  # DiffuCoder's recipe: beta 0.01, no prompt masking
+    c.rl.objective = 'coupled_grpo'
+    c.rl.kl_beta = 0.01
+    c.rl.p_mask_prompt = 0.0
+    c.output_dir = 'runs/rl_coupled_grpo'
   elif arg:
-    raise ValueError(f'configs/rl.py takes no argument, "espo" or "spg", got {arg!r}.')
+    raise ValueError(
+      f'configs/rl.py takes no argument, "espo", "spg", "wd1" or "coupled_grpo", got {arg!r}.'
+    )
   return c

@@ -223,8 +223,15 @@ def defaults() -> ml_collections.ConfigDict:
   c.rl.group_size = 4  # G completions per prompt; train.global_batch_size rows per rollout
   c.rl.inner_updates = 2  # mu: optimizer steps per rollout batch (d1: 8 countdown/sudoku)
   # d1 (diffu-GRPO, per-token one-step) | espo (sequence ELBO ratio) | spg (ELBO / EUBO bounds)
+  # | wd1 (ratio-free weighted likelihood, no KL) | coupled_grpo (DiffuCoder: complementary-mask
+  # token estimate, leave-one-out advantages). Each run prints its objective's switches.
   c.rl.objective = 'd1'
-  c.rl.kl_beta = 0.04  # d1's beta (k3 for d1, k2 for espo) against the init model; 0 = no KL.
+  c.rl.kl_beta = 0.04  # d1's beta (k3; k2 for espo) against the reference; 0 = no KL.
+  # d1's sync_ref_model (TRL's SyncRefModelCallback): every N steps the reference becomes
+  # alpha * policy + (1 - alpha) * reference (d1: N 64, TRL's ref_model_mixup_alpha 0.6); 0 = the
+  # frozen init model. The reference is then part of the train state (checkpointed, resumed).
+  c.rl.ref_sync_every = 0
+  c.rl.ref_sync_alpha = 0.6
   c.rl.clip_eps = 0.5  # d1's epsilon
   c.rl.p_mask_prompt = 0.15  # d1: prompt tokens masked in the one-step estimate
   c.rl.elbo_samples = 2  # espo, spg: Monte Carlo mask samples per sequence (ESPO's M, SPG's m)
@@ -591,7 +598,7 @@ def resolve_mesh(config, num_devices: int) -> None:
 
 _CHOICES = {
   'stage': ('pretrain', 'sft', 'rl'),
-  'rl.objective': ('d1', 'espo', 'spg'),
+  'rl.objective': ('d1', 'espo', 'spg', 'wd1', 'coupled_grpo'),
   'rl.eval_split': ('test', 'valid'),
   'rl.reference_dtype': ('float32', 'bfloat16'),
   'model.attention_mask': ('bidirectional', 'causal', 'block_causal'),
@@ -863,12 +870,29 @@ def _validate_rl(config):
     )
   if r.kl_beta < 0 or not 0 < r.clip_eps or not 0 <= r.p_mask_prompt <= 1:
     raise ConfigError('rl.kl_beta must be >= 0, rl.clip_eps > 0 and rl.p_mask_prompt in [0, 1].')
+  if r.objective in ('spg', 'wd1') and r.kl_beta > 0:
+    raise ConfigError(
+      f'rl.objective={r.objective} has no KL term (it trains without a reference), but '
+      f'rl.kl_beta={r.kl_beta}; set --config.rl.kl_beta=0.'
+    )
+  if r.ref_sync_every < 0 or not 0 < r.ref_sync_alpha <= 1:
+    raise ConfigError(
+      f'rl.ref_sync_every={r.ref_sync_every} must be >= 0 (0 = never) and '
+      f'rl.ref_sync_alpha={r.ref_sync_alpha} in (0, 1].'
+    )
+  if r.ref_sync_every and r.kl_beta == 0:
+    raise ConfigError(
+      f'rl.ref_sync_every={r.ref_sync_every} refreshes the KL reference, but rl.objective='
+      f'{r.objective} with rl.kl_beta=0 has no KL term; set --config.rl.ref_sync_every=0.'
+    )
+  if r.ref_sync_every and (config.train.lora.rank > 0 or r.reference_on_host):
+    raise ConfigError(
+      f'rl.ref_sync_every={r.ref_sync_every} keeps a refreshed reference in the train state, '
+      'on the mesh and for a full fine-tune (with LoRA the reference is the frozen base, as in '
+      'd1 under PEFT); set --config.rl.ref_sync_every=0, or train.lora.rank=0 and '
+      'rl.reference_on_host=False.'
+    )
   if r.objective == 'spg':
-    if r.kl_beta > 0:
-      raise ConfigError(
-        f'rl.objective=spg has no KL term (SPG trains without one), but '
-        f'rl.kl_beta={r.kl_beta}; set --config.rl.kl_beta=0.'
-      )
     if not 0 <= r.spg_mix_weight <= 1 or r.spg_eubo_beta < 1:
       raise ConfigError(
         f'rl.spg_mix_weight={r.spg_mix_weight} must be in [0, 1] and '

@@ -1,7 +1,7 @@
 """python -m dlmjax.demo: pre-train -> SFT -> RL on the tiny model, each stage scored held-out.
 
   python -m dlmjax.demo [--seeds 0,1,2] [--output-dir runs/demo] [--task arithmetic]
-                        [--objective d1|espo|spg]
+                        [--objective d1|espo|spg|wd1|coupled_grpo]
 
 Per seed, the three stages run through the normal trainer (`dlmjax.train.loop.train` on
 configs/tiny.py, configs/sft.py and configs/rl.py with configs/demo.py's recipe on top), each
@@ -9,8 +9,8 @@ from the previous one's checkpoint. Every stage's checkpoint is then decoded gre
 held-out split with one sampler setting (dlmjax.evaluate's tasks mode) and checked with
 dlmjax.verify; RL's is the one of best validation reward (train-split problems, every 10 steps).
 The table gives per seed, then mean +- std over seeds: steps, final loss, held-out accuracy and
-mean reward, and the RL gain over SFT against the seed-to-seed spread. It is also
-written to OUTPUT_DIR/results.json (results_<objective>.json for espo / spg). A rerun resumes
+mean reward, and the RL gain over SFT against the seed-to-seed spread. It is also written to
+OUTPUT_DIR/results.json (results_<objective>.json for the other objectives). A rerun resumes
 finished or cut stages from their checkpoints; another --objective reuses the seeds' pre-training
 and SFT runs and trains only its own RL stage (OUTPUT/seedN/rl_<objective>).
 """
@@ -333,7 +333,7 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument(
     '--objective',
     default='d1',
-    help='the RL stage: d1 | espo | spg (its '
+    help='the RL stage: d1 | espo | spg | wd1 | coupled_grpo (its '
     'own run directory rl_<objective>; pre-training and SFT are shared)',
   )
   parser.add_argument(

@@ -27,7 +27,7 @@ from dlmjax.checkpoint import checksums
 
 CONFIG_FILE = 'config.json'
 CHECKPOINT_DIR = 'checkpoints'
-_ITEMS = ('params', 'opt_state', 'meta')
+_ITEMS = ('params', 'opt_state', 'reference', 'meta')  # reference: RL's refreshed KL reference
 # Keys that must match between a checkpoint and the run resuming from it: they change the
 # parameters' shapes or the sample/mask streams. Run-time knobs (backend, remat, mesh) may change.
 _RESUME_KEYS = (
@@ -202,7 +202,7 @@ class RunCheckpoints:
     # orbax waits for the previous save's background write here anyway; waiting first names the
     # step of a write that failed (a full disk) instead of this one.
     self.wait()
-    arrays = dict(params=state['params'], opt_state=state['opt_state'])
+    arrays = {k: v for k, v in state.items() if k != 'step'}  # params, opt_state[, reference]
     jax.block_until_ready(arrays)  # the step itself: not time the save holds training up
     started = time.perf_counter()
     if self._warm_up is not None:  # a compile still running holds this save up: it counts
@@ -215,8 +215,12 @@ class RunCheckpoints:
       data_state=data_state,
       checksum_format=checksums.FORMAT,
       checksums={k[len('params/') :]: v for k, v in digests.items() if k.startswith('params/')},
-      opt_state_checksums={
-        k[len('opt_state/') :]: v for k, v in digests.items() if k.startswith('opt_state/')
+      **{
+        f'{item}_checksums': {
+          k[len(item) + 1 :]: v for k, v in digests.items() if k.startswith(item + '/')
+        }
+        for item in arrays
+        if item != 'params'
       },
       meta_checksum=_meta_digest(step, data_state),
       layout=_layout(arrays),
@@ -226,8 +230,7 @@ class RunCheckpoints:
       self._manager.save(
         step,
         args=ocp.args.Composite(
-          params=ocp.args.StandardSave(state['params']),
-          opt_state=ocp.args.StandardSave(state['opt_state']),
+          **{k: ocp.args.StandardSave(v) for k, v in arrays.items()},
           meta=ocp.args.JsonSave(meta),
         ),
         force=True,
@@ -279,7 +282,7 @@ class RunCheckpoints:
     """
     step_dir = os.path.join(self.directory, str(step))
     target = _abstract(setup.state_shapes, setup.state_shardings)
-    arrays = dict(params=target['params'], opt_state=target['opt_state'])
+    arrays = {k: v for k, v in target.items() if k != 'step'}  # params, opt_state[, reference]
     try:
       meta = read_meta(step_dir)
     except (OSError, ValueError, CheckpointError) as e:
@@ -294,21 +297,18 @@ class RunCheckpoints:
     try:
       restored = self._manager.restore(
         step,
-        args=ocp.args.Composite(
-          params=ocp.args.StandardRestore(target['params']),
-          opt_state=ocp.args.StandardRestore(target['opt_state']),
-        ),
+        args=ocp.args.Composite(**{k: ocp.args.StandardRestore(v) for k, v in arrays.items()}),
       )
     except Exception as e:  # pylint: disable=broad-except
       # orbax and tensorstore raise many kinds for unreadable files; device OOM is not one.
       if 'RESOURCE_EXHAUSTED' in str(e) and 'OCDBT' not in str(e):
         raise
       raise DamagedCheckpoint(f'reading the arrays failed: {_one_line(e)}') from e
-    got = dict(params=restored['params'], opt_state=restored['opt_state'])
+    got = {k: restored[k] for k in arrays}
     if saved_checksums(meta) is not None:
       problems = []
       digests = checksums.to_hex(checksums.dispatch(got))
-      for item in ('params', 'opt_state'):
+      for item in got:
         now = {k[len(item) + 1 :]: v for k, v in digests.items() if k.startswith(item + '/')}
         problems += [f'{item}/{p}' for p in checksums.compare(saved_checksums(meta, item), now)]
       if problems:
@@ -316,11 +316,7 @@ class RunCheckpoints:
           '; '.join(problems[:3])
           + (f' (and {len(problems) - 3} more)' if len(problems) > 3 else '')
         )
-    state = dict(
-      step=jax.device_put(jax.numpy.int32(step), setup.replicated),
-      params=got['params'],
-      opt_state=got['opt_state'],
-    )
+    state = dict(step=jax.device_put(jax.numpy.int32(step), setup.replicated), **got)
     return state, meta['data_state']
 
   def wait(self) -> None:

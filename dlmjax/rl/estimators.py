@@ -1,5 +1,6 @@
 """Log-likelihood estimates of a completion under a masked DLM: d1's one-step token estimate,
-ESPO's sequence ELBO, and SPG's ELBO / EUBO pair from block-wise masks.
+DiffuCoder's coupled (complementary-mask) token estimate, ESPO's sequence ELBO, and SPG's ELBO /
+EUBO pair from block-wise masks.
 
 Rows are right-padded: prompt [0, prompt_len), the completion canvas [prompt_len, length), pads
 after (no valid token attends to them). Every mask derives from (seed, mask_seed) per row, so
@@ -38,18 +39,87 @@ def d1_token_logprobs(
 ):
   """d1's one-step estimate: log p(o_k | prompt with each token masked w.p. p_mask_prompt, all
   completion tokens masked) for every completion position k; [B, L], 0 outside the completion."""
-  positions_1L = jnp.arange(tokens_BL.shape[1])[None]
-  prompt_BL = positions_1L < prompt_lengths_B[:, None]
-  completion_BL = ~prompt_BL & (positions_1L < lengths_B[:, None])
-  uniform_BL = jax.vmap(lambda k: jax.random.uniform(k, tokens_BL.shape[1:]))(
-    row_keys(seed, mask_seeds_B)
+  completion_BL, prompt_masked_BL = _one_step_masks(
+    tokens_BL, prompt_lengths_B, lengths_B, row_keys(seed, mask_seeds_B), p_mask_prompt
   )
-  masked_BL = completion_BL | (prompt_BL & (uniform_BL < p_mask_prompt))
-  noisy_BL = jnp.where(masked_BL, mask_id, tokens_BL)
+  noisy_BL = jnp.where(completion_BL | prompt_masked_BL, mask_id, tokens_BL)
   ce_BL = loss_lib.model_cross_entropy(
     module, noisy_BL, tokens_BL, chunk_size=chunk_size, valid_length_B=lengths_B
   )
   return jnp.where(completion_BL, -ce_BL, 0.0)
+
+
+def _one_step_masks(tokens_BL, prompt_lengths_B, lengths_B, keys_B, p_mask_prompt: float):
+  """(the completion canvas [B, L], the prompt tokens masked w.p. p_mask_prompt [B, L])."""
+  positions_1L = jnp.arange(tokens_BL.shape[1])[None]
+  prompt_BL = positions_1L < prompt_lengths_B[:, None]
+  completion_BL = ~prompt_BL & (positions_1L < lengths_B[:, None])
+  uniform_BL = jax.vmap(lambda k: jax.random.uniform(k, tokens_BL.shape[1:]))(keys_B)
+  return completion_BL, prompt_BL & (uniform_BL < p_mask_prompt)
+
+
+def token_estimator(objective: str):
+  """The per-token estimate an objective scores with: coupled-GRPO's, else d1's one-step one
+  (d1, wd1)."""
+  return coupled_token_logprobs if objective == 'coupled_grpo' else d1_token_logprobs
+
+
+COUPLED_T_RANGE = (0.2, 0.8)  # DiffuCoder's forward_process: mask_ratio = random.uniform(0.2, 0.8)
+
+
+def coupled_token_logprobs(
+  module,
+  tokens_BL,
+  prompt_lengths_B,
+  lengths_B,
+  mask_seeds_B,
+  *,
+  seed: int,
+  mask_id: int,
+  p_mask_prompt: float,
+  chunk_size: int = 0,
+):
+  """Coupled-GRPO's token estimate (DiffuCoder, arXiv 2506.20639; apple/ml-diffucoder
+  src/open_r1/coupled_grpo.py, forward_process and selective_log_softmax); [B, L], 0 outside
+  the completion.
+
+  Three views of each row: (0) every completion token masked; (1) each masked where u_k < t,
+  t ~ U[0.2, 0.8]; (2) the complement, masked where u_k >= t. So (1) and (2) mask every
+  completion token exactly once between them. Per token
+      logp_k = (logp0_k + [k masked in (1)] logp1_k / t + [k masked in (2)] logp2_k / (1 - t)) / 2.
+  One t per row (DiffuCoder draws one per batch and mask seed). Prompt tokens are masked w.p.
+  p_mask_prompt in all three views alike (DiffuCoder masks none: p_mask_prompt = 0).
+  """
+  completion_BL, prompt_masked_BL, first_BL, t_B = coupled_masks(
+    tokens_BL, prompt_lengths_B, lengths_B, row_keys(seed, mask_seeds_B), p_mask_prompt
+  )
+  second_BL = completion_BL & ~first_BL
+  views = [completion_BL, first_BL, second_BL]
+  noisy = jnp.concatenate([jnp.where(m | prompt_masked_BL, mask_id, tokens_BL) for m in views])
+  tile = lambda x: jnp.concatenate([x] * 3)  # noqa: E731  rows v*B + b
+  ce = loss_lib.model_cross_entropy(
+    module, noisy, tile(tokens_BL), chunk_size=chunk_size, valid_length_B=tile(lengths_B)
+  )
+  full_BL, logp1_BL, logp2_BL = jnp.split(-ce, 3)
+  t_B1 = t_B[:, None]
+  coupled_BL = jnp.where(first_BL, logp1_BL / t_B1, logp2_BL / (1.0 - t_B1))
+  return jnp.where(completion_BL, (full_BL + coupled_BL) / 2.0, 0.0)
+
+
+def coupled_masks(tokens_BL, prompt_lengths_B, lengths_B, keys_B, p_mask_prompt: float):
+  """Coupled-GRPO's draws per row: (completion canvas, masked prompt tokens, view (1)'s masked
+  completion tokens where u_k < t [B, L], t [B]); view (2) masks the rest of the completion."""
+  completion_BL, prompt_masked_BL = _one_step_masks(
+    tokens_BL, prompt_lengths_B, lengths_B, keys_B, p_mask_prompt
+  )
+  low, high = COUPLED_T_RANGE
+  t_B = jax.vmap(
+    lambda k: jax.random.uniform(jax.random.fold_in(k, 1), (), minval=low, maxval=high)
+  )(keys_B)
+  u_BL = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 2), tokens_BL.shape[1:]))(
+    keys_B
+  )
+  return completion_BL, prompt_masked_BL, completion_BL & (u_BL < t_B[:, None]), t_B
 
 
 def sequence_elbo(

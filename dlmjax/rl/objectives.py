@@ -1,4 +1,5 @@
-"""Policy losses on per-token (d1) or per-sequence (ESPO, SPG) log-likelihood estimates.
+"""Policy losses on per-token (d1, coupled-GRPO) or per-sequence (ESPO, SPG, wd1) log-likelihood
+estimates.
 
 Each returns per-unit losses and diagnostics; the stage weights them (token or sequence
 normalisation) so that the shared step's micro-batch accumulation gives the global average.
@@ -8,7 +9,36 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-OBJECTIVES = ('d1', 'espo', 'spg')
+OBJECTIVES = ('d1', 'espo', 'spg', 'wd1', 'coupled_grpo')
+# Objectives without a ratio or a KL term: their rollouts score no old or reference estimates.
+RATIO_FREE = ('spg', 'wd1')
+# Objectives scoring per-token estimates ([B, L] old / reference arrays); the others per sequence.
+TOKEN_OBJECTIVES = ('d1', 'coupled_grpo')
+
+
+def describe(config) -> str:
+  """One line naming the objective's switches and values, printed when a run starts."""
+  r = config.rl
+  kl = f'kl_beta={r.kl_beta:g} (k3' if r.objective != 'espo' else f'kl_beta={r.kl_beta:g} (k2'
+  sync = (
+    f', reference refreshed every {r.ref_sync_every} steps with alpha={r.ref_sync_alpha:g})'
+    if r.ref_sync_every
+    else ', frozen init reference)'
+  )
+  kl = kl + sync if r.kl_beta > 0 else 'no KL term'
+  text = {
+    'd1': f'one-step token estimate (p_mask_prompt={r.p_mask_prompt:g}), group-mean advantages, '
+    f'clip_eps={r.clip_eps:g}, {kl}',
+    'espo': f'sequence ELBO ({r.elbo_samples} samples), group-mean advantages, '
+    f'clip_eps={r.clip_eps:g}, {kl}',
+    'spg': f'block-wise ELBO/EUBO ({r.elbo_samples} samples, eubo_beta={r.spg_eubo_beta:g}, '
+    f'mix_weight={r.spg_mix_weight:g}), group-mean advantages, no ratio, no KL term',
+    'wd1': f'one-step token estimate (p_mask_prompt={r.p_mask_prompt:g}) summed per completion, '
+    'weights softmax(A) - softmax(-A) per group, no ratio, no KL term',
+    'coupled_grpo': 'coupled complementary-mask estimate (t ~ U[0.2, 0.8], '
+    f'p_mask_prompt={r.p_mask_prompt:g}), leave-one-out advantages, clip_eps={r.clip_eps:g}, {kl}',
+  }[r.objective]
+  return f'rl.objective={r.objective}: {text}'
 
 
 def clipped_surrogate(ratio, advantage, eps: float):
@@ -60,3 +90,13 @@ def spg_sequence_loss(elbo_B, eubo_B, advantages_B, *, mix_weight: float):
   mix_weight * EUBO + (1 - mix_weight) * ELBO (SPG's upper-bound side). Returns loss [B]."""
   negative_B = mix_weight * eubo_B + (1.0 - mix_weight) * elbo_B
   return -advantages_B * jnp.where(advantages_B > 0, elbo_B, negative_B)
+
+
+def wd1_sequence_loss(logp_B, weights_B):
+  """wd1 (Tang et al., arXiv 2507.08838; xiaohangt/wd1 rev_grpo_trainer.py compute_loss): the
+  ratio-free weighted log-likelihood  -sum_i w+_i log pi(o_i) + sum_i w-_i log pi(o_i)  over a
+  group, w+ = softmax(A), w- = softmax(-A) (advantages.wd1_weights gives w+ - w-), log pi(o_i) the
+  sum of the one-step token estimates over the completion. No old or reference policy, no clip.
+  Per row: -(w+_i - w-_i) log pi(o_i); the stage sums a group's rows and averages the groups.
+  Returns loss [B]."""
+  return -weights_B * logp_B

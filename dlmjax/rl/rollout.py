@@ -20,7 +20,7 @@ from dlmjax.diffusion import sampler as sampler_lib
 from dlmjax.model import programs
 from dlmjax.parallel import distributed, rules
 from dlmjax.rl import advantages as advantages_lib
-from dlmjax.rl import estimators
+from dlmjax.rl import estimators, objectives
 from dlmjax.rl import reference as reference_lib
 from dlmjax.rl import sampler as rl_sampler
 
@@ -60,16 +60,24 @@ def to_right_padded(out_BW, prompt_lengths_B, prompt_width: int, *, eos_id: int,
   return tokens, mask, lengths
 
 
-def loss_weights(completion_mask_BL, objective: str, normalisation: str = 'token'):
-  """Each unit's share of the global batch loss: per token (d1) or per sequence (ESPO).
+def loss_weights(
+  completion_mask_BL, objective: str, normalisation: str = 'token', group_size: int = 0
+):
+  """Each unit's share of the global batch loss: per token (d1, coupled-GRPO) or per sequence.
 
   d1 'token': mask / the global batch's completion tokens, DAPO's token mean (d1 takes the token
   mean per micro-batch of 6 rows and averages the micro-batches; with equal lengths both agree);
   'sequence': mask / (tokens of the row x rows) (GRPO). ESPO: 1 / rows per sequence. SPG: the
-  row's completion length / all rows' (SPG's length-weighted sequence average)."""
+  row's completion length / all rows' (SPG's length-weighted sequence average). wd1: G / rows
+  per sequence, the sum over a group's rows averaged over the groups (wd1's loss is the sum over
+  a micro-batch of one group, averaged over micro-batches)."""
   rows = completion_mask_BL.shape[0]
   if objective == 'espo':
     return np.full((rows,), 1.0 / rows, np.float32)
+  if objective == 'wd1':
+    if group_size < 2:
+      raise ValueError('wd1 loss weights need the group size (group_size=rl.group_size).')
+    return np.full((rows,), group_size / rows, np.float32)
   if objective == 'spg':
     lengths = completion_mask_BL.sum(axis=1)
     return (lengths / max(lengths.sum(), 1.0)).astype(np.float32)
@@ -116,6 +124,10 @@ class RolloutBatches:
   def get_state(self) -> dict:
     return dict(served=self.served)
 
+  def use_reference(self, state_reference) -> None:
+    """The train state's refreshed reference (rl.ref_sync_every > 0) for the next rollout."""
+    self.reference.use(state_reference)
+
   def set_state(self, state: dict) -> None:
     """Resumes the rollout count; a rollout cut by the checkpoint is generated afresh."""
     self.served = int(state['served'])
@@ -161,7 +173,7 @@ class RolloutBatches:
     start = time.time()
     texts = self.sampler.texts(out)
     rewards, failures, correct = score_texts(self.prompts.task, examples, texts)
-    advantages = advantages_lib.group_advantages(rewards, group)
+    advantages = row_advantages(rewards, group, r.objective)
     tokens, completion_mask, lengths = to_right_padded(
       out, prompt_lengths, r.max_prompt_tokens, eos_id=m.eos_token_id, pad_id=m.pad_token_id
     )
@@ -192,7 +204,7 @@ class RolloutBatches:
       advantages=advantages,
       old_all=old_all,
       ref_all=ref_all,
-      weight=loss_weights(completion_mask, r.objective),
+      weight=loss_weights(completion_mask, r.objective, group_size=group),
       completion_mask=completion_mask,
       rewards=rewards,
     )
@@ -201,8 +213,8 @@ class RolloutBatches:
   def _old_and_reference(self, params, tokens, prompt_lengths, lengths, seeds):
     """Per inner iteration, the rollout policy's and the reference's estimates with that
     iteration's mask seeds (the reference's are the old ones when there is no reference).
-    SPG has neither a ratio nor a KL: zeros, nothing computed."""
-    if self.r.objective == 'spg':
+    SPG and wd1 have neither a ratio nor a KL: zeros, nothing computed."""
+    if self.r.objective in objectives.RATIO_FREE:
       zeros = np.zeros(tokens.shape[:1], np.float32)
       return [zeros] * len(seeds), [zeros] * len(seeds)
     old_all, ref_all = [], []
@@ -242,6 +254,17 @@ def make_batches(config, setup, prompts, *, process_index: int = 0, process_coun
   )
 
 
+def row_advantages(rewards_B, group_size: int, objective: str):
+  """What each row's loss multiplies: group-relative advantages (mean baseline; coupled-GRPO's
+  leave-one-out), or for wd1 its signed weights softmax(A) - softmax(-A) per group."""
+  if objective == 'coupled_grpo':
+    return advantages_lib.group_advantages(rewards_B, group_size, baseline='leave_one_out')
+  advantages = advantages_lib.group_advantages(rewards_B, group_size)
+  if objective == 'wd1':
+    return advantages_lib.wd1_weights(advantages, group_size)
+  return advantages
+
+
 def score_texts(task, examples, texts):
   """(rewards [B], reward failures, correct [B]) of completions, never raising."""
   if getattr(task, 'parallel', False):  # code tasks: one batch of parallel sandboxes
@@ -260,8 +283,9 @@ def _safe_correct(task, example, completion) -> bool:
 
 def make_score_fn(config, model_config):
   """jit(fn(params, tokens, prompt_lengths, lengths, mask_seeds)): the objective's estimate
-  (d1: token log-probs [B, L]; ESPO: sequence ELBO [B]) without gradients, params in any float
-  dtype (taken as float32; a LoRA base's int8 weights stay int8, model/quantize.py)."""
+  (d1, coupled-GRPO, wd1: token log-probs [B, L]; ESPO: sequence ELBO [B]) without gradients,
+  params in any float dtype (taken as float32; a LoRA base's int8 weights stay int8,
+  model/quantize.py)."""
   r = config.rl
   common = dict(
     seed=config.seed, mask_id=config.model.mask_token_id, chunk_size=config.model.loss_chunk_tokens
@@ -272,8 +296,8 @@ def make_score_fn(config, model_config):
       lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
     )
     module = model_lib.merge(model_config, params)
-    if r.objective == 'd1':
-      return estimators.d1_token_logprobs(
+    if r.objective in objectives.TOKEN_OBJECTIVES or r.objective == 'wd1':  # wd1 sums them
+      return estimators.token_estimator(r.objective)(
         module, tokens, prompt_lengths, lengths, mask_seeds, p_mask_prompt=r.p_mask_prompt, **common
       )
     return estimators.sequence_elbo(

@@ -214,6 +214,8 @@ def _run(config, stop, cleanup) -> dict | None:
     print(f'step {start + 1}: first batch, then compiling the train step...', flush=True)
   for step in range(start + 1, _last_step(config) + 1):
     # The params of the step about to run (RL samples its rollouts from them).
+    if 'reference' in state:  # RL's refreshed KL reference scores the rollout (rl.ref_sync_every)
+      batches.use_reference(state['reference'])
     local, row = guards.next_batch(batches, setup.model_params(state['params']), config, step)
     if row is not None:
       reporter.write_row(row)

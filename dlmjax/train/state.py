@@ -1,4 +1,6 @@
-"""The train state {step, params, opt_state}: abstract shapes, shardings and born-sharded init.
+"""The train state {step, params, opt_state[, reference]}: abstract shapes, shardings and
+born-sharded init. `reference` is RL's refreshed KL reference (rl.ref_sync_every > 0,
+dlmjax/rl/reference.py), checkpointed and resumed with the rest.
 
 The state is a plain dict of arrays, so orbax saves it as is and the converter reads `params`.
 """
@@ -12,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from dlmjax import model as model_lib
 from dlmjax.model import lora
 from dlmjax.parallel import rules
+from dlmjax.rl import reference as reference_lib
 from dlmjax.train import lora_setup
 from dlmjax.train import optimizer as optimizer_lib
 
@@ -58,6 +61,11 @@ class TrainSetup:
         abstract_opt, trainable_shapes, self.trainable_shardings, self.replicated
       ),
     )
+    if reference_lib.synced(config):  # never with LoRA (config validation)
+      self.state_shapes['reference'] = jax.eval_shape(
+        lambda p: reference_lib.initial(config, p), trainable_shapes
+      )
+      self.state_shardings['reference'] = self.trainable_shardings
 
   @property
   def replicated(self):
@@ -89,20 +97,24 @@ class TrainSetup:
 
     def init(key):
       params = model_lib.init_params(self.model_config, key)
-      return dict(
-        step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
-      )
+      return self._fresh_state(params)
 
     return jax.jit(init, out_shardings=self.state_shardings)(jax.random.key(seed))
+
+  def _fresh_state(self, params: dict) -> dict:
+    state = dict(
+      step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
+    )
+    if 'reference' in self.state_shapes:
+      state['reference'] = reference_lib.initial(self.config, params)
+    return state
 
   def state_from_params(self, params: dict) -> dict:
     """A step-0 state around given params (fine-tuning from a checkpoint or an import; the
     adapters of a LoRA run)."""
 
     def init(params):
-      return dict(
-        step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
-      )
+      return self._fresh_state(params)
 
     return jax.jit(
       init, in_shardings=(self.trainable_shardings,), out_shardings=self.state_shardings

@@ -17,6 +17,7 @@ from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.model import lora, programs
 from dlmjax.parallel import rules
+from dlmjax.rl import reference as reference_lib
 from dlmjax.train import optimizer as optimizer_lib
 
 
@@ -103,6 +104,14 @@ def make_step_fn(setup, loss_fn, metrics_fn):
       params=jax.tree.map(keep, optax.apply_updates(params, updates), params),
       opt_state=jax.tree.map(keep, opt_state, state['opt_state']),
     )
+    if 'reference' in state:  # RL's refreshed KL reference (rl.ref_sync_every)
+      new_state['reference'] = reference_lib.refresh(
+        step + 1,
+        state['reference'],
+        new_state['params'],
+        every=setup.config.rl.ref_sync_every,
+        alpha=setup.config.rl.ref_sync_alpha,
+      )
     metrics.update(skipped=1.0 - finite.astype(jnp.float32), grad_norm=grad_norm, lr=schedule(step))
     return new_state, metrics
 

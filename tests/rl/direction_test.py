@@ -2,7 +2,8 @@
 
 The loss path (micro-batch split, loss weights, clipped surrogate) must pair each row with its
 own advantage. The check is made from outside that path: each row's likelihood estimate (d1's
-token log-probs via the rollout scorer, SPG's bounds), before and after one AdamW step, must move
+token log-probs via the rollout scorer, also summed for wd1; coupled-GRPO's coupled token estimate;
+SPG's bounds), before and after one AdamW step, must move
 the advantage-signed sum of every group up.
 """
 
@@ -12,40 +13,18 @@ import numpy as np
 import pytest
 
 from dlmjax import model as model_lib
-from dlmjax.parallel import mesh as mesh_lib
+from dlmjax.rl import advantages as advantages_lib
 from dlmjax.rl import estimators, rollout
-from dlmjax.train import stages
-from dlmjax.train import state as state_lib
-from dlmjax.train import step as step_lib
-from tests.conftest import tiny_test_config
+from tests.rl import compiled
 
-PROMPT, GEN = 6, 16
+PROMPT, GEN = compiled.PROMPT, compiled.GEN
 
 
-@pytest.mark.parametrize('objective', ['d1', 'spg'])
+@pytest.mark.parametrize('objective', ['d1', 'spg', 'wd1', 'coupled_grpo'])
 def test_one_step_moves_logprobs_toward_positive_advantages(objective):
-  # 4 groups of 2 over 2 micro-batches (strided rows): a row/advantage mix-up would show.
-  c = tiny_test_config(
-    **{
-      'rl.objective': objective,
-      'stage': 'rl',
-      'model.seq_len': 24,
-      'train.global_batch_size': 8,
-      'train.micro_batch_size': 4,
-      'train.schedule': 'constant',
-      'train.warmup_steps': 0,
-      'train.lr': 1e-3,
-      'train.weight_decay': 0.0,
-      'rl.group_size': 2,
-      'rl.max_prompt_tokens': PROMPT,
-      'sampler.gen_length': GEN,
-      'sampler.block_length': GEN,
-      'sampler.steps': 4,
-      'rl.kl_beta': 0.0,
-      'init_from': 'unused: the params are made here',
-    }
-  )
-  setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c, jax.devices()[:1]))
+  # 4 groups of 2 over 2 micro-batches (strided rows): a row/advantage mix-up would show. d1's
+  # step also has its KL term (reference = old policy here, so no KL gradient at this step).
+  c, setup, step_fn, score = compiled.rl_step(objective)
   state = setup.init_state(0)
   rng = np.random.default_rng(0)
   rows, width = 8, c.model.seq_len
@@ -58,7 +37,7 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
   advantages = np.array([1, -1, -1, 1, 1, -1, -1, 1], np.float32) * 0.5
   completion = np.zeros((rows, width), np.float32)
   completion[:, PROMPT : PROMPT + GEN] = 1.0
-  score = rollout.make_score_fn(c, setup.model_config)
+  token_level = objective in ('d1', 'coupled_grpo')
 
   @jax.jit
   def spg_bound(params):  # the bound each row's SPG term uses: ELBO if A > 0, else the mixture
@@ -88,7 +67,7 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
   before = estimate(state['params'])
   old = (
     np.asarray(score(state['params'], tokens, prompt_lengths, lengths, seeds))
-    if objective == 'd1'
+    if token_level
     else np.zeros(rows, np.float32)
   )
   batch = dict(
@@ -96,14 +75,14 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
     prompt_lengths=prompt_lengths,
     lengths=lengths,
     mask_seeds=seeds,
-    advantages=advantages,
+    # wd1's rows carry its weights softmax(A) - softmax(-A) (rollout.row_advantages)
+    advantages=advantages_lib.wd1_weights(advantages, 2) if objective == 'wd1' else advantages,
     old=old,
     ref=old,
     completion_mask=completion,
-    weight=rollout.loss_weights(completion, objective, 'token'),
+    weight=rollout.loss_weights(completion, objective, 'token', group_size=2),
     rewards=advantages,
   )
-  step_fn = step_lib.CompiledStep(setup, stages.build(c))
   state, metrics = step_fn(
     state, {k: jax.device_put(v, step_fn.batch_sharding) for k, v in batch.items()}
   )

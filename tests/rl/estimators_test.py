@@ -1,4 +1,5 @@
-"""The RL estimators (d1, ESPO, SPG) against direct forwards of hand-masked sequences."""
+"""The RL estimators (d1, coupled-GRPO, ESPO, SPG) against direct forwards of hand-masked
+sequences."""
 
 import jax
 import jax.numpy as jnp
@@ -61,12 +62,27 @@ class _Jitted:
         )
       )
     )
+    self._coupled = jax.jit(
+      lambda params, tokens, prompt_lengths, lengths, seeds: estimators.coupled_token_logprobs(
+        model_lib.merge(_CFG, params),
+        tokens,
+        prompt_lengths,
+        lengths,
+        seeds,
+        seed=0,
+        mask_id=3,
+        p_mask_prompt=0.0,
+      )
+    )
     self._forward = jax.jit(
       lambda params, tokens, lengths: model_lib.merge(_CFG, params)(tokens, valid_length_B=lengths)
     )
 
   def d1(self, *args, p_mask_prompt):
     return np.asarray(self._d1(self.params, *args, jnp.float32(p_mask_prompt)))
+
+  def coupled(self, *args):
+    return np.asarray(self._coupled(self.params, *args))
 
   def elbo(self, *args):
     return np.asarray(self._elbo(self.params, *args))
@@ -193,3 +209,38 @@ def test_spg_bounds_match_direct_forwards_of_the_same_masks(module):
     np.testing.assert_allclose(elbo[b], np.mean(per_sample), rtol=1e-4)
     np.testing.assert_allclose(eubo[b], np.log(weighted[weighted > 0]).mean() / 1.5, rtol=1e-4)
   assert (eubo >= elbo).all()  # the sandwich: the upper bound is above the lower one
+
+
+def test_coupled_logprobs_match_direct_forwards_of_complementary_masks(module):
+  """DiffuCoder's coupled estimate, written out: (logp_all_masked + logp_view1 / t where view 1
+  masks the token, else logp_view2 / (1 - t)) / 2, views 1 and 2 complementary."""
+  rng = np.random.default_rng(5)
+  tokens = rng.integers(4, 100, (2, 14)).astype(np.int32)
+  prompt_lengths, lengths = np.array([3, 5], np.int32), np.array([12, 14], np.int32)
+  seeds = np.array([11, 12], np.int32)
+  got = module.coupled(tokens, prompt_lengths, lengths, seeds)
+  completion, _, first, t = (
+    np.asarray(x)
+    for x in estimators.coupled_masks(
+      tokens, prompt_lengths, lengths, estimators.row_keys(0, jnp.asarray(seeds)), 0.0
+    )
+  )
+  assert ((0.2 <= t) & (t <= 0.8)).all()
+  for b in range(2):
+    p, n = int(prompt_lengths[b]), int(lengths[b])
+    canvas = np.arange(14)[(np.arange(14) >= p) & (np.arange(14) < n)]
+    np.testing.assert_array_equal(np.flatnonzero(completion[b]), canvas)
+    view1 = np.zeros(14, bool)
+    view1[canvas] = first[b, canvas]
+    view2 = np.zeros(14, bool)
+    view2[canvas] = ~first[b, canvas]  # every completion token masked in exactly one view
+    assert 0 < view1.sum() < len(canvas)  # this draw masks some of each
+    logps = []
+    for masked in (np.isin(np.arange(14), canvas), view1, view2):
+      noisy = np.where(masked, 3, tokens[b])
+      logits = np.asarray(module(jnp.asarray(noisy[None]), jnp.array([n])))[0]
+      logps.append(np.asarray(jax.nn.log_softmax(logits))[np.arange(14), tokens[b]])
+    expected = np.zeros(14)
+    coupled = np.where(view1, logps[1] / t[b], logps[2] / (1 - t[b]))
+    expected[canvas] = (logps[0][canvas] + coupled[canvas]) / 2
+    np.testing.assert_allclose(got[b], expected, rtol=2e-4, atol=2e-4)

@@ -130,3 +130,58 @@ def test_to_right_padded_layout():
   np.testing.assert_array_equal(tokens, [[5, 6, 7, 2, 2, 2, 0, 0], [4, 5, 6, 7, 8, 9, 9, 9]])
   np.testing.assert_array_equal(mask, [[0, 0, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1, 1]])
   np.testing.assert_array_equal(lengths, [6, 8])
+
+
+def _softmax(x):
+  e = np.exp(x - x.max())
+  return e / e.sum()
+
+
+def test_wd1_loss_matches_numpy():
+  """wd1 (rev_grpo_trainer.py): per group -sum_i softmax(A)_i S_i + sum_i softmax(-A)_i S_i, S_i the
+  summed completion log-probs, averaged over the groups (one group per micro-batch there)."""
+  rng = np.random.default_rng(3)
+  group, rows = 3, 6
+  rewards = np.array([1.0, 0.0, 0.25, 2.0, 2.0, 0.5], np.float32)
+  logp = rng.normal(-2, 0.7, (rows, 7)).astype(np.float32)
+  mask = (rng.random((rows, 7)) < 0.8).astype(np.float32)
+  seq = (logp * mask).sum(1)
+  weights = rollout.row_advantages(rewards, group, 'wd1')
+  loss = objectives.wd1_sequence_loss(seq, weights)
+  total = float((np.asarray(loss) * rollout.loss_weights(mask, 'wd1', group_size=group)).sum())
+  expected = []
+  for g in range(rows // group):
+    r = rewards[g * group : (g + 1) * group].astype(np.float64)
+    a, s = r - r.mean(), seq[g * group : (g + 1) * group]
+    expected.append(-(_softmax(a) * s).sum() + (_softmax(-a) * s).sum())
+  assert total == pytest.approx(np.mean(expected), rel=1e-5)
+  np.testing.assert_allclose(weights.reshape(2, 3).sum(1), 0.0, atol=1e-6)  # each group sums to 0
+  with pytest.raises(ValueError, match='group size'):
+    rollout.loss_weights(mask, 'wd1')
+
+
+def test_leave_one_out_advantages_match_numpy():
+  """DiffuCoder's coupled-GRPO baseline: r_i minus the mean of the group's other rewards."""
+  rewards = np.array([1.0, 0.0, 0.5, 0.5, 2.0, 2.0, 0.0, 4.0])
+  expected = [r - (np.sum(g) - r) / 3 for g in rewards.reshape(2, 4) for r in g]
+  np.testing.assert_allclose(
+    rollout.row_advantages(rewards, 4, 'coupled_grpo'), expected, rtol=1e-6
+  )
+  # = G / (G - 1) x the mean-baseline advantage
+  np.testing.assert_allclose(
+    advantages.group_advantages(rewards, 4, baseline='leave_one_out'),
+    advantages.group_advantages(rewards, 4) * 4 / 3,
+    rtol=1e-6,
+  )
+  with pytest.raises(ValueError, match='baseline'):
+    advantages.group_advantages(rewards, 4, baseline='median')
+
+
+def test_objective_switches_are_one_logged_line():
+  from tests.conftest import tiny_test_config  # pylint: disable=import-outside-toplevel
+
+  for name, beta in [('wd1', 0.0), ('coupled_grpo', 0.01)]:
+    c = tiny_test_config(**{'rl.objective': name, 'rl.kl_beta': beta, 'rl.ref_sync_every': 0})
+    line = objectives.describe(c)
+    assert line.startswith(f'rl.objective={name}: ') and '\n' not in line
+  assert 'leave-one-out' in line and 'U[0.2, 0.8]' in line and 'kl_beta=0.01' in line

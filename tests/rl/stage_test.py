@@ -126,6 +126,10 @@ def _check_held_out_against_inference(c, row):
     ({'sampler.block_length': 5}, 'block_length'),
     ({'init_from': ''}, 'init_from'),
     ({'rl.objective': 'spg'}, 'no KL term'),  # kl_beta 0.04 by default
+    ({'rl.objective': 'wd1'}, 'no KL term'),
+    ({'rl.objective': 'spg', 'rl.kl_beta': 0.0, 'rl.ref_sync_every': 4}, 'ref_sync_every=0'),
+    ({'rl.ref_sync_every': 4, 'rl.reference_on_host': True}, 'reference_on_host=False'),
+    ({'rl.ref_sync_alpha': 0.0}, 'ref_sync_alpha'),
     ({'rl.objective': 'spg', 'rl.kl_beta': 0.0, 'rl.spg_eubo_beta': 0.5}, 'spg_eubo_beta'),
   ],
 )

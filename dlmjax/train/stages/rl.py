@@ -1,4 +1,5 @@
-"""RL from verifiable rewards: rollouts of the current policy, diffu-GRPO (d1), ESPO or SPG loss.
+"""RL from verifiable rewards: rollouts of the current policy; diffu-GRPO (d1), ESPO, SPG, wd1 or
+coupled-GRPO loss.
 
 The batch source (dlmjax/rl/rollout.py) generates G completions per prompt with the params of the
 step about to run, scores them, and serves the same rollouts rl.inner_updates times, each with its
@@ -51,13 +52,17 @@ def make_loss(config):
     example_ids_B=None,
   ):
     del step, micro_index, example_ids_B  # randomness comes from the rollout's mask seeds
-    if r.objective == 'd1':
-      logp = estimators.d1_token_logprobs(
+    if r.objective in ('d1', 'coupled_grpo', 'wd1'):
+      logp = estimators.token_estimator(r.objective)(
         module, tokens, prompt_lengths, lengths, mask_seeds, p_mask_prompt=r.p_mask_prompt, **common
       )
-      loss, kl, clipped = objectives.d1_token_loss(
-        logp, old, ref, advantages, eps=r.clip_eps, beta=beta
-      )
+      if r.objective == 'wd1':  # advantages holds wd1's weights (rollout.row_advantages)
+        loss = objectives.wd1_sequence_loss(jnp.sum(logp * completion_mask, axis=1), advantages)
+        kl = clipped = jnp.zeros_like(loss)  # wd1 has neither a ratio nor a KL term
+      else:
+        loss, kl, clipped = objectives.d1_token_loss(
+          logp, old, ref, advantages, eps=r.clip_eps, beta=beta
+        )
     elif r.objective == 'spg':
       elbo, eubo = estimators.spg_sequence_bounds(
         module,
@@ -128,6 +133,8 @@ def stage(config) -> base.Stage:
   prompts = functools.cache(lambda: make_prompts(config))
 
   def batches(setup, process_index, process_count):
+    if process_index == 0:
+      print(objectives.describe(config), flush=True)
     return rollout_lib.make_batches(
       config, setup, prompts(), process_index=process_index, process_count=process_count
     )
@@ -151,7 +158,9 @@ def stage(config) -> base.Stage:
       advantages=rng.standard_normal(rows).astype(np.float32),
       old=np.zeros(_estimate_shape(config, rows, width), np.float32),
       ref=np.zeros(_estimate_shape(config, rows, width), np.float32),
-      weight=rollout_lib.loss_weights(completion_mask, config.rl.objective),
+      weight=rollout_lib.loss_weights(
+        completion_mask, config.rl.objective, group_size=config.rl.group_size
+      ),
       completion_mask=completion_mask,
       rewards=rng.integers(0, 2, rows).astype(np.float32),
     )
@@ -170,5 +179,5 @@ def stage(config) -> base.Stage:
 
 
 def _estimate_shape(config, rows: int, width: int) -> tuple[int, ...]:
-  """d1 scores tokens ([B, W] log-probs), ESPO and SPG sequences ([B])."""
-  return (rows, width) if config.rl.objective == 'd1' else (rows,)
+  """d1 and coupled-GRPO score tokens ([B, W] log-probs), the others sequences ([B])."""
+  return (rows, width) if config.rl.objective in objectives.TOKEN_OBJECTIVES else (rows,)
