@@ -14,7 +14,8 @@ A LoRA run (train.lora.rank > 0) holds the frozen base in train.lora.base_dtype 
 parameter, int8: 1 per projection weight) and the 16 (20) bytes per parameter of state for its
 adapters alone; with a float32 compute dtype over a bf16 base the step also casts the layers to
 float32 (4 bytes per parameter). Its activations are the full model's (the backward still runs
-through every layer).
+through every layer). RL with a KL term adds its reference, a copy of the params in
+rl.reference_dtype (none with LoRA or rl.reference_on_host).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.model import lora
+from dlmjax.rl import reference as reference_lib
 
 GIB = 1024**3
 # Memory per GPU as nvidia-smi reports it (GiB); first match of the device kind wins.
@@ -73,6 +75,8 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
     state = (base + per_param * lora.num_adapter_params(lora_cfg)) / shards
   else:
     state = per_param * cfg.num_params() / shards
+    if _reference_on_device(config):  # RL's KL reference: a copy of the params, not trained
+      state += jnp.dtype(config.rl.reference_dtype).itemsize * cfg.num_params() / shards
   rows = config.train.micro_batch_size / config_lib.batch_parallelism(config)
   tokens = rows * cfg.seq_len / context
   act_bytes = 2 if cfg.dtype == 'bfloat16' else 4
@@ -94,6 +98,17 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
   logits = 2 * chunk * cfg.vocab_size / mesh.tensor * 4
   total = state + saved + recompute + logits
   return dict(state=state, activations=saved, recompute=recompute, logits=logits, total=total)
+
+
+def _reference_on_device(config) -> bool:
+  """RL with a KL term holds a reference beside the params (a LoRA run's is its frozen base:
+  no copy), unless it waits in host memory between rollouts (rl.reference_on_host)."""
+  return (
+    config.stage == 'rl'
+    and reference_lib.needed(config)
+    and config.train.lora.rank == 0
+    and not config.rl.reference_on_host
+  )
 
 
 def usable_fraction(env=None) -> float:

@@ -75,6 +75,20 @@ def _mb(mb, **overrides):
   return {'train.micro_batch_size': mb, 'train.global_batch_size': mb, **overrides}
 
 
+def test_rl_counts_its_kl_reference():
+  """RL with a KL term keeps a copy of the params on the devices (in rl.reference_dtype); none
+  without a KL term, in host memory, or with LoRA (the reference is the frozen base)."""
+  c = _config_1p7b(1)
+  base = memory.estimate_bytes_per_device(c)['state']
+  c.stage = 'rl'
+  c.rl.objective, c.rl.kl_beta, c.rl.reference_dtype = 'd1', 0.04, 'bfloat16'
+  assert memory.estimate_bytes_per_device(c)['state'] == base + 2 * 1_732_895_744
+  c.rl.reference_on_host = True
+  assert memory.estimate_bytes_per_device(c)['state'] == base
+  c.rl.reference_on_host, c.rl.kl_beta = False, 0.0
+  assert memory.estimate_bytes_per_device(c)['state'] == base
+
+
 @pytest.mark.parametrize(
   'config,measured_gib',
   [
