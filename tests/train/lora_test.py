@@ -181,6 +181,7 @@ def test_lora_on_a_mesh_equals_one_device(layout, devices):
     ({'train.lora.rank': 40}, "rank=40 exceeds the k projection's width 32"),
     ({'init_from': ''}, 'set --config.init_from'),
     ({'train.lora.base_dtype': 'int3'}, 'train.lora.base_dtype'),
+    ({'train.lora.base_dtype': 'nf4', 'model.ffn_dim': 96}, 'model.ffn_dim=96 is not even'),
     ({'train.lora.dropout': 0.05}, 'set --config.train.lora.dropout=0'),
   ],
 )
@@ -201,10 +202,17 @@ def test_memory_counts_the_frozen_base_and_the_adapters_state():
   cfg = model_lib.ModelConfig.from_config(_config())
   adapters = 2 * 4 * sum(i + o for i, o in config_lib.projection_widths(cfg).values())
   assert state(**{'train.lora.base_dtype': 'bfloat16'}) == 2 * cfg.num_params() + 20 * adapters
-  per_layer = sum(i * o for i, o in config_lib.projection_widths(cfg).values())
+  widths = config_lib.projection_widths(cfg)
+  per_layer = sum(i * o for i, o in widths.values())
   scales = 2 * sum(o for _, o in config_lib.projection_widths(cfg).values())
   int8 = state(**{'train.lora.base_dtype': 'int8'})
   assert int8 == 2 * cfg.num_params() - 2 * per_layer + 2 * scales + 20 * adapters
+  # 4 bits: half a byte per projection weight and a bf16 absmax per block of its last input axis.
+  blocks = {n: o * i / min(64, cfg.head_dim if n == 'o' else i) for n, (i, o) in widths.items()}
+  nf4 = state(**{'train.lora.base_dtype': 'nf4'})
+  layers = cfg.num_layers
+  want = 2 * cfg.num_params() - layers * (1.5 * per_layer - 2 * sum(blocks.values()))
+  assert nf4 == pytest.approx(want + 20 * adapters) and nf4 < int8
   assert state(**{'train.lora.rank': 0}) == 20 * cfg.num_params()
 
 
