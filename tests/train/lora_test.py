@@ -12,12 +12,12 @@ import pytest
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.checkpoint import peft_io, safetensors_io
+from dlmjax.checkpoint import lora_checkpoint, peft_io, safetensors_io
 from dlmjax.model import lora
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.rl import reference as reference_lib
 from dlmjax.rl import rollout
-from dlmjax.train import memory, stages
+from dlmjax.train import lora_setup, memory, stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 from tests.conftest import tiny_test_config
@@ -270,4 +270,32 @@ def test_a_peft_adapter_with_llada_names_loads_and_one_that_does_not_fit_is_refu
   )
   with pytest.raises(config_lib.ConfigError, match=r'lora_B of up is \(192, 4\)') as e:
     peft_io.read_adapter(wide, config, setup)
+  assert '\n' not in str(e.value)
+
+
+def test_a_resume_checks_an_unchanged_base_by_its_files_and_a_changed_one_by_its_arrays(
+  tmp_path, monkeypatch
+):
+  """lora_base.json keeps the base's checksum and its files' fingerprint: unchanged files (names,
+  sizes, mtimes) skip the hash; touched files are hashed and, with the same arrays, accepted and
+  the fingerprint renewed; rewritten files with other arrays are refused in one line."""
+  base, run = tmp_path / 'base', tmp_path / 'run'
+  base.mkdir(), run.mkdir()
+  weights = base / 'model.safetensors'
+  weights.write_bytes(b'x' * 64)
+  frozen = {'w': jnp.arange(8.0)}
+  lora_setup.record_or_check_base(str(run), str(base), frozen, resuming=False)
+  hashed = []
+  real = lora_checkpoint.base_checksum
+  monkeypatch.setattr(lora_checkpoint, 'base_checksum', lambda f: hashed.append(1) or real(f))
+  lora_setup.record_or_check_base(str(run), str(base), frozen, resuming=True)
+  assert hashed == []
+  mtime = os.stat(weights).st_mtime_ns
+  os.utime(weights, ns=(mtime + 10**9, mtime + 10**9))
+  lora_setup.record_or_check_base(str(run), str(base), frozen, resuming=True)
+  lora_setup.record_or_check_base(str(run), str(base), frozen, resuming=True)
+  assert hashed == [1]  # once: the renewed fingerprint holds again
+  weights.write_bytes(b'y' * 65)
+  with pytest.raises(config_lib.ConfigError, match='the LoRA base changed') as e:
+    lora_setup.record_or_check_base(str(run), str(base), {'w': jnp.arange(8.0) + 1}, resuming=True)
   assert '\n' not in str(e.value)
