@@ -124,7 +124,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.lora = ml_collections.ConfigDict()
   c.train.lora.rank = 0
   c.train.lora.alpha = 16.0  # the adapters' scale is alpha / rank (PEFT's lora_alpha).
-  c.train.lora.dropout = 0.0  # on the adapters' input; only 0 is implemented.
+  c.train.lora.dropout = 0.0  # PEFT's lora_dropout: on the adapters' input, in training only.
   c.train.lora.targets = 'q,k,v,o,gate,up,down'  # comma-separated subset of these projections.
   # The frozen base's storage: bfloat16 | float32 | int8 (projections int8 per output channel) |
   # nf4 | int4 (QLoRA: 4-bit projections, one absmax per 64 inputs; docs/lora.md).
@@ -793,10 +793,12 @@ def _validate_lora(config):
           f'train.lora.base_dtype={lora.base_dtype} stores blocks of 64 inputs: model.{key}={n} '
           'is not even and a multiple of 64 (or below 64); use base_dtype=int8 or bfloat16.'
         )
-  if lora.dropout != 0:
+  if not 0 <= lora.dropout < 1:
+    raise ConfigError(f'train.lora.dropout={lora.dropout} must be in [0, 1) (PEFT: 0.05).')
+  if lora.dropout > 0 and config.mesh.pipeline > 1:
     raise ConfigError(
-      f'train.lora.dropout={lora.dropout}: adapter dropout is not implemented (the forward '
-      'draws no random numbers); set --config.train.lora.dropout=0.'
+      f'train.lora.dropout={lora.dropout} draws its masks per layer of the whole stack, which '
+      'the pipeline splits into stages: set --config.mesh.pipeline=1 or train.lora.dropout=0.'
     )
   if lora.alpha <= 0:
     raise ConfigError(f'train.lora.alpha={lora.alpha} must be positive.')

@@ -46,8 +46,9 @@ def project(equation: str, x, w, matmul_dtype: str, *, scale=None, quant='int8',
   projection takes: operands in x's (compute) dtype, or FP8 (fp8.py) for matmul_dtype='fp8'.
 
   scale: w is quantised in format `quant` (int8 | nf4 | int4, model/quantize.py) with this
-  scale, dequantised here. adapter: (A, B, alpha / r) adds (alpha / r) (x A) B in the compute
-  dtype (model/lora.py), whatever matmul_dtype the base matmul runs in.
+  scale, dequantised here. adapter: (A, B, alpha / r[, dropout]) adds (alpha / r) (x A) B in the
+  compute dtype (model/lora.py), whatever matmul_dtype the base matmul runs in; dropout, (key,
+  rate) or None, drops elements of the adapter's input x only (PEFT's lora_dropout).
   """
   if scale is not None:
     dtype = x.dtype if matmul_dtype == 'compute' else jnp.float32
@@ -59,9 +60,10 @@ def project(equation: str, x, w, matmul_dtype: str, *, scale=None, quant='int8',
   else:
     y = jnp.einsum(equation, x, w.astype(x.dtype))
   if adapter is not None:
-    a, b, factor = adapter
+    a, b, factor, *dropout = adapter
     down_eq, up_eq = lora.adapter_equations(equation)
-    xa = jnp.einsum(down_eq, x, a.astype(x.dtype))
+    x_in = lora.drop(x, *dropout[0]) if dropout and dropout[0] is not None else x
+    xa = jnp.einsum(down_eq, x_in, a.astype(x.dtype))
     y = y + (jnp.einsum(up_eq, xa, b.astype(x.dtype)) * factor).astype(y.dtype)
   return y
 
@@ -113,7 +115,7 @@ def projection_operands(module, name, lora_spec) -> dict:
   if lora_spec is not None and lora_spec.adapts(name):
     a = getattr(module, name + lora.A_SUFFIX).value
     b = getattr(module, name + lora.B_SUFFIX).value
-    kwargs['adapter'] = (a, b, lora_spec.factor)
+    kwargs['adapter'] = (a, b, lora_spec.factor, lora.projection_dropout(name))
   return kwargs
 
 

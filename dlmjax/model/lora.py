@@ -21,6 +21,8 @@ beside each adapted weight; `split` separates the trainable adapters from the fr
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 
@@ -33,6 +35,62 @@ from dlmjax.model import quantize
 
 A_SUFFIX, B_SUFFIX = '_lora_a', '_lora_b'
 _RANK_LETTER = 'r'  # the adapter's rank axis in the derived einsum equations
+PROJECTIONS = ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj')
+_DROPOUT_STREAM = 0x10AD  # keeps the adapters' dropout keys apart from the masking streams
+
+# Adapter dropout (train.lora.dropout, PEFT's lora_dropout): (key, rate) while the train step
+# traces its forward, None otherwise (evaluation, sampling, RL scoring: dropout off). A context
+# rather than an argument threaded through every stage's loss and the layers; the train step
+# sets it, _run_layers folds in the layer's index, projection_operands the projection's.
+_DROPOUT = contextvars.ContextVar('lora_dropout', default=None)
+
+
+def dropout_key(seed: int, step, micro_index):
+  """The step's dropout key: fold_in(seed, stream, step, micro-batch), so a resumed run draws
+  the masks of the run it continues."""
+  key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _DROPOUT_STREAM), step)
+  return jax.random.fold_in(key, micro_index)
+
+
+@contextlib.contextmanager
+def dropout(key, rate: float):
+  """Adapter dropout of `rate` on for the forwards traced inside (rate 0: off)."""
+  token = _DROPOUT.set((key, float(rate)) if rate > 0 else None)
+  try:
+    yield
+  finally:
+    _DROPOUT.reset(token)
+
+
+def dropout_active() -> bool:
+  return _DROPOUT.get() is not None
+
+
+@contextlib.contextmanager
+def dropout_layer(index):
+  """Inside one layer of the stack: its index folded into the active key (no-op when off)."""
+  active = _DROPOUT.get()
+  token = _DROPOUT.set(
+    None if active is None else (jax.random.fold_in(active[0], index), active[1])
+  )
+  try:
+    yield
+  finally:
+    _DROPOUT.reset(token)
+
+
+def projection_dropout(name: str):
+  """(key, rate) of the adapter on projection `name` in the current layer, or None when off."""
+  active = _DROPOUT.get()
+  if active is None:
+    return None
+  return jax.random.fold_in(active[0], PROJECTIONS.index(name)), active[1]
+
+
+def drop(x, key, rate: float):
+  """PEFT's nn.Dropout on the adapter's input: each element zero w.p. rate, else x / (1 - rate)."""
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,6 +44,7 @@ def _lora(output_dir, base, **overrides):
       'train.lora.alpha': 8.0,
       'train.lora.targets': 'q,v,o,up,down',
       'train.lora.base_dtype': 'float32',
+      'train.lora.dropout': 0.05,  # PEFT's default for d1: resume must redraw the same masks
       **overrides,
     },
   )

@@ -13,7 +13,7 @@ import pytest
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import lora_checkpoint, peft_io, safetensors_io
-from dlmjax.model import lora
+from dlmjax.model import layers, lora
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.rl import reference as reference_lib
 from dlmjax.rl import rollout
@@ -182,7 +182,8 @@ def test_lora_on_a_mesh_equals_one_device(layout, devices):
     ({'init_from': ''}, 'set --config.init_from'),
     ({'train.lora.base_dtype': 'int3'}, 'train.lora.base_dtype'),
     ({'train.lora.base_dtype': 'nf4', 'model.ffn_dim': 96}, 'model.ffn_dim=96 is not even'),
-    ({'train.lora.dropout': 0.05}, 'set --config.train.lora.dropout=0'),
+    ({'train.lora.dropout': 1.0}, 'train.lora.dropout=1.0 must be in [0, 1)'),
+    ({'train.lora.dropout': 0.05, 'mesh.pipeline': 2}, 'set --config.mesh.pipeline=1'),
   ],
 )
 def test_bad_lora_settings_fail_with_one_line_naming_the_fix(overrides, message):
@@ -299,3 +300,41 @@ def test_a_resume_checks_an_unchanged_base_by_its_files_and_a_changed_one_by_its
   with pytest.raises(config_lib.ConfigError, match='the LoRA base changed') as e:
     lora_setup.record_or_check_base(str(run), str(base), {'w': jnp.arange(8.0) + 1}, resuming=True)
   assert '\n' not in str(e.value)
+
+
+def test_adapter_dropout_is_the_hand_written_mask_on_the_adapters_input_only():
+  """Under the train step's context, y = x W + f ((x * m / (1 - p)) A) B with m ~ Bernoulli(1 - p)
+  drawn from fold_in(fold_in(step key, layer), projection); outside it (evaluation, sampling)
+  y = x W + f (x A) B. W = 0 and A = B = I expose the dropped input itself."""
+  x = jax.random.normal(jax.random.key(0), (2, 64, 8))
+  w, eye = jnp.zeros((8, 8)), jnp.eye(8)
+  key, rate = lora.dropout_key(0, jnp.int32(3), 1), 0.25
+
+  def up(dropout_on):
+    if not dropout_on:
+      return layers.project('bld,df->blf', x, w, 'compute', adapter=(eye, eye, 1.0, None))
+    with lora.dropout(key, rate), lora.dropout_layer(2):
+      adapter = (eye, eye, 1.0, lora.projection_dropout('up_proj'))
+      return layers.project('bld,df->blf', x, w, 'compute', adapter=adapter)
+
+  got = up(True)
+  layer_key = jax.random.fold_in(key, 2)
+  keep = jax.random.bernoulli(jax.random.fold_in(layer_key, lora.PROJECTIONS.index('up_proj')),
+                              1 - rate, x.shape)  # fmt: skip
+  np.testing.assert_allclose(got, np.where(keep, x / (1 - rate), 0), rtol=1e-6)
+  assert 0.65 < float(keep.mean()) < 0.85
+  np.testing.assert_array_equal(up(False), x)  # off outside the step
+  with lora.dropout(key, 0.0):
+    assert lora.projection_dropout('up_proj') is None
+
+
+@pytest.mark.slow  # two 2-step tiny runs (~30 s on 2 idle cores)
+def test_adapter_dropout_changes_the_step_only_through_the_adapters():
+  """Step 1 (B = 0: the adapters add exactly 0) has the same loss with and without dropout; step
+  2 does not; the same seed draws the same masks."""
+  runs = {}
+  for rate in (0.0, 0.5):
+    config = _config(**{'train.lora.dropout': rate, 'train.lr': 1e-2})
+    runs[rate] = [float(m['loss']) for m in _step(config, steps=2)[3]]
+  np.testing.assert_allclose(runs[0.0][0], runs[0.5][0], rtol=1e-6)
+  assert abs(runs[0.0][1] - runs[0.5][1]) > 1e-4, runs
