@@ -4,6 +4,7 @@ transformers + peft (docs/lora.md, Benchmark).
     python -m benchmarks.lora_8b                      # GPU: llada_8b, bf16 base, rank 128
     python -m benchmarks.lora_8b --tiny               # CPU: a 2-layer model, proves it runs
     python -m benchmarks.lora_8b --only rl            # the RL iteration alone (or --only sft)
+    python -m benchmarks.lora_8b --base-dtype nf4     # dlmjax's base in NF4 (QLoRA, as d1)
 
 SFT: both sides train rank-128 adapters on all seven projections (q, k, v, o, gate, up, down) of a
 random-weight bf16 base with AdamW, bidirectional attention, seq 2048, and recompute every layer
@@ -12,15 +13,19 @@ micro-batch per step. The masked-diffusion loss is LLaDA's on both (a random mas
 cross-entropy on the masked tokens / ratio).
 
 RL: one diffu-GRPO iteration at d1's setting (dllm-reasoning/d1, diffu-grpo/slurm_scripts and
-train.yaml): LoRA rank 128, alpha 64, all seven projections; G = 6 completions per prompt and 12
-rows per GPU (per-device batch 6 x gradient accumulation 2); 200-token prompts, 256-token
-completions in blocks of 32 with 128 diffusion steps (low-confidence remasking; temperature 0 on
-both sides, where d1 samples at 0.9 with Gumbel noise); mu = 12 updates per rollout (GSM8K /
-MATH); one-step token log-probs with prompt tokens masked w.p. 0.15; KL beta 0.04, clip 0.5;
-AdamW (0.9, 0.99), weight decay 0.1, clip 0.2. The phases: generate (the rollout), score (the old
-policy's and the reference's log-probs for each of the mu mask seeds; the reference is the base
-with the adapters off, dlmjax's frozen tree and peft's disable_adapter, no second copy), update
-(one optimizer step over the 12 rows). iteration s = generate + score + mu x update.
+train.yaml): LoRA rank 128, alpha 64, dropout 0.05, all seven projections; G = 6 completions per
+prompt and 12 rows per GPU (per-device batch 6 x gradient accumulation 2); 200-token prompts,
+256-token completions in blocks of 32 with 128 diffusion steps (low-confidence remasking;
+temperature 0 on both sides, where d1 samples at 0.9 with Gumbel noise); mu = 12 updates per
+rollout (GSM8K / MATH); one-step token log-probs with prompt tokens masked w.p. 0.15; KL beta
+0.04, clip 0.5; AdamW (0.9, 0.99), weight decay 0.1, clip 0.2. The phases: generate (the
+rollout), score (the old policy's and the reference's log-probs for each of the mu mask seeds;
+the reference is the base with the adapters off, dlmjax's frozen tree and peft's
+disable_adapter, no second copy), update (one optimizer step over the 12 rows). iteration s =
+generate + score + mu x update.
+
+d1 trains on a 4-bit NF4 base (bitsandbytes); --base-dtype nf4 gives dlmjax that base, while the
+peer stays bf16: the GPU image has no bitsandbytes.
 
 Each side runs in its own process, one after the other, so two 8B models never share the GPU and
 JAX's preallocation does not starve PyTorch. Peak memory: JAX's peak_bytes_in_use,
@@ -56,7 +61,9 @@ def _d1(tiny: bool) -> dict:
   )
 
 
-D1_OPT = dict(lr=3e-6, b2=0.99, weight_decay=0.1, clip=0.2, beta=0.04, eps=0.5, p_mask_prompt=0.15)
+D1_OPT = dict(
+  lr=3e-6, b2=0.99, weight_decay=0.1, clip=0.2, beta=0.04, eps=0.5, p_mask_prompt=0.15, dropout=0.05
+)
 
 
 def _shape(tiny: bool) -> dict:
@@ -114,6 +121,7 @@ def _jax_config(args, stage: str):
     c.train.lr, c.train.b2 = D1_OPT['lr'], D1_OPT['b2']
     c.train.weight_decay, c.train.clip_grad_norm = D1_OPT['weight_decay'], D1_OPT['clip']
     c.train.lora.rank, c.train.lora.alpha = d1['rank'], d1['alpha']
+    c.train.lora.dropout = D1_OPT['dropout']
     c.rl.objective = 'd1'
     c.rl.group_size, c.rl.inner_updates = d1['group'], d1['mu']
     c.rl.max_prompt_tokens = d1['prompt']
@@ -189,9 +197,8 @@ def _jax_rl(args) -> dict:
     mask_id=m.mask_token_id,
     eos_id=m.eos_token_id,
     pad_id=m.pad_token_id,
-    mesh=setup.mesh,
     vocab_size=m.vocab_size,
-  )
+  )  # no mesh: one device, and a jitted function that compiles without running
   reference = reference_lib.ReferenceModel(c, setup)
   score_policy = rollout_lib.make_score_fn(c, setup.model_config)
   score_reference = rollout_lib.make_score_fn(c, reference.model_config)
@@ -207,9 +214,9 @@ def _jax_rl(args) -> dict:
     [p for p in prompts for _ in range(group)], m.pad_token_id, width=d1['prompt']
   )
   key = jax.random.key(1)
-  # Generate: once to compile (same shapes), once timed.
+  # Generate: compiled first, then timed.
   params = setup.model_params(state['params'])
-  jax.block_until_ready(generate(params, prompt_BP, prompt_lengths, key))
+  generate = generate.lower(params, prompt_BP, prompt_lengths, key).compile()
   start = time.perf_counter()
   out = distributed.to_host(generate(params, prompt_BP, prompt_lengths, key))
   generate_s = time.perf_counter() - start
@@ -289,7 +296,7 @@ def _llada_loss(model, tokens, mask_id, generator):
   return ((ce * masked) / t).sum() / (rows * length)
 
 
-def _torch_model(shape, *, rank: int, alpha: float, seq_len: int, device: str):
+def _torch_model(shape, *, rank: int, alpha: float, seq_len: int, device: str, dropout=0.0):
   """A random bf16 LLaDA-shaped transformers Llama (bidirectional SDPA, no mask) with peft
   adapters on the seven projections and gradient checkpointing."""
   import peft  # pylint: disable=import-outside-toplevel
@@ -319,7 +326,7 @@ def _torch_model(shape, *, rank: int, alpha: float, seq_len: int, device: str):
   model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})
   model.enable_input_require_grads()
   lora_config = peft.LoraConfig(
-    r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=HF_TARGETS
+    r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=HF_TARGETS
   )
   return peft.get_peft_model(model, lora_config)  # adapters in float32 (autocast_adapter_dtype)
 
@@ -425,7 +432,14 @@ def _torch_rl(args) -> dict:
   shape, d1 = _shape(args.tiny), _d1(args.tiny)
   device = 'cuda' if torch.cuda.is_available() else 'cpu'
   width = d1['prompt'] + d1['gen']
-  model = _torch_model(shape, rank=d1['rank'], alpha=d1['alpha'], seq_len=width, device=device)
+  model = _torch_model(
+    shape,
+    rank=d1['rank'],
+    alpha=d1['alpha'],
+    seq_len=width,
+    device=device,
+    dropout=D1_OPT['dropout'],
+  )
   trainable = [p for p in model.parameters() if p.requires_grad]
   optimizer = torch.optim.AdamW(
     trainable, lr=D1_OPT['lr'], betas=(0.9, D1_OPT['b2']), weight_decay=D1_OPT['weight_decay']
@@ -532,7 +546,8 @@ def _table(rows, args) -> str:
     f'{args.base_dtype} base, remat {args.remat}',
     f'  sft: seq {shape["seq_len"]}, micro-batch {args.micro_batch}, rank '
     f'{RANK if not args.tiny else 8}, alpha {ALPHA:g}',
-    f'  rl (d1): rank {d1["rank"]}, alpha {d1["alpha"]:g}, {d1["rows"]} rows = '
+    f'  rl (d1): rank {d1["rank"]}, alpha {d1["alpha"]:g}, dropout {D1_OPT["dropout"]}, '
+    f'{d1["rows"]} rows = '
     f'{d1["rows"] // d1["group"]} prompts x G {d1["group"]}, prompt {d1["prompt"]}, gen '
     f'{d1["gen"]}, block {d1["block"]}, {d1["steps"]} steps, mu {d1["mu"]}; iteration = generate '
     '+ score + mu x update',
