@@ -127,9 +127,10 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.lora = ml_collections.ConfigDict()
   c.train.lora.rank = 0
   c.train.lora.alpha = 16.0  # the adapters' scale is alpha / rank (PEFT's lora_alpha).
-  c.train.lora.dropout = 0.0  # on the adapters' input; only 0 is implemented.
+  c.train.lora.dropout = 0.0  # PEFT's lora_dropout: on the adapters' input, in training only.
   c.train.lora.targets = 'q,k,v,o,gate,up,down'  # comma-separated subset of these projections.
-  # The frozen base's storage: bfloat16 | float32 | int8 (projections int8 per output channel).
+  # The frozen base's storage: bfloat16 | float32 | int8 (projections int8 per output channel) |
+  # nf4 | int4 (QLoRA: 4-bit projections, one absmax per 64 inputs; docs/lora.md).
   c.train.lora.base_dtype = 'bfloat16'
   c.train.lora.init_adapter = ''  # a PEFT adapter directory to start the adapters from.
 
@@ -777,7 +778,7 @@ def validate(config, num_devices: int | None = None) -> None:
   _validate_mesh(config, num_devices)
 
 
-LORA_BASE_DTYPES = ('bfloat16', 'float32', 'int8')
+LORA_BASE_DTYPES = ('bfloat16', 'float32', 'int8', 'nf4', 'int4')
 
 
 def _validate_lora(config):
@@ -801,10 +802,22 @@ def _validate_lora(config):
     raise ConfigError(
       f'train.lora.base_dtype={lora.base_dtype!r} is not one of {LORA_BASE_DTYPES}.'
     )
-  if lora.dropout != 0:
+  if lora.base_dtype in ('nf4', 'int4'):
+    # 4-bit codes pack two per byte in blocks of 64 (or the whole axis, when shorter) along each
+    # projection's last input axis: d_model, ffn_dim and head_dim (model/quantize.py).
+    for key in ('d_model', 'ffn_dim', 'head_dim'):
+      n = m[key]
+      if n % 2 or (n > 64 and n % 64):
+        raise ConfigError(
+          f'train.lora.base_dtype={lora.base_dtype} stores blocks of 64 inputs: model.{key}={n} '
+          'is not even and a multiple of 64 (or below 64); use base_dtype=int8 or bfloat16.'
+        )
+  if not 0 <= lora.dropout < 1:
+    raise ConfigError(f'train.lora.dropout={lora.dropout} must be in [0, 1) (PEFT: 0.05).')
+  if lora.dropout > 0 and config.mesh.pipeline > 1:
     raise ConfigError(
-      f'train.lora.dropout={lora.dropout}: adapter dropout is not implemented (the forward '
-      'draws no random numbers); set --config.train.lora.dropout=0.'
+      f'train.lora.dropout={lora.dropout} draws its masks per layer of the whole stack, which '
+      'the pipeline splits into stages: set --config.mesh.pipeline=1 or train.lora.dropout=0.'
     )
   if lora.alpha <= 0:
     raise ConfigError(f'train.lora.alpha={lora.alpha} must be positive.')

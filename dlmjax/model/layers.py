@@ -41,16 +41,18 @@ def stacked_param(
   return nnx.Param(value, axes=tuple(axes))
 
 
-def project(equation: str, x, w, matmul_dtype: str, *, scale=None, adapter=None):
+def project(equation: str, x, w, matmul_dtype: str, *, scale=None, quant='int8', adapter=None):
   """A projection einsum of activations x and a float32 parameter w, the one path every
   projection takes: operands in x's (compute) dtype, or FP8 (fp8.py) for matmul_dtype='fp8'.
 
-  scale: w is int8 and w * scale the weight (model/quantize.py), dequantised here. adapter:
-  (A, B, alpha / r) adds (alpha / r) (x A) B in the compute dtype (model/lora.py), whatever
-  matmul_dtype the base matmul runs in.
+  scale: w is quantised in format `quant` (int8 | nf4 | int4, model/quantize.py) with this
+  scale, dequantised here. adapter: (A, B, alpha / r[, dropout]) adds (alpha / r) (x A) B in the
+  compute dtype (model/lora.py), whatever matmul_dtype the base matmul runs in; dropout, (key,
+  rate) or None, drops elements of the adapter's input x only (PEFT's lora_dropout).
   """
   if scale is not None:
-    w = quantize.dequantize(w, scale, x.dtype if matmul_dtype == 'compute' else jnp.float32)
+    dtype = x.dtype if matmul_dtype == 'compute' else jnp.float32
+    w = quantize.dequantize(w, scale, dtype, quant, _last_contracted_axis(equation))
   if matmul_dtype == 'fp8':
     y = fp8.einsum(equation, x, w)
   elif matmul_dtype != 'compute':
@@ -58,28 +60,40 @@ def project(equation: str, x, w, matmul_dtype: str, *, scale=None, adapter=None)
   else:
     y = jnp.einsum(equation, x, w.astype(x.dtype))
   if adapter is not None:
-    a, b, factor = adapter
+    a, b, factor, *dropout = adapter
     down_eq, up_eq = lora.adapter_equations(equation)
-    xa = jnp.einsum(down_eq, x, a.astype(x.dtype))
+    x_in = lora.drop(x, *dropout[0]) if dropout and dropout[0] is not None else x
+    xa = jnp.einsum(down_eq, x_in, a.astype(x.dtype))
     y = y + (jnp.einsum(up_eq, xa, b.astype(x.dtype)) * factor).astype(y.dtype)
   return y
+
+
+def _last_contracted_axis(equation: str) -> int:
+  """The weight's last input axis in a projection einsum 'x,w->y' (4-bit blocks run along it)."""
+  inputs, out = equation.split('->')
+  lhs, rhs = inputs.split(',')
+  return max(i for i, c in enumerate(rhs) if c in lhs and c not in out)
 
 
 def add_projection(
   module, name, rngs, shape, axes, *, std, num_stacked, contract_ndim, lora_spec, quant='none'
 ):
-  """Sets module.<name> (the weight [layers?, *in, *out], N(0, std)), its int8 scale when
-  quant='int8' and its LoRA A and B when lora_spec adapts it; `projection_operands` reads them."""
+  """Sets module.<name> (the weight [layers?, *in, *out], N(0, std)), its scale when quant is
+  int8 / nf4 / int4 and its LoRA A and B when lora_spec adapts it; `projection_operands` reads
+  them."""
   weight = stacked_param(rngs, shape, axes, std=std, num_stacked=num_stacked)
   full_shape, full_axes = weight.value.shape, weight.get_metadata()['axes']
+  lead = 1 if num_stacked else 0
   if quant == 'int8':
-    lead = 1 if num_stacked else 0
-    contract = tuple(range(lead, lead + contract_ndim))
-    q, scale = quantize.int8(weight.value, contract)
-    weight = nnx.Param(q, axes=full_axes)
-    setattr(module, name + quantize.SCALE_SUFFIX, nnx.Param(scale, axes=full_axes))
+    q, scale = quantize.int8(weight.value, tuple(range(lead, lead + contract_ndim)))
+  elif quant in quantize.LEVELS:
+    q, scale = quantize.four_bit(weight.value, lead + contract_ndim - 1, quant)
   elif quant != 'none':
     raise ValueError(f'weight quantization {quant!r} is not one of {quantize.KINDS}.')
+  if quant != 'none':
+    weight = nnx.Param(q, axes=full_axes)
+    suffix = quantize.SCALE_SUFFIXES[quant]
+    setattr(module, name + suffix, nnx.Param(scale, axes=full_axes))
   setattr(module, name, weight)
   if lora_spec is not None and lora_spec.adapts(name):
     (a_shape, a_axes), (b_shape, b_axes) = lora.adapter_shapes(
@@ -91,15 +105,17 @@ def add_projection(
 
 
 def projection_operands(module, name, lora_spec) -> dict:
-  """project()'s keyword arguments for module.<name>: its int8 scale and its adapter, if any."""
+  """project()'s keyword arguments for module.<name>: its scale and format when quantised, its
+  adapter, if any."""
   kwargs = {}
-  scale = getattr(module, name + quantize.SCALE_SUFFIX, None)
-  if scale is not None:
-    kwargs['scale'] = scale.value
+  for quant, suffix in quantize.SCALE_SUFFIXES.items():
+    scale = getattr(module, name + suffix, None)
+    if scale is not None:
+      kwargs['scale'], kwargs['quant'] = scale.value, quant
   if lora_spec is not None and lora_spec.adapts(name):
     a = getattr(module, name + lora.A_SUFFIX).value
     b = getattr(module, name + lora.B_SUFFIX).value
-    kwargs['adapter'] = (a, b, lora_spec.factor)
+    kwargs['adapter'] = (a, b, lora_spec.factor, lora.projection_dropout(name))
   return kwargs
 
 

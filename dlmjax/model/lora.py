@@ -21,6 +21,8 @@ beside each adapted weight; `split` separates the trainable adapters from the fr
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 
@@ -33,6 +35,62 @@ from dlmjax.model import quantize
 
 A_SUFFIX, B_SUFFIX = '_lora_a', '_lora_b'
 _RANK_LETTER = 'r'  # the adapter's rank axis in the derived einsum equations
+PROJECTIONS = ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj')
+_DROPOUT_STREAM = 0x10AD  # keeps the adapters' dropout keys apart from the masking streams
+
+# Adapter dropout (train.lora.dropout, PEFT's lora_dropout): (key, rate) while the train step
+# traces its forward, None otherwise (evaluation, sampling, RL scoring: dropout off). A context
+# rather than an argument threaded through every stage's loss and the layers; the train step
+# sets it, _run_layers folds in the layer's index, projection_operands the projection's.
+_DROPOUT = contextvars.ContextVar('lora_dropout', default=None)
+
+
+def dropout_key(seed: int, step, micro_index):
+  """The step's dropout key: fold_in(seed, stream, step, micro-batch), so a resumed run draws
+  the masks of the run it continues."""
+  key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _DROPOUT_STREAM), step)
+  return jax.random.fold_in(key, micro_index)
+
+
+@contextlib.contextmanager
+def dropout(key, rate: float):
+  """Adapter dropout of `rate` on for the forwards traced inside (rate 0: off)."""
+  token = _DROPOUT.set((key, float(rate)) if rate > 0 else None)
+  try:
+    yield
+  finally:
+    _DROPOUT.reset(token)
+
+
+def dropout_active() -> bool:
+  return _DROPOUT.get() is not None
+
+
+@contextlib.contextmanager
+def dropout_layer(index):
+  """Inside one layer of the stack: its index folded into the active key (no-op when off)."""
+  active = _DROPOUT.get()
+  token = _DROPOUT.set(
+    None if active is None else (jax.random.fold_in(active[0], index), active[1])
+  )
+  try:
+    yield
+  finally:
+    _DROPOUT.reset(token)
+
+
+def projection_dropout(name: str):
+  """(key, rate) of the adapter on projection `name` in the current layer, or None when off."""
+  active = _DROPOUT.get()
+  if active is None:
+    return None
+  return jax.random.fold_in(active[0], PROJECTIONS.index(name)), active[1]
+
+
+def drop(x, key, rate: float):
+  """PEFT's nn.Dropout on the adapter's input: each element zero w.p. rate, else x / (1 - rate)."""
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,17 +218,21 @@ def merge_into_base(params: dict, spec: Spec) -> dict:
 
 def freeze(base: dict, cfg, dtype) -> dict:
   """A float base tree (no adapters, as init_from restores it) in its frozen storage: the
-  projections int8 when cfg.weight_quant is int8 (model/quantize.py), every float leaf in dtype."""
+  stacked projections int8, NF4 or int4 as cfg.weight_quant says (model/quantize.py), their
+  scales and every other float leaf in dtype."""
+  kind = cfg.weight_quant
 
   def walk(tree):
     out = {}
     for key, value in tree.items():
       if isinstance(value, dict):
         out[key] = walk(value)
-      elif cfg.weight_quant == 'int8' and key.endswith('_proj') and value.ndim > 2:
-        contract = tuple(range(1, 1 + contract_ndim_of(key)))  # after the stacked layers axis
-        q, scale = quantize.int8(value, contract)
-        out[key], out[key + quantize.SCALE_SUFFIX] = q, scale.astype(dtype)
+      elif kind != 'none' and key.endswith('_proj') and value.ndim > 2:
+        if kind == 'int8':
+          q, scale = quantize.int8(value, tuple(range(1, 1 + contract_ndim_of(key))))
+        else:
+          q, scale = quantize.four_bit(value, quantize.last_input_axis(key), kind)
+        out[key], out[key + quantize.SCALE_SUFFIXES[kind]] = q, scale.astype(dtype)
       else:
         out[key] = value.astype(dtype) if jnp.issubdtype(value.dtype, jnp.floating) else value
     return out
@@ -189,12 +251,12 @@ def with_adapters(base_config, config):
     lora_rank=t.rank,
     lora_alpha=float(t.alpha),
     lora_targets=config_lib.lora_targets(config),
-    weight_quant='int8' if t.base_dtype == 'int8' else 'none',
+    weight_quant=t.base_dtype if t.base_dtype in quantize.KINDS else 'none',
   )
 
 
 def storage_dtype(config):
-  """The float dtype of a LoRA run's frozen base leaves (int8 weights keep int8)."""
+  """The float dtype of a LoRA run's frozen base leaves (quantised weights keep their codes)."""
   return jnp.float32 if config.train.lora.base_dtype == 'float32' else jnp.bfloat16
 
 
@@ -212,12 +274,15 @@ def num_adapter_params(cfg) -> int:
 
 
 def base_bytes(cfg, float_bytes: int) -> float:
-  """Bytes of the frozen base: int8 projections (plus a float32-sized scale per output channel
-  in float_bytes) when cfg.weight_quant is int8, every other parameter float_bytes each."""
+  """Bytes of the frozen base: the projections in cfg.weight_quant's storage (int8 or 4-bit
+  codes plus their float_bytes scales, model/quantize.py), every other parameter float_bytes."""
   total = cfg.num_params() * float_bytes
-  if cfg.weight_quant != 'int8':
+  if cfg.weight_quant == 'none':
     return total
   widths = config_lib.projection_widths(cfg)
-  projections = cfg.num_layers * sum(i * o for i, o in widths.values())
-  scales = cfg.num_layers * sum(o for _, o in widths.values())
-  return total - projections * (float_bytes - 1) + scales * float_bytes
+  for name, (i, o) in widths.items():
+    # int8 scales one output column over all inputs; 4-bit blocks run along the last input axis.
+    along = cfg.head_dim if name == 'o' and cfg.weight_quant != 'int8' else i
+    stored = quantize.bytes_per_weight(cfg.weight_quant, float_bytes, along)
+    total -= cfg.num_layers * i * o * (float_bytes - stored)
+  return total

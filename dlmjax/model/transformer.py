@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from dlmjax.model import attention, layers
+from dlmjax.model import attention, layers, lora
 from dlmjax.model.presets import ModelConfig
 from dlmjax.parallel import pipeline, rules
 
@@ -138,20 +138,24 @@ def _run_layers(cfg, graphdef, stacked, x_BLD, side, kv_cache=None, cache_start=
     cache_start=cache_start,
   )
 
+  dropout = lora.dropout_active()  # a LoRA train step's adapter dropout: per-layer keys
+
   def layer(x, inputs):
-    layer_params, layer_kv = inputs
-    block = nnx.merge(graphdef, layer_params)
-    x, kv = block(x, side['positions_BL'], kv_cache=layer_kv, **attention_kwargs)
+    layer_params, layer_kv, index = inputs
+    with lora.dropout_layer(index):
+      block = nnx.merge(graphdef, layer_params)
+      x, kv = block(x, side['positions_BL'], kv_cache=layer_kv, **attention_kwargs)
     return x, (kv if want_kv else None)
 
   if cfg.remat != 'none':
     layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
-    return jax.lax.scan(layer, x_BLD, (_compute_weights(cfg, stacked), kv_cache))
+    indices = jnp.arange(jax.tree.leaves(stacked)[0].shape[0]) if dropout else None
+    return jax.lax.scan(layer, x_BLD, (_compute_weights(cfg, stacked), kv_cache, indices))
   kvs = []
   for i, layer_params in enumerate(_unstack(stacked)):
     layer_kv = None if kv_cache is None else tuple(c[i] for c in kv_cache)
-    x_BLD, kv = layer(x_BLD, (_compute_weights(cfg, layer_params), layer_kv))
+    x_BLD, kv = layer(x_BLD, (_compute_weights(cfg, layer_params), layer_kv, i))
     kvs.append(kv)
   return x_BLD, (tuple(jnp.stack(c) for c in zip(*kvs)) if want_kv else None)
 

@@ -12,7 +12,7 @@ import jax
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import init_from as init_from_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
-from dlmjax.checkpoint import lora_checkpoint, peft_io
+from dlmjax.checkpoint import peft_io
 from dlmjax.observability import history, plots
 from dlmjax.observability import sinks as sinks_lib
 from dlmjax.parallel import distributed
@@ -51,10 +51,7 @@ def initial_state(config, setup, checkpoints):
   if setup.lora:
     setup.set_base(init_from_lib.restore_params(config, setup, purpose='LoRA base'))
     lora_setup.record_or_check_base(
-      config.output_dir,
-      config.init_from,
-      lora_checkpoint.base_checksum(setup.frozen),
-      resuming=resuming,
+      config.output_dir, config.init_from, setup.frozen, resuming=resuming
     )
   if resuming:
     saved = checkpoint_lib.load_run_config(config.output_dir)

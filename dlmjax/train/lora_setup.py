@@ -56,22 +56,30 @@ def init_adapters(adapter_shapes: dict, seed: int) -> dict:
   return treedef.unflatten(values)
 
 
-def record_or_check_base(run_dir: str, path: str, checksum: str, *, resuming: bool) -> None:
-  """Writes the base's identity into a new run; a resumed run refuses a base that changed."""
+def record_or_check_base(run_dir: str, path: str, frozen: dict, *, resuming: bool) -> None:
+  """Writes the base's identity into a new run; a resumed run refuses a base that changed. The
+  check costs a stat of the base's files when they are unchanged (checkpoint/lora_checkpoint.py,
+  check_base); the arrays are hashed only when they are not."""
   file = os.path.join(run_dir, lora_checkpoint.BASE_FILE)
   if resuming and os.path.exists(file):
     with open(file) as f:
       saved = json.load(f)
-    if saved['checksum'] != checksum:
+    checksum = lora_checkpoint.check_base(saved, path, frozen)
+    if checksum is not None:
       raise config_lib.ConfigError(
         f'the LoRA base changed since this run started: {path} has checksum {checksum[:12]}, '
         f'the run trained on {saved["path"]} with {saved["checksum"][:12]}; resume with that '
         'base or start a new --config.output_dir.'
       )
-    return
+    fingerprint = lora_checkpoint.source_fingerprint(path)
+    if saved.get('fingerprint') == fingerprint and saved['path'] == os.path.abspath(path):
+      return
+    saved = dict(saved, path=os.path.abspath(path), fingerprint=fingerprint)  # same arrays
+  else:
+    saved = lora_checkpoint.base_record(path, frozen)
   if jax.process_index() == 0:
     with open(file, 'w') as f:
-      json.dump(dict(path=os.path.abspath(path), checksum=checksum), f, indent=1)
+      json.dump(saved, f, indent=1)
 
 
 _RESUME_KEYS = ('rank', 'alpha', 'targets', 'base_dtype')

@@ -49,12 +49,16 @@ def make_step_fn(setup, loss_fn, metrics_fn):
   num_micro = config_lib.num_microbatches(config)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
 
+  dropout = config.train.lora.dropout if setup.lora else 0.0
+
   def micro_step(params, frozen, step, arrays, example_ids, micro_index):
     def objective(p):
       module = model_lib.merge(cfg, lora.combine(p, frozen) if setup.lora else p)
-      return loss_fn(
-        module, step=step, micro_index=micro_index, example_ids_B=example_ids, **arrays
-      )
+      # Adapter dropout in the train step's forward only (docs/lora.md, What is trained).
+      with lora.dropout(lora.dropout_key(config.seed, step, micro_index), dropout):
+        return loss_fn(
+          module, step=step, micro_index=micro_index, example_ids_B=example_ids, **arrays
+        )
 
     (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(params)
     return grads, sums

@@ -12,12 +12,12 @@ import pytest
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.checkpoint import peft_io, safetensors_io
-from dlmjax.model import lora
+from dlmjax.checkpoint import lora_checkpoint, peft_io, safetensors_io
+from dlmjax.model import layers, lora
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.rl import reference as reference_lib
 from dlmjax.rl import rollout
-from dlmjax.train import memory, stages
+from dlmjax.train import lora_setup, memory, stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 from tests.conftest import tiny_test_config
@@ -181,7 +181,9 @@ def test_lora_on_a_mesh_equals_one_device(layout, devices):
     ({'train.lora.rank': 40}, "rank=40 exceeds the k projection's width 32"),
     ({'init_from': ''}, 'set --config.init_from'),
     ({'train.lora.base_dtype': 'int3'}, 'train.lora.base_dtype'),
-    ({'train.lora.dropout': 0.05}, 'set --config.train.lora.dropout=0'),
+    ({'train.lora.base_dtype': 'nf4', 'model.ffn_dim': 96}, 'model.ffn_dim=96 is not even'),
+    ({'train.lora.dropout': 1.0}, 'train.lora.dropout=1.0 must be in [0, 1)'),
+    ({'train.lora.dropout': 0.05, 'mesh.pipeline': 2}, 'set --config.mesh.pipeline=1'),
   ],
 )
 def test_bad_lora_settings_fail_with_one_line_naming_the_fix(overrides, message):
@@ -201,10 +203,17 @@ def test_memory_counts_the_frozen_base_and_the_adapters_state():
   cfg = model_lib.ModelConfig.from_config(_config())
   adapters = 2 * 4 * sum(i + o for i, o in config_lib.projection_widths(cfg).values())
   assert state(**{'train.lora.base_dtype': 'bfloat16'}) == 2 * cfg.num_params() + 20 * adapters
-  per_layer = sum(i * o for i, o in config_lib.projection_widths(cfg).values())
+  widths = config_lib.projection_widths(cfg)
+  per_layer = sum(i * o for i, o in widths.values())
   scales = 2 * sum(o for _, o in config_lib.projection_widths(cfg).values())
   int8 = state(**{'train.lora.base_dtype': 'int8'})
   assert int8 == 2 * cfg.num_params() - 2 * per_layer + 2 * scales + 20 * adapters
+  # 4 bits: half a byte per projection weight and a bf16 absmax per block of its last input axis.
+  blocks = {n: o * i / min(64, cfg.head_dim if n == 'o' else i) for n, (i, o) in widths.items()}
+  nf4 = state(**{'train.lora.base_dtype': 'nf4'})
+  layers = cfg.num_layers
+  want = 2 * cfg.num_params() - layers * (1.5 * per_layer - 2 * sum(blocks.values()))
+  assert nf4 == pytest.approx(want + 20 * adapters) and nf4 < int8
   assert state(**{'train.lora.rank': 0}) == 20 * cfg.num_params()
 
 
@@ -263,3 +272,69 @@ def test_a_peft_adapter_with_llada_names_loads_and_one_that_does_not_fit_is_refu
   with pytest.raises(config_lib.ConfigError, match=r'lora_B of up is \(192, 4\)') as e:
     peft_io.read_adapter(wide, config, setup)
   assert '\n' not in str(e.value)
+
+
+def test_a_resume_checks_an_unchanged_base_by_its_files_and_a_changed_one_by_its_arrays(
+  tmp_path, monkeypatch
+):
+  """lora_base.json keeps the base's checksum and its files' fingerprint: unchanged files (names,
+  sizes, mtimes) skip the hash; touched files are hashed and, with the same arrays, accepted and
+  the fingerprint renewed; rewritten files with other arrays are refused in one line."""
+  base, run = tmp_path / 'base', tmp_path / 'run'
+  base.mkdir(), run.mkdir()
+  weights = base / 'model.safetensors'
+  weights.write_bytes(b'x' * 64)
+  frozen = {'w': jnp.arange(8.0)}
+  lora_setup.record_or_check_base(str(run), str(base), frozen, resuming=False)
+  hashed = []
+  real = lora_checkpoint.base_checksum
+  monkeypatch.setattr(lora_checkpoint, 'base_checksum', lambda f: hashed.append(1) or real(f))
+  lora_setup.record_or_check_base(str(run), str(base), frozen, resuming=True)
+  assert hashed == []
+  mtime = os.stat(weights).st_mtime_ns
+  os.utime(weights, ns=(mtime + 10**9, mtime + 10**9))
+  lora_setup.record_or_check_base(str(run), str(base), frozen, resuming=True)
+  lora_setup.record_or_check_base(str(run), str(base), frozen, resuming=True)
+  assert hashed == [1]  # once: the renewed fingerprint holds again
+  weights.write_bytes(b'y' * 65)
+  with pytest.raises(config_lib.ConfigError, match='the LoRA base changed') as e:
+    lora_setup.record_or_check_base(str(run), str(base), {'w': jnp.arange(8.0) + 1}, resuming=True)
+  assert '\n' not in str(e.value)
+
+
+def test_adapter_dropout_is_the_hand_written_mask_on_the_adapters_input_only():
+  """Under the train step's context, y = x W + f ((x * m / (1 - p)) A) B with m ~ Bernoulli(1 - p)
+  drawn from fold_in(fold_in(step key, layer), projection); outside it (evaluation, sampling)
+  y = x W + f (x A) B. W = 0 and A = B = I expose the dropped input itself."""
+  x = jax.random.normal(jax.random.key(0), (2, 64, 8))
+  w, eye = jnp.zeros((8, 8)), jnp.eye(8)
+  key, rate = lora.dropout_key(0, jnp.int32(3), 1), 0.25
+
+  def up(dropout_on):
+    if not dropout_on:
+      return layers.project('bld,df->blf', x, w, 'compute', adapter=(eye, eye, 1.0, None))
+    with lora.dropout(key, rate), lora.dropout_layer(2):
+      adapter = (eye, eye, 1.0, lora.projection_dropout('up_proj'))
+      return layers.project('bld,df->blf', x, w, 'compute', adapter=adapter)
+
+  got = up(True)
+  layer_key = jax.random.fold_in(key, 2)
+  keep = jax.random.bernoulli(jax.random.fold_in(layer_key, lora.PROJECTIONS.index('up_proj')),
+                              1 - rate, x.shape)  # fmt: skip
+  np.testing.assert_allclose(got, np.where(keep, x / (1 - rate), 0), rtol=1e-6)
+  assert 0.65 < float(keep.mean()) < 0.85
+  np.testing.assert_array_equal(up(False), x)  # off outside the step
+  with lora.dropout(key, 0.0):
+    assert lora.projection_dropout('up_proj') is None
+
+
+@pytest.mark.slow  # two 2-step tiny runs (~30 s on 2 idle cores)
+def test_adapter_dropout_changes_the_step_only_through_the_adapters():
+  """Step 1 (B = 0: the adapters add exactly 0) has the same loss with and without dropout; step
+  2 does not; the same seed draws the same masks."""
+  runs = {}
+  for rate in (0.0, 0.5):
+    config = _config(**{'train.lora.dropout': rate, 'train.lr': 1e-2})
+    runs[rate] = [float(m['loss']) for m in _step(config, steps=2)[3]]
+  np.testing.assert_allclose(runs[0.0][0], runs[0.5][0], rtol=1e-6)
+  assert abs(runs[0.0][1] - runs[0.5][1]) > 1e-4, runs
