@@ -15,7 +15,6 @@ EXTRAS = {
   'matplotlib': 'plot',
   'tensorflow': 'tfds',
   'tensorflow_datasets': 'tfds',
-  'tensorboard': 'dev',
 }
 
 

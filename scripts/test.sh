@@ -14,4 +14,6 @@ PY="$VENV/bin/python"
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
 export DLMJAX_CACHE_DIR=${DLMJAX_CACHE_DIR:-$PWD/.cache/dlmjax}
-exec "$PY" -m pytest -n 2 -q "$@"
+# Whole test files per worker (loadscope): a module-scoped fixture (a tiny training run, a model
+# directory) is built once; with per-test distribution both workers often build it.
+exec "$PY" -m pytest -n 2 --dist loadscope -q "$@"

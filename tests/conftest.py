@@ -1,6 +1,8 @@
 """Test set-up: 8 virtual CPU devices for mesh tests, and tiny configs built from real presets."""
 
 import os
+import shutil
+import tempfile
 
 # Before JAX initialises its backends. The tests' tiny programs spend their time in compilation:
 # LLVM at -O0 without its expensive passes cuts the suite's compile time by about 40% on the
@@ -19,6 +21,24 @@ def with_test_xla_flags(flags):
   return ' '.join([*kept, f'{_DEVICE_COUNT}=8'])
 
 
+def _share_compilations():
+  """One persistent JAX compilation cache for this pytest run: the xdist workers and every
+  subprocess a test starts inherit it through the environment, so a program that several tests
+  compile alike (the tiny train step of each run that resumes, a re-run on the same config, the
+  same model in another test file) compiles once. Created by the first process (the xdist
+  controller, or pytest itself without xdist) and removed when it ends; never reused across
+  runs, so the suite's timings are those of a fresh clone. A user's own cache directory is kept.
+  Returns the directory this process must remove, or None."""
+  if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    return None
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='dlmjax-test-compile-cache-')
+  # The tiny programs compile in well under JAX's default 1 s threshold.
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+  return os.environ['JAX_COMPILATION_CACHE_DIR']
+
+
+_OWN_COMPILE_CACHE = _share_compilations()
 os.environ['XLA_FLAGS'] = with_test_xla_flags(os.environ.get('XLA_FLAGS', ''))
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # Implicit rank promotion (x_B + y_BxT) hides shape bugs: it raises everywhere in the suite,
@@ -29,6 +49,20 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update('jax_numpy_rank_promotion', 'raise')  # in case JAX was imported already
+if os.environ.get('JAX_COMPILATION_CACHE_DIR'):  # in case JAX read its environment already
+  jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
+if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' in os.environ:
+  _seconds = float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'])
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', _seconds)
+if 'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES' in os.environ:
+  _size = int(os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'])
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', _size)
+
+
+def pytest_unconfigure(config):
+  del config
+  if _OWN_COMPILE_CACHE:
+    shutil.rmtree(_OWN_COMPILE_CACHE, ignore_errors=True)
 
 
 def tiny_test_config(**overrides):
@@ -57,8 +91,22 @@ def tiny_config():
   return tiny_test_config()
 
 
+def _heavy_files_first(items):
+  """Test files holding a slow or multiprocess test run first (otherwise in collection order).
+  scripts/test.sh hands pytest-xdist whole files (--dist loadscope, so a module-scoped fixture,
+  often a training run, is built once, not once per worker); started last, the largest file
+  would run alone on one worker while the other idles."""
+  heavy = {
+    item.nodeid.split('::')[0]
+    for item in items
+    if 'slow' in item.keywords or 'multiprocess' in item.keywords
+  }
+  items.sort(key=lambda item: item.nodeid.split('::')[0] not in heavy)
+
+
 def pytest_collection_modifyitems(config, items):
   del config
+  _heavy_files_first(items)
   if any(d.platform == 'gpu' for d in jax.devices()):
     return
   skip = pytest.mark.skip(reason='needs an NVIDIA GPU')

@@ -26,3 +26,29 @@ def test_implicit_rank_promotion_raises():
   with pytest.raises(ValueError, match='rank_promotion'):
     jnp.ones(3) + jnp.ones((2, 3))
   assert (jnp.ones(3)[None] + jnp.ones((2, 3))).shape == (2, 3)
+
+
+def test_one_persistent_compilation_cache_for_the_run_and_its_subprocesses():
+  import os  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  directory = os.environ['JAX_COMPILATION_CACHE_DIR']
+  assert jax.config.jax_compilation_cache_dir == directory and os.path.isdir(directory)
+  jax.jit(lambda x: x * 3 + 1)(jnp.arange(5.0)).block_until_ready()  # compiled in well under 1 s
+  assert any(name.startswith('jit__lambda') for name in os.listdir(directory))
+  child = 'import jax; print(jax.config.jax_compilation_cache_dir)'
+  out = subprocess.run([sys.executable, '-c', child], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == directory  # inherited through the environment
+
+
+def test_heavy_files_are_collected_first():
+  class Item:
+    def __init__(self, nodeid, *keywords):
+      self.nodeid, self.keywords = nodeid, set(keywords)
+
+  items = [Item('a_test.py::x'), Item('b_test.py::x'), Item('b_test.py::y', 'slow')]
+  items += [Item('c_test.py::x'), Item('d_test.py::x', 'multiprocess')]
+  conftest._heavy_files_first(items)  # pylint: disable=protected-access
+  order = ['b_test.py::x', 'b_test.py::y', 'd_test.py::x', 'a_test.py::x', 'c_test.py::x']
+  assert [item.nodeid for item in items] == order

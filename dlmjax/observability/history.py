@@ -49,10 +49,11 @@ def _rewrite_metrics(path: str, step: int) -> int:
 def _rewrite_events(path: str, step: int) -> None:
   # A record cut short by a kill is dropped with everything after it.
   records = tensorboard.read_records(path, stop_at_damage=True)
-  kept = [r for r in records if tensorboard.decode_event(r)['step'] <= step]
-  data = b''.join(tensorboard.frame(r) for r in kept)
-  if len(data) != os.path.getsize(path):
-    _replace(path, data)
+  kept = [r for r in records if tensorboard.decode_event(r).step <= step]
+  if sum(16 + len(r) for r in kept) != os.path.getsize(path):
+    tmp = path + '.rewrite'
+    tensorboard.write_records(tmp, kept)
+    os.replace(tmp, path)
 
 
 def _replace(path: str, data: bytes) -> None:

@@ -54,6 +54,12 @@ class WandbSink:
     self._run.finish()
 
 
+def check_installed(config) -> None:
+  """Before any model is built: the one-line ConfigError of a sink whose package is missing."""
+  if 'tensorboard' in config_lib.log_outputs(config):
+    tensorboard.check_installed()
+
+
 def make_sinks(config, run_dir: str) -> list:
   """The sinks config.log asks for; empty on processes other than 0."""
   if jax.process_index() != 0:

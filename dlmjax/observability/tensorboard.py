@@ -1,119 +1,80 @@
-"""TensorBoard scalar event files without TensorFlow: TFRecord framing and a hand-encoded proto.
+"""TensorBoard scalar event files, encoded and framed by the tensorboard package's own writer
+pieces (its Event/Summary protobufs and its TFRecord RecordWriter), without TensorFlow.
+
+Not tensorboardX: importing it imports torch whenever torch is installed (its writer module does,
+unconditionally), which costs every training process seconds and hundreds of MB for nothing.
+Not tensorboard's EventFileWriter either: it opens files through `tensorboard.compat.tf`, which
+imports TensorFlow when that is installed, and it writes from a thread. Here each logged row is
+one Event with all its scalars, appended and flushed in the caller's thread, so a preempted run
+keeps every row it logged.
 
 A record is: uint64 length, uint32 masked_crc32c(length bytes), data, uint32 masked_crc32c(data)
-(little-endian). Each record holds an `Event` proto {wall_time=1 double, step=2 int64,
-file_version=3 string, summary=5 Summary{value=1 Value{tag=1 string, simple_value=2 float}}}.
-TensorBoard reads simple_value scalars as it reads tf.summary.scalar ones. `read_scalars` is the
-inverse, used by tests and by anyone without TensorBoard.
+(little-endian). `read_records` checks both CRCs and can stop at a record a kill cut short, which
+the resume's trimming (observability/history.py) needs; no maintained reader offers that.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 import socket
 import struct
 import time
 
+from dlmjax import config as config_lib
 
-def _crc32c_table() -> list[int]:
-  table = []
-  for n in range(256):
-    crc = n
-    for _ in range(8):
-      crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1  # Castagnoli, reflected
-    table.append(crc)
-  return table
+_MISSING = (
+  'log.outputs names tensorboard, which needs the tensorboard package (not installed): '
+  '`pip install tensorboard` (a dependency of dlmjax: `pip install -e .` installs it), or leave '
+  'tensorboard out of --config.log.outputs.'
+)
 
 
-_TABLE = _crc32c_table()
+def _library():
+  """(RecordWriter, masked_crc32c, event_pb2, summary_pb2) of the tensorboard package."""
+  try:
+    # pylint: disable=import-outside-toplevel
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer import record_writer
+  except ImportError as e:
+    raise config_lib.ConfigError(_MISSING) from e
+  return record_writer.RecordWriter, record_writer.masked_crc32c, event_pb2, summary_pb2
 
 
-def crc32c(data: bytes) -> int:
-  crc = 0xFFFFFFFF
-  for byte in data:
-    crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-  return crc ^ 0xFFFFFFFF
-
-
-def masked_crc32c(data: bytes) -> int:
-  """TFRecord's mask: rotate right by 15 and add a constant, so CRCs of CRCs stay useful."""
-  crc = crc32c(data)
-  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def frame(data: bytes) -> bytes:
-  length = struct.pack('<Q', len(data))
-  return (
-    length
-    + struct.pack('<I', masked_crc32c(length))
-    + data
-    + struct.pack('<I', masked_crc32c(data))
-  )
-
-
-# ----------------------------------------------------------------------------------------------
-# Protocol buffer wire format, only the fields above.
-
-
-def _varint(n: int) -> bytes:
-  n &= 0xFFFFFFFFFFFFFFFF  # int64 wire form of negatives
-  out = bytearray()
-  while True:
-    byte, n = n & 0x7F, n >> 7
-    out.append(byte | (0x80 if n else 0))
-    if not n:
-      return bytes(out)
-
-
-def _length_delimited(field: int, payload: bytes) -> bytes:
-  return _varint(field << 3 | 2) + _varint(len(payload)) + payload
-
-
-def encode_event(
-  wall_time: float,
-  step: int,
-  *,
-  scalars: dict[str, float] | None = None,
-  file_version: str | None = None,
-) -> bytes:
-  event = b'\x09' + struct.pack('<d', wall_time) + b'\x10' + _varint(step)
-  if file_version is not None:
-    event += _length_delimited(3, file_version.encode())
-  if scalars:
-    values = b''.join(
-      _length_delimited(1, _length_delimited(1, tag.encode()) + b'\x15' + struct.pack('<f', value))
-      for tag, value in scalars.items()
-    )
-    event += _length_delimited(5, values)
-  return event
+def check_installed() -> None:
+  """Raises the one-line ConfigError when the tensorboard package is missing."""
+  _library()
 
 
 class EventWriter:
   """Appends scalar events to `<log_dir>/events.out.tfevents.<time>.<host>`."""
 
   def __init__(self, log_dir: str):
+    record_writer, _, self._event_pb2, self._summary_pb2 = _library()
     os.makedirs(log_dir, exist_ok=True)
     now = time.time()
     self.path = os.path.join(log_dir, f'events.out.tfevents.{int(now)}.{socket.gethostname()}')
-    self._file = open(self.path, 'ab')
-    self._file.write(frame(encode_event(now, 0, file_version='brain.Event:2')))
-    self._file.flush()
+    # Append: a second writer started in the same second on the same host adds to the file.
+    self._records = record_writer(open(self.path, 'ab'))
+    self._write(self._event_pb2.Event(wall_time=now, step=0, file_version='brain.Event:2'))
+
+  def _write(self, event) -> None:
+    self._records.write(event.SerializeToString())
+    self._records.flush()  # a preempted run keeps every row it logged
 
   def scalars(self, step: int, values: dict[str, float]) -> None:
     """One event with every finite-or-not numeric value of `values` (bools and strings skipped)."""
-    numeric = {
-      k: float(v)
+    numeric = [
+      self._summary_pb2.Summary.Value(tag=k, simple_value=float(v))
       for k, v in values.items()
       if isinstance(v, numbers.Real) and not isinstance(v, bool)
-    }
+    ]
     if numeric:
-      self._file.write(frame(encode_event(time.time(), step, scalars=numeric)))
-      self._file.flush()  # a preempted run keeps every row it logged
+      summary = self._summary_pb2.Summary(value=numeric)
+      self._write(self._event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
 
   def close(self) -> None:
-    self._file.close()
+    self._records.close()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,12 +88,13 @@ class CorruptEventFile(ValueError):
 def read_records(path: str, *, stop_at_damage: bool = False) -> list[bytes]:
   """The records of a TFRecord file, each CRC checked; with stop_at_damage, the whole records
   before the first damaged one (a file whose writer was killed mid-record) instead of an error."""
+  _, masked_crc32c, _, _ = _library()
   records = []
   with open(path, 'rb') as f:
     data = f.read()
   at = 0
   while at < len(data):
-    problem = _record_problem(data, at)
+    problem = _record_problem(data, at, masked_crc32c)
     if problem:
       if stop_at_damage:
         break
@@ -143,7 +105,7 @@ def read_records(path: str, *, stop_at_damage: bool = False) -> list[bytes]:
   return records
 
 
-def _record_problem(data: bytes, at: int) -> str | None:
+def _record_problem(data: bytes, at: int, masked_crc32c) -> str | None:
   if len(data) - at < 12:
     return 'truncated record header'
   header = data[at : at + 8]
@@ -159,51 +121,19 @@ def _record_problem(data: bytes, at: int) -> str | None:
   return None
 
 
-def _fields(buf: bytes):
-  """(field number, wire type, value) of a protobuf message; enough for Event/Summary/Value."""
-  at = 0
-  while at < len(buf):
-    key, at = _read_varint(buf, at)
-    field, wire = key >> 3, key & 7
-    if wire == 0:
-      value, at = _read_varint(buf, at)
-    elif wire == 1:
-      value, at = buf[at : at + 8], at + 8
-    elif wire == 2:
-      size, at = _read_varint(buf, at)
-      value, at = buf[at : at + size], at + size
-    elif wire == 5:
-      value, at = buf[at : at + 4], at + 4
-    else:
-      raise CorruptEventFile(f'unsupported protobuf wire type {wire}')
-    yield field, wire, value
+def write_records(path: str, records: list[bytes]) -> None:
+  """A new TFRecord file holding `records` (framed by the library's RecordWriter)."""
+  record_writer, _, _, _ = _library()
+  writer = record_writer(open(path, 'wb'))
+  for record in records:
+    writer.write(record)
+  writer.close()
 
 
-def _read_varint(buf: bytes, at: int) -> tuple[int, int]:
-  result = shift = 0
-  while True:
-    byte = buf[at]
-    at += 1
-    result |= (byte & 0x7F) << shift
-    shift += 7
-    if not byte & 0x80:
-      return result, at
-
-
-def decode_event(record: bytes) -> dict:
-  event = dict(wall_time=math.nan, step=0, file_version=None, scalars={})
-  for field, _, value in _fields(record):
-    if field == 1:
-      event['wall_time'] = struct.unpack('<d', value)[0]
-    elif field == 2:
-      event['step'] = value - (1 << 64) if value >= 1 << 63 else value
-    elif field == 3:
-      event['file_version'] = value.decode()
-    elif field == 5:
-      for _, _, summary_value in _fields(value):
-        fields = {f: v for f, _, v in _fields(summary_value)}
-        event['scalars'][fields[1].decode()] = struct.unpack('<f', fields[2])[0]
-  return event
+def decode_event(record: bytes):
+  """The Event protobuf of a record (wall_time, step, file_version, summary.value[...])."""
+  _, _, event_pb2, _ = _library()
+  return event_pb2.Event.FromString(record)
 
 
 def read_scalars(path: str) -> dict[str, list[tuple[int, float]]]:
@@ -211,6 +141,6 @@ def read_scalars(path: str) -> dict[str, list[tuple[int, float]]]:
   out: dict[str, list[tuple[int, float]]] = {}
   for record in read_records(path):
     event = decode_event(record)
-    for tag, value in event['scalars'].items():
-      out.setdefault(tag, []).append((event['step'], value))
+    for value in event.summary.value:
+      out.setdefault(value.tag, []).append((event.step, value.simple_value))
   return out

@@ -148,6 +148,7 @@ def _run(config, stop, cleanup) -> dict | None:
   clock = _Clock(config)
   check_output_dir(config.output_dir)
   schedule_note = config_lib.fit_schedule(config)
+  sinks_lib.check_installed(config)
   if schedule_note and jax.process_index() == 0:
     print(schedule_note, flush=True)
   cleanup.enter_context(run_lock.RunLock(config.output_dir))  # one run per directory

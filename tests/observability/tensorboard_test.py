@@ -1,8 +1,10 @@
-"""The event-file writer against published CRC-32C vectors, an independent protobuf parser and,
-when installed, TensorBoard's own reader."""
+"""The event files against the TFRecord framing (a bit-by-bit CRC-32C checked on published
+vectors), an independent protobuf parser and TensorBoard's own reader; the one-line message when
+the tensorboard package is missing."""
 
 import os
 import struct
+import sys
 
 import numpy as np
 import pytest
@@ -10,22 +12,27 @@ import pytest
 from dlmjax.observability import tensorboard
 
 
-def test_crc32c_known_vectors():
+def _crc32c(data: bytes) -> int:
+  """CRC-32C (Castagnoli, reflected), bit by bit: the reference for the files' framing."""
+  crc = 0xFFFFFFFF
+  for byte in data:
+    crc ^= byte
+    for _ in range(8):
+      crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+  return crc ^ 0xFFFFFFFF
+
+
+def _masked(data: bytes) -> int:
+  crc = _crc32c(data)
+  return ((((crc >> 15) | (crc << 17)) % 2**32) + 0xA282EAD8) % 2**32
+
+
+def test_reference_crc32c_known_vectors():
   # RFC 3720 (iSCSI) appendix B.4 and the usual check value.
-  assert tensorboard.crc32c(b'123456789') == 0xE3069283
-  assert tensorboard.crc32c(bytes(32)) == 0x8A9136AA
-  assert tensorboard.crc32c(b'\xff' * 32) == 0x62A8AB43
-  assert tensorboard.crc32c(bytes(range(32))) == 0x46DD794E
-  assert tensorboard.crc32c(b'') == 0
-
-
-def test_masked_crc_is_the_tfrecord_formula():
-  rng = np.random.default_rng(0)
-  for _ in range(20):
-    data = rng.bytes(int(rng.integers(0, 64)))
-    crc = tensorboard.crc32c(data)
-    rotated = ((crc >> 15) | (crc << 17)) % 2**32
-    assert tensorboard.masked_crc32c(data) == (rotated + 0xA282EAD8) % 2**32
+  assert _crc32c(b'123456789') == 0xE3069283
+  assert _crc32c(bytes(32)) == 0x8A9136AA
+  assert _crc32c(b'\xff' * 32) == 0x62A8AB43
+  assert _crc32c(bytes(range(32))) == 0x46DD794E
 
 
 def _write_random(tmp_path, rng):
@@ -55,7 +62,7 @@ def test_round_trip(tmp_path):
     assert [s for s, _ in scalars[key]] == [s for s, _ in points]
     np.testing.assert_array_equal([v for _, v in scalars[key]], np.float32([v for _, v in points]))
   first = tensorboard.decode_event(tensorboard.read_records(path)[0])
-  assert first['file_version'] == 'brain.Event:2' and first['step'] == 0
+  assert first.file_version == 'brain.Event:2' and first.step == 0
 
 
 def test_a_flipped_byte_is_detected(tmp_path):
@@ -111,8 +118,12 @@ def test_records_parse_with_the_protobuf_library(tmp_path):
     assert [s for s, _ in parsed[key]] == [s for s, _ in points]
     np.testing.assert_array_equal([v for _, v in parsed[key]], np.float32([v for _, v in points]))
   # Negative steps use the int64 two's-complement varint.
-  assert event_class.FromString(tensorboard.encode_event(0.0, -5)).step == -5
-  assert tensorboard.decode_event(tensorboard.encode_event(0.0, -5))['step'] == -5
+  writer = tensorboard.EventWriter(str(tmp_path / 'negative'))
+  writer.scalars(-5, {'loss': 1.0})
+  writer.close()
+  (record,) = tensorboard.read_records(writer.path)[1:]
+  assert event_class.FromString(record).step == -5
+  assert tensorboard.decode_event(record).step == -5
 
 
 def test_tensorboard_reads_the_file(tmp_path):
@@ -129,7 +140,34 @@ def test_tensorboard_reads_the_file(tmp_path):
   assert sorted(got) == sorted(want)
 
 
-def test_frame_layout():
-  framed = tensorboard.frame(b'abc')
-  assert struct.unpack('<Q', framed[:8])[0] == 3 and framed[12:15] == b'abc'
-  assert len(framed) == 8 + 4 + 3 + 4
+def test_frame_layout(tmp_path):
+  """Every record: uint64 length, masked CRC-32C of those 8 bytes, the data, its masked CRC."""
+  path, _ = _write_random(tmp_path, np.random.default_rng(5))
+  with open(path, 'rb') as f:
+    data = f.read()
+  at = count = 0
+  while at < len(data):
+    header = data[at : at + 8]
+    (length,) = struct.unpack('<Q', header)
+    assert struct.unpack('<I', data[at + 8 : at + 12])[0] == _masked(header)
+    body = data[at + 12 : at + 12 + length]
+    assert struct.unpack('<I', data[at + 12 + length : at + 16 + length])[0] == _masked(body)
+    at, count = at + 16 + length, count + 1
+  assert at == len(data) and count == 13  # the file_version event and 12 rows
+
+
+def test_missing_tensorboard_is_one_line_naming_the_fix(tmp_path, monkeypatch):
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.observability import sinks  # pylint: disable=import-outside-toplevel
+
+  for key in [k for k in sys.modules if k == 'tensorboard' or k.startswith('tensorboard.')]:
+    monkeypatch.setitem(sys.modules, key, None)
+  monkeypatch.setitem(sys.modules, 'tensorboard', None)
+  config = config_lib.defaults()
+  with pytest.raises(config_lib.ConfigError, match='pip install tensorboard') as e:
+    sinks.check_installed(config)
+  assert '\n' not in str(e.value) and 'log.outputs' in str(e.value)
+  with pytest.raises(config_lib.ConfigError, match='pip install tensorboard'):
+    tensorboard.EventWriter(str(tmp_path))
+  config.log.outputs = 'plots'
+  sinks.check_installed(config)  # nothing to check without tensorboard
