@@ -1,35 +1,70 @@
 """Every stage on every family: configs/sft.py and configs/rl.py start (--config.init_from) from a
-tiny random-weight LLaDA directory (model.transformer.* names) and a transformers Qwen2 directory
-(q/k/v biases), run two steps each, and what they save verifies, generates and evaluates.
+tiny random-weight directory of each family as its own code lays it out (tests/checkpoint/
+family_dirs.py: LLaDA's model.transformer.* names, Dream's DreamModel with its shifted
+prediction, SDAR's block-causal Qwen3, transformers' Qwen2 with q/k/v biases and Llama), run two
+steps each, and then: generate applies the run's chat template, the likelihood evaluates, the RL
+run exports back to the family's own layout (`convert to-hf`, layout `source`) and `verify
+--hf-dir` finds the export's tensors equal to the run's and its PyTorch forward equal to ours.
 
-LLaDA is fine-tuned with its own chat template (sft.chat_template=llada), which generate then
-applies from the run's config. One test per family: the SFT run's compiled programs are reused by
-nothing else, so the stages run back to back on one directory.
+One test per family: a family's compiled programs serve no other family, so its stages run back
+to back on one directory, at one model shape (seq_len 64) so that generate reuses the RL
+rollout's compiled sampler.
 """
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
 from dlmjax import config as config_lib
+from dlmjax import convert
 from dlmjax import evaluate
 from dlmjax import generate
 from dlmjax import verify
+from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import manager
 from dlmjax.data import chat
 from dlmjax.train import loop
 from tests.checkpoint import family_dirs
 
 ROOT = os.path.join(os.path.dirname(__file__), '..')
-_SAMPLER = ['--gen-length', '8', '--steps', '2', '--block-length', '8']
+# The RL rollout's sampler settings, which generate repeats (one compiled sampler).
+_SAMPLER = {'sampler.gen_length': 16, 'sampler.steps': 2, 'sampler.block_length': 16}
+_FLAGS = ['--gen-length', '16', '--steps', '2', '--block-length', '16']
 
-
-def _family_dir(directory, family):
-  if family == 'llada':
-    return family_dirs.llada_dir(directory, 'gqa_tied_qkv_bias_padded')[0]
-  return family_dirs.transformers_dir(directory, family)
+# family: (its directory, chat template, (qk_norm, qkv_bias, shift_logits, attention_mask) as the
+# import must adopt them, the export's config.json model_type).
+FAMILIES = {
+  'llada': (
+    lambda d: family_dirs.llada_dir(d, 'gqa_tied_qkv_bias_padded')[0],
+    'llada',
+    (False, True, False, 'bidirectional'),
+    'llada',
+  ),
+  'dream': (
+    lambda d: family_dirs.dream_dir(d)[0],
+    'dream',
+    (False, True, True, 'bidirectional'),
+    'Dream',
+  ),
+  # SDAR exports as Qwen3 (its tensors) with dlmjax's modeling file, block-causal mask recorded.
+  'sdar': (family_dirs.sdar_dir, 'chatml', (True, False, False, 'block_causal'), 'qwen3'),
+  'qwen2': (
+    lambda d: family_dirs.transformers_dir(d, 'qwen2'),
+    'chatml',
+    (False, True, False, 'bidirectional'),
+    'qwen2',
+  ),
+  'llama': (
+    lambda d: family_dirs.transformers_dir(d, 'llama'),
+    'plain',
+    (False, False, False, 'bidirectional'),
+    'llama',
+  ),
+}
+PARITY = {}  # family -> verify's logits-parity line (the max |dlogit| figure), printed with -s.
 
 
 def _stage(name, init_from, output_dir, **overrides):
@@ -40,7 +75,7 @@ def _stage(name, init_from, output_dir, **overrides):
   c.train.warmup_steps, c.train.wsd_decay_steps, c.log.every, c.checkpoint.every = 0, 1, 1, 0
   if 'DLMJAX_CACHE_DIR' in os.environ:
     c.data.cache_dir = os.environ['DLMJAX_CACHE_DIR']
-  return config_lib.apply_overrides(c, {'model.seq_len': 32, **overrides})
+  return config_lib.apply_overrides(c, {'model.seq_len': 64, **overrides})
 
 
 def _train_file(directory):
@@ -51,18 +86,13 @@ def _train_file(directory):
   return path
 
 
-def _verified(run_dir, capsys):
-  capsys.readouterr()
-  assert verify.main(['--checkpoint-path', str(run_dir)]) == 0, capsys.readouterr().out
-  assert '[PASS] logits parity' in capsys.readouterr().out
-
-
-@pytest.mark.slow  # ~40 s of CPU a family: each stage compiles its step (and RL its sampler).
-@pytest.mark.parametrize('family,template', [('llada', 'llada'), ('qwen2', 'chatml')])
-def test_sft_rl_generate_evaluate_and_verify_from_a_family_directory(
-  tmp_path, family, template, capsys, monkeypatch
+@pytest.mark.slow  # ~25 s of CPU a family: every stage compiles its programs.
+@pytest.mark.parametrize('family', sorted(FAMILIES))
+def test_every_stage_runs_from_a_family_directory_and_exports_back(
+  tmp_path, family, capsys, monkeypatch
 ):
-  hf_dir = _family_dir(tmp_path / 'hf', family)
+  build, template, options, model_type = FAMILIES[family]
+  hf_dir = build(tmp_path / 'hf')
 
   sft_dir = tmp_path / 'sft'
   sft = _stage(
@@ -74,9 +104,9 @@ def test_sft_rl_generate_evaluate_and_verify_from_a_family_directory(
   row = loop.train(sft)
   assert row['step'] == 2 and np.isfinite(row['loss'])
   saved = manager.load_run_config(str(sft_dir))
-  assert (saved.model.qk_norm, saved.model.qkv_bias) == (False, True)  # the family's options
+  m = saved.model
+  assert (m.qk_norm, m.qkv_bias, m.shift_logits, m.attention_mask) == options  # import
   assert saved.sft.chat_template == template
-  _verified(sft_dir, capsys)
 
   rl_dir = tmp_path / 'rl'
   rl = _stage(
@@ -84,22 +114,18 @@ def test_sft_rl_generate_evaluate_and_verify_from_a_family_directory(
     hf_dir,
     rl_dir,
     **{
-      'model.seq_len': 64,
       'rl.max_prompt_tokens': 16,
       'rl.group_size': 4,
       'rl.inner_updates': 2,  # one rollout, two optimizer steps on it
       'rl.num_prompts': 8,
-      'sampler.gen_length': 16,
-      'sampler.steps': 2,
-      'sampler.block_length': 16,
       'sft.chat_template': template,
+      **_SAMPLER,
     },
   )
   row = loop.train(rl)
   assert row['step'] == 2 and np.isfinite(row['loss'])
-  _verified(rl_dir, capsys)
 
-  # generate on the SFT run wraps the prompt in the template it was fine-tuned with.
+  # generate wraps the prompt in the run's chat template.
   rendered = []
   prompt_text = chat.prompt_text
   monkeypatch.setattr(chat, 'prompt_text', lambda t, u: rendered.append(t) or prompt_text(t, u))
@@ -107,8 +133,8 @@ def test_sft_rl_generate_evaluate_and_verify_from_a_family_directory(
   out = tmp_path / 'gen.jsonl'
   prompts = tmp_path / 'prompts.jsonl'
   prompts.write_text(json.dumps({'prompt': 't3 t4'}) + '\n')
-  argv = ['--checkpoint-path', str(sft_dir), '--prompts-file', str(prompts), '--output', str(out)]
-  assert generate.main(argv + _SAMPLER) == 0, capsys.readouterr()
+  argv = ['--checkpoint-path', str(rl_dir), '--prompts-file', str(prompts), '--output', str(out)]
+  assert generate.main(argv + _FLAGS) == 0, capsys.readouterr()
   generated = json.loads(out.read_text().splitlines()[0])
   assert isinstance(generated['completion'], str) and rendered == [template]
 
@@ -116,3 +142,17 @@ def test_sft_rl_generate_evaluate_and_verify_from_a_family_directory(
   data.write_text(json.dumps({'context': 't1 t2', 'continuation': ' t3'}) + '\n')
   argv = ['--checkpoint-path', str(rl_dir), '--batch-size', '2', 'likelihood', '--data', str(data)]
   assert evaluate.main(argv + ['--mc-num', '2', '--mc-batch', '2']) == 0, capsys.readouterr()
+
+  # Back to the family's own layout; verify --hf-dir: the export holds the run's tensors and its
+  # PyTorch forward (transformers' class, or the Reference of the family's formulas) gives ours.
+  export = str(tmp_path / 'export')
+  argv = ['to-hf', '--checkpoint-path', str(rl_dir), '--output-dir', export, '--dtype', 'fp32']
+  assert convert.main(argv) == 0, capsys.readouterr()
+  assert hf_config.read(export)['model_type'] == model_type
+  capsys.readouterr()
+  assert verify.main(['--checkpoint-path', str(rl_dir), '--hf-dir', export]) == 0
+  report = capsys.readouterr().out
+  parity = re.search(r'\[PASS\] logits parity: (.*)', report)
+  assert parity, report
+  PARITY[family] = parity.group(1)
+  print(f'{family}: {PARITY[family]}')
