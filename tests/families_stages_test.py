@@ -7,8 +7,7 @@ run exports back to the family's own layout (`convert to-hf`, layout `source`) a
 --hf-dir` finds the export's tensors equal to the run's and its PyTorch forward equal to ours.
 
 One test per family: a family's compiled programs serve no other family, so its stages run back
-to back on one directory, at one model shape (seq_len 64) so that generate reuses the RL
-rollout's compiled sampler.
+to back on one directory, at one model shape (seq_len 64), with one verify (of the export).
 """
 
 import json
@@ -30,7 +29,7 @@ from dlmjax.train import loop
 from tests.checkpoint import family_dirs
 
 ROOT = os.path.join(os.path.dirname(__file__), '..')
-# The RL rollout's sampler settings, which generate repeats (one compiled sampler).
+# The RL rollout's sampler settings, which generate repeats.
 _SAMPLER = {'sampler.gen_length': 16, 'sampler.steps': 2, 'sampler.block_length': 16}
 _FLAGS = ['--gen-length', '16', '--steps', '2', '--block-length', '16']
 
