@@ -13,7 +13,8 @@ spent on LLaDA (what the RL papers start from; tied head, GQA, q/k/v biases, pad
 and Dream (shifted prediction and q/k/v biases: the most options away from the defaults). SDAR,
 Qwen2 and Llama build the RL stage only (adopt the options, validate, shape the state, build the
 stage: nothing compiles), so an RL bug that only a block-causal mask or an untied, bias-free
-model shows in the rollout or update would pass here; it saves ~15 s of compiling a family.
+model shows in the rollout or update would pass here; a family without the RL run costs ~17 s of
+CPU, one with it ~30-45 s (the RL run compiles the rollout, its log-probabilities and the update).
 
 One test per family: a family's compiled programs serve no other family, so its stages run back
 to back on one directory, at one model shape (seq_len 32), with one verify (of the export).
@@ -111,7 +112,7 @@ def _build_rl_stage(config):
   assert stages.build(config).name == 'rl' and setup.model_config.num_params() > 0
 
 
-@pytest.mark.slow  # ~12 s of CPU a family (~20 s with the RL run): every stage compiles.
+@pytest.mark.slow  # ~17 s of CPU a family (~30-45 s with the RL run): every stage compiles.
 @pytest.mark.parametrize('family', sorted(FAMILIES))
 def test_every_stage_runs_from_a_family_directory_and_exports_back(
   tmp_path, family, capsys, monkeypatch
