@@ -32,99 +32,14 @@ from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
+from tests.checkpoint import family_dirs
 from tests.checkpoint import tiny_run
 
 torch = pytest.importorskip('torch')
 safetensors_torch = pytest.importorskip('safetensors.torch')
 
-# DreamConfig's fields as Dream-v0-Base-7B's config.json has them (Qwen2.5-7B's values where they
-# are not sizes: theta 1e6, eps 1e-6, untied, 131072 positions, no sliding window), tiny sizes
-# and a tiny <|mask|> id.
-_DREAM_CONFIG = dict(
-  architectures=['DreamModel'],
-  attention_dropout=0.0,
-  auto_map={
-    'AutoConfig': 'configuration_dream.DreamConfig',
-    'AutoModel': 'modeling_dream.DreamModel',
-  },
-  bos_token_id=2,
-  eos_token_id=2,
-  hidden_act='silu',
-  hidden_size=64,
-  initializer_range=0.02,
-  intermediate_size=96,
-  mask_token_id=250,
-  max_position_embeddings=131072,
-  max_window_layers=2,
-  model_type='Dream',
-  num_attention_heads=4,
-  num_hidden_layers=2,
-  num_key_value_heads=2,
-  pad_token_id=2,
-  rms_norm_eps=1e-6,
-  rope_scaling=None,
-  rope_theta=1000000.0,
-  sliding_window=131072,
-  tie_word_embeddings=False,
-  torch_dtype='bfloat16',
-  transformers_version='4.46.2',
-  use_cache=False,
-  use_sliding_window=False,
-  vocab_size=256,
-)
-
-
-def _dream_state_dict(hf: dict, seed: int = 0) -> dict:
-  """DreamModel's state dict names and shapes (model = DreamBaseModel), every tensor random: the
-  q/k/v biases non-zero, norm gains around one."""
-  g = torch.Generator().manual_seed(seed)
-  d, heads, kv = hf['hidden_size'], hf['num_attention_heads'], hf['num_key_value_heads']
-  hd, f, rows = d // heads, hf['intermediate_size'], hf['vocab_size']
-
-  def rand(*shape, scale=0.2):
-    return scale * torch.randn(*shape, generator=g)
-
-  sd = {'model.embed_tokens.weight': rand(rows, d, scale=1.0)}
-  for i in range(hf['num_hidden_layers']):
-    p = f'model.layers.{i}.'
-    sd[p + 'input_layernorm.weight'] = 1.0 + rand(d, scale=0.1)
-    sd[p + 'post_attention_layernorm.weight'] = 1.0 + rand(d, scale=0.1)
-    for name, out in (('q_proj', heads * hd), ('k_proj', kv * hd), ('v_proj', kv * hd)):
-      sd[p + f'self_attn.{name}.weight'] = rand(out, d)
-      sd[p + f'self_attn.{name}.bias'] = rand(out, scale=0.5)
-    sd[p + 'self_attn.o_proj.weight'] = rand(d, heads * hd)
-    sd[p + 'mlp.gate_proj.weight'] = rand(f, d)
-    sd[p + 'mlp.up_proj.weight'] = rand(f, d)
-    sd[p + 'mlp.down_proj.weight'] = rand(d, f)
-  sd['model.norm.weight'] = 1.0 + rand(d, scale=0.1)
-  if not hf['tie_word_embeddings']:
-    sd['lm_head.weight'] = rand(rows, d)
-  return sd
-
-
-def _dream_dir(directory, **changes):
-  """A Dream directory as save_pretrained writes it: config.json, two safetensors shards with
-  model.safetensors.index.json (Dream-v0-7B ships 4), and a tokenizer.json."""
-  hf = dict(_DREAM_CONFIG, **changes)
-  sd = _dream_state_dict(hf)
-  os.makedirs(directory, exist_ok=True)
-  names = list(sd)
-  shards = {'model-00001-of-00002.safetensors': names[:9], 'model-00002-of-00002.safetensors': []}
-  shards['model-00002-of-00002.safetensors'] = names[9:]
-  weight_map = {}
-  for file, shard_names in shards.items():
-    safetensors_torch.save_file(
-      {n: sd[n].contiguous() for n in shard_names},
-      os.path.join(directory, file),
-      metadata={'format': 'pt'},
-    )
-    weight_map.update({n: file for n in shard_names})
-  with open(os.path.join(directory, 'model.safetensors.index.json'), 'w') as f:
-    json.dump(dict(metadata=dict(total_size=0), weight_map=weight_map), f)
-  with open(os.path.join(directory, 'config.json'), 'w') as f:
-    json.dump(hf, f, indent=2)
-  tiny_run.write_tokenizer(directory, hf['vocab_size'])
-  return str(directory), hf, sd
+DREAM_CONFIG = family_dirs.DREAM_CONFIG
+dream_dir = family_dirs.dream_dir
 
 
 def _rms(x, w, eps):
@@ -196,7 +111,7 @@ def _restored(run_dir):
 
 @pytest.mark.parametrize('changes', [{}, dict(tie_word_embeddings=True)], ids=['untied', 'tied'])
 def test_dream_directory_imports_to_dream_function(tmp_path, changes):
-  hf_dir, hf, sd = _dream_dir(tmp_path / 'dream', **changes)
+  hf_dir, hf, sd = dream_dir(tmp_path / 'dream', **changes)
   tokens = np.random.default_rng(1).integers(0, hf['vocab_size'], (2, 24))
   theirs = dream_reference(sd, hf, tokens)
 
@@ -232,7 +147,7 @@ def test_dream_directory_imports_to_dream_function(tmp_path, changes):
 def test_the_parity_sees_a_wrong_detail(tmp_path, wrong):
   """The comparison above can fail: Dream with gate/up swapped, its q/k/v biases dropped, or its
   logits left unshifted is far past the tolerance from what the import computes."""
-  hf_dir, hf, sd = _dream_dir(tmp_path / 'dream')
+  hf_dir, hf, sd = dream_dir(tmp_path / 'dream')
   tokens = np.random.default_rng(1).integers(0, hf['vocab_size'], (2, 24))
   config, params = hf_io.load_hf(hf_dir)
   ours = _ours(config, params, tokens)
@@ -244,7 +159,7 @@ def test_the_parity_sees_a_wrong_detail(tmp_path, wrong):
 def test_export_to_dream_layout_round_trips_bit_exact(tmp_path):
   """A Dream import exports back as Dream (names, config.json fields Dream's code reads); the
   tensors are the source's bit for bit, and the export re-imports to the same params."""
-  hf_dir, hf, sd = _dream_dir(tmp_path / 'dream')
+  hf_dir, hf, sd = dream_dir(tmp_path / 'dream')
   config, params = hf_io.load_hf(hf_dir)
   out = hf_io.write_hf(str(tmp_path / 'out'), config, params, dtype='fp32', trim_vocab=True)
   with open(os.path.join(out, 'config.json')) as f:
@@ -291,7 +206,7 @@ def test_export_to_dream_layout_round_trips_bit_exact(tmp_path):
   ],
 )
 def test_models_dream_cannot_hold_are_refused_by_name(change, named):
-  config = hf_config.config_from_hf(_DREAM_CONFIG)
+  config = hf_config.config_from_hf(DREAM_CONFIG)
   config.model.update(change)
   with pytest.raises(hf_config.HFConfigError, match=named):
     hf_config.dream_to_hf(config, vocab_rows=256, dtype='fp32')
@@ -303,7 +218,7 @@ def test_shifted_models_export_only_as_dream():
   assert hf_config.export_family(qk_norm=False, qkv_bias=True, shift_logits=True) == 'dream'
   with pytest.raises(hf_config.HFConfigError, match='shift_logits=True exports only as Dream'):
     hf_config.export_family(qk_norm=True, qkv_bias=False, shift_logits=True)
-  config = hf_config.config_from_hf(_DREAM_CONFIG)
+  config = hf_config.config_from_hf(DREAM_CONFIG)
   config.model.shift_logits = False
   with pytest.raises(hf_config.HFConfigError, match='reads token i from position i-1'):
     hf_config.dream_to_hf(config, vocab_rows=256, dtype='fp32')
@@ -311,7 +226,7 @@ def test_shifted_models_export_only_as_dream():
 
 def test_absent_dream_fields_mean_dream_defaults():
   """DreamConfig fills absent fields: <|mask|> 151666 and <|endoftext|> 151643 padding."""
-  hf = dict(_DREAM_CONFIG, vocab_size=152064)
+  hf = dict(DREAM_CONFIG, vocab_size=152064)
   for key in ('mask_token_id', 'pad_token_id', 'rope_theta', 'tie_word_embeddings'):
     del hf[key]
   config = hf_config.config_from_hf(hf)
@@ -327,7 +242,7 @@ def test_absent_dream_fields_mean_dream_defaults():
 def test_dream_7b_config_imports_as_the_dream_7b_preset():
   """Dream-v0-Base-7B's config.json sizes and ids read into exactly the preset."""
   hf = dict(
-    _DREAM_CONFIG,
+    DREAM_CONFIG,
     hidden_size=3584,
     intermediate_size=18944,
     num_hidden_layers=28,
@@ -348,7 +263,7 @@ def test_dream_7b_config_imports_as_the_dream_7b_preset():
 def test_init_from_a_dream_directory_adopts_its_model(tmp_path):
   from dlmjax.checkpoint import init_from  # pylint: disable=import-outside-toplevel
 
-  hf_dir, _, _ = _dream_dir(tmp_path / 'dream')
+  hf_dir, _, _ = dream_dir(tmp_path / 'dream')
   config = config_lib.defaults()  # every model key at its default: all come from Dream's
   config.init_from = hf_dir
   changed = set(init_from.adopt_source_config(config))

@@ -161,3 +161,29 @@ def test_sdar_8b_config_imports_as_the_sdar_8b_preset():
   assert {k: config.model[k] for k in preset if k != 'seq_len'} == {
     k: v for k, v in preset.items() if k != 'seq_len'
   }
+
+
+def test_hub_sdar_4b_config_without_mask_or_block_fields_imports_as_the_preset():
+  """JetLM/SDAR-4B-Chat's config.json on the Hub has no mask_token_id and no block_size (the
+  GitHub training copy has both): the import takes SDAR's <|MASK|> 151669 and block 4."""
+  hf = dict(
+    SDAR_CONFIG,
+    hidden_size=2560,
+    intermediate_size=9728,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    max_window_layers=36,
+    bos_token_id=151643,
+    eos_token_id=151643,
+  )
+  del hf['mask_token_id'], hf['block_size']
+  config = hf_config.config_from_hf(hf)
+  preset = model_lib.PRESETS['sdar_4b']
+  assert {k: config.model[k] for k in preset if k != 'seq_len'} == {
+    k: v for k, v in preset.items() if k != 'seq_len'
+  }
+  assert (config.model.mask_token_id, config.model.block_size) == (151669, 4)

@@ -65,6 +65,10 @@ def detect_architecture(hf: dict) -> str:
 # keys of blocks <= a, bidirectionally inside its own (modeling_sdar.py's block_diff_mask on the
 # clean stream; generate.py's inference mask). Logits score their own position (no shift).
 SDAR_DEFAULT_BLOCK_SIZE = 4  # SDAR README: the released models' default; b8..b64 variants set it.
+# The Hub's SDAR-*-Chat config.json (JetLM/SDAR-4B-Chat) carries no mask_token_id: SDAR's
+# generate.py reads it from the tokenizer's mask_token <|MASK|>, id 151669 (tokenizer_config.json),
+# the id its README passes to JetEngine. An import without the field takes it.
+SDAR_MASK_TOKEN_ID = 151669
 
 
 def _sdar_architecture(hf: dict, model_type: str, names: list[str]) -> str:
@@ -333,6 +337,9 @@ def config_from_hf(hf: dict, base=None):
       config.model[key] = value
   if arch == 'sdar':
     config.model.update(_sdar_mask(hf))
+    has_mask = isinstance(hf.get('mask_token_id'), int)
+    if not has_mask and SDAR_MASK_TOKEN_ID < config.model.vocab_size:
+      config.model.mask_token_id = SDAR_MASK_TOKEN_ID
     if not isinstance(hf.get('pad_token_id'), int):  # SDAR pads with EOS (generation_config.json)
       config.model.pad_token_id = config.model.eos_token_id
   kind = hf.get('attn_mask_type')
@@ -383,6 +390,35 @@ _MODELING_CLASSES = dict(
 )
 
 
+def _qwen_fields(m, *, vocab_rows: int, dtype: str) -> dict:
+  """The config.json fields Qwen2's config class defines (Qwen3's, Llama's and Dream's share
+  them): sizes, norm, RoPE theta, tying, no sliding window, no KV cache, the special ids."""
+  return dict(
+    vocab_size=vocab_rows,
+    hidden_size=m.d_model,
+    intermediate_size=m.ffn_dim,
+    num_hidden_layers=m.num_layers,
+    num_attention_heads=m.num_heads,
+    num_key_value_heads=m.num_kv_heads,
+    hidden_act='silu',
+    max_position_embeddings=m.seq_len,
+    initializer_range=m.init_std,
+    rms_norm_eps=m.norm_eps,
+    rope_theta=m.rope_theta,
+    attention_dropout=0.0,
+    use_sliding_window=False,
+    sliding_window=None,
+    max_window_layers=m.num_layers,
+    tie_word_embeddings=m.tie_embeddings,
+    use_cache=False,
+    torch_dtype={'bf16': 'bfloat16', 'fp32': 'float32'}[dtype],
+    bos_token_id=None,
+    eos_token_id=m.eos_token_id,
+    pad_token_id=m.pad_token_id,
+    mask_token_id=m.mask_token_id,
+  )
+
+
 def to_hf(config, *, vocab_rows: int, dtype: str, family: str | None = None) -> dict:
   """transformers config.json of `family` (Qwen3, Qwen2 or Llama; default export_family) for a
   dlmjax config, with DiffLM's mask fields added.
@@ -400,38 +436,16 @@ def to_hf(config, *, vocab_rows: int, dtype: str, family: str | None = None) -> 
   )
   if family == 'dream':
     return dream_to_hf(config, vocab_rows=vocab_rows, dtype=dtype)
-  torch_dtype = {'bf16': 'bfloat16', 'fp32': 'float32'}[dtype]
-  hf = dict(
+  hf = _qwen_fields(m, vocab_rows=vocab_rows, dtype=dtype)
+  hf.update(
     architectures=[_HF_CLASSES[family]],
     auto_map=dict(AutoModelForCausalLM=f'{MODELING_FILE[:-3]}.{_MODELING_CLASSES[family]}'),
     model_type=family,
-    vocab_size=vocab_rows,
-    hidden_size=m.d_model,
-    intermediate_size=m.ffn_dim,
-    num_hidden_layers=m.num_layers,
-    num_attention_heads=m.num_heads,
-    num_key_value_heads=m.num_kv_heads,
     head_dim=m.head_dim,
-    hidden_act='silu',
-    max_position_embeddings=m.seq_len,
-    initializer_range=m.init_std,
-    rms_norm_eps=m.norm_eps,
-    rope_theta=m.rope_theta,
     rope_parameters=dict(_rope_fields(m.rope_scaling), rope_theta=m.rope_theta),
     attention_bias=False,  # Qwen3 / Llama: no biases; Qwen2 has q/k/v biases always.
-    attention_dropout=0.0,
-    use_sliding_window=False,
-    sliding_window=None,
-    max_window_layers=m.num_layers,
-    tie_word_embeddings=m.tie_embeddings,
-    use_cache=False,
     is_causal=m.attention_mask == 'causal',
-    torch_dtype=torch_dtype,
-    dtype=torch_dtype,
-    bos_token_id=None,
-    eos_token_id=m.eos_token_id,
-    pad_token_id=m.pad_token_id,
-    mask_token_id=m.mask_token_id,
+    dtype=hf['torch_dtype'],
     attn_mask_type=m.attention_mask,
   )
   if m.attention_mask == 'block_causal':
@@ -544,35 +558,14 @@ def dream_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
   why = dream_cannot_hold(m)
   if why is not None:
     raise HFConfigError(f'cannot export as Dream: {why}.')
-  torch_dtype = {'bf16': 'bfloat16', 'fp32': 'float32'}[dtype]
-  return dict(
+  hf = _qwen_fields(m, vocab_rows=vocab_rows, dtype=dtype)
+  hf.update(
     architectures=['DreamModel'],
     auto_map={
       'AutoConfig': f'{DREAM_CODE_REPO}--configuration_dream.DreamConfig',
       'AutoModel': f'{DREAM_CODE_REPO}--modeling_dream.DreamModel',
     },
     model_type='Dream',
-    vocab_size=vocab_rows,
-    hidden_size=m.d_model,
-    intermediate_size=m.ffn_dim,
-    num_hidden_layers=m.num_layers,
-    num_attention_heads=m.num_heads,
-    num_key_value_heads=m.num_kv_heads,
-    hidden_act='silu',
-    max_position_embeddings=m.seq_len,
-    initializer_range=m.init_std,
-    rms_norm_eps=m.norm_eps,
-    rope_theta=m.rope_theta,
     rope_scaling=None,
-    attention_dropout=0.0,
-    use_sliding_window=False,
-    sliding_window=None,
-    max_window_layers=m.num_layers,
-    tie_word_embeddings=m.tie_embeddings,
-    use_cache=False,
-    torch_dtype=torch_dtype,
-    bos_token_id=None,
-    eos_token_id=m.eos_token_id,
-    pad_token_id=m.pad_token_id,
-    mask_token_id=m.mask_token_id,
   )
+  return hf

@@ -243,7 +243,8 @@ def generate(
   layer's K/V; the other steps run [block start, canvas end) ('prefix', one static shape per
   block) or the block alone ('dual') with their fresh K/V in place of the kept ones. 'block': the
   prompt's K/V come from one forward, each step runs the block against them, and once a block is
-  committed one more forward of it stores its K/V, never recomputed.
+  committed one more forward of it stores its K/V, never recomputed. A shifted model (Dream) runs
+  each cached slice from one position earlier, the position that predicts its first token.
   """
   sampling.validate()
   batch, width = prompt_BP.shape
@@ -259,11 +260,10 @@ def generate(
     )
   if mode in ('truncate', 'block'):
     _check_exact_cache(module, width, sampling)
-  if mode in ('prefix', 'dual', 'block') and getattr(module.cfg, 'shift_logits', False):
-    raise ValueError(
-      f'cache={mode!r} does not yet serve shifted-logit models (model.shift_logits): a block '
-      "slice would need the position before it; use cache='none'."
-    )
+  # Shifted models (model.shift_logits, Dream) read token i's prediction at position i-1: a cached
+  # slice starts one position early, so its first token's predictor runs with it, against the
+  # same K/V as the rest of the slice (exact wherever the cache is; one extra query row).
+  lead = int(getattr(module.cfg, 'shift_logits', False))
   refresh_every = sampling.cache_refresh or spb
   vocab_size = vocab_size or module.cfg.vocab_size
 
@@ -319,17 +319,21 @@ def generate(
     return guided(hidden, start), kv
 
   def slice_kv(x_BL, kv, start, size):
-    """(block logits, the slice's fresh K/V) of the canvas slice [start, start + size) against
-    kv; the fresh K/V take kv's place inside the forward, kv itself is left as it is."""
-    window = lambda a: jax.lax.dynamic_slice_in_dim(a, start, size, axis=1)  # noqa: E731
+    """(block logits, the slice's fresh K/V, where they start) of the canvas slice [start, start
+    + size) against kv, from `lead` positions earlier (a shifted model's predictor of the slice's
+    first token; none before position 0); the fresh K/V take kv's place inside the forward, kv
+    itself is left as it is."""
+    total = min(size + lead, length)
+    first = jnp.maximum(start - lead, 0)
+    window = lambda a: jax.lax.dynamic_slice_in_dim(a, first, total, axis=1)  # noqa: E731
     hidden, kv = module.hidden_kv(
       window(model_tokens(x_BL)),
       positions_BL=window(positions_all),
       segment_ids_BL=segments_all,
       kv_cache=kv,
-      cache_start=start,
+      cache_start=first,
     )
-    return guided(hidden, 0), kv
+    return guided(hidden, start - first), kv, first
 
   def decode_step(x_BL, logits, block_index, step, start, transfer_B):
     """Commits tokens of the block [start, start + block) from its logits."""
@@ -384,16 +388,14 @@ def generate(
 
     _, x_BL, kv = jax.lax.while_loop(unfinished, body, (jnp.int32(0), x_BL, kv))
     if mode == 'block':  # the committed block's own K/V, what every later block attends to.
-      kv = jax.lax.cond(
-        block_index < sampling.num_blocks - 1,
-        lambda x, c: tuple(
-          jax.lax.dynamic_update_slice_in_dim(a, new, start, axis=2)
-          for a, new in zip(c, slice_kv(x, c, start, block)[1])
-        ),
-        lambda x, c: c,
-        x_BL,
-        kv,
-      )
+
+      def store(x, c):
+        _, fresh, first = slice_kv(x, c, start, block)
+        return tuple(
+          jax.lax.dynamic_update_slice_in_dim(a, f, first, axis=2) for a, f in zip(c, fresh)
+        )
+
+      kv = jax.lax.cond(block_index < sampling.num_blocks - 1, store, lambda x, c: c, x_BL, kv)
     return x_BL, kv
 
   def maybe_decode_block(block_index, x_BL, kv, static_start=None):

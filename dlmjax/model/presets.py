@@ -220,8 +220,10 @@ PRESETS['dream_7b'] = dict(
 PRESETS['sdar_8b'] = dict(PRESETS['qwen3_8b'], **_SDAR_BLOCKS)
 # SDAR-1.7B-Chat: Qwen3-1.7B's dims (2048/28/16/8/128/6144). Its config.json is not in the
 # SDAR repository; untied as SDAR's 4B and 8B configs are (SDAR-4B unties where Qwen3-4B ties):
-# 2,031,739,904 params, the count Qwen3-1.7B's safetensors hold with the head stored.
-# Unconfirmed: if SDAR-1.7B ties, set model.tie_embeddings=True (1,720,574,976).
+# 2,031,739,904 params. The Hub's JetLM/SDAR-1.7B-Chat model.safetensors is one 4.06 GB bf16
+# file, 2.03e9 stored values: the head is stored (a tied save would be 3.44 GB), which fits an
+# untied model but not proof (Qwen3-1.7B stores its head too and ties it). Unconfirmed: if its
+# config.json says tie_word_embeddings=true, set model.tie_embeddings=True (1,720,574,976).
 PRESETS['sdar_1p7b'] = dict(PRESETS['qwen3_1p7b'], tie_embeddings=False, **_SDAR_BLOCKS)
 
 

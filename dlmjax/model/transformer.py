@@ -248,6 +248,8 @@ class Transformer(nnx.Module):
     cover all S: the slice attends to the cache with its own fresh K/V in their place, and only
     those fresh K/V come back (write them in to keep them). The same layers as `hidden`, so a
     slice attending to K/V computed from the same sequence gives hidden's rows (up to rounding).
+    With model.shift_logits the slice's first row has no predecessor in it and keeps its own
+    state: a caller that needs it runs the slice from one position earlier (the sampler does).
     """
     if self.cfg.pipeline_stages > 1:
       raise ValueError(
@@ -306,6 +308,10 @@ class Transformer(nnx.Module):
       x_BLD = run_layers(params, x_BLD, side)
     hidden_BLD = self.final_norm(x_BLD)
     if cfg.shift_logits:
+      if kv_cache is not None and segment_ids_BL is not None:  # they cover the whole sequence.
+        segment_ids_BL = jax.lax.dynamic_slice_in_dim(
+          segment_ids_BL, cache_start, tokens_BL.shape[1], axis=1
+        )
       hidden_BLD = shift_predictions(hidden_BLD, segment_ids_BL)
     return hidden_BLD, kv
 

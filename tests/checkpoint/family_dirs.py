@@ -1,7 +1,8 @@
 """Tiny random-weight model directories of each family, laid out as the family ships them, for
 the import, verify and every-stage tests: transformers' own Qwen2 / Llama (save_pretrained),
-LLaDA (model.transformer.* names in two shards, LLaDAConfig's fields) and SDAR (SDARConfig's
-fields over Qwen3's tensors). Every tensor is random, biases and norm gains included, so a dropped
+LLaDA (model.transformer.* names in two shards, LLaDAConfig's fields), Dream / DiffuCoder
+(DreamConfig's fields, DreamModel's names in two shards) and SDAR (SDARConfig's fields over
+Qwen3's tensors). Every tensor is random, biases and norm gains included, so a dropped
 bias or a mixed-up norm shows.
 """
 
@@ -258,3 +259,93 @@ def sdar_dir(directory, *, seed=0, tied=False) -> str:
     json.dump(hf, f, indent=2)
   tiny_run.write_tokenizer(directory, 256)
   return str(directory)
+
+
+# DreamConfig's fields as Dream-v0-Base-7B's config.json has them (Qwen2.5-7B's values where they
+# are not sizes: theta 1e6, eps 1e-6, untied, 131072 positions, no sliding window), tiny sizes
+# and a tiny <|mask|> id.
+DREAM_CONFIG = dict(
+  architectures=['DreamModel'],
+  attention_dropout=0.0,
+  auto_map={
+    'AutoConfig': 'configuration_dream.DreamConfig',
+    'AutoModel': 'modeling_dream.DreamModel',
+  },
+  bos_token_id=2,
+  eos_token_id=2,
+  hidden_act='silu',
+  hidden_size=64,
+  initializer_range=0.02,
+  intermediate_size=96,
+  mask_token_id=250,
+  max_position_embeddings=131072,
+  max_window_layers=2,
+  model_type='Dream',
+  num_attention_heads=4,
+  num_hidden_layers=2,
+  num_key_value_heads=2,
+  pad_token_id=2,
+  rms_norm_eps=1e-6,
+  rope_scaling=None,
+  rope_theta=1000000.0,
+  sliding_window=131072,
+  tie_word_embeddings=False,
+  torch_dtype='bfloat16',
+  transformers_version='4.46.2',
+  use_cache=False,
+  use_sliding_window=False,
+  vocab_size=256,
+)
+
+
+def dream_state_dict(hf: dict, seed: int = 0) -> dict:
+  """DreamModel's state dict names and shapes (model = DreamBaseModel), every tensor random: the
+  q/k/v biases non-zero, norm gains around one."""
+  g = torch.Generator().manual_seed(seed)
+  d, heads, kv = hf['hidden_size'], hf['num_attention_heads'], hf['num_key_value_heads']
+  hd, f, rows = d // heads, hf['intermediate_size'], hf['vocab_size']
+
+  def rand(*shape, scale=0.2):
+    return scale * torch.randn(*shape, generator=g)
+
+  sd = {'model.embed_tokens.weight': rand(rows, d, scale=1.0)}
+  for i in range(hf['num_hidden_layers']):
+    p = f'model.layers.{i}.'
+    sd[p + 'input_layernorm.weight'] = 1.0 + rand(d, scale=0.1)
+    sd[p + 'post_attention_layernorm.weight'] = 1.0 + rand(d, scale=0.1)
+    for name, out in (('q_proj', heads * hd), ('k_proj', kv * hd), ('v_proj', kv * hd)):
+      sd[p + f'self_attn.{name}.weight'] = rand(out, d)
+      sd[p + f'self_attn.{name}.bias'] = rand(out, scale=0.5)
+    sd[p + 'self_attn.o_proj.weight'] = rand(d, heads * hd)
+    sd[p + 'mlp.gate_proj.weight'] = rand(f, d)
+    sd[p + 'mlp.up_proj.weight'] = rand(f, d)
+    sd[p + 'mlp.down_proj.weight'] = rand(d, f)
+  sd['model.norm.weight'] = 1.0 + rand(d, scale=0.1)
+  if not hf['tie_word_embeddings']:
+    sd['lm_head.weight'] = rand(rows, d)
+  return sd
+
+
+def dream_dir(directory, **changes):
+  """A Dream directory as save_pretrained writes it: config.json, two safetensors shards with
+  model.safetensors.index.json (Dream-v0-7B ships 4), and a tokenizer.json."""
+  hf = dict(DREAM_CONFIG, **changes)
+  sd = dream_state_dict(hf)
+  os.makedirs(directory, exist_ok=True)
+  names = list(sd)
+  shards = {'model-00001-of-00002.safetensors': names[:9], 'model-00002-of-00002.safetensors': []}
+  shards['model-00002-of-00002.safetensors'] = names[9:]
+  weight_map = {}
+  for file, shard_names in shards.items():
+    safetensors_torch.save_file(
+      {n: sd[n].contiguous() for n in shard_names},
+      os.path.join(directory, file),
+      metadata={'format': 'pt'},
+    )
+    weight_map.update({n: file for n in shard_names})
+  with open(os.path.join(directory, 'model.safetensors.index.json'), 'w') as f:
+    json.dump(dict(metadata=dict(total_size=0), weight_map=weight_map), f)
+  with open(os.path.join(directory, 'config.json'), 'w') as f:
+    json.dump(hf, f, indent=2)
+  tiny_run.write_tokenizer(directory, hf['vocab_size'])
+  return str(directory), hf, sd

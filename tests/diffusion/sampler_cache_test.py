@@ -22,9 +22,13 @@ BASE = sampler.SamplingConfig(gen_length=16, steps=8, block_length=8)
 ALIGNED = [p[:4] + [9] * (4 - len(p[:4])) for p in PROMPTS]
 
 
+# Dream's options (q/k/v biases, no QK-norm, token i predicted at position i-1).
+DREAM = (('model.shift_logits', True), ('model.qkv_bias', True), ('model.qk_norm', False))
+
+
 @functools.lru_cache
-def _models(kind, scan=True):
-  overrides = {'model.attention_mask': kind, 'model.scan_layers': scan}
+def _models(kind, scan=True, options=()):
+  overrides = {'model.attention_mask': kind, 'model.scan_layers': scan, **dict(options)}
   if kind == 'block_causal':
     overrides['model.block_size'] = 4
   return _model(**overrides)
@@ -180,3 +184,46 @@ def test_exact_cache_refused_where_inexact():
     _generate(*_models('bidirectional'), dataclasses.replace(BASE, cache='block'))
   with pytest.raises(ValueError, match='multiples of model.block_size'):
     _generate(*_models('block_causal'), dataclasses.replace(BASE, cache='block'), prompts=[[5, 6]])
+
+
+@pytest.mark.parametrize(
+  'kind,mode,changes',
+  [
+    ('causal', 'prefix', {}),
+    ('causal', 'dual', dict(cfg_scale=0.5)),
+    ('causal', 'block', dict(threshold=0.3)),
+    ('block_causal', 'block', {}),
+  ],
+)
+def test_shifted_model_caches_are_token_identical_to_none(kind, mode, changes):
+  """A shifted (Dream-style) model's cached slices start one position early, at the predictor
+  of the block's first token: greedy, several cached steps per block, the tokens are none's
+  wherever the cache is exact. A slice from the block start would read that token from itself."""
+  model_config, params = _models(kind, options=DREAM)
+  prompts = ALIGNED if kind == 'block_causal' else PROMPTS
+  got, want = _same(model_config, params, dataclasses.replace(BASE, cache=mode, **changes), prompts)
+  np.testing.assert_array_equal(got, want)
+  assert not (got == MASK).any()
+
+
+def test_shifted_slice_from_one_position_early_equals_the_whole_canvas_forward():
+  """Dream (bidirectional, shifted): a slice run from the position before the block, against K/V
+  of the same canvas, gives the whole forward's (shifted) logits for the block; its first row,
+  with no predecessor in the slice, is not the canvas's and is the row the sampler drops."""
+  model_config, params = _models('bidirectional', options=DREAM)
+  tokens, segments, positions, width = _canvas(PROMPTS, 16)
+  start = width + 8
+
+  @jax.jit
+  def run(params, tokens):
+    module = model_lib.merge(model_config, params)
+    full = module(tokens, segment_ids_BL=segments, positions_BL=positions)
+    _, kv = module.hidden_kv(tokens, positions_BL=positions, segment_ids_BL=segments)
+    dual, _ = _slice_logits(module, tokens, segments, positions, kv, start - 1, 9)
+    prefix, _ = _slice_logits(module, tokens, segments, positions, kv, width - 1, 17)
+    return full, dual, prefix
+
+  full, dual, prefix = run(params, tokens)
+  np.testing.assert_allclose(dual[:, 1:], full[:, start : start + 8], atol=1e-4)
+  np.testing.assert_allclose(prefix[:, 1:], full[:, width:], atol=1e-4)
+  assert np.abs(dual[:, 0] - full[:, start - 1]).max() > 1e-2
