@@ -755,7 +755,22 @@ def validate(config, num_devices: int | None = None) -> None:
   _validate_rl(config)
   _validate_lora(config)
   check_sampler_settings(config.sampler, prefix='sampler.')
+  _check_sampler_model(config)
   _validate_mesh(config, num_devices)
+
+
+def _check_sampler_model(config):
+  """The sampler's cache against the model it decodes (the sampler's own checks, early)."""
+  cache, m = config.sampler.cache, config.model
+  if cache in ('truncate', 'block') and m.attention_mask == 'bidirectional':
+    raise ConfigError(
+      f'sampler.cache={cache} is exact only for causal or block_causal models, and '
+      'model.attention_mask=bidirectional; use sampler.cache=none, prefix or dual.'
+    )
+  if cache in ('prefix', 'dual', 'block') and m.shift_logits:
+    raise ConfigError(
+      f'sampler.cache={cache} does not yet serve model.shift_logits=True; use sampler.cache=none.'
+    )
 
 
 LORA_BASE_DTYPES = ('bfloat16', 'float32', 'int8')

@@ -106,8 +106,8 @@ def _num_keys(node):
   return sum(_num_keys(v) if isinstance(v, dict) else 1 for v in node.values())
 
 
-def test_the_config_has_fewer_than_130_keys():
-  assert _num_keys(config_lib.defaults().to_dict()) < 130
+def test_the_config_has_fewer_than_150_keys():
+  assert _num_keys(config_lib.defaults().to_dict()) < 150
 
 
 def test_every_key_has_its_meaning_and_no_comment_cites_an_issue():
@@ -172,6 +172,11 @@ def test_sampler_group_is_the_sampling_config():
     ({'sampler.factor': -1.0}, 'sampler.factor=-1.0 must be >= 0'),
     ({'sampler.threshold': 0.9, 'sampler.factor': 1.0}, 'set one of them to 0'),
     ({'log.outputs': 'tensorboard,slack'}, "names 'slack'"),
+    ({'sampler.cache': 'block'}, 'sampler.cache=block is exact only for causal or block_causal'),
+    (
+      {'sampler.cache': 'dual', 'model.shift_logits': True},
+      'does not yet serve model.shift_logits=True',
+    ),
   ],
 )
 def test_bad_sampler_and_log_keys_name_the_key(overrides, message):
