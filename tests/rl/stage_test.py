@@ -85,6 +85,33 @@ def test_rl_runs_and_logs(tmp_path, init_dir, objective):
   _check_held_out_against_inference(c, val[-1])
 
 
+@pytest.mark.slow  # ~90 s on the shared 2-core machine, as the runs above
+def test_rl_runs_on_a_block_diffusion_model_with_the_block_cache(tmp_path, init_dir):
+  """d1 over a block-causal model (blocks of 4, SDAR's): rollouts and held-out decoding by block
+  decoding with the block K/V cache and stop at EOS; the held-out texts are inference's without
+  a cache, token for token (the cache is exact), and the run trains."""
+  c = _rl_config(
+    tmp_path,
+    init_dir,
+    **{
+      'model.attention_mask': 'block_causal',
+      'model.block_size': 4,
+      'sampler.cache': 'block',
+      'sampler.block_length': 4,
+      'sampler.steps': 8,
+      'sampler.stop_at_eos': True,
+      'eval.every': 2,
+      'eval.batches': 1,
+    },
+  )
+  last = loop.train(c)
+  assert last['step'] == 2 and last['loss'] == last['loss']
+  rows = [json.loads(line) for line in open(os.path.join(c.output_dir, 'metrics.jsonl'))]
+  val = [r for r in rows if 'val_reward' in r]
+  assert [r['step'] for r in val] == [2]
+  _check_held_out_against_inference(c, val[-1])
+
+
 def _check_held_out_against_inference(c, row):
   """The final checkpoint's held-out completions, decoded by the rollout source on the run's
   mesh, are token for token those of dlmjax.inference (its own batching and padding, one device)
