@@ -200,7 +200,8 @@ def defaults() -> ml_collections.ConfigDict:
   # block-causal attention); prefix / dual: Fast-dLLM's approximate caches, refreshed per block.
   c.sampler.cache = 'none'
   # Rows whose text is final (an EOS, nothing masked before it) stop changing; a block ends when
-  # every other row is done and finished batches skip the rest (the text is unchanged).
+  # every other row is done and the block loop once every row is (the text is unchanged): with
+  # cache=block, SDAR's any-length block decoding, gen_length its maximum.
   c.sampler.stop_at_eos = False
   c.sampler.alg_temp = 0.0  # > 0: draw the positions from softmax(confidence / alg_temp) (Dream)
   # > 0: also commit the n most confident tokens with (n + 1)(1 - c_n) <= factor (Fast-dLLM).
