@@ -3,9 +3,10 @@
 Generated tokens/s of block decoding (a block-causal model, the exact block K/V cache, blocks of
 32 and SDAR's 4) against bidirectional decoding of the same shape without a cache (`none`) and
 with Fast-dLLM's dual cache (`dual`): the same random weights under each attention mask, the same
-prompts, the same tokens per step. Random weights never emit EOS, so every row runs to
-gen_length: the figures are the full-length cost (a trained model that stops early costs only the
-blocks its longest text needs; the `blocks` column counts the blocks run). Before timing: a
+prompts, the same tokens per step. The block variants run stop_at_eos (the any-length loop) with
+an EOS id no token has, so every variant decodes gen_length tokens per row: the figures are the
+full-length cost (a trained model that stops early costs only the blocks its longest text needs;
+the `blocks` column counts the blocks run). Before timing: a
 block-cached step's logits against the whole forward of the block-causal model (relative max
 |dlogit|), and the sampler's tokens with the block cache against those without, on a small batch.
 One JSON line per measurement, one table last. On one H200 (about 3 minutes):
@@ -30,6 +31,7 @@ from benchmarks import sampler_cache
 from dlmjax import model as model_lib
 from dlmjax.diffusion import sampler
 
+NO_EOS = -1  # an EOS id no token has: every row decodes gen_length tokens, as in the other modes.
 # (attention mask, cache mode, block length or None for --block-length): the variants timed.
 VARIANTS = {
   'none': ('bidirectional', 'none', None),
@@ -69,12 +71,12 @@ def _settings(args, gen, variant):
     block_length=block,
     threshold=args.threshold,
     cache=mode,
-    stop_at_eos=mode == 'block',  # the any-length decoding (nothing stops a random model)
+    stop_at_eos=mode == 'block',  # the any-length loop (NO_EOS: nothing stops)
   ).validate()
 
 
 def _decode_fn(model_config, sampling, m):
-  """jit(params, prompt, lengths, key) -> (tokens, blocks decoded): the sampler itself."""
+  """jit(params, prompt, lengths, key) -> (tokens, blocks decoded): the sampler itself, EOS off."""
 
   def fn(params, prompt_BP, lengths_B, key):
     return sampler.decode_blocks(
@@ -84,7 +86,7 @@ def _decode_fn(model_config, sampling, m):
       sampling,
       key,
       mask_id=m.mask_token_id,
-      eos_id=m.eos_token_id,
+      eos_id=NO_EOS,
       pad_id=m.pad_token_id,
       vocab_size=m.vocab_size,
     )

@@ -200,6 +200,7 @@ def sdar_greedy_generate(model, prompt, *, gen_length, threshold, mask_id, eos_i
   return row[: row.index(eos_id)] if eos_id in row else row
 
 
+@pytest.mark.slow  # ~50 s on 2 shared cores: the sampler's compile and SDAR's loop
 def test_an_sdar_checkpoint_samples_with_the_block_cache_as_sdar_does(tmp_path):
   """load_pretrained(SDAR dir).generate_tokens with the block cache, prompts of lengths that are
   not multiples of the block, stop at EOS: SDAR's greedy block decoding token for token."""

@@ -105,7 +105,11 @@ def _text(row, eos_id):
   return row[: row.index(eos_id)] if eos_id in row else row
 
 
-@pytest.mark.parametrize('s', [SDAR, FIXED], ids=['sdar_threshold', 'blocks_of_8_fixed_steps'])
+@pytest.mark.parametrize(
+  's',
+  [pytest.param(SDAR, marks=pytest.mark.slow), FIXED],  # ~30 s (its compile) on 2 shared cores
+  ids=['sdar_threshold', 'blocks_of_8_fixed_steps'],
+)
 def test_block_cache_matches_the_per_row_reference(s):
   """Token-identical, rows of any length; a cache off by one block (the prefill or a committed
   block's K/V written a block early or late, or not written) changes the tokens."""
@@ -117,6 +121,7 @@ def test_block_cache_matches_the_per_row_reference(s):
   assert ran == -(-(BLOCK_SIZE - 1 + s.gen_length) // s.block_length)  # a tail needs one more.
 
 
+@pytest.mark.slow  # ~30 s (its compile) on 2 shared cores
 def test_stops_once_every_text_has_ended():
   """With stop_at_eos the block loop ends after the block where the last text ends: fewer blocks
   than gen_length holds, the same texts as the reference."""
