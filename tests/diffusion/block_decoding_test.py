@@ -31,11 +31,12 @@ def _block_causal():
 
 
 @functools.lru_cache
-def _decode_fn(sampling, eos_id):
+def _decode_fn(sampling):
+  """The jitted sampler; eos_id is an argument, so one compile serves every EOS of a setting."""
   model_config, _ = _block_causal()
 
   @jax.jit
-  def fn(params, prompt_BP, lengths_B, key):
+  def fn(params, prompt_BP, lengths_B, key, eos_id):
     module = model_lib.merge(model_config, params)
     return sampler.decode_blocks(
       module,
@@ -53,11 +54,15 @@ def _decode_fn(sampling, eos_id):
 
 
 def _decode(sampling, eos_id, prompts=PROMPTS):
-  """(completions [B, gen_length], blocks decoded) of the batched sampler."""
+  """(completions [B, gen_length], blocks decoded) of the batched sampler. Prompts pad to the
+  width of PROMPTS and batches of fewer rows repeat theirs to len(PROMPTS): one static shape,
+  so the cases of a setting share a compile."""
   _, params = _block_causal()
-  prompt_BP, lengths_B = sampler.pad_prompts(prompts, PAD)
-  out, ran = _decode_fn(sampling, eos_id)(params, prompt_BP, lengths_B, jax.random.key(0))
-  return np.asarray(out)[:, prompt_BP.shape[1] :], int(ran)
+  rows = [prompts[i % len(prompts)] for i in range(len(PROMPTS))]
+  prompt_BP, lengths_B = sampler.pad_prompts(rows, PAD, width=max(map(len, PROMPTS)))
+  fn = _decode_fn(sampling)
+  out, ran = fn(params, prompt_BP, lengths_B, jax.random.key(0), np.int32(eos_id))
+  return np.asarray(out)[: len(prompts), prompt_BP.shape[1] :], int(ran)
 
 
 @functools.lru_cache
@@ -105,27 +110,36 @@ def _text(row, eos_id):
   return row[: row.index(eos_id)] if eos_id in row else row
 
 
+@functools.lru_cache
+def _reference(row, s, eos_id=None):
+  """sdar_reference of PROMPTS[row], computed once per setting."""
+  return sdar_reference(PROMPTS[row], s, eos_id)
+
+
 @pytest.mark.parametrize(
-  's',
-  [pytest.param(SDAR, marks=pytest.mark.slow), FIXED],  # ~30 s (its compile) on 2 shared cores
+  's, stop_at_eos',
+  # SDAR's setting decodes with stop_at_eos, as test_stops_once_every_text_has_ended (one compile
+  # for both, eos_id being an argument); here no text ends, so every block runs.
+  [pytest.param(SDAR, True, marks=pytest.mark.slow), (FIXED, False)],  # ~22 s: its compile
   ids=['sdar_threshold', 'blocks_of_8_fixed_steps'],
 )
-def test_block_cache_matches_the_per_row_reference(s):
+def test_block_cache_matches_the_per_row_reference(s, stop_at_eos):
   """Token-identical, rows of any length; a cache off by one block (the prefill or a committed
   block's K/V written a block early or late, or not written) changes the tokens."""
-  sampling = dataclasses.replace(s, cache='block')
-  got, ran = _decode(sampling, eos_id=VOCAB - 1)
-  want = np.stack([sdar_reference(p, s) for p in PROMPTS])
+  sampling = dataclasses.replace(s, cache='block', stop_at_eos=stop_at_eos)
+  eos_id = VOCAB - 1
+  got, ran = _decode(sampling, eos_id)
+  want = np.stack([_reference(i, s) for i in range(len(PROMPTS))])
+  assert not (want == eos_id).any()  # no text ends (stop_at_eos changes nothing).
   np.testing.assert_array_equal(got, want)
   assert not (got == MASK).any()
   assert ran == -(-(BLOCK_SIZE - 1 + s.gen_length) // s.block_length)  # a tail needs one more.
 
 
-@pytest.mark.slow  # ~30 s (its compile) on 2 shared cores
 def test_stops_once_every_text_has_ended():
   """With stop_at_eos the block loop ends after the block where the last text ends: fewer blocks
   than gen_length holds, the same texts as the reference."""
-  free = [sdar_reference(p, SDAR) for p in PROMPTS]
+  free = [_reference(i, SDAR) for i in range(len(PROMPTS))]
   # As EOS, the token most rows write in their first 10; the batch: those rows.
   early = [set(row[:10].tolist()) for row in free]
   eos_id = max(range(4, VOCAB), key=lambda t: (sum(t in e for e in early), -t))
@@ -134,8 +148,8 @@ def test_stops_once_every_text_has_ended():
   prompts, free = [PROMPTS[i] for i in rows], [free[i] for i in rows]
   sampling = dataclasses.replace(SDAR, cache='block', stop_at_eos=True)
   got, ran = _decode(sampling, eos_id, prompts)
-  for prompt, row, ref in zip(prompts, got, free):
-    want = sdar_reference(prompt, SDAR, eos_id)
+  for i, row, ref in zip(rows, got, free):
+    want = _reference(i, SDAR, eos_id)
     assert _text(row, eos_id) == _text(want, eos_id) == _text(ref, eos_id)
     assert not (row == MASK).any()  # what stayed masked after the EOS reads as EOS.
   # Each row's text ends in block (its prompt rest + the EOS index) // block_length.

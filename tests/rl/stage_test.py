@@ -56,9 +56,21 @@ def init_dir(tmp_path_factory):
 @pytest.mark.parametrize('objective', ['d1', 'espo', 'spg'])
 def test_rl_runs_and_logs(tmp_path, init_dir, objective):
   # ESPO also holds its reference in host memory, in bfloat16; SPG has no reference (no KL).
-  # d1 also evaluates held-out reward (eval.every) at steps 1 and 2, on 16 test problems.
+  # d1 also evaluates held-out reward (eval.every) at steps 1 and 2, on 16 test problems, and
+  # runs over a block-causal model (blocks of 4, SDAR's): rollouts and held-out decoding by block
+  # decoding with the block K/V cache and stop at EOS, so _check_held_out_against_inference also
+  # shows the cache exact (inference decodes without one). ESPO and SPG keep the bidirectional
+  # model and the uncached sampler.
+  block_causal = {
+    'model.attention_mask': 'block_causal',
+    'model.block_size': 4,
+    'sampler.cache': 'block',
+    'sampler.block_length': 4,
+    'sampler.steps': 8,
+    'sampler.stop_at_eos': True,
+  }
   extra = {
-    'd1': {'eval.every': 1, 'eval.batches': 1},
+    'd1': {'eval.every': 1, 'eval.batches': 1, **block_causal},
     'espo': {'rl.reference_on_host': True, 'rl.reference_dtype': 'bfloat16'},
     'spg': {'rl.kl_beta': 0.0},
   }[objective]
@@ -82,33 +94,6 @@ def test_rl_runs_and_logs(tmp_path, init_dir, objective):
     return
   assert [r['step'] for r in val] == [1, 2]
   assert all(r['val_examples'] == 16 and r['val_reward_failures'] == 0 for r in val)
-  _check_held_out_against_inference(c, val[-1])
-
-
-@pytest.mark.slow  # ~90 s on the shared 2-core machine, as the runs above
-def test_rl_runs_on_a_block_diffusion_model_with_the_block_cache(tmp_path, init_dir):
-  """d1 over a block-causal model (blocks of 4, SDAR's): rollouts and held-out decoding by block
-  decoding with the block K/V cache and stop at EOS; the held-out texts are inference's without
-  a cache, token for token (the cache is exact), and the run trains."""
-  c = _rl_config(
-    tmp_path,
-    init_dir,
-    **{
-      'model.attention_mask': 'block_causal',
-      'model.block_size': 4,
-      'sampler.cache': 'block',
-      'sampler.block_length': 4,
-      'sampler.steps': 8,
-      'sampler.stop_at_eos': True,
-      'eval.every': 2,
-      'eval.batches': 1,
-    },
-  )
-  last = loop.train(c)
-  assert last['step'] == 2 and last['loss'] == last['loss']
-  rows = [json.loads(line) for line in open(os.path.join(c.output_dir, 'metrics.jsonl'))]
-  val = [r for r in rows if 'val_reward' in r]
-  assert [r['step'] for r in val] == [2]
   _check_held_out_against_inference(c, val[-1])
 
 
