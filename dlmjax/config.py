@@ -204,7 +204,8 @@ def defaults() -> ml_collections.ConfigDict:
   # block-causal attention); prefix / dual: Fast-dLLM's approximate caches, refreshed per block.
   c.sampler.cache = 'none'
   # Rows whose text is final (an EOS, nothing masked before it) stop changing; a block ends when
-  # every other row is done and finished batches skip the rest (the text is unchanged).
+  # every other row is done and the block loop once every row is (the text is unchanged): with
+  # cache=block, SDAR's any-length block decoding, gen_length its maximum.
   c.sampler.stop_at_eos = False
   c.sampler.alg_temp = 0.0  # > 0: draw the positions from softmax(confidence / alg_temp) (Dream)
   # > 0: also commit the n most confident tokens with (n + 1)(1 - c_n) <= factor (Fast-dLLM).
@@ -775,7 +776,18 @@ def validate(config, num_devices: int | None = None) -> None:
   _validate_rl(config)
   _validate_lora(config)
   check_sampler_settings(config.sampler, prefix='sampler.')
+  _check_sampler_model(config)
   _validate_mesh(config, num_devices)
+
+
+def _check_sampler_model(config):
+  """The sampler's cache against the model it decodes (the sampler's own checks, early)."""
+  cache, m = config.sampler.cache, config.model
+  if cache in ('truncate', 'block') and m.attention_mask == 'bidirectional':
+    raise ConfigError(
+      f'sampler.cache={cache} is exact only for causal or block_causal models, and '
+      'model.attention_mask=bidirectional; use sampler.cache=none, prefix or dual.'
+    )
 
 
 LORA_BASE_DTYPES = ('bfloat16', 'float32', 'int8', 'nf4', 'int4')

@@ -172,6 +172,7 @@ def test_sampler_group_is_the_sampling_config():
     ({'sampler.factor': -1.0}, 'sampler.factor=-1.0 must be >= 0'),
     ({'sampler.threshold': 0.9, 'sampler.factor': 1.0}, 'set one of them to 0'),
     ({'log.outputs': 'tensorboard,slack'}, "names 'slack'"),
+    ({'sampler.cache': 'block'}, 'sampler.cache=block is exact only for causal or block_causal'),
   ],
 )
 def test_bad_sampler_and_log_keys_name_the_key(overrides, message):

@@ -50,8 +50,8 @@ def _sdar_attention(module, query, key, value, attention_mask, scaling=None, **k
   return torch.einsum('bnqk,bnkh->bqnh', probs, value.float()).contiguous(), None
 
 
-def reference_logits(hf_dir: str, tokens, block_size: int = BLOCK) -> np.ndarray:
-  """SDAR's forward: Qwen3ForCausalLM over the directory's tensors, SDAR's block-causal mask."""
+def reference_model(hf_dir: str, block_size: int = BLOCK):
+  """SDAR's model: Qwen3ForCausalLM over the directory's tensors, SDAR's block-causal mask."""
   transformers.AttentionInterface.register(_ATTENTION, _sdar_attention)
   hf = hf_config.read(hf_dir)
   config = transformers.Qwen3Config(
@@ -79,8 +79,14 @@ def reference_logits(hf_dir: str, tokens, block_size: int = BLOCK) -> np.ndarray
 
   state = load_file(os.path.join(hf_dir, 'model.safetensors'))
   model.load_state_dict(state, strict=not hf['tie_word_embeddings'])
+  return model.eval()
+
+
+def reference_logits(hf_dir: str, tokens, block_size: int = BLOCK) -> np.ndarray:
+  """SDAR's forward of the directory (reference_model)."""
+  model = reference_model(hf_dir, block_size)
   with torch.no_grad():
-    return model.eval()(input_ids=torch.as_tensor(tokens), use_cache=False).logits.numpy()
+    return model(input_ids=torch.as_tensor(tokens), use_cache=False).logits.numpy()
 
 
 def _ours(config, params, tokens):
@@ -187,3 +193,83 @@ def test_hub_sdar_4b_config_without_mask_or_block_fields_imports_as_the_preset()
     k: v for k, v in preset.items() if k != 'seq_len'
   }
   assert (config.model.mask_token_id, config.model.block_size) == (151669, 4)
+
+
+def sdar_greedy_generate(model, prompt, *, gen_length, threshold, mask_id, eos_id):
+  """SDAR's block_diffusion_generate (generate.py) for one prompt, greedy, block_length =
+  denoising steps = the model's block (one token per step, low_confidence_dynamic): the prompt's
+  whole blocks are the prefix, its rest opens the first block; per step x0 = argmax, c = p(x0),
+  commit every c > threshold if any, else the most confident; stop after the block where EOS
+  appears. No K/V cache: every step a forward of the whole prefix, which SDAR's mask makes the
+  cached forward. One change: MASK is never predicted (dlmjax's sampler bans it)."""
+  n, block = len(prompt), BLOCK
+  total = -(-(n + gen_length) // block) * block
+  x = torch.full((1, total), mask_id, dtype=torch.long)
+  x[0, :n] = torch.as_tensor(prompt)
+  # One torch thread: on shared cores its two-thread pool waits on busy ones (this loop took 38 s
+  # instead of 1 s); the pool's size is put back after.
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  try:
+    _sdar_blocks(model, x, n, total, threshold=threshold, mask_id=mask_id, eos_id=eos_id)
+  finally:
+    torch.set_num_threads(threads)
+  row = x[0, n : n + gen_length].tolist()
+  return row[: row.index(eos_id)] if eos_id in row else row
+
+
+def _sdar_blocks(model, x, n, total, *, threshold, mask_id, eos_id):
+  """sdar_greedy_generate's block loop over the canvas x [1, total], in place."""
+  block = BLOCK
+  with torch.no_grad():
+    for lo in range(n // block * block, total, block):
+      while (x[0, lo : lo + block] == mask_id).any():
+        logits = model(input_ids=x[:, : lo + block], use_cache=False).logits[0, lo:]
+        logits[:, mask_id] = -torch.inf
+        probs = logits.double().softmax(-1)
+        conf, x0 = probs.max(-1)
+        masked = x[0, lo : lo + block] == mask_id
+        conf = torch.where(masked, conf, -torch.inf)
+        commit = masked & (conf > threshold)
+        if not commit.any():
+          commit = torch.zeros_like(masked)
+          commit[conf.argmax()] = True
+        x[0, lo : lo + block] = torch.where(commit, x0, x[0, lo : lo + block])
+      if (x[0, n : lo + block] == eos_id).any():
+        break
+
+
+@pytest.mark.slow  # ~22 s on 2 shared cores: the sampler's compile
+def test_an_sdar_checkpoint_samples_with_the_block_cache_as_sdar_does(tmp_path):
+  """load_pretrained(SDAR dir).generate_tokens with the block cache, prompts of lengths that are
+  not multiples of the block, stop at EOS: SDAR's greedy block decoding token for token."""
+  hf_dir = sdar_dir(tmp_path / 'hf')
+  pretrained = inference.load_pretrained(hf_dir)
+  m = pretrained.config.model
+  rng = np.random.default_rng(3)
+  prompts = [rng.integers(4, 200, size).tolist() for size in (3, 6, 9, 4)]
+  model = reference_model(hf_dir)
+  # As EOS, a token SDAR writes early in the first row, so that stopping is exercised.
+  eos_id = sdar_greedy_generate(
+    model, prompts[0], gen_length=16, threshold=0.4, mask_id=m.mask_token_id, eos_id=-1
+  )[6]
+  m.eos_token_id = eos_id  # generate_tokens reads it
+  ours = pretrained.generate_tokens(
+    prompts,
+    batch_size=4,
+    gen_length=16,
+    steps=16,
+    block_length=BLOCK,
+    temperature=0.0,
+    threshold=0.4,
+    cache='block',
+    stop_at_eos=True,
+  )
+  theirs = [
+    sdar_greedy_generate(
+      model, p, gen_length=16, threshold=0.4, mask_id=m.mask_token_id, eos_id=eos_id
+    )
+    for p in prompts
+  ]
+  assert ours == theirs
+  assert len(theirs[0]) <= 6

@@ -1,5 +1,6 @@
 """Every entry point that samples hands the sampler every sampler setting it was given: generate,
-evaluate tasks, the lm-eval adapter's generate_until, RL rollouts and RL's held-out evaluation.
+evaluate tasks, the lm-eval adapter's generate_until, RL rollouts and RL's held-out evaluation;
+every cache mode among them (block decoding's `block` too).
 
 The sampler itself is replaced by a recorder (its output: all EOS), so these tests compile
 nothing; what they check is the SamplingConfig that reaches sampler.make_generate_fn."""
@@ -43,7 +44,10 @@ FACTOR = {
   'cache': 'dual',
   'cache_refresh': 2,
 }
-SETTINGS = [THRESHOLD, FACTOR]
+# Block decoding of a block-causal model (the RL run's model is one): SDAR's block of 4 and
+# threshold, the block K/V cache, stop at EOS.
+BLOCK = {**THRESHOLD, 'block_length': 4, 'remasking': 'low_confidence', 'cache': 'block'}
+SETTINGS = [THRESHOLD, FACTOR, BLOCK]
 
 
 def test_the_settings_cover_every_field():
@@ -111,8 +115,10 @@ def test_lm_eval_generate_until(run_dir, recorded, settings):
 
 
 def _rl_config(settings):
+  block_causal = {'model.attention_mask': 'block_causal', 'model.block_size': 4}
   return tiny_test_config(
     **{
+      **(block_causal if settings['cache'] in ('truncate', 'block') else {}),
       'stage': 'rl',
       'rl.kl_beta': 0.0,
       'rl.max_prompt_tokens': 16,

@@ -133,15 +133,21 @@ def factor_accepts(conf_BK, factor: float):
   return (n_BK == 1) | (conf_BK >= 1 - factor / (n_BK + 1))
 
 
-def commit_step(logits_BKV, x_BK, count_B, keys, settings, *, mask_id: int, frozen_B=None):
+def commit_step(
+  logits_BKV, x_BK, count_B, keys, settings, *, mask_id: int, frozen_B=None, decodable_BK=None
+):
   """One decoding step over the current block: x_BK with the committed predictions written in.
 
   logits_BKV: float32 logits of the block (forbidden tokens at -inf); count_B: the schedule's
   tokens for this step; keys: (noise key, remasking key) of the step (sampler.step_keys);
-  settings: a SamplingConfig; frozen_B: rows that must not change (their text is final).
+  settings: a SamplingConfig; frozen_B: rows that must not change (their text is final);
+  decodable_BK: the completion's positions (a block may start inside the prompt, whose MASK ids
+  stay), default all.
   """
   noise_key, remask_key = keys
   masked_BK = x_BK == mask_id
+  if decodable_BK is not None:
+    masked_BK = masked_BK & decodable_BK
   if frozen_B is not None:
     masked_BK = masked_BK & ~frozen_B[:, None]
   x0_BK = sample_tokens(logits_BKV, noise_key, settings.temperature, settings.top_p)
@@ -163,13 +169,15 @@ def commit_step(logits_BKV, x_BK, count_B, keys, settings, *, mask_id: int, froz
   return jnp.where(commit_BK, x0_BK, x_BK)
 
 
-def finished_rows(x_BL, width: int, *, mask_id: int, eos_id: int):
-  """bool [B]: rows whose text is final: read from the completion's start (position width), the
-  first token that is EOS or MASK is an EOS. The text ends at that EOS and everything before it
-  is committed, and committed tokens never change, so whatever the rest of the row becomes, its
-  text (and RL's completion, rewritten to EOS after the first one) is the same."""
-  completion_BG = x_BL[:, width:]
-  stop_BG = (completion_BG == eos_id) | (completion_BG == mask_id)
-  first_B = jnp.argmax(stop_BG, axis=1)
-  at_first = jnp.take_along_axis(completion_BG, first_B[:, None], axis=1)[:, 0]
-  return jnp.any(stop_BG, axis=1) & (at_first == eos_id)
+def finished_rows(x_BL, start, *, mask_id: int, eos_id: int):
+  """bool [B]: rows whose text is final: read from the completion's start (position `start`, an
+  int or one per row [B]), the first token that is EOS or MASK is an EOS. The text ends at that
+  EOS and everything before it is committed, and committed tokens never change, so whatever the
+  rest of the row becomes, its text (and RL's completion, rewritten to EOS after the first one)
+  is the same."""
+  start_B1 = jnp.broadcast_to(jnp.asarray(start, jnp.int32), x_BL.shape[:1])[:, None]
+  completion_BL = jnp.arange(x_BL.shape[1])[None] >= start_B1
+  stop_BL = ((x_BL == eos_id) | (x_BL == mask_id)) & completion_BL
+  first_B = jnp.argmax(stop_BL, axis=1)
+  at_first = jnp.take_along_axis(x_BL, first_B[:, None], axis=1)[:, 0]
+  return jnp.any(stop_BL, axis=1) & (at_first == eos_id)

@@ -186,24 +186,31 @@ def completions(out_BL, prompt_width: int, eos_id: int) -> list[list[int]]:
   return result
 
 
-def _check_exact_cache(module, width: int, sampling: SamplingConfig) -> None:
+def block_grid(model_cfg) -> int:
+  """The unit a canvas is aligned to: model.block_size for block-causal models, else 1.
+
+  A block-causal model's blocks count from each row's first real token (SDAR trains them so,
+  from the start of every packed sample), but its mask counts them from canvas position 0. So
+  each row is left-padded by whole blocks: its whole prompt blocks end at one canvas position,
+  the prefill, and the rest of its prompt (fewer than block_size tokens) opens the first decoded
+  block, fixed there, as in SDAR's generate.py (reference/families_and_decoding.md 3.3). Every row
+  then sees the block grid it was trained on, whatever its batch-mates' lengths.
+  """
+  return model_cfg.block_size if model_cfg.attention_mask == 'block_causal' else 1
+
+
+def _check_exact_cache(module, sampling: SamplingConfig) -> None:
   """'truncate' and 'block' are exact iff no position up to the block end sees past it, and
   ('block') no committed position's K/V depends on a later block."""
   kind, size, mode = module.cfg.attention_mask, module.cfg.block_size, sampling.cache
   if kind == 'causal':
     return
   if kind == 'block_causal':
-    if mode == 'truncate':
-      ends = [width + (b + 1) * sampling.block_length for b in range(sampling.num_blocks)]
-      aligned = all(end % size == 0 for end in ends)
-    else:
-      aligned = width % size == 0 and sampling.block_length % size == 0
-    if aligned:
-      return
+    if sampling.block_length % size == 0:
+      return  # every decoded block starts on the model's grid (block_grid's canvas).
     raise ValueError(
-      f'cache={mode!r} needs the prompt width ({width}) and block_length '
-      f'({sampling.block_length}) to be multiples of model.block_size ({size}); '
-      'pad prompts to such a width (pad_prompts(..., width=)).'
+      f'cache={mode!r} needs block_length ({sampling.block_length}) to be a multiple of '
+      f'model.block_size ({size}); set block_length to k * {size}.'
     )
   raise ValueError(
     f'cache={mode!r} is exact only for causal or block_causal models; this one is '
@@ -211,7 +218,13 @@ def _check_exact_cache(module, width: int, sampling: SamplingConfig) -> None:
   )
 
 
-def generate(
+def generate(module, prompt_BP, prompt_lengths_B, sampling: SamplingConfig, key, **kwargs):
+  """Decodes gen_length tokens after each left-padded prompt: int32 [B, P + gen_length]
+  (decode_blocks without its count)."""
+  return decode_blocks(module, prompt_BP, prompt_lengths_B, sampling, key, **kwargs)[0]
+
+
+def decode_blocks(
   module,
   prompt_BP,
   prompt_lengths_B,
@@ -223,7 +236,8 @@ def generate(
   pad_id: int,
   vocab_size: int | None = None,
 ):
-  """Decodes gen_length tokens after each left-padded prompt: int32 [B, P + gen_length].
+  """(int32 [B, P + gen_length]: each left-padded prompt and its gen_length tokens, the number
+  of blocks decoded): the sampler.
 
   Per block of block_length tokens, steps_per_block steps; per step a forward over the canvas,
   CFG (logits = u + (s + 1)(c - u), u from a copy whose prompt is MASK), predictions x0 (argmax or
@@ -236,30 +250,36 @@ def generate(
   differences that matter only for untrained models: MASK is never predicted (LLaDA would commit
   it and leave the position masked), nor are padded vocabulary rows (>= vocab_size). Pads are
   excluded from attention through segment ids and positions start at 0 at each row's first real
-  token.
+  token. Block-causal models decode on block_grid's canvas: a row's first block may open with the
+  end of its prompt, and a last block may run past gen_length (those tokens are dropped).
+
+  The blocks are one while loop: with stop_at_eos it ends once every row's text has ended (an
+  EOS with nothing masked before it), so gen_length is a maximum and a batch costs the blocks
+  its longest text needs; the count says how many ran.
 
   The cache modes change only the forward. 'prefix' / 'dual' (Fast-dLLM v1, generate_with_prefix_
   cache / generate_with_dual_cache): a refresh step is the whole-canvas forward, keeping every
   layer's K/V; the other steps run [block start, canvas end) ('prefix', one static shape per
-  block) or the block alone ('dual') with their fresh K/V in place of the kept ones. 'block': the
-  prompt's K/V come from one forward, each step runs the block against them, and once a block is
-  committed one more forward of it stores its K/V, never recomputed. A shifted model (Dream) runs
-  each cached slice from one position earlier, the position that predicts its first token.
+  block) or the block alone ('dual') with their fresh K/V in place of the kept ones. 'block'
+  (SDAR's and BD3LM's block K/V cache): one forward of the prompt's whole blocks fills the cache,
+  each step runs the current block against it, and once a block is committed one more forward
+  of it appends its K/V, never recomputed. A shifted model (Dream) runs each cached slice from
+  one position earlier, the position that predicts its first token.
   """
   sampling.validate()
   batch, width = prompt_BP.shape
   block, spb, mode = sampling.block_length, sampling.steps_per_block, sampling.cache
-  length = width + sampling.gen_length
+  gen = sampling.gen_length
   if mask_id == pad_id:
     raise ValueError(f'pad_id and mask_id are both {mask_id}; pads would be decoded as masks.')
-  if length > module.cfg.seq_len:
+  if width + gen > module.cfg.seq_len:
     raise ValueError(
-      f'prompt width {width} + gen_length {sampling.gen_length} = {length} tokens '
+      f'prompt width {width} + gen_length {gen} = {width + gen} tokens '
       f'exceed the model context (seq_len {module.cfg.seq_len}); shorten the '
       'prompt or gen_length.'
     )
   if mode in ('truncate', 'block'):
-    _check_exact_cache(module, width, sampling)
+    _check_exact_cache(module, sampling)
   # Shifted models (model.shift_logits, Dream) read token i's prediction at position i-1: a cached
   # slice starts one position early, so its first token's predictor runs with it, against the
   # same K/V as the rest of the slice (exact wherever the cache is; one extra query row).
@@ -267,16 +287,28 @@ def generate(
   refresh_every = sampling.cache_refresh or spb
   vocab_size = vocab_size or module.cfg.vocab_size
 
-  offset_B1 = (width - jnp.asarray(prompt_lengths_B, jnp.int32))[:, None]
+  # The canvas (block_grid): [pads | whole prompt blocks | prompt rest, completion | ...].
+  grid = block_grid(module.cfg)
+  prefill = width // grid * grid  # the prompt's whole blocks end here in every row.
+  num_blocks = -(-(grid - 1 + gen) // block) if grid > 1 else sampling.num_blocks
+  length = prefill + num_blocks * block
+  lengths_B1 = jnp.asarray(prompt_lengths_B, jnp.int32)[:, None]
+  start_B1 = prefill + lengths_B1 % grid  # each row's completion starts here.
+  offset_B1 = start_B1 - lengths_B1  # and its first real token here.
+  blocks_needed = (jnp.max(start_B1) - prefill + gen + block - 1) // block
   index_1L = jnp.arange(length)[None]
   real_BL = index_1L >= offset_B1
+  prompt_real_BL = real_BL & (index_1L < start_B1)
+  decodable_BL = index_1L >= start_B1
   segment_ids_BL = jnp.broadcast_to(real_BL.astype(jnp.int32), (batch, length))
   positions_BL = jnp.maximum(index_1L - offset_B1, 0)
-  prompt_real_BL = real_BL & (index_1L < width)
-  x_BL = jnp.concatenate(
-    [jnp.asarray(prompt_BP, jnp.int32), jnp.full((batch, sampling.gen_length), mask_id, jnp.int32)],
-    axis=1,
-  )
+  prompt_BP = jnp.asarray(prompt_BP, jnp.int32)
+  if width:
+    source_BL = jnp.clip(index_1L - offset_B1 + (width - lengths_B1), 0, width - 1)
+    prompt_tokens_BL = jnp.take_along_axis(prompt_BP, jnp.broadcast_to(source_BL, real_BL.shape), 1)
+  else:
+    prompt_tokens_BL = jnp.full((batch, length), pad_id, jnp.int32)
+  x_BL = jnp.where(prompt_real_BL, prompt_tokens_BL, jnp.where(real_BL, mask_id, pad_id))
   cfg_on = sampling.cfg_scale > 0
   if cfg_on:  # the conditional rows, then the unconditional ones (prompt masked).
     segments_all, positions_all = (jnp.concatenate([a, a]) for a in (segment_ids_BL, positions_BL))
@@ -301,7 +333,7 @@ def generate(
     """Rows frozen by stop_at_eos (decoding.finished_rows), or None."""
     if not sampling.stop_at_eos:
       return None
-    return decoding.finished_rows(x_BL, width, mask_id=mask_id, eos_id=eos_id)
+    return decoding.finished_rows(x_BL, start_B1[:, 0], mask_id=mask_id, eos_id=eos_id)
 
   def block_logits(x_BL, start, view):
     """The current block's logits from a forward over x[:view] (no cache)."""
@@ -311,10 +343,13 @@ def generate(
     )
     return guided(hidden, start)
 
-  def canvas_kv(x_BL, start):
-    """(block logits, every layer's K/V) of a whole-canvas forward: a cache refresh."""
+  def canvas_kv(x_BL, start, view=length):
+    """(block logits, every layer's K/V) of a forward over x[:view]: a cache refresh (the whole
+    canvas) or the block cache's prefill (the prompt's whole blocks)."""
     hidden, kv = module.hidden_kv(
-      model_tokens(x_BL), positions_BL=positions_all, segment_ids_BL=segments_all
+      model_tokens(x_BL)[:, :view],
+      positions_BL=positions_all[:, :view],
+      segment_ids_BL=segments_all[:, :view],
     )
     return guided(hidden, start), kv
 
@@ -335,17 +370,20 @@ def generate(
     )
     return guided(hidden, start - first), kv, first
 
+  def window(a_BL, start):
+    return jax.lax.dynamic_slice_in_dim(a_BL, start, block, axis=1)
+
   def decode_step(x_BL, logits, block_index, step, start, transfer_B):
     """Commits tokens of the block [start, start + block) from its logits."""
-    x_blk = jax.lax.dynamic_slice_in_dim(x_BL, start, block, axis=1)
     x_blk = decoding.commit_step(
       logits,
-      x_blk,
+      window(x_BL, start),
       transfer_B,
       step_keys(key, block_index, step),
       sampling,
       mask_id=mask_id,
       frozen_B=finished(x_BL),
+      decodable_BK=window(decodable_BL, start),
     )
     return jax.lax.dynamic_update_slice_in_dim(x_BL, x_blk, start, axis=1)
 
@@ -367,14 +405,19 @@ def generate(
       kv,
     )
 
+  def go_on(block_index, x_BL):
+    """Whether block block_index is decoded: some row still needs it and has not finished."""
+    wanted = block_index < blocks_needed
+    return wanted if not sampling.stop_at_eos else wanted & ~jnp.all(finished(x_BL))
+
   def decode_block(block_index, x_BL, kv, static_start):
-    start = width + block_index * block
-    num_masked = jnp.sum(jax.lax.dynamic_slice_in_dim(x_BL, start, block, axis=1) == mask_id, -1)
-    transfer_BS = num_transfer_tokens(num_masked, spb)
+    start = prefill + block_index * block
+    left_BK = (window(x_BL, start) == mask_id) & window(decodable_BL, start)
+    transfer_BS = num_transfer_tokens(jnp.sum(left_BK, -1), spb)
 
     def unfinished(carry):
       step, x, _ = carry
-      left_BK = jax.lax.dynamic_slice_in_dim(x, start, block, axis=1) == mask_id
+      left_BK = (window(x, start) == mask_id) & window(decodable_BL, start)
       done_B = finished(x)
       if done_B is not None:
         left_BK = left_BK & ~done_B[:, None]
@@ -395,41 +438,46 @@ def generate(
           jax.lax.dynamic_update_slice_in_dim(a, f, first, axis=2) for a, f in zip(c, fresh)
         )
 
-      kv = jax.lax.cond(block_index < sampling.num_blocks - 1, store, lambda x, c: c, x_BL, kv)
+      kv = jax.lax.cond(go_on(block_index + 1, x_BL), store, lambda x, c: c, x_BL, kv)
     return x_BL, kv
 
-  def maybe_decode_block(block_index, x_BL, kv, static_start=None):
-    if not sampling.stop_at_eos:
-      return decode_block(block_index, x_BL, kv, static_start)
-    return jax.lax.cond(
-      jnp.all(finished(x_BL)),
-      lambda x, c: (x, c),
-      lambda x, c: decode_block(block_index, x, c, static_start),
-      x_BL,
-      kv,
-    )
-
   kv = None  # the K/V buffers the loop carries: the prompt's (block), refreshed before use else.
-  if mode == 'block':
-    kv = canvas_kv(x_BL, width)[1]
-  elif mode in ('prefix', 'dual'):
-    shapes = jax.eval_shape(lambda x: canvas_kv(x, width)[1], x_BL)
+  if mode in ('prefix', 'dual', 'block'):
+    shapes = jax.eval_shape(lambda x: canvas_kv(x, 0)[1], x_BL)
     kv = tuple(
       rules.constrain(
         jnp.zeros(a.shape, a.dtype), (None, rules.BATCH, None, rules.ATTN_HEADS, None)
       )
       for a in shapes
     )
-  if mode in ('truncate', 'prefix'):  # static shapes: one unrolled loop iteration per block.
-    for b in range(sampling.num_blocks):
-      x_BL, kv = maybe_decode_block(b, x_BL, kv, width + b * block)
-  else:
-    x_BL, kv = jax.lax.fori_loop(
-      0, sampling.num_blocks, lambda b, carry: maybe_decode_block(b, *carry), (x_BL, kv)
+  if mode == 'block' and prefill:  # SDAR's prefill: the prompt's whole blocks, once.
+    kv = tuple(
+      jax.lax.dynamic_update_slice_in_dim(a, new.astype(a.dtype), 0, axis=2)
+      for a, new in zip(kv, canvas_kv(x_BL, 0, prefill)[1])
     )
+  ran = jnp.int32(0)
+  if mode in ('truncate', 'prefix'):  # static shapes: one unrolled loop iteration per block.
+    for b in range(num_blocks):
+      decoded = go_on(b, x_BL)
+      x_BL, kv = jax.lax.cond(
+        decoded,
+        lambda x, c, b=b: decode_block(b, x, c, prefill + b * block),
+        lambda x, c: (x, c),
+        x_BL,
+        kv,
+      )
+      ran = ran + decoded.astype(jnp.int32)
+  else:
+    ran, x_BL, kv = jax.lax.while_loop(
+      lambda carry: (carry[0] < num_blocks) & go_on(carry[0], carry[1]),
+      lambda carry: (carry[0] + 1, *decode_block(carry[0], carry[1], carry[2], None)),
+      (ran, x_BL, kv),
+    )
+  # Back to the caller's layout: the left-padded prompt, then each row's gen_length tokens.
+  completion_BG = jnp.take_along_axis(x_BL, start_B1 + jnp.arange(gen)[None], axis=1)
   if sampling.stop_at_eos:  # skipped positions read as EOS, after the end of the text anyway.
-    x_BL = jnp.where(x_BL == mask_id, eos_id, x_BL)
-  return x_BL
+    completion_BG = jnp.where(completion_BG == mask_id, eos_id, completion_BG)
+  return jnp.concatenate([prompt_BP, completion_BG], axis=1), ran
 
 
 @functools.lru_cache(maxsize=32)  # one compilation per setting, shared by every caller.

@@ -18,8 +18,6 @@ from tests.diffusion.sampler_test import MASK, PAD, PROMPTS, _generate, _model
 
 # 2 blocks of 8, 4 steps per block: the cached steps are 3 of every 4.
 BASE = sampler.SamplingConfig(gen_length=16, steps=8, block_length=8)
-# Prompts of one width, a multiple of block_size 4 (the block cache's rule for block_causal).
-ALIGNED = [p[:4] + [9] * (4 - len(p[:4])) for p in PROMPTS]
 
 
 # Dream's options (q/k/v biases, no QK-norm, token i predicted at position i-1).
@@ -128,9 +126,8 @@ def _same(model_config, params, sampling, prompts=PROMPTS, key=0, mesh=None):
 )
 def test_block_cache_is_token_identical_to_none(kind, changes):
   model_config, params = _models(kind)
-  prompts = PROMPTS if kind == 'causal' else ALIGNED
   sampling = dataclasses.replace(BASE, cache='block', **changes)
-  got, want = _same(model_config, params, sampling, prompts=prompts)
+  got, want = _same(model_config, params, sampling)
   np.testing.assert_array_equal(got, want)
   assert not (got == MASK).any()
 
@@ -182,8 +179,8 @@ def test_cached_sampler_sharded_over_a_mesh_equals_one_device(mode):
 def test_exact_cache_refused_where_inexact():
   with pytest.raises(ValueError, match="cache='block' is exact only for causal"):
     _generate(*_models('bidirectional'), dataclasses.replace(BASE, cache='block'))
-  with pytest.raises(ValueError, match='multiples of model.block_size'):
-    _generate(*_models('block_causal'), dataclasses.replace(BASE, cache='block'), prompts=[[5, 6]])
+  with pytest.raises(ValueError, match='multiple of model.block_size'):
+    _generate(*_models('block_causal'), dataclasses.replace(BASE, cache='block', block_length=2))
 
 
 @pytest.mark.parametrize(
@@ -200,8 +197,7 @@ def test_shifted_model_caches_are_token_identical_to_none(kind, mode, changes):
   of the block's first token: greedy, several cached steps per block, the tokens are none's
   wherever the cache is exact. A slice from the block start would read that token from itself."""
   model_config, params = _models(kind, options=DREAM)
-  prompts = ALIGNED if kind == 'block_causal' else PROMPTS
-  got, want = _same(model_config, params, dataclasses.replace(BASE, cache=mode, **changes), prompts)
+  got, want = _same(model_config, params, dataclasses.replace(BASE, cache=mode, **changes), PROMPTS)
   np.testing.assert_array_equal(got, want)
   assert not (got == MASK).any()
 

@@ -193,8 +193,8 @@ def test_truncation_refused_where_inexact(tiny):
   block_causal, bc_params = _model(
     **{'model.attention_mask': 'block_causal', 'model.block_size': 8}
   )
-  with pytest.raises(ValueError, match='multiples of model.block_size'):
-    _generate(block_causal, bc_params, s, prompts=[[5, 6, 7]])
+  with pytest.raises(ValueError, match='multiple of model.block_size'):
+    _generate(block_causal, bc_params, dataclasses.replace(s, block_length=4))
 
 
 def test_num_transfer_tokens():

@@ -56,9 +56,21 @@ def init_dir(tmp_path_factory):
 @pytest.mark.parametrize('objective', ['d1', 'espo', 'spg'])
 def test_rl_runs_and_logs(tmp_path, init_dir, objective):
   # ESPO also holds its reference in host memory, in bfloat16; SPG has no reference (no KL).
-  # d1 also evaluates held-out reward (eval.every) at steps 1 and 2, on 16 test problems.
+  # d1 also evaluates held-out reward (eval.every) at steps 1 and 2, on 16 test problems, and
+  # runs over a block-causal model (blocks of 4, SDAR's): rollouts and held-out decoding by block
+  # decoding with the block K/V cache and stop at EOS, so _check_held_out_against_inference also
+  # shows the cache exact (inference decodes without one). ESPO and SPG keep the bidirectional
+  # model and the uncached sampler.
+  block_causal = {
+    'model.attention_mask': 'block_causal',
+    'model.block_size': 4,
+    'sampler.cache': 'block',
+    'sampler.block_length': 4,
+    'sampler.steps': 8,
+    'sampler.stop_at_eos': True,
+  }
   extra = {
-    'd1': {'eval.every': 1, 'eval.batches': 1},
+    'd1': {'eval.every': 1, 'eval.batches': 1, **block_causal},
     'espo': {'rl.reference_on_host': True, 'rl.reference_dtype': 'bfloat16'},
     'spg': {'rl.kl_beta': 0.0},
   }[objective]
