@@ -57,6 +57,7 @@ class _Mask:
   segments: bool
   lengths: bool
   half: int = 0  # two_stream: the length of one stream (keys past 2 * half are padding).
+  skip: bool = True  # False visits every tile (the mask still applies): the no-skipping baseline
 
   @property
   def dense(self):
@@ -74,13 +75,15 @@ def flash_attention(
   valid_length_B=None,
   tiles: Tiles | None = None,
   interpret: bool | None = None,
+  skip_tiles: bool = True,
 ):
   """Softmax(q k^T / sqrt(H)) v with the visibility of `model.attention.attention_mask`.
 
   Same contract as `xla_attention`, except that a query that sees no key returns 0 (the dense
   reference returns an arbitrary average there) and gets no gradient. Any length works: it is
   padded to a whole tile, the padding hidden by the length mask. `interpret` defaults to True
-  off GPU.
+  off GPU. skip_tiles=False visits every tile (the same result; the baseline that measures what
+  skipping buys, benchmarks/block_diffusion.py).
   """
   batch, length, num_heads, head_dim = q_BLNH.shape
   num_kv = k_BLKH.shape[2]
@@ -121,7 +124,7 @@ def flash_attention(
     pad = ((0, 0), (0, padded - length), (0, 0), (0, 0))
     q_BLNH, k_BLKH, v_BLKH = (jnp.pad(x, pad) for x in (q_BLNH, k_BLKH, v_BLKH))
     seg_BL = jnp.pad(seg_BL, ((0, 0), (0, padded - length)))
-  mask = _Mask(kind, block_size, segments, lengths, half)
+  mask = _Mask(kind, block_size, segments, lengths, half, skip_tiles)
   out = _flash(q_BLNH, k_BLKH, v_BLKH, seg_BL, valid_B, mask, _fit(tiles, padded), interpret)
   return out[:, :length]
 
@@ -175,6 +178,8 @@ def _fit(tiles, length):
 def _live_tiles(mask, seg_BL, valid_B, block_q, block_k):
   """Bool [B, Q tiles, K tiles]: some query of the Q tile may see some key of the K tile."""
   batch, length = seg_BL.shape
+  if not mask.skip:
+    return jnp.ones((batch, length // block_q, length // block_k), bool)
   q_last = (jnp.arange(length // block_q) + 1) * block_q - 1
   k_first = jnp.arange(length // block_k) * block_k
   if mask.kind == 'causal':
