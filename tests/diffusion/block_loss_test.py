@@ -28,6 +28,11 @@ def module():
     **{
       'model.attention_mask': 'block_causal',
       'model.block_size': BLOCK,
+      'model.num_layers': 1,
+      'model.d_model': 32,
+      'model.num_heads': 2,
+      'model.num_kv_heads': 1,
+      'model.ffn_dim': 64,
       'model.seq_len': SEQ,
       'model.vocab_size': 64,
       'model.mask_token_id': MASK,

@@ -105,13 +105,14 @@ def bd3lm_mask(half, block_size, seg_L=None, valid=None):
 
 
 def test_two_stream_matches_reference_and_the_written_out_mask():
-  """Forward and gradients on [x_t || x_0]: 2 x 20 positions (padded to whole tiles inside), GQA,
-  two documents in both streams, row 0 cut to 13 tokens per stream."""
-  half, block = 20, 4
-  q, k, v, do, _, _ = make_case(5, batch=2, length=2 * half, heads=4, kv_heads=2, head_dim=16)
+  """Forward and gradients on [x_t || x_0]: 2 x 12 positions (padded to whole tiles inside, so a
+  key tile spans the stream boundary), GQA, two documents in both streams, row 0 cut to 9 tokens
+  per stream."""
+  half, block = 12, 4
+  q, k, v, do, _, _ = make_case(5, batch=2, length=2 * half, heads=2, kv_heads=1, head_dim=16)
   seg_half = documents(jax.random.key(6), 2, half, 2)
   seg = jnp.concatenate([seg_half, seg_half], axis=1)
-  valid = jnp.array([13, half], jnp.int32)
+  valid = jnp.array([9, half], jnp.int32)
   kw = dict(kind='two_stream', block_size=block, segment_ids_BL=seg, valid_length_B=valid)
   visible = np.asarray(attention_lib.attention_mask(2 * half, **kw))
   for b in range(2):
