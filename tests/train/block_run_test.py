@@ -6,6 +6,7 @@ import shutil
 
 import jax
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
 
 from dlmjax.train import loop
 from tests.conftest import tiny_test_config
@@ -48,8 +49,6 @@ def _rows(run_dir):
 def shared_compiles(tmp_path):
   """A persistent compilation cache for this test alone: the resumed run reuses the straight
   run's compiled step instead of compiling it again (same program, same inputs)."""
-  from jax._src import compilation_cache  # pylint: disable=import-outside-toplevel
-
   names = (
     'jax_compilation_cache_dir',
     'jax_persistent_cache_min_compile_time_secs',
