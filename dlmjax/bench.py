@@ -16,6 +16,7 @@ import numpy as np
 from absl import flags
 
 from dlmjax import cli
+from dlmjax import config as config_lib
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.train import reporting
 from dlmjax.train import stages
@@ -73,7 +74,8 @@ def run(config, steps: int, warmup: int, matmul: bool) -> dict:
 
   devices = jax.device_count()
   tokens_per_s = config.train.global_batch_size * config.model.seq_len / step_s
-  model_tflops = tokens_per_s * setup.model_config.flops_per_token() / devices / 1e12
+  flops_per_token = setup.model_config.flops_per_token(config_lib.attention_streams(config))
+  model_tflops = tokens_per_s * flops_per_token / devices / 1e12
   kind = jax.devices()[0].device_kind
   datasheet = reporting.peak_flops_per_device(0.0) / 1e12  # 0 for a kind not in the table
   result = dict(

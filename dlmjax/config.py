@@ -72,7 +72,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.pad_token_id = 0
 
   c.diffusion = ml_collections.ConfigDict()
-  c.diffusion.objective = 'mdm'  # mdm (masked diffusion) | ar (autoregressive baseline)
+  # mdm (masked diffusion) | ar (autoregressive baseline) | block (BD3LM block diffusion over
+  # [x_t || x_0], a t per model.block_size block; needs attention_mask=block_causal).
+  c.diffusion.objective = 'mdm'
   c.diffusion.varlen_prob = 0.01  # share of micro-batches truncated to a random length.
 
   c.data = ml_collections.ConfigDict()
@@ -616,7 +618,7 @@ _CHOICES = {
     'save_activations',
     'full',
   ),
-  'diffusion.objective': ('mdm', 'ar'),
+  'diffusion.objective': ('mdm', 'ar', 'block'),
   'data.source': ('builtin', 'megatron', 'tfds:NAME:SPLIT'),
   'train.schedule': ('wsd', 'wsd_linear', 'wsd_cosine', 'cosine', 'constant'),
   'sft.chat_template': ('none', 'plain', 'llada', 'chatml', 'dream'),
@@ -624,6 +626,12 @@ _CHOICES = {
   'sampler.cache': ('none', 'truncate', 'prefix', 'dual', 'block'),
 }
 LOG_OUTPUTS = ('tensorboard', 'wandb', 'plots')
+
+
+def attention_streams(config) -> int:
+  """Sequence copies a training step's layers run on per real token: 2 for the block-diffusion
+  objective ([x_t || x_0]), else 1. FLOPs and MFU count real tokens with this factor."""
+  return 2 if config.diffusion.objective == 'block' and config.stage != 'rl' else 1
 
 
 def log_outputs(config) -> tuple[str, ...]:
@@ -733,6 +741,16 @@ def validate(config, num_devices: int | None = None) -> None:
     raise ConfigError(
       'diffusion.objective=ar already predicts the next token; model.shift_logits=True would '
       'shift it twice: set --config.model.shift_logits=false.'
+    )
+  if config.diffusion.objective == 'block' and m.attention_mask != 'block_causal':
+    raise ConfigError(
+      'diffusion.objective=block trains a block_causal model (it decodes block by block); '
+      'set --config.model.attention_mask=block_causal.'
+    )
+  if config.diffusion.objective == 'block' and m.shift_logits:
+    raise ConfigError(
+      'diffusion.objective=block predicts each token at its own position (BD3LM, SDAR); set '
+      '--config.model.shift_logits=false.'
     )
   if not 0.0 <= config.diffusion.varlen_prob <= 1.0:
     raise ConfigError(f'diffusion.varlen_prob={config.diffusion.varlen_prob} must be in [0, 1].')

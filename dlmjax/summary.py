@@ -62,13 +62,16 @@ def summarize(config, num_devices: int | None) -> str:
   m = config.mesh
   tokens_per_step = config.train.global_batch_size * cfg.seq_len
   embedding = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
+  streams = config_lib.attention_streams(config)
+  flops = cfg.flops_per_token(streams)
+  doubled = ', the layers on [x_t || x_0] (2 x seq_len)' if streams == 2 else ''
   lines = [
     f'parameters: {cfg.num_params():,} with the embedding padded to {cfg.vocab_size} rows '
     f'(the count used everywhere); {unpadded:,} with the tokenizer vocab '
     f'{config.model.vocab_size}',
     f'non-embedding parameters: {cfg.num_params() - embedding:,}',
-    f'FLOPs per token (train): {cfg.flops_per_token():.4e}; per step: '
-    f'{cfg.flops_per_token() * tokens_per_step:.4e} ({tokens_per_step:,} tokens)',
+    f'FLOPs per token (train): {flops:.4e}; per step: '
+    f'{flops * tokens_per_step:.4e} ({tokens_per_step:,} tokens{doubled})',
     f'mesh: data {m.data} x fsdp {m.fsdp} x tensor {m.tensor} x pipeline {m.pipeline} x '
     f'context {m.context}; {config_lib.num_microbatches(config)} micro-batches of '
     f'{config.train.micro_batch_size} rows per step',

@@ -1,4 +1,5 @@
-"""Pre-training objectives: MegaDLMs' masked-diffusion loss and the autoregressive baseline.
+"""Pre-training objectives: MegaDLMs' masked-diffusion loss, BD3LM's block diffusion and the
+autoregressive baseline.
 
 Each returns (objective to differentiate, sums to aggregate over micro-batches). MegaDLMs
 back-propagates num/den per micro-batch (den = every token, masked or not), averages that over
@@ -45,6 +46,12 @@ def model_cross_entropy(
   return ce_T.reshape(batch, length)
 
 
+def elbo_terms(ce_BL, masked_BL, p_BL):
+  """Each token's share of the masked-diffusion ELBO: CE on masked tokens, weighted 1/p (p the
+  mask probability of the token's row, document or block; MDLM's 1/t for the linear schedule)."""
+  return ce_BL * masked_BL.astype(jnp.float32) / p_BL
+
+
 def mdm_loss(
   ce_fn,
   tokens_BS,
@@ -85,7 +92,7 @@ def mdm_loss(
     )
   ce_BL = ce_fn(noisy_BL, x_BL, **model_kwargs)
   masked = masked_BL.astype(jnp.float32)
-  num = jnp.sum(ce_BL * masked / p_BL)
+  num = jnp.sum(elbo_terms(ce_BL, masked_BL, p_BL))
   den = (batch * length).astype(jnp.float32)
   sums = dict(
     loss_num=num,
@@ -93,6 +100,66 @@ def mdm_loss(
     masked_ce_sum=jnp.sum(ce_BL * masked),
     masked_count=jnp.sum(masked),
     mask_ratio_sum=jnp.sum(p_B),
+    rows=jnp.float32(batch),
+    length_sum=length.astype(jnp.float32),
+    micro_batches=jnp.float32(1),
+  )
+  return num / den, sums
+
+
+BLOCK_TIME_EPS = 1e-3  # BD3LM's sampling_eps_min (configs/config.yaml); the top of t is 1.
+
+
+def block_loss(
+  ce_fn,
+  tokens_BS,
+  *,
+  seed,
+  step,
+  micro_index,
+  example_ids_B,
+  mask_id,
+  varlen_prob,
+  block_size,
+  segment_ids=None,
+):
+  """BD3LM's block-diffusion loss on tokens [B, S+1] (the first S are trained), one forward.
+
+  Each block of `block_size` tokens gets its own t (masking.block_forward_process); the model
+  reads [x_t || x_0] under the two-stream mask and returns x_t's predictions only
+  (Transformer.hidden's clean_BL). loss = sum_{b,i} CE_bi * m_bi / t_bi / (B * l), the masked
+  tokens' ELBO terms over every kept token, as BD3LM (and mdm_loss here) normalise.
+  With segment_ids, attention (both streams) and positions stay per document; blocks count from
+  the row's start. SDAR trains the same two-stream forward but draws one t per sample (a
+  variance choice, the same ELBO in expectation), so it has no switch here; docs/block_diffusion.md.
+  """
+  x_BL = tokens_BS[:, :-1]
+  batch, seq_len = x_BL.shape
+  length = masking.varlen_length(seed, step, micro_index, seq_len=seq_len, prob=varlen_prob)
+  keys = masking.example_keys(seed, step, example_ids_B)
+  valid_BL = jnp.broadcast_to(jnp.arange(seq_len) < length, x_BL.shape)
+  model_kwargs = dict(
+    clean_BL=x_BL,
+    valid_length_B=None if varlen_prob == 0 else jnp.full((batch,), length, jnp.int32),
+  )
+  if segment_ids is not None:
+    segments_BL = segment_ids[:, :-1]
+    model_kwargs.update(
+      segment_ids_BL=segments_BL, positions_BL=masking.segment_positions(segments_BL)
+    )
+  noisy_BL, masked_BL, p_BL = masking.block_forward_process(
+    keys, x_BL, valid_BL, block_size=block_size, mask_id=mask_id, eps=BLOCK_TIME_EPS
+  )
+  ce_BL = ce_fn(noisy_BL, x_BL, **model_kwargs)
+  masked = masked_BL.astype(jnp.float32)
+  num = jnp.sum(elbo_terms(ce_BL, masked_BL, p_BL))
+  den = (batch * length).astype(jnp.float32)
+  sums = dict(
+    loss_num=num,
+    loss_den=den,
+    masked_ce_sum=jnp.sum(ce_BL * masked),
+    masked_count=jnp.sum(masked),
+    mask_ratio_sum=jnp.sum(masked) / length,
     rows=jnp.float32(batch),
     length_sum=length.astype(jnp.float32),
     micro_batches=jnp.float32(1),
@@ -144,4 +211,4 @@ def ar_loss(
   return num / den, sums
 
 
-OBJECTIVES = {'mdm': mdm_loss, 'ar': ar_loss}
+OBJECTIVES = {'mdm': mdm_loss, 'ar': ar_loss, 'block': block_loss}

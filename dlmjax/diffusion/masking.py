@@ -103,3 +103,29 @@ def segment_positions(segment_ids_BL):
   )
   first_BL = jax.lax.cummax(jnp.where(starts_BL, index_1L, 0), axis=1)
   return index_1L - first_BL
+
+
+def block_forward_process(keys_B, tokens_BL, maskable_BL, *, block_size: int, mask_id: int, eps):
+  """BD3LM's forward process: one noise level per block of `block_size` tokens (from row start).
+
+  t = (1 - eps) u + eps, the range [eps, 1] of BD3LM's sampling_eps_min / max defaults (1e-3, 1;
+  its variance-minimising search over clipped ranges is not done here). The u of a row's blocks
+  are stratified (BD3LM's antithetic sampling, here within each row so every draw stays a function
+  of its example's key): block j gets u = (pi_j + v_j) / n_blocks for a random permutation pi and
+  v ~ U[0, 1), so each block's t is uniform and the row covers the range evenly. Each maskable
+  token is masked with probability t (no at-least-one rule: p is the probability, not the ratio).
+
+  Returns (noisy [B,L], masked [B,L] bool, p [B,L] float32: each token's block's t).
+  """
+  seq_len = tokens_BL.shape[1]
+  num_blocks = -(-seq_len // block_size)
+
+  def one_row(key, tokens_L, maskable_L):
+    key_perm, key_v, key_u = jax.random.split(key, 3)
+    strata = jax.random.permutation(key_perm, num_blocks)
+    u_N = (strata + jax.random.uniform(key_v, (num_blocks,))) / num_blocks
+    t_L = jnp.repeat((1.0 - eps) * u_N + eps, block_size)[:seq_len]
+    masked_L = (jax.random.uniform(key_u, (seq_len,)) < t_L) & maskable_L
+    return jnp.where(masked_L, mask_id, tokens_L), masked_L, t_L.astype(jnp.float32)
+
+  return jax.vmap(one_row)(keys_B, tokens_BL, maskable_BL)

@@ -6,6 +6,8 @@ probability p, CE of the masked tokens weighted by 1/p and divided by the answer
 over the conversation and averaged over conversations. Its peers differ in exactly three places,
 each a switch here: the normalisation (`token`: d1 and dllm's default; `batch`), whether the EOS
 padding is supervised (NeMo's `supervise_padding`) and the 1/p weight (dLLM-RL drops it).
+block_size > 0 trains a block-diffusion model instead (BD3LM / SDAR SFT): a t per block, the
+two-stream forward over [x_t || x_0] (diffusion/loss.py block_loss), the rest unchanged.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def sft_loss(
   weight_by_inverse_t=True,
   time_eps=1e-3,
   segment_ids=None,
+  block_size=0,
 ):
   """The SFT loss of rows [B, S+1] (the first S tokens are the canvas, as in pre-training).
 
@@ -76,6 +79,8 @@ def sft_loss(
   Per token: c = CE * masked * (1/p if weight_by_inverse_t else 1). With n_c the maskable tokens
   of token's conversation and N the conversations: `sequence` sum(c / n_c) / N (LLaDA),
   `token` sum(c) / sum(maskable), `batch` sum(c) / N. Returns (objective, sums).
+  block_size > 0: t per block of the row (masking.block_forward_process, its eps = time_eps) and
+  the model reads [x_t || x_0] (its clean_BL); `token` is SDAR's normalisation.
   """
   del micro_index
   if normalisation not in NORMALISATIONS:
@@ -97,9 +102,15 @@ def sft_loss(
       segment_ids_BL=segments_BL, positions_BL=masking.segment_positions(segments_BL)
     )
   keys = masking.example_keys(seed, step, example_ids_B)
-  noisy_BL, masked_BL, p_BL = forward_process(
-    keys, x_BL, maskable_BL, segments_BL, mask_id=mask_id, time_eps=time_eps
-  )
+  if block_size:
+    noisy_BL, masked_BL, p_BL = masking.block_forward_process(
+      keys, x_BL, maskable_BL, block_size=block_size, mask_id=mask_id, eps=time_eps
+    )
+    model_kwargs['clean_BL'] = x_BL
+  else:
+    noisy_BL, masked_BL, p_BL = forward_process(
+      keys, x_BL, maskable_BL, segments_BL, mask_id=mask_id, time_eps=time_eps
+    )
   ce_BL = ce_fn(noisy_BL, x_BL, **model_kwargs)
   masked = masked_BL.astype(jnp.float32)
   maskable = maskable_BL.astype(jnp.float32)

@@ -2,7 +2,9 @@
 
 cuDNN is fastest on plain attention but needs an [L, L] mask (slow) for packed documents and
 block-causal masks. This kernel builds the mask from iotas, segment ids and lengths per tile and
-skips key tiles that no query of the tile can see. Forward keeps the row logsumexp; the backward
+skips key tiles that no query of the tile can see: each tile row loops over at most two runs of live
+tiles, so the two-stream block-diffusion mask (a noisy block's own tile and the clean tiles before
+it) skips the noisy tiles in between. Forward keeps the row logsumexp; the backward
 (custom VJP) recomputes probabilities from it in two kernels (dQ; dK and dV), so no [L, L] tensor
 ever reaches memory. It lowers through Pallas' Triton backend on GPU and runs in interpret mode
 on CPU. On Hopper, plain bidirectional attention (with or without padding lengths) goes to the
@@ -22,7 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-MASK_KINDS = ('bidirectional', 'causal', 'block_causal')
+MASK_KINDS = ('bidirectional', 'causal', 'block_causal', 'two_stream')
 _NEG = -1e30  # finite: a masked logit minus a masked running max stays 0, never NaN.
 _LOG2E = math.log2(math.e)
 
@@ -54,6 +56,8 @@ class _Mask:
   block_size: int
   segments: bool
   lengths: bool
+  half: int = 0  # two_stream: the length of one stream (keys past 2 * half are padding).
+  skip: bool = True  # False visits every tile (the mask still applies): the no-skipping baseline
 
   @property
   def dense(self):
@@ -71,13 +75,15 @@ def flash_attention(
   valid_length_B=None,
   tiles: Tiles | None = None,
   interpret: bool | None = None,
+  skip_tiles: bool = True,
 ):
   """Softmax(q k^T / sqrt(H)) v with the visibility of `model.attention.attention_mask`.
 
   Same contract as `xla_attention`, except that a query that sees no key returns 0 (the dense
   reference returns an arbitrary average there) and gets no gradient. Any length works: it is
   padded to a whole tile, the padding hidden by the length mask. `interpret` defaults to True
-  off GPU.
+  off GPU. skip_tiles=False visits every tile (the same result; the baseline that measures what
+  skipping buys, benchmarks/block_diffusion.py).
   """
   batch, length, num_heads, head_dim = q_BLNH.shape
   num_kv = k_BLKH.shape[2]
@@ -89,8 +95,11 @@ def flash_attention(
     raise ValueError(f'{num_heads} query heads do not split into {num_kv} kv head groups')
   if kind not in MASK_KINDS:
     raise ValueError(f'unknown attention mask kind {kind!r}; known: {MASK_KINDS}')
-  if kind == 'block_causal' and block_size < 1:
-    raise ValueError('block_causal attention needs block_size >= 1')
+  if kind in ('block_causal', 'two_stream') and block_size < 1:
+    raise ValueError(f'{kind} attention needs block_size >= 1')
+  if kind == 'two_stream' and length % 2:
+    raise ValueError(f'two_stream attention needs [x_t || x_0] of even length, got {length}')
+  half = length // 2 if kind == 'two_stream' else 0
   if interpret is None:
     interpret = jax.default_backend() != 'gpu'
   tiles = tiles or Tiles()
@@ -103,8 +112,8 @@ def flash_attention(
   quantum = min(quantum, max(16, 1 << (length - 1).bit_length()))
   padded = -(-length // quantum) * quantum
   lengths = valid_length_B is not None or padded != length
-  if lengths:
-    valid_B = jnp.full((batch,), length, jnp.int32)
+  if lengths:  # two_stream: valid keys per stream (their index within it).
+    valid_B = jnp.full((batch,), half or length, jnp.int32)
     if valid_length_B is not None:
       valid_B = jnp.minimum(valid_B, valid_length_B.astype(jnp.int32))
   else:
@@ -115,9 +124,30 @@ def flash_attention(
     pad = ((0, 0), (0, padded - length), (0, 0), (0, 0))
     q_BLNH, k_BLKH, v_BLKH = (jnp.pad(x, pad) for x in (q_BLNH, k_BLKH, v_BLKH))
     seg_BL = jnp.pad(seg_BL, ((0, 0), (0, padded - length)))
-  mask = _Mask(kind, block_size, segments, lengths)
+  mask = _Mask(kind, block_size, segments, lengths, half, skip_tiles)
   out = _flash(q_BLNH, k_BLKH, v_BLKH, seg_BL, valid_B, mask, _fit(tiles, padded), interpret)
   return out[:, :length]
+
+
+def stream_index(pos, half: int):
+  """A position's index within its stream of [x_t || x_0] (padding past 2 * half stays >= half)."""
+  return pos - jnp.where(pos >= half, half, 0)
+
+
+def two_stream_visible(q, k, *, half: int, block_size: int):
+  """BD3LM's training mask over [x_t || x_0] (2 * half positions; bd3lms' `block_diff_mask`).
+
+  Blocks count from the start of each stream. A noisy query (q < half) sees its own noisy block
+  and the clean blocks before it; a clean query sees the clean blocks up to its own (block-causal);
+  no query sees a noisy key of another block, and no clean query sees a noisy key. q and k are
+  broadcastable integer positions: the one rule of the XLA reference and of the kernels' tiles.
+  """
+  clean_q, clean_k = q >= half, k >= half
+  block_q = stream_index(q, half) // block_size
+  block_k = stream_index(k, half) // block_size
+  noisy_key = jnp.logical_not(clean_q) & (block_q == block_k)
+  clean_key = jnp.where(clean_q, block_q >= block_k, block_q > block_k)
+  return jnp.where(clean_k, clean_key, noisy_key)
 
 
 def supports_head_dim(head_dim: int) -> bool:
@@ -148,17 +178,25 @@ def _fit(tiles, length):
 def _live_tiles(mask, seg_BL, valid_B, block_q, block_k):
   """Bool [B, Q tiles, K tiles]: some query of the Q tile may see some key of the K tile."""
   batch, length = seg_BL.shape
+  if not mask.skip:
+    return jnp.ones((batch, length // block_q, length // block_k), bool)
   q_last = (jnp.arange(length // block_q) + 1) * block_q - 1
   k_first = jnp.arange(length // block_k) * block_k
   if mask.kind == 'causal':
     live = k_first[None, :] <= q_last[:, None]
   elif mask.kind == 'block_causal':
     live = k_first[None, :] // mask.block_size <= q_last[:, None] // mask.block_size
+  elif mask.kind == 'two_stream':
+    live = _two_stream_live(mask, length, block_q, block_k)
   else:
     live = jnp.ones((q_last.size, k_first.size), bool)
   live = jnp.broadcast_to(live[None], (batch, *live.shape))
   if mask.lengths:
-    live = live & (k_first[None, None, :] < valid_B[:, None, None])
+    first_key = k_first  # the tile's lowest in-stream index (0 where it reaches x_0's start)
+    if mask.half:
+      straddles = (k_first < mask.half) & (k_first + block_k > mask.half)
+      first_key = jnp.where(straddles, 0, stream_index(k_first, mask.half))
+    live = live & (first_key[None, None, :] < valid_B[:, None, None])
   if mask.segments:  # Disjoint id ranges share no id; for packed documents this is exact.
     seg_q = seg_BL.reshape(batch, -1, block_q)
     seg_k = seg_BL.reshape(batch, -1, block_k)
@@ -169,15 +207,61 @@ def _live_tiles(mask, seg_BL, valid_B, block_q, block_k):
   return live
 
 
+def _two_stream_live(mask, length, block_q, block_k):
+  """Bool [Q tiles, K tiles] of the two-stream mask, from the blocks each tile covers.
+
+  A tile covers a run of noisy blocks and/or a run of clean blocks (in-stream block indices; a
+  tile may straddle the streams' boundary). A pair is live iff some covered pair is visible:
+  noisy-noisy the same block, noisy query - clean key an earlier block, clean-clean the same or
+  an earlier one (attention.two_stream_visible).
+  """
+  half, size = mask.half, mask.block_size
+
+  def cover(tile):
+    first = jnp.arange(length // tile) * tile
+    last = first + tile - 1
+    noisy = (first < half, first // size, jnp.minimum(last, half - 1) // size)
+    clean = (last >= half, (jnp.maximum(first, half) - half) // size, (last - half) // size)
+    return noisy, clean
+
+  (qn, qn_lo, qn_hi), (qc, qc_lo, qc_hi) = (
+    tuple(x[:, None] for x in part) for part in cover(block_q)
+  )
+  (kn, kn_lo, kn_hi), (kc, kc_lo, _) = (tuple(x[None, :] for x in part) for part in cover(block_k))
+  noisy_noisy = qn & kn & (qn_lo <= kn_hi) & (kn_lo <= qn_hi)
+  noisy_clean = qn & kc & (qn_hi > kc_lo)
+  clean_clean = qc & kc & (qc_hi >= kc_lo)
+  return noisy_noisy | noisy_clean | clean_clean
+
+
 def _ranges(live_BRC, valid_B):
-  """int32 [B, R, 4]: first and one-past-last live column per row (0, 0 if none), length, 0."""
+  """int32 [B, R, 8]: per row, the first run of live columns [lo, hi), the valid length, and
+  [lo2, hi2) from the next live column to one past the last (0, 0 if none); zeros after.
+
+  Masks of one run (causal, block_causal, documents) leave the second empty; the two-stream
+  mask's rows have two runs (a noisy block's own tile, the clean tiles before it), so the noisy
+  tiles between them are skipped. Anything past the first run is covered, so it stays exact for
+  any live pattern.
+  """
   num_cols = live_BRC.shape[-1]
+  cols = jnp.arange(num_cols)[None, None, :]
   any_live = live_BRC.any(-1)
-  lo = jnp.argmax(live_BRC, -1)
-  hi = num_cols - jnp.argmax(live_BRC[..., ::-1], -1)
-  lo, hi = jnp.where(any_live, lo, 0), jnp.where(any_live, hi, 0)
+  lo = jnp.where(any_live, jnp.argmax(live_BRC, -1), 0)
+  gap = ~live_BRC & (cols >= lo[..., None])
+  hi = jnp.where(any_live, jnp.where(gap.any(-1), jnp.argmax(gap, -1), num_cols), 0)
+  later = live_BRC & (cols >= hi[..., None])
+  any_later = later.any(-1)
+  lo2 = jnp.where(any_later, jnp.argmax(later, -1), 0)
+  hi2 = jnp.where(any_later, num_cols - jnp.argmax(live_BRC[..., ::-1], -1), 0)
   valid = jnp.broadcast_to(valid_B[:, None], lo.shape)
-  return jnp.stack([lo, hi, valid, jnp.zeros_like(lo)], -1).astype(jnp.int32)
+  zero = jnp.zeros_like(lo)
+  return jnp.stack([lo, hi, valid, lo2, hi2, zero, zero, zero], -1).astype(jnp.int32)
+
+
+def _live_loop(range_ref, body, init):
+  """body over the row's two runs of live tiles (_ranges)."""
+  carry = lax.fori_loop(range_ref[0], range_ref[1], body, init)
+  return lax.fori_loop(range_ref[3], range_ref[4], body, carry)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,10 +287,12 @@ def _visible(mask, q0, k0, block_q, block_k, seg_q, seg_k, valid):
     visible = q_pos >= k_pos
   elif mask.kind == 'block_causal':
     visible = q_pos // mask.block_size >= k_pos // mask.block_size
+  elif mask.kind == 'two_stream':
+    visible = two_stream_visible(q_pos, k_pos, half=mask.half, block_size=mask.block_size)
   if mask.segments:
     visible = both(visible, seg_q[:, None] == seg_k[None, :])
   if mask.lengths:
-    visible = both(visible, k_pos < valid)
+    visible = both(visible, (stream_index(k_pos, mask.half) if mask.half else k_pos) < valid)
   return visible
 
 
@@ -225,7 +311,7 @@ def _fwd_kernel(
   q0 = pl.program_id(0) * block_q
   q = q_ref[...]
   seg_q = seg_q_ref[...]
-  lo, hi, valid = range_ref[0], range_ref[1], range_ref[2]
+  valid = range_ref[2]
 
   def body(j, carry):
     acc, m, denom = carry
@@ -242,7 +328,7 @@ def _fwd_kernel(
     jnp.full((block_q,), _NEG, jnp.float32),
     jnp.zeros((block_q,), jnp.float32),
   )
-  acc, m, denom = lax.fori_loop(lo, hi, body, init)
+  acc, m, denom = _live_loop(range_ref, body, init)
   seen = m > 0.5 * _NEG  # Some key was visible: its logit is far above _NEG.
   denom = jnp.where(seen, denom, 1.0)
   o_ref[...] = jnp.where(seen[:, None], acc / denom[:, None], 0.0).astype(o_ref.dtype)
@@ -269,7 +355,7 @@ def _dq_kernel(
   q0 = pl.program_id(0) * block_q
   q, do, seg_q = q_ref[...], do_ref[...], seg_q_ref[...]
   lse, delta = lse_ref[...], delta_ref[...]
-  lo, hi, valid = range_ref[0], range_ref[1], range_ref[2]
+  valid = range_ref[2]
 
   def body(j, dq):
     ks = pl.ds(j * block_k, block_k)
@@ -280,7 +366,7 @@ def _dq_kernel(
     ds = p * (dp - delta[:, None])
     return dq + _dot(ds.astype(k.dtype), k)
 
-  dq = lax.fori_loop(lo, hi, body, jnp.zeros((block_q, head_dim), jnp.float32))
+  dq = _live_loop(range_ref, body, jnp.zeros((block_q, head_dim), jnp.float32))
   dq_ref[...] = (dq * (scale / _LOG2E)).astype(dq_ref.dtype)
 
 
@@ -290,7 +376,7 @@ def _dkv_kernel(range_ref, seg_q_ref, seg_k_ref, k_ref, v_ref, *refs, mask, bloc
   block_k, head_dim = k_ref.shape
   k0 = pl.program_id(0) * block_k
   k, v, seg_k = k_ref[...], v_ref[...], seg_k_ref[...]
-  lo, hi, valid = range_ref[0], range_ref[1], range_ref[2]
+  valid = range_ref[2]
   dk = jnp.zeros((block_k, head_dim), jnp.float32)
   dv = jnp.zeros((block_k, head_dim), jnp.float32)
   for g in range(groups):  # The query heads sharing this kv head.
@@ -307,7 +393,7 @@ def _dkv_kernel(range_ref, seg_q_ref, seg_k_ref, k_ref, v_ref, *refs, mask, bloc
       ds = p * (dp - delta_ref[qs][:, None])
       return dk + _dot(ds.astype(q.dtype), q, trans_a=True), dv
 
-    dk, dv = lax.fori_loop(lo, hi, body, (dk, dv))
+    dk, dv = _live_loop(range_ref, body, (dk, dv))
   dk_ref[...] = (dk * (scale / _LOG2E)).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -345,7 +431,7 @@ def _forward(q, k, v, seg_BL, valid_B, mask, tiles, interpret):
     functools.partial(_fwd_kernel, mask=mask, block_k=t.block_k, scale=scale),
     grid=(length // t.block_q, batch, num_heads),
     in_specs=[
-      pl.BlockSpec((None, None, 4), lambda i, b, n: (b, i, 0)),
+      pl.BlockSpec((None, None, 8), lambda i, b, n: (b, i, 0)),
       pl.BlockSpec((None, t.block_q), lambda i, b, n: (b, i)),
       pl.BlockSpec((None, length), lambda i, b, n: (b, 0)),
       own,
@@ -380,7 +466,7 @@ def _backward(q, k, v, seg_BL, valid_B, o, lse, do, mask, tiles, interpret):
     functools.partial(_dq_kernel, mask=mask, block_k=t.block_k, scale=scale),
     grid=(length // t.block_q, batch, num_heads),
     in_specs=[
-      pl.BlockSpec((None, None, 4), lambda i, b, n: (b, i, 0)),
+      pl.BlockSpec((None, None, 8), lambda i, b, n: (b, i, 0)),
       pl.BlockSpec((None, t.block_q), lambda i, b, n: (b, i)),
       pl.BlockSpec((None, length), lambda i, b, n: (b, 0)),
       own,
@@ -413,7 +499,7 @@ def _backward(q, k, v, seg_BL, valid_B, o, lse, do, mask, tiles, interpret):
     functools.partial(_dkv_kernel, mask=mask, block_q=t.block_q, groups=groups, scale=scale),
     grid=(length // t.block_k, batch, num_kv),
     in_specs=[
-      pl.BlockSpec((None, None, 4), lambda j, b, h: (b, j, 0)),
+      pl.BlockSpec((None, None, 8), lambda j, b, h: (b, j, 0)),
       pl.BlockSpec((None, length), lambda j, b, h: (b, 0)),
       pl.BlockSpec((None, t.block_k), lambda j, b, h: (b, j)),
       own,

@@ -20,7 +20,9 @@ from dlmjax.kernels import flash_attention_mgpu
 from dlmjax.model import layers, lora
 from dlmjax.parallel import rules
 
-MASK_KINDS = ('bidirectional', 'causal', 'block_causal')
+MASK_KINDS = ('bidirectional', 'causal', 'block_causal', 'two_stream')
+# two_stream is not a model.attention_mask: the block-diffusion objective runs a block_causal model
+# on [x_t || x_0] with it (Transformer.hidden's clean_BL; docs/block_diffusion.md).
 _NEG_INF = -1e30  # finite, so a fully masked (padding) row stays NaN-free.
 
 
@@ -49,6 +51,8 @@ def attention_mask(
     visible = q >= k
   elif kind == 'block_causal':  # bidirectional inside a block, causal across blocks (BD3LM).
     visible = (q // block_size) >= (k // block_size)
+  elif kind == 'two_stream':
+    visible = flash_attention.two_stream_visible(q, k, half=length // 2, block_size=block_size)
   else:
     raise ValueError(f'unknown attention mask kind {kind!r}; known: {MASK_KINDS}')
   visible = visible[None]
@@ -56,7 +60,8 @@ def attention_mask(
     query_ids_BQ = jax.lax.dynamic_slice_in_dim(segment_ids_BL, query_start, num_queries, axis=1)
     visible = visible & (query_ids_BQ[:, :, None] == segment_ids_BL[:, None, :])
   if valid_length_B is not None:
-    visible = visible & (k[None] < valid_length_B[:, None, None])
+    local_k = flash_attention.stream_index(k, length // 2) if kind == 'two_stream' else k
+    visible = visible & (local_k[None] < valid_length_B[:, None, None])
   return visible
 
 
@@ -100,11 +105,11 @@ def cudnn_attention(
 ):
   """cuDNN flash attention. Refuses what it could only do through a slow dense mask."""
   del block_size
-  if kind == 'block_causal' or segment_ids_BL is not None:
+  if kind in ('block_causal', 'two_stream') or segment_ids_BL is not None:
     raise ValueError(
       'the cudnn attention backend supports bidirectional and causal masks with '
-      'padding only; use model.attention_backend=pallas (or xla) for block_causal '
-      'or segments.'
+      'padding only; use model.attention_backend=pallas (or xla) for block_causal, '
+      'the block-diffusion objective or segments.'
     )
   lengths = None
   if valid_length_B is not None:
@@ -166,7 +171,12 @@ def auto_attention(
   head_dim = q_BLNH.shape[-1]
   if jax.default_backend() != 'gpu':
     backend = xla_attention
-  elif kind != 'block_causal' and segment_ids_BL is None and head_dim % 8 == 0 and head_dim <= 256:
+  elif (
+    kind in ('bidirectional', 'causal')
+    and segment_ids_BL is None
+    and head_dim % 8 == 0
+    and head_dim <= 256
+  ):
     backend = cudnn_attention
   elif flash_attention.supports_head_dim(head_dim):
     backend = pallas_attention

@@ -334,14 +334,20 @@ class ModelConfig:
     embed = self.vocab_size * d
     return self.num_layers * per_layer + embed * (1 if self.tie_embeddings else 2) + d
 
-  def flops_per_token(self) -> int:
-    """Training FLOPs per token: 6 x (params - input embedding) + attention (full, bidirectional).
+  def flops_per_token(self, streams: int = 1) -> int:
+    """Training FLOPs per (real) token: 6 x (params - input embedding) + attention (full,
+    bidirectional).
 
     DESIGN.md: 6 * (params - input embedding) + 12 * layers * seq * d_model. The attention term
-    uses num_heads * head_dim, which equals d_model for the presets here.
+    uses num_heads * head_dim, which equals d_model for the presets here. streams=2 is the
+    block-diffusion step (config.attention_streams): the layers run on [x_t || x_0], two rows of
+    a 2 * seq sequence per real token, the head on x_t's row only; attention is counted dense
+    over the doubled sequence, as every mask kind is counted dense here.
     """
+    head = self.vocab_size * self.d_model  # the head matmul costs 6*V*D per token, tied or not.
     non_embedding = self.num_params() - self.vocab_size * self.d_model
-    if self.tie_embeddings:  # the head is the embedding: its matmul still costs 6*V*D per token.
-      non_embedding += self.vocab_size * self.d_model
-    attention = 12 * self.num_layers * self.seq_len * self.num_heads * self.head_dim
-    return 6 * non_embedding + attention
+    if self.tie_embeddings:
+      non_embedding += head
+    layers = non_embedding - head
+    attention = 12 * self.num_layers * streams * self.seq_len * self.num_heads * self.head_dim
+    return 6 * (streams * layers + head) + streams * attention

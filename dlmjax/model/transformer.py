@@ -123,14 +123,17 @@ class Block(nnx.Module):
     return rules.constrain(x_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED)), kv
 
 
-def _run_layers(cfg, graphdef, stacked, x_BLD, side, kv_cache=None, cache_start=0, want_kv=False):
+def _run_layers(
+  cfg, graphdef, stacked, x_BLD, side, kv_cache=None, cache_start=0, want_kv=False, kind=None
+):
   """The stacked blocks (leading axis: layers) applied in order, scanned or unrolled, with remat.
 
   Returns (x, every layer's fresh (k, v) of x stacked [layers, B, L, K, H], or None unless
-  want_kv); kv_cache, [layers, B, S, K, H], holds the K/V each layer's slice attends to.
+  want_kv); kv_cache, [layers, B, S, K, H], holds the K/V each layer's slice attends to. kind
+  overrides cfg.attention_mask (two_stream: Transformer.hidden's clean_BL).
   """
   attention_kwargs = dict(
-    kind=cfg.attention_mask,
+    kind=kind or cfg.attention_mask,
     block_size=cfg.block_size,
     backend=cfg.attention_backend,
     segment_ids_BL=side.get('segment_ids_BL'),
@@ -224,10 +227,41 @@ class Transformer(nnx.Module):
         rngs, (cfg.d_model, cfg.vocab_size), (rules.EMBED, rules.VOCAB), std=cfg.init_std
       )
 
-  def hidden(self, tokens_BL, *, segment_ids_BL=None, valid_length_B=None, positions_BL=None):
+  def hidden(
+    self, tokens_BL, *, segment_ids_BL=None, valid_length_B=None, positions_BL=None, clean_BL=None
+  ):
     """Final-norm hidden states [B, L, D] in the compute dtype (the input of the output head);
-    with model.shift_logits, position i holds the state predicting token i (shift_predictions)."""
-    return self._hidden(tokens_BL, segment_ids_BL, valid_length_B, positions_BL)[0]
+    with model.shift_logits, position i holds the state predicting token i (shift_predictions).
+
+    clean_BL (a block_causal model): BD3LM's training forward. tokens_BL is the noisy x_t and
+    clean_BL the clean x_0; the layers run once over [x_t || x_0] (2L) with the two-stream mask
+    (kernels/flash_attention.py two_stream_visible), the clean copy at the same RoPE positions,
+    segment ids and lengths applying to both streams; only x_t's L rows come back (the head never
+    sees the clean stream). docs/block_diffusion.md.
+    """
+    if clean_BL is None:
+      return self._hidden(tokens_BL, segment_ids_BL, valid_length_B, positions_BL)[0]
+    if self.cfg.attention_mask != 'block_causal' or self.cfg.shift_logits:
+      raise ValueError(
+        'the two-stream (block diffusion) forward needs a block_causal model without '
+        'shift_logits; set --config.model.attention_mask=block_causal.'
+      )
+    length = tokens_BL.shape[1]
+    if positions_BL is None:
+      positions_BL = jnp.broadcast_to(jnp.arange(length), tokens_BL.shape)
+
+    def both(x):
+      return None if x is None else jnp.concatenate([x, x], axis=1)
+
+    hidden_BLD, _ = self._hidden(
+      jnp.concatenate([tokens_BL, clean_BL], axis=1),
+      both(segment_ids_BL),
+      valid_length_B,
+      both(positions_BL),
+      kind='two_stream',
+      rows=length,
+    )
+    return hidden_BLD
 
   def hidden_kv(
     self,
@@ -268,7 +302,10 @@ class Transformer(nnx.Module):
     kv_cache=None,
     cache_start=0,
     want_kv=False,
+    kind=None,
+    rows=None,
   ):
+    """rows: keep the first `rows` positions before the final norm (the two-stream forward)."""
     cfg = self.cfg
     if positions_BL is None:
       positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]), tokens_BL.shape)
@@ -283,7 +320,7 @@ class Transformer(nnx.Module):
     params = nnx.to_pure_dict(stacked)
 
     def run_layers(layer_params, x_BLD, side):
-      return _run_layers(cfg, graphdef, layer_params, x_BLD, side)[0]
+      return _run_layers(cfg, graphdef, layer_params, x_BLD, side, kind=kind)[0]
 
     kv = None
     if want_kv:
@@ -306,6 +343,8 @@ class Transformer(nnx.Module):
       )
     else:
       x_BLD = run_layers(params, x_BLD, side)
+    if rows is not None:
+      x_BLD = rules.constrain(x_BLD[:, :rows], (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
     hidden_BLD = self.final_norm(x_BLD)
     if cfg.shift_logits:
       if kv_cache is not None and segment_ids_BL is not None:  # they cover the whole sequence.

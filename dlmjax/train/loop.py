@@ -196,7 +196,7 @@ def _run(config, stop, cleanup) -> dict | None:
   reporter = reporting.Reporter(
     config.output_dir,
     total_steps=config.train.steps,
-    flops_per_token=setup.model_config.flops_per_token(),
+    flops_per_token=setup.model_config.flops_per_token(config_lib.attention_streams(config)),
     peak_tflops=0.0,
     sinks=sinks_lib.make_sinks(config, config.output_dir),
     console_metrics=stage.console_metrics,

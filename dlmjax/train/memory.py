@@ -79,11 +79,14 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
       state += jnp.dtype(config.rl.reference_dtype).itemsize * cfg.num_params() / shards
   rows = config.train.micro_batch_size / config_lib.batch_parallelism(config)
   tokens = rows * cfg.seq_len / context
+  streams = config_lib.attention_streams(config)  # block diffusion: layers on [x_t || x_0]
   act_bytes = 2 if cfg.dtype == 'bfloat16' else 4
   layers = cfg.num_layers / mesh.pipeline
-  saved = tokens * layers * act_bytes * _saved_per_token_layer(cfg, cfg.remat, mesh.tensor)
+  saved = (
+    streams * tokens * layers * act_bytes * _saved_per_token_layer(cfg, cfg.remat, mesh.tensor)
+  )
   if cfg.attention_backend == 'xla':  # scores and probabilities in fp32, per head
-    probs = tokens * cfg.num_heads / mesh.tensor * cfg.seq_len * 8
+    probs = streams**2 * tokens * cfg.num_heads / mesh.tensor * cfg.seq_len * 8
     saved += probs * (layers if cfg.remat == 'none' else 0)
   else:
     probs = 0.0
@@ -92,7 +95,7 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
     rebuilt = _saved_per_token_layer(cfg, 'none', mesh.tensor) - _saved_per_token_layer(
       cfg, cfg.remat, mesh.tensor
     )
-    recompute = tokens * act_bytes * rebuilt + probs
+    recompute = streams * tokens * act_bytes * rebuilt + probs
   chunk_tokens = config.model.loss_chunk_tokens
   chunk = min(chunk_tokens, tokens) if chunk_tokens else tokens
   logits = 2 * chunk * cfg.vocab_size / mesh.tensor * 4

@@ -88,6 +88,45 @@ def test_matches_reference(kind, heads, kv_heads, length, docs, valid):
   assert np.all(np.asarray(got[0])[~np.broadcast_to(live, got[0].shape)] == 0)  # ... output 0.
 
 
+def bd3lm_mask(half, block_size, seg_L=None, valid=None):
+  """BD3LM's mask over [x_t || x_0] written out: M_BD | M_OBC | M_BC, then documents, lengths."""
+  n = 2 * half
+  mask = np.zeros((n, n), bool)
+  for q in range(n):
+    for k in range(n):
+      fq, fk = q >= half, k >= half
+      bq, bk = (q - half * fq) // block_size, (k - half * fk) // block_size
+      diagonal = bq == bk and fq == fk
+      offset = bq > bk and fk and not fq
+      clean = bq >= bk and fk and fq
+      mask[q, k] = (diagonal or offset or clean) and (valid is None or k - half * fk < valid)
+      mask[q, k] &= seg_L is None or seg_L[q] == seg_L[k]
+  return mask
+
+
+def test_two_stream_matches_reference_and_the_written_out_mask():
+  """Forward and gradients on [x_t || x_0]: 2 x 12 positions (padded to whole tiles inside, so a
+  key tile spans the stream boundary), GQA, two documents in both streams, row 0 cut to 9 tokens
+  per stream."""
+  half, block = 12, 4
+  q, k, v, do, _, _ = make_case(5, batch=2, length=2 * half, heads=2, kv_heads=1, head_dim=16)
+  seg_half = documents(jax.random.key(6), 2, half, 2)
+  seg = jnp.concatenate([seg_half, seg_half], axis=1)
+  valid = jnp.array([9, half], jnp.int32)
+  kw = dict(kind='two_stream', block_size=block, segment_ids_BL=seg, valid_length_B=valid)
+  visible = np.asarray(attention_lib.attention_mask(2 * half, **kw))
+  for b in range(2):
+    want = bd3lm_mask(half, block, np.asarray(seg[b]), int(valid[b]))
+    np.testing.assert_array_equal(visible[b], want)
+  live = visible.any(-1)[:, :, None, None]
+  do = jnp.where(live, do, 0.0)
+  got = value_and_grads(lambda q, k, v: fa.flash_attention(q, k, v, tiles=SMALL, **kw), q, k, v, do)
+  want = value_and_grads(lambda q, k, v: attention_lib.xla_attention(q, k, v, **kw), q, k, v, do)
+  np.testing.assert_allclose(np.where(live, got[0], 0), np.where(live, want[0], 0), atol=2e-5)
+  for name, g, w in zip(('dq', 'dk', 'dv'), got[1:], want[1:]):
+    np.testing.assert_allclose(g, w, atol=5e-5, rtol=1e-4, err_msg=name)
+
+
 def brute_live(kind, block_size, seg, valid, block_q, block_k):
   """Tile (i, j) is live iff some query of tile i sees some key of tile j."""
   length = 64
@@ -107,7 +146,8 @@ def test_loops_skip_blind_tiles_and_keep_seen_ones(kind, segments):
   batch, length, block_q, block_k = 3, 64, 16, 8
   seg = documents(jax.random.key(1), batch, length, 4)
   valid = jnp.array([64, 41, 9], jnp.int32)
-  mask = fa._Mask(kind, 4, segments=segments, lengths=True)
+  half = length // 2 if kind == 'two_stream' else 0  # two_stream: [x_t || x_0] of 32 each
+  mask = fa._Mask(kind, 4, segments=segments, lengths=True, half=half)
   live = np.asarray(fa._live_tiles(mask, seg, valid, block_q, block_k))
   want = brute_live(kind, 4, seg if segments else None, valid, block_q, block_k)
   if segments:  # id ranges per tile: a superset (a tile may hold ids 1 and 3 but not 2).
@@ -115,13 +155,19 @@ def test_loops_skip_blind_tiles_and_keep_seen_ones(kind, segments):
   else:
     np.testing.assert_array_equal(live, want)
   ranges = np.asarray(fa._ranges(jnp.asarray(live), valid))
+  second_runs = 0
   for b in range(batch):
     for i in range(live.shape[1]):
-      lo, hi = ranges[b, i, :2]
+      lo, hi, _, lo2, hi2 = ranges[b, i, :5]
       cols = np.flatnonzero(live[b, i])
-      assert (lo, hi) == ((cols[0], cols[-1] + 1) if cols.size else (0, 0))
+      assert lo == (cols[0] if cols.size else 0) and np.all(live[b, i, lo:hi])
+      # The loops visit exactly the live tiles (every mask here has at most two runs a row).
+      assert sorted({*range(lo, hi), *range(lo2, hi2)}) == cols.tolist()
+      second_runs += hi2 > lo2
   assert ranges[..., 2].tolist() == [[int(x)] * live.shape[1] for x in valid]
   assert live.sum() < live.size  # something is skipped
+  # A noisy block's tiles skip the noisy tiles between its own and the clean ones it sees.
+  assert (second_runs > 0) == (kind == 'two_stream')
 
 
 def test_sharded_matches_reference():

@@ -24,6 +24,7 @@ def _mesh(**sizes):
     ('bidirectional', dict(context=4)),
     ('causal', dict(context=2)),
     ('block_causal', dict(context=2, tensor=2)),
+    ('two_stream', dict(context=2)),  # [x_t || x_0] of the block-diffusion objective
   ],
 )
 def test_attention_with_documents_and_padding_is_exact(kind, sizes):

@@ -27,6 +27,8 @@ def make_loss(config):
   bound = dict(
     seed=config.seed, mask_id=config.model.mask_token_id, varlen_prob=config.diffusion.varlen_prob
   )
+  if config.diffusion.objective == 'block':
+    bound['block_size'] = config.model.block_size
 
   def fn(module, tokens, **kwargs):
     loss, sums = objective(

@@ -25,7 +25,10 @@ def make_loss(config):
     chunk_size=config.model.loss_chunk_tokens, token_shards=config_lib.batch_parallelism(config)
   )
   bound = dict(
-    seed=config.seed, mask_id=config.model.mask_token_id, supervise_padding=not config.data.packing
+    seed=config.seed,
+    mask_id=config.model.mask_token_id,
+    supervise_padding=not config.data.packing,
+    block_size=config.model.block_size if config.diffusion.objective == 'block' else 0,
   )
 
   def fn(module, tokens, **kwargs):

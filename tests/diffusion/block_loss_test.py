@@ -1,0 +1,201 @@
+"""diffusion.objective=block against hand-written statements of BD3LM's training.
+
+The two-stream forward is checked against its meaning: noisy block b's predictions are those of a
+plain block-causal model reading [clean blocks < b, noisy block b]. The loss is checked against
+sum CE * m / t / (B * l) computed in numpy from those per-block forwards.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dlmjax import config as config_lib
+from dlmjax import model as model_lib
+from dlmjax.data.roles import PROMPT, RESPONSE
+from dlmjax.diffusion import loss as loss_lib
+from dlmjax.diffusion import masking, sft_loss
+from tests.conftest import tiny_test_config
+
+BLOCK, SEQ, MASK = 4, 16, 3
+
+
+@pytest.fixture(scope='module')
+def module():
+  config = tiny_test_config(
+    **{
+      'model.attention_mask': 'block_causal',
+      'model.block_size': BLOCK,
+      'model.num_layers': 1,
+      'model.d_model': 32,
+      'model.num_heads': 2,
+      'model.num_kv_heads': 1,
+      'model.ffn_dim': 64,
+      'model.seq_len': SEQ,
+      'model.vocab_size': 64,
+      'model.mask_token_id': MASK,
+    }
+  )
+  cfg = model_lib.ModelConfig.from_config(config)
+  return model_lib.merge(cfg, model_lib.init_params(cfg, jax.random.key(0)))
+
+
+def numpy_ce(logits, targets):
+  logits = np.asarray(logits, np.float64)
+  top = logits.max(-1, keepdims=True)
+  lse = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
+  return lse - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+
+
+def per_block_logits(module, noisy, clean, segments=None):
+  """Noisy block b read by the block_causal model on [clean[:bB], noisy[bB:(b+1)B]].
+
+  Blocks after b cannot reach block b under block_causal attention, so each b's sequence is
+  clean[:bB] ++ noisy[bB:], all of them in one batch.
+  """
+  num_blocks, rows = SEQ // BLOCK, noisy.shape[0]
+  tokens = np.concatenate(
+    [np.concatenate([clean[:, : b * BLOCK], noisy[:, b * BLOCK :]], 1) for b in range(num_blocks)]
+  )
+  seg = np.tile(np.ones_like(noisy) if segments is None else segments, (num_blocks, 1))
+  logits = np.asarray(_segment_logits(module, jnp.asarray(tokens), jnp.asarray(seg)))
+  return np.concatenate(
+    [logits[b * rows : (b + 1) * rows, b * BLOCK : (b + 1) * BLOCK] for b in range(num_blocks)], 1
+  )
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _segment_logits(module, tokens, seg):
+  return module(tokens, segment_ids_BL=seg, positions_BL=masking.segment_positions(seg))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _two_stream_logits(module, noisy, clean, seg):
+  hidden = module.hidden(
+    noisy, clean_BL=clean, segment_ids_BL=seg, positions_BL=masking.segment_positions(seg)
+  )
+  return module.logits(hidden)
+
+
+def test_two_stream_forward_is_each_block_on_its_clean_prefix(module):
+  rng = np.random.default_rng(0)
+  clean = rng.integers(4, 64, (2, SEQ)).astype(np.int32)
+  noisy = np.where(rng.random((2, SEQ)) < 0.5, MASK, clean).astype(np.int32)
+  segments = np.array([[1] * SEQ, [1] * 6 + [2] * 10], np.int32)
+  got = _two_stream_logits(module, *(jnp.asarray(a) for a in (noisy, clean, segments)))
+  assert got.shape[:2] == (2, SEQ)  # the clean stream never reaches the head
+  want = per_block_logits(module, noisy, clean, segments)
+  np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize('chunk_size', [0, 8])  # full logits, and the fused head + CE
+def test_block_loss_matches_the_per_block_formula(module, chunk_size):
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(4, 64, (2, SEQ + 1)).astype(np.int32)
+  ids = jnp.array([5, 9])
+  ce_fn = functools.partial(loss_lib.model_cross_entropy, module, chunk_size=chunk_size)
+  kw = dict(seed=7, step=3, micro_index=0, example_ids_B=ids, mask_id=MASK, block_size=BLOCK)
+  objective, sums = jax.jit(
+    lambda t: loss_lib.block_loss(ce_fn, t, varlen_prob=0.0, **{k: v for k, v in kw.items()})
+  )(jnp.asarray(tokens))
+  # The noise the loss drew: from the example's key, as masking.example_keys names it.
+  x = tokens[:, :-1]
+  noisy, masked, t = (
+    np.asarray(a)
+    for a in _noise(
+      masking.example_keys(7, 3, ids),
+      jnp.asarray(x),
+      jnp.ones(x.shape, bool),
+      BLOCK,
+      loss_lib.BLOCK_TIME_EPS,
+    )
+  )
+  assert np.all(noisy == np.where(masked, MASK, x)) and masked.any() and not masked.all()
+  ce = numpy_ce(per_block_logits(module, noisy, x), x)
+  want = np.sum(ce * masked / t) / x.size
+  np.testing.assert_allclose(float(objective), want, rtol=2e-5)
+  assert float(sums['loss_den']) == x.size  # real tokens: L per row, not 2L
+  assert float(sums['masked_count']) == masked.sum()
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _noise(keys, x, maskable, block_size, eps):
+  return masking.block_forward_process(
+    keys, x, maskable, block_size=block_size, mask_id=MASK, eps=eps
+  )
+
+
+def test_block_noise_is_one_stratified_t_per_block():
+  keys = masking.example_keys(0, 0, jnp.arange(64))
+  x = jnp.full((64, 32), 7, jnp.int32)
+  maskable = jnp.broadcast_to(jnp.arange(32) >= 5, x.shape)  # a 5-token prompt
+  noisy, masked, t = (np.asarray(a) for a in _noise(keys, x, maskable, 8, 1e-3))
+  t_blocks = t.reshape(64, 4, 8)
+  assert np.all(t_blocks == t_blocks[..., :1])  # constant inside a block
+  assert t.min() >= 1e-3 and t.max() <= 1.0
+  # Stratified per row: the row's 4 blocks fall in the 4 quarters of [0, 1], one each.
+  u = (t_blocks[..., 0] - 1e-3) / (1 - 1e-3)
+  assert np.all(np.sort(np.floor(u * 4), -1) == np.arange(4))
+  # ... and no block always lands in the same quarter (a position-dependent noise level).
+  assert len({tuple(np.floor(u[:, j] * 4)) for j in range(4)}) == 4
+  assert not masked[:, :5].any() and np.all(noisy[masked] == MASK)
+  rate = masked[:, 5:].sum() / (t[:, 5:]).sum()
+  assert 0.85 < rate < 1.15  # masked with probability t
+
+
+def test_block_sft_never_noises_the_prompt_and_reads_the_clean_stream():
+  seen = {}
+
+  def ce_fn(tokens_BL, targets_BL, clean_BL=None, **kwargs):
+    del kwargs
+    seen.update(noisy=tokens_BL, clean=clean_BL)
+    return jnp.ones(tokens_BL.shape, jnp.float32)
+
+  tokens = jnp.asarray(np.random.default_rng(2).integers(4, 64, (4, SEQ + 1)), jnp.int32)
+  roles = jnp.full(tokens.shape, RESPONSE, jnp.int32).at[:, :6].set(PROMPT)
+  objective, sums, noisy, clean = jax.jit(
+    lambda tokens, roles: (
+      *sft_loss.sft_loss(
+        ce_fn,
+        tokens,
+        roles=roles,
+        seed=0,
+        step=1,
+        micro_index=0,
+        example_ids_B=jnp.arange(4),
+        mask_id=MASK,
+        normalisation='token',
+        block_size=BLOCK,
+      ),
+      seen['noisy'],
+      seen['clean'],
+    )
+  )(tokens, roles)
+  noisy, clean = np.asarray(noisy), np.asarray(clean)
+  np.testing.assert_array_equal(clean, np.asarray(tokens[:, :-1]))
+  masked = noisy == MASK
+  assert not masked[:, :6].any() and masked.any()
+  assert float(sums['maskable_count']) == 4 * (SEQ - 6)
+
+
+def test_config_rules_and_flops_of_the_doubled_sequence():
+  ok = {'diffusion.objective': 'block', 'model.attention_mask': 'block_causal'}
+  config_lib.validate(tiny_test_config(**ok))
+  with pytest.raises(config_lib.ConfigError, match='attention_mask=block_causal'):
+    config_lib.validate(tiny_test_config(**{'diffusion.objective': 'block'}))
+  with pytest.raises(config_lib.ConfigError, match='shift_logits=false'):
+    config_lib.validate(tiny_test_config(**ok, **{'model.shift_logits': True}))
+  with pytest.raises(config_lib.ConfigError, match='block_size'):
+    config_lib.validate(tiny_test_config(**ok, **{'model.block_size': 5}))
+  with pytest.raises(config_lib.ConfigError, match='cudnn'):
+    config_lib.validate(tiny_test_config(**ok, **{'model.attention_backend': 'cudnn'}))
+  config = tiny_test_config(**ok)
+  cfg = model_lib.ModelConfig.from_config(config)
+  assert config_lib.attention_streams(config) == 2
+  head = cfg.vocab_size * cfg.d_model
+  layers = cfg.num_params() - 2 * head  # untied: embedding and head
+  attention = 12 * cfg.num_layers * cfg.seq_len * cfg.num_heads * cfg.head_dim
+  assert cfg.flops_per_token() == 6 * (layers + head) + attention
+  assert cfg.flops_per_token(2) == 6 * (2 * layers + head) + 4 * attention
