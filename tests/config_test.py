@@ -106,8 +106,8 @@ def _num_keys(node):
   return sum(_num_keys(v) if isinstance(v, dict) else 1 for v in node.values())
 
 
-def test_the_config_has_fewer_than_130_keys():
-  assert _num_keys(config_lib.defaults().to_dict()) < 130
+def test_the_config_has_fewer_than_150_keys():
+  assert _num_keys(config_lib.defaults().to_dict()) < 150
 
 
 def test_every_key_has_its_meaning_and_no_comment_cites_an_issue():

@@ -268,6 +268,12 @@ class ModelConfig:
   lora_alpha: float = 0.0
   lora_targets: tuple[str, ...] = ()
   weight_quant: str = 'none'  # none | int8: the projections' storage (model/quantize.py)
+  # Mixture of experts (model/moe.py): 0 experts = the dense MLP of ffn_dim.
+  num_experts: int = 0
+  experts_per_token: int = 2
+  moe_ffn_dim: int = 0  # each expert's width (0 = ffn_dim)
+  shared_experts: int = 0  # a dense SwiGLU of shared_experts x expert width beside the experts
+  router: str = 'softmax_topk'
 
   @property
   def lora_spec(self):
@@ -316,11 +322,21 @@ class ModelConfig:
       matmul_dtype=m.matmul_dtype,
       remat=m.remat,
       scan_layers=m.scan_layers,
+      num_experts=m.num_experts,
+      experts_per_token=m.experts_per_token,
+      moe_ffn_dim=m.moe_ffn_dim,
+      shared_experts=m.shared_experts,
+      router=m.router,
       **schedule,
     )
 
-  def num_params(self) -> int:
-    """Exact parameter count, without building the model."""
+  @property
+  def expert_dim(self) -> int:
+    return self.moe_ffn_dim or self.ffn_dim
+
+  def num_params(self, *, active: bool = False) -> int:
+    """Exact parameter count, without building the model; active=True counts the parameters
+    one token passes through (an MoE's experts_per_token experts, not all of them)."""
     d, h = self.d_model, self.head_dim
     attn = d * h * (2 * self.num_heads + 2 * self.num_kv_heads)
     if self.qk_norm:
@@ -328,6 +344,11 @@ class ModelConfig:
     if self.qkv_bias:
       attn += h * (self.num_heads + 2 * self.num_kv_heads)
     mlp = 3 * d * self.ffn_dim
+    if self.num_experts:
+      experts = self.experts_per_token if active else self.num_experts
+      mlp = 3 * d * self.expert_dim * (experts + self.shared_experts) + d * self.num_experts
+      if self.router == 'sigmoid_bias':
+        mlp += self.num_experts
     per_layer = attn + mlp + 2 * d
     embed = self.vocab_size * d
     return self.num_layers * per_layer + embed * (1 if self.tie_embeddings else 2) + d
@@ -336,9 +357,10 @@ class ModelConfig:
     """Training FLOPs per token: 6 x (params - input embedding) + attention (full, bidirectional).
 
     DESIGN.md: 6 * (params - input embedding) + 12 * layers * seq * d_model. The attention term
-    uses num_heads * head_dim, which equals d_model for the presets here.
+    uses num_heads * head_dim, which equals d_model for the presets here. An MoE counts the
+    active parameters: the experts a token runs through, so MFU is on active FLOPs.
     """
-    non_embedding = self.num_params() - self.vocab_size * self.d_model
+    non_embedding = self.num_params(active=True) - self.vocab_size * self.d_model
     if self.tie_embeddings:  # the head is the embedding: its matmul still costs 6*V*D per token.
       non_embedding += self.vocab_size * self.d_model
     attention = 12 * self.num_layers * self.seq_len * self.num_heads * self.head_dim

@@ -1,0 +1,96 @@
+"""The MoE layer against a dense reference: every expert run on every token, masked by the
+router's choice; forward and gradient, for each router."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dlmjax.model import moe
+
+D, E, K, F = 16, 8, 3, 24
+
+
+def _layer(router, shared=0):
+  return moe.MoE(
+    D, E, K, F, router=router, shared_ffn_dim=shared, std=0.3, out_std=0.3, rngs=nnx.Rngs(0)
+  )
+
+
+def _dense_reference(layer, x_BLD):
+  """sum_e mask[t, e] * w[t, e] * Expert_e(x[t]), the router's choice from scratch."""
+  logits = jnp.einsum('bld,de->ble', x_BLD, layer.router_kernel.value)
+  if layer.router == 'sigmoid_bias':
+    scores = jax.nn.sigmoid(logits)
+    chosen = jax.lax.top_k(scores + getattr(layer, moe.BIAS).value[None, None, :], K)[1]
+    mask = jax.nn.one_hot(chosen, E).sum(-2)
+    weights = scores * mask / jnp.sum(scores * mask, -1, keepdims=True)
+  else:
+    p = jax.nn.softmax(logits, -1)
+    mask = jax.nn.one_hot(jax.lax.top_k(p, K)[1], E).sum(-2)
+    weights = p * mask
+    if layer.router == 'softmax_topk':
+      weights = weights / jnp.sum(weights, -1, keepdims=True)
+  gate = jnp.einsum('bld,edf->blef', x_BLD, layer.gate_proj.value)
+  up = jnp.einsum('bld,edf->blef', x_BLD, layer.up_proj.value)
+  every_BLED = jnp.einsum('blef,efd->bled', jax.nn.silu(gate) * up, layer.down_proj.value)
+  out = jnp.einsum('bled,ble->bld', every_BLED, weights)
+  if hasattr(layer, 'shared'):
+    out = out + layer.shared(x_BLD)
+  return out
+
+
+@pytest.mark.parametrize(
+  'router,shared', [('softmax_topk', 0), ('softmax_topk_raw', 0), ('sigmoid_bias', 1)]
+)
+def test_dispatch_matches_the_dense_reference_forward_and_gradient(router, shared):
+  layer = _layer(router, shared * F)
+  if router == 'sigmoid_bias':  # a bias that changes the choice
+    getattr(layer, moe.BIAS).value = jnp.linspace(-0.5, 0.5, E)
+  graphdef, state = nnx.split(layer)
+  x = jax.random.normal(jax.random.key(1), (2, 5, D))
+
+  def loss(state, x, fn):
+    out = fn(nnx.merge(graphdef, state), x)
+    return jnp.sum(jnp.sin(out)), out
+
+  def both(state, x):
+    grad = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+    return grad(state, x, lambda m, x: m(x)[0]), grad(state, x, _dense_reference)
+
+  ((_, got), g_got), ((_, want), g_want) = jax.jit(both)(state, x)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  if router == 'sigmoid_bias':  # selection only: no gradient reaches the bias
+    assert not np.any(g_got[0]['router_bias'].value)
+
+
+def test_statistics_count_every_assignment_and_balance_loss_is_k_when_uniform():
+  layer = _layer('softmax_topk')
+  x = jax.random.normal(jax.random.key(2), (2, 7, D))
+  graphdef, state = nnx.split(layer)
+  stats_of = jax.jit(lambda state, x: nnx.merge(graphdef, state).route(x)[2])
+  stats = stats_of(state, x)
+  assert float(stats['counts'].sum()) == 2 * 7 * K
+  # A zero router: every probability 1/E, so the loss is E * sum_e f_e / E = k.
+  state['router_kernel'].value = jnp.zeros_like(state['router_kernel'].value)
+  stats = stats_of(state, x)
+  np.testing.assert_allclose(stats['balance_loss'], K, rtol=1e-6)
+  np.testing.assert_allclose(stats['entropy'], np.log(E), rtol=1e-6)
+  np.testing.assert_allclose(stats['z_loss'], np.log(E) ** 2, rtol=1e-6)
+
+
+def test_balance_bias_moves_toward_the_underloaded_experts():
+  params = {'blocks': {'mlp': {moe.BIAS: jnp.zeros((2, 4))}}}
+  counts = jnp.array([[4.0, 0.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0]])
+  new = moe.balance_bias(params, counts, 0.1)['blocks']['mlp'][moe.BIAS]
+  np.testing.assert_allclose(new, [[-0.1, 0.1, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+
+
+def test_bad_top_k_names_the_fix():
+  with pytest.raises(ValueError, match='experts_per_token=9 must be in'):
+    moe.MoE(D, E, 9, F, router='softmax_topk', shared_ffn_dim=0, std=1, out_std=1, rngs=nnx.Rngs(0))
