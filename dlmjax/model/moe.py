@@ -241,13 +241,14 @@ def _axes_size(mesh, part) -> int:
   return size
 
 
-def balance_bias(params: dict, counts_LE, rate: float) -> dict:
+def balance_bias(params: dict, counts_LE, rate: float, *, old: dict | None = None) -> dict:
   """params with every sigmoid_bias router's bias moved by rate x sign(mean load - load)
-  (DeepSeek-V3's loss-free balancing); counts_LE: the step's assignments per layer and expert."""
+  (DeepSeek-V3's loss-free balancing) from its value in `old` (default: params); counts_LE: the
+  step's assignments per layer and expert."""
   mlp = params.get('blocks', {}).get('mlp', {})
   if BIAS not in mlp:
     return params
-  bias_LE = mlp[BIAS]
+  bias_LE = (old or params)['blocks']['mlp'][BIAS]
   error_LE = jnp.mean(counts_LE, axis=-1, keepdims=True) - counts_LE
   new_mlp = dict(mlp, **{BIAS: bias_LE + rate * jnp.sign(error_LE).astype(bias_LE.dtype)})
   return dict(params, blocks=dict(params['blocks'], mlp=new_mlp))
@@ -275,6 +276,26 @@ def record(stats_per_layer: dict) -> None:
   calls = _CALLS.get()
   if calls is not None:
     calls.append(stats_per_layer)
+
+
+SUM_PREFIX = 'moe_'  # the statistics' keys among a step's sums
+
+
+def metrics(sums: dict, num_micro: int) -> dict:
+  """The step's router metrics from its summed statistics: the losses and entropy (means over
+  layers), the busiest and idlest experts' share of assignments times E (1 = balanced), and
+  every expert's share (moe_load_e{j}, over all layers)."""
+  counts_E = jnp.sum(sums[SUM_PREFIX + 'counts'], axis=0)
+  share_E = counts_E / jnp.maximum(jnp.sum(counts_E), 1.0)
+  num_experts = counts_E.shape[0]
+  out = {
+    SUM_PREFIX + key: sums[SUM_PREFIX + key] / num_micro
+    for key in ('balance_loss', 'z_loss', 'entropy')
+  }
+  out[SUM_PREFIX + 'load_max'] = jnp.max(share_E) * num_experts
+  out[SUM_PREFIX + 'load_min'] = jnp.min(share_E) * num_experts
+  out.update({f'{SUM_PREFIX}load_e{j}': share_E[j] for j in range(num_experts)})
+  return out
 
 
 def summarize(calls: list) -> dict:
