@@ -224,6 +224,68 @@ PRESETS['sdar_8b'] = dict(PRESETS['qwen3_8b'], **_SDAR_BLOCKS)
 # Unconfirmed: if SDAR-1.7B ties, set model.tie_embeddings=True (1,720,574,976).
 PRESETS['sdar_1p7b'] = dict(PRESETS['qwen3_1p7b'], tie_embeddings=False, **_SDAR_BLOCKS)
 
+# Mixture-of-experts shapes (model/moe.py; every layer MoE, no shared experts).
+# A tiny MoE for CPU runs and tests: the tiny preset with 8 experts of width 192, 2 per token.
+PRESETS['tiny_moe'] = dict(
+  PRESETS['tiny'], num_experts=8, experts_per_token=2, moe_ffn_dim=192, router='softmax_topk'
+)
+# inclusionAI/LLaDA-MoE-7B-A1B-Base (docs: families_and_decoding.md, LLaDA-MoE; dllm's
+# configuration_lladamoe.py): 16 layers of OLMoE-style blocks, MHA 16/16 x 128, QK-norm, theta
+# 5e4, 64 experts of 1024, top-8 with the raw softmax weights (no renormalisation), untied;
+# vocab 157184 (the Ling tokenizer's; unconfirmed for this config), mask 156895, EOS 156892.
+# Parameters: 7,356,880,896 total and 1,719,736,320 active per token (embeddings included; the
+# paper's 7B / 1.4B, and 1.08B active without the embeddings: "A1B").
+PRESETS['llada_moe_7b_a1b'] = dict(
+  num_layers=16,
+  d_model=2048,
+  num_heads=16,
+  num_kv_heads=16,
+  head_dim=128,
+  ffn_dim=8192,
+  num_experts=64,
+  experts_per_token=8,
+  moe_ffn_dim=1024,
+  shared_experts=0,
+  router='softmax_topk_raw',
+  seq_len=4096,
+  vocab_size=157184,
+  rope_theta=50000.0,
+  norm_eps=1e-5,
+  qk_norm=True,
+  qkv_bias=False,
+  tie_embeddings=False,
+  mask_token_id=156895,
+  eos_token_id=156892,
+  pad_token_id=156892,
+)
+# Qwen/Qwen3-30B-A3B config.json (Qwen3MoeForCausalLM): 48 layers, GQA 32/4 x 128, QK-norm,
+# theta 1e6, 128 experts of 768, top-8 renormalised (norm_topk_prob), untied, vocab 151936; an AR
+# base for adaptation (no MASK token: 151669, the first row past the tokenizer, as Qwen3).
+# Parameters: 30,532,122,624 total, 3,353,032,704 active (the model card's 30.5B and 3.3B).
+PRESETS['qwen3_30b_a3b'] = dict(
+  num_layers=48,
+  d_model=2048,
+  num_heads=32,
+  num_kv_heads=4,
+  head_dim=128,
+  ffn_dim=6144,
+  num_experts=128,
+  experts_per_token=8,
+  moe_ffn_dim=768,
+  shared_experts=0,
+  router='softmax_topk',
+  seq_len=2048,
+  vocab_size=151936,
+  rope_theta=1e6,
+  norm_eps=1e-6,
+  qk_norm=True,
+  qkv_bias=False,
+  tie_embeddings=False,
+  mask_token_id=151669,
+  eos_token_id=151643,
+  pad_token_id=151643,
+)
+
 
 def apply_preset(model_config, name: str) -> None:
   """Sets every dimension of `name` on a config.model node (configs call this, then override)."""
@@ -352,6 +414,10 @@ class ModelConfig:
     per_layer = attn + mlp + 2 * d
     embed = self.vocab_size * d
     return self.num_layers * per_layer + embed * (1 if self.tie_embeddings else 2) + d
+
+  def num_expert_params(self) -> int:
+    """The routed experts' parameters (all of them; the part mesh.expert splits)."""
+    return self.num_layers * 3 * self.d_model * self.expert_dim * self.num_experts
 
   def flops_per_token(self) -> int:
     """Training FLOPs per token: 6 x (params - input embedding) + attention (full, bidirectional).

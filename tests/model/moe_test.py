@@ -94,3 +94,44 @@ def test_balance_bias_moves_toward_the_underloaded_experts():
 def test_bad_top_k_names_the_fix():
   with pytest.raises(ValueError, match='experts_per_token=9 must be in'):
     moe.MoE(D, E, 9, F, router='softmax_topk', shared_ffn_dim=0, std=1, out_std=1, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize(
+  'preset,total,active',
+  [
+    # Qwen/Qwen3-30B-A3B model card: 30.5B total, 3.3B activated.
+    ('qwen3_30b_a3b', 30_532_122_624, 3_353_032_704),
+    # LLaDA-MoE-7B-A1B (families_and_decoding.md): 7B total, 1.4B active in the paper; the sum
+    # of its tensors with vocab 157184 is 7.36B and 1.72B active (1.08B without the embeddings).
+    ('llada_moe_7b_a1b', 7_356_880_896, 1_719_736_320),
+  ],
+)
+def test_moe_presets_have_the_published_total_and_active_counts(preset, total, active):
+  from dlmjax import config as config_lib
+  from dlmjax import model as model_lib
+
+  config = config_lib.defaults()
+  model_lib.apply_preset(config.model, preset)
+  config_lib.validate(config)
+  cfg = model_lib.ModelConfig.from_config(config)
+  assert (cfg.num_params(), cfg.num_params(active=True)) == (total, active)
+  assert round(total / 1e9, 1) == {'qwen3_30b_a3b': 30.5, 'llada_moe_7b_a1b': 7.4}[preset]
+  if preset == 'llada_moe_7b_a1b':
+    non_embedding_active = active - 2 * cfg.vocab_size * cfg.d_model
+    assert round(non_embedding_active / 1e9, 2) == 1.08
+  else:
+    assert round(active / 1e9, 1) == 3.4  # 3.35B, the card's "3.3B" rounded down
+
+
+@pytest.mark.parametrize('router,shared', [('softmax_topk', 0), ('sigmoid_bias', 2)])
+def test_moe_param_count_matches_the_tree(router, shared):
+  from dlmjax import model as model_lib
+  from tests.conftest import tiny_test_config
+
+  config = tiny_test_config(
+    **{'model.num_experts': 4, 'model.router': router, 'model.shared_experts': shared}
+  )
+  cfg = model_lib.ModelConfig.from_config(config)
+  _, shapes, _ = model_lib.abstract(cfg)
+  assert sum(np.prod(s.shape) for s in jax.tree.leaves(shapes)) == cfg.num_params()
+  assert cfg.num_params(active=True) < cfg.num_params()
