@@ -3,7 +3,7 @@
 out[r] = lhs[r] @ rhs[g(r)], g(r) the group row r falls in (group_sizes consecutive rows each);
 rows past sum(group_sizes) belong to no group. On GPU the Mosaic GPU kernel of tokamax (Google's
 Pallas kernel library, the optional `moe` extra; its import needs xprof) runs it where it imports:
-docs/benchmarks.md, MoE grouped matmul, has it far ahead of XLA's ragged_dot there. Elsewhere, and
+docs/moe.md, Dispatch, has it far ahead of XLA's ragged_dot there. Elsewhere, and
 when tokamax is missing, `jax.lax.ragged_dot`.
 """
 
@@ -24,6 +24,12 @@ def _tokamax():
     import tokamax  # noqa: PLC0415 - optional extra
   except Exception:  # noqa: BLE001 - any import failure means: not available
     return None
+  from absl import flags  # noqa: PLC0415
+
+  # tokamax reads its settings from absl flags; a program that parses none of its own (pytest,
+  # the argparse entry points) would fail there on its first call.
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
   return tokamax
 
 
