@@ -12,7 +12,7 @@ BACKENDS = ['xla', 'auto'] + (['tokamax'] if gmm.tokamax_available() else [])
 
 
 def _dense(lhs, rhs, sizes):
-  """lhs[r] @ rhs[g(r)], rows past the groups zero: a one-hot over groups, every group on every row."""
+  """lhs[r] @ rhs[g(r)], zero past the groups: every group on every row, one-hot masked."""
   group_R = jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(lhs.shape[0]), side='right')
   one_hot_RG = jax.nn.one_hot(group_R, rhs.shape[0], dtype=lhs.dtype)  # all zeros past the groups
   return jnp.einsum('rk,gkn,rg->rn', lhs, rhs, one_hot_RG)
