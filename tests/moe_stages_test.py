@@ -9,6 +9,7 @@ import pytest
 
 from dlmjax import evaluate, generate
 from dlmjax.checkpoint import manager
+from dlmjax.observability import plots
 from dlmjax.train import loop
 from tests.conftest import tiny_test_config
 from tests.rl.stage_test import _rl_config
@@ -49,6 +50,7 @@ def test_moe_pretrain_sft_rl_generate_and_likelihood(tmp_path, capsys):
   assert row['moe_load_max'] >= 1.0 >= row['moe_load_min']
   assert np.isclose(sum(row[f'moe_load_e{j}'] for j in range(4)), 1.0)
   assert row['moe_balance_loss'] >= 2.0 * 0.99  # k at perfect balance, more otherwise
+  assert any(p.endswith('router.png') for p in plots.draw(str(pre_dir)))
 
   train_file = tmp_path / 'sft.jsonl'
   train_file.write_text(
