@@ -34,6 +34,7 @@ import contextvars
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from dlmjax.kernels import grouped_matmul as gmm
@@ -151,14 +152,18 @@ def dispatch(
   # Assignments to experts held elsewhere sort last, past every group.
   key_A = jnp.where((local_A >= 0) & (local_A < local_experts), local_A, local_experts)
   order_A = jnp.argsort(key_A, stable=True)
-  group_sizes = jnp.sum(
-    jax.nn.one_hot(key_A, local_experts + 1, dtype=jnp.int32)[:, :local_experts], axis=0
-  )
+  group_sizes = jnp.bincount(key_A, length=local_experts + 1)[:local_experts].astype(jnp.int32)
   x_AD = jnp.take(x_TD, order_A // k, axis=0)
-  gate_AF = gmm.grouped_matmul(x_AD, gate_EDF, group_sizes, backend=backend)
-  up_AF = gmm.grouped_matmul(x_AD, up_EDF, group_sizes, backend=backend)
-  hidden_AF = jax.nn.silu(gate_AF) * up_AF
-  y_AD = gmm.grouped_matmul(hidden_AF, down_EFD, group_sizes, backend=backend)
+  # The dense MLP's activation names (model/transformer.py REMAT_POLICIES): the policies that
+  # keep its projections keep the experts' too, instead of re-running the grouped matmuls.
+  gate_AF = checkpoint_name(
+    gmm.grouped_matmul(x_AD, gate_EDF, group_sizes, backend=backend), 'mlp_gate'
+  )
+  up_AF = checkpoint_name(gmm.grouped_matmul(x_AD, up_EDF, group_sizes, backend=backend), 'mlp_up')
+  hidden_AF = checkpoint_name(jax.nn.silu(gate_AF) * up_AF, 'mlp_hidden')
+  y_AD = checkpoint_name(
+    gmm.grouped_matmul(hidden_AF, down_EFD, group_sizes, backend=backend), 'mlp_out'
+  )
   y_TKD = jnp.take(y_AD, jnp.argsort(order_A), axis=0).reshape(tokens, k, -1)
   out_TD = jnp.einsum(
     'tkd,tk->td', y_TKD, weights_TK.astype(y_TKD.dtype), preferred_element_type=jnp.float32

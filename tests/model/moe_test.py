@@ -135,3 +135,32 @@ def test_moe_param_count_matches_the_tree(router, shared):
   _, shapes, _ = model_lib.abstract(cfg)
   assert sum(np.prod(s.shape) for s in jax.tree.leaves(shapes)) == cfg.num_params()
   assert cfg.num_params(active=True) < cfg.num_params()
+
+
+@pytest.mark.slow  # two compiles of a 2-layer model
+def test_moe_transformer_gradient_is_the_same_scanned_or_unrolled_with_or_without_remat():
+  """The stacked layers' statistics and the experts' saved activations (remat names) change
+  nothing: scan + save_activations and an unrolled stack without remat give one gradient."""
+  import dataclasses
+
+  from dlmjax import model as model_lib
+  from tests.conftest import tiny_test_config
+
+  config = tiny_test_config(**{'model.num_experts': 4, 'model.moe_ffn_dim': 32})
+  base = model_lib.ModelConfig.from_config(config)
+  params = model_lib.init_params(base, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 100)
+
+  def grads(cfg):
+    def loss(p):
+      with moe.collect() as calls:
+        logits = model_lib.merge(cfg, p)(tokens)
+      return jnp.mean(jnp.square(logits)) + moe.summarize(calls)['balance_loss']
+
+    return jax.jit(jax.grad(loss))(params)
+
+  scanned = grads(dataclasses.replace(base, scan_layers=True, remat='save_activations'))
+  unrolled = grads(dataclasses.replace(base, scan_layers=False, remat='none'))
+  for a, b in zip(jax.tree.leaves(scanned), jax.tree.leaves(unrolled)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+  assert np.any(scanned['blocks']['mlp']['router_kernel'])  # the balance loss reaches the router
