@@ -63,3 +63,11 @@ def test_expert_layouts_match_one_device(one_device, mesh):
 def test_bad_expert_configs_name_the_fix(overrides, message):
   with pytest.raises(config_lib.ConfigError, match=message):
     config_lib.validate(tiny_test_config(**overrides))
+
+
+def test_a_checkpoint_with_other_experts_names_the_keys_to_set_back():
+  from dlmjax.checkpoint import manager
+
+  saved = tiny_test_config(**{'model.num_experts': 8})
+  with pytest.raises(manager.CheckpointError, match='model.num_experts: checkpoint 8, run 4'):
+    manager.check_architecture(saved, tiny_test_config(**{'model.num_experts': 4}))
