@@ -58,6 +58,16 @@ def defaults() -> ml_collections.ConfigDict:
   # kernels/rms_norm.py) | auto (the kernel on GPU where it applies).
   c.model.norm_backend = 'xla'
   c.model.dtype = 'float32'  # compute dtype: float32 | bfloat16; params stay float32.
+  # Mixture of experts (dlmjax/model/moe.py): num_experts > 0 makes every layer's MLP an MoE of
+  # that many SwiGLU experts of width moe_ffn_dim (0 = model.ffn_dim), experts_per_token chosen per
+  # token by model.router: softmax_topk (weights renormalised, Qwen3-MoE) | softmax_topk_raw (raw
+  # softmax weights, LLaDA-MoE / OLMoE) | sigmoid_bias (DeepSeek-V3 loss-free balancing);
+  # shared_experts > 0 adds a dense SwiGLU of shared_experts x moe_ffn_dim every token passes.
+  c.model.num_experts = 0
+  c.model.experts_per_token = 2
+  c.model.moe_ffn_dim = 0
+  c.model.shared_experts = 0
+  c.model.router = 'softmax_topk'
   # The projections' matmuls (q/k/v/o, MLP gate/up/down): 'compute' runs them in model.dtype,
   # 'fp8' in FP8 on Hopper (e4m3 forward, e5m2 gradients, per-tensor scales; model/fp8.py). The
   # output head and the attention core stay in model.dtype either way.
@@ -119,6 +129,12 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.b2 = 0.95  # AdamW's beta2 (beta1 0.9, eps 1e-8).
   c.train.weight_decay = 0.1  # decoupled, on matrices only (never norms).
   c.train.clip_grad_norm = 1.0  # global gradient-norm clip.
+  # MoE router losses added to the training objective (model.num_experts > 0; 0 = off): the
+  # load-balancing loss (k at perfect balance) and the router z-loss, each times its coefficient;
+  # moe_bias_rate: the sigmoid_bias router's per-step bias update (DeepSeek-V3's gamma).
+  c.train.moe_balance_loss = 0.0
+  c.train.moe_z_loss = 0.0
+  c.train.moe_bias_rate = 0.001
   # A non-finite loss or gradient skips the update; this many in a row stop the run (0 = never).
   c.train.max_consecutive_skips = 10
   # Refuse at start a config whose estimated memory per device (dlmjax/train/memory.py)
@@ -152,6 +168,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.mesh.pipeline_repeats = 1
   c.mesh.pipeline_microbatches = 0
   c.mesh.context = 1
+  # Expert parallelism: the MoE experts are split over mesh.expert devices (model.num_experts a
+  # multiple of it); the batch is split over it too, as over data and fsdp.
+  c.mesh.expert = 1
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 100  # 0 turns periodic saves off (the final step is still saved).
@@ -249,6 +268,8 @@ def defaults() -> ml_collections.ConfigDict:
   # eval.every's problems: test (the task's test split) | valid (train-split problems outside
   # rl.num_prompts' set: for choosing a checkpoint without looking at the test split)
   c.rl.eval_split = 'test'
+  # MoE: whether RL's objective gets the router losses of train.moe_balance_loss / moe_z_loss.
+  c.rl.router_losses = False
   return c
 
 
@@ -559,13 +580,13 @@ def num_microbatches(config) -> int:
 
 
 def batch_parallelism(config) -> int:
-  """Devices the batch is split over (data x fsdp)."""
-  return config.mesh.data * config.mesh.fsdp
+  """Devices the batch is split over (data x fsdp x expert)."""
+  return config.mesh.data * config.mesh.fsdp * config.mesh.expert
 
 
 def mesh_size(config) -> int:
   m = config.mesh
-  return m.data * m.fsdp * m.tensor * m.pipeline * m.context
+  return m.data * m.fsdp * m.expert * m.tensor * m.pipeline * m.context
 
 
 def pipeline_microbatches(config) -> int:
@@ -574,7 +595,7 @@ def pipeline_microbatches(config) -> int:
 
 
 # The mesh's axes in its order, outermost (slowest links) first (dlmjax/parallel/mesh.py).
-MESH_AXES = ('pipeline', 'data', 'fsdp', 'context', 'tensor')
+MESH_AXES = ('pipeline', 'data', 'fsdp', 'expert', 'context', 'tensor')
 
 
 def resolve_mesh(config, num_devices: int) -> None:
@@ -609,6 +630,7 @@ _CHOICES = {
   'model.attention_backend': ('xla', 'cudnn', 'pallas', 'auto'),
   'model.norm_backend': ('xla', 'pallas', 'auto'),
   'model.dtype': ('float32', 'bfloat16'),
+  'model.router': ('softmax_topk', 'softmax_topk_raw', 'sigmoid_bias'),
   'model.matmul_dtype': ('compute', 'fp8'),
   'model.remat': (
     'none',
@@ -1074,6 +1096,7 @@ def _validate_mesh(config, num_devices):
     if mesh[axis] < 1:
       raise ConfigError(f'mesh.{axis}={mesh[axis]} must be >= 1 (or -1 to fill the devices).')
   _validate_pipeline_and_context(config)
+  _validate_experts(config)
   for key in ('num_heads', 'num_kv_heads', 'ffn_dim'):
     if m[key] % mesh.tensor:
       raise ConfigError(
@@ -1095,13 +1118,13 @@ def _validate_mesh(config, num_devices):
   if num_devices is not None and total > num_devices:
     raise ConfigError(
       f'the mesh needs {total} devices (data {mesh.data} x fsdp {mesh.fsdp} x '
-      f'tensor {mesh.tensor} x pipeline {mesh.pipeline} x context '
+      f'expert {mesh.expert} x tensor {mesh.tensor} x pipeline {mesh.pipeline} x context '
       f'{mesh.context}) but only {num_devices} '
       'exist; shrink the mesh axes.'
     )
   if num_devices is not None and total < num_devices:
     raise ConfigError(
-      f'the mesh uses {total} of {num_devices} devices; make data x fsdp x tensor '
+      f'the mesh uses {total} of {num_devices} devices; make data x fsdp x expert x tensor '
       f'x pipeline x context = {num_devices}, or set one axis to -1 to fill '
       'them.'
     )
@@ -1109,8 +1132,50 @@ def _validate_mesh(config, num_devices):
   if config.train.micro_batch_size % dp:
     raise ConfigError(
       f'train.micro_batch_size={config.train.micro_batch_size} is not divisible by '
-      f'the batch-parallel devices mesh.data x mesh.fsdp = {dp}; set '
+      f'the batch-parallel devices mesh.data x mesh.fsdp x mesh.expert = {dp}; set '
       f'--config.train.micro_batch_size to a multiple of {dp}.'
+    )
+
+
+def _validate_experts(config):
+  """The MoE keys (on a resolved mesh)."""
+  m, mesh, t = config.model, config.mesh, config.train
+  if m.num_experts < 0 or m.moe_ffn_dim < 0 or m.shared_experts < 0:
+    raise ConfigError(
+      'model.num_experts, model.moe_ffn_dim and model.shared_experts must be >= 0 (0 = dense, '
+      'ffn_dim, none).'
+    )
+  for key in ('moe_balance_loss', 'moe_z_loss', 'moe_bias_rate'):
+    if t[key] < 0:
+      raise ConfigError(f'train.{key}={t[key]} must be >= 0 (0 = off).')
+  if not m.num_experts:
+    if mesh.expert > 1:
+      raise ConfigError(
+        f'mesh.expert={mesh.expert} splits MoE experts but model.num_experts=0; set '
+        '--config.mesh.expert=1 or give the model experts.'
+      )
+    return
+  if not 0 < m.experts_per_token <= m.num_experts:
+    raise ConfigError(
+      f'model.experts_per_token={m.experts_per_token} must be in [1, model.num_experts='
+      f'{m.num_experts}]; set --config.model.experts_per_token to at most {m.num_experts}.'
+    )
+  if m.num_experts % mesh.expert:
+    raise ConfigError(
+      f'model.num_experts={m.num_experts} is not divisible by mesh.expert={mesh.expert}; pick an '
+      'expert size that divides it.'
+    )
+  if (m.moe_ffn_dim or m.ffn_dim) % mesh.tensor:
+    raise ConfigError(
+      f'the expert width (model.moe_ffn_dim or model.ffn_dim) is not divisible by mesh.tensor='
+      f'{mesh.tensor}; pick a tensor size that divides it.'
+    )
+  if mesh.pipeline > 1:
+    raise ConfigError('MoE models run without pipeline stages; set --config.mesh.pipeline=1.')
+  if m.matmul_dtype != 'compute':
+    raise ConfigError(
+      f'model.matmul_dtype={m.matmul_dtype} does not cover the MoE experts; set '
+      '--config.model.matmul_dtype=compute.'
     )
 
 
@@ -1141,7 +1206,7 @@ def _validate_pipeline_and_context(config):
     if config.train.micro_batch_size % rows:
       raise ConfigError(
         f'train.micro_batch_size={config.train.micro_batch_size} does not split '
-        f'into {micro} pipeline micro-batches over mesh.data x mesh.fsdp = '
+        f'into {micro} pipeline micro-batches over mesh.data x mesh.fsdp x mesh.expert = '
         f'{batch_parallelism(config)} devices; make it a multiple of {rows} or '
         'change mesh.pipeline_microbatches.'
       )

@@ -49,6 +49,18 @@ def estimate_memory_per_device(config) -> dict:
   return memory.estimate_bytes_per_device(config)
 
 
+def _experts_lines(cfg) -> list[str]:
+  """An MoE's experts and its active parameters (what FLOPs and MFU count)."""
+  if not cfg.num_experts:
+    return []
+  return [
+    f'experts: {cfg.num_experts} per layer of width {cfg.expert_dim}, '
+    f'{cfg.experts_per_token} per token ({cfg.router}) + {cfg.shared_experts} shared; '
+    f'{cfg.num_expert_params():,} routed-expert parameters',
+    f'active parameters per token: {cfg.num_params(active=True):,} (FLOPs and MFU count these)',
+  ]
+
+
 def summarize(config, num_devices: int | None) -> str:
   if num_devices is None:
     num_devices = jax.device_count()
@@ -70,9 +82,11 @@ def summarize(config, num_devices: int | None) -> str:
     f'(the count used everywhere); {unpadded:,} with the tokenizer vocab '
     f'{config.model.vocab_size}',
     f'non-embedding parameters: {cfg.num_params() - embedding:,}',
+    *_experts_lines(cfg),
     f'FLOPs per token (train): {flops:.4e}; per step: '
     f'{flops * tokens_per_step:.4e} ({tokens_per_step:,} tokens{doubled})',
-    f'mesh: data {m.data} x fsdp {m.fsdp} x tensor {m.tensor} x pipeline {m.pipeline} x '
+    f'mesh: data {m.data} x fsdp {m.fsdp} x expert {m.expert} x tensor {m.tensor} x '
+    f'pipeline {m.pipeline} x '
     f'context {m.context}; {config_lib.num_microbatches(config)} micro-batches of '
     f'{config.train.micro_batch_size} rows per step',
     _pipeline_line(config),

@@ -65,12 +65,15 @@ PUBLISHED = {
   'sdar_1p7b': 2_031_739_904,  # Qwen3-1.7B's dims untied (presets.py: unconfirmed tying)
   'sdar_4b': 4_411_424_256,  # SDAR-4B-Chat index total_size 8,822,848,512 B / 2
   'sdar_8b': 8_190_735_360,  # SDAR-8B-Chat index total_size 16,381,470,720 B / 2
+  'llada_moe_7b_a1b': 7_356_880_896,  # LLaDA-MoE-7B-A1B: its tensors' sum (paper: 7B)
+  'qwen3_30b_a3b': 30_532_122_624,  # Qwen3-30B-A3B model card 30.5B
 }
 
 
 def test_every_preset_prints_its_published_count_and_the_model_builds_it():
   """`summary --config.model.preset=NAME` (the command line's path, in process) prints the
-  published count; 'tiny', ours, is checked against the parameters the model actually builds."""
+  published count; 'tiny' and 'tiny_moe', ours, are checked against the parameters the model
+  actually builds."""
   import re  # pylint: disable=import-outside-toplevel
 
   import jax  # pylint: disable=import-outside-toplevel
@@ -79,10 +82,13 @@ def test_every_preset_prints_its_published_count_and_the_model_builds_it():
   from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
   from dlmjax import summary  # pylint: disable=import-outside-toplevel
 
-  tiny = config_lib.defaults()
-  model_lib.apply_preset(tiny.model, 'tiny')
-  shapes = model_lib.abstract(model_lib.ModelConfig.from_config(tiny))[1]
-  published = dict(PUBLISHED, tiny=sum(x.size for x in jax.tree.leaves(shapes)))
+  def built(name):
+    tiny = config_lib.defaults()
+    model_lib.apply_preset(tiny.model, name)
+    shapes = model_lib.abstract(model_lib.ModelConfig.from_config(tiny))[1]
+    return sum(x.size for x in jax.tree.leaves(shapes))
+
+  published = dict(PUBLISHED, tiny=built('tiny'), tiny_moe=built('tiny_moe'))
   assert set(published) == set(model_lib.PRESETS), 'add the published count of a new preset'
   for name, count in published.items():
     argv = ['--config=configs/tiny.py', f'--config.model.preset={name}']

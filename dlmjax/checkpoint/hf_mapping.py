@@ -136,6 +136,11 @@ _BIAS_SLOTS = ('q_bias', 'k_bias', 'v_bias')
 
 def model_slots(cfg: ModelConfig) -> list[str]:
   """The per-layer slots our model of `cfg` has (QK-norm and biases only where switched on)."""
+  if cfg.num_experts:
+    raise MappingError(
+      'MoE models (model.num_experts > 0) have no Hugging Face layout in this version; keep the '
+      'run directory (orbax) for them.'
+    )
   return [
     s
     for s in _SLOTS

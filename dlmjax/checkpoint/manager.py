@@ -42,11 +42,16 @@ _RESUME_KEYS = (
   'model.qk_norm',
   'model.qkv_bias',
   'model.shift_logits',
+  'model.num_experts',
+  'model.experts_per_token',
+  'model.moe_ffn_dim',
+  'model.shared_experts',
+  'model.router',
   'seed',
   'train.global_batch_size',
   'diffusion.objective',
 )
-_ARCHITECTURE_KEYS = _RESUME_KEYS[:11]
+_ARCHITECTURE_KEYS = _RESUME_KEYS[:16]
 # Test hook, "STEP:SECONDS": stall the commit of that step's save (its files written, the step not
 # yet committed), so a test can kill the process mid-save deterministically.
 COMMIT_DELAY_ENV = 'DLMJAX_TEST_COMMIT_DELAY'

@@ -226,6 +226,68 @@ PRESETS['sdar_8b'] = dict(PRESETS['qwen3_8b'], **_SDAR_BLOCKS)
 # config.json says tie_word_embeddings=true, set model.tie_embeddings=True (1,720,574,976).
 PRESETS['sdar_1p7b'] = dict(PRESETS['qwen3_1p7b'], tie_embeddings=False, **_SDAR_BLOCKS)
 
+# Mixture-of-experts shapes (model/moe.py; every layer MoE, no shared experts).
+# A tiny MoE for CPU runs and tests: the tiny preset with 8 experts of width 192, 2 per token.
+PRESETS['tiny_moe'] = dict(
+  PRESETS['tiny'], num_experts=8, experts_per_token=2, moe_ffn_dim=192, router='softmax_topk'
+)
+# inclusionAI/LLaDA-MoE-7B-A1B-Base (docs: families_and_decoding.md, LLaDA-MoE; dllm's
+# configuration_lladamoe.py): 16 layers of OLMoE-style blocks, MHA 16/16 x 128, QK-norm, theta
+# 5e4, 64 experts of 1024, top-8 with the raw softmax weights (no renormalisation), untied;
+# vocab 157184 (the Ling tokenizer's; unconfirmed for this config), mask 156895, EOS 156892.
+# Parameters: 7,356,880,896 total and 1,719,736,320 active per token (embeddings included; the
+# paper's 7B / 1.4B, and 1.08B active without the embeddings: "A1B").
+PRESETS['llada_moe_7b_a1b'] = dict(
+  num_layers=16,
+  d_model=2048,
+  num_heads=16,
+  num_kv_heads=16,
+  head_dim=128,
+  ffn_dim=8192,
+  num_experts=64,
+  experts_per_token=8,
+  moe_ffn_dim=1024,
+  shared_experts=0,
+  router='softmax_topk_raw',
+  seq_len=4096,
+  vocab_size=157184,
+  rope_theta=50000.0,
+  norm_eps=1e-5,
+  qk_norm=True,
+  qkv_bias=False,
+  tie_embeddings=False,
+  mask_token_id=156895,
+  eos_token_id=156892,
+  pad_token_id=156892,
+)
+# Qwen/Qwen3-30B-A3B config.json (Qwen3MoeForCausalLM): 48 layers, GQA 32/4 x 128, QK-norm,
+# theta 1e6, 128 experts of 768, top-8 renormalised (norm_topk_prob), untied, vocab 151936; an AR
+# base for adaptation (no MASK token: 151669, the first row past the tokenizer, as Qwen3).
+# Parameters: 30,532,122,624 total, 3,353,032,704 active (the model card's 30.5B and 3.3B).
+PRESETS['qwen3_30b_a3b'] = dict(
+  num_layers=48,
+  d_model=2048,
+  num_heads=32,
+  num_kv_heads=4,
+  head_dim=128,
+  ffn_dim=6144,
+  num_experts=128,
+  experts_per_token=8,
+  moe_ffn_dim=768,
+  shared_experts=0,
+  router='softmax_topk',
+  seq_len=2048,
+  vocab_size=151936,
+  rope_theta=1e6,
+  norm_eps=1e-6,
+  qk_norm=True,
+  qkv_bias=False,
+  tie_embeddings=False,
+  mask_token_id=151669,
+  eos_token_id=151643,
+  pad_token_id=151643,
+)
+
 
 def apply_preset(model_config, name: str) -> None:
   """Sets every dimension of `name` on a config.model node (configs call this, then override)."""
@@ -270,6 +332,12 @@ class ModelConfig:
   lora_alpha: float = 0.0
   lora_targets: tuple[str, ...] = ()
   weight_quant: str = 'none'  # none | int8: the projections' storage (model/quantize.py)
+  # Mixture of experts (model/moe.py): 0 experts = the dense MLP of ffn_dim.
+  num_experts: int = 0
+  experts_per_token: int = 2
+  moe_ffn_dim: int = 0  # each expert's width (0 = ffn_dim)
+  shared_experts: int = 0  # a dense SwiGLU of shared_experts x expert width beside the experts
+  router: str = 'softmax_topk'
 
   @property
   def lora_spec(self):
@@ -318,11 +386,21 @@ class ModelConfig:
       matmul_dtype=m.matmul_dtype,
       remat=m.remat,
       scan_layers=m.scan_layers,
+      num_experts=m.num_experts,
+      experts_per_token=m.experts_per_token,
+      moe_ffn_dim=m.moe_ffn_dim,
+      shared_experts=m.shared_experts,
+      router=m.router,
       **schedule,
     )
 
-  def num_params(self) -> int:
-    """Exact parameter count, without building the model."""
+  @property
+  def expert_dim(self) -> int:
+    return self.moe_ffn_dim or self.ffn_dim
+
+  def num_params(self, *, active: bool = False) -> int:
+    """Exact parameter count, without building the model; active=True counts the parameters
+    one token passes through (an MoE's experts_per_token experts, not all of them)."""
     d, h = self.d_model, self.head_dim
     attn = d * h * (2 * self.num_heads + 2 * self.num_kv_heads)
     if self.qk_norm:
@@ -330,22 +408,32 @@ class ModelConfig:
     if self.qkv_bias:
       attn += h * (self.num_heads + 2 * self.num_kv_heads)
     mlp = 3 * d * self.ffn_dim
+    if self.num_experts:
+      experts = self.experts_per_token if active else self.num_experts
+      mlp = 3 * d * self.expert_dim * (experts + self.shared_experts) + d * self.num_experts
+      if self.router == 'sigmoid_bias':
+        mlp += self.num_experts
     per_layer = attn + mlp + 2 * d
     embed = self.vocab_size * d
     return self.num_layers * per_layer + embed * (1 if self.tie_embeddings else 2) + d
+
+  def num_expert_params(self) -> int:
+    """The routed experts' parameters (all of them; the part mesh.expert splits)."""
+    return self.num_layers * 3 * self.d_model * self.expert_dim * self.num_experts
 
   def flops_per_token(self, streams: int = 1) -> int:
     """Training FLOPs per (real) token: 6 x (params - input embedding) + attention (full,
     bidirectional).
 
     DESIGN.md: 6 * (params - input embedding) + 12 * layers * seq * d_model. The attention term
-    uses num_heads * head_dim, which equals d_model for the presets here. streams=2 is the
-    block-diffusion step (config.attention_streams): the layers run on [x_t || x_0], two rows of
-    a 2 * seq sequence per real token, the head on x_t's row only; attention is counted dense
+    uses num_heads * head_dim, which equals d_model for the presets here. An MoE counts the
+    active parameters: the experts a token runs through, so MFU is on active FLOPs. streams=2 is
+    the block-diffusion step (config.attention_streams): the layers run on [x_t || x_0], two rows
+    of a 2 * seq sequence per real token, the head on x_t's row only; attention is counted dense
     over the doubled sequence, as every mask kind is counted dense here.
     """
     head = self.vocab_size * self.d_model  # the head matmul costs 6*V*D per token, tied or not.
-    non_embedding = self.num_params() - self.vocab_size * self.d_model
+    non_embedding = self.num_params(active=True) - self.vocab_size * self.d_model
     if self.tie_embeddings:
       non_embedding += head
     layers = non_embedding - head

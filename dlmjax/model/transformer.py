@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from dlmjax.model import attention, layers, lora
+from dlmjax.model import attention, layers, lora, moe
 from dlmjax.model.presets import ModelConfig
 from dlmjax.parallel import pipeline, rules
 
@@ -100,27 +100,45 @@ class Block(nnx.Module):
       **kw,
     )
     self.post_attn_norm = layers.RMSNorm(cfg.d_model, **norm)
-    self.mlp = layers.MLP(
-      cfg.d_model,
-      cfg.ffn_dim,
-      std=cfg.init_std,
-      out_std=out_std,
-      matmul_dtype=cfg.matmul_dtype,
-      lora_spec=cfg.lora_spec,
-      weight_quant=cfg.weight_quant,
-      **kw,
-    )
+    if cfg.num_experts:
+      self.mlp = moe.MoE(
+        cfg.d_model,
+        cfg.num_experts,
+        cfg.experts_per_token,
+        cfg.expert_dim,
+        router=cfg.router,
+        shared_ffn_dim=cfg.shared_experts * cfg.expert_dim,
+        std=cfg.init_std,
+        out_std=out_std,
+        **kw,
+      )
+    else:
+      self.mlp = layers.MLP(
+        cfg.d_model,
+        cfg.ffn_dim,
+        std=cfg.init_std,
+        out_std=out_std,
+        matmul_dtype=cfg.matmul_dtype,
+        lora_spec=cfg.lora_spec,
+        weight_quant=cfg.weight_quant,
+        **kw,
+      )
 
   def __call__(self, x_BLD, positions_BL, **attention_kwargs):
-    """(x out, the attention's (k, v)); attention_kwargs go to Attention (kv_cache included)."""
+    """(x out, the attention's (k, v), the MoE router's statistics or None); attention_kwargs go
+    to Attention (kv_cache included)."""
     x_BLD, normed_BLD = self.input_norm.with_residual(x_BLD)
     attn_BLD, kv = self.attn.with_kv(
       checkpoint_name(normed_BLD, 'attn_norm'), positions_BL, **attention_kwargs
     )
     x_BLD = x_BLD + attn_BLD
     x_BLD, normed_BLD = self.post_attn_norm.with_residual(checkpoint_name(x_BLD, 'attn_residual'))
-    x_BLD = x_BLD + self.mlp(checkpoint_name(normed_BLD, 'mlp_norm'))
-    return rules.constrain(x_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED)), kv
+    mlp_out = self.mlp(checkpoint_name(normed_BLD, 'mlp_norm'))
+    stats = None
+    if isinstance(self.mlp, moe.MoE):
+      mlp_out, stats = mlp_out
+    x_BLD = x_BLD + mlp_out
+    return rules.constrain(x_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED)), kv, stats
 
 
 def _run_layers(
@@ -129,8 +147,9 @@ def _run_layers(
   """The stacked blocks (leading axis: layers) applied in order, scanned or unrolled, with remat.
 
   Returns (x, every layer's fresh (k, v) of x stacked [layers, B, L, K, H], or None unless
-  want_kv); kv_cache, [layers, B, S, K, H], holds the K/V each layer's slice attends to. kind
-  overrides cfg.attention_mask (two_stream: Transformer.hidden's clean_BL).
+  want_kv, an MoE's router statistics stacked over layers or None); kv_cache, [layers, B, S, K,
+  H], holds the K/V each layer's slice attends to. kind overrides cfg.attention_mask (two_stream:
+  Transformer.hidden's clean_BL).
   """
   attention_kwargs = dict(
     kind=kind or cfg.attention_mask,
@@ -147,20 +166,25 @@ def _run_layers(
     layer_params, layer_kv, index = inputs
     with lora.dropout_layer(index):
       block = nnx.merge(graphdef, layer_params)
-      x, kv = block(x, side['positions_BL'], kv_cache=layer_kv, **attention_kwargs)
-    return x, (kv if want_kv else None)
+      x, kv, stats = block(x, side['positions_BL'], kv_cache=layer_kv, **attention_kwargs)
+    return x, (kv if want_kv else None, stats)
 
   if cfg.remat != 'none':
     layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
     indices = jnp.arange(jax.tree.leaves(stacked)[0].shape[0]) if dropout else None
-    return jax.lax.scan(layer, x_BLD, (_compute_weights(cfg, stacked), kv_cache, indices))
-  kvs = []
+    x_BLD, (kv, stats) = jax.lax.scan(
+      layer, x_BLD, (_compute_weights(cfg, stacked), kv_cache, indices)
+    )
+    return x_BLD, kv, stats
+  kvs, stats = [], []
   for i, layer_params in enumerate(_unstack(stacked)):
     layer_kv = None if kv_cache is None else tuple(c[i] for c in kv_cache)
-    x_BLD, kv = layer(x_BLD, (_compute_weights(cfg, layer_params), layer_kv, i))
+    x_BLD, (kv, layer_stats) = layer(x_BLD, (_compute_weights(cfg, layer_params), layer_kv, i))
     kvs.append(kv)
-  return x_BLD, (tuple(jnp.stack(c) for c in zip(*kvs)) if want_kv else None)
+    stats.append(layer_stats)
+  stacked_stats = None if stats[0] is None else jax.tree.map(lambda *s: jnp.stack(s), *stats)
+  return x_BLD, (tuple(jnp.stack(c) for c in zip(*kvs)) if want_kv else None), stacked_stats
 
 
 def _unstack(stacked):
@@ -324,7 +348,9 @@ class Transformer(nnx.Module):
 
     kv = None
     if want_kv:
-      x_BLD, kv = _run_layers(cfg, graphdef, params, x_BLD, side, kv_cache, cache_start, True)
+      x_BLD, kv, stats = _run_layers(
+        cfg, graphdef, params, x_BLD, side, kv_cache, cache_start, True
+      )
     elif cfg.pipeline_stages > 1:
       axes = nnx.to_pure_dict(
         jax.tree.map(
@@ -342,7 +368,9 @@ class Transformer(nnx.Module):
         microbatches=cfg.pipeline_microbatches,
       )
     else:
-      x_BLD = run_layers(params, x_BLD, side)
+      x_BLD, _, stats = _run_layers(cfg, graphdef, params, x_BLD, side, kind=kind)
+      if stats is not None:
+        moe.record(stats)  # the train step's router losses and metrics (moe.collect)
     if rows is not None:
       x_BLD = rules.constrain(x_BLD[:, :rows], (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
     hidden_BLD = self.final_norm(x_BLD)

@@ -18,6 +18,8 @@ FIGURES = {
   'loss': ('loss', 'masked_ce', 'val_loss'),
   'throughput': ('tokens_per_s', 'mfu'),
   'reward': ('val_reward',),
+  # MoE runs (model/moe.py): router losses, entropy, busiest and idlest experts' load x E.
+  'router': ('moe_balance_loss', 'moe_z_loss', 'moe_entropy', 'moe_load_max', 'moe_load_min'),
 }
 
 

@@ -1,4 +1,5 @@
-"""Builds the device mesh from config.mesh (axis order: pipeline, data, fsdp, context, tensor)."""
+"""Builds the device mesh from config.mesh (axis order: pipeline, data, fsdp, expert, context,
+tensor)."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ HEADS = 'heads'
 KV_HEADS = 'kv_heads'
 HEAD_DIM = 'head_dim'
 MLP = 'mlp'
+EXPERT = 'expert'  # MoE experts (model/moe.py)
 NORM = 'norm'
 # Logical axes of activations.
 BATCH = 'batch'
@@ -44,8 +45,9 @@ RULES: dict[str, tuple[str, ...]] = {
   KV_HEADS: ('tensor',),
   HEAD_DIM: (),
   MLP: ('tensor',),
+  EXPERT: ('expert',),
   NORM: (),
-  BATCH: ('data', 'fsdp'),
+  BATCH: ('data', 'fsdp', 'expert'),
   LENGTH: ('context',),
   ACT_EMBED: (),
   ACT_HEADS: ('tensor',),

@@ -43,9 +43,11 @@ DEVICE_MEMORY_GIB = (
 _DEFAULT_MEM_FRACTION = 0.75  # JAX preallocates this share unless XLA_PYTHON_CLIENT_MEM_FRACTION
 
 
-def _saved_per_token_layer(cfg, remat: str, tensor: int) -> float:
+def _saved_per_token_layer(cfg, remat: str, tensor: int, expert: int = 1) -> float:
   """Elements kept per token and layer for the backward pass (compute dtype)."""
   d, f = cfg.d_model, cfg.ffn_dim / tensor
+  if cfg.num_experts:  # per token: its experts' rows, gathered from the `expert` group's devices
+    f = (expert * cfg.experts_per_token + cfg.shared_experts) * cfg.expert_dim / tensor
   q, kv = cfg.num_heads * cfg.head_dim / tensor, cfg.num_kv_heads * cfg.head_dim / tensor
   with_attention_output = 3 * d + 2 * q + 2 * kv + 2 * f
   return {
@@ -74,16 +76,23 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
       base += cfg.num_params() * jnp.dtype(cfg.dtype).itemsize
     state = (base + per_param * lora.num_adapter_params(lora_cfg)) / shards
   else:
-    state = per_param * cfg.num_params() / shards
+    # Routed experts are split over `expert` too (model/moe.py).
+    experts = cfg.num_expert_params()
+    state = per_param * (cfg.num_params() - experts + experts / mesh.expert) / shards
     if _reference_on_device(config):  # RL's KL reference: a copy of the params, not trained
-      state += jnp.dtype(config.rl.reference_dtype).itemsize * cfg.num_params() / shards
+      reference = cfg.num_params() - experts + experts / mesh.expert
+      state += jnp.dtype(config.rl.reference_dtype).itemsize * reference / shards
   rows = config.train.micro_batch_size / config_lib.batch_parallelism(config)
   tokens = rows * cfg.seq_len / context
   streams = config_lib.attention_streams(config)  # block diffusion: layers on [x_t || x_0]
   act_bytes = 2 if cfg.dtype == 'bfloat16' else 4
   layers = cfg.num_layers / mesh.pipeline
   saved = (
-    streams * tokens * layers * act_bytes * _saved_per_token_layer(cfg, cfg.remat, mesh.tensor)
+    streams
+    * tokens
+    * layers
+    * act_bytes
+    * _saved_per_token_layer(cfg, cfg.remat, mesh.tensor, mesh.expert)
   )
   if cfg.attention_backend == 'xla':  # scores and probabilities in fp32, per head
     probs = streams**2 * tokens * cfg.num_heads / mesh.tensor * cfg.seq_len * 8
@@ -92,9 +101,9 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
     probs = 0.0
   recompute = 0.0
   if cfg.remat != 'none':  # one layer's worth of what the policy did not save, rebuilt at once
-    rebuilt = _saved_per_token_layer(cfg, 'none', mesh.tensor) - _saved_per_token_layer(
-      cfg, cfg.remat, mesh.tensor
-    )
+    rebuilt = _saved_per_token_layer(
+      cfg, 'none', mesh.tensor, mesh.expert
+    ) - _saved_per_token_layer(cfg, cfg.remat, mesh.tensor, mesh.expert)
     recompute = streams * tokens * act_bytes * rebuilt + probs
   chunk_tokens = config.model.loss_chunk_tokens
   chunk = min(chunk_tokens, tokens) if chunk_tokens else tokens

@@ -15,7 +15,7 @@ import optax
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.model import lora, programs
+from dlmjax.model import lora, moe, programs
 from dlmjax.parallel import rules
 from dlmjax.rl import reference as reference_lib
 from dlmjax.train import optimizer as optimizer_lib
@@ -48,6 +48,11 @@ def make_step_fn(setup, loss_fn, metrics_fn):
   config, cfg = setup.config, setup.model_config
   num_micro = config_lib.num_microbatches(config)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
+  t = config.train
+  # The MoE router losses (model/moe.py): every stage's objective but RL's, unless switched on.
+  router_weight = dict(balance_loss=t.moe_balance_loss, z_loss=t.moe_z_loss)
+  if config.stage == 'rl' and not config.rl.router_losses:
+    router_weight = dict(balance_loss=0.0, z_loss=0.0)
 
   dropout = config.train.lora.dropout if setup.lora else 0.0
 
@@ -56,9 +61,18 @@ def make_step_fn(setup, loss_fn, metrics_fn):
       module = model_lib.merge(cfg, lora.combine(p, frozen) if setup.lora else p)
       # Adapter dropout in the train step's forward only (docs/lora.md, What is trained).
       with lora.dropout(lora.dropout_key(config.seed, step, micro_index), dropout):
-        return loss_fn(
-          module, step=step, micro_index=micro_index, example_ids_B=example_ids, **arrays
-        )
+        with moe.collect() as calls:
+          value, sums = loss_fn(
+            module, step=step, micro_index=micro_index, example_ids_B=example_ids, **arrays
+          )
+      if calls:  # an MoE: its router losses join the objective, its statistics the sums
+        stats = moe.summarize(calls)
+        # Each micro-batch's share of the step's mean, as the step's sum rule wants.
+        for key, weight in router_weight.items():
+          if weight:
+            value = value + weight * stats[key] / num_micro
+        sums = dict(sums, **{moe.SUM_PREFIX + k: v for k, v in stats.items()})
+      return value, sums
 
     (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(params)
     return grads, sums
@@ -98,6 +112,13 @@ def make_step_fn(setup, loss_fn, metrics_fn):
     # A non-finite loss or gradient skips the update: params and optimizer state (and with it the
     # schedule's count, as Megatron's skipped iterations) stay as they were; the data moves on.
     metrics = dict(metrics_fn(sums))
+    new_params = optax.apply_updates(params, updates)
+    if moe.SUM_PREFIX + 'counts' in sums:
+      metrics.update(moe.metrics(sums, num_micro))
+      # Loss-free balancing: the sigmoid router's bias takes its sign update, not optax's.
+      new_params = moe.balance_bias(
+        new_params, sums[moe.SUM_PREFIX + 'counts'], t.moe_bias_rate, old=params
+      )
     finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(grad_norm)
 
     def keep(new, old):
@@ -105,7 +126,7 @@ def make_step_fn(setup, loss_fn, metrics_fn):
 
     new_state = dict(
       step=step + 1,
-      params=jax.tree.map(keep, optax.apply_updates(params, updates), params),
+      params=jax.tree.map(keep, new_params, params),
       opt_state=jax.tree.map(keep, opt_state, state['opt_state']),
     )
     if 'reference' in state:  # RL's refreshed KL reference (rl.ref_sync_every)

@@ -130,7 +130,7 @@ def test_sharded_matches_unsharded():
     return (norm.with_rope(x, positions, 1e4) * g[0]).sum()
 
   want = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, scale)
-  mesh = Mesh(np.array(jax.devices()[:8]).reshape(1, 2, 2, 1, 2), config_lib.MESH_AXES)
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(1, 2, 2, 1, 1, 2), config_lib.MESH_AXES)
   with rules.activation_mesh(mesh):
     got = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, scale)
   for a, b in zip(got, want):

@@ -21,7 +21,9 @@ def test_large_params_are_sharded():
 
 
 def test_spec_from_logical_names():
-  assert rules.spec((rules.BATCH, None)) == jax.sharding.PartitionSpec(('data', 'fsdp'), None)
+  assert rules.spec((rules.BATCH, None)) == jax.sharding.PartitionSpec(
+    ('data', 'fsdp', 'expert'), None
+  )
   assert rules.spec((rules.LAYERS, rules.EMBED, rules.MLP)) == jax.sharding.PartitionSpec(
     'pipeline', ('fsdp', 'context'), 'tensor'
   )

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.data import pipeline
 from dlmjax.diffusion import masking
@@ -19,7 +20,7 @@ from tests.diffusion import loss_test
 
 def run_steps(config, num_steps=5, learnable=False):
   """Losses of num_steps steps on random tokens, or, when learnable, on rows that count up."""
-  devices = jax.devices()[: config.mesh.data * config.mesh.fsdp * config.mesh.tensor]
+  devices = jax.devices()[: config_lib.mesh_size(config)]
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, devices))
   state = setup.init_state(config.seed)
   step_fn = step_lib.CompiledStep(setup, stages.build(config))

@@ -1,0 +1,74 @@
+"""The grouped matmul of MoE experts: rows of lhs sorted by group, each group times its own matrix.
+
+out[r] = lhs[r] @ rhs[g(r)], g(r) the group row r falls in (group_sizes consecutive rows each);
+rows past sum(group_sizes) belong to no group. On GPU the Mosaic GPU kernel of tokamax (Google's
+Pallas kernel library, the optional `moe` extra; its import needs xprof) runs it where it imports:
+docs/moe.md, Dispatch, has it far ahead of XLA's ragged_dot there. Elsewhere, and
+when tokamax is missing, `jax.lax.ragged_dot`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+BACKENDS = ('auto', 'xla', 'tokamax')
+
+
+@functools.cache
+def _tokamax():
+  """tokamax's module, or None where it does not import (not installed, or xprof missing)."""
+  try:
+    import tokamax  # noqa: PLC0415 - optional extra
+  except Exception:  # noqa: BLE001 - any import failure means: not available
+    return None
+  from absl import flags  # noqa: PLC0415
+
+  # tokamax reads its settings from absl flags; a program that parses none of its own (pytest,
+  # the argparse entry points) would fail there on its first call.
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  return tokamax
+
+
+def tokamax_available() -> bool:
+  return _tokamax() is not None
+
+
+def resolve(backend: str = 'auto') -> str:
+  """'xla' or 'tokamax': auto takes tokamax on GPU where it imports."""
+  if backend not in BACKENDS:
+    raise ValueError(f'grouped matmul backend {backend!r} is not one of {BACKENDS}.')
+  if backend == 'auto':
+    return 'tokamax' if jax.default_backend() == 'gpu' and tokamax_available() else 'xla'
+  if backend == 'tokamax' and not tokamax_available():
+    raise ValueError(
+      'grouped matmul backend tokamax does not import; pip install ".[moe]" (tokamax and xprof) '
+      'or use backend xla.'
+    )
+  return backend
+
+
+def grouped_matmul(lhs_MK, rhs_GKN, group_sizes_G, *, backend: str = 'auto'):
+  """[M, K] x [G, K, N] -> [M, N] in lhs's dtype (float32 accumulation); rows outside every
+  group come out zero whatever the kernel leaves there, and get a zero gradient."""
+  rows = jnp.arange(lhs_MK.shape[0])
+  in_group_M = rows < jnp.sum(group_sizes_G)
+  # Masked on the way in too: a kernel may leave anything in rows it does not own, and the
+  # backward's lhs gradient would carry it.
+  lhs_MK = jnp.where(in_group_M[:, None], lhs_MK, jnp.zeros((), lhs_MK.dtype))
+  rhs_GKN = rhs_GKN.astype(lhs_MK.dtype)
+  group_sizes_G = group_sizes_G.astype(jnp.int32)
+  if resolve(backend) == 'tokamax':
+    out = _tokamax().ragged_dot(
+      lhs_MK,
+      rhs_GKN,
+      group_sizes_G,
+      preferred_element_type=jnp.float32,
+      implementation=('mosaic', 'triton', 'xla'),
+    )
+  else:
+    out = jax.lax.ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, preferred_element_type=jnp.float32)
+  return jnp.where(in_group_M[:, None], out, 0.0).astype(lhs_MK.dtype)

@@ -1,0 +1,312 @@
+"""The mixture-of-experts feed-forward layer: a router picks experts_per_token of num_experts
+SwiGLU experts for each token; their outputs, weighted, replace the dense MLP's.
+
+Routers (model.router):
+- softmax_topk: p = softmax(logits) in float32, the top-k of p, weights renormalised to sum to one
+  (transformers' Qwen3-MoE with norm_topk_prob).
+- softmax_topk_raw: the same top-k, weights the raw p values (LLaDA-MoE and OLMoE: no
+  renormalisation).
+- sigmoid_bias: s = sigmoid(logits); experts chosen by the top-k of s + b, weights the chosen s
+  renormalised (DeepSeek-V3). b, one value per expert and layer, only selects: it gets no
+  gradient. Loss-free balancing moves it after each step by rate x sign(mean load - load), so
+  overloaded experts become less likely (`balance_bias`, which the train step applies: b lives in
+  the params and so in the train state and its checkpoints, and resumes exactly).
+
+Dispatch is dropless: every (token, choice) assignment is sorted by expert, the experts run as a
+grouped matmul over their contiguous rows (kernels/grouped_matmul.py), and the outputs go back
+to their tokens, weighted. With a mesh the experts are sharded over `expert` (and their hidden
+width over `tensor`): each device gathers the tokens of its `expert` group, runs its own experts
+on the assignments that chose them, and a reduce-scatter returns every token its summed output
+(`_sharded_dispatch`).
+
+Every layer reports router statistics (`layer_stats`): per-expert assignment counts, the
+load-balancing loss (Switch / transformers' load_balancing_loss_func: E x sum_e f_e P_e, f_e the
+share of assignments to e times k, P_e the mean router probability; k at perfect balance), the
+router z-loss (ST-MoE: mean logsumexp(logits)^2) and the router's mean entropy. The transformer
+hands them to `collect` (the train step adds the losses it is configured with).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import PartitionSpec as P
+
+from dlmjax.kernels import grouped_matmul as gmm
+from dlmjax.model import layers
+from dlmjax.parallel import rules
+
+ROUTERS = ('softmax_topk', 'softmax_topk_raw', 'sigmoid_bias')
+BIAS = 'router_bias'  # the sigmoid_bias router's selection bias, a param with no gradient.
+
+
+class MoE(nnx.Module):
+  """Router, experts [E, D, F] (gate, up) and [E, F, D] (down), and optional shared experts (one
+  dense SwiGLU of width shared_ffn_dim that every token passes through, DeepSeek-style)."""
+
+  def __init__(
+    self,
+    d_model: int,
+    num_experts: int,
+    experts_per_token: int,
+    ffn_dim: int,
+    *,
+    router: str,
+    shared_ffn_dim: int,
+    std: float,
+    out_std: float,
+    rngs: nnx.Rngs,
+    num_stacked: int = 0,
+    backend: str = 'auto',
+  ):
+    if router not in ROUTERS:
+      raise ValueError(f'model.router={router!r} is not one of {ROUTERS}.')
+    if not 0 < experts_per_token <= num_experts:
+      raise ValueError(
+        f'model.experts_per_token={experts_per_token} must be in [1, model.num_experts='
+        f'{num_experts}]; lower it.'
+      )
+    self.num_experts, self.top_k, self.router, self.backend = (
+      num_experts,
+      experts_per_token,
+      router,
+      backend,
+    )
+    kw = dict(num_stacked=num_stacked)
+    self.router_kernel = layers.stacked_param(
+      rngs, (d_model, num_experts), (rules.EMBED, None), std=std, **kw
+    )
+    if router == 'sigmoid_bias':
+      setattr(self, BIAS, layers.stacked_param(rngs, (num_experts,), (None,), zeros=True, **kw))
+    up_axes = (rules.EXPERT, rules.EMBED, rules.MLP)
+    shape = (num_experts, d_model, ffn_dim)
+    self.gate_proj = layers.stacked_param(rngs, shape, up_axes, std=std, **kw)
+    self.up_proj = layers.stacked_param(rngs, shape, up_axes, std=std, **kw)
+    self.down_proj = layers.stacked_param(
+      rngs,
+      (num_experts, ffn_dim, d_model),
+      (rules.EXPERT, rules.MLP, rules.EMBED),
+      std=out_std,
+      **kw,
+    )
+    if shared_ffn_dim:
+      self.shared = layers.MLP(d_model, shared_ffn_dim, std=std, out_std=out_std, rngs=rngs, **kw)
+
+  def route(self, x_BLD):
+    """(expert ids [B, L, k], their weights [B, L, k] float32, this layer's statistics)."""
+    logits_BLE = jnp.einsum(
+      'bld,de->ble', x_BLD.astype(jnp.float32), self.router_kernel.value.astype(jnp.float32)
+    )
+    if self.router == 'sigmoid_bias':
+      scores_BLE = jax.nn.sigmoid(logits_BLE)
+      bias_E = jax.lax.stop_gradient(getattr(self, BIAS).value)
+      _, experts_BLK = jax.lax.top_k(scores_BLE + bias_E[None, None, :], self.top_k)
+      weights_BLK = jnp.take_along_axis(scores_BLE, experts_BLK, axis=-1)
+      weights_BLK = weights_BLK / jnp.sum(weights_BLK, -1, keepdims=True)
+      probs_BLE = scores_BLE / jnp.sum(scores_BLE, -1, keepdims=True)
+    else:
+      probs_BLE = jax.nn.softmax(logits_BLE, axis=-1)
+      weights_BLK, experts_BLK = jax.lax.top_k(probs_BLE, self.top_k)
+      if self.router == 'softmax_topk':
+        weights_BLK = weights_BLK / jnp.sum(weights_BLK, -1, keepdims=True)
+    return experts_BLK, weights_BLK, layer_stats(logits_BLE, probs_BLE, experts_BLK)
+
+  def __call__(self, x_BLD):
+    """(output [B, L, D] in x's dtype, this layer's router statistics)."""
+    experts_BLK, weights_BLK, stats = self.route(x_BLD)
+    w = [p.value.astype(x_BLD.dtype) for p in (self.gate_proj, self.up_proj, self.down_proj)]
+    out_BLD = _sharded_dispatch(x_BLD, experts_BLK, weights_BLK, *w, backend=self.backend)
+    if hasattr(self, 'shared'):
+      out_BLD = out_BLD + self.shared(x_BLD)
+    return out_BLD, stats
+
+
+def layer_stats(logits_BLE, probs_BLE, experts_BLK) -> dict:
+  """One layer's router statistics over its tokens (module docstring)."""
+  num_experts = logits_BLE.shape[-1]
+  counts_E = jnp.sum(jax.nn.one_hot(experts_BLK, num_experts, dtype=jnp.float32), axis=(0, 1, 2))
+  tokens = experts_BLK.shape[0] * experts_BLK.shape[1]
+  mean_probs_E = jnp.mean(probs_BLE, axis=(0, 1))
+  entropy = -jnp.sum(probs_BLE * jnp.log(jnp.maximum(probs_BLE, 1e-30)), -1)
+  return dict(
+    counts=counts_E,
+    balance_loss=num_experts * jnp.sum(counts_E / tokens * mean_probs_E),
+    z_loss=jnp.mean(jnp.square(jax.nn.logsumexp(logits_BLE, axis=-1))),
+    entropy=jnp.mean(entropy),
+  )
+
+
+def dispatch(
+  x_TD, experts_TK, weights_TK, gate_EDF, up_EDF, down_EFD, *, first_expert=0, backend='auto'
+):
+  """sum_k weights[t, k] * Expert_{experts[t, k]}(x[t]) over the experts held here: global ids
+  [first_expert, first_expert + E_local); assignments to other experts add nothing."""
+  tokens, k = experts_TK.shape
+  local_experts = gate_EDF.shape[0]
+  local_A = experts_TK.reshape(-1) - first_expert
+  # Assignments to experts held elsewhere sort last, past every group.
+  key_A = jnp.where((local_A >= 0) & (local_A < local_experts), local_A, local_experts)
+  order_A = jnp.argsort(key_A, stable=True)
+  group_sizes = jnp.bincount(key_A, length=local_experts + 1)[:local_experts].astype(jnp.int32)
+  x_AD = jnp.take(x_TD, order_A // k, axis=0)
+  # The dense MLP's activation names (model/transformer.py REMAT_POLICIES): the policies that
+  # keep its projections keep the experts' too, instead of re-running the grouped matmuls.
+  gate_AF = checkpoint_name(
+    gmm.grouped_matmul(x_AD, gate_EDF, group_sizes, backend=backend), 'mlp_gate'
+  )
+  up_AF = checkpoint_name(gmm.grouped_matmul(x_AD, up_EDF, group_sizes, backend=backend), 'mlp_up')
+  hidden_AF = checkpoint_name(jax.nn.silu(gate_AF) * up_AF, 'mlp_hidden')
+  y_AD = checkpoint_name(
+    gmm.grouped_matmul(hidden_AF, down_EFD, group_sizes, backend=backend), 'mlp_out'
+  )
+  y_TKD = jnp.take(y_AD, jnp.argsort(order_A), axis=0).reshape(tokens, k, -1)
+  out_TD = jnp.einsum(
+    'tkd,tk->td', y_TKD, weights_TK.astype(y_TKD.dtype), preferred_element_type=jnp.float32
+  )
+  return out_TD.astype(x_TD.dtype)
+
+
+def _sharded_dispatch(x_BLD, experts_BLK, weights_BLK, gate, up, down, *, backend):
+  """`dispatch` on every device of the activation mesh (plainly without one).
+
+  Expert parallelism by gathering: the tokens of the devices in one `expert` group are
+  all-gathered (each device then holds expert x its rows), every device runs its E / expert
+  experts on the assignments that chose them, and a reduce-scatter over `expert` sums each
+  token's partial outputs and returns them to the rows' owner; with `tensor`, each device holds
+  F / tensor of every expert's width and a sum over `tensor` completes the down projection. Cost
+  per layer: an all-gather and a reduce-scatter of expert x the local activations over `expert`
+  (an all-to-all would move only the assignments, k / expert of that at balance), and the
+  grouped matmul's row buffer holds expert x the local assignments. Expert weights are gathered
+  over `fsdp` on the way in, as any FSDP weight.
+  """
+  mesh = rules.current_mesh()
+  expert_axis = tensor_axis = None
+  stream = P()
+  if mesh is not None and mesh.size > 1:
+    expert_axis = 'expert' if mesh.shape.get('expert', 1) > 1 else None
+    tensor_axis = 'tensor' if mesh.shape.get('tensor', 1) > 1 else None
+    stream = rules.spec((rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
+    if x_BLD.shape[0] % _axes_size(mesh, stream[0]) or x_BLD.shape[1] % _axes_size(mesh, stream[1]):
+      stream = P()  # rows the batch axes cannot split (a one-row sampler batch): replicated.
+  # Replicated rows: every device already holds every token, so no gather, and a sum over
+  # `expert` in place of the reduce-scatter.
+  split_rows = stream != P()
+
+  def body(x, experts, weights, gate, up, down):
+    first = 0
+    if expert_axis:
+      if split_rows:
+        x, experts, weights = (
+          jax.lax.all_gather(a, expert_axis, axis=0, tiled=True) for a in (x, experts, weights)
+        )
+      first = jax.lax.axis_index(expert_axis) * gate.shape[0]
+    rows, length, dim = x.shape
+    out = dispatch(
+      x.reshape(rows * length, dim),
+      experts.reshape(rows * length, -1),
+      weights.reshape(rows * length, -1),
+      gate,
+      up,
+      down,
+      first_expert=first,
+      backend=backend,
+    ).reshape(rows, length, dim)
+    if tensor_axis:
+      out = jax.lax.psum(out, tensor_axis)
+    if expert_axis and split_rows:
+      out = jax.lax.psum_scatter(out, expert_axis, scatter_dimension=0, tiled=True)
+    elif expert_axis:
+      out = jax.lax.psum(out, expert_axis)
+    return out
+
+  if mesh is None or mesh.size == 1:
+    return body(x_BLD, experts_BLK, weights_BLK, gate, up, down)
+  wide, narrow = P('expert', None, 'tensor'), P('expert', 'tensor', None)
+  return jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=(stream, stream, stream, wide, wide, narrow),
+    out_specs=stream,
+    check_vma=False,
+  )(x_BLD, experts_BLK, weights_BLK, gate, up, down)
+
+
+def _axes_size(mesh, part) -> int:
+  if part is None:
+    return 1
+  names = part if isinstance(part, tuple) else (part,)
+  size = 1
+  for name in names:
+    size *= mesh.shape[name]
+  return size
+
+
+def balance_bias(params: dict, counts_LE, rate: float, *, old: dict | None = None) -> dict:
+  """params with every sigmoid_bias router's bias moved by rate x sign(mean load - load)
+  (DeepSeek-V3's loss-free balancing) from its value in `old` (default: params); counts_LE: the
+  step's assignments per layer and expert."""
+  mlp = params.get('blocks', {}).get('mlp', {})
+  if BIAS not in mlp:
+    return params
+  bias_LE = (old or params)['blocks']['mlp'][BIAS]
+  error_LE = jnp.mean(counts_LE, axis=-1, keepdims=True) - counts_LE
+  new_mlp = dict(mlp, **{BIAS: bias_LE + rate * jnp.sign(error_LE).astype(bias_LE.dtype)})
+  return dict(params, blocks=dict(params['blocks'], mlp=new_mlp))
+
+
+# ----------------------------------------------------------------------------------------------
+# Collecting the statistics of every forward pass of a traced loss.
+
+_CALLS: contextvars.ContextVar = contextvars.ContextVar('dlmjax_moe_calls', default=None)
+
+
+@contextlib.contextmanager
+def collect():
+  """Within it, every MoE transformer forward appends its layers' statistics (each a dict of
+  [layers, ...] arrays) to the yielded list; the train step reads them (train/step.py)."""
+  calls: list = []
+  token = _CALLS.set(calls)
+  try:
+    yield calls
+  finally:
+    _CALLS.reset(token)
+
+
+def record(stats_per_layer: dict) -> None:
+  calls = _CALLS.get()
+  if calls is not None:
+    calls.append(stats_per_layer)
+
+
+SUM_PREFIX = 'moe_'  # the statistics' keys among a step's sums
+
+
+def metrics(sums: dict, num_micro: int) -> dict:
+  """The step's router metrics from its summed statistics: the losses and entropy (means over
+  layers), the busiest and idlest experts' share of assignments times E (1 = balanced), and
+  every expert's share (moe_load_e{j}, over all layers)."""
+  counts_E = jnp.sum(sums[SUM_PREFIX + 'counts'], axis=0)
+  share_E = counts_E / jnp.maximum(jnp.sum(counts_E), 1.0)
+  num_experts = counts_E.shape[0]
+  out = {
+    SUM_PREFIX + key: sums[SUM_PREFIX + key] / num_micro
+    for key in ('balance_loss', 'z_loss', 'entropy')
+  }
+  out[SUM_PREFIX + 'load_max'] = jnp.max(share_E) * num_experts
+  out[SUM_PREFIX + 'load_min'] = jnp.min(share_E) * num_experts
+  out.update({f'{SUM_PREFIX}load_e{j}': share_E[j] for j in range(num_experts)})
+  return out
+
+
+def summarize(calls: list) -> dict:
+  """The forward passes' statistics as one: counts [layers, E] summed, the rest averaged over
+  layers and passes."""
+  out = dict(counts=sum(c['counts'] for c in calls))
+  for key in ('balance_loss', 'z_loss', 'entropy'):
+    out[key] = sum(jnp.mean(c[key]) for c in calls) / len(calls)
+  return out

@@ -1,0 +1,81 @@
+"""A tiny MoE through every stage: pre-training with both router losses, SFT from it (which
+adopts the experts from the run), RL with the router losses switched on, then generate and the
+likelihood on the RL run. The router metrics reach metrics.jsonl."""
+
+import json
+
+import numpy as np
+import pytest
+
+from dlmjax import evaluate, generate
+from dlmjax.checkpoint import manager
+from dlmjax.observability import plots
+from dlmjax.train import loop
+from tests.conftest import tiny_test_config
+from tests.rl.stage_test import _rl_config
+from tests.train.sft_stage_test import _cache, sft_config
+
+MOE = {
+  'model.num_experts': 4,
+  'model.experts_per_token': 2,
+  'model.moe_ffn_dim': 32,
+  'model.router': 'softmax_topk_raw',
+  'train.moe_balance_loss': 0.01,
+  'train.moe_z_loss': 0.001,
+}
+
+
+def _rows(run_dir):
+  return [json.loads(line) for line in open(run_dir / 'metrics.jsonl')]
+
+
+@pytest.mark.slow  # three stages' steps, the RL sampler and the scorer compile (~60 s on 2 cores)
+def test_moe_pretrain_sft_rl_generate_and_likelihood(tmp_path, capsys):
+  pre_dir = tmp_path / 'pretrain'
+  c = _cache(
+    tiny_test_config(
+      **MOE,
+      **{
+        'model.seq_len': 64,
+        'train.steps': 1,
+        'train.warmup_steps': 0,
+        'train.wsd_decay_steps': 1,
+        'diffusion.varlen_prob': 0.0,
+        'output_dir': str(pre_dir),
+      },
+    )
+  )
+  loop.train(c)
+  row = _rows(pre_dir)[-1]
+  assert row['moe_load_max'] >= 1.0 >= row['moe_load_min']
+  assert np.isclose(sum(row[f'moe_load_e{j}'] for j in range(4)), 1.0)
+  assert row['moe_balance_loss'] >= 2.0 * 0.99  # k at perfect balance, more otherwise
+  assert any(p.endswith('router.png') for p in plots.draw(str(pre_dir)))
+
+  train_file = tmp_path / 'sft.jsonl'
+  train_file.write_text(
+    '\n'.join(json.dumps({'prompt': f'{i}+1?', 'response': str(i + 1)}) for i in range(16))
+  )
+  sft_dir = tmp_path / 'sft'
+  loop.train(sft_config(pre_dir, sft_dir, str(train_file), **{'model.seq_len': 64}))
+  saved = manager.load_run_config(str(sft_dir))
+  assert (saved.model.num_experts, saved.model.router) == (4, 'softmax_topk_raw')
+  assert 'moe_entropy' in _rows(sft_dir)[-1]
+
+  rl = _rl_config(tmp_path, str(sft_dir), **{'rl.router_losses': True, 'rl.inner_updates': 1})
+  row = loop.train(rl)
+  assert row['step'] == 2 and np.isfinite(row['loss'])
+
+  rl_dir = tmp_path / 'rl'
+  prompts = tmp_path / 'prompts.jsonl'
+  prompts.write_text(json.dumps({'prompt': '3+1?'}) + '\n')
+  out = tmp_path / 'gen.jsonl'
+  argv = ['--checkpoint-path', str(rl_dir), '--prompts-file', str(prompts), '--output', str(out)]
+  sampler = ['--gen-length', '8', '--steps', '2', '--block-length', '8']
+  assert generate.main(argv + sampler) == 0, capsys.readouterr()
+  assert isinstance(json.loads(out.read_text().splitlines()[0])['completion'], str)
+
+  data = tmp_path / 'rows.jsonl'
+  data.write_text(json.dumps({'context': '3+1?', 'continuation': ' 4'}) + '\n')
+  argv = ['--checkpoint-path', str(rl_dir), '--batch-size', '2', 'likelihood', '--data', str(data)]
+  assert evaluate.main(argv + ['--mc-num', '2', '--mc-batch', '2']) == 0, capsys.readouterr()
