@@ -10,6 +10,7 @@ when tokamax is missing, `jax.lax.ragged_dot`.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -61,14 +62,47 @@ def grouped_matmul(lhs_MK, rhs_GKN, group_sizes_G, *, backend: str = 'auto'):
   lhs_MK = jnp.where(in_group_M[:, None], lhs_MK, jnp.zeros((), lhs_MK.dtype))
   rhs_GKN = rhs_GKN.astype(lhs_MK.dtype)
   group_sizes_G = group_sizes_G.astype(jnp.int32)
+  out = None
   if resolve(backend) == 'tokamax':
-    out = _tokamax().ragged_dot(
-      lhs_MK,
-      rhs_GKN,
-      group_sizes_G,
-      preferred_element_type=jnp.float32,
-      implementation=('mosaic', 'triton', 'xla'),
-    )
-  else:
+    out = _tokamax_ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, required=backend == 'tokamax')
+  if out is None:
     out = jax.lax.ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, preferred_element_type=jnp.float32)
   return jnp.where(in_group_M[:, None], out, 0.0).astype(lhs_MK.dtype)
+
+
+_TOKAMAX_IMPLEMENTATIONS = ('mosaic', 'triton')
+_failures: dict[str, str] = {}  # implementation -> the error it raised while tracing
+
+
+def _tokamax_ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, *, required: bool):
+  """tokamax's ragged_dot through the first implementation that traces here, else None (auto:
+  XLA's, with one warning) or the last error (backend tokamax). A tokamax release built for
+  another jax can fail inside its kernel (0.0.12 under jax 0.11.2: Mosaic GPU's Mesh lost a
+  keyword), which tokamax's own fallback chain does not catch."""
+  error = None
+  for implementation in _TOKAMAX_IMPLEMENTATIONS:
+    if implementation in _failures:
+      continue
+    try:
+      return _tokamax().ragged_dot(
+        lhs_MK,
+        rhs_GKN,
+        group_sizes_G,
+        preferred_element_type=jnp.float32,
+        implementation=implementation,
+      )
+    except Exception as e:  # noqa: BLE001 - any failure to trace: the next implementation
+      error = e
+      _failures[implementation] = f'{type(e).__name__}: {str(e).splitlines()[0][:200]}'
+  if required:
+    raise ValueError(
+      f'grouped matmul backend tokamax failed here ({_failures}); use backend xla or a tokamax '
+      'release built for this jax.'
+    ) from error
+  if error is not None:  # the first failure only: later calls skip straight to XLA
+    warnings.warn(
+      f'tokamax ragged_dot failed ({_failures}); the grouped matmul falls back to '
+      'jax.lax.ragged_dot, which is far slower on GPU (docs/moe.md, Dispatch).',
+      stacklevel=3,
+    )
+  return None

@@ -40,3 +40,33 @@ def test_grouped_matmul_matches_the_dense_reference_forward_and_backward(backend
 def test_unknown_backend_names_the_choices():
   with pytest.raises(ValueError, match="backend 'cuda' is not one of"):
     gmm.resolve('cuda')
+
+
+def test_a_tokamax_that_fails_to_trace_falls_back_to_xla_once(monkeypatch):
+  """tokamax 0.0.12 under jax 0.11.2 raised inside its Mosaic GPU kernel (a TypeError while
+  tracing): auto warns once and computes XLA's result; backend tokamax names the failure."""
+
+  class Broken:
+    calls = 0
+
+    def ragged_dot(self, *args, implementation, **kwargs):
+      Broken.calls += 1
+      raise TypeError(
+        f"Mesh.__init__() got an unexpected keyword argument 'out_shape' ({implementation})"
+      )
+
+  monkeypatch.setattr(gmm, '_tokamax', Broken)
+  monkeypatch.setattr(gmm.jax, 'default_backend', lambda: 'gpu')
+  monkeypatch.setattr(gmm, '_failures', {})
+  lhs = jnp.arange(12.0).reshape(6, 2)
+  rhs = jnp.arange(12.0).reshape(3, 2, 2)
+  sizes = jnp.array([2, 1, 2])
+  want = gmm.grouped_matmul(lhs, rhs, sizes, backend='xla')
+  with pytest.warns(UserWarning, match='falls back to jax.lax.ragged_dot'):
+    got = gmm.grouped_matmul(lhs, rhs, sizes)
+  np.testing.assert_array_equal(got, want)
+  assert Broken.calls == 2  # mosaic, then triton; never again
+  gmm.grouped_matmul(lhs, rhs, sizes)
+  assert Broken.calls == 2
+  with pytest.raises(ValueError, match='tokamax failed here.*out_shape'):
+    gmm.grouped_matmul(lhs, rhs, sizes, backend='tokamax')
