@@ -41,6 +41,8 @@ def test_moe_pretrain_sft_rl_generate_and_likelihood(tmp_path, capsys):
       **MOE,
       **{
         'train.steps': 1,
+        'train.global_batch_size': 8,  # one micro-batch
+        'train.micro_batch_size': 8,
         'train.warmup_steps': 0,
         'train.wsd_decay_steps': 1,
         'diffusion.varlen_prob': 0.0,
@@ -71,17 +73,23 @@ def test_moe_pretrain_sft_rl_generate_and_likelihood(tmp_path, capsys):
     tmp_path,
     str(sft_dir),
     **{
-      **{k: v for k, v in MOE.items() if k.startswith('model.')},
+      **MOE,  # the model's keys as saved, and the router losses' weights
       **SAMPLER,
       'rl.max_prompt_tokens': 32,
       'model.seq_len': 40,  # countdown prompts need 32 positions, the rollout 8 more
       'rl.router_losses': True,
       'rl.inner_updates': 1,
+      'rl.num_prompts': 4,
+      'train.global_batch_size': 8,  # one rollout of 2 prompts x 4, one micro-batch
+      'train.micro_batch_size': 8,
       'train.steps': 1,
     },
   )
   row = loop.train(rl)
   assert row['step'] == 1 and np.isfinite(row['loss'])
+  # The router losses entered the objective: without them this untrained policy gets no reward,
+  # no advantage and so no gradient at all.
+  assert row['reward_mean'] == 0.0 and row['grad_norm'] > 0
 
   rl_dir = tmp_path / 'rl'
   prompts = tmp_path / 'prompts.jsonl'
