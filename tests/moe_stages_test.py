@@ -12,32 +12,37 @@ from dlmjax.checkpoint import manager
 from dlmjax.observability import plots
 from dlmjax.train import loop
 from tests.conftest import tiny_test_config
+from tests.model.moe_test import TINY_MOE
 from tests.rl.stage_test import _rl_config
 from tests.train.sft_stage_test import _cache, sft_config
 
+# The tokenizer's vocabulary stays (the stages read text); one layer, 32 positions.
 MOE = {
-  'model.num_experts': 4,
-  'model.experts_per_token': 2,
-  'model.moe_ffn_dim': 32,
+  **{k: v for k, v in TINY_MOE.items() if k != 'model.vocab_size'},
+  'model.num_layers': 1,
+  'model.seq_len': 32,
   'model.router': 'softmax_topk_raw',
   'train.moe_balance_loss': 0.01,
   'train.moe_z_loss': 0.001,
 }
+# One sampler shape for RL's rollouts and generate.
+SAMPLER = {'sampler.gen_length': 8, 'sampler.steps': 2, 'sampler.block_length': 8}
 
 
 def _rows(run_dir):
   return [json.loads(line) for line in open(run_dir / 'metrics.jsonl')]
 
 
-@pytest.mark.slow  # three stages' steps, the RL sampler and the scorer compile (~60 s on 2 cores)
+@pytest.mark.slow  # three stages' steps, the RL sampler and the scorer compile
 def test_moe_pretrain_sft_rl_generate_and_likelihood(tmp_path, capsys):
   pre_dir = tmp_path / 'pretrain'
   c = _cache(
     tiny_test_config(
       **MOE,
       **{
-        'model.seq_len': 64,
         'train.steps': 1,
+        'train.global_batch_size': 8,  # one micro-batch
+        'train.micro_batch_size': 8,
         'train.warmup_steps': 0,
         'train.wsd_decay_steps': 1,
         'diffusion.varlen_prob': 0.0,
@@ -57,14 +62,34 @@ def test_moe_pretrain_sft_rl_generate_and_likelihood(tmp_path, capsys):
     '\n'.join(json.dumps({'prompt': f'{i}+1?', 'response': str(i + 1)}) for i in range(16))
   )
   sft_dir = tmp_path / 'sft'
-  loop.train(sft_config(pre_dir, sft_dir, str(train_file), **{'model.seq_len': 64}))
+  sft = sft_config(pre_dir, sft_dir, str(train_file), **{'model.seq_len': 32, 'train.steps': 1})
+  sft.train.global_batch_size = sft.train.micro_batch_size = 8
+  loop.train(sft)
   saved = manager.load_run_config(str(sft_dir))
   assert (saved.model.num_experts, saved.model.router) == (4, 'softmax_topk_raw')
   assert 'moe_entropy' in _rows(sft_dir)[-1]
 
-  rl = _rl_config(tmp_path, str(sft_dir), **{'rl.router_losses': True, 'rl.inner_updates': 1})
+  rl = _rl_config(
+    tmp_path,
+    str(sft_dir),
+    **{
+      **MOE,  # the model's keys as saved, and the router losses' weights
+      **SAMPLER,
+      'rl.max_prompt_tokens': 32,
+      'model.seq_len': 40,  # countdown prompts need 32 positions, the rollout 8 more
+      'rl.router_losses': True,
+      'rl.inner_updates': 1,
+      'rl.num_prompts': 4,
+      'train.global_batch_size': 8,  # one rollout of 2 prompts x 4, one micro-batch
+      'train.micro_batch_size': 8,
+      'train.steps': 1,
+    },
+  )
   row = loop.train(rl)
-  assert row['step'] == 2 and np.isfinite(row['loss'])
+  assert row['step'] == 1 and np.isfinite(row['loss'])
+  # The router losses entered the objective: without them this untrained policy gets no reward,
+  # no advantage and so no gradient at all.
+  assert row['reward_mean'] == 0.0 and row['grad_norm'] > 0
 
   rl_dir = tmp_path / 'rl'
   prompts = tmp_path / 'prompts.jsonl'

@@ -11,7 +11,21 @@ from flax import nnx
 
 from dlmjax.model import moe
 
-D, E, K, F = 16, 8, 3, 24
+D, E, K, F = 16, 4, 2, 16
+
+# The smallest transformer the MoE tests build (d_model 16, vocab 64): compiles stay seconds.
+TINY_MOE = {
+  'model.num_experts': 4,
+  'model.experts_per_token': 2,
+  'model.moe_ffn_dim': 16,
+  'model.d_model': 16,
+  'model.num_heads': 2,
+  'model.num_kv_heads': 2,
+  'model.head_dim': 8,
+  'model.ffn_dim': 32,
+  'model.vocab_size': 64,
+  'model.seq_len': 8,
+}
 
 
 def _layer(router, shared=0):
@@ -51,7 +65,7 @@ def test_dispatch_matches_the_dense_reference_forward_and_gradient(router, share
   if router == 'sigmoid_bias':  # a bias that changes the choice
     getattr(layer, moe.BIAS).value = jnp.linspace(-0.5, 0.5, E)
   graphdef, state = nnx.split(layer)
-  x = jax.random.normal(jax.random.key(1), (2, 5, D))
+  x = jax.random.normal(jax.random.key(1), (2, 4, D))
 
   def loss(state, x, fn):
     out = fn(nnx.merge(graphdef, state), x)
@@ -71,11 +85,11 @@ def test_dispatch_matches_the_dense_reference_forward_and_gradient(router, share
 
 def test_statistics_count_every_assignment_and_balance_loss_is_k_when_uniform():
   layer = _layer('softmax_topk')
-  x = jax.random.normal(jax.random.key(2), (2, 7, D))
+  x = jax.random.normal(jax.random.key(2), (2, 3, D))
   graphdef, state = nnx.split(layer)
   stats_of = jax.jit(lambda state, x: nnx.merge(graphdef, state).route(x)[2])
   stats = stats_of(state, x)
-  assert float(stats['counts'].sum()) == 2 * 7 * K
+  assert float(stats['counts'].sum()) == 2 * 3 * K
   # A zero router: every probability 1/E, so the loss is E * sum_e f_e / E = k.
   state['router_kernel'].value = jnp.zeros_like(state['router_kernel'].value)
   stats = stats_of(state, x)
@@ -137,7 +151,6 @@ def test_moe_param_count_matches_the_tree(router, shared):
   assert cfg.num_params(active=True) < cfg.num_params()
 
 
-@pytest.mark.slow  # two compiles of a 2-layer model
 def test_moe_transformer_gradient_is_the_same_scanned_or_unrolled_with_or_without_remat():
   """The stacked layers' statistics and the experts' saved activations (remat names) change
   nothing: scan + save_activations and an unrolled stack without remat give one gradient."""
@@ -146,10 +159,10 @@ def test_moe_transformer_gradient_is_the_same_scanned_or_unrolled_with_or_withou
   from dlmjax import model as model_lib
   from tests.conftest import tiny_test_config
 
-  config = tiny_test_config(**{'model.num_experts': 4, 'model.moe_ffn_dim': 32})
+  config = tiny_test_config(**TINY_MOE)  # 2 layers: the scan stacks two layers' statistics
   base = model_lib.ModelConfig.from_config(config)
   params = model_lib.init_params(base, jax.random.key(0))
-  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 100)
+  tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, 64)
 
   def grads(cfg):
     def loss(p):
