@@ -176,7 +176,7 @@ def test_sharded_matches_reference():
   Plain bidirectional attention: the kernels' mask-free path, forward and backward.
   """
   q, k, v, do, _, _ = make_case(2, batch=4, length=16, heads=4, kv_heads=2, head_dim=16)
-  devices = np.array(jax.devices()[:8]).reshape(1, 2, 2, 1, 2)
+  devices = np.array(jax.devices()[:8]).reshape(1, 2, 2, 1, 1, 2)
   mesh = Mesh(devices, config_lib.MESH_AXES)
 
   def sharded(q, k, v):
