@@ -4,9 +4,6 @@ import json
 import os
 import shutil
 
-import jax
-import pytest
-from jax.experimental.compilation_cache import compilation_cache
 
 from dlmjax.train import loop
 from tests.conftest import tiny_test_config
@@ -45,27 +42,9 @@ def _rows(run_dir):
     return {row['step']: row for row in map(json.loads, f)}
 
 
-@pytest.fixture
-def shared_compiles(tmp_path):
-  """A persistent compilation cache for this test alone: the resumed run reuses the straight
-  run's compiled step instead of compiling it again (same program, same inputs)."""
-  names = (
-    'jax_compilation_cache_dir',
-    'jax_persistent_cache_min_compile_time_secs',
-    'jax_persistent_cache_min_entry_size_bytes',
-  )
-  saved = {name: getattr(jax.config, name) for name in names}
-  for name, value in zip(names, (str(tmp_path / 'jax_cache'), 0.0, 0)):
-    jax.config.update(name, value)
-  compilation_cache.reset_cache()
-  yield
-  for name, value in saved.items():
-    jax.config.update(name, value)
-  compilation_cache.reset_cache()
-
-
-def test_block_run_resumes_exactly_and_counts_real_tokens(tmp_path, shared_compiles):
-  del shared_compiles
+def test_block_run_resumes_exactly_and_counts_real_tokens(tmp_path):
+  # The resumed run reuses the straight run's compiled step through the suite's one persistent
+  # compilation cache (tests/conftest.py).
   straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
   loop.train(_config(straight))
   expected = _rows(straight)
