@@ -160,8 +160,9 @@ def _check_reference(old, ref, *, after: bool, side: str) -> float:
 
   At step 0 the two are the same function but, on one side, two programs compiled apart (the
   LoRA path and the plain base): in bf16 over 32 layers of random weights their rounding
-  reached 0.19 in one token's log-prob on the H200 (docs/benchmarks.md, LoRA SFT at 8B), so the
-  check bounds the mean and prints the max.
+  reached 0.19 in one token's log-prob and 0.018 on average on the H200 (docs/benchmarks.md,
+  LoRA SFT at 8B), so the check bounds the mean by bf16's reach there, 0.05, and prints the max.
+  A reference that scored other tokens or other mask draws is off by far more.
   """
   import numpy as np  # pylint: disable=import-outside-toplevel
 
@@ -174,7 +175,7 @@ def _check_reference(old, ref, *, after: bool, side: str) -> float:
     f'max {worst:.3g}',
     flush=True,
   )
-  if not after and gap > 1e-2:
+  if not after and gap > 5e-2:
     raise SystemExit(f'{side}: the reference (adapters off) differs at step 0 by {gap:.3g}')
   if after and worst == 0.0:
     raise SystemExit(f'{side}: the updates left the policy equal to the reference')
