@@ -78,7 +78,13 @@ def lora_to_hf(
     )
   base_dir = os.path.join(output_dir, 'base')
   hf_io.write_hf(base_dir, plain, quantize.dequantize_tree(frozen), layout=family, **kwargs)
-  return peft_io.write_adapter(output_dir, adapters, cfg, base_model=os.path.abspath(base_dir))
+  return peft_io.write_adapter(
+    output_dir,
+    adapters,
+    cfg,
+    base_model=os.path.abspath(base_dir),
+    dropout=config.train.lora.dropout,
+  )
 
 
 # ----------------------------------------------------------------------------------------------

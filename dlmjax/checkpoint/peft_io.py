@@ -57,8 +57,11 @@ def adapter_tensors(adapters: dict, cfg, family: str):
       yield module + '.lora_B.weight', np.ascontiguousarray(b[i].reshape(b.shape[1], -1).T)
 
 
-def write_adapter(output_dir: str, adapters: dict, cfg, *, base_model: str = '') -> str:
-  """A PEFT adapter directory for the model `convert to-hf` exports (its family's names)."""
+def write_adapter(
+  output_dir: str, adapters: dict, cfg, *, base_model: str = '', dropout: float = 0.0
+) -> str:
+  """A PEFT adapter directory for the model `convert to-hf` exports (its family's names);
+  dropout is the run's train.lora.dropout, so PEFT continues the training as it ran."""
   family = hf_mapping.export_family(cfg)
   naming = hf_mapping.NAMINGS[family]
   tensors = list(adapter_tensors(adapters, cfg, family))
@@ -79,7 +82,7 @@ def write_adapter(output_dir: str, adapters: dict, cfg, *, base_model: str = '')
     inference_mode=True,
     r=cfg.lora_rank,
     lora_alpha=cfg.lora_alpha,
-    lora_dropout=0.0,
+    lora_dropout=float(dropout),
     target_modules=sorted(modules),
     bias='none',
     fan_in_fan_out=False,

@@ -120,7 +120,9 @@ def test_exports_merged_and_peft_give_the_runs_logits(runs, tmp_path):
   assert convert.main(['to-hf', '--checkpoint-path', str(straight), '--output-dir', peft_dir,
                        '--dtype', 'fp32', '--adapter', 'peft']) == 0  # fmt: skip
   with open(os.path.join(peft_dir, peft_io.CONFIG_FILE)) as f:
-    assert json.load(f)['target_modules'] == ['down_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']
+    peft_config = json.load(f)
+  assert peft_config['target_modules'] == ['down_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']
+  assert peft_config['lora_dropout'] == 0.05  # the run's train.lora.dropout, for PEFT to go on
   with torch.no_grad():
     base = torch_reference.transformers_model(os.path.join(peft_dir, 'base'))
     _close(base(input_ids=torch.as_tensor(tokens), use_cache=False).logits.numpy(), plain)
