@@ -173,7 +173,7 @@ class RolloutBatches:
     # Score: rewards, advantages, old and reference estimates for every inner iteration.
     start = time.time()
     texts = self.sampler.texts(out)
-    rewards, failures, correct = score_texts(self.prompts.task, examples, texts)
+    rewards, failures, correct, counters = score_texts(self.prompts.task, examples, texts)
     advantages = row_advantages(rewards, group, r.objective)
     tokens, completion_mask, lengths = to_right_padded(
       out, prompt_lengths, r.max_prompt_tokens, eos_id=m.eos_token_id, pad_id=m.pad_token_id
@@ -196,6 +196,7 @@ class RolloutBatches:
       rollout_accuracy=float(np.mean(correct)),
       reward_failures=failures,
       rollout_completion_length=float(completion_mask.sum(1).mean()),
+      **counters,  # code tasks: the share of each sandbox verdict
     )
     batch = dict(
       tokens=tokens,
@@ -267,12 +268,14 @@ def row_advantages(rewards_B, group_size: int, objective: str):
 
 
 def score_texts(task, examples, texts):
-  """(rewards [B], reward failures, correct [B]) of completions, never raising."""
+  """(rewards [B], reward failures, correct [B], counters) of completions, never raising;
+  counters: for code tasks the share of completions per sandbox verdict ({'code_passed': ..,
+  'code_failed', 'code_timeout', 'code_memory', 'code_crash', 'code_refused'}), else {}."""
   if getattr(task, 'parallel', False):  # code tasks: one batch of parallel sandboxes
-    rewards, correct = task.judge(examples, texts)
-    return np.asarray(rewards, np.float32), 0, correct
+    rewards, correct, counters = task.judge_counted(examples, texts)
+    return np.asarray(rewards, np.float32), 0, correct, counters
   rewards, failures = advantages_lib.score(task.reward, examples, texts)
-  return rewards, failures, [_safe_correct(task, e, t) for e, t in zip(examples, texts)]
+  return rewards, failures, [_safe_correct(task, e, t) for e, t in zip(examples, texts)], {}
 
 
 def _safe_correct(task, example, completion) -> bool:

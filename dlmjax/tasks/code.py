@@ -152,8 +152,14 @@ class CodeTask(base.FileTask):
     return self.scorer.run([program_of(e, c) for e, c in zip(examples, completions)])
 
   def judge(self, examples, completions):
+    rewards, correct, _ = self.judge_counted(examples, completions)
+    return rewards, correct
+
+  def judge_counted(self, examples, completions):
+    """(rewards, correct, the share of each verdict: code_exec.verdict_fractions)."""
     outcomes = self.outcomes(examples, completions)
-    return [o.reward for o in outcomes], [o.reward >= 1.0 for o in outcomes]
+    rewards = [o.reward for o in outcomes]
+    return rewards, [r >= 1.0 for r in rewards], code_exec.verdict_fractions(outcomes)
 
   def score(self, example, completion):
     return self.outcomes([example], [completion])[0].reward
