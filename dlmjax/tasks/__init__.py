@@ -7,10 +7,10 @@ TASKS maps a name to a Task: `examples(split, num, seed) -> list[Example]` and
 from dlmjax.tasks.arithmetic import Arithmetic
 from dlmjax.tasks.base import Example, Task, split_of
 from dlmjax.tasks.code import HumanEval, KodCode, Mbpp
-from dlmjax.tasks.countdown import Countdown
+from dlmjax.tasks.countdown import Countdown, CountdownFile
 from dlmjax.tasks.gsm8k import Gsm8kJsonl
 from dlmjax.tasks.math500 import Math500
-from dlmjax.tasks.sudoku import Sudoku4
+from dlmjax.tasks.sudoku import Sudoku4, SudokuFile
 
 TASKS: dict[str, Task] = {
   'countdown3': Countdown(3),
@@ -27,6 +27,8 @@ FILE_TASKS: dict[str, type] = {
   'humaneval': HumanEval,
   'mbpp': Mbpp,
   'kodcode': KodCode,
+  'countdown': CountdownFile,
+  'sudoku': SudokuFile,
 }
 
 
@@ -51,7 +53,9 @@ __all__ = [
   'get_task',
   'split_of',
   'Countdown',
+  'CountdownFile',
   'Sudoku4',
+  'SudokuFile',
   'Arithmetic',
   'Gsm8kJsonl',
   'Math500',
