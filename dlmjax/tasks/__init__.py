@@ -6,7 +6,7 @@ TASKS maps a name to a Task: `examples(split, num, seed) -> list[Example]` and
 
 from dlmjax.tasks.arithmetic import Arithmetic
 from dlmjax.tasks.base import Example, Task, split_of
-from dlmjax.tasks.code import HumanEval, KodCode, Mbpp
+from dlmjax.tasks.code import HumanEval, HumanEvalInfill, KodCode, Mbpp
 from dlmjax.tasks.countdown import Countdown, CountdownFile
 from dlmjax.tasks.gsm8k import Gsm8kJsonl
 from dlmjax.tasks.math500 import Math500
@@ -25,6 +25,7 @@ FILE_TASKS: dict[str, type] = {
   'gsm8k': Gsm8kJsonl,
   'math500': Math500,
   'humaneval': HumanEval,
+  'humaneval_infill': HumanEvalInfill,
   'mbpp': Mbpp,
   'kodcode': KodCode,
   'countdown': CountdownFile,
@@ -61,6 +62,7 @@ __all__ = [
   'Math500',
   'FILE_TASKS',
   'HumanEval',
+  'HumanEvalInfill',
   'Mbpp',
   'KodCode',
 ]
