@@ -238,7 +238,7 @@ def defaults() -> ml_collections.ConfigDict:
   # is per micro-batch) and d1's frozen-init KL reference (kl_beta 0 = none); the peers'
   # alternatives are parameters of dlmjax/rl/advantages.py and rollout.loss_weights.
   c.rl = ml_collections.ConfigDict()
-  # a dlmjax.tasks name; gsm8k, math500, humaneval, mbpp and kodcode read rl.task_data
+  # a dlmjax.tasks name; the file tasks (gsm8k, math500, countdown, sudoku, code) read rl.task_data
   c.rl.task = 'countdown3'
   c.rl.task_data = ''  # file tasks: TRAIN[,TEST] (jsonl, parquet, ... or hub:NAME@SPLIT)
   c.rl.num_prompts = 1024  # training prompts drawn from the task's train split

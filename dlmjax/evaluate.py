@@ -4,6 +4,8 @@
   python -m dlmjax.evaluate --checkpoint-path P tasks --tasks countdown3,sudoku4 [--num 100]
   python -m dlmjax.evaluate --checkpoint-path P tasks --num 0 \\
       --tasks gsm8k=gsm8k_test.jsonl,math500=math500.jsonl,humaneval=humaneval.jsonl
+  python -m dlmjax.evaluate --checkpoint-path P tasks --num 0 \\
+      --tasks humaneval_infill=HumanEval-SingleLineInfilling.jsonl
 
 likelihood rows are {"context", "continuation"} (log-likelihood per row and in sum) or
 multiple-choice {"context", "choices": [...], "label": i} (accuracy of the most likely choice,
@@ -29,6 +31,7 @@ from dlmjax import tasks as tasks_lib
 from dlmjax.data import chat
 from dlmjax.data import jsonl
 from dlmjax.data import tokenizer as tokenizer_lib
+from dlmjax.diffusion import infill as infill_lib
 from dlmjax.diffusion import likelihood as likelihood_lib
 from dlmjax.diffusion import sampler as sampler_lib
 
@@ -115,6 +118,29 @@ class EvalModel:
       ids, seed=self.seed, batch_size=self.batch_size, **dataclasses.asdict(self.sampling)
     )
     return [self.tokenizer.decode(r) for r in rows]
+
+  def infill(self, examples, hole_tokens: int = 0, sampling=None) -> list[str]:
+    """The middle each example's hole gets (dlmjax/diffusion/infill.py): the canvas is
+    example.prefix, `hole_tokens` MASK tokens, example.suffix, each encoded apart, no chat
+    template. hole_tokens 0: as many as the canonical middle (example.response) has, the
+    ground-truth-length oracle of DLM infilling results. EOS and padding the model writes into
+    the hole are dropped, so a hole longer than the middle can be padded."""
+    self.sampling = (sampling or self.sampling).validate()
+    infill_lib.check_settings(self.sampling)
+    canvases, spans = [], []
+    for e in examples:
+      prefix, suffix = self.tokenizer.encode(e.prefix), self.tokenizer.encode(e.suffix)
+      n = hole_tokens or max(1, len(self.tokenizer.encode(e.response)))
+      canvases.append(prefix + [self.mask_id] * n + suffix)
+      spans.append((len(prefix), len(prefix) + n))
+    rows = self.pretrained.infill_tokens(
+      canvases, seed=self.seed, batch_size=self.batch_size, **dataclasses.asdict(self.sampling)
+    )
+    drop = (self.eos_id, self.pad_id, self.mask_id)
+    return [
+      self.tokenizer.decode([t for t in row[a:b] if t not in drop])
+      for row, (a, b) in zip(rows, spans)
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -207,15 +233,19 @@ def tasks_mode(
   seed: int,
   samples: int = 1,
   columns: str = '',
+  hole_tokens: int = 0,
 ):
   """Accuracy, mean reward and the peers' metrics of greedy (or sampled) completions on each
-  task's test split; a (name, path) entry reads a file task's test rows from path.
+  task's test split; a (name, path) entry reads a file task's test rows from path. An infilling
+  task (humaneval_infill) fills each problem's hole instead (EvalModel.infill, `hole_tokens`).
 
   samples > 1 decodes every problem that many times (each row gets its own sampling noise) and
   averages over all completions: the expected reward under the sampler, which is what RL
   optimises, with less noise than one draw per problem. num=0: every row of a file task."""
   if samples < 1:
     raise ValueError(f'samples={samples}: decode each problem at least once.')
+  if hole_tokens < 0:
+    raise ValueError(f'--hole-tokens {hole_tokens} must be >= 0 (0: the canonical middle length).')
   results, summary = [], {}
   for entry in task_names:
     name, path = (entry, '') if isinstance(entry, str) else entry
@@ -223,7 +253,10 @@ def tasks_mode(
       raise ValueError(f'task {name} reads its test rows from a file: pass --tasks {name}=PATH.')
     task = tasks_lib.get_task(name, data_path=f',{path}' if path else '', columns=columns)
     examples = task.examples('test', num if path else num or 100, seed) * samples
-    completions = model.generate([e.prompt for e in examples])
+    if getattr(task, 'infill', False):
+      completions = model.infill(examples, hole_tokens)
+    else:
+      completions = model.generate([e.prompt for e in examples])
     metrics = task.metrics(examples, completions)
     results += [
       dict(
@@ -274,7 +307,14 @@ def _parser() -> argparse.ArgumentParser:
   tk.add_argument(
     '--tasks',
     default='countdown3,sudoku4,arithmetic',
-    help='NAME or NAME=PATH (gsm8k, math500, humaneval, mbpp, kodcode: the test rows)',
+    help='NAME or NAME=PATH (gsm8k, math500, countdown, sudoku, humaneval, humaneval_infill, '
+    'mbpp, kodcode: the test rows)',
+  )
+  tk.add_argument(
+    '--hole-tokens',
+    type=int,
+    default=0,
+    help="humaneval_infill: MASK tokens per hole (0: the canonical middle's length)",
   )
   tk.add_argument(
     '--num', type=int, default=100, help='test examples per task (0: all rows of a file)'
@@ -324,6 +364,7 @@ def main(argv=None) -> int:
         seed=args.seed,
         samples=args.samples,
         columns=args.columns,
+        hole_tokens=args.hole_tokens,
       )
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)

@@ -156,6 +156,11 @@ def write_local_tasks(entries: list[tuple[str, str]], directory: str, columns: s
       raise ValueError(
         f'--local-tasks {name}: not a file task; choose from {sorted(tasks.FILE_TASKS)}.'
       )
+    if getattr(tasks.FILE_TASKS[name], 'infill', False):
+      raise ValueError(
+        f'--local-tasks {name}: lm-eval generates after a prompt and cannot fill a hole; run '
+        f'python -m dlmjax.evaluate ... tasks --tasks {name}={path}.'
+      )
     builder = _BUILDERS.get(os.path.splitext(path)[1])
     if builder is None or not os.path.isfile(path):
       raise ValueError(f'--local-tasks {name}={path}: needs an existing {sorted(_BUILDERS)} file.')

@@ -9,6 +9,8 @@ import pytest
 from dlmjax import evaluate
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import manager
+from dlmjax.diffusion import sampler
+from dlmjax.tasks.code import InfillExample
 from tests.checkpoint import tiny_run
 
 WORDS = ['<pad>', '<unk>', '<eos>', '<mask>'] + [f'w{i}' for i in range(200)]
@@ -232,3 +234,29 @@ def test_file_tasks_report_the_peers_metrics(tmp_path):
   ]
   with pytest.raises(ValueError, match='--tasks math500=PATH'):
     evaluate.tasks_mode(model, ['math500'], num=1, seed=0)
+
+
+def test_eval_model_fills_the_hole_between_prefix_and_suffix(run_dir, monkeypatch):
+  """evaluate tasks' infilling (tests/evaluate_infill_test.py): the canvas is prefix, the hole
+  of MASKs, suffix; the middle comes back without MASK, EOS or padding."""
+  sampling = sampler.SamplingConfig(gen_length=4, steps=2, block_length=4)
+  model = evaluate.EvalModel(str(run_dir), batch_size=2, sampling=sampling)
+  mask = model.mask_id
+  examples = [
+    InfillExample(prompt='w1 w2', response='w3 w4', answer='a', prefix='w1 w2', suffix='w5'),
+    InfillExample(prompt='w7', response='w8', answer='b', prefix='w7', suffix='w9 w10'),
+  ]
+  seen, real = [], model.pretrained.infill_tokens
+  monkeypatch.setattr(
+    model.pretrained, 'infill_tokens', lambda ids, **kw: seen.append(ids) or real(ids, **kw)
+  )
+  ids = lambda text: model.tokenizer.encode(text)  # noqa: E731
+  # 0: the canonical middle's token count; both canvases 5 wide (one compilation)
+  for hole, lengths in ((0, (2, 1)), (2, (2, 2))):
+    middles = model.infill(examples, hole)
+    assert seen[-1] == [
+      ids(e.prefix) + [mask] * n + ids(e.suffix) for e, n in zip(examples, lengths)
+    ]
+    for middle, n in zip(middles, lengths):
+      words = middle.split()
+      assert len(words) <= n and all(w.startswith('w') for w in words)  # no MASK, EOS or pad

@@ -20,8 +20,11 @@ from dlmjax.diffusion import loss as loss_lib
 _RL_STREAM = 7  # keeps RL masks apart from the pre-training mask streams (masking.py)
 
 
-def row_keys(seed: int, mask_seeds_B):
-  base = jax.random.fold_in(jax.random.key(seed), _RL_STREAM)
+def row_keys(seed, mask_seeds_B):
+  """Each row's mask key; `seed` is the run's seed or its key, jax.random.key(seed), which a
+  program takes as an argument so that it compiles once for every seed."""
+  is_key = isinstance(seed, jax.Array) and jnp.issubdtype(seed.dtype, jax.dtypes.prng_key)
+  base = jax.random.fold_in(seed if is_key else jax.random.key(seed), _RL_STREAM)
   return jax.vmap(lambda s: jax.random.fold_in(base, s))(mask_seeds_B)
 
 

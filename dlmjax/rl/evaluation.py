@@ -50,12 +50,15 @@ class HeldOutReward:
   def reward(self, params, num: int, seed: int, split: str = 'test') -> dict:
     """Mean reward and accuracy of greedy completions of `num` held-out problems."""
     examples, texts = self.completions(params, num, seed, split)
-    rewards, failures, correct = rollout_lib.score_texts(self.prompts.task, examples, texts)
+    rewards, failures, correct, counters = rollout_lib.score_texts(
+      self.prompts.task, examples, texts
+    )
     return dict(
       val_reward=float(rewards.mean()),
       val_accuracy=float(np.mean(correct)),
       val_examples=len(examples),
       val_reward_failures=failures,
+      **{f'val_{k}': v for k, v in counters.items()},
     )
 
   def run(self, step: int, params) -> dict[str, float]:

@@ -30,6 +30,11 @@ class Prompts:
   """The run's prompt sets, tokenised with its tokenizer and the start model's template."""
 
   def __init__(self, config, task, tokenizer):
+    if getattr(task, 'infill', False):
+      raise ValueError(
+        f'rl.task={task.name} fills holes (an evaluation: python -m dlmjax.evaluate tasks); RL '
+        'samples completions after a prompt: use rl.task=humaneval.'
+      )
     self.config, self.task, self.tokenizer = config, task, tokenizer
     self.template = prompt_template(config)
     self.training = self.encode('train', config.rl.num_prompts, config.seed)

@@ -8,6 +8,7 @@ Rollouts never leave the device mesh except as token ids and rewards for scoring
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 
@@ -172,7 +173,7 @@ class RolloutBatches:
     # Score: rewards, advantages, old and reference estimates for every inner iteration.
     start = time.time()
     texts = self.sampler.texts(out)
-    rewards, failures, correct = score_texts(self.prompts.task, examples, texts)
+    rewards, failures, correct, counters = score_texts(self.prompts.task, examples, texts)
     advantages = row_advantages(rewards, group, r.objective)
     tokens, completion_mask, lengths = to_right_padded(
       out, prompt_lengths, r.max_prompt_tokens, eos_id=m.eos_token_id, pad_id=m.pad_token_id
@@ -195,6 +196,7 @@ class RolloutBatches:
       rollout_accuracy=float(np.mean(correct)),
       reward_failures=failures,
       rollout_completion_length=float(completion_mask.sum(1).mean()),
+      **counters,  # code tasks: the share of each sandbox verdict
     )
     batch = dict(
       tokens=tokens,
@@ -266,12 +268,14 @@ def row_advantages(rewards_B, group_size: int, objective: str):
 
 
 def score_texts(task, examples, texts):
-  """(rewards [B], reward failures, correct [B]) of completions, never raising."""
+  """(rewards [B], reward failures, correct [B], counters) of completions, never raising;
+  counters: for code tasks the share of completions per sandbox verdict ({'code_passed': ..,
+  'code_failed', 'code_timeout', 'code_memory', 'code_crash', 'code_refused'}), else {}."""
   if getattr(task, 'parallel', False):  # code tasks: one batch of parallel sandboxes
-    rewards, correct = task.judge(examples, texts)
-    return np.asarray(rewards, np.float32), 0, correct
+    rewards, correct, counters = task.judge_counted(examples, texts)
+    return np.asarray(rewards, np.float32), 0, correct, counters
   rewards, failures = advantages_lib.score(task.reward, examples, texts)
-  return rewards, failures, [_safe_correct(task, e, t) for e, t in zip(examples, texts)]
+  return rewards, failures, [_safe_correct(task, e, t) for e, t in zip(examples, texts)], {}
 
 
 def _safe_correct(task, example, completion) -> bool:
@@ -282,26 +286,54 @@ def _safe_correct(task, example, completion) -> bool:
 
 
 def make_score_fn(config, model_config):
-  """jit(fn(params, tokens, prompt_lengths, lengths, mask_seeds)): the objective's estimate
-  (d1, coupled-GRPO, wd1: token log-probs [B, L]; ESPO: sequence ELBO [B]) without gradients,
-  params in any float dtype (taken as float32; a LoRA base's int8 weights stay int8,
-  model/quantize.py)."""
-  r = config.rl
-  common = dict(
-    seed=config.seed, mask_id=config.model.mask_token_id, chunk_size=config.model.loss_chunk_tokens
-  )
+  """score(params, tokens, prompt_lengths, lengths, mask_seeds): the objective's estimate (d1,
+  coupled-GRPO, wd1: token log-probs [B, L]; ESPO: sequence ELBO [B]) without gradients, params
+  in any float dtype (taken as float32; a LoRA base's int8 weights stay int8,
+  model/quantize.py).
 
-  def fn(params, tokens, prompt_lengths, lengths, mask_seeds):
+  The run's seed reaches the program as its mask key, an argument: runs that differ only in
+  `seed` (the demo's seeds, a sweep) share one compiled program (`score.func`)."""
+  r = config.rl
+  program = _score_program(
+    model_config,
+    r.objective,
+    r.p_mask_prompt,
+    r.elbo_samples,
+    config.model.mask_token_id,
+    config.model.loss_chunk_tokens,
+  )
+  return functools.partial(program, seed_key=jax.random.key(config.seed))
+
+
+@functools.lru_cache(maxsize=16)  # one compilation per model and estimator, whatever the seed
+def _score_program(model_config, objective, p_mask_prompt, elbo_samples, mask_id, chunk_size):
+  common = dict(mask_id=mask_id, chunk_size=chunk_size)
+
+  def fn(params, tokens, prompt_lengths, lengths, mask_seeds, *, seed_key):
     params = jax.tree.map(
       lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
     )
     module = model_lib.merge(model_config, params)
-    if r.objective in objectives.TOKEN_OBJECTIVES or r.objective == 'wd1':  # wd1 sums them
-      return estimators.token_estimator(r.objective)(
-        module, tokens, prompt_lengths, lengths, mask_seeds, p_mask_prompt=r.p_mask_prompt, **common
+    if objective in objectives.TOKEN_OBJECTIVES or objective == 'wd1':  # wd1 sums them
+      return estimators.token_estimator(objective)(
+        module,
+        tokens,
+        prompt_lengths,
+        lengths,
+        mask_seeds,
+        seed=seed_key,
+        p_mask_prompt=p_mask_prompt,
+        **common,
       )
     return estimators.sequence_elbo(
-      module, tokens, prompt_lengths, lengths, mask_seeds, num_samples=r.elbo_samples, **common
+      module,
+      tokens,
+      prompt_lengths,
+      lengths,
+      mask_seeds,
+      seed=seed_key,
+      num_samples=elbo_samples,
+      **common,
     )
 
   return programs.jit_program(fn, model_config.matmul_dtype)

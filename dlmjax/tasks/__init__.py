@@ -6,11 +6,11 @@ TASKS maps a name to a Task: `examples(split, num, seed) -> list[Example]` and
 
 from dlmjax.tasks.arithmetic import Arithmetic
 from dlmjax.tasks.base import Example, Task, split_of
-from dlmjax.tasks.code import HumanEval, KodCode, Mbpp
-from dlmjax.tasks.countdown import Countdown
+from dlmjax.tasks.code import HumanEval, HumanEvalInfill, KodCode, Mbpp
+from dlmjax.tasks.countdown import Countdown, CountdownFile
 from dlmjax.tasks.gsm8k import Gsm8kJsonl
 from dlmjax.tasks.math500 import Math500
-from dlmjax.tasks.sudoku import Sudoku4
+from dlmjax.tasks.sudoku import Sudoku4, SudokuFile
 
 TASKS: dict[str, Task] = {
   'countdown3': Countdown(3),
@@ -25,8 +25,11 @@ FILE_TASKS: dict[str, type] = {
   'gsm8k': Gsm8kJsonl,
   'math500': Math500,
   'humaneval': HumanEval,
+  'humaneval_infill': HumanEvalInfill,
   'mbpp': Mbpp,
   'kodcode': KodCode,
+  'countdown': CountdownFile,
+  'sudoku': SudokuFile,
 }
 
 
@@ -51,12 +54,15 @@ __all__ = [
   'get_task',
   'split_of',
   'Countdown',
+  'CountdownFile',
   'Sudoku4',
+  'SudokuFile',
   'Arithmetic',
   'Gsm8kJsonl',
   'Math500',
   'FILE_TASKS',
   'HumanEval',
+  'HumanEvalInfill',
   'Mbpp',
   'KodCode',
 ]

@@ -9,6 +9,11 @@ Formats (one row each, jsonl / parquet / hub:NAME via dlmjax/data/records.py):
   kodcode    {"question", "solution", "test"}: the test is a pytest module that imports from
              `solution`; each top-level test_* function (and Test* class method) is one test,
              a @pytest.mark.parametrize one runs over all its cases as one test
+  humaneval_infill  HumanEval-Infilling's rows (openai/human-eval-infilling: single-line,
+             multi-line, random-span) {"task_id", "prompt" (the code before the hole), "suffix"
+             (after it), "canonical_solution" (the hole's text), "test", "entry_point"}: the
+             model fills the hole (evaluate tasks, dlmjax/diffusion/infill.py) and the program
+             is prompt + middle + suffix, as the harness runs it; tests as humaneval's
 The solution is the completion's last ```python fenced block when it has one, else the
 completion itself; for humaneval a solution that does not define the entry point continues the
 prompt (prompt + completion, as the original harness). Reward: the fraction of tests passed.
@@ -44,6 +49,14 @@ class CodeExample(base.Example):
   paths: tuple[str, ...] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class InfillExample(CodeExample):
+  """A CodeExample whose completion is the middle between `prefix` and `suffix`; `response` is
+  the canonical middle."""
+
+  suffix: str = ''
+
+
 def extract_code(completion: str) -> str:
   """The last fenced code block of a completion, or the completion itself up to lm-eval MBPP's
   '[DONE]' stop string."""
@@ -52,6 +65,9 @@ def extract_code(completion: str) -> str:
 
 
 def program_of(example: CodeExample, completion: str) -> code_exec.Program:
+  if isinstance(example, InfillExample):  # the hole's text, as written: no fence to extract
+    code = example.prefix + completion + example.suffix
+    return code_exec.Program(code, example.tests, example.setup, example.paths)
   code = extract_code(completion)
   if example.prefix and not re.search(rf'def\s+{re.escape(example.entry_point)}\s*\(', code):
     code = example.prefix + code
@@ -152,8 +168,14 @@ class CodeTask(base.FileTask):
     return self.scorer.run([program_of(e, c) for e, c in zip(examples, completions)])
 
   def judge(self, examples, completions):
+    rewards, correct, _ = self.judge_counted(examples, completions)
+    return rewards, correct
+
+  def judge_counted(self, examples, completions):
+    """(rewards, correct, the share of each verdict: code_exec.verdict_fractions)."""
     outcomes = self.outcomes(examples, completions)
-    return [o.reward for o in outcomes], [o.reward >= 1.0 for o in outcomes]
+    rewards = [o.reward for o in outcomes]
+    return rewards, [r >= 1.0 for r in rewards], code_exec.verdict_fractions(outcomes)
 
   def score(self, example, completion):
     return self.outcomes([example], [completion])[0].reward
@@ -210,4 +232,31 @@ class KodCode(CodeTask):
       tests=tests,
       setup=setup,
       paths=_pytest_paths(row['test']),
+    )
+
+
+class HumanEvalInfill(CodeTask):
+  """HumanEval-Infilling: a hole in a HumanEval function, filled by infilling (evaluation only:
+  RL samples completions after a prompt, not middles)."""
+
+  name = 'humaneval_infill'
+  infill = True  # evaluate tasks fills example.prefix <hole> example.suffix
+  row_help = (
+    '"prompt", "suffix", "canonical_solution", "test" (with check(candidate)), "entry_point"'
+  )
+
+  def example_of(self, row):
+    prompt, suffix, entry = row['prompt'], row['suffix'], row['entry_point']
+    if not all(isinstance(x, str) for x in (prompt, suffix, row['canonical_solution'])):
+      raise TypeError('"prompt", "suffix" and "canonical_solution" must be strings')
+    setup, tests = humaneval_tests(row['test'], entry)
+    return InfillExample(
+      prompt=prompt,
+      response=row['canonical_solution'],
+      answer=str(row.get('task_id', entry)),
+      tests=tests,
+      setup=setup,
+      prefix=prompt,
+      entry_point=entry,
+      suffix=suffix,
     )

@@ -39,6 +39,11 @@ from dlmjax.tasks import sandbox_child
 _CHILD = os.path.abspath(sandbox_child.__file__)
 _KINDS_BY_CODE = {code: kind for kind, code in sandbox_child.EXIT_CODES.items()}
 OUTCOMES = ('ok', 'timeout', 'memory', 'network', 'filesystem', 'process', 'native', 'crash')
+# What a batch's programs came to, as RL logs it: every test passed / a program that ran to its
+# end but failed some test (or its solution raised) / stopped at the time limit / at the memory
+# limit / crashed (a signal, an early exit, no valid report) / an operation the sandbox refused.
+VERDICTS = ('passed', 'failed', 'timeout', 'memory', 'crash', 'refused')
+_REFUSED = ('network', 'filesystem', 'process', 'native')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +75,21 @@ class Outcome:
   @property
   def reward(self) -> float:
     return self.passed / self.total if self.status == 'ok' and self.total else 0.0
+
+  @property
+  def verdict(self) -> str:
+    """One of VERDICTS."""
+    if self.status == 'ok':
+      return 'passed' if self.reward >= 1.0 else 'failed'
+    return 'refused' if self.status in _REFUSED else self.status
+
+
+def verdict_fractions(outcomes) -> dict[str, float]:
+  """{'code_passed': share of the outcomes, ... one per VERDICTS}: RL's per-rollout counters."""
+  counts = {v: 0 for v in VERDICTS}
+  for o in outcomes:
+    counts[o.verdict] += 1
+  return {f'code_{v}': n / max(len(outcomes), 1) for v, n in counts.items()}
 
 
 @functools.cache

@@ -1,18 +1,25 @@
 """Countdown: combine the given numbers, each once, with + - * / to reach a target (d1, TinyZero).
 
-Every generated problem is solvable by construction (a random expression tree over the numbers);
-the reward is d1's: 1.0 for a correct expression in the last <answer>, 0.1 for an answer that
-uses the wrong numbers or value, 0 without one (dlm_peers.md 5).
+Every generated problem (countdown3, countdown4) is solvable by construction (a random expression
+tree over the numbers) and has a short prompt for small models. `countdown` reads d1's data
+instead: Jiayi-Pan/Countdown-Tasks-3to4 rows {"nums": [..], "target": N} (d1 trains on those
+with 3 numbers) or d1's test file dataset/countdown_cd3_test.jsonl {"input": "30,100,93",
+"output": "23"}, with d1's RL prompt (diffu-grpo/data_utils.py, get_countdown_questions).
+The reward is d1's for both (diffu-grpo/reward_func.py, compute_score): 1.0 for a correct
+expression in the last <answer>, 0.1 for an answer that uses the wrong numbers or value, 0
+without one (dlm_peers.md 5).
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import fractions
 import operator
 import re
 
 from dlmjax.tasks import base
+from dlmjax.tasks import gsm8k
 
 CORRECT_SCORE = 1.0
 FORMAT_SCORE = 0.1
@@ -134,3 +141,94 @@ class Countdown(base.Task):
   def score(self, example, completion):
     numbers = [int(n) for n in re.findall(r'\d+', example.prompt.split(' to make ')[0])]
     return compute_score(completion, numbers, int(example.answer))
+
+
+# d1's RL prompt: its system prompt (gsm8k.SYSTEM_PROMPT between newlines), then the task.
+D1_PROMPT = (
+  '\n' + gsm8k.SYSTEM_PROMPT + '\n\nUsing only the numbers {numbers}, create an arithmetic '
+  'expression that evaluates to exactly {target}. You must use all numbers from the list, and '
+  'each number must be used exactly once. You may use the operations +, -, *, and / as needed. '
+  'After reasoning, provide only your final expression inside <answer></answer> tags without '
+  'including an equals sign or the target number. For example, if the numbers are [2, 3, 4] and '
+  'the target is 5, a valid answer is: <answer>\n2*4-3\n</answer>'
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CountdownExample(base.Example):
+  """An Example with its numbers; `answer` is the target."""
+
+  numbers: tuple[int, ...] = ()
+
+
+def _d1_eval_equation(completion: str) -> str:
+  """The text d1's countdown evaluation scores (eval/parse_and_get_acc.py with its
+  parser_helper): after the last '\\boxed ' to a '$'; else the last \\boxed{...} (\\fbox{...}
+  kept whole); without a box, the WHOLE completion (its <answer> fallback runs only for an
+  unclosed box, where its helper raises)."""
+  if '\\boxed ' in completion:
+    return completion.split('\\boxed ')[-1].split('$')[0]
+  start = completion.rfind('\\boxed')
+  start = start if start >= 0 else completion.rfind('\\fbox')
+  if start < 0:
+    return completion
+  depth = 0
+  for i in range(start, len(completion)):
+    depth += {'{': 1, '}': -1}.get(completion[i], 0)
+    if completion[i] == '}' and depth == 0:
+      boxed = completion[start : i + 1]
+      return boxed[len('\\boxed{') : -1] if boxed.startswith('\\boxed{') else boxed
+  match = re.search(r'<answer>(.*?)</answer>', completion, re.DOTALL)
+  return match.group(1).strip() if match else completion
+
+
+def d1_eval_correct(completion: str, numbers, target: int) -> bool:
+  """d1's countdown evaluation (parse_countdown_answers) of one completion: its equation
+  (_d1_eval_equation) with LaTeX \\div \\times \\cdot read as / * *, an 'expression = value'
+  cut to the expression; correct when it uses exactly the numbers and its value is within 1e-5
+  of the target. d1's eval prompt asks for the expression in a \\boxed{}: an unboxed
+  completion is correct only when it is the bare expression."""
+  equation = _d1_eval_equation(completion)
+  equation = equation.replace('\\div', '/').replace('\\times', '*').replace('\\cdot', '*')
+  match = re.search(r'([0-9+\-*/() ]+)=[0-9. ]+', equation)
+  if match:
+    equation = match.group(1).strip()
+  if sorted(int(n) for n in re.findall(r'\d+', equation)) != sorted(numbers):
+    return False
+  try:
+    return abs(float(evaluate(equation)) - target) < 1e-5
+  except (ValueError, ZeroDivisionError, SyntaxError, OverflowError, RecursionError):
+    return False
+
+
+class CountdownFile(base.FileTask):
+  """d1's countdown data (one source per split), d1's prompt and reward."""
+
+  name = 'countdown'
+  max_reward = CORRECT_SCORE
+  row_help = '"nums" (a list) and "target", or d1\'s "input" ("30,100,93") and "output"'
+
+  def example_of(self, row):
+    if 'nums' in row:
+      numbers, target = row['nums'], row['target']
+    else:
+      numbers, target = str(row['input']).split(','), row['output']
+    numbers, target = [int(n) for n in numbers], int(target)
+    if not numbers:
+      raise ValueError('no numbers')
+    return CountdownExample(
+      prompt=D1_PROMPT.format(numbers=numbers, target=target),
+      response='',  # d1's data holds no solution: these rows are for RL and evaluation
+      answer=str(target),
+      numbers=tuple(numbers),
+    )
+
+  def score(self, example, completion):
+    return compute_score(completion, list(example.numbers), int(example.answer))
+
+  def peer_metrics(self, examples, completions):
+    return {
+      'd1_eval': [
+        float(d1_eval_correct(c, e.numbers, int(e.answer))) for e, c in zip(examples, completions)
+      ]
+    }

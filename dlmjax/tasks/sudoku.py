@@ -4,13 +4,19 @@ All 288 valid grids are enumerated; puzzles blank 4..10 cells and keep a unique 
 split follows the solution grid, as SPG re-split d1's data, so no test grid is seen in training.
 Reward: the share of originally blank cells filled correctly by the digits of the last <answer>,
 padded/truncated to 16 (d1 reward_func.validate_sudoku_solution).
+
+`sudoku` reads d1's data instead (dataset/4x4_sudoku_unique_puzzles.csv to train,
+dataset/4x4_test_sudoku.csv to test: {"Puzzle": 16 digits, "Solution": 16 digits}) with d1's
+prompt (diffu-grpo/data_utils.py and eval/sudoku.py agree on it) and the same reward.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 
 from dlmjax.tasks import base
+from dlmjax.tasks import gsm8k
 
 _BOX = [[(r // 2) * 2 + c // 2 for c in range(4)] for r in range(4)]
 
@@ -85,3 +91,94 @@ class Sudoku4(base.Task):
   def score(self, example, completion):
     puzzle = ''.join(ch for ch in example.prompt.split(':', 1)[1] if ch.isdigit())
     return compute_score(completion, puzzle, example.answer)
+
+
+D1_SYSTEM_PROMPT = """
+Please solve the following 4x4 Sudoku puzzle. The puzzle is provided as a 16-character string \
+reading left-to-right, top-to-bottom, where '0' represents empty cells.
+
+Rules:
+- Fill empty cells with digits 1-4
+- Each row must contain digits 1-4 exactly once
+- Each column must contain digits 1-4 exactly once
+- Each 2x2 box must contain digits 1-4 exactly once
+
+Important: Your solution must be a COMPLETE 16-character string with only the digits 1-4, \
+representing your final solved grid.
+
+Respond in this exact format:
+<reasoning>
+Your step-by-step solving process
+</reasoning>
+<answer>
+[16-character solution string with no spaces or separators]
+</answer>
+"""
+# d1's eval extraction (eval/parse_and_get_acc.py, parse_sudoku_answers), first match wins.
+_D1_EVAL_PATTERNS = (
+  r'<answer>.*?```\s*([\d\s]+)```',
+  r'<answer>(.*?)(?:<\|eot_id\|>|<\|endoftext\|>|</answer>)',
+  r'</answer>\s*(.*?)(?:<\|eot_id\|>|<\|endoftext\|>|$)',
+  r'.*?(\d{16})\s*</answer>',
+  r'\b(\d{16})\b',
+)
+
+
+def _grid(value) -> str:
+  """A 16-digit grid string; a CSV reader that took '0140...' for a number dropped its
+  leading zeros."""
+  text = str(value).strip()
+  text = text.zfill(16) if text.isdigit() else text
+  if len(text) != 16 or not text.isdigit():
+    raise ValueError(f'{value!r} is not a 16-digit grid')
+  return text
+
+
+def d1_eval_cells(completion: str, puzzle: str, solution: str) -> float:
+  """d1's sudoku evaluation of one completion: its patterns' first non-empty match, whitespace
+  dropped (other characters kept), padded/truncated to 16; the share of blank cells right (d1
+  reports the sum of right cells over the sum of blanks: the same per problem)."""
+  answer = ''
+  for pattern in _D1_EVAL_PATTERNS:
+    match = re.search(pattern, completion, re.DOTALL)
+    if match and match.group(1).strip():
+      answer = match.group(1).strip()
+      break
+  answer = re.sub(r'\s', '', answer)
+  blanks = [i for i, ch in enumerate(puzzle) if ch == '0']
+  if not answer or not blanks:
+    return 0.0
+  answer = answer[:16].ljust(16, '0')
+  return sum(answer[i] == solution[i] for i in blanks) / len(blanks)
+
+
+class SudokuFile(base.FileTask):
+  """d1's 4x4 sudoku data (one source per split), d1's prompt and reward."""
+
+  name = 'sudoku'
+  max_reward = 1.0
+  row_help = '"Puzzle" and "Solution" (16-digit strings, 0 = blank)'
+
+  def example_of(self, row):
+    puzzle, solution = _grid(row['Puzzle']), _grid(row['Solution'])
+    if any(p not in ('0', s) for p, s in zip(puzzle, solution)) or '0' in solution:
+      raise ValueError('the solution does not fill the puzzle')
+    return base.Example(
+      prompt=f'{D1_SYSTEM_PROMPT}\n\nSolve the following Sudoku puzzle: {puzzle}\n',
+      response=gsm8k.format_response('...', solution),
+      answer=solution,
+    )
+
+  def score(self, example, completion):
+    return compute_score(completion, self.puzzle_of(example), example.answer)
+
+  @staticmethod
+  def puzzle_of(example) -> str:
+    return re.search(r'Sudoku puzzle: ([0-9]{16})', example.prompt).group(1)
+
+  def peer_metrics(self, examples, completions):
+    return {
+      'd1_eval': [
+        d1_eval_cells(c, self.puzzle_of(e), e.answer) for e, c in zip(examples, completions)
+      ]
+    }

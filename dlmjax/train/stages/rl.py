@@ -15,6 +15,7 @@ import numpy as np
 
 from dlmjax import tasks as tasks_lib
 from dlmjax.data import run_tokenizer
+from dlmjax.tasks import code_exec
 from dlmjax.rl import estimators, objectives
 from dlmjax.rl import evaluation as rl_evaluation
 from dlmjax.rl import prompts as prompts_lib
@@ -173,8 +174,17 @@ def stage(config) -> base.Stage:
     batches=batches,
     evaluator=evaluator,
     example_batch=example_batch,
-    # Per step: reward, KL, clip; the latest rollout's generate / score seconds; the update's.
-    console_metrics=('reward_mean', 'kl', 'clip_fraction', 'generate_s', 'score_s', 'step_time_s'),
+    # Per step: reward, KL, clip; the latest rollout's generate / score seconds; the update's;
+    # for a code task, the rollout's share of each sandbox verdict (only its rows hold them).
+    console_metrics=(
+      'reward_mean',
+      'kl',
+      'clip_fraction',
+      'generate_s',
+      'score_s',
+      'step_time_s',
+      *(f'code_{v}' for v in code_exec.VERDICTS),
+    ),
   )
 
 
