@@ -1,5 +1,6 @@
 """The grouped matmul against a dense reference (each row times its group's matrix), forward and
-both gradients, for XLA's ragged_dot and (where it imports) tokamax's."""
+both gradients, for XLA's ragged_dot, our Pallas kernels (interpret mode off GPU) and (where it
+imports) tokamax's."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +10,7 @@ import pytest
 from dlmjax.kernels import grouped_matmul as gmm
 
 # 'auto' only where it picks something other than xla (tokamax on a GPU): one compile per kernel.
-BACKENDS = ['xla'] + (['auto'] if gmm.resolve('auto') != 'xla' else [])
+BACKENDS = ['xla', 'pallas'] + (['auto'] if gmm.resolve('auto') != 'xla' else [])
 BACKENDS += ['tokamax'] if gmm.tokamax_available() else []
 
 
