@@ -19,10 +19,12 @@ one row per backend, projection and preset, and ONE table last:
 Every row is in its own try/except (and process): a failure (an OOM, a kernel that does not
 compile, tokamax not importing) prints its error in the row and the others still run.
 
-On one H200 (about 5 minutes):
-    python -m benchmarks.grouped_matmul
-On CPU (Pallas in interpret mode, toy shapes, under 2 minutes):
+On one H200 (a few minutes per preset; each row starts its own process):
+    python -m benchmarks.grouped_matmul --presets qwen3_30b_a3b --out gmm.jsonl
+    python -m benchmarks.grouped_matmul --presets llada_moe_7b_a1b --out gmm.jsonl
+On CPU (Pallas in interpret mode, toy widths; 20 rows, about 30 s each on 2 busy cores):
     python -m benchmarks.grouped_matmul --tiny
+    python -m benchmarks.grouped_matmul --tiny --presets qwen3_30b_a3b --projections down
 """
 
 from __future__ import annotations
