@@ -68,6 +68,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.moe_ffn_dim = 0
   c.model.shared_experts = 0
   c.model.router = 'softmax_topk'
+  # The experts' grouped matmul (kernels/grouped_matmul.py): xla (ragged_dot) | tokamax | pallas
+  # (our Triton kernels) | auto (tokamax on GPU where it imports, else xla).
+  c.model.moe_backend = 'auto'
   # The projections' matmuls (q/k/v/o, MLP gate/up/down): 'compute' runs them in model.dtype,
   # 'fp8' in FP8 on Hopper (e4m3 forward, e5m2 gradients, per-tensor scales; model/fp8.py). The
   # output head and the attention core stay in model.dtype either way.
@@ -631,6 +634,7 @@ _CHOICES = {
   'model.norm_backend': ('xla', 'pallas', 'auto'),
   'model.dtype': ('float32', 'bfloat16'),
   'model.router': ('softmax_topk', 'softmax_topk_raw', 'sigmoid_bias'),
+  'model.moe_backend': ('auto', 'xla', 'tokamax', 'pallas'),
   'model.matmul_dtype': ('compute', 'fp8'),
   'model.remat': (
     'none',

@@ -1,10 +1,16 @@
 """The grouped matmul of MoE experts: rows of lhs sorted by group, each group times its own matrix.
 
 out[r] = lhs[r] @ rhs[g(r)], g(r) the group row r falls in (group_sizes consecutive rows each);
-rows past sum(group_sizes) belong to no group. On GPU the Mosaic GPU kernel of tokamax (Google's
-Pallas kernel library, the optional `moe` extra; its import needs xprof) runs it where it imports:
-docs/moe.md, Dispatch, has it far ahead of XLA's ragged_dot there. Elsewhere, and
-when tokamax is missing, `jax.lax.ragged_dot`.
+rows past sum(group_sizes) belong to no group. Backends:
+- tokamax: the Mosaic GPU kernel of tokamax (Google's Pallas kernel library, the optional `moe`
+  extra; its import needs xprof). docs/moe.md, Dispatch, has it far ahead of XLA's ragged_dot on
+  GPU.
+- pallas: our own Pallas kernels (grouped_matmul_pallas.py: Triton on GPU, interpret mode off
+  it), forward and backward without any dense [G, M, ...] buffer.
+- xla: `jax.lax.ragged_dot`; on GPU its backward expands the groups densely (tens of GiB at the
+  MoE presets' shapes).
+auto takes tokamax on GPU where it imports, else XLA (the CPU path). Which of tokamax and pallas
+should be auto's GPU choice is measured by benchmarks/grouped_matmul.py (docs/moe.md, Dispatch).
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-BACKENDS = ('auto', 'xla', 'tokamax')
+from dlmjax.kernels import grouped_matmul_pallas
+
+BACKENDS = ('auto', 'xla', 'tokamax', 'pallas')  # model.moe_backend
 
 
 @functools.cache
@@ -39,7 +47,7 @@ def tokamax_available() -> bool:
 
 
 def resolve(backend: str = 'auto') -> str:
-  """'xla' or 'tokamax': auto takes tokamax on GPU where it imports."""
+  """'xla', 'tokamax' or 'pallas': auto takes tokamax on GPU where it imports."""
   if backend not in BACKENDS:
     raise ValueError(f'grouped matmul backend {backend!r} is not one of {BACKENDS}.')
   if backend == 'auto':
@@ -55,6 +63,8 @@ def resolve(backend: str = 'auto') -> str:
 def grouped_matmul(lhs_MK, rhs_GKN, group_sizes_G, *, backend: str = 'auto'):
   """[M, K] x [G, K, N] -> [M, N] in lhs's dtype (float32 accumulation); rows outside every
   group come out zero whatever the kernel leaves there, and get a zero gradient."""
+  if resolve(backend) == 'pallas':  # zero outside the groups by construction (masked loads)
+    return grouped_matmul_pallas.grouped_matmul(lhs_MK, rhs_GKN, group_sizes_G)
   rows = jnp.arange(lhs_MK.shape[0])
   in_group_M = rows < jnp.sum(group_sizes_G)
   # Masked on the way in too: a kernel may leave anything in rows it does not own, and the

@@ -338,6 +338,7 @@ class ModelConfig:
   moe_ffn_dim: int = 0  # each expert's width (0 = ffn_dim)
   shared_experts: int = 0  # a dense SwiGLU of shared_experts x expert width beside the experts
   router: str = 'softmax_topk'
+  moe_backend: str = 'auto'  # the experts' grouped matmul (kernels/grouped_matmul.py BACKENDS)
 
   @property
   def lora_spec(self):
@@ -391,6 +392,7 @@ class ModelConfig:
       moe_ffn_dim=m.moe_ffn_dim,
       shared_experts=m.shared_experts,
       router=m.router,
+      moe_backend=m.moe_backend,
       **schedule,
     )
 

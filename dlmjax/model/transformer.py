@@ -108,6 +108,7 @@ class Block(nnx.Module):
         cfg.expert_dim,
         router=cfg.router,
         shared_ffn_dim=cfg.shared_experts * cfg.expert_dim,
+        backend=cfg.moe_backend,
         std=cfg.init_std,
         out_std=out_std,
         **kw,

@@ -1,5 +1,6 @@
 """The grouped matmul against a dense reference (each row times its group's matrix), forward and
-both gradients, for XLA's ragged_dot and (where it imports) tokamax's."""
+both gradients, for XLA's ragged_dot, our Pallas kernels (interpret mode off GPU) and (where it
+imports) tokamax's."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +10,7 @@ import pytest
 from dlmjax.kernels import grouped_matmul as gmm
 
 # 'auto' only where it picks something other than xla (tokamax on a GPU): one compile per kernel.
-BACKENDS = ['xla'] + (['auto'] if gmm.resolve('auto') != 'xla' else [])
+BACKENDS = ['xla', 'pallas'] + (['auto'] if gmm.resolve('auto') != 'xla' else [])
 BACKENDS += ['tokamax'] if gmm.tokamax_available() else []
 
 
@@ -72,3 +73,22 @@ def test_a_tokamax_that_fails_to_trace_falls_back_to_xla_once(monkeypatch):
   assert Broken.calls == 2
   with pytest.raises(ValueError, match='tokamax failed here.*out_shape'):
     gmm.grouped_matmul(lhs, rhs, sizes, backend='tokamax')
+
+
+def test_model_moe_backend_reaches_the_expert_matmuls():
+  """model.moe_backend=pallas puts the kernel into the model's experts (traced, not compiled);
+  a bad value names the choices."""
+  from dlmjax import config as config_lib
+  from dlmjax import model as model_lib
+  from tests.conftest import tiny_test_config
+
+  moe = {'model.num_experts': 4, 'model.experts_per_token': 2, 'model.moe_ffn_dim': 16}
+  config = tiny_test_config(**moe, **{'model.moe_backend': 'pallas', 'model.num_layers': 1})
+  cfg = model_lib.ModelConfig.from_config(config)
+  _, params, _ = model_lib.abstract(cfg)
+  text = str(
+    jax.make_jaxpr(lambda p, t: model_lib.merge(cfg, p)(t))(params, jnp.zeros((1, 8), int))
+  )
+  assert 'grouped_matmul_fwd' in text and 'ragged_dot' not in text
+  with pytest.raises(config_lib.ConfigError, match='model.moe_backend'):
+    config_lib.validate(tiny_test_config(**moe, **{'model.moe_backend': 'triton'}))
