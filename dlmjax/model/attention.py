@@ -6,6 +6,7 @@ every device), `cudnn` (jax.nn.dot_product_attention, GPU; bidirectional or caus
 padding lengths, never a dense mask), `pallas` (our flash kernels, every mask without a dense
 one: the Mosaic GPU kernel for plain bidirectional attention on Hopper, the Triton kernel for the
 rest; interpret mode off GPU) and `auto` (the fastest valid one, by the rule in auto_attention).
+A cached forward's slice (fewer queries than keys) takes slice_attention's path.
 """
 
 from __future__ import annotations
