@@ -301,3 +301,20 @@ def test_slice_kernel_matches_reference(kind):
     live, want.reshape(batch, 2, 16, length // block, block).any((2, 4))
   )
   assert live.sum() < live.size  # something is skipped (row 1's keys past 30, at least)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('kind', fa.SLICE_KINDS)
+def test_gpu_slice_kernel_bf16_matches_reference(kind):
+  """The slice kernel's Triton lowering at the sampler's shape (a 33-query block, Dream's lead
+  row included, against 320 keys, GQA 2:1, left padding), bf16 against the f32 reference."""
+  keys = jax.random.split(jax.random.key(8), 3)
+  q = jax.random.normal(keys[0], (4, 33, 4, 128), jnp.float32).astype(jnp.bfloat16)
+  k, v = (
+    jax.random.normal(x, (4, 320, 2, 128), jnp.float32).astype(jnp.bfloat16) for x in keys[1:]
+  )
+  seg = (jnp.arange(320)[None] >= jnp.array([[0], [7], [30], [63]])).astype(jnp.int32)
+  kw = dict(kind=kind, block_size=32, segment_ids_BL=seg, query_start=95)
+  got = jax.jit(lambda q, k, v: fa.flash_attention_slice(q, k, v, **kw))(q, k, v)
+  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+  assert rel_err(got.astype(jnp.float32), attention_lib.xla_attention(*f32, **kw)) < 1e-2
