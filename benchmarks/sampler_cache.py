@@ -8,7 +8,10 @@ cache / generate_with_dual_cache, batched), its layer torch.compile'd on GPU. Ra
 the threshold rarely fires (a trained model's confidence is what it buys). Before timing, both
 sides check that a cached forward of an unchanged canvas gives the whole forward's logits.
 One JSON line per measurement, one table last ('x none' and 'same as none' against the run's own
-plain none row of the same length: no cache, no threshold, Fast-dLLM's baseline). Each program is
+plain none row of the same length: no cache, no threshold, Fast-dLLM's baseline). The 'slices'
+column: the attention of prefix / dual's cached slices, 'kernel' (model.attention_backend's
+path: on GPU the slice kernel, flash_attention_slice) or 'xla' (the dense XLA attention every
+slice ran before it); --slice-attention both times the two side by side. Each program is
 compiled ahead (first_call_s) and then timed --repeats times. The GPU figures (docs/benchmarks.md,
 Sampler), split to fit 10-minute commands:
   python -m benchmarks.sampler_cache --gen-lengths 256 --modes none,prefix,dual --repeats 1
@@ -17,6 +20,9 @@ Sampler), split to fit 10-minute commands:
 and Fast-dLLM's four rows (none, dual, threshold 0.9, both) at gen 256 and 512, dlmjax only:
   python -m benchmarks.sampler_cache --gen-lengths 256,512 --modes none,dual --thresholds 0,0.9 \
     --batch 16 --repeats 1 --no-torch
+The slice kernel against the dense slices it replaced (about 4 minutes on one H200):
+  python -m benchmarks.sampler_cache --gen-lengths 256 --modes none,dual,prefix --thresholds 0 \
+    --slice-attention both --repeats 1 --no-torch
 (defaults: the 1.7B of configs/pretrain_1p7b.py, batch 64, 64-token prompts, block 32).
 On a CPU: python -m benchmarks.sampler_cache --tiny [--gen-lengths 256,512 ...]
 """
@@ -24,6 +30,7 @@ On a CPU: python -m benchmarks.sampler_cache --tiny [--gen-lengths 256,512 ...]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -37,6 +44,7 @@ import numpy as np
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.diffusion import sampler
+from dlmjax.model import attention
 
 MODES = ('none', 'prefix', 'dual')
 
@@ -57,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     '--thresholds', default='0,0.9', help='each mode runs at each (0 = off; Fast-dLLM: 0.9)'
   )
   parser.add_argument('--modes', default=','.join(MODES))
+  parser.add_argument(
+    '--slice-attention',
+    default='kernel',
+    help="prefix / dual's cached slices: kernel (the backend's: the slice kernel on GPU), "
+    'xla (the dense path before it), or both, side by side',
+  )
   parser.add_argument('--repeats', type=int, default=2)
   parser.add_argument('--no-torch', action='store_true', help='dlmjax only')
   parser.add_argument(
@@ -117,6 +131,27 @@ def check_jax(model_config, params, prompt_BP, gen_length, block) -> float:
 
   diff, scale = (float(a) for a in run(params))
   return diff / max(scale, 1e-6)
+
+
+@contextlib.contextmanager
+def slice_path(path: str):
+  """Cached slices through `path`: 'kernel' (attention.slice_attention as it is) or 'xla' (every
+  slice through xla_attention, the path before the slice kernel). Compiled programs are cached
+  per setting, not per path: the cache is cleared on the way in and out."""
+  sampler.make_generate_fn.cache_clear()
+  original = attention.slice_attention
+  if path == 'xla':
+
+    def dense(q, k, v, *, backend, **mask):
+      del backend
+      return attention.xla_attention(q, k, v, **mask)
+
+    attention.slice_attention = dense
+  try:
+    yield
+  finally:
+    attention.slice_attention = original
+    sampler.make_generate_fn.cache_clear()
 
 
 def time_jax(config, model_config, params, sampling, prompt_BP, repeats) -> dict:
@@ -325,6 +360,7 @@ def _table(rows) -> str:
   head = (
     'gen',
     'mode',
+    'slices',
     'threshold',
     'dlmjax tok/s',
     'x none',
@@ -341,6 +377,7 @@ def _table(rows) -> str:
         for v in (
           r['gen'],
           r['mode'],
+          r['slices'],
           r['threshold'],
           r['jax_tokens_per_s'],
           r.get('jax_vs_none', '-'),
@@ -366,6 +403,9 @@ def main(argv=None) -> int:
     unknown = set(modes) - set(MODES)
     if unknown:
       raise ValueError(f'unknown modes {sorted(unknown)}; known: {list(MODES)}.')
+    paths = ['kernel', 'xla'] if args.slice_attention == 'both' else [args.slice_attention]
+    if set(paths) - {'kernel', 'xla'}:
+      raise ValueError(f'--slice-attention {args.slice_attention!r}: kernel, xla or both.')
     gens = [int(g) for g in args.gen_lengths.split(',')]
     thresholds = [float(t) for t in args.thresholds.split(',')]
     config, model_config = _model_config(args)
@@ -399,7 +439,7 @@ def main(argv=None) -> int:
   checks = dict(jax=check_jax(model_config, params, prompt_BP, gens[0], args.block_length))
   if peer:
     checks['torch'] = peer.check(prompt_torch, gens[0], args.block_length)
-  # bf16 on GPU: the slice runs XLA attention, the whole canvas the flash kernel (1.7B: 0.04).
+  # bf16 on GPU: the slice and the whole canvas run different kernels (1.7B, XLA slices: 0.04).
   tolerance = 0.1 if model_config.compute_dtype == jnp.bfloat16 else 1e-4
   print(json.dumps(dict(check='cached slice vs whole forward, relative max |dlogit|', **checks)))
   if max(checks.values()) > tolerance:
@@ -409,32 +449,40 @@ def main(argv=None) -> int:
   for gen in gens:
     plain = sampler.SamplingConfig(gen_length=gen, steps=gen, block_length=args.block_length)
     base = {}
-    for mode in modes:
-      for threshold in thresholds:
-        s = dataclasses.replace(plain, cache=mode, threshold=threshold)
+    variants = [
+      (mode, threshold, path)
+      for mode in modes
+      for threshold in thresholds
+      for path in (paths if mode != 'none' else paths[:1])  # none has no slices
+    ]
+    for mode, threshold, path in variants:
+      s = dataclasses.replace(plain, cache=mode, threshold=threshold)
+      with slice_path(path):
         jx = time_jax(config, model_config, params, s, prompt_BP, args.repeats)
-        row = dict(gen=gen, mode=mode, threshold=threshold, device=device, batch=args.batch)
-        row.update(prompt=args.prompt_length, block=args.block_length, steps=gen)
-        row['jax_tokens_per_s'] = round(jx['tokens_per_s'], 1)
-        row['jax_first_call_s'] = round(jx['first_call_s'], 1)
+      slices = '-' if mode == 'none' else path
+      row = dict(gen=gen, mode=mode, slices=slices, threshold=threshold, device=device)
+      row['batch'] = args.batch
+      row.update(prompt=args.prompt_length, block=args.block_length, steps=gen)
+      row['jax_tokens_per_s'] = round(jx['tokens_per_s'], 1)
+      row['jax_first_call_s'] = round(jx['first_call_s'], 1)
+      if mode == 'none':
+        base[('jax', threshold)] = jx
+      ref = base.get(('jax', 0.0), base.get(('jax', threshold)))
+      if ref:
+        row['jax_vs_none'] = round(jx['tokens_per_s'] / ref['tokens_per_s'], 2)
+        row['same_as_none'] = float(np.mean(jx['out'] == ref['out']))
+      if peer and path == paths[0]:
+        pt = peer.time(prompt_torch, s, m.mask_token_id, m.vocab_size, args.repeats)
         if mode == 'none':
-          base[('jax', threshold)] = jx
-        ref = base.get(('jax', 0.0), base.get(('jax', threshold)))
+          base[('torch', threshold)] = pt
+        row['torch_tokens_per_s'] = round(pt['tokens_per_s'], 1)
+        row['torch_first_call_s'] = round(pt['first_call_s'], 1)
+        ref = base.get(('torch', 0.0), base.get(('torch', threshold)))
         if ref:
-          row['jax_vs_none'] = round(jx['tokens_per_s'] / ref['tokens_per_s'], 2)
-          row['same_as_none'] = float(np.mean(jx['out'] == ref['out']))
-        if peer:
-          pt = peer.time(prompt_torch, s, m.mask_token_id, m.vocab_size, args.repeats)
-          if mode == 'none':
-            base[('torch', threshold)] = pt
-          row['torch_tokens_per_s'] = round(pt['tokens_per_s'], 1)
-          row['torch_first_call_s'] = round(pt['first_call_s'], 1)
-          ref = base.get(('torch', 0.0), base.get(('torch', threshold)))
-          if ref:
-            row['torch_vs_none'] = round(pt['tokens_per_s'] / ref['tokens_per_s'], 2)
-          row['jax_vs_torch'] = round(jx['tokens_per_s'] / pt['tokens_per_s'], 2)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+          row['torch_vs_none'] = round(pt['tokens_per_s'] / ref['tokens_per_s'], 2)
+        row['jax_vs_torch'] = round(jx['tokens_per_s'] / pt['tokens_per_s'], 2)
+      print(json.dumps(row), flush=True)
+      rows.append(row)
   print(_table(rows))
   return 0
 

@@ -387,23 +387,14 @@ def decode_blocks(
     )
     return jax.lax.dynamic_update_slice_in_dim(x_BL, x_blk, start, axis=1)
 
-  def step_logits(x_BL, kv, step, start, static_start):
-    """The step's block logits and the K/V kept for the next step, per cache mode; truncate
-    and prefix know the block start statically (static_start), their forwards' shapes need it."""
+  def step_logits(x_BL, kv, start, static_start):
+    """The step's block logits for none, truncate and block; truncate knows the block start
+    statically (static_start): its forward's shape needs it."""
     if mode == 'none':
-      return block_logits(x_BL, start, length), kv
+      return block_logits(x_BL, start, length)
     if mode == 'truncate':
-      return block_logits(x_BL, start, static_start + block), kv
-    if mode == 'block':
-      return slice_kv(x_BL, kv, start, block)[0], kv
-    size = block if mode == 'dual' else length - static_start
-    return jax.lax.cond(
-      step % refresh_every == 0,
-      lambda x, c: canvas_kv(x, start),
-      lambda x, c: (slice_kv(x, c, start, size)[0], c),
-      x_BL,
-      kv,
-    )
+      return block_logits(x_BL, start, static_start + block)
+    return slice_kv(x_BL, kv, start, block)[0]
 
   def go_on(block_index, x_BL):
     """Whether block block_index is decoded: some row still needs it and has not finished."""
@@ -416,18 +407,38 @@ def decode_blocks(
     transfer_BS = num_transfer_tokens(jnp.sum(left_BK, -1), spb)
 
     def unfinished(carry):
-      step, x, _ = carry
+      step, x = carry[:2]
       left_BK = (window(x, start) == mask_id) & window(decodable_BL, start)
       done_B = finished(x)
       if done_B is not None:
         left_BK = left_BK & ~done_B[:, None]
       return (step < spb) & jnp.any(left_BK)  # with a threshold or factor, a block can end early.
 
+    def commit(step, x, logits):
+      transfer_B = jax.lax.dynamic_index_in_dim(transfer_BS, step, axis=1, keepdims=False)
+      return step + 1, decode_step(x, logits, block_index, step, start, transfer_B)
+
+    if mode in ('prefix', 'dual'):
+      size = block if mode == 'dual' else length - static_start
+
+      def refreshed(carry):
+        """A refresh step, then the cached steps up to the next refresh: the refresh's K/V are
+        the inner loop's constant, never a carry or a branch's operand, so never copied."""
+        logits, kv = canvas_kv(carry[1], start)
+
+        def cached(carry):
+          return commit(*carry, slice_kv(carry[1], kv, start, size)[0])
+
+        return jax.lax.while_loop(
+          lambda c: (c[0] % refresh_every != 0) & unfinished(c), cached, commit(*carry, logits)
+        )
+
+      _, x_BL = jax.lax.while_loop(unfinished, refreshed, (jnp.int32(0), x_BL))
+      return x_BL, kv
+
     def body(carry):
       step, x, kv = carry
-      transfer_B = jax.lax.dynamic_index_in_dim(transfer_BS, step, axis=1, keepdims=False)
-      logits, kv = step_logits(x, kv, step, start, static_start)
-      return step + 1, decode_step(x, logits, block_index, step, start, transfer_B), kv
+      return (*commit(step, x, step_logits(x, kv, start, static_start)), kv)
 
     _, x_BL, kv = jax.lax.while_loop(unfinished, body, (jnp.int32(0), x_BL, kv))
     if mode == 'block':  # the committed block's own K/V, what every later block attends to.
@@ -441,8 +452,8 @@ def decode_blocks(
       kv = jax.lax.cond(go_on(block_index + 1, x_BL), store, lambda x, c: c, x_BL, kv)
     return x_BL, kv
 
-  kv = None  # the K/V buffers the loop carries: the prompt's (block), refreshed before use else.
-  if mode in ('prefix', 'dual', 'block'):
+  kv = None  # the block cache's K/V buffers, which the loop carries (prefix / dual: per block).
+  if mode == 'block':
     shapes = jax.eval_shape(lambda x: canvas_kv(x, 0)[1], x_BL)
     kv = tuple(
       rules.constrain(

@@ -236,7 +236,8 @@ def _two_stream_live(mask, length, block_q, block_k):
 
 def _ranges(live_BRC, valid_B):
   """int32 [B, R, 8]: per row, the first run of live columns [lo, hi), the valid length, and
-  [lo2, hi2) from the next live column to one past the last (0, 0 if none); zeros after.
+  [lo2, hi2) from the next live column to one past the last (0, 0 if none); zeros after (the
+  slice kernel keeps its query_start in slot 5).
 
   Masks of one run (causal, block_causal, documents) leave the second empty; the two-stream
   mask's rows have two runs (a noisy block's own tile, the clean tiles before it), so the noisy
@@ -274,9 +275,11 @@ def _dot(a, b, *, trans_a=False, trans_b=False):
   return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
-def _visible(mask, q0, k0, block_q, block_k, seg_q, seg_k, valid):
-  """Bool [block_q, block_k] tile of the mask starting at query q0, key k0."""
-  q_pos = q0 + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
+def _visible(mask, q0, k0, block_q, block_k, seg_q, seg_k, valid, q_pos=None):
+  """Bool [block_q, block_k] tile of the mask starting at query q0 (or at the rows' own
+  positions q_pos [block_q, block_k]: the slice kernel's), key k0."""
+  if q_pos is None:
+    q_pos = q0 + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
   k_pos = k0 + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
   visible = None
 
@@ -296,10 +299,10 @@ def _visible(mask, q0, k0, block_q, block_k, seg_q, seg_k, valid):
   return visible
 
 
-def _logits(q, k, scale, mask, q0, k0, seg_q, seg_k, valid):
+def _logits(q, k, scale, mask, q0, k0, seg_q, seg_k, valid, q_pos=None):
   s = _dot(q, k, trans_b=True) * scale
   if mask.dense:
-    visible = _visible(mask, q0, k0, q.shape[0], k.shape[0], seg_q, seg_k, valid)
+    visible = _visible(mask, q0, k0, q.shape[0], k.shape[0], seg_q, seg_k, valid, q_pos)
     s = jnp.where(visible, s, _NEG)
   return s
 
@@ -307,16 +310,28 @@ def _logits(q, k, scale, mask, q0, k0, seg_q, seg_k, valid):
 def _fwd_kernel(
   range_ref, seg_q_ref, seg_k_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, mask, block_k, scale
 ):
-  block_q, head_dim = q_ref.shape
+  block_q = q_ref.shape[0]
   q0 = pl.program_id(0) * block_q
-  q = q_ref[...]
   seg_q = seg_q_ref[...]
-  valid = range_ref[2]
+
+  def logits(q, ks, k0):
+    return _logits(q, k_ref[ks, :], scale, mask, q0, k0, seg_q, seg_k_ref[ks], range_ref[2])
+
+  o, lse = _attend(q_ref[...], v_ref, range_ref, logits, block_k)
+  o_ref[...] = o.astype(o_ref.dtype)
+  lse_ref[...] = lse
+
+
+def _attend(q, v_ref, range_ref, logits, block_k):
+  """(output f32 [rows, H], base-2 logsumexp [rows]) of q's rows over the row's live key tiles,
+  online softmax; logits(q, key slice, first key) gives a tile's masked base-2 logits. A row
+  that sees no key gets output 0 and logsumexp +big (no probability in the backward)."""
+  block_q, head_dim = q.shape
 
   def body(j, carry):
     acc, m, denom = carry
     ks = pl.ds(j * block_k, block_k)
-    s = _logits(q, k_ref[ks, :], scale, mask, q0, j * block_k, seg_q, seg_k_ref[ks], valid)
+    s = logits(q, ks, j * block_k)
     m_new = jnp.maximum(m, s.max(-1))
     p = jnp.exp2(s - m_new[:, None])
     alpha = jnp.exp2(m - m_new)
@@ -331,8 +346,8 @@ def _fwd_kernel(
   acc, m, denom = _live_loop(range_ref, body, init)
   seen = m > 0.5 * _NEG  # Some key was visible: its logit is far above _NEG.
   denom = jnp.where(seen, denom, 1.0)
-  o_ref[...] = jnp.where(seen[:, None], acc / denom[:, None], 0.0).astype(o_ref.dtype)
-  lse_ref[...] = jnp.where(seen, m + jnp.log2(denom), -_NEG)  # +big: no probability in backward.
+  out = jnp.where(seen[:, None], acc / denom[:, None], 0.0)
+  return out, jnp.where(seen, m + jnp.log2(denom), -_NEG)
 
 
 def _dq_kernel(
@@ -533,3 +548,158 @@ def _flash_bwd(mask, tiles, interpret, res, do):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# ---------------------------------------------------------------------------------------------
+# A slice of queries against a whole sequence's keys: the sampler's cached decoding step.
+
+SLICE_TILE = Tile(64, 64, 4, 2)  # rows (the grouped heads' queries) x keys, for the slice kernel
+SLICE_KINDS = ('bidirectional', 'causal', 'block_causal')
+
+
+def flash_attention_slice(
+  q_BQNH,
+  k_BSKH,
+  v_BSKH,
+  *,
+  kind,
+  block_size=0,
+  segment_ids_BL=None,
+  valid_length_B=None,
+  query_start=0,
+  tile: Tile | None = None,
+  interpret: bool | None = None,
+):
+  """Forward-only flash attention of Q queries against S >= Q keys (a cached forward: a block of
+  the canvas against every layer's kept K/V, docs/benchmarks.md, Sampler).
+
+  The queries are the key positions [query_start, query_start + Q) (query_start may be traced)
+  and see what those positions see in the whole-sequence mask (`attention_mask`'s query_start);
+  segment ids and lengths cover the S keys. The query heads sharing a kv head run in one program
+  as G * Q rows, so each K/V tile is read once per kv head, and key tiles no row can see (after
+  a causal / block-causal row's block, past the length, other documents) are skipped. A query
+  that sees no key returns 0. No gradient: decoding only (the training path is flash_attention).
+  """
+  batch, num_queries, num_heads, head_dim = q_BQNH.shape
+  length, num_kv = k_BSKH.shape[1], k_BSKH.shape[2]
+  if k_BSKH.shape != (batch, length, num_kv, head_dim) or v_BSKH.shape != k_BSKH.shape:
+    raise ValueError(
+      f'k {k_BSKH.shape} and v {v_BSKH.shape} must be [B, S, K, H] for q [B, Q, N, H]'
+    )
+  if num_queries > length:
+    raise ValueError(f'{num_queries} queries against {length} keys: a slice is at most the keys')
+  if num_heads % num_kv:
+    raise ValueError(f'{num_heads} query heads do not split into {num_kv} kv head groups')
+  if kind not in SLICE_KINDS:
+    raise ValueError(f'the slice kernel takes mask kinds {SLICE_KINDS}, got {kind!r}')
+  if kind == 'block_causal' and block_size < 1:
+    raise ValueError('block_causal attention needs block_size >= 1')
+  if interpret is None:
+    interpret = jax.default_backend() != 'gpu'
+  if not interpret and not supports_head_dim(head_dim):
+    raise ValueError(
+      f'the pallas attention kernel needs a power-of-two head_dim >= 16, got '
+      f'{head_dim}; use the xla attention backend'
+    )
+  tile = tile or SLICE_TILE
+  groups = num_heads // num_kv
+  padded_q = -(-num_queries // 16) * 16  # Triton's matmuls take >= 16 rows.
+  rows = groups * padded_q  # row r: head r // padded_q of the group, query r % padded_q.
+  padded_k = -(-length // 16) * 16
+  block_r, block_k = _fit_block(tile.block_q, rows), _fit_block(tile.block_k, padded_k)
+  start = jnp.asarray(query_start, jnp.int32)
+  lengths = valid_length_B is not None or padded_k != length
+  valid_B = jnp.full((batch,), length, jnp.int32)
+  if valid_length_B is not None:
+    valid_B = jnp.minimum(valid_B, valid_length_B.astype(jnp.int32))
+  segments = segment_ids_BL is not None
+  if segments:
+    seg_k = jnp.pad(segment_ids_BL.astype(jnp.int32), ((0, 0), (0, padded_k - length)))
+    seg_q = lax.dynamic_slice_in_dim(segment_ids_BL.astype(jnp.int32), start, num_queries, 1)
+    seg_q = jnp.pad(seg_q, ((0, 0), (0, padded_q - num_queries)), mode='edge')
+  else:
+    seg_k = jnp.zeros((batch, padded_k), jnp.int32)
+    seg_q = jnp.zeros((batch, padded_q), jnp.int32)
+  seg_rows = jnp.tile(seg_q, (1, groups))
+  pad_k = ((0, 0), (0, padded_k - length), (0, 0), (0, 0))
+  k, v = (jnp.pad(x, pad_k) if padded_k != length else x for x in (k_BSKH, v_BSKH))
+  q = jnp.pad(q_BQNH, ((0, 0), (0, padded_q - num_queries), (0, 0), (0, 0)))
+  q = q.reshape(batch, padded_q, num_kv, groups, head_dim).transpose(0, 2, 3, 1, 4)
+  q = q.reshape(batch, num_kv, rows, head_dim)
+  mask = _Mask(kind, block_size, segments, lengths)
+  position_R = start + jnp.arange(rows) % padded_q
+  live = _slice_live_tiles(mask, position_R, seg_rows, seg_k, valid_B, block_r, block_k)
+  ranges = _ranges(live, valid_B).at[..., 5].set(start)
+  own = pl.BlockSpec((None, None, block_r, head_dim), lambda i, b, h: (b, h, i, 0))
+  full = pl.BlockSpec((None, padded_k, None, head_dim), lambda i, b, h: (b, 0, h, 0))
+  scale = head_dim**-0.5 * _LOG2E
+  kernel = functools.partial(
+    _slice_kernel, mask=mask, block_k=block_k, scale=scale, period=padded_q
+  )
+  o = pl.pallas_call(
+    kernel,
+    grid=(rows // block_r, batch, num_kv),
+    in_specs=[
+      pl.BlockSpec((None, None, 8), lambda i, b, h: (b, i, 0)),
+      pl.BlockSpec((None, block_r), lambda i, b, h: (b, i)),
+      pl.BlockSpec((None, padded_k), lambda i, b, h: (b, 0)),
+      own,
+      full,
+      full,
+    ],
+    out_specs=own,
+    out_shape=jax.ShapeDtypeStruct(q.shape, q_BQNH.dtype),
+    interpret=interpret,
+    name='flash_attention_slice',
+    **_params(dataclasses.replace(tile, block_q=block_r, block_k=block_k), interpret),
+  )(ranges, seg_rows, seg_k, q, k, v)
+  o = o.reshape(batch, num_kv, groups, padded_q, head_dim).transpose(0, 3, 1, 2, 4)
+  return o.reshape(batch, padded_q, num_heads, head_dim)[:, :num_queries]
+
+
+def _fit_block(block, length):
+  """The largest power of two <= block dividing length (a multiple of 16)."""
+  while length % block:
+    block //= 2
+  return block
+
+
+def _slice_live_tiles(mask, position_R, seg_BR, seg_BS, valid_B, block_r, block_k):
+  """Bool [B, row tiles, key tiles]: some row of the tile (query positions position_R) may see
+  some key of the key tile."""
+  batch, num_keys = seg_BS.shape
+  last = position_R.reshape(-1, block_r).max(-1)[:, None]  # a tile's rows may wrap (heads)
+  k_first = (jnp.arange(num_keys // block_k) * block_k)[None, :]
+  if mask.kind == 'causal':
+    live = k_first <= last
+  elif mask.kind == 'block_causal':
+    live = k_first // mask.block_size <= last // mask.block_size
+  else:
+    live = jnp.ones((last.shape[0], k_first.shape[1]), bool)
+  live = jnp.broadcast_to(live[None], (batch, *live.shape))
+  if mask.lengths:
+    live = live & (k_first[None] < valid_B[:, None, None])
+  if mask.segments:
+    seg_q = seg_BR.reshape(batch, -1, block_r)
+    seg_k = seg_BS.reshape(batch, -1, block_k)
+    live = live & (
+      (seg_k.min(-1)[:, None, :] <= seg_q.max(-1)[:, :, None])
+      & (seg_k.max(-1)[:, None, :] >= seg_q.min(-1)[:, :, None])
+    )
+  return live
+
+
+def _slice_kernel(
+  range_ref, seg_q_ref, seg_k_ref, q_ref, k_ref, v_ref, o_ref, *, mask, block_k, scale, period
+):
+  block_r = q_ref.shape[0]
+  rows = pl.program_id(0) * block_r + lax.broadcasted_iota(jnp.int32, (block_r, block_k), 0)
+  q_pos = range_ref[5] + lax.rem(rows, period)  # query_start + the row's query index
+  seg_q = seg_q_ref[...]
+
+  def logits(q, ks, k0):
+    return _logits(
+      q, k_ref[ks, :], scale, mask, 0, k0, seg_q, seg_k_ref[ks], range_ref[2], q_pos=q_pos
+    )
+
+  o_ref[...] = _attend(q_ref[...], v_ref, range_ref, logits, block_k)[0].astype(o_ref.dtype)

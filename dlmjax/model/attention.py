@@ -6,6 +6,7 @@ every device), `cudnn` (jax.nn.dot_product_attention, GPU; bidirectional or caus
 padding lengths, never a dense mask), `pallas` (our flash kernels, every mask without a dense
 one: the Mosaic GPU kernel for plain bidirectional attention on Hopper, the Triton kernel for the
 rest; interpret mode off GPU) and `auto` (the fastest valid one, by the rule in auto_attention).
+A cached forward's slice (fewer queries than keys) takes slice_attention's path.
 """
 
 from __future__ import annotations
@@ -193,6 +194,43 @@ def auto_attention(
   )
 
 
+def slice_attention(
+  q_BQNH,
+  k_BSKH,
+  v_BSKH,
+  *,
+  backend,
+  kind,
+  block_size=0,
+  segment_ids_BL=None,
+  valid_length_B=None,
+  query_start=0,
+):
+  """A cached forward's attention: Q queries (the positions from query_start) against S > Q
+  keys. pallas, and auto on GPU, run the slice kernel (flash_attention_slice: the grouped heads
+  share each K/V tile, blind key tiles skipped; docs/benchmarks.md, Sampler); xla, cudnn (it
+  has no offset queries) and auto elsewhere run xla_attention."""
+  mask = dict(kind=kind, block_size=block_size, segment_ids_BL=segment_ids_BL)
+  fits = kind in flash_attention.SLICE_KINDS and flash_attention.supports_head_dim(q_BQNH.shape[-1])
+  if fits and (backend == 'pallas' or (backend == 'auto' and jax.default_backend() == 'gpu')):
+
+    def attend(q, k, v, seg, valid, start):
+      return flash_attention.flash_attention_slice(
+        q, k, v, valid_length_B=valid, query_start=start, **dict(mask, segment_ids_BL=seg)
+      )
+
+    heads = (rules.BATCH, None, rules.ATTN_HEADS, None)
+    return rules.per_shard(
+      attend,
+      (q_BQNH, k_BSKH, v_BSKH, segment_ids_BL, valid_length_B, jnp.asarray(query_start)),
+      (heads, heads, heads, (rules.BATCH, None), (rules.BATCH,), ()),
+      heads,
+    )
+  return xla_attention(
+    q_BQNH, k_BSKH, v_BSKH, valid_length_B=valid_length_B, query_start=query_start, **mask
+  )
+
+
 BACKENDS = {
   'xla': xla_attention,
   'cudnn': cudnn_attention,
@@ -302,7 +340,7 @@ class Attention(nnx.Module):
     sequence of S positions, x is its slice from cache_start (positions_BL are the slice's): the
     slice's fresh k and v take the cache's place there and its queries attend to all S keys, with
     the mask those positions have in the whole sequence (segment ids and lengths then cover the S
-    keys). The kernels take q and k of one length, so a slice shorter than S runs the xla backend.
+    keys). A slice shorter than S runs slice_attention (pallas and GPU auto: the slice kernel).
     """
     q = self._project('q_proj', 'bld,dnh->blnh', x_BLD)
     k = self._project('k_proj', 'bld,dkh->blkh', x_BLD)
@@ -336,7 +374,9 @@ class Attention(nnx.Module):
     q, k, v = (rules.constrain(t, kernel) for t in (q, k, v))
     mask = dict(kind=kind, block_size=block_size, segment_ids_BL=segment_ids_BL)
     if q.shape[1] != k.shape[1]:
-      out = xla_attention(q, k, v, valid_length_B=valid_length_B, query_start=cache_start, **mask)
+      out = slice_attention(
+        q, k, v, backend=backend, valid_length_B=valid_length_B, query_start=cache_start, **mask
+      )
     else:
       out = BACKENDS[backend](q, k, v, valid_length_B=valid_length_B, **mask)
     out = checkpoint_name(rules.constrain(out, heads), 'context')

@@ -223,3 +223,19 @@ def test_shifted_slice_from_one_position_early_equals_the_whole_canvas_forward()
   np.testing.assert_allclose(dual[:, 1:], full[:, start : start + 8], atol=1e-4)
   np.testing.assert_allclose(prefix[:, 1:], full[:, width:], atol=1e-4)
   assert np.abs(dual[:, 0] - full[:, start - 1]).max() > 1e-2
+
+
+@pytest.mark.parametrize('kind,mode', [('causal', 'block'), ('bidirectional', 'dual')])
+def test_slice_kernel_decodes_the_xla_backends_tokens(kind, mode):
+  """model.attention_backend=pallas: every cached step's slice runs the slice kernel (interpret
+  mode here), and the tokens are the xla backend's, token for token (whose block cache is none's:
+  test_block_cache_is_token_identical_to_none)."""
+  sampling = dataclasses.replace(BASE, cache=mode, cfg_scale=0.5)
+  pallas_config, params = _models(kind, options=(('model.attention_backend', 'pallas'),))
+  xla_config, xla_params = _models(kind)
+  prompt_BP, lengths_B = sampler.pad_prompts(PROMPTS, PAD)
+  fn = sampler.make_generate_fn(pallas_config, sampling, mask_id=MASK, eos_id=2, pad_id=PAD)
+  jaxpr = fn.trace(params, prompt_BP, lengths_B, jax.random.key(0)).jaxpr
+  assert 'flash_attention_slice' in str(jaxpr)
+  got = _generate(pallas_config, params, sampling)
+  np.testing.assert_array_equal(got, _generate(xla_config, xla_params, sampling))
