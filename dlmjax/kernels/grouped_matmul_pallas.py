@@ -161,7 +161,9 @@ def _gmm_kernel(
         return acc + _dot(x, rhs_ref[g, col_slice, ks], trans_b=True)
       return acc + _dot(x, rhs_ref[g, ks, col_slice])
 
-    return lax.fori_loop(0, jnp.where(end > start, num_k, 0), step, acc)
+    # An empty group runs no K step. (Not jnp.where(end > start, num_k, 0): Pallas' Triton
+    # lowering gives select's two literals the predicate's i1 type, so the loop fails to verify.)
+    return lax.fori_loop(0, (end > start).astype(jnp.int32) * num_k, step, acc)
 
   acc = jnp.zeros((block_m, block_n), jnp.float32)
   acc = lax.fori_loop(tile_groups_ref[0], tile_groups_ref[1], group, acc)

@@ -75,9 +75,23 @@ def test_bad_shapes_name_the_contract():
     kernel.grouped_matmul(jnp.ones((4, 3)), jnp.ones((2, 3, 6)), jnp.array([4]))
 
 
-def test_forward_and_backward_lower_for_triton():
+def test_forward_and_backward_lower_for_triton(monkeypatch):
   """What a GPU compiles: the three kernels at Qwen3-30B-A3B's expert shape (2048 -> 768, 128
-  experts, 16,384 tokens x top-8), bf16. jax releases that lower Triton only beside a GPU skip."""
+  experts, 16,384 tokens x top-8), bf16, each Triton module passing MLIR's verifier (the GPU's
+  compiler parses and verifies it; a loop whose bounds differ in type fails there only). jax
+  releases that lower Triton only beside a GPU skip."""
+  from jax._src.pallas.triton import lowering  # pylint: disable=import-outside-toplevel
+
+  verified = []
+  lower_module = lowering.lower_jaxpr_to_triton_module
+
+  def lower_and_verify(*args, **kwargs):
+    result = lower_module(*args, **kwargs)
+    result.module.operation.verify()  # raises with the failing op
+    verified.append(result)
+    return result
+
+  monkeypatch.setattr(lowering, 'lower_jaxpr_to_triton_module', lower_and_verify)
   lhs = jax.ShapeDtypeStruct((131072, 2048), jnp.bfloat16)
   rhs = jax.ShapeDtypeStruct((128, 2048, 768), jnp.bfloat16)
   sizes = jax.ShapeDtypeStruct((128,), jnp.int32)
@@ -97,6 +111,7 @@ def test_forward_and_backward_lower_for_triton():
   for name in ('grouped_matmul_fwd', 'grouped_matmul_dlhs', 'grouped_matmul_drhs'):
     assert f'name = "{name}"' in text, name
   assert text.count('__gpu$xla.gpu.triton') == 3
+  assert len(verified) == 3
 
 
 @pytest.mark.gpu
