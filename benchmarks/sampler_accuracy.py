@@ -62,7 +62,7 @@ def _trained(configs, stages, args) -> dict:
       overrides = {'train.steps': n, 'train.wsd_decay_steps': max(1, n // 10)}
       if stage == 'rl':
         overrides = {'train.steps': n, 'train.warmup_steps': min(config.train.warmup_steps, n // 2)}
-        overrides |= {'eval.every': max(1, n // 2), 'checkpoint.every': max(1, n // 2)}
+        overrides |= {'eval.every': n, 'checkpoint.every': n}  # scored (and kept) at the end
       config_lib.apply_overrides(config, overrides)
     try:
       saved = checkpoint_lib.resolve_step_dir(config.output_dir)[2]
