@@ -24,6 +24,7 @@ import orbax.checkpoint as ocp
 
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import steps as steps_lib
 
 CONFIG_FILE = 'config.json'
 CHECKPOINT_DIR = 'checkpoints'
@@ -466,14 +467,7 @@ def resolve_step_dir(path: str) -> tuple[str, str, int]:
   )
 
 
-def _committed_steps(directory: str) -> list[int]:
-  if not os.path.isdir(directory):
-    return []
-  return sorted(
-    int(n)
-    for n in os.listdir(directory)
-    if n.isdigit() and os.path.isdir(os.path.join(directory, n, 'params'))
-  )
+_committed_steps = steps_lib.committed_steps
 
 
 def read_meta(step_dir: str) -> dict:
