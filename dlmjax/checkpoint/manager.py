@@ -261,6 +261,7 @@ class RunCheckpoints:
       return
     step, nbytes = self._in_flight or (None, 0)
     self._in_flight, self._failed = None, True
+    _quiet_writes_after_the_loop_closed()
     self._remove_partial_saves()
     self._manager.reload()
     last = self._manager.latest_step()
@@ -390,6 +391,26 @@ def _quiet_disk_full_tracebacks() -> None:
     logger = logging.getLogger(name)
     if not any(isinstance(f, _DropDiskFullTracebacks) for f in logger.filters):
       logger.addFilter(_DropDiskFullTracebacks())
+
+
+def _quiet_writes_after_the_loop_closed() -> None:
+  """After a failed save, tensorstore's remaining writes finish on a closed orbax event loop and
+  report each `RuntimeError: Event loop is closed` from loop.call_soon_threadsafe through
+  sys.unraisablehook (a traceback apiece, before the one error line); those are dropped."""
+  previous = sys.unraisablehook
+  if getattr(previous, 'dlmjax_quiet', False):
+    return
+
+  def hook(unraisable):
+    error, tb = unraisable.exc_value, unraisable.exc_traceback
+    closed_loop = isinstance(error, RuntimeError) and str(error) == 'Event loop is closed'
+    if not (
+      closed_loop and tb is not None and tb.tb_frame.f_code.co_name == 'call_soon_threadsafe'
+    ):
+      previous(unraisable)
+
+  hook.dlmjax_quiet = True
+  sys.unraisablehook = hook
 
 
 def _one_line(error: BaseException) -> str:
