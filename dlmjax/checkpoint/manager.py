@@ -261,7 +261,6 @@ class RunCheckpoints:
       return
     step, nbytes = self._in_flight or (None, 0)
     self._in_flight, self._failed = None, True
-    _quiet_writes_after_the_loop_closed()
     self._remove_partial_saves()
     self._manager.reload()
     last = self._manager.latest_step()
@@ -391,12 +390,15 @@ def _quiet_disk_full_tracebacks() -> None:
     logger = logging.getLogger(name)
     if not any(isinstance(f, _DropDiskFullTracebacks) for f in logger.filters):
       logger.addFilter(_DropDiskFullTracebacks())
+  _quiet_writes_after_the_loop_closed()
 
 
 def _quiet_writes_after_the_loop_closed() -> None:
-  """After a failed save, tensorstore's remaining writes finish on a closed orbax event loop and
-  report each `RuntimeError: Event loop is closed` from loop.call_soon_threadsafe through
-  sys.unraisablehook (a traceback apiece, before the one error line); those are dropped."""
+  """When a save fails (a full disk), tensorstore's writes still pending finish after orbax's
+  background thread closed its event loop, each reporting `RuntimeError: Event loop is closed`
+  from loop.call_soon_threadsafe through sys.unraisablehook: a traceback apiece, printed before
+  the run's one error line. Exactly those reports are dropped (installed with the manager: they
+  come before the failure reaches the training thread)."""
   previous = sys.unraisablehook
   if getattr(previous, 'dlmjax_quiet', False):
     return
