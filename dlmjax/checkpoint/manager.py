@@ -24,6 +24,7 @@ import orbax.checkpoint as ocp
 
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import steps as steps_lib
 
 CONFIG_FILE = 'config.json'
 CHECKPOINT_DIR = 'checkpoints'
@@ -389,6 +390,29 @@ def _quiet_disk_full_tracebacks() -> None:
     logger = logging.getLogger(name)
     if not any(isinstance(f, _DropDiskFullTracebacks) for f in logger.filters):
       logger.addFilter(_DropDiskFullTracebacks())
+  _quiet_writes_after_the_loop_closed()
+
+
+def _quiet_writes_after_the_loop_closed() -> None:
+  """When a save fails (a full disk), tensorstore's writes still pending finish after orbax's
+  background thread closed its event loop, each reporting `RuntimeError: Event loop is closed`
+  from loop.call_soon_threadsafe through sys.unraisablehook: a traceback apiece, printed before
+  the run's one error line. Exactly those reports are dropped (installed with the manager: they
+  come before the failure reaches the training thread)."""
+  previous = sys.unraisablehook
+  if getattr(previous, 'dlmjax_quiet', False):
+    return
+
+  def hook(unraisable):
+    error, tb = unraisable.exc_value, unraisable.exc_traceback
+    closed_loop = isinstance(error, RuntimeError) and str(error) == 'Event loop is closed'
+    if not (
+      closed_loop and tb is not None and tb.tb_frame.f_code.co_name == 'call_soon_threadsafe'
+    ):
+      previous(unraisable)
+
+  hook.dlmjax_quiet = True
+  sys.unraisablehook = hook
 
 
 def _one_line(error: BaseException) -> str:
@@ -466,14 +490,7 @@ def resolve_step_dir(path: str) -> tuple[str, str, int]:
   )
 
 
-def _committed_steps(directory: str) -> list[int]:
-  if not os.path.isdir(directory):
-    return []
-  return sorted(
-    int(n)
-    for n in os.listdir(directory)
-    if n.isdigit() and os.path.isdir(os.path.join(directory, n, 'params'))
-  )
+_committed_steps = steps_lib.committed_steps
 
 
 def read_meta(step_dir: str) -> dict:

@@ -13,7 +13,10 @@ this process drives. Sources, the first one present wins:
    tasks per node drive one GPU each (JAX's own detection would pin even a lone task to GPU 0).
 
 None of them: a single process, and nothing is initialised. LOCAL_DEVICE_IDS overrides the
-devices of any source. An environment that contradicts itself fails with the variable to fix.
+devices of any source. HEARTBEAT_TIMEOUT_S (default 30) is how long a process may go without a
+heartbeat before JAX's coordination service declares it dead and stops the others (JAX's own
+default is 100 s; docs/faults.md, A process of a multi-process run dies). An environment that
+contradicts itself fails with the variable to fix.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dlmjax import config as config_lib
 _EXPLICIT = ('COORDINATOR_ADDRESS', 'NUM_PROCESSES', 'PROCESS_ID')
 _MEGADLMS = ('MASTER_ADDR', 'MASTER_PORT', 'NUM_NODES', 'NODE_RANK')
 _SLURM = ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST', 'SLURM_NTASKS', 'SLURM_PROCID', 'SLURM_LOCALID')
+HEARTBEAT_TIMEOUT_S = 30  # seconds without a heartbeat before a process counts as dead
 
 
 class LaunchError(config_lib.ConfigError):
@@ -43,6 +47,7 @@ class Launch:
   process_id: int = 0
   coordinator_address: str | None = None
   local_device_ids: tuple[int, ...] | None = None
+  heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S
 
   @property
   def is_multiprocess(self) -> bool:
@@ -68,6 +73,14 @@ def launch_from_env(env: Mapping[str, str] | None = None) -> Launch:
         'device ids >= 0, e.g. 0,1,2,3.'
       )
     launch = dataclasses.replace(launch, local_device_ids=ids)
+  if _set(env, 'HEARTBEAT_TIMEOUT_S'):
+    timeout = _int(env, 'HEARTBEAT_TIMEOUT_S')
+    if timeout < 1:
+      raise LaunchError(
+        f'HEARTBEAT_TIMEOUT_S={timeout} must be >= 1 (seconds without a heartbeat before a '
+        f'process counts as dead; default {HEARTBEAT_TIMEOUT_S}).'
+      )
+    launch = dataclasses.replace(launch, heartbeat_timeout_s=timeout)
   if launch.source not in ('slurm', 'single') and all(_set(env, k) for k in _SLURM):
     _check_against_slurm(launch, env)
   return launch
@@ -96,6 +109,9 @@ def initialize(env: Mapping[str, str] | None = None) -> Launch:
       local_device_ids=list(launch.local_device_ids) if launch.local_device_ids else None,
       # We detected the cluster ourselves; JAX's detection would override local devices.
       cluster_detection_method='deactivate',
+      # A dead peer ends the others after this long (also the bound on the shutdown barrier
+      # a survivor waits in), not after JAX's 100 s.
+      heartbeat_timeout_seconds=launch.heartbeat_timeout_s,
     )
   _initialized = launch
   return launch

@@ -1,16 +1,26 @@
 """python -m dlmjax.train --config=configs/<stage>.py [--config.a.b=value ...]
 
 On several hosts every process runs this same command; dlmjax.parallel.distributed reads the
-launch environment (explicit, MegaDLMs' envs/.env, or SLURM) before any device is touched.
+launch environment (explicit, MegaDLMs' envs/.env, or SLURM) before any device is touched, and
+train.peer_watch turns a peer's death into one line.
 """
 
+import os
+
 from dlmjax import cli
+from dlmjax.checkpoint import manager
 from dlmjax.parallel import distributed
-from dlmjax.train import loop
+from dlmjax.train import loop, peer_watch
 
 
 def main(argv, config):
   del argv
+  launch = distributed.launch_from_env()
+  if launch.is_multiprocess:
+    checkpoints = os.path.join(os.path.abspath(config.output_dir), manager.CHECKPOINT_DIR)
+    peer_watch.start(
+      launch.process_id, launch.num_processes, launch.heartbeat_timeout_s, checkpoints
+    )
   distributed.initialize()
   loop.train(config)
 

@@ -131,5 +131,15 @@ def test_initialize_passes_the_launch_to_jax_once(monkeypatch):
       process_id=26,
       local_device_ids=[2],
       cluster_detection_method='deactivate',
+      heartbeat_timeout_seconds=30,
     )
   ]
+
+
+def test_heartbeat_timeout_is_a_launch_variable():
+  env = dict(COORDINATOR_ADDRESS='host0:1234', NUM_PROCESSES='4', PROCESS_ID='2')
+  assert launch_from_env(env).heartbeat_timeout_s == distributed.HEARTBEAT_TIMEOUT_S == 30
+  assert launch_from_env(dict(env, HEARTBEAT_TIMEOUT_S='5')).heartbeat_timeout_s == 5
+  for bad, message in (('0', 'HEARTBEAT_TIMEOUT_S=0 must be >= 1'), ('5s', 'not an integer')):
+    with pytest.raises(LaunchError, match=message):
+      launch_from_env(dict(env, HEARTBEAT_TIMEOUT_S=bad))
