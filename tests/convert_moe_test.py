@@ -44,41 +44,42 @@ def _close(theirs, ours):
   np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-4 * np.abs(theirs).max())
 
 
-def _with_router(config, router):
-  other = config.copy_and_resolve_references()
-  other.model.router = router
-  return other
-
-
 def _tensors(hf_dir):
   reader = safetensors_io.SafetensorsReader(hf_dir)
   return {name: np.asarray(reader.get(name)) for name in reader.keys()}
 
 
-def _transformers_logits(hf_dir, tokens=TOKENS):
+def _transformers_logits(hf_dir, tokens=TOKENS, *, plain=False, renormalise=None):
   """transformers' Qwen3MoeForCausalLM of the directory, every attention bidirectional (the
-  config's is_causal for transformers' masks, the modules' for the attention kernels)."""
-  model = transformers.Qwen3MoeForCausalLM.from_pretrained(
-    hf_dir, dtype=torch.float32, attn_implementation='eager'
-  ).eval()
-  model.config.is_causal = False
-  for module in model.modules():
-    if hasattr(module, 'is_causal'):
-      module.is_causal = False
+  config's is_causal for transformers' masks, the modules' for the attention kernels); plain:
+  AutoModelForCausalLM as a user loads an export, whose config.json says is_causal=false;
+  renormalise: the routers' norm_topk_prob set to it (the other router, for the mutation)."""
+  if plain:
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+  else:
+    model = transformers.Qwen3MoeForCausalLM.from_pretrained(
+      hf_dir, dtype=torch.float32, attn_implementation='eager'
+    ).eval()
+    model.config.is_causal = False
+    for module in model.modules():
+      if hasattr(module, 'is_causal'):
+        module.is_causal = False
+      if renormalise is not None and hasattr(module, 'norm_topk_prob'):
+        module.norm_topk_prob = renormalise
   with torch.no_grad():
     return model(input_ids=torch.as_tensor(tokens), use_cache=False).logits.numpy()
 
 
 @pytest.fixture(scope='module')
 def qwen3_moe(tmp_path_factory):
-  """(directory, transformers' logits, our imported config and params)."""
+  """(directory, transformers' logits, our imported config and params, our logits)."""
   hf_dir = family_dirs.qwen3_moe_dir(tmp_path_factory.mktemp('qwen3_moe'))
   config, params = hf_io.load_hf(hf_dir)
-  return hf_dir, _transformers_logits(hf_dir), config, params
+  return hf_dir, _transformers_logits(hf_dir), config, params, _ours(config, params)
 
 
 def test_qwen3_moe_imports_to_the_transformers_forward(qwen3_moe):
-  hf_dir, theirs, config, params = qwen3_moe
+  hf_dir, theirs, config, _, ours = qwen3_moe
   m = config.model
   assert (m.num_experts, m.experts_per_token, m.moe_ffn_dim, m.shared_experts) == (4, 2, 32, 0)
   assert (m.router, m.qk_norm, m.attention_mask, m.ffn_dim) == (
@@ -87,16 +88,16 @@ def test_qwen3_moe_imports_to_the_transformers_forward(qwen3_moe):
     'bidirectional',
     96,
   )
-  _close(theirs, _ours(config, params))
+  _close(theirs, ours)
   # The parity can fail: the raw top-k weights (no renormalisation) are another function.
   with pytest.raises(AssertionError):
-    _close(theirs, _ours(_with_router(config, 'softmax_topk_raw'), params))
+    _close(_transformers_logits(hf_dir, renormalise=False), ours)
 
 
 def test_qwen3_moe_raw_router_and_fused_experts_import(qwen3_moe, tmp_path):
   """norm_topk_prob=false gives the raw router; transformers 5's fused expert tensors import to
   the per-expert form's params exactly."""
-  hf_dir, _, config, params = qwen3_moe
+  hf_dir, _, config, params, _ = qwen3_moe
   raw = hf_config.config_from_hf(dict(hf_config.read(hf_dir), norm_topk_prob=False))
   assert raw.model.router == 'softmax_topk_raw'
   tensors = _tensors(hf_dir)
@@ -119,7 +120,7 @@ def test_qwen3_moe_raw_router_and_fused_experts_import(qwen3_moe, tmp_path):
 
 
 def test_qwen3_moe_export_is_bit_exact_and_loads_in_transformers(qwen3_moe, tmp_path):
-  hf_dir, theirs, config, params = qwen3_moe
+  hf_dir, theirs, config, params, _ = qwen3_moe
   out = str(tmp_path / 'export')
   hf_io.write_hf(out, config, params, dtype='fp32', trim_vocab=True, source_family='qwen3_moe')
   original, exported = _tensors(hf_dir), _tensors(out)
@@ -133,7 +134,7 @@ def test_qwen3_moe_export_is_bit_exact_and_loads_in_transformers(qwen3_moe, tmp_
     4,
     True,
   )
-  _close(theirs, _transformers_logits(out))
+  _close(theirs, _transformers_logits(out, plain=True))
   os.remove(os.path.join(out, hf_config.DLMJAX_CONFIG_FILE))
   derived, _ = hf_io.load_hf(out)
   for key in ('num_experts', 'experts_per_token', 'moe_ffn_dim', 'router', 'shared_experts'):
@@ -147,7 +148,7 @@ def _refused(match, fn, *args, **kwargs):
 
 
 def test_moe_checkpoints_we_cannot_compute_are_refused_in_one_line(qwen3_moe):
-  hf_dir, _, config, _ = qwen3_moe
+  hf_dir, _, config, _, _ = qwen3_moe
   hf = hf_config.read(hf_dir)
   _refused('mlp_only_layers', hf_config.config_from_hf, dict(hf, mlp_only_layers=[1]))
   _refused('decoder_sparse_step=2', hf_config.config_from_hf, dict(hf, decoder_sparse_step=2))
@@ -215,9 +216,10 @@ def test_llada_moe_imports_to_its_forward_and_exports_back_bit_exact(tmp_path):
     250,
     50000.0,
   )
-  _close(theirs, _ours(config, params))
+  ours = _ours(config, params)
+  _close(theirs, ours)
   with pytest.raises(AssertionError):
-    _close(llada_moe_reference(sd, hf, TOKENS, renormalise=True), _ours(config, params))
+    _close(llada_moe_reference(sd, hf, TOKENS, renormalise=True), ours)
 
   out = str(tmp_path / 'export')
   hf_io.write_hf(out, config, params, dtype='fp32', trim_vocab=True, source_family='llada_moe')
@@ -242,3 +244,86 @@ def test_llada_moe_nonzero_expert_bias_is_refused_in_one_line(tmp_path):
     model_lib.ModelConfig.from_config(config),
     vocab_size=256,
   )
+
+
+_ARCHITECTURE_KEYS = (
+  'num_layers',
+  'd_model',
+  'num_heads',
+  'num_kv_heads',
+  'head_dim',
+  'ffn_dim',
+  'num_experts',
+  'experts_per_token',
+  'moe_ffn_dim',
+  'shared_experts',
+  'router',
+  'vocab_size',
+  'rope_theta',
+  'norm_eps',
+  'qk_norm',
+  'qkv_bias',
+  'tie_embeddings',
+)
+
+
+def _preset_architecture(name):
+  return {k: model_lib.PRESETS[name][k] for k in _ARCHITECTURE_KEYS}
+
+
+def test_published_moe_configs_import_as_their_presets():
+  """Qwen/Qwen3-30B-A3B's config.json values and LLaDA-MoE-7B-A1B's (docs:
+  families_and_decoding.md; no mask_token_id in it: the model card's 156895 is taken) give the
+  presets' models."""
+  qwen = dict(
+    architectures=['Qwen3MoeForCausalLM'],
+    model_type='qwen3_moe',
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    vocab_size=151936,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    max_position_embeddings=40960,
+    hidden_act='silu',
+    bos_token_id=151643,
+    eos_token_id=151643,
+  )
+  config = hf_config.config_from_hf(qwen)
+  assert {k: config.model[k] for k in _ARCHITECTURE_KEYS} == _preset_architecture('qwen3_30b_a3b')
+  llada = {
+    k: v
+    for k, v in dict(
+      family_dirs.LLADA_MOE_CONFIG,
+      vocab_size=157184,
+      hidden_size=2048,
+      num_hidden_layers=16,
+      num_attention_heads=16,
+      num_key_value_heads=16,
+      dense_intermediate_size=8192,
+      expert_intermediate_size=1024,
+      num_experts=64,
+      num_experts_per_tok=8,
+      shared_expert_intermediate_size=None,
+      moe_layer_freq=[1] * 16,
+      max_position_embeddings=8192,
+      eos_token_id=156892,
+      pad_token_id=156892,
+    ).items()
+    if k != 'mask_token_id'
+  }
+  config = hf_config.config_from_hf(llada)
+  assert {k: config.model[k] for k in _ARCHITECTURE_KEYS} == _preset_architecture(
+    'llada_moe_7b_a1b'
+  )
+  assert (config.model.mask_token_id, config.model.eos_token_id) == (156895, 156892)

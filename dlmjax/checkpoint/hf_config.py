@@ -7,8 +7,10 @@ biases, Llama with neither) plus MegaDLMs DiffLM's `mask_token_id` and `attn_mas
 its fields, or LLaDA's (llada_to_hf), or Dream's for a shifted model (dream_to_hf). Imports read
 Qwen3, MegaDLMs DiffLM, Qwen2, Llama, LLaDA, SDAR and Dream configs, each into the model options of
 its family (model.qk_norm, model.qkv_bias, model.rope_scaling, model.shift_logits, SDAR's
-block-causal attention); anything else, or a part we cannot compute (sliding windows, a RoPE
-scaling type without a formula here, MoE), is refused by name.
+block-causal attention), and the MoE families Qwen3-MoE and LLaDA-MoE (qwen3_moe_to_hf and
+llada_moe_to_hf write them: model.num_experts, model.router, ...); anything else, or a part we
+cannot compute (sliding windows, a RoPE scaling type without a formula here, dense layers among
+MoE ones), is refused by name.
 """
 
 from __future__ import annotations
