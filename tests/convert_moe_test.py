@@ -327,3 +327,29 @@ def test_published_moe_configs_import_as_their_presets():
     'llada_moe_7b_a1b'
   )
   assert (config.model.mask_token_id, config.model.eos_token_id) == (156895, 156892)
+
+
+def test_moe_cli_round_trip_and_dense_layouts_refused(qwen3_moe, tmp_path, capsys):
+  """`convert from-hf` records the family, `to-hf` writes it back by default (source), and a
+  dense layout, or the LLaDA-MoE one for a renormalising router, is refused in one line naming
+  the one that can hold the model."""
+  from dlmjax import convert  # pylint: disable=import-outside-toplevel
+  from dlmjax.checkpoint import manager  # pylint: disable=import-outside-toplevel
+
+  hf_dir = qwen3_moe[0]
+  run_dir = str(tmp_path / 'run')
+  assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', run_dir]) == 0
+  _, step_dir, _ = manager.resolve_step_dir(run_dir)
+  assert manager.read_meta(step_dir)['source']['family'] == 'qwen3_moe'
+  out = tmp_path / 'hf'
+  to_hf = ['to-hf', '--checkpoint-path', run_dir, '--dtype', 'fp32', '--trim-vocab']
+  assert convert.main([*to_hf, '--output-dir', str(out)]) == 0
+  assert sorted(_tensors(str(out))) == sorted(_tensors(hf_dir))
+  capsys.readouterr()
+  for layout, why in (('qwen3', 'has a dense MLP'), ('llada_moe', 'never renormalises')):
+    target = tmp_path / layout
+    assert convert.main([*to_hf, '--output-dir', str(target), '--layout', layout]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f'error: cannot export with --layout={layout}: ') and why in err, err
+    assert err.endswith('use --layout=qwen3_moe.') and len(err.splitlines()) == 1
+    assert not target.exists()
