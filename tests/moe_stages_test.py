@@ -55,6 +55,9 @@ def test_moe_pretrain_sft_rl_generate_and_likelihood(tmp_path, capsys):
   assert row['moe_load_max'] >= 1.0 >= row['moe_load_min']
   assert np.isclose(sum(row[f'moe_load_e{j}'] for j in range(4)), 1.0)
   assert row['moe_balance_loss'] >= 2.0 * 0.99  # k at perfect balance, more otherwise
+  # Pre-training's loss stays the diffusion loss; the router losses' part is logged beside it.
+  router = 0.01 * row['moe_balance_loss'] + 0.001 * row['moe_z_loss']
+  assert np.isclose(row['moe_router_loss'], router, rtol=1e-5)
   assert any(p.endswith('router.png') for p in plots.draw(str(pre_dir)))
 
   train_file = tmp_path / 'sft.jsonl'
@@ -90,6 +93,10 @@ def test_moe_pretrain_sft_rl_generate_and_likelihood(tmp_path, capsys):
   # The router losses entered the objective: without them this untrained policy gets no reward,
   # no advantage and so no gradient at all.
   assert row['reward_mean'] == 0.0 and row['grad_norm'] > 0
+  # ... and RL's logged loss is that objective: here the router losses' part alone.
+  router = 0.01 * row['moe_balance_loss'] + 0.001 * row['moe_z_loss']
+  assert row['moe_router_loss'] > 0 and np.isclose(row['moe_router_loss'], router, rtol=1e-5)
+  assert np.isclose(row['loss'], router, rtol=1e-4, atol=1e-7)
 
   rl_dir = tmp_path / 'rl'
   prompts = tmp_path / 'prompts.jsonl'

@@ -7,8 +7,10 @@ biases, Llama with neither) plus MegaDLMs DiffLM's `mask_token_id` and `attn_mas
 its fields, or LLaDA's (llada_to_hf), or Dream's for a shifted model (dream_to_hf). Imports read
 Qwen3, MegaDLMs DiffLM, Qwen2, Llama, LLaDA, SDAR and Dream configs, each into the model options of
 its family (model.qk_norm, model.qkv_bias, model.rope_scaling, model.shift_logits, SDAR's
-block-causal attention); anything else, or a part we cannot compute (sliding windows, a RoPE
-scaling type without a formula here, MoE), is refused by name.
+block-causal attention), and the MoE families Qwen3-MoE and LLaDA-MoE (qwen3_moe_to_hf and
+llada_moe_to_hf write them: model.num_experts, model.router, ...); anything else, or a part we
+cannot compute (sliding windows, a RoPE scaling type without a formula here, dense layers among
+MoE ones), is refused by name.
 """
 
 from __future__ import annotations
@@ -19,7 +21,17 @@ import os
 from dlmjax import config as config_lib
 
 DLMJAX_CONFIG_FILE = 'dlmjax_config.json'  # the full run config, beside config.json in exports.
-ARCHITECTURES = ('qwen3', 'difflm', 'qwen2', 'llama', 'llada', 'sdar', 'dream')
+ARCHITECTURES = (
+  'qwen3',
+  'difflm',
+  'qwen2',
+  'llama',
+  'llada',
+  'sdar',
+  'dream',
+  'qwen3_moe',
+  'llada_moe',
+)
 _MASK_KINDS = ('bidirectional', 'causal', 'block_causal')
 # Exported families: (model.qk_norm, model.qkv_bias) -> the transformers class computing it.
 EXPORT_FAMILIES = {(True, False): 'qwen3', (False, True): 'qwen2', (False, False): 'llama'}
@@ -44,6 +56,13 @@ def detect_architecture(hf: dict) -> str:
   model_type = str(hf.get('model_type', '')).lower()
   if any('difflm' in n for n in names):
     return 'difflm'  # MegaDLMs' HF class; its config has no model_type.
+  # LLaDA-MoE's released config.json keeps the dense model's model_type 'llada' (docs:
+  # families_and_decoding.md, LLaDA-MoE); its classes LLaDAMoEModel / LLaDAMoEModelLM tell it
+  # apart, as dllm's model_type 'lladamoe' and configuration_lladamoe.py's 'llada_moe' do.
+  if model_type in ('lladamoe', 'llada_moe') or any(n.startswith('lladamoe') for n in names):
+    return 'llada_moe'
+  if model_type == 'qwen3_moe' or any(n.startswith('qwen3moe') for n in names):
+    return 'qwen3_moe'
   if model_type == 'llada' or any('llada' in n for n in names):
     return 'llada'
   if model_type.startswith('sdar') or any(n.startswith('sdar') for n in names):
@@ -133,6 +152,10 @@ def _dims(hf: dict, arch: str) -> dict:
     return _llada_dims(hf)
   if arch == 'dream':
     return _dream_dims(hf)
+  if arch == 'llada_moe':
+    return _llada_moe_dims(hf)
+  if arch == 'qwen3_moe':
+    return dict(_dims(hf, 'qwen3'), **_qwen3_moe_experts(hf))
   if hf.get('hidden_act', 'silu') != 'silu':
     raise HFConfigError(f"hidden_act={hf['hidden_act']!r}: dlmjax's MLP is SwiGLU (silu).")
   layer_types = hf.get('layer_types') or []
@@ -290,6 +313,116 @@ def _llada_dims(hf: dict) -> dict:
   )
 
 
+# ----------------------------------------------------------------------------------------------
+# Mixture-of-experts families (docs/moe.md, Hugging Face checkpoints)
+
+
+def _qwen3_moe_experts(hf: dict) -> dict:
+  """The MoE options of a transformers Qwen3MoeConfig (configuration_qwen3_moe.py,
+  modeling_qwen3_moe.py): softmax over the experts in float32, the top num_experts_per_tok,
+  renormalised when norm_topk_prob; no shared expert. Layers listed in mlp_only_layers, or off the
+  decoder_sparse_step grid, are dense Qwen3MoeMLPs of intermediate_size, which dlmjax's
+  every-layer-MoE stack cannot hold."""
+  experts = hf.get('num_experts', hf.get('num_local_experts'))
+  sparse_step = int(hf.get('decoder_sparse_step', 1) or 1)
+  dense_layers = list(hf.get('mlp_only_layers') or [])
+  if not experts:
+    raise HFConfigError('qwen3_moe config with num_experts=0 is a dense model; save it as Qwen3.')
+  if sparse_step != 1 or dense_layers:
+    raise HFConfigError(
+      f'Qwen3-MoE with dense layers (decoder_sparse_step={sparse_step}, mlp_only_layers='
+      f'{dense_layers}) is not supported: every dlmjax layer is MoE; use a checkpoint whose '
+      'layers are all sparse (decoder_sparse_step=1, mlp_only_layers=[]).'
+    )
+  return dict(
+    num_experts=int(experts),
+    experts_per_token=int(hf.get('num_experts_per_tok', 8)),
+    moe_ffn_dim=int(hf['moe_intermediate_size']),
+    shared_experts=0,
+    router='softmax_topk' if hf.get('norm_topk_prob', False) else 'softmax_topk_raw',
+  )
+
+
+# LLaDAMoEConfig's defaults (dllm's configuration_lladamoe.py) for the fields the import reads, so
+# an absent key means what LLaDA-MoE means.
+_LLADA_MOE_DEFAULTS = dict(
+  num_key_value_heads=16,
+  hidden_act='silu',
+  max_position_embeddings=8192,
+  rms_norm_eps=1e-5,
+  tie_word_embeddings=False,
+  attention_bias=False,
+  clip_qkv=None,
+  dense_intermediate_size=8192,
+  expert_intermediate_size=1024,
+  num_experts=64,
+  num_experts_per_tok=8,
+  shared_expert_intermediate_size=None,
+  moe_layer_freq=None,
+  qk_layernorm=True,
+  moe_router_score_function='softmax',
+  moe_router_enable_expert_bias=False,
+  rope_theta=50000.0,
+  rope_scaling=None,
+  partial_rotary_factor=1.0,
+  eos_token_id=156892,
+  pad_token_id=156892,
+)
+# The mask id LLaDA-MoE's model card and dInfer generate with (absent from its config.json).
+LLADA_MOE_MASK_TOKEN_ID = 156895
+
+
+def _llada_moe_dims(hf: dict) -> dict:
+  """LLaDA-MoE's config read as modeling_lladamoe.py (dllm, OLMoE-derived) builds the model:
+  pre-norm RMSNorm blocks, q and k RMS-normed per head (qk_layernorm) before rotate-half RoPE,
+  head size hidden_size / num_attention_heads, bidirectional attention, a softmax router whose
+  top-k weights are never renormalised (norm_topk_prob is hard-coded off), SwiGLU experts, and an
+  optional shared expert of shared_expert_intermediate_size added to every token's output."""
+  hf = dict(_LLADA_MOE_DEFAULTS, **{k: v for k, v in hf.items() if v is not None})
+  layers = hf['num_hidden_layers']
+  freq = hf['moe_layer_freq'] or [1] * layers
+  expert = int(hf['expert_intermediate_size'])
+  shared = hf['shared_expert_intermediate_size'] or 0
+  for ok, what in (
+    (hf['hidden_act'] == 'silu', f"hidden_act={hf['hidden_act']!r} (dlmjax's experts are SwiGLU)"),
+    (not hf['attention_bias'], 'attention_bias=true (dlmjax has no o_proj bias)'),
+    (hf['clip_qkv'] is None, f'clip_qkv={hf["clip_qkv"]} (dlmjax does not clamp q, k, v)'),
+    (
+      hf['moe_router_score_function'] == 'softmax',
+      f'moe_router_score_function={hf["moe_router_score_function"]!r} (the router is softmax)',
+    ),
+    (
+      float(hf['partial_rotary_factor']) == 1.0,
+      f'partial_rotary_factor={hf["partial_rotary_factor"]} (RoPE rotates every dim here)',
+    ),
+    (all(f == 1 for f in freq), f'moe_layer_freq={freq} (dense layers; every dlmjax layer is MoE)'),
+    (shared % expert == 0, f'shared_expert_intermediate_size={shared}, not a multiple of {expert}'),
+  ):
+    if not ok:
+      raise HFConfigError(f'LLaDA-MoE config {what} cannot be imported exactly.')
+  heads = hf['num_attention_heads']
+  return dict(
+    num_layers=layers,
+    d_model=hf['hidden_size'],
+    num_heads=heads,
+    num_kv_heads=hf['num_key_value_heads'],
+    head_dim=hf['hidden_size'] // heads,
+    ffn_dim=int(hf['dense_intermediate_size']),
+    num_experts=int(hf['num_experts']),
+    experts_per_token=int(hf['num_experts_per_tok']),
+    moe_ffn_dim=expert,
+    shared_experts=shared // expert,
+    router='softmax_topk_raw',
+    vocab_size=hf['vocab_size'],
+    **_rope(hf),
+    norm_eps=float(hf['rms_norm_eps']),
+    tie_embeddings=bool(hf['tie_word_embeddings']),
+    seq_len=hf['max_position_embeddings'],
+    qk_norm=bool(hf['qk_layernorm']),
+    qkv_bias=False,
+  )
+
+
 def embedding_rows(hf: dict, arch: str) -> int:
   """Rows of the checkpoint's embedding (LLaDA may pad it past vocab_size: `embedding_size`)."""
   if arch == 'llada':
@@ -298,7 +431,7 @@ def embedding_rows(hf: dict, arch: str) -> int:
 
 
 def has_qk_norm(arch: str) -> bool:
-  return arch in ('qwen3', 'difflm', 'sdar')
+  return arch in ('qwen3', 'difflm', 'sdar', 'qwen3_moe')
 
 
 def export_family(*, qk_norm: bool, qkv_bias: bool, shift_logits: bool = False) -> str:
@@ -331,6 +464,13 @@ def config_from_hf(hf: dict, base=None):
   config = config_lib.defaults() if base is None else base
   config.model.update(_dims(hf, arch))
   ids = dream_special_ids(hf) if arch == 'dream' else hf
+  if arch == 'llada_moe':
+    ids = {
+      **{k: _LLADA_MOE_DEFAULTS[k] for k in ('eos_token_id', 'pad_token_id')},
+      'mask_token_id': LLADA_MOE_MASK_TOKEN_ID,
+      **{k: v for k, v in hf.items() if v is not None},
+    }
+    config.model.attention_mask = 'bidirectional'  # LLaDAMoEAttention: is_causal=False
   for key in ('mask_token_id', 'eos_token_id', 'pad_token_id'):
     value = ids.get(key)
     if isinstance(value, int) and 0 <= value < config.model.vocab_size:
@@ -431,9 +571,13 @@ def to_hf(config, *, vocab_rows: int, dtype: str, family: str | None = None) -> 
   is off: a bidirectional model must not decode with a causal KV cache.
   """
   m = config.model
+  if not family and m.num_experts:
+    family = moe_family(m)
   family = family or export_family(
     qk_norm=m.qk_norm, qkv_bias=m.qkv_bias, shift_logits=m.shift_logits
   )
+  if family in _MOE_TO_HF:
+    return _MOE_TO_HF[family](config, vocab_rows=vocab_rows, dtype=dtype)
   if family == 'dream':
     return dream_to_hf(config, vocab_rows=vocab_rows, dtype=dtype)
   hf = _qwen_fields(m, vocab_rows=vocab_rows, dtype=dtype)
@@ -569,3 +713,100 @@ def dream_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
     rope_scaling=None,
   )
   return hf
+
+
+def moe_family(m) -> str:
+  """The MoE family an MoE model (config.model or ModelConfig) exports to by default:
+  Qwen3-MoE's when it has QK-norm and no shared experts, else LLaDA-MoE's (hf_layouts says
+  whether that one can hold it)."""
+  return 'qwen3_moe' if m.qk_norm and not m.shared_experts else 'llada_moe'
+
+
+def qwen3_moe_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
+  """transformers' Qwen3MoeConfig config.json (as Qwen/Qwen3-30B-A3B ships it) for a dlmjax MoE
+  model the qwen3_moe layout holds (hf_layouts): Qwen3's attention, every layer sparse, the
+  router's renormalisation as norm_topk_prob. Attention as to_hf's exports: `is_causal`, which
+  transformers' own masks honour (bidirectional or causal; block_causal is refused)."""
+  m = config.model
+  hf = _qwen_fields(m, vocab_rows=vocab_rows, dtype=dtype)
+  hf.update(
+    architectures=['Qwen3MoeForCausalLM'],
+    model_type='qwen3_moe',
+    head_dim=m.head_dim,
+    rope_parameters=dict(_rope_fields(m.rope_scaling), rope_theta=m.rope_theta),
+    attention_bias=False,
+    is_causal=m.attention_mask == 'causal',
+    dtype=hf['torch_dtype'],
+    attn_mask_type=m.attention_mask,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    moe_intermediate_size=m.moe_ffn_dim or m.ffn_dim,
+    num_experts=m.num_experts,
+    num_experts_per_tok=m.experts_per_token,
+    norm_topk_prob=m.router == 'softmax_topk',
+    output_router_logits=False,
+    router_aux_loss_coef=config.train.moe_balance_loss,
+  )
+  if m.rope_scaling:
+    hf['rope_scaling'] = _rope_fields(m.rope_scaling)
+  return hf
+
+
+# LLaDA-MoE's code (modeling_lladamoe.py) is not ours to ship: as for LLaDA, the export's auto_map
+# names it in the Hub repository it comes from.
+LLADA_MOE_CODE_REPO = 'inclusionAI/LLaDA-MoE-7B-A1B-Base'
+
+
+def llada_moe_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
+  """LLaDA-MoE's config.json (LLaDAMoEConfig's fields; model_type 'llada' as the release keeps
+  it, architectures LLaDAMoEModelLM) for a model the llada_moe layout holds (hf_layouts)."""
+  m = config.model
+  expert = m.moe_ffn_dim or m.ffn_dim
+  return dict(
+    architectures=['LLaDAMoEModelLM'],
+    auto_map={
+      name: f'{LLADA_MOE_CODE_REPO}--{module}'
+      for name, module in (
+        ('AutoConfig', 'configuration_lladamoe.LLaDAMoEConfig'),
+        ('AutoModel', 'modeling_lladamoe.LLaDAMoEModelLM'),
+        ('AutoModelForCausalLM', 'modeling_lladamoe.LLaDAMoEModelLM'),
+      )
+    },
+    model_type='llada',
+    vocab_size=vocab_rows,
+    hidden_size=m.d_model,
+    num_hidden_layers=m.num_layers,
+    num_attention_heads=m.num_heads,
+    num_key_value_heads=m.num_kv_heads,
+    hidden_act='silu',
+    max_position_embeddings=m.seq_len,
+    initializer_range=m.init_std,
+    rms_norm_eps=m.norm_eps,
+    use_cache=False,
+    tie_word_embeddings=bool(m.tie_embeddings),
+    attention_dropout=0.0,
+    attention_bias=False,
+    clip_qkv=None,
+    dense_intermediate_size=m.ffn_dim,
+    expert_intermediate_size=expert,
+    num_experts=m.num_experts,
+    num_experts_per_tok=m.experts_per_token,
+    shared_expert_intermediate_size=m.shared_experts * expert or None,
+    moe_layer_freq=[1] * m.num_layers,
+    qk_layernorm=bool(m.qk_norm),
+    moe_router_score_function='softmax',
+    moe_router_enable_expert_bias=False,
+    output_router_logits=False,
+    router_aux_loss_coef=config.train.moe_balance_loss,
+    norm_topk_prob=False,
+    rope_theta=m.rope_theta,
+    rope_scaling=None,
+    partial_rotary_factor=1.0,
+    torch_dtype={'bf16': 'bfloat16', 'fp32': 'float32'}[dtype],
+    eos_token_id=m.eos_token_id,
+    pad_token_id=m.pad_token_id,
+    mask_token_id=m.mask_token_id,
+  )
+
+
+_MOE_TO_HF = dict(qwen3_moe=qwen3_moe_to_hf, llada_moe=llada_moe_to_hf)

@@ -42,6 +42,8 @@ def _transformers_family(family: str) -> Callable:
   (LlamaConfig.attention_bias would add an o_proj bias too)."""
 
   def cannot_hold(m) -> str | None:
+    if m.num_experts:
+      return f'the {family} layout has a dense MLP, the model has {m.num_experts} experts'
     if getattr(m, 'shift_logits', False):
       return f'the {family} layout predicts each token at its own position (no shift)'
     wanted = {v: k for k, v in hf_config.EXPORT_FAMILIES.items()}[family]
@@ -61,6 +63,8 @@ def _transformers_family(family: str) -> Callable:
 def _llada_cannot_hold(m) -> str | None:
   """LLaDA's `llama` block: no QK-norm, heads that tile d_model (attn_out is d_model x d_model,
   head size d_model / n_heads), and bidirectional attention only (modeling_llada.py)."""
+  if m.num_experts:
+    return f'the llada layout has a dense MLP, the model has {m.num_experts} experts'
   if m.qk_norm:
     return 'the llada layout has no QK-norm'
   if m.num_heads * m.head_dim != m.d_model:
@@ -78,9 +82,55 @@ def _llada_cannot_hold(m) -> str | None:
 
 
 def _dream_cannot_hold(m) -> str | None:
+  if m.num_experts:
+    return f'the dream layout has a dense MLP, the model has {m.num_experts} experts'
   if m.rope_scaling:
     return f'the dream layout has no RoPE scaling (the model has {m.rope_scaling!r})'
   return hf_config.dream_cannot_hold(m)
+
+
+def _moe_cannot_hold(m, family: str) -> str | None:
+  """What both MoE layouts need: experts, a softmax router, no q/k/v biases, no logit shift."""
+  if not m.num_experts:
+    return f'the {family} layout has experts, the model a dense MLP (model.num_experts=0)'
+  if m.router == 'sigmoid_bias':
+    return f'the {family} layout routes by softmax, the model by sigmoid_bias'
+  if m.qkv_bias:
+    return f'the {family} layout has no q/k/v biases'
+  if m.shift_logits:
+    return f'the {family} layout predicts each token at its own position (no shift)'
+  return None
+
+
+def _qwen3_moe_cannot_hold(m) -> str | None:
+  """transformers' Qwen3MoeForCausalLM: Qwen3's attention (QK-norm), no shared expert, and the
+  masks transformers' own classes compute from is_causal (bidirectional, causal)."""
+  why = _moe_cannot_hold(m, 'qwen3_moe')
+  if why is None and not m.qk_norm:
+    why = 'the qwen3_moe layout has QK-norm weights'
+  if why is None and m.shared_experts:
+    why = 'the qwen3_moe layout has no shared experts'
+  if why is None and m.attention_mask == 'block_causal':
+    why = 'the qwen3_moe layout attends bidirectionally or causally, the model is block_causal'
+  return why
+
+
+def _llada_moe_cannot_hold(m) -> str | None:
+  """LLaDA-MoE (modeling_lladamoe.py): the raw top-k softmax weights, head size d_model /
+  num_heads, bidirectional attention."""
+  why = _moe_cannot_hold(m, 'llada_moe')
+  if why is None and m.router != 'softmax_topk_raw':
+    why = (
+      'the llada_moe layout never renormalises the top-k weights (model.router=softmax_topk_raw)'
+    )
+  if why is None and m.num_heads * m.head_dim != m.d_model:
+    why = (
+      f'the llada_moe layout needs num_heads * head_dim == d_model '
+      f'({m.num_heads} * {m.head_dim} != {m.d_model})'
+    )
+  if why is None and m.attention_mask != 'bidirectional':
+    why = f'the llada_moe layout attends bidirectionally, the model is {m.attention_mask}'
+  return why
 
 
 def _family_config(family: str) -> Callable:
@@ -132,6 +182,26 @@ register(
 )
 
 
+register(
+  Layout(
+    name='qwen3_moe',
+    names='qwen3_moe',
+    families=('qwen3_moe',),
+    cannot_hold=_qwen3_moe_cannot_hold,
+    config_json=hf_config.qwen3_moe_to_hf,
+  )
+)
+register(
+  Layout(
+    name='llada_moe',
+    names='llada_moe',
+    families=('llada_moe',),
+    cannot_hold=_llada_moe_cannot_hold,
+    config_json=hf_config.llada_moe_to_hf,
+  )
+)
+
+
 def choices() -> list[str]:
   return [SOURCE, *LAYOUTS]
 
@@ -164,6 +234,8 @@ def choose(name: str, model, *, source_family: str | None = None) -> Layout:
 
 
 def _options_family(model) -> str:
+  if model.num_experts:
+    return hf_config.moe_family(model)
   return hf_config.export_family(
     qk_norm=model.qk_norm, qkv_bias=model.qkv_bias, shift_logits=model.shift_logits
   )

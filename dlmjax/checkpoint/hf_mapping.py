@@ -42,9 +42,14 @@ class Naming:
   layer_keys: dict  # our per-layer slot -> name suffix
   bias_slots: tuple = ()  # slots whose `.bias` may exist; accepted only when all zero
   ignored: str = r'.*rotary_emb\.inv_freq$'  # buffers some exporters write (MegaDLMs does)
+  zero_tensors: tuple = ()  # per-layer suffixes that may exist; accepted only when all zero
+  # Per-layer suffix of a tensor holding every expert at once -> ((slot, half), ...): the slot's
+  # per-expert tensors are its [e] (half None) or the half'th of its two row blocks [e, :F] /
+  # [e, F:] (transformers 5's fused Qwen3MoeExperts: gate_up_proj [E, 2F, D], down_proj [E, D, F]).
+  fused: tuple = ()
 
-  def layer_name(self, i: int, slot: str) -> str:
-    return self.layer.format(i=i) + self.layer_keys[slot]
+  def layer_name(self, i: int, slot: str, e: int | None = None) -> str:
+    return self.layer.format(i=i) + self.layer_keys[slot].format(e=e)
 
 
 _LLAMA_KEYS = dict(
@@ -71,8 +76,40 @@ _LLAMA_LIKE = dict(
   lm_head='lm_head.weight',
   layer='model.layers.{i}.',
 )
+# Mixture-of-experts layers (docs/moe.md): the router `mlp.gate` [E, D] and per-expert SwiGLU
+# projections, as Qwen/Qwen3-30B-A3B and LLaDA-MoE publish them (OLMoE / Qwen2-MoE's names).
+_MOE_KEYS = dict(
+  {k: v for k, v in _QWEN3_KEYS.items() if k not in ('gate', 'up', 'down')},
+  router='mlp.gate.weight',
+  expert_gate='mlp.experts.{e}.gate_proj.weight',
+  expert_up='mlp.experts.{e}.up_proj.weight',
+  expert_down='mlp.experts.{e}.down_proj.weight',
+)
 NAMINGS = {
   'qwen3': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
+  # transformers' Qwen3MoeForCausalLM: save_pretrained writes the published per-expert names;
+  # the fused in-memory form (Qwen3MoeExperts) is read too.
+  'qwen3_moe': Naming(
+    **_LLAMA_LIKE,
+    layer_keys=_MOE_KEYS,
+    fused=(
+      ('mlp.experts.gate_up_proj', (('expert_gate', 0), ('expert_up', 1))),
+      ('mlp.experts.down_proj', (('expert_down', None),)),
+    ),
+  ),
+  # LLaDA-MoE (modeling_lladamoe.py): OLMoE's decoder layer; a shared expert, when configured,
+  # is the layer's `shared_expert` MLP; `mlp.expert_bias` (moe_router_enable_expert_bias) would
+  # be added to the router's probabilities, which dlmjax cannot, so it must be zero.
+  'llada_moe': Naming(
+    **_LLAMA_LIKE,
+    layer_keys=dict(
+      _MOE_KEYS,
+      shared_gate='shared_expert.gate_proj.weight',
+      shared_up='shared_expert.up_proj.weight',
+      shared_down='shared_expert.down_proj.weight',
+    ),
+    zero_tensors=('mlp.expert_bias',),
+  ),
   'difflm': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
   # SDAR / TraDo (modeling_sdar.py): Qwen3's modules and names (hf_config: block-causal).
   'sdar': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
@@ -113,6 +150,7 @@ NAMINGS = {
 #   heads_out: [N, H, D]  <-> [D, N*H]   (o:     nn.Linear(N*H, D))
 #   matrix:    [I, O]     <-> [O, I]     (MLP)
 #   bias:      [X, H]     <-> [X*H]      (q/k/v biases)
+#   experts:   [E, I, O]  <-> E tensors [O, I], one per expert (`{e}` in the name)
 _SLOTS = {
   'input_norm': (('blocks', 'input_norm', 'scale'), 'vector'),
   'q': (('blocks', 'attn', 'q_proj'), 'in_heads'),
@@ -128,34 +166,56 @@ _SLOTS = {
   'gate': (('blocks', 'mlp', 'gate_proj'), 'matrix'),
   'up': (('blocks', 'mlp', 'up_proj'), 'matrix'),
   'down': (('blocks', 'mlp', 'down_proj'), 'matrix'),
+  'router': (('blocks', 'mlp', 'router_kernel'), 'matrix'),
+  'expert_gate': (('blocks', 'mlp', 'gate_proj'), 'experts'),
+  'expert_up': (('blocks', 'mlp', 'up_proj'), 'experts'),
+  'expert_down': (('blocks', 'mlp', 'down_proj'), 'experts'),
+  'shared_gate': (('blocks', 'mlp', 'shared', 'gate_proj'), 'matrix'),
+  'shared_up': (('blocks', 'mlp', 'shared', 'up_proj'), 'matrix'),
+  'shared_down': (('blocks', 'mlp', 'shared', 'down_proj'), 'matrix'),
 }
 _EMBED, _FINAL_NORM, _LM_HEAD = ('embed_tokens',), ('final_norm', 'scale'), ('lm_head',)
 _QK_NORM_SLOTS = ('q_norm', 'k_norm')
 _BIAS_SLOTS = ('q_bias', 'k_bias', 'v_bias')
+_DENSE_SLOTS = ('gate', 'up', 'down')
+_EXPERT_SLOTS = ('router', 'expert_gate', 'expert_up', 'expert_down')
+_SHARED_SLOTS = ('shared_gate', 'shared_up', 'shared_down')
 
 
 def model_slots(cfg: ModelConfig) -> list[str]:
-  """The per-layer slots our model of `cfg` has (QK-norm and biases only where switched on)."""
-  if cfg.num_experts:
+  """The per-layer slots our model of `cfg` has (QK-norm and biases only where switched on; the
+  dense MLP's or the experts', with the shared experts' when there are any)."""
+  if cfg.num_experts and cfg.router == 'sigmoid_bias':
     raise MappingError(
-      'MoE models (model.num_experts > 0) have no Hugging Face layout in this version; keep the '
-      'run directory (orbax) for them.'
+      'model.router=sigmoid_bias has no Hugging Face family here (Qwen3-MoE and LLaDA-MoE route '
+      'by softmax); keep the run directory (orbax) for it.'
     )
+  mlp = _DENSE_SLOTS
+  if cfg.num_experts:
+    mlp = (*_EXPERT_SLOTS, *(_SHARED_SLOTS if cfg.shared_experts else ()))
+  every_mlp = (*_DENSE_SLOTS, *_EXPERT_SLOTS, *_SHARED_SLOTS)
   return [
     s
     for s in _SLOTS
-    if (cfg.qk_norm or s not in _QK_NORM_SLOTS) and (cfg.qkv_bias or s not in _BIAS_SLOTS)
+    if (cfg.qk_norm or s not in _QK_NORM_SLOTS)
+    and (cfg.qkv_bias or s not in _BIAS_SLOTS)
+    and (s in mlp or s not in every_mlp)
   ]
 
 
 def export_family(cfg: ModelConfig) -> str:
-  """The Hugging Face family whose layout holds exactly our model (hf_config.export_family)."""
+  """The Hugging Face family whose layout holds exactly our model (hf_config.export_family; an
+  MoE model: Qwen3-MoE's when it has QK-norm and no shared experts, else LLaDA-MoE's)."""
+  if cfg.num_experts:
+    return hf_config.moe_family(cfg)
   return hf_config.export_family(
     qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias, shift_logits=cfg.shift_logits
   )
 
 
 def _hf_shape(shape, layout):
+  if layout == 'experts':  # each expert's tensor
+    return (shape[2], shape[1])
   if layout == 'vector':
     return tuple(shape)
   if layout == 'bias':
@@ -205,7 +265,24 @@ def _layer_shapes(cfg: ModelConfig) -> dict:
     gate=(d, f),
     up=(d, f),
     down=(f, d),
+    router=(d, cfg.num_experts),
+    expert_gate=(cfg.num_experts, d, cfg.expert_dim),
+    expert_up=(cfg.num_experts, d, cfg.expert_dim),
+    expert_down=(cfg.num_experts, cfg.expert_dim, d),
+    shared_gate=(d, cfg.shared_experts * cfg.expert_dim),
+    shared_up=(d, cfg.shared_experts * cfg.expert_dim),
+    shared_down=(cfg.shared_experts * cfg.expert_dim, d),
   )
+
+
+def _layer_tensors(naming: Naming, cfg: ModelConfig, i: int, slot: str) -> list[tuple]:
+  """(Hugging Face name, shape, expert index or None) of the tensors that hold layer i's slot:
+  one, or one per expert."""
+  layout = _SLOTS[slot][1]
+  shape = _hf_shape(_layer_shapes(cfg)[slot], layout)
+  if layout == 'experts':
+    return [(naming.layer_name(i, slot, e), shape, e) for e in range(cfg.num_experts)]
+  return [(naming.layer_name(i, slot), shape, None)]
 
 
 def _get(tree, path):
@@ -234,11 +311,11 @@ def export_entries(
   cfg: ModelConfig, *, vocab_rows: int, names: str | None = None
 ) -> list[tuple[str, tuple]]:
   """(name, shape) of every exported tensor, in the order export_tensors yields them."""
-  naming, shapes = _export_naming(cfg, names), _layer_shapes(cfg)
+  naming = _export_naming(cfg, names)
   entries = [(naming.embed, (vocab_rows, cfg.d_model))]
   for i in range(cfg.num_layers):
     for slot in model_slots(cfg):
-      entries.append((naming.layer_name(i, slot), _hf_shape(shapes[slot], _SLOTS[slot][1])))
+      entries += [(name, shape) for name, shape, _ in _layer_tensors(naming, cfg, i, slot)]
   entries.append((naming.final_norm, (cfg.d_model,)))
   if not cfg.tie_embeddings:  # tied: transformers re-creates lm_head from the embedding.
     entries.append((naming.lm_head, (vocab_rows, cfg.d_model)))
@@ -264,6 +341,12 @@ def export_tensors(
   for i in range(cfg.num_layers):
     for slot in model_slots(cfg):
       path, layout = _SLOTS[slot]
+      if layout == 'experts':  # one layer's experts on the host, one expert's tensor yielded
+        experts = np.asarray(to_host(_get(params, path)[i]), np.float32)
+        for name, _, e in _layer_tensors(naming, cfg, i, slot):
+          yield name, np.ascontiguousarray(experts[e].T)
+        del experts
+        continue
       yield (
         naming.layer_name(i, slot),
         np.ascontiguousarray(
@@ -307,19 +390,73 @@ def _expected(naming: Naming, cfg: ModelConfig, slots) -> list[str]:
   names = [naming.embed, naming.final_norm]
   if not cfg.tie_embeddings:
     names.append(naming.lm_head)
-  names += [naming.layer_name(i, s) for i in range(cfg.num_layers) for s in slots]
+  names += [
+    name
+    for i in range(cfg.num_layers)
+    for s in slots
+    for name, _, _ in _layer_tensors(naming, cfg, i, s)
+  ]
   return names
 
 
 def _zero_bias_names(naming: Naming, cfg: ModelConfig) -> list[str]:
-  """Biases the checkpoint may carry that the model has no slot for (q/k/v biases fill
-  model.qkv_bias's slots when it is on)."""
+  """Biases (and other tensors, Naming.zero_tensors) the checkpoint may carry that the model has
+  no slot for (q/k/v biases fill model.qkv_bias's slots when it is on)."""
   return [
     naming.layer_name(i, s)[: -len('weight')] + 'bias'
     for i in range(cfg.num_layers)
     for s in naming.bias_slots
     if not (cfg.qkv_bias and f'{s}_bias' in naming.layer_keys)
-  ]
+  ] + [naming.layer.format(i=i) + t for i in range(cfg.num_layers) for t in naming.zero_tensors]
+
+
+class _UnfusedExperts:
+  """A tensor source that shows a checkpoint's fused expert tensors (Naming.fused) under the
+  per-expert names, reading each fused tensor once while its experts are taken (the last one
+  read is kept)."""
+
+  def __init__(self, source, naming: Naming, num_layers: int):
+    self._source, self._virtual, self._cached = source, {}, (None, None)
+    present = set(source.keys())
+    self._hidden = set()
+    for i in range(num_layers):
+      for suffix, parts in naming.fused:
+        fused = naming.layer.format(i=i) + suffix
+        if fused not in present:
+          continue
+        self._hidden.add(fused)
+        shape = source.shape(fused)
+        rows = shape[1] // len(parts)
+        for slot, half in parts:
+          for e in range(shape[0]):
+            self._virtual[naming.layer_name(i, slot, e)] = (fused, e, half, (rows, *shape[2:]))
+
+  def keys(self):
+    return [n for n in self._source.keys() if n not in self._hidden] + list(self._virtual)
+
+  def __contains__(self, name):
+    return name in self._virtual or (name not in self._hidden and name in self._source)
+
+  def shape(self, name):
+    if name in self._virtual:
+      return self._virtual[name][3]
+    return self._source.shape(name)
+
+  def get(self, name):
+    if name not in self._virtual:
+      return self._source.get(name)
+    fused, e, half, (rows, *_) = self._virtual[name]
+    if self._cached[0] != fused:
+      self._cached = (None, None)  # drop the previous one before reading the next
+      self._cached = (fused, np.asarray(self._source.get(fused)))
+    tensor = self._cached[1][e]
+    return tensor if half is None else tensor[half * rows : (half + 1) * rows]
+
+
+def _unfused(source, naming: Naming, cfg: ModelConfig):
+  if not naming.fused or isinstance(source, _UnfusedExperts):
+    return source
+  return _UnfusedExperts(source, naming, cfg.num_layers)
 
 
 def _listing(names, limit=8) -> str:
@@ -349,6 +486,13 @@ def check_source(
       f'{arch} checkpoints have no q/k/v biases, but the model has model.qkv_bias=True; '
       'import with model.qkv_bias=False.'
     )
+  lacking = [s for s in model_slots(cfg) if s not in naming.layer_keys and s not in _QK_NORM_SLOTS]
+  if lacking:
+    raise MappingError(
+      f"the {arch} layout has no place for the model's {', '.join(lacking)} weights (e.g. shared "
+      'experts, model.shared_experts > 0); import into a model without them.'
+    )
+  source = _unfused(source, naming, cfg)
   slots = [s for s in model_slots(cfg) if s in naming.layer_keys]
   expected = _expected(naming, cfg, slots)
   present = set(source.keys())
@@ -368,7 +512,6 @@ def check_source(
       f'{_listing(unexpected)}; the model has parts ours lacks (or more layers '
       'than its config says).'
     )
-  shapes = _layer_shapes(cfg)
   rows = source.shape(naming.embed)[0]
   if rows < vocab_size:
     raise MappingError(
@@ -380,7 +523,7 @@ def check_source(
     want[naming.lm_head] = (rows, cfg.d_model)
   for i in range(cfg.num_layers):
     for slot in slots:
-      want[naming.layer_name(i, slot)] = _hf_shape(shapes[slot], _SLOTS[slot][1])
+      want.update({name: shape for name, shape, _ in _layer_tensors(naming, cfg, i, slot)})
   for name, shape in want.items():
     if source.shape(name) != shape:
       raise MappingError(
@@ -421,13 +564,15 @@ def import_params(
   """
   check_source(source, arch, cfg, vocab_size=vocab_size, missing_qk_norm=missing_qk_norm)
   naming = NAMINGS[arch]
+  source = _unfused(source, naming, cfg)
   for name in _zero_bias_names(naming, cfg):
     if name in source:
       bias = np.asarray(source.get(name), np.float32)
       if np.any(bias != 0):
         raise MappingError(
-          f"{name} is non-zero (max |b| = {np.abs(bias).max():.3g}); dlmjax's "
-          'attention has no biases, so this model cannot be imported exactly.'
+          f'{name} is non-zero (max |b| = {np.abs(bias).max():.3g}); dlmjax has no slot for '
+          'it (attention biases, an expert bias on the router probabilities), so this model '
+          'cannot be imported exactly.'
         )
   params: dict = {}
   _set(
@@ -442,6 +587,10 @@ def import_params(
     for i in range(cfg.num_layers):
       if slot not in naming.layer_keys:  # q_norm / k_norm with missing_qk_norm='ones'.
         stacked[i] = 1.0
+        continue
+      if layout == 'experts':
+        for name, _, e in _layer_tensors(naming, cfg, i, slot):
+          stacked[i, e] = np.asarray(source.get(name), np.float32).T
         continue
       tensor = np.asarray(source.get(naming.layer_name(i, slot)), np.float32)
       stacked[i] = _from_hf(tensor, layout, shapes[slot])

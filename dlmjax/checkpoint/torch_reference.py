@@ -50,6 +50,8 @@ def transformers_model(hf_dir: str, dtype: torch.dtype = torch.float32):
     from dlmjax.checkpoint.hf_modeling import modeling_dlmjax  # pylint: disable=import-outside-toplevel
 
     model_type = hf_config.read(hf_dir).get('model_type')
+    if model_type == 'qwen3_moe':  # transformers' own class; config.json's is_causal is the mask
+      return transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).eval()
     if model_type not in modeling_dlmjax.CLASSES:
       raise hf_config.HFConfigError(
         f'{hf_dir}: model_type={model_type!r} has no transformers class here; '

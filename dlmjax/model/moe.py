@@ -288,14 +288,16 @@ SUM_PREFIX = 'moe_'  # the statistics' keys among a step's sums
 
 def metrics(sums: dict, num_micro: int) -> dict:
   """The step's router metrics from its summed statistics: the losses and entropy (means over
-  layers), the busiest and idlest experts' share of assignments times E (1 = balanced), and
-  every expert's share (moe_load_e{j}, over all layers)."""
+  layers), router_loss (the weighted router losses the step's objective got), the busiest and
+  idlest experts' share of assignments times E (1 = balanced), and every expert's share
+  (moe_load_e{j}, over all layers)."""
   counts_E = jnp.sum(sums[SUM_PREFIX + 'counts'], axis=0)
   share_E = counts_E / jnp.maximum(jnp.sum(counts_E), 1.0)
   num_experts = counts_E.shape[0]
   out = {
     SUM_PREFIX + key: sums[SUM_PREFIX + key] / num_micro
-    for key in ('balance_loss', 'z_loss', 'entropy')
+    for key in ('balance_loss', 'z_loss', 'entropy', 'router_loss')
+    if SUM_PREFIX + key in sums
   }
   out[SUM_PREFIX + 'load_max'] = jnp.max(share_E) * num_experts
   out[SUM_PREFIX + 'load_min'] = jnp.min(share_E) * num_experts

@@ -68,9 +68,9 @@ def make_step_fn(setup, loss_fn, metrics_fn):
       if calls:  # an MoE: its router losses join the objective, its statistics the sums
         stats = moe.summarize(calls)
         # Each micro-batch's share of the step's mean, as the step's sum rule wants.
-        for key, weight in router_weight.items():
-          if weight:
-            value = value + weight * stats[key] / num_micro
+        weighted = [w * stats[k] for k, w in router_weight.items() if w]
+        stats['router_loss'] = sum(weighted, jnp.zeros((), jnp.float32))
+        value = value + stats['router_loss'] / num_micro
         sums = dict(sums, **{moe.SUM_PREFIX + k: v for k, v in stats.items()})
       return value, sums
 
@@ -115,6 +115,8 @@ def make_step_fn(setup, loss_fn, metrics_fn):
     new_params = optax.apply_updates(params, updates)
     if moe.SUM_PREFIX + 'counts' in sums:
       metrics.update(moe.metrics(sums, num_micro))
+      if config.stage == 'rl':  # RL's loss is its objective: the router losses' part too
+        metrics['loss'] = metrics['loss'] + metrics[moe.SUM_PREFIX + 'router_loss']
       # Loss-free balancing: the sigmoid router's bias takes its sign update, not optax's.
       new_params = moe.balance_bias(
         new_params, sums[moe.SUM_PREFIX + 'counts'], t.moe_bias_rate, old=params

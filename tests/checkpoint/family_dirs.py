@@ -349,3 +349,132 @@ def dream_dir(directory, **changes):
     json.dump(hf, f, indent=2)
   tiny_run.write_tokenizer(directory, hf['vocab_size'])
   return str(directory), hf, sd
+
+
+# Mixture-of-experts families (docs/moe.md). transformers' Qwen3MoeConfig with tiny sizes: 4
+# experts of width 32, top-2 renormalised (Qwen3-30B-A3B's norm_topk_prob), every layer sparse.
+QWEN3_MOE_CONFIG = dict(
+  _DIMS,
+  intermediate_size=96,
+  moe_intermediate_size=32,
+  num_experts=4,
+  num_experts_per_tok=2,
+  norm_topk_prob=True,
+  head_dim=16,
+  rms_norm_eps=1e-6,
+  rope_theta=1e6,
+  tie_word_embeddings=False,
+)
+
+
+def qwen3_moe_dir(directory, **overrides) -> str:
+  """save_pretrained of a tiny random-weight Qwen3MoeForCausalLM (QWEN3_MOE_CONFIG with
+  `overrides`): per-expert names on disk, as the published checkpoints have them. The router
+  is redrawn larger so its top-k differs clearly between tokens."""
+  config = transformers.Qwen3MoeConfig(**{**QWEN3_MOE_CONFIG, **overrides})
+  torch.manual_seed(0)
+  model = transformers.Qwen3MoeForCausalLM(config)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = 0.1 * torch.randn_like(p)
+      p.copy_(1.0 + noise if 'norm' in name else 20 * noise if 'mlp.gate' in name else 2 * noise)
+  model.save_pretrained(directory)
+  tiny_run.write_tokenizer(directory, 256)
+  return str(directory)
+
+
+# LLaDAMoEConfig's fields (dllm's configuration_lladamoe.py) with LLaDA-MoE-7B-A1B's values where
+# they are not sizes (theta 5e4, eps 1e-5, QK-norm, softmax router, untied; model_type 'llada' and
+# LLaDAMoEModelLM as the release names them), tiny sizes, a shared expert of two experts' width
+# (the release has none; modeling_lladamoe.py adds it to every token) and a tiny mask id.
+LLADA_MOE_CONFIG = dict(
+  architectures=['LLaDAMoEModelLM'],
+  model_type='llada',
+  vocab_size=256,
+  hidden_size=64,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  num_key_value_heads=2,
+  hidden_act='silu',
+  max_position_embeddings=64,
+  initializer_range=0.02,
+  rms_norm_eps=1e-5,
+  use_cache=False,
+  tie_word_embeddings=False,
+  attention_dropout=0.0,
+  attention_bias=False,
+  clip_qkv=None,
+  dense_intermediate_size=128,
+  expert_intermediate_size=32,
+  num_experts=4,
+  num_experts_per_tok=2,
+  shared_expert_intermediate_size=64,
+  moe_layer_freq=[1, 1],
+  qk_layernorm=True,
+  moe_router_score_function='softmax',
+  moe_router_enable_expert_bias=True,
+  output_router_logits=False,
+  router_aux_loss_coef=0.01,
+  norm_topk_prob=None,
+  rope_theta=50000.0,
+  rope_scaling=None,
+  partial_rotary_factor=1.0,
+  eos_token_id=2,
+  pad_token_id=2,
+  mask_token_id=250,
+)
+
+
+def llada_moe_state_dict(hf: dict, seed: int = 0) -> dict:
+  """LLaDAMoEModelLM's state dict names and shapes (model = LLaDAMoEModel, OLMoE's layer:
+  self_attn with per-head q/k norms, mlp.gate and mlp.experts.{e}, the layer's shared_expert,
+  the expert_bias buffer, zero here), every weight random (norm gains around one)."""
+  g = torch.Generator().manual_seed(seed)
+  d, heads, kv = hf['hidden_size'], hf['num_attention_heads'], hf['num_key_value_heads']
+  hd, f, experts = d // heads, hf['expert_intermediate_size'], hf['num_experts']
+  shared = hf['shared_expert_intermediate_size']
+
+  def rand(*shape, scale=0.2):
+    return scale * torch.randn(*shape, generator=g)
+
+  sd = {'model.embed_tokens.weight': rand(hf['vocab_size'], d, scale=1.0)}
+  for i in range(hf['num_hidden_layers']):
+    p = f'model.layers.{i}.'
+    sd[p + 'input_layernorm.weight'] = 1.0 + rand(d, scale=0.1)
+    sd[p + 'post_attention_layernorm.weight'] = 1.0 + rand(d, scale=0.1)
+    for name, out in (('q_proj', heads * hd), ('k_proj', kv * hd), ('v_proj', kv * hd)):
+      sd[p + f'self_attn.{name}.weight'] = rand(out, d)
+    sd[p + 'self_attn.o_proj.weight'] = rand(d, d)
+    sd[p + 'self_attn.q_norm.weight'] = 1.0 + rand(hd, scale=0.1)
+    sd[p + 'self_attn.k_norm.weight'] = 1.0 + rand(hd, scale=0.1)
+    sd[p + 'mlp.gate.weight'] = rand(experts, d, scale=2.0)
+    if hf['moe_router_enable_expert_bias']:
+      sd[p + 'mlp.expert_bias'] = torch.zeros(experts)
+    for e in range(experts):
+      sd[p + f'mlp.experts.{e}.gate_proj.weight'] = rand(f, d)
+      sd[p + f'mlp.experts.{e}.up_proj.weight'] = rand(f, d)
+      sd[p + f'mlp.experts.{e}.down_proj.weight'] = rand(d, f)
+    if shared:
+      sd[p + 'shared_expert.gate_proj.weight'] = rand(shared, d)
+      sd[p + 'shared_expert.up_proj.weight'] = rand(shared, d)
+      sd[p + 'shared_expert.down_proj.weight'] = rand(d, shared)
+  sd['model.norm.weight'] = 1.0 + rand(d, scale=0.1)
+  sd['lm_head.weight'] = rand(hf['vocab_size'], d)
+  return sd
+
+
+def llada_moe_dir(directory, **changes):
+  """A LLaDA-MoE directory: config.json, one model.safetensors, a tokenizer.json. Returns
+  (directory, config dict, state dict)."""
+  hf = dict(LLADA_MOE_CONFIG, **changes)
+  sd = llada_moe_state_dict(hf)
+  os.makedirs(directory, exist_ok=True)
+  safetensors_torch.save_file(
+    {n: t.contiguous() for n, t in sd.items()},
+    os.path.join(directory, 'model.safetensors'),
+    metadata={'format': 'pt'},
+  )
+  with open(os.path.join(directory, 'config.json'), 'w') as f:
+    json.dump(hf, f, indent=2)
+  tiny_run.write_tokenizer(directory, hf['vocab_size'])
+  return str(directory), hf, sd
