@@ -76,7 +76,8 @@ def _settings(args, gen, variant):
 
 
 def _decode_fn(model_config, sampling, m):
-  """jit(params, prompt, lengths, key) -> (tokens, blocks decoded): the sampler itself, EOS off."""
+  """jit(params, prompt, lengths, key) -> (tokens, blocks decoded, commit steps): the sampler
+  itself, EOS off."""
 
   def fn(params, prompt_BP, lengths_B, key):
     return sampler.decode_blocks(
@@ -103,7 +104,7 @@ def time_variant(model_config, params, sampling, prompt_BP, m, repeats) -> dict:
   best = float('inf')
   for _ in range(repeats):
     start = time.perf_counter()
-    out, ran = jax.block_until_ready(compiled(*args))
+    out, ran, _ = jax.block_until_ready(compiled(*args))
     best = min(best, time.perf_counter() - start)
   tokens = prompt_BP.shape[0] * sampling.gen_length
   return dict(tokens_per_s=tokens / best, seconds=best, compile_s=compile_s, blocks=int(ran))

@@ -250,7 +250,8 @@ def defaults() -> ml_collections.ConfigDict:
   c.rl.inner_updates = 2  # mu: optimizer steps per rollout batch (d1: 8 countdown/sudoku)
   # d1 (diffu-GRPO, per-token one-step) | espo (sequence ELBO ratio) | spg (ELBO / EUBO bounds)
   # | wd1 (ratio-free weighted likelihood, no KL) | coupled_grpo (DiffuCoder: complementary-mask
-  # token estimate, leave-one-out advantages). Each run prints its objective's switches.
+  # token estimate, leave-one-out advantages) | trace (TraceRL, block-causal models: each token
+  # scored in the sampler's state that committed it). Each run prints its objective's switches.
   c.rl.objective = 'd1'
   c.rl.kl_beta = 0.04  # d1's beta (k3; k2 for espo) against the reference; 0 = no KL.
   # d1's sync_ref_model (TRL's SyncRefModelCallback): every N steps the reference becomes
@@ -626,7 +627,7 @@ def resolve_mesh(config, num_devices: int) -> None:
 
 _CHOICES = {
   'stage': ('pretrain', 'sft', 'rl'),
-  'rl.objective': ('d1', 'espo', 'spg', 'wd1', 'coupled_grpo'),
+  'rl.objective': ('d1', 'espo', 'spg', 'wd1', 'coupled_grpo', 'trace'),
   'rl.eval_split': ('test', 'valid'),
   'rl.reference_dtype': ('float32', 'bfloat16'),
   'model.attention_mask': ('bidirectional', 'causal', 'block_causal'),
@@ -960,6 +961,17 @@ def _validate_rl(config):
       'on the mesh and for a full fine-tune (with LoRA the reference is the frozen base, as in '
       'd1 under PEFT); set --config.rl.ref_sync_every=0, or train.lora.rank=0 and '
       'rl.reference_on_host=False.'
+    )
+  m = config.model
+  if r.objective == 'trace' and (
+    m.attention_mask != 'block_causal'
+    or m.shift_logits
+    or config.sampler.block_length != m.block_size
+  ):
+    raise ConfigError(
+      'rl.objective=trace scores each token in the state the sampler committed it in, one model '
+      'block at a time: set --config.model.attention_mask=block_causal, model.shift_logits=false '
+      f'and sampler.block_length=model.block_size ({m.block_size}).'
     )
   if r.objective == 'spg':
     if not 0 <= r.spg_mix_weight <= 1 or r.spg_eubo_beta < 1:

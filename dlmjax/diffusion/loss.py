@@ -129,9 +129,10 @@ def block_loss(
   reads [x_t || x_0] under the two-stream mask and returns x_t's predictions only
   (Transformer.hidden's clean_BL). loss = sum_{b,i} CE_bi * m_bi / t_bi / (B * l), the masked
   tokens' ELBO terms over every kept token, as BD3LM (and mdm_loss here) normalise.
-  With segment_ids, attention (both streams) and positions stay per document; blocks count from
-  the row's start. SDAR trains the same two-stream forward but draws one t per sample (a
-  variance choice, the same ELBO in expectation), so it has no switch here; docs/block_diffusion.md.
+  With segment_ids, attention (both streams), positions and blocks stay per document: blocks
+  (their t and their mask) count from each document's start, as SDAR packs samples. SDAR trains
+  the same two-stream forward but draws one t per sample (a variance choice, the same ELBO in
+  expectation), so it has no switch here; docs/block_diffusion.md.
   """
   x_BL = tokens_BS[:, :-1]
   batch, seq_len = x_BL.shape
@@ -142,13 +143,20 @@ def block_loss(
     clean_BL=x_BL,
     valid_length_B=None if varlen_prob == 0 else jnp.full((batch,), length, jnp.int32),
   )
+  segments_BL = None
   if segment_ids is not None:
     segments_BL = segment_ids[:, :-1]
     model_kwargs.update(
       segment_ids_BL=segments_BL, positions_BL=masking.segment_positions(segments_BL)
     )
   noisy_BL, masked_BL, p_BL = masking.block_forward_process(
-    keys, x_BL, valid_BL, block_size=block_size, mask_id=mask_id, eps=BLOCK_TIME_EPS
+    keys,
+    x_BL,
+    valid_BL,
+    block_size=block_size,
+    mask_id=mask_id,
+    eps=BLOCK_TIME_EPS,
+    segment_ids_BL=segments_BL,
   )
   ce_BL = ce_fn(noisy_BL, x_BL, **model_kwargs)
   masked = masked_BL.astype(jnp.float32)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dlmjax.kernels import flash_attention
+
 # Stream tags keep the per-example and per-micro-batch key families apart.
 _EXAMPLE_STREAM = 0
 _VARLEN_STREAM = 1
@@ -97,35 +99,46 @@ def forward_process_segments(keys_B, tokens_BL, segment_ids_BL, *, mask_id: int,
 def segment_positions(segment_ids_BL):
   """Positions restarting at 0 where each segment starts (RoPE per document)."""
   index_1L = jnp.arange(segment_ids_BL.shape[1])[None]
-  starts_BL = jnp.concatenate(
-    [jnp.ones_like(segment_ids_BL[:, :1], bool), segment_ids_BL[:, 1:] != segment_ids_BL[:, :-1]],
-    axis=1,
-  )
-  first_BL = jax.lax.cummax(jnp.where(starts_BL, index_1L, 0), axis=1)
-  return index_1L - first_BL
+  return index_1L - flash_attention.document_starts(segment_ids_BL)
 
 
-def block_forward_process(keys_B, tokens_BL, maskable_BL, *, block_size: int, mask_id: int, eps):
-  """BD3LM's forward process: one noise level per block of `block_size` tokens (from row start).
+def block_forward_process(
+  keys_B, tokens_BL, maskable_BL, *, block_size: int, mask_id: int, eps, segment_ids_BL=None
+):
+  """BD3LM's forward process: one noise level per block of `block_size` tokens.
 
-  t = (1 - eps) u + eps, the range [eps, 1] of BD3LM's sampling_eps_min / max defaults (1e-3, 1;
-  its variance-minimising search over clipped ranges is not done here). The u of a row's blocks
-  are stratified (BD3LM's antithetic sampling, here within each row so every draw stays a function
-  of its example's key): block j gets u = (pi_j + v_j) / n_blocks for a random permutation pi and
-  v ~ U[0, 1), so each block's t is uniform and the row covers the range evenly. Each maskable
-  token is masked with probability t (no at-least-one rule: p is the probability, not the ratio).
+  Blocks count from the row's start, or with segment_ids_BL (packed documents) from each
+  document's start, as the block-causal and two-stream masks count them then (SDAR aligns blocks
+  to each packed sample; docs/block_diffusion.md, Packed documents): a document's last block may
+  be short. t = (1 - eps) u + eps, the range [eps, 1] of BD3LM's sampling_eps_min / max defaults
+  (1e-3, 1; its variance-minimising search over clipped ranges is not done here). The u of a
+  row's n blocks are stratified (BD3LM's antithetic sampling, here within each row so every draw
+  stays a function of its example's key): block j gets u = (pi_j + v_j) / n for a random
+  permutation pi of the n blocks and v ~ U[0, 1), so each block's t is uniform and the row covers
+  the range evenly. Each maskable token is masked with probability t (no at-least-one rule: p is
+  the probability, not the ratio).
 
   Returns (noisy [B,L], masked [B,L] bool, p [B,L] float32: each token's block's t).
   """
   seq_len = tokens_BL.shape[1]
-  num_blocks = -(-seq_len // block_size)
+  if segment_ids_BL is None:
+    num_slots = -(-seq_len // block_size)  # the row's blocks
+    positions_BL = jnp.broadcast_to(jnp.arange(seq_len), tokens_BL.shape)
+  else:
+    num_slots = seq_len  # at most one block per token (documents of one token)
+    positions_BL = segment_positions(segment_ids_BL)
+  # Each token's block: a block starts at every block_size-th position of its document.
+  block_BL = jnp.cumsum(positions_BL % block_size == 0, axis=1) - 1
 
-  def one_row(key, tokens_L, maskable_L):
+  def one_row(key, tokens_L, maskable_L, block_L):
     key_perm, key_v, key_u = jax.random.split(key, 3)
-    strata = jax.random.permutation(key_perm, num_blocks)
-    u_N = (strata + jax.random.uniform(key_v, (num_blocks,))) / num_blocks
-    t_L = jnp.repeat((1.0 - eps) * u_N + eps, block_size)[:seq_len]
+    num_blocks = block_L[-1] + 1
+    slots = jnp.arange(num_slots)
+    order = jnp.where(slots < num_blocks, jax.random.permutation(key_perm, num_slots), num_slots)
+    strata = jnp.argsort(jnp.argsort(order))  # a permutation of the first num_blocks slots
+    u_N = (strata + jax.random.uniform(key_v, (num_slots,))) / num_blocks
+    t_L = ((1.0 - eps) * u_N + eps)[block_L]
     masked_L = (jax.random.uniform(key_u, (seq_len,)) < t_L) & maskable_L
     return jnp.where(masked_L, mask_id, tokens_L), masked_L, t_L.astype(jnp.float32)
 
-  return jax.vmap(one_row)(keys_B, tokens_BL, maskable_BL)
+  return jax.vmap(one_row)(keys_B, tokens_BL, maskable_BL, block_BL)

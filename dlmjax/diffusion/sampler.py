@@ -220,7 +220,7 @@ def _check_exact_cache(module, sampling: SamplingConfig) -> None:
 
 def generate(module, prompt_BP, prompt_lengths_B, sampling: SamplingConfig, key, **kwargs):
   """Decodes gen_length tokens after each left-padded prompt: int32 [B, P + gen_length]
-  (decode_blocks without its count)."""
+  (decode_blocks without its count and commit steps)."""
   return decode_blocks(module, prompt_BP, prompt_lengths_B, sampling, key, **kwargs)[0]
 
 
@@ -237,7 +237,9 @@ def decode_blocks(
   vocab_size: int | None = None,
 ):
   """(int32 [B, P + gen_length]: each left-padded prompt and its gen_length tokens, the number
-  of blocks decoded): the sampler.
+  of blocks decoded, int32 [B, gen_length]: the step that committed each generated token, -1 if
+  none did): the sampler. Steps count over the whole decode (block b's step s is b *
+  steps_per_block + s), the trajectory TraceRL scores (rl/estimators.py trace_token_logprobs).
 
   Per block of block_length tokens, steps_per_block steps; per step a forward over the canvas,
   CFG (logits = u + (s + 1)(c - u), u from a copy whose prompt is MASK), predictions x0 (argmax or
@@ -401,7 +403,7 @@ def decode_blocks(
     wanted = block_index < blocks_needed
     return wanted if not sampling.stop_at_eos else wanted & ~jnp.all(finished(x_BL))
 
-  def decode_block(block_index, x_BL, kv, static_start):
+  def decode_block(block_index, x_BL, kv, steps_BL, static_start):
     start = prefill + block_index * block
     left_BK = (window(x_BL, start) == mask_id) & window(decodable_BL, start)
     transfer_BS = num_transfer_tokens(jnp.sum(left_BK, -1), spb)
@@ -414,9 +416,12 @@ def decode_blocks(
         left_BK = left_BK & ~done_B[:, None]
       return (step < spb) & jnp.any(left_BK)  # with a threshold or factor, a block can end early.
 
-    def commit(step, x, logits):
+    def commit(step, x, steps, logits):
+      """One step's commits, each token's step recorded (TraceRL's trajectory)."""
       transfer_B = jax.lax.dynamic_index_in_dim(transfer_BS, step, axis=1, keepdims=False)
-      return step + 1, decode_step(x, logits, block_index, step, start, transfer_B)
+      new_x = decode_step(x, logits, block_index, step, start, transfer_B)
+      committed = (x == mask_id) & (new_x != mask_id)
+      return step + 1, new_x, jnp.where(committed, block_index * spb + step, steps)
 
     if mode in ('prefix', 'dual'):
       size = block if mode == 'dual' else length - static_start
@@ -433,14 +438,15 @@ def decode_blocks(
           lambda c: (c[0] % refresh_every != 0) & unfinished(c), cached, commit(*carry, logits)
         )
 
-      _, x_BL = jax.lax.while_loop(unfinished, refreshed, (jnp.int32(0), x_BL))
-      return x_BL, kv
+      _, x_BL, steps_BL = jax.lax.while_loop(unfinished, refreshed, (jnp.int32(0), x_BL, steps_BL))
+      return x_BL, kv, steps_BL
 
     def body(carry):
-      step, x, kv = carry
-      return (*commit(step, x, step_logits(x, kv, start, static_start)), kv)
+      step, x, kv, steps = carry
+      step, x, steps = commit(step, x, steps, step_logits(x, kv, start, static_start))
+      return step, x, kv, steps
 
-    _, x_BL, kv = jax.lax.while_loop(unfinished, body, (jnp.int32(0), x_BL, kv))
+    _, x_BL, kv, steps_BL = jax.lax.while_loop(unfinished, body, (jnp.int32(0), x_BL, kv, steps_BL))
     if mode == 'block':  # the committed block's own K/V, what every later block attends to.
 
       def store(x, c):
@@ -450,7 +456,7 @@ def decode_blocks(
         )
 
       kv = jax.lax.cond(go_on(block_index + 1, x_BL), store, lambda x, c: c, x_BL, kv)
-    return x_BL, kv
+    return x_BL, kv, steps_BL
 
   kv = None  # the block cache's K/V buffers, which the loop carries (prefix / dual: per block).
   if mode == 'block':
@@ -467,28 +473,31 @@ def decode_blocks(
       for a, new in zip(kv, canvas_kv(x_BL, 0, prefill)[1])
     )
   ran = jnp.int32(0)
+  steps_BL = jnp.full((batch, length), -1, jnp.int32)  # the step that committed each token
   if mode in ('truncate', 'prefix'):  # static shapes: one unrolled loop iteration per block.
     for b in range(num_blocks):
       decoded = go_on(b, x_BL)
-      x_BL, kv = jax.lax.cond(
+      x_BL, kv, steps_BL = jax.lax.cond(
         decoded,
-        lambda x, c, b=b: decode_block(b, x, c, prefill + b * block),
-        lambda x, c: (x, c),
+        lambda x, c, t, b=b: decode_block(b, x, c, t, prefill + b * block),
+        lambda x, c, t: (x, c, t),
         x_BL,
         kv,
+        steps_BL,
       )
       ran = ran + decoded.astype(jnp.int32)
   else:
-    ran, x_BL, kv = jax.lax.while_loop(
+    ran, x_BL, kv, steps_BL = jax.lax.while_loop(
       lambda carry: (carry[0] < num_blocks) & go_on(carry[0], carry[1]),
-      lambda carry: (carry[0] + 1, *decode_block(carry[0], carry[1], carry[2], None)),
-      (ran, x_BL, kv),
+      lambda carry: (carry[0] + 1, *decode_block(carry[0], *carry[1:], None)),
+      (ran, x_BL, kv, steps_BL),
     )
   # Back to the caller's layout: the left-padded prompt, then each row's gen_length tokens.
   completion_BG = jnp.take_along_axis(x_BL, start_B1 + jnp.arange(gen)[None], axis=1)
   if sampling.stop_at_eos:  # skipped positions read as EOS, after the end of the text anyway.
     completion_BG = jnp.where(completion_BG == mask_id, eos_id, completion_BG)
-  return jnp.concatenate([prompt_BP, completion_BG], axis=1), ran
+  steps_BG = jnp.take_along_axis(steps_BL, start_B1 + jnp.arange(gen)[None], axis=1)
+  return jnp.concatenate([prompt_BP, completion_BG], axis=1), ran, steps_BG
 
 
 @functools.lru_cache(maxsize=32)  # one compilation per setting, shared by every caller.
@@ -501,8 +510,10 @@ def make_generate_fn(
   pad_id: int,
   mesh=None,
   vocab_size: int | None = None,
+  with_steps: bool = False,
 ):
-  """jit(fn(params, prompt_BP, prompt_lengths_B, key) -> int32 [B, P + gen_length]).
+  """jit(fn(params, prompt_BP, prompt_lengths_B, key) -> int32 [B, P + gen_length]; with_steps,
+  also each generated token's commit step [B, gen_length] (decode_blocks)).
 
   With a mesh, params take their training shardings and the batch splits over the batch axes;
   with several processes each passes the whole (identical) batch and gets a global array back.
@@ -517,7 +528,7 @@ def make_generate_fn(
 
   def fn(params, prompt_BP, prompt_lengths_B, key):
     module = model_lib.merge(model_config, params)
-    return generate(
+    tokens, _, steps = decode_blocks(
       module,
       prompt_BP,
       prompt_lengths_B,
@@ -528,6 +539,7 @@ def make_generate_fn(
       pad_id=pad_id,
       vocab_size=vocab_size,
     )
+    return (tokens, steps) if with_steps else tokens
 
   if mesh is None:
     return programs.jit_program(fn, model_config.matmul_dtype)
@@ -542,7 +554,7 @@ def make_generate_fn(
       rules.named_sharding(mesh, (rules.BATCH,)),
       rules.named_sharding(mesh, ()),
     ),
-    out_shardings=rows,
+    out_shardings=(rows, rows) if with_steps else rows,
   )
   shards = int(np.prod([mesh.shape[a] for a in rules.RULES[rules.BATCH]]))
 

@@ -79,7 +79,8 @@ def sft_loss(
   Per token: c = CE * masked * (1/p if weight_by_inverse_t else 1). With n_c the maskable tokens
   of token's conversation and N the conversations: `sequence` sum(c / n_c) / N (LLaDA),
   `token` sum(c) / sum(maskable), `batch` sum(c) / N. Returns (objective, sums).
-  block_size > 0: t per block of the row (masking.block_forward_process, its eps = time_eps) and
+  block_size > 0: t per block (masking.block_forward_process, its eps = time_eps; with
+  segment_ids the blocks count from each conversation's start) and
   the model reads [x_t || x_0] (its clean_BL); `token` is SDAR's normalisation.
   """
   del micro_index
@@ -104,7 +105,13 @@ def sft_loss(
   keys = masking.example_keys(seed, step, example_ids_B)
   if block_size:
     noisy_BL, masked_BL, p_BL = masking.block_forward_process(
-      keys, x_BL, maskable_BL, block_size=block_size, mask_id=mask_id, eps=time_eps
+      keys,
+      x_BL,
+      maskable_BL,
+      block_size=block_size,
+      mask_id=mask_id,
+      eps=time_eps,
+      segment_ids_BL=None if segment_ids is None else segments_BL,
     )
     model_kwargs['clean_BL'] = x_BL
   else:

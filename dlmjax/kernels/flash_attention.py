@@ -63,6 +63,11 @@ class _Mask:
   def dense(self):
     return self.kind != 'bidirectional' or self.segments or self.lengths
 
+  @property
+  def per_document(self):
+    """Blocks count from each document's start: the ids are document_keys (phase inside)."""
+    return self.segments and self.kind in ('block_causal', 'two_stream')
+
 
 def flash_attention(
   q_BLNH,
@@ -120,11 +125,20 @@ def flash_attention(
     valid_B = jnp.zeros((batch,), jnp.int32)
   segments = segment_ids_BL is not None
   seg_BL = segment_ids_BL.astype(jnp.int32) if segments else jnp.zeros((batch, length), jnp.int32)
+  mask = _Mask(kind, block_size, segments, lengths, half, skip_tiles)
+  if mask.per_document:
+    if length * block_size >= 2**31:
+      raise ValueError(
+        f'per-document blocks need length * block_size < 2^31, got {length} * {block_size}'
+      )
+    seg_BL = document_keys(seg_BL, block_size, half=half)
   if padded != length:
     pad = ((0, 0), (0, padded - length), (0, 0), (0, 0))
     q_BLNH, k_BLKH, v_BLKH = (jnp.pad(x, pad) for x in (q_BLNH, k_BLKH, v_BLKH))
-    seg_BL = jnp.pad(seg_BL, ((0, 0), (0, padded - length)))
-  mask = _Mask(kind, block_size, segments, lengths, half, skip_tiles)
+    # Per-document ids stay increasing: the padding joins the last document (hidden by length).
+    seg_BL = jnp.pad(
+      seg_BL, ((0, 0), (0, padded - length)), 'edge' if mask.per_document else 'constant'
+    )
   out = _flash(q_BLNH, k_BLKH, v_BLKH, seg_BL, valid_B, mask, _fit(tiles, padded), interpret)
   return out[:, :length]
 
@@ -134,20 +148,47 @@ def stream_index(pos, half: int):
   return pos - jnp.where(pos >= half, half, 0)
 
 
-def two_stream_visible(q, k, *, half: int, block_size: int):
+def two_stream_visible(q, k, *, half: int, block_size: int, q_offset=0, k_offset=0):
   """BD3LM's training mask over [x_t || x_0] (2 * half positions; bd3lms' `block_diff_mask`).
 
-  Blocks count from the start of each stream. A noisy query (q < half) sees its own noisy block
-  and the clean blocks before it; a clean query sees the clean blocks up to its own (block-causal);
-  no query sees a noisy key of another block, and no clean query sees a noisy key. q and k are
-  broadcastable integer positions: the one rule of the XLA reference and of the kernels' tiles.
+  Blocks count from the start of each stream, or from in-stream index q_offset / k_offset (a
+  packed document's start, or anything congruent to it mod block_size: docs/block_diffusion.md,
+  Packed documents). A noisy query (q < half) sees its own noisy block and the clean blocks before
+  it; a clean query sees the clean blocks up to its own (block-causal); no query sees a noisy key
+  of another block, and no clean query sees a noisy key. q, k and the offsets are broadcastable
+  integer arrays: the one rule of the XLA reference and of the kernels' tiles.
   """
   clean_q, clean_k = q >= half, k >= half
-  block_q = stream_index(q, half) // block_size
-  block_k = stream_index(k, half) // block_size
+  block_q = (stream_index(q, half) - q_offset) // block_size
+  block_k = (stream_index(k, half) - k_offset) // block_size
   noisy_key = jnp.logical_not(clean_q) & (block_q == block_k)
   clean_key = jnp.where(clean_q, block_q >= block_k, block_q > block_k)
   return jnp.where(clean_k, clean_key, noisy_key)
+
+
+def document_starts(segment_ids_BL, half: int = 0):
+  """Each position's document start: the in-stream index where its run of equal ids begins
+  (per stream of [x_t || x_0] when half > 0, both streams holding the same ids)."""
+  batch, length = segment_ids_BL.shape
+  streams = 2 if half else 1
+  ids = segment_ids_BL.reshape(batch, streams, length // streams)
+  index = jnp.arange(ids.shape[-1])[None, None]
+  starts = jnp.concatenate([jnp.ones_like(ids[..., :1], bool), ids[..., 1:] != ids[..., :-1]], -1)
+  return lax.cummax(jnp.where(starts, index, 0), axis=2).reshape(batch, length)
+
+
+def document_keys(segment_ids_BL, block_size: int, half: int = 0):
+  """The ids the kernels read for per-document blocks: run index * block_size + phase, the
+  phase being the document's start mod block_size. Equal iff same document (run), increasing
+  along the row, and key % block_size shifts the block grid (_visible); below 2^31 for any
+  length * block_size < 2^31 (runs are counted, not taken from the ids)."""
+  batch, length = segment_ids_BL.shape
+  streams = 2 if half else 1
+  starts = document_starts(segment_ids_BL, half)
+  index = jnp.arange(length // streams)[None, None]
+  first = (starts.reshape(batch, streams, -1) == index).astype(jnp.int32)
+  runs = (jnp.cumsum(first, axis=-1) - 1).reshape(batch, length)
+  return runs * block_size + starts % block_size
 
 
 def supports_head_dim(head_dim: int) -> bool:
@@ -184,13 +225,16 @@ def _live_tiles(mask, seg_BL, valid_B, block_q, block_k):
   k_first = jnp.arange(length // block_k) * block_k
   if mask.kind == 'causal':
     live = k_first[None, :] <= q_last[:, None]
-  elif mask.kind == 'block_causal':
-    live = k_first[None, :] // mask.block_size <= q_last[:, None] // mask.block_size
+  elif mask.kind == 'block_causal':  # in-stream block indices only grow along the row
+    block_BL = _block_index(mask, seg_BL)
+    q_block = block_BL.reshape(block_BL.shape[0], -1, block_q).max(-1)
+    k_block = block_BL.reshape(block_BL.shape[0], -1, block_k).min(-1)
+    live = k_block[:, None, :] <= q_block[:, :, None]
   elif mask.kind == 'two_stream':
-    live = _two_stream_live(mask, length, block_q, block_k)
+    live = _two_stream_live(mask, _block_index(mask, seg_BL), block_q, block_k)
   else:
     live = jnp.ones((q_last.size, k_first.size), bool)
-  live = jnp.broadcast_to(live[None], (batch, *live.shape))
+  live = jnp.broadcast_to(live if live.ndim == 3 else live[None], (batch, *live.shape[-2:]))
   if mask.lengths:
     first_key = k_first  # the tile's lowest in-stream index (0 where it reaches x_0's start)
     if mask.half:
@@ -207,27 +251,41 @@ def _live_tiles(mask, seg_BL, valid_B, block_q, block_k):
   return live
 
 
-def _two_stream_live(mask, length, block_q, block_k):
-  """Bool [Q tiles, K tiles] of the two-stream mask, from the blocks each tile covers.
+def _block_index(mask, seg_BL):
+  """int32 [B or 1, L]: each position's block within its stream, counted from its document's
+  start with per-document ids (document_keys), else from the stream's start."""
+  position = jnp.arange(seg_BL.shape[1])[None]
+  phase = seg_BL % mask.block_size if mask.per_document else 0
+  return (stream_index(position, mask.half) - phase) // mask.block_size
+
+
+def _two_stream_live(mask, block_BL, block_q, block_k):
+  """Bool [B or 1, Q tiles, K tiles] of the two-stream mask, from the blocks each tile covers.
 
   A tile covers a run of noisy blocks and/or a run of clean blocks (in-stream block indices; a
   tile may straddle the streams' boundary). A pair is live iff some covered pair is visible:
   noisy-noisy the same block, noisy query - clean key an earlier block, clean-clean the same or
   an earlier one (attention.two_stream_visible).
   """
-  half, size = mask.half, mask.block_size
+  rows, length = block_BL.shape
+  big = jnp.iinfo(jnp.int32).max
 
   def cover(tile):
-    first = jnp.arange(length // tile) * tile
-    last = first + tile - 1
-    noisy = (first < half, first // size, jnp.minimum(last, half - 1) // size)
-    clean = (last >= half, (jnp.maximum(first, half) - half) // size, (last - half) // size)
-    return noisy, clean
+    block_RTi = block_BL.reshape(rows, -1, tile)
+    clean_Ti = (jnp.arange(length) >= mask.half).reshape(-1, tile)
+    parts = []
+    for part_Ti in (~clean_Ti, clean_Ti):
+      lo = jnp.where(part_Ti, block_RTi, big).min(-1)
+      hi = jnp.where(part_Ti, block_RTi, -big).max(-1)
+      parts.append((part_Ti.any(-1)[None], lo, hi))
+    return parts
 
   (qn, qn_lo, qn_hi), (qc, qc_lo, qc_hi) = (
-    tuple(x[:, None] for x in part) for part in cover(block_q)
+    tuple(x[:, :, None] for x in part) for part in cover(block_q)
   )
-  (kn, kn_lo, kn_hi), (kc, kc_lo, _) = (tuple(x[None, :] for x in part) for part in cover(block_k))
+  (kn, kn_lo, kn_hi), (kc, kc_lo, _) = (
+    tuple(x[:, None, :] for x in part) for part in cover(block_k)
+  )
   noisy_noisy = qn & kn & (qn_lo <= kn_hi) & (kn_lo <= qn_hi)
   noisy_clean = qn & kc & (qn_hi > kc_lo)
   clean_clean = qc & kc & (qc_hi >= kc_lo)
@@ -286,12 +344,16 @@ def _visible(mask, q0, k0, block_q, block_k, seg_q, seg_k, valid, q_pos=None):
   def both(a, b):
     return b if a is None else a & b
 
+  # Per-document blocks: the grid of the query's document (a key of another one is hidden anyway).
+  phase = (seg_q % mask.block_size)[:, None] if mask.per_document else 0
   if mask.kind == 'causal':
     visible = q_pos >= k_pos
   elif mask.kind == 'block_causal':
-    visible = q_pos // mask.block_size >= k_pos // mask.block_size
+    visible = (q_pos - phase) // mask.block_size >= (k_pos - phase) // mask.block_size
   elif mask.kind == 'two_stream':
-    visible = two_stream_visible(q_pos, k_pos, half=mask.half, block_size=mask.block_size)
+    visible = two_stream_visible(
+      q_pos, k_pos, half=mask.half, block_size=mask.block_size, q_offset=phase, k_offset=phase
+    )
   if mask.segments:
     visible = both(visible, seg_q[:, None] == seg_k[None, :])
   if mask.lengths:

@@ -42,27 +42,40 @@ def attention_mask(
   The queries are positions [query_start, query_start + num_queries) of the L keys (all L by
   default): a cached forward over a slice of the sequence (Attention's kv_cache) sees what those
   positions see in the whole-sequence mask. query_start may be traced; segment ids cover the keys.
+  With segment ids, block_causal and two_stream blocks count from each document's start, as SDAR
+  trains packed samples; a document is then a run of equal ids (a repeated id starts another one,
+  as in the flash kernel's document_keys; docs/block_diffusion.md, Packed documents).
   """
   num_queries = length if num_queries is None else num_queries
-  q = query_start + jnp.arange(num_queries)[:, None]
-  k = jnp.arange(length)[None, :]
+  q = query_start + jnp.arange(num_queries)[None, :, None]  # [1, Q, 1]
+  k = jnp.arange(length)[None, None, :]  # [1, 1, L]
+  q_start = k_start = 0  # where each position's block grid starts (in its stream)
+  per_document = segment_ids_BL is not None and kind in ('block_causal', 'two_stream')
+  if per_document:
+    half = length // 2 if kind == 'two_stream' else 0
+    starts_BL = flash_attention.document_starts(segment_ids_BL, half)
+    k_start = starts_BL[:, None, :]
+    q_start = jax.lax.dynamic_slice_in_dim(starts_BL, query_start, num_queries, axis=1)[..., None]
   if kind == 'bidirectional':
-    visible = jnp.ones((num_queries, length), bool)
+    visible = jnp.ones((1, num_queries, length), bool)
   elif kind == 'causal':
     visible = q >= k
   elif kind == 'block_causal':  # bidirectional inside a block, causal across blocks (BD3LM).
-    visible = (q // block_size) >= (k // block_size)
+    visible = (q - q_start) // block_size >= (k - k_start) // block_size
   elif kind == 'two_stream':
-    visible = flash_attention.two_stream_visible(q, k, half=length // 2, block_size=block_size)
+    visible = flash_attention.two_stream_visible(
+      q, k, half=length // 2, block_size=block_size, q_offset=q_start, k_offset=k_start
+    )
   else:
     raise ValueError(f'unknown attention mask kind {kind!r}; known: {MASK_KINDS}')
-  visible = visible[None]
+  if per_document:  # one run of ids is one document
+    visible = visible & (q_start == k_start)
   if segment_ids_BL is not None:
     query_ids_BQ = jax.lax.dynamic_slice_in_dim(segment_ids_BL, query_start, num_queries, axis=1)
     visible = visible & (query_ids_BQ[:, :, None] == segment_ids_BL[:, None, :])
   if valid_length_B is not None:
     local_k = flash_attention.stream_index(k, length // 2) if kind == 'two_stream' else k
-    visible = visible & (local_k[None] < valid_length_B[:, None, None])
+    visible = visible & (local_k < valid_length_B[:, None, None])
   return visible
 
 

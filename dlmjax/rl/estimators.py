@@ -1,6 +1,6 @@
 """Log-likelihood estimates of a completion under a masked DLM: d1's one-step token estimate,
-DiffuCoder's coupled (complementary-mask) token estimate, ESPO's sequence ELBO, and SPG's ELBO /
-EUBO pair from block-wise masks.
+DiffuCoder's coupled (complementary-mask) token estimate, TraceRL's trajectory token estimate
+(block-causal models), ESPO's sequence ELBO, and SPG's ELBO / EUBO pair from block-wise masks.
 
 Rows are right-padded: prompt [0, prompt_len), the completion canvas [prompt_len, length), pads
 after (no valid token attends to them). Every mask derives from (seed, mask_seed) per row, so
@@ -62,9 +62,75 @@ def _one_step_masks(tokens_BL, prompt_lengths_B, lengths_B, keys_B, p_mask_promp
 
 
 def token_estimator(objective: str):
-  """The per-token estimate an objective scores with: coupled-GRPO's, else d1's one-step one
-  (d1, wd1)."""
+  """The per-token estimate an objective scores with from mask seeds: coupled-GRPO's, else d1's
+  one-step one (d1, wd1). TraceRL's (trace_token_logprobs) reads the rollout's commit steps."""
   return coupled_token_logprobs if objective == 'coupled_grpo' else d1_token_logprobs
+
+
+def trajectory_ranks(steps_BL, completion_BL, block_size: int):
+  """int32 [B, L]: each completion token's round, the rank of its commit step among the distinct
+  commit steps of its model block (blocks of block_size from position 0; 0 = the block's first
+  step). A token never committed (step < 0: left masked after the text ended) ranks last."""
+  batch, length = steps_BL.shape
+  padded = -(-length // block_size) * block_size
+  big = jnp.iinfo(jnp.int32).max
+  steps = jnp.where(steps_BL < 0, big, steps_BL)
+  pad = ((0, 0), (0, padded - length))
+  s_BNK = jnp.pad(steps, pad).reshape(batch, -1, block_size)
+  valid_BNK = jnp.pad(completion_BL, pad).reshape(batch, -1, block_size)
+  same = s_BNK[..., :, None] == s_BNK[..., None, :]  # [B, N, k, k']
+  earlier = (jnp.arange(block_size)[None, :] < jnp.arange(block_size)[:, None])[None, None]
+  repeat = jnp.any(same & earlier & valid_BNK[..., None, :], axis=-1)
+  first_BNK = valid_BNK & ~repeat  # one token per distinct step
+  below = first_BNK[..., None, :] & (s_BNK[..., None, :] < s_BNK[..., :, None])
+  return below.sum(-1).reshape(batch, padded)[:, :length].astype(jnp.int32)
+
+
+def trace_token_logprobs(
+  module,
+  tokens_BL,
+  prompt_lengths_B,
+  lengths_B,
+  steps_BL,
+  *,
+  block_size: int,
+  rounds: int,
+  mask_id: int,
+  chunk_size: int = 0,
+):
+  """TraceRL's trajectory-aware token estimate for a block-causal model (arXiv 2509.06949;
+  Gen-Verse/dLLM-RL train/rl_sdar.py, method TraceRL with shrink 1): log p(o_k | the state the
+  sampler was in when it committed o_k); [B, L], 0 outside the completion and on tokens no step
+  committed.
+
+  steps_BL: the step that committed each completion token (the sampler's trajectory, -1 where
+  none did). In round r, every model block is at its r-th distinct commit step: its tokens
+  committed at that step or later are masked, the earlier ones clean, and the round scores the
+  tokens committed at that step. One two-stream forward per round ([x_t || x_0], the block
+  objective's): a noisy block sees itself and the clean blocks before it, which is the sampler's
+  state exactly when it decodes one model block at a time (sampler.block_length ==
+  model.block_size, checked by the config) with earlier blocks committed. `rounds` bounds the
+  distinct steps of a block (min(block_size, steps per block)); all rounds run in one batch.
+  """
+  positions_1L = jnp.arange(tokens_BL.shape[1])[None]
+  completion_BL = (positions_1L >= prompt_lengths_B[:, None]) & (positions_1L < lengths_B[:, None])
+  rank_BL = trajectory_ranks(steps_BL, completion_BL, block_size)
+  noisy = jnp.concatenate(
+    [jnp.where(completion_BL & (rank_BL >= r), mask_id, tokens_BL) for r in range(rounds)]
+  )
+  tile = lambda x: jnp.concatenate([x] * rounds)  # noqa: E731  rows r*B + b
+  ce = loss_lib.model_cross_entropy(
+    module,
+    noisy,
+    tile(tokens_BL),
+    chunk_size=chunk_size,
+    valid_length_B=tile(lengths_B),
+    clean_BL=tile(tokens_BL),
+  )
+  logp_RBL = -ce.reshape(rounds, *tokens_BL.shape)
+  committed_BL = completion_BL & (steps_BL >= 0)  # an uncommitted token took no action
+  scored_RBL = committed_BL[None] & (rank_BL[None] == jnp.arange(rounds)[:, None, None])
+  return jnp.sum(jnp.where(scored_RBL, logp_RBL, 0.0), axis=0)
 
 
 COUPLED_T_RANGE = (0.2, 0.8)  # DiffuCoder's forward_process: mask_ratio = random.uniform(0.2, 0.8)

@@ -1,5 +1,5 @@
-"""Policy losses on per-token (d1, coupled-GRPO) or per-sequence (ESPO, SPG, wd1) log-likelihood
-estimates.
+"""Policy losses on per-token (d1, coupled-GRPO, TraceRL) or per-sequence (ESPO, SPG, wd1)
+log-likelihood estimates.
 
 Each returns per-unit losses and diagnostics; the stage weights them (token or sequence
 normalisation) so that the shared step's micro-batch accumulation gives the global average.
@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-OBJECTIVES = ('d1', 'espo', 'spg', 'wd1', 'coupled_grpo')
+OBJECTIVES = ('d1', 'espo', 'spg', 'wd1', 'coupled_grpo', 'trace')
 # Objectives without a ratio or a KL term: their rollouts score no old or reference estimates.
 RATIO_FREE = ('spg', 'wd1')
 # Objectives scoring per-token estimates ([B, L] old / reference arrays); the others per sequence.
-TOKEN_OBJECTIVES = ('d1', 'coupled_grpo')
+TOKEN_OBJECTIVES = ('d1', 'coupled_grpo', 'trace')
+# Objectives whose rollouts record each token's commit step (the batch's `steps`).
+TRAJECTORY_OBJECTIVES = ('trace',)
 
 
 def describe(config) -> str:
@@ -37,6 +39,8 @@ def describe(config) -> str:
     'weights softmax(A) - softmax(-A) per group, no ratio, no KL term',
     'coupled_grpo': 'coupled complementary-mask estimate (t ~ U[0.2, 0.8], '
     f'p_mask_prompt={r.p_mask_prompt:g}), leave-one-out advantages, clip_eps={r.clip_eps:g}, {kl}',
+    'trace': "TraceRL's trajectory estimate (each token under the state the sampler committed it "
+    f'in, per block), group-mean advantages, clip_eps={r.clip_eps:g}, {kl}',
   }[r.objective]
   return f'rl.objective={r.objective}: {text}'
 

@@ -39,6 +39,21 @@ BATCH_KEYS = (
 )
 
 
+def batch_keys(objective: str) -> tuple[str, ...]:
+  """The batch's arrays: BATCH_KEYS, and `steps` (each token's commit step) for TraceRL."""
+  return BATCH_KEYS + (('steps',) if objective in objectives.TRAJECTORY_OBJECTIVES else ())
+
+
+def steps_right_padded(steps_BG, prompt_lengths_B, width: int):
+  """The sampler's commit steps [B, gen] placed like to_right_padded's canvas: int32 [B, W],
+  -1 on the prompt and the pads."""
+  steps_BG = np.asarray(steps_BG, np.int32)
+  steps = np.full((steps_BG.shape[0], width), -1, np.int32)
+  for b, p in enumerate(np.asarray(prompt_lengths_B)):
+    steps[b, p : p + steps_BG.shape[1]] = steps_BG[b]
+  return steps
+
+
 def to_right_padded(out_BW, prompt_lengths_B, prompt_width: int, *, eos_id: int, pad_id: int):
   """Sampler output (left-padded prompt + canvas) -> rows [prompt, canvas, pads] of width W, the
   canvas after its first EOS rewritten to EOS; also (completion mask up to and incl. the first
@@ -169,6 +184,9 @@ class RolloutBatches:
     start = time.time()
     key = jax.random.fold_in(jax.random.key(config.seed), index)
     out = self.sampler.generate(params, prompt_BP, prompt_lengths, key)
+    steps = None
+    if r.objective in objectives.TRAJECTORY_OBJECTIVES:
+      out, steps = out
     generate_s = time.time() - start
     # Score: rewards, advantages, old and reference estimates for every inner iteration.
     start = time.time()
@@ -184,7 +202,11 @@ class RolloutBatches:
         for j in range(r.inner_updates)
       ]
     ).astype(np.int32)
-    old_all, ref_all = self._old_and_reference(params, tokens, prompt_lengths, lengths, seeds)
+    if steps is not None:
+      steps = steps_right_padded(steps, prompt_lengths, tokens.shape[1])
+    old_all, ref_all = self._old_and_reference(
+      params, tokens, prompt_lengths, lengths, seeds, steps
+    )
     score_s = time.time() - start
     row = dict(
       step=self.served + 1,
@@ -210,39 +232,50 @@ class RolloutBatches:
       completion_mask=completion_mask,
       rewards=rewards,
     )
+    if steps is not None:
+      batch['steps'] = steps
     return batch, row
 
-  def _old_and_reference(self, params, tokens, prompt_lengths, lengths, seeds):
+  def _old_and_reference(self, params, tokens, prompt_lengths, lengths, seeds, steps=None):
     """Per inner iteration, the rollout policy's and the reference's estimates with that
     iteration's mask seeds (the reference's are the old ones when there is no reference).
-    SPG and wd1 have neither a ratio nor a KL: zeros, nothing computed."""
+    SPG and wd1 have neither a ratio nor a KL: zeros, nothing computed. TraceRL's estimate
+    draws nothing (its states are the trajectory's): computed once, served to every iteration."""
     if self.r.objective in objectives.RATIO_FREE:
       zeros = np.zeros(tokens.shape[:1], np.float32)
       return [zeros] * len(seeds), [zeros] * len(seeds)
     old_all, ref_all = [], []
     reference = None if self.reference is None else self.reference.params()
-    for seeds_B in seeds:
-      old = self._score(params, tokens, prompt_lengths, lengths, seeds_B)
+    for j, seeds_B in enumerate(seeds):
+      if steps is not None and j:  # deterministic: the first iteration's estimates serve all
+        old_all.append(old_all[0])
+        ref_all.append(ref_all[0])
+        continue
+      old = self._score(params, tokens, prompt_lengths, lengths, seeds_B, steps)
       old_all.append(old)
       ref_all.append(
         old
         if reference is None
         else self._score(
-          reference, tokens, prompt_lengths, lengths, seeds_B, self.reference_score_fn
+          reference, tokens, prompt_lengths, lengths, seeds_B, steps, self.reference_score_fn
         )
       )
     return old_all, ref_all
 
-  def _score(self, params, tokens, prompt_lengths, lengths, seeds, score_fn=None):
+  def _score(self, params, tokens, prompt_lengths, lengths, seeds, steps=None, score_fn=None):
     score_fn = score_fn or self.score_fn
     with rules.activation_mesh(self.setup.mesh):
-      return distributed.to_host(score_fn(params, tokens, prompt_lengths, lengths, seeds))
+      return distributed.to_host(score_fn(params, tokens, prompt_lengths, lengths, seeds, steps))
 
 
 def make_batches(config, setup, prompts, *, process_index: int = 0, process_count: int = 1):
   """The rollout source of a run: its sampler and, when the KL needs one, its reference."""
   sampler = rl_sampler.RolloutSampler(
-    config, setup, prompts.tokenizer, sampler_lib.SamplingConfig.from_config(config)
+    config,
+    setup,
+    prompts.tokenizer,
+    sampler_lib.SamplingConfig.from_config(config),
+    with_steps=config.rl.objective in objectives.TRAJECTORY_OBJECTIVES,
   )
   reference = reference_lib.ReferenceModel(config, setup) if reference_lib.needed(config) else None
   return RolloutBatches(
@@ -286,10 +319,10 @@ def _safe_correct(task, example, completion) -> bool:
 
 
 def make_score_fn(config, model_config):
-  """score(params, tokens, prompt_lengths, lengths, mask_seeds): the objective's estimate (d1,
-  coupled-GRPO, wd1: token log-probs [B, L]; ESPO: sequence ELBO [B]) without gradients, params
-  in any float dtype (taken as float32; a LoRA base's int8 weights stay int8,
-  model/quantize.py).
+  """score(params, tokens, prompt_lengths, lengths, mask_seeds, steps=None): the objective's
+  estimate (d1, coupled-GRPO, wd1, TraceRL from the commit steps: token log-probs [B, L]; ESPO:
+  sequence ELBO [B]) without gradients, params in any float dtype (taken as float32; a LoRA
+  base's int8 weights stay int8, model/quantize.py).
 
   The run's seed reaches the program as its mask key, an argument: runs that differ only in
   `seed` (the demo's seeds, a sweep) share one compiled program (`score.func`)."""
@@ -301,19 +334,33 @@ def make_score_fn(config, model_config):
     r.elbo_samples,
     config.model.mask_token_id,
     config.model.loss_chunk_tokens,
+    trace_rounds(config),
   )
   return functools.partial(program, seed_key=jax.random.key(config.seed))
 
 
 @functools.lru_cache(maxsize=16)  # one compilation per model and estimator, whatever the seed
-def _score_program(model_config, objective, p_mask_prompt, elbo_samples, mask_id, chunk_size):
+def _score_program(
+  model_config, objective, p_mask_prompt, elbo_samples, mask_id, chunk_size, rounds
+):
   common = dict(mask_id=mask_id, chunk_size=chunk_size)
 
-  def fn(params, tokens, prompt_lengths, lengths, mask_seeds, *, seed_key):
+  def fn(params, tokens, prompt_lengths, lengths, mask_seeds, steps=None, *, seed_key):
     params = jax.tree.map(
       lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
     )
     module = model_lib.merge(model_config, params)
+    if objective in objectives.TRAJECTORY_OBJECTIVES:
+      return estimators.trace_token_logprobs(
+        module,
+        tokens,
+        prompt_lengths,
+        lengths,
+        steps,
+        block_size=model_config.block_size,
+        rounds=rounds,
+        **common,
+      )
     if objective in objectives.TOKEN_OBJECTIVES or objective == 'wd1':  # wd1 sums them
       return estimators.token_estimator(objective)(
         module,
@@ -337,3 +384,26 @@ def _score_program(model_config, objective, p_mask_prompt, elbo_samples, mask_id
     )
 
   return programs.jit_program(fn, model_config.matmul_dtype)
+
+
+def trace_rounds(config) -> int:
+  """TraceRL's rounds per model block: a block holds at most min(block_size, steps per block)
+  distinct commit steps."""
+  sampling = sampler_lib.SamplingConfig.from_config(config)
+  return min(config.model.block_size, sampling.steps_per_block)
+
+
+def trace_logprobs(config, module, tokens, prompt_lengths, lengths, steps):
+  """TraceRL's token estimate (estimators.trace_token_logprobs) with the run's block sizes."""
+  m = config.model
+  return estimators.trace_token_logprobs(
+    module,
+    tokens,
+    prompt_lengths,
+    lengths,
+    steps,
+    block_size=m.block_size,
+    rounds=trace_rounds(config),
+    mask_id=m.mask_token_id,
+    chunk_size=m.loss_chunk_tokens,
+  )

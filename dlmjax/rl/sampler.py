@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 
 from dlmjax.diffusion import sampler as sampler_lib
 from dlmjax.parallel import distributed
 
 
 class RolloutSampler:
-  """Samples with `sampling` (greedy=True: the same settings at temperature 0)."""
+  """Samples with `sampling` (greedy=True: the same settings at temperature 0); with_steps,
+  generate also returns each generated token's commit step (TraceRL's trajectory)."""
 
   def __init__(
-    self, config, setup, tokenizer, sampling: sampler_lib.SamplingConfig, greedy: bool = False
+    self,
+    config,
+    setup,
+    tokenizer,
+    sampling: sampler_lib.SamplingConfig,
+    greedy: bool = False,
+    with_steps: bool = False,
   ):
     m = config.model
     if greedy:
@@ -34,15 +40,20 @@ class RolloutSampler:
       pad_id=m.pad_token_id,
       mesh=setup.mesh,
       vocab_size=m.vocab_size,
+      with_steps=with_steps,
     )
 
   def pad(self, token_ids: list[list[int]]):
     """(prompt_BP, prompt_lengths_B): prompts left-padded to rl.max_prompt_tokens."""
     return sampler_lib.pad_prompts(token_ids, self.pad_id, width=self.prompt_width)
 
-  def generate(self, params, prompt_BP, prompt_lengths_B, key) -> np.ndarray:
-    """int32 [B, prompt width + gen_length] on the host: prompts and their completions."""
-    return distributed.to_host(self._generate(params, prompt_BP, prompt_lengths_B, key))
+  def generate(self, params, prompt_BP, prompt_lengths_B, key):
+    """int32 [B, prompt width + gen_length] on the host: prompts and their completions (with
+    with_steps, and int32 [B, gen_length]: each completion token's commit step)."""
+    out = self._generate(params, prompt_BP, prompt_lengths_B, key)
+    return (
+      tuple(map(distributed.to_host, out)) if isinstance(out, tuple) else distributed.to_host(out)
+    )
 
   def texts(self, out_BW) -> list[str]:
     """The completion texts (up to the first EOS) of generate's rows."""

@@ -61,7 +61,8 @@ def _decode(sampling, eos_id, prompts=PROMPTS):
   rows = [prompts[i % len(prompts)] for i in range(len(PROMPTS))]
   prompt_BP, lengths_B = sampler.pad_prompts(rows, PAD, width=max(map(len, PROMPTS)))
   fn = _decode_fn(sampling)
-  out, ran = fn(params, prompt_BP, lengths_B, jax.random.key(0), np.int32(eos_id))
+  out, ran, steps = fn(params, prompt_BP, lengths_B, jax.random.key(0), np.int32(eos_id))
+  _decode.steps = np.asarray(steps)[: len(prompts)]  # each token's commit step
   return np.asarray(out)[: len(prompts), prompt_BP.shape[1] :], int(ran)
 
 
@@ -79,12 +80,14 @@ def sdar_reference(prompt, s, eos_id=None):
   schedule's most confident commit, with every c >= threshold (SDAR's low_confidence_dynamic).
   The schedule spreads the block's masked count over the steps (SDAR spreads block_length, which
   differs only when a prompt's rest shares the block and steps < block_length). MASK is never
-  predicted (sampler.generate). Stops after the block where the text ends (an EOS)."""
+  predicted (sampler.generate). Stops after the block where the text ends (an EOS).
+  Returns (tokens, the step that committed each: block b's step s is b * steps_per_block + s)."""
   n, block, spb = len(prompt), s.block_length, s.steps_per_block
   first = n // BLOCK_SIZE * BLOCK_SIZE
   x = np.full(REFERENCE_WIDTH, MASK)
   x[:n] = prompt
-  for lo in range(first, n + s.gen_length, block):
+  steps = np.full(REFERENCE_WIDTH, -1)
+  for b, lo in enumerate(range(first, n + s.gen_length, block)):
     index = np.arange(lo, lo + block)
     count = ((x[lo : lo + block] == MASK) & (index >= n)).sum()
     transfer = count // spb + (np.arange(spb) < count % spb)
@@ -100,9 +103,10 @@ def sdar_reference(prompt, s, eos_id=None):
       rank = np.argsort(np.argsort(-conf, kind='stable'), kind='stable')
       commit = masked & ((rank < transfer[step]) | (s.threshold > 0) & (conf >= s.threshold))
       x[lo : lo + block] = np.where(commit, x0, x[lo : lo + block])
+      steps[lo : lo + block][commit] = b * spb + step
     if eos_id is not None and eos_id in x[n : lo + block]:
       break
-  return x[n : n + s.gen_length]
+  return x[n : n + s.gen_length], steps[n : n + s.gen_length]
 
 
 def _text(row, eos_id):
@@ -111,8 +115,13 @@ def _text(row, eos_id):
 
 
 @functools.lru_cache
-def _reference(row, s, eos_id=None):
-  """sdar_reference of PROMPTS[row], computed once per setting."""
+def _reference(row, s, eos_id=None, steps=False):
+  """sdar_reference of PROMPTS[row] (its tokens, or its commit steps), computed once per setting."""
+  return _reference_both(row, s, eos_id)[int(steps)]
+
+
+@functools.lru_cache
+def _reference_both(row, s, eos_id=None):
   return sdar_reference(PROMPTS[row], s, eos_id)
 
 
@@ -132,6 +141,9 @@ def test_block_cache_matches_the_per_row_reference(s, stop_at_eos):
   want = np.stack([_reference(i, s) for i in range(len(PROMPTS))])
   assert not (want == eos_id).any()  # no text ends (stop_at_eos changes nothing).
   np.testing.assert_array_equal(got, want)
+  # The trajectory: the step that committed each token (TraceRL's rollout record).
+  want_steps = np.stack([_reference(i, s, steps=True) for i in range(len(PROMPTS))])
+  np.testing.assert_array_equal(_decode.steps, want_steps)
   assert not (got == MASK).any()
   assert ran == -(-(BLOCK_SIZE - 1 + s.gen_length) // s.block_length)  # a tail needs one more.
 

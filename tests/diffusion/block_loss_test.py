@@ -49,21 +49,35 @@ def numpy_ce(logits, targets):
   return lse - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
 
 
-def per_block_logits(module, noisy, clean, segments=None):
+def per_block_logits(module, noisy, clean):
   """Noisy block b read by the block_causal model on [clean[:bB], noisy[bB:(b+1)B]].
 
   Blocks after b cannot reach block b under block_causal attention, so each b's sequence is
-  clean[:bB] ++ noisy[bB:], all of them in one batch.
+  clean[:bB] ++ noisy[bB:], all of them in one batch. Blocks count from position 0 (the last
+  may be short).
   """
-  num_blocks, rows = SEQ // BLOCK, noisy.shape[0]
+  rows, length = noisy.shape
+  num_blocks = -(-length // BLOCK)
   tokens = np.concatenate(
     [np.concatenate([clean[:, : b * BLOCK], noisy[:, b * BLOCK :]], 1) for b in range(num_blocks)]
   )
-  seg = np.tile(np.ones_like(noisy) if segments is None else segments, (num_blocks, 1))
+  seg = np.ones_like(tokens)
   logits = np.asarray(_segment_logits(module, jnp.asarray(tokens), jnp.asarray(seg)))
   return np.concatenate(
     [logits[b * rows : (b + 1) * rows, b * BLOCK : (b + 1) * BLOCK] for b in range(num_blocks)], 1
   )
+
+
+def packed_per_block_logits(module, noisy, clean, segments):
+  """per_block_logits of each packed document on its own (unpacked, from its position 0), put
+  back in place: what per-document blocks mean."""
+  out = np.zeros((*noisy.shape, module.cfg.vocab_size), np.float32)
+  for r in range(noisy.shape[0]):
+    for d in np.unique(segments[r]):
+      cols = np.flatnonzero(segments[r] == d)
+      part = slice(cols[0], cols[-1] + 1)
+      out[r, part] = per_block_logits(module, noisy[r : r + 1, part], clean[r : r + 1, part])[0]
+  return out
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -83,23 +97,30 @@ def test_two_stream_forward_is_each_block_on_its_clean_prefix(module):
   rng = np.random.default_rng(0)
   clean = rng.integers(4, 64, (2, SEQ)).astype(np.int32)
   noisy = np.where(rng.random((2, SEQ)) < 0.5, MASK, clean).astype(np.int32)
-  segments = np.array([[1] * SEQ, [1] * 6 + [2] * 10], np.int32)
+  # Documents starting off the block grid (6, 7): their blocks count from their own start.
+  segments = np.array([[1] * SEQ, [1] * 6 + [2] * 7 + [3] * 3], np.int32)
   got = _two_stream_logits(module, *(jnp.asarray(a) for a in (noisy, clean, segments)))
   assert got.shape[:2] == (2, SEQ)  # the clean stream never reaches the head
-  want = per_block_logits(module, noisy, clean, segments)
+  want = packed_per_block_logits(module, noisy, clean, segments)
   np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize('chunk_size', [0, 8])  # full logits, and the fused head + CE
-def test_block_loss_matches_the_per_block_formula(module, chunk_size):
+PACKED = np.array([[1] * 7 + [2] * 9, [1] * 3 + [2] * 13], np.int32)
+
+
+@pytest.mark.parametrize(
+  'chunk_size, packed', [(0, False), (8, False), (0, True)]
+)  # full logits, the fused head + CE, and packed documents (blocks from each one's start)
+def test_block_loss_matches_the_per_block_formula(module, chunk_size, packed):
   rng = np.random.default_rng(1)
   tokens = rng.integers(4, 64, (2, SEQ + 1)).astype(np.int32)
+  segments = np.concatenate([PACKED, PACKED[:, -1:]], 1) if packed else None
   ids = jnp.array([5, 9])
   ce_fn = functools.partial(loss_lib.model_cross_entropy, module, chunk_size=chunk_size)
   kw = dict(seed=7, step=3, micro_index=0, example_ids_B=ids, mask_id=MASK, block_size=BLOCK)
   objective, sums = jax.jit(
-    lambda t: loss_lib.block_loss(ce_fn, t, varlen_prob=0.0, **{k: v for k, v in kw.items()})
-  )(jnp.asarray(tokens))
+    lambda t, s: loss_lib.block_loss(ce_fn, t, varlen_prob=0.0, segment_ids=s, **kw)
+  )(jnp.asarray(tokens), None if segments is None else jnp.asarray(segments))
   # The noise the loss drew: from the example's key, as masking.example_keys names it.
   x = tokens[:, :-1]
   noisy, masked, t = (
@@ -110,21 +131,55 @@ def test_block_loss_matches_the_per_block_formula(module, chunk_size):
       jnp.ones(x.shape, bool),
       BLOCK,
       loss_lib.BLOCK_TIME_EPS,
+      None if segments is None else jnp.asarray(PACKED),
     )
   )
   assert np.all(noisy == np.where(masked, MASK, x)) and masked.any() and not masked.all()
-  ce = numpy_ce(per_block_logits(module, noisy, x), x)
-  want = np.sum(ce * masked / t) / x.size
+  if packed:
+    logits = packed_per_block_logits(module, noisy, x, PACKED)
+  else:
+    logits = per_block_logits(module, noisy, x)
+  want = np.sum(numpy_ce(logits, x) * masked / t) / x.size
   np.testing.assert_allclose(float(objective), want, rtol=2e-5)
   assert float(sums['loss_den']) == x.size  # real tokens: L per row, not 2L
   assert float(sums['masked_count']) == masked.sum()
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))
-def _noise(keys, x, maskable, block_size, eps):
+def _noise(keys, x, maskable, block_size, eps, segments=None):
   return masking.block_forward_process(
-    keys, x, maskable, block_size=block_size, mask_id=MASK, eps=eps
+    keys, x, maskable, block_size=block_size, mask_id=MASK, eps=eps, segment_ids_BL=segments
   )
+
+
+def per_document_blocks(segments_L, block_size):
+  """Numpy: each token's block, blocks of block_size counted from each document's first token."""
+  blocks, count, previous, offset = [], -1, None, 0
+  for d in segments_L.tolist():
+    offset = 0 if d != previous else offset + 1
+    count += offset % block_size == 0
+    blocks.append(count)
+    previous = d
+  return np.array(blocks)
+
+
+def test_block_noise_restarts_at_each_document():
+  rows = 64
+  keys = masking.example_keys(0, 0, jnp.arange(rows))
+  segments = np.array([1] * 5 + [2] * 9 + [3] * 2, np.int32)  # blocks 4+1, 4+4+1, 2: 6 of them
+  x = jnp.full((rows, SEQ), 7, jnp.int32)
+  maskable = jnp.ones(x.shape, bool)
+  seg = jnp.broadcast_to(jnp.asarray(segments), x.shape)
+  _, masked, t = (np.asarray(a) for a in _noise(keys, x, maskable, BLOCK, 1e-3, seg))
+  blocks = per_document_blocks(segments, BLOCK)
+  assert blocks.tolist() == [0, 0, 0, 0, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 5, 5]
+  for j in range(6):  # one t per document block ...
+    assert np.all(t[:, blocks == j] == t[:, blocks == j][:, :1])
+  u = (t[:, np.searchsorted(blocks, np.arange(6))] - 1e-3) / (1 - 1e-3)
+  # ... stratified over the row's 6 blocks: one in each sixth of [0, 1].
+  assert np.all(np.sort(np.floor(u * 6), -1) == np.arange(6))
+  rate = masked.sum() / t.sum()
+  assert 0.85 < rate < 1.15
 
 
 def test_block_noise_is_one_stratified_t_per_block():

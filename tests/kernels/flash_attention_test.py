@@ -89,35 +89,44 @@ def test_matches_reference(kind, heads, kv_heads, length, docs, valid):
 
 
 def bd3lm_mask(half, block_size, seg_L=None, valid=None):
-  """BD3LM's mask over [x_t || x_0] written out: M_BD | M_OBC | M_BC, then documents, lengths."""
+  """BD3LM's mask over [x_t || x_0] written out: M_BD | M_OBC | M_BC, then documents, lengths.
+
+  With documents (the same ids in both streams), blocks count from each document's first
+  in-stream index, as SDAR aligns them to each packed sample."""
   n = 2 * half
+  ids = np.zeros(half, int) if seg_L is None else np.asarray(seg_L)[:half]
+  first = {d: int(np.flatnonzero(ids == d)[0]) for d in set(ids.tolist())}
   mask = np.zeros((n, n), bool)
   for q in range(n):
     for k in range(n):
       fq, fk = q >= half, k >= half
-      bq, bk = (q - half * fq) // block_size, (k - half * fk) // block_size
+      iq, ik = q - half * fq, k - half * fk
+      bq, bk = (iq - first[ids[iq]]) // block_size, (ik - first[ids[ik]]) // block_size
       diagonal = bq == bk and fq == fk
       offset = bq > bk and fk and not fq
       clean = bq >= bk and fk and fq
-      mask[q, k] = (diagonal or offset or clean) and (valid is None or k - half * fk < valid)
-      mask[q, k] &= seg_L is None or seg_L[q] == seg_L[k]
+      mask[q, k] = (diagonal or offset or clean) and (valid is None or ik < valid)
+      mask[q, k] &= ids[iq] == ids[ik]
   return mask
 
 
 def test_two_stream_matches_reference_and_the_written_out_mask():
   """Forward and gradients on [x_t || x_0]: 2 x 12 positions (padded to whole tiles inside, so a
-  key tile spans the stream boundary), GQA, two documents in both streams, row 0 cut to 9 tokens
-  per stream."""
+  key tile spans the stream boundary), GQA, documents in both streams that start off the block
+  grid (blocks count from each one's start), row 0 cut to 9 tokens per stream."""
   half, block = 12, 4
   q, k, v, do, _, _ = make_case(5, batch=2, length=2 * half, heads=2, kv_heads=1, head_dim=16)
-  seg_half = documents(jax.random.key(6), 2, half, 2)
+  seg_half = jnp.array([[1] * 5 + [2] * 7, [1] * 3 + [2] * 6 + [3] * 3], jnp.int32)
   seg = jnp.concatenate([seg_half, seg_half], axis=1)
   valid = jnp.array([9, half], jnp.int32)
   kw = dict(kind='two_stream', block_size=block, segment_ids_BL=seg, valid_length_B=valid)
   visible = np.asarray(attention_lib.attention_mask(2 * half, **kw))
   for b in range(2):
-    want = bd3lm_mask(half, block, np.asarray(seg[b]), int(valid[b]))
+    ids = np.asarray(seg[b])
+    want = bd3lm_mask(half, block, ids, int(valid[b]))
     np.testing.assert_array_equal(visible[b], want)
+    row_grid = bd3lm_mask(half, block, valid=int(valid[b])) & (ids[:, None] == ids[None, :])
+    assert (want != row_grid).any()  # a grid from the row's start would be another mask
   live = visible.any(-1)[:, :, None, None]
   do = jnp.where(live, do, 0.0)
   got = value_and_grads(lambda q, k, v: fa.flash_attention(q, k, v, tiles=SMALL, **kw), q, k, v, do)
@@ -144,11 +153,13 @@ def brute_live(kind, block_size, seg, valid, block_q, block_k):
 def test_loops_skip_blind_tiles_and_keep_seen_ones(kind, segments):
   """Loop bounds keep every tile someone sees; without documents they skip all the others."""
   batch, length, block_q, block_k = 3, 64, 16, 8
-  seg = documents(jax.random.key(1), batch, length, 4)
-  valid = jnp.array([64, 41, 9], jnp.int32)
   half = length // 2 if kind == 'two_stream' else 0  # two_stream: [x_t || x_0] of 32 each
+  seg = documents(jax.random.key(1), batch, half or length, 4)
+  seg = jnp.concatenate([seg, seg], axis=1) if half else seg  # the same documents in both
+  valid = jnp.array([64, 41, 9], jnp.int32)
   mask = fa._Mask(kind, 4, segments=segments, lengths=True, half=half)
-  live = np.asarray(fa._live_tiles(mask, seg, valid, block_q, block_k))
+  ids = fa.document_keys(seg, 4, half=half) if mask.per_document else seg  # as the kernel reads
+  live = np.asarray(fa._live_tiles(mask, ids, valid, block_q, block_k))
   want = brute_live(kind, 4, seg if segments else None, valid, block_q, block_k)
   if segments:  # id ranges per tile: a superset (a tile may hold ids 1 and 3 but not 2).
     assert np.all(live >= want) and live.sum() < 1.2 * want.sum()

@@ -250,3 +250,22 @@ def test_shifted_model_objective_matches_one_device_with_pipeline_and_context():
     tiny_test_config(**overrides, **{'mesh.pipeline': 2, 'mesh.context': 4})
   )
   assert_same(got, want)
+
+
+@pytest.mark.slow  # ~20 s on 2 cores: two small compiles
+def test_block_objective_matches_one_device_with_pipeline():
+  """diffusion.objective=block (the two-stream forward over [x_t || x_0], packed documents whose
+  blocks restart at each one's start, truncated rows) on 2 GPipe stages gives the single
+  device's loss and gradients."""
+  overrides = {
+    'diffusion.objective': 'block',
+    'model.attention_mask': 'block_causal',
+    'model.block_size': 4,
+    'model.num_layers': 2,
+    'data.packing': True,
+    'diffusion.varlen_prob': 1.0,
+    'mesh.fsdp': 1,
+  }
+  want = objective_and_grads(tiny_test_config(**overrides))
+  got = objective_and_grads(tiny_test_config(**overrides, **{'mesh.pipeline': 2}))
+  assert_same(got, want)

@@ -20,7 +20,10 @@ SYNC_EVERY, SYNC_ALPHA = 2, 0.6  # d1's: its reference refreshes after every 2nd
 def rl_step(objective: str):
   """(config, setup, compiled step, the rollout scorer) of 8 rows = 4 groups of 2 over 2
   micro-batches, prompt 6 + completion 16 tokens. d1 carries a KL term and a refreshed reference
-  (rl.ref_sync_every=2) in its state; the others no KL."""
+  (rl.ref_sync_every=2) in its state; the others no KL. TraceRL's model is block-causal (blocks
+  of 4, decoded one at a time in 2 steps each)."""
+  trace = objective == 'trace'
+  block = {'model.attention_mask': 'block_causal', 'model.block_size': 4} if trace else {}
   c = tiny_test_config(
     **{
       'rl.objective': objective,
@@ -35,12 +38,13 @@ def rl_step(objective: str):
       'rl.group_size': 2,
       'rl.max_prompt_tokens': PROMPT,
       'sampler.gen_length': GEN,
-      'sampler.block_length': GEN,
-      'sampler.steps': 4,
+      'sampler.block_length': 4 if trace else GEN,
+      'sampler.steps': 8 if trace else 4,
       'rl.kl_beta': 0.04 if objective == 'd1' else 0.0,
       'rl.ref_sync_every': SYNC_EVERY if objective == 'd1' else 0,
       'rl.ref_sync_alpha': SYNC_ALPHA,
       'init_from': 'unused: the params are made here',
+      **block,
     }
   )
   setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c, jax.devices()[:1]))

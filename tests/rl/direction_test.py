@@ -20,7 +20,7 @@ from tests.rl import compiled
 PROMPT, GEN = compiled.PROMPT, compiled.GEN
 
 
-@pytest.mark.parametrize('objective', ['d1', 'spg', 'wd1', 'coupled_grpo'])
+@pytest.mark.parametrize('objective', ['d1', 'spg', 'wd1', 'coupled_grpo', 'trace'])
 def test_one_step_moves_logprobs_toward_positive_advantages(objective):
   # 4 groups of 2 over 2 micro-batches (strided rows): a row/advantage mix-up would show. d1's
   # step also has its KL term (reference = old policy here, so no KL gradient at this step).
@@ -37,7 +37,12 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
   advantages = np.array([1, -1, -1, 1, 1, -1, -1, 1], np.float32) * 0.5
   completion = np.zeros((rows, width), np.float32)
   completion[:, PROMPT : PROMPT + GEN] = 1.0
-  token_level = objective in ('d1', 'coupled_grpo')
+  token_level = objective in ('d1', 'coupled_grpo', 'trace')
+  # TraceRL's trajectory: blocks of 4 from position 0, two commit steps each (in random order).
+  position = np.arange(width)[None]
+  in_completion = (position >= PROMPT) & (position < PROMPT + GEN)
+  steps = np.where(in_completion, position // 4 * 2 + rng.integers(0, 2, (rows, width)), -1)
+  trajectory = dict(steps=steps.astype(np.int32)) if objective == 'trace' else {}
 
   @jax.jit
   def spg_bound(params):  # the bound each row's SPG term uses: ELBO if A > 0, else the mixture
@@ -61,12 +66,12 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
   def estimate(params):  # the objective's own per-row log-likelihood estimate
     if objective == 'spg':
       return np.asarray(spg_bound(params))
-    logp = np.asarray(score(params, tokens, prompt_lengths, lengths, seeds))
+    logp = np.asarray(score(params, tokens, prompt_lengths, lengths, seeds, **trajectory))
     return (logp * completion).sum(1) / completion.sum(1)
 
   before = estimate(state['params'])
   old = (
-    np.asarray(score(state['params'], tokens, prompt_lengths, lengths, seeds))
+    np.asarray(score(state['params'], tokens, prompt_lengths, lengths, seeds, **trajectory))
     if token_level
     else np.zeros(rows, np.float32)
   )
@@ -82,6 +87,7 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
     completion_mask=completion,
     weight=rollout.loss_weights(completion, objective, 'token', group_size=2),
     rewards=advantages,
+    **trajectory,
   )
   state, metrics = step_fn(
     state, {k: jax.device_put(v, step_fn.batch_sharding) for k, v in batch.items()}

@@ -244,3 +244,75 @@ def test_coupled_logprobs_match_direct_forwards_of_complementary_masks(module):
     coupled = np.where(view1, logps[1] / t[b], logps[2] / (1 - t[b]))
     expected[canvas] = (logps[0][canvas] + coupled[canvas]) / 2
     np.testing.assert_allclose(got[b], expected, rtol=2e-4, atol=2e-4)
+
+
+# TraceRL on a block-causal model: blocks of 4; rows [prompt 5 | completion 11], so the first
+# completion block holds the prompt's last token, as the sampler's first decoded block does.
+_BLOCK_CFG = model_lib.ModelConfig.from_config(
+  tiny_test_config(
+    **{'model.seq_len': 16, 'model.attention_mask': 'block_causal', 'model.block_size': 4}
+  )
+)
+_TRACE_PROMPT = 5
+# Each completion token's commit step (-1: never committed): per block, several tokens share a
+# step, steps are out of position order, and the last block has a never-committed token.
+_TRACE_STEPS = np.array(
+  [
+    [-1] * 5 + [1, 0, 0] + [3, 2, 3, 2] + [5, 4, -1, 4],
+    [-1] * 5 + [0, 1, 1] + [2, 2, 2, 3] + [4, 5, 6, 7],
+  ],
+  np.int32,
+)
+
+
+def _trace_states(tokens, steps, prompt_length, block, mask_id=3):
+  """Numpy: each completion token's trajectory state (the block-causal model's input when it was
+  committed): earlier blocks clean, its own block with the tokens of its step or later (and the
+  never committed) masked, later blocks masked (unseen by block-causal attention anyway)."""
+  states, where = [], []
+  for b in range(tokens.shape[0]):
+    for k in range(prompt_length, tokens.shape[1]):
+      if steps[b, k] < 0:
+        continue
+      start = k // block * block
+      x = tokens[b].copy()
+      own = np.arange(start, start + block)
+      late = (own >= prompt_length) & ((steps[b, own] >= steps[b, k]) | (steps[b, own] < 0))
+      x[own[late]] = mask_id
+      x[start + block :] = mask_id
+      states.append(x)
+      where.append((b, k))
+  return np.stack(states), where
+
+
+def test_trace_logprobs_equal_forwards_of_the_trajectory_states():
+  params = jax.jit(lambda key: model_lib.init_params(_BLOCK_CFG, key))(jax.random.key(1))
+  tokens = np.random.default_rng(3).integers(4, _BLOCK_CFG.vocab_size, (2, 16)).astype(np.int32)
+  prompt_lengths = np.full(2, _TRACE_PROMPT, np.int32)
+  lengths = np.full(2, 16, np.int32)
+  got = np.asarray(
+    jax.jit(
+      lambda p, t, s: estimators.trace_token_logprobs(
+        model_lib.merge(_BLOCK_CFG, p),
+        t,
+        prompt_lengths,
+        lengths,
+        s,
+        block_size=4,
+        rounds=4,
+        mask_id=3,
+      )
+    )(params, tokens, _TRACE_STEPS)
+  )
+  states, where = _trace_states(tokens, _TRACE_STEPS, _TRACE_PROMPT, 4)
+  logits = np.asarray(jax.jit(lambda p, x: model_lib.merge(_BLOCK_CFG, p)(x))(params, states))
+  logp = jax.nn.log_softmax(logits.astype(np.float64), axis=-1)
+  want = np.zeros_like(got)
+  for i, (b, k) in enumerate(where):
+    want[b, k] = logp[i, k, tokens[b, k]]
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+  assert np.all(got[:, :_TRACE_PROMPT] == 0) and got[0, 14] == 0  # prompt, never committed
+  ranks = np.asarray(
+    estimators.trajectory_ranks(_TRACE_STEPS, _TRACE_STEPS >= 0, 4)
+  )  # per block, the rank among its distinct steps
+  assert ranks[0, 5:].tolist() == [1, 0, 0, 1, 0, 1, 0, 1, 0, 2, 0]  # the uncommitted: last

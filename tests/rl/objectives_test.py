@@ -130,6 +130,11 @@ def test_to_right_padded_layout():
   np.testing.assert_array_equal(tokens, [[5, 6, 7, 2, 2, 2, 0, 0], [4, 5, 6, 7, 8, 9, 9, 9]])
   np.testing.assert_array_equal(mask, [[0, 0, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1, 1]])
   np.testing.assert_array_equal(lengths, [6, 8])
+  # TraceRL's commit steps [B, gen] land on the same canvas, -1 on the prompt and the pads.
+  steps = rollout.steps_right_padded(np.array([[3, 0, 1, -1], [0, 0, 2, 1]]), [2, 4], 8)
+  np.testing.assert_array_equal(steps, [[-1, -1, 3, 0, 1, -1, -1, -1], [-1] * 4 + [0, 0, 2, 1]])
+  assert rollout.batch_keys('trace') == rollout.BATCH_KEYS + ('steps',)
+  assert rollout.batch_keys('d1') == rollout.BATCH_KEYS
 
 
 def _softmax(x):

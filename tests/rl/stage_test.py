@@ -143,6 +143,7 @@ def _check_held_out_against_inference(c, row):
     ({'rl.ref_sync_every': 4, 'rl.reference_on_host': True}, 'reference_on_host=False'),
     ({'rl.ref_sync_alpha': 0.0}, 'ref_sync_alpha'),
     ({'rl.objective': 'spg', 'rl.kl_beta': 0.0, 'rl.spg_eubo_beta': 0.5}, 'spg_eubo_beta'),
+    ({'rl.objective': 'trace'}, 'attention_mask=block_causal'),  # bidirectional here
   ],
 )
 def test_bad_rl_configs_name_the_fix(tmp_path, overrides, match):

@@ -1,5 +1,5 @@
-"""RL from verifiable rewards: rollouts of the current policy; diffu-GRPO (d1), ESPO, SPG, wd1 or
-coupled-GRPO loss.
+"""RL from verifiable rewards: rollouts of the current policy; diffu-GRPO (d1), ESPO, SPG, wd1,
+coupled-GRPO or TraceRL loss.
 
 The batch source (dlmjax/rl/rollout.py) generates G completions per prompt with the params of the
 step about to run, scores them, and serves the same rollouts rl.inner_updates times, each with its
@@ -48,15 +48,25 @@ def make_loss(config):
     weight,
     completion_mask,
     rewards,
+    steps=None,
     step=None,
     micro_index=None,
     example_ids_B=None,
   ):
     del step, micro_index, example_ids_B  # randomness comes from the rollout's mask seeds
-    if r.objective in ('d1', 'coupled_grpo', 'wd1'):
-      logp = estimators.token_estimator(r.objective)(
-        module, tokens, prompt_lengths, lengths, mask_seeds, p_mask_prompt=r.p_mask_prompt, **common
-      )
+    if r.objective in ('d1', 'coupled_grpo', 'wd1', 'trace'):
+      if r.objective == 'trace':  # the rollout's trajectory: each token's commit step
+        logp = rollout_lib.trace_logprobs(config, module, tokens, prompt_lengths, lengths, steps)
+      else:
+        logp = estimators.token_estimator(r.objective)(
+          module,
+          tokens,
+          prompt_lengths,
+          lengths,
+          mask_seeds,
+          p_mask_prompt=r.p_mask_prompt,
+          **common,
+        )
       if r.objective == 'wd1':  # advantages holds wd1's weights (rollout.row_advantages)
         loss = objectives.wd1_sequence_loss(jnp.sum(logp * completion_mask, axis=1), advantages)
         kl = clipped = jnp.zeros_like(loss)  # wd1 has neither a ratio nor a KL term
@@ -151,7 +161,7 @@ def stage(config) -> base.Stage:
     prompt_lengths = np.full((rows,), prompt // 2, np.int32)
     completion_mask = np.zeros((rows, width), np.float32)
     completion_mask[:, prompt // 2 : width - prompt // 2] = 1.0
-    return dict(
+    batch = dict(
       tokens=base.random_tokens(config, rng, (rows, width)),
       prompt_lengths=prompt_lengths,
       lengths=np.full((rows,), width - prompt // 2, np.int32),
@@ -165,11 +175,14 @@ def stage(config) -> base.Stage:
       completion_mask=completion_mask,
       rewards=rng.integers(0, 2, rows).astype(np.float32),
     )
+    if 'steps' in rollout_lib.batch_keys(config.rl.objective):  # one token per step
+      batch['steps'] = np.where(completion_mask > 0, np.arange(width)[None], -1).astype(np.int32)
+    return batch
 
   return base.Stage(
     name='rl',
     loss=make_loss(config),
-    batch_keys=rollout_lib.BATCH_KEYS,
+    batch_keys=rollout_lib.batch_keys(config.rl.objective),
     metrics=metrics,
     batches=batches,
     evaluator=evaluator,
