@@ -675,9 +675,14 @@ def flash_attention_slice(
   if valid_length_B is not None:
     valid_B = jnp.minimum(valid_B, valid_length_B.astype(jnp.int32))
   segments = segment_ids_BL is not None
+  mask = _Mask(kind, block_size, segments, lengths)
   if segments:
-    seg_k = jnp.pad(segment_ids_BL.astype(jnp.int32), ((0, 0), (0, padded_k - length)))
-    seg_q = lax.dynamic_slice_in_dim(segment_ids_BL.astype(jnp.int32), start, num_queries, 1)
+    seg_BS = segment_ids_BL.astype(jnp.int32)
+    if mask.per_document:  # blocks count from each document's start, as flash_attention's
+      seg_BS = document_keys(seg_BS, block_size)
+    edge = 'edge' if mask.per_document else 'constant'  # per-document ids stay increasing
+    seg_k = jnp.pad(seg_BS, ((0, 0), (0, padded_k - length)), mode=edge)
+    seg_q = lax.dynamic_slice_in_dim(seg_BS, start, num_queries, 1)
     seg_q = jnp.pad(seg_q, ((0, 0), (0, padded_q - num_queries)), mode='edge')
   else:
     seg_k = jnp.zeros((batch, padded_k), jnp.int32)
@@ -688,7 +693,6 @@ def flash_attention_slice(
   q = jnp.pad(q_BQNH, ((0, 0), (0, padded_q - num_queries), (0, 0), (0, 0)))
   q = q.reshape(batch, padded_q, num_kv, groups, head_dim).transpose(0, 2, 3, 1, 4)
   q = q.reshape(batch, num_kv, rows, head_dim)
-  mask = _Mask(kind, block_size, segments, lengths)
   position_R = start + jnp.arange(rows) % padded_q
   live = _slice_live_tiles(mask, position_R, seg_rows, seg_k, valid_B, block_r, block_k)
   ranges = _ranges(live, valid_B).at[..., 5].set(start)
@@ -734,6 +738,8 @@ def _slice_live_tiles(mask, position_R, seg_BR, seg_BS, valid_B, block_r, block_
   k_first = (jnp.arange(num_keys // block_k) * block_k)[None, :]
   if mask.kind == 'causal':
     live = k_first <= last
+  elif mask.kind == 'block_causal' and mask.per_document:  # a grid shifted by < block_size
+    live = k_first <= last + mask.block_size - 1
   elif mask.kind == 'block_causal':
     live = k_first // mask.block_size <= last // mask.block_size
   else:

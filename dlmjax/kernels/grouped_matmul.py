@@ -2,21 +2,19 @@
 
 out[r] = lhs[r] @ rhs[g(r)], g(r) the group row r falls in (group_sizes consecutive rows each);
 rows past sum(group_sizes) belong to no group. Backends:
-- tokamax: the Mosaic GPU kernel of tokamax (Google's Pallas kernel library, the optional `moe`
-  extra; its import needs xprof). docs/moe.md, Dispatch, has it far ahead of XLA's ragged_dot on
-  GPU.
 - pallas: our own Pallas kernels (grouped_matmul_pallas.py: Triton on GPU, interpret mode off
-  it), forward and backward without any dense [G, M, ...] buffer.
+  it), forward and backward without any dense [G, M, ...] buffer; on one H200 112x XLA's
+  forward and 63% of a dense matmul's rate (docs/benchmarks.md, MoE).
+- tokamax: tokamax's ragged_dot (Google's Pallas kernel library, the optional `moe` extra; its
+  import needs xprof), or one clear error where it fails (0.0.12 under jax 0.11.2).
 - xla: `jax.lax.ragged_dot`; on GPU its backward expands the groups densely (tens of GiB at the
-  MoE presets' shapes).
-auto takes tokamax on GPU where it imports, else XLA (the CPU path). Which of tokamax and pallas
-should be auto's GPU choice is measured by benchmarks/grouped_matmul.py (docs/moe.md, Dispatch).
+  MoE presets' shapes), off GPU it is the fast path.
+auto takes pallas on GPU and xla elsewhere.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -47,11 +45,11 @@ def tokamax_available() -> bool:
 
 
 def resolve(backend: str = 'auto') -> str:
-  """'xla', 'tokamax' or 'pallas': auto takes tokamax on GPU where it imports."""
+  """'xla', 'tokamax' or 'pallas': auto takes pallas on GPU (measured: docs/benchmarks.md, MoE)."""
   if backend not in BACKENDS:
     raise ValueError(f'grouped matmul backend {backend!r} is not one of {BACKENDS}.')
   if backend == 'auto':
-    return 'tokamax' if jax.default_backend() == 'gpu' and tokamax_available() else 'xla'
+    return 'pallas' if jax.default_backend() == 'gpu' else 'xla'
   if backend == 'tokamax' and not tokamax_available():
     raise ValueError(
       'grouped matmul backend tokamax does not import; pip install ".[moe]" (tokamax and xprof) '
@@ -74,8 +72,8 @@ def grouped_matmul(lhs_MK, rhs_GKN, group_sizes_G, *, backend: str = 'auto'):
   group_sizes_G = group_sizes_G.astype(jnp.int32)
   out = None
   if resolve(backend) == 'tokamax':
-    out = _tokamax_ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, required=backend == 'tokamax')
-  if out is None:
+    out = _tokamax_ragged_dot(lhs_MK, rhs_GKN, group_sizes_G)
+  else:
     out = jax.lax.ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, preferred_element_type=jnp.float32)
   return jnp.where(in_group_M[:, None], out, 0.0).astype(lhs_MK.dtype)
 
@@ -84,11 +82,11 @@ _TOKAMAX_IMPLEMENTATIONS = ('mosaic', 'triton')
 _failures: dict[str, str] = {}  # implementation -> the error it raised while tracing
 
 
-def _tokamax_ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, *, required: bool):
-  """tokamax's ragged_dot through the first implementation that traces here, else None (auto:
-  XLA's, with one warning) or the last error (backend tokamax). A tokamax release built for
-  another jax can fail inside its kernel (0.0.12 under jax 0.11.2: Mosaic GPU's Mesh lost a
-  keyword), which tokamax's own fallback chain does not catch."""
+def _tokamax_ragged_dot(lhs_MK, rhs_GKN, group_sizes_G):
+  """tokamax's ragged_dot through the first implementation that traces here, else one error
+  naming each failure. A tokamax release built for another jax can fail inside its kernel (0.0.12
+  under jax 0.11.2: Mosaic GPU's Mesh lost a keyword), which tokamax's own fallback chain does not
+  catch."""
   error = None
   for implementation in _TOKAMAX_IMPLEMENTATIONS:
     if implementation in _failures:
@@ -104,15 +102,7 @@ def _tokamax_ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, *, required: bool):
     except Exception as e:  # noqa: BLE001 - any failure to trace: the next implementation
       error = e
       _failures[implementation] = f'{type(e).__name__}: {str(e).splitlines()[0][:200]}'
-  if required:
-    raise ValueError(
-      f'grouped matmul backend tokamax failed here ({_failures}); use backend xla or a tokamax '
-      'release built for this jax.'
-    ) from error
-  if error is not None:  # the first failure only: later calls skip straight to XLA
-    warnings.warn(
-      f'tokamax ragged_dot failed ({_failures}); the grouped matmul falls back to '
-      'jax.lax.ragged_dot, which is far slower on GPU (docs/moe.md, Dispatch).',
-      stacklevel=3,
-    )
-  return None
+  raise ValueError(
+    f'grouped matmul backend tokamax failed here ({_failures}); use backend pallas (GPU) or xla, '
+    'or a tokamax release built for this jax.'
+  ) from error
