@@ -68,7 +68,7 @@ def runs(tmp_path_factory):
   return base, straight
 
 
-@pytest.mark.slow  # three tiny runs and two exports (~90 s on 2 cores)
+@pytest.mark.slow  # the fixture's LoRA run and two more (~60 s on 2 cores)
 def test_lora_checkpoints_hold_adapters_and_resume_exactly(runs, tmp_path):
   base, straight = runs
   step_dir = os.path.join(straight, manager.CHECKPOINT_DIR, '4')
