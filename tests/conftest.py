@@ -8,7 +8,7 @@ import tempfile
 # LLVM at -O0 without its expensive passes cuts the suite's compile time by about 40% on the
 # 2-core machine. The HLO passes are unchanged; float results may differ in the last bits.
 _DEVICE_COUNT = '--xla_force_host_platform_device_count'
-_FAST_COMPILE = ('--xla_backend_optimization_level=0', '--xla_llvm_disable_expensive_passes=true')
+FAST_COMPILE = ('--xla_backend_optimization_level=0', '--xla_llvm_disable_expensive_passes=true')
 
 
 def with_test_xla_flags(flags):
@@ -17,7 +17,7 @@ def with_test_xla_flags(flags):
   set to something else."""
   kept = [f for f in flags.split() if f.split('=')[0] != _DEVICE_COUNT]
   names = {f.split('=')[0] for f in kept}
-  kept += [f for f in _FAST_COMPILE if f.split('=')[0] not in names]
+  kept += [f for f in FAST_COMPILE if f.split('=')[0] not in names]
   return ' '.join([*kept, f'{_DEVICE_COUNT}=8'])
 
 

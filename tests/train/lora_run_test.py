@@ -57,14 +57,18 @@ def _losses(run_dir):
 
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):
+  # The base: a params-only run directory (as an import writes) of a fresh init; a trained base
+  # would cost a pre-training step's compile and prove nothing more here.
   base = tmp_path_factory.mktemp('base')
-  loop.train(_config(base, **{'train.steps': 2, 'train.schedule': 'constant'}))
+  config = _config(base)
+  params = model_lib.init_params(model_lib.ModelConfig.from_config(config), jax.random.key(1))
+  manager.save_params_checkpoint(str(base), config, jax.device_get(params))
   straight = tmp_path_factory.mktemp('lora')
   loop.train(_lora(straight, base))
   return base, straight
 
 
-@pytest.mark.slow  # three tiny runs and two exports (~90 s on 2 cores)
+@pytest.mark.slow  # the fixture's LoRA run and two more (~60 s on 2 cores)
 def test_lora_checkpoints_hold_adapters_and_resume_exactly(runs, tmp_path):
   base, straight = runs
   step_dir = os.path.join(straight, manager.CHECKPOINT_DIR, '4')
