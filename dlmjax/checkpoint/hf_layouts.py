@@ -98,7 +98,7 @@ def register(layout: Layout) -> None:
 
 
 for _family, _sources in (
-  ('qwen3', ('qwen3', 'difflm', 'sdar')),  # SDAR: Qwen3's modules, block-causal
+  ('qwen3', ('qwen3', 'difflm')),
   ('qwen2', ('qwen2',)),
   ('llama', ('llama',)),
 ):
@@ -128,6 +128,17 @@ register(
     families=('dream',),
     cannot_hold=_dream_cannot_hold,
     config_json=hf_config.dream_to_hf,
+  )
+)
+
+# SDAR / TraDo: Qwen3's tensor names under SDAR's config.json (model_type sdar, block_size).
+register(
+  Layout(
+    name='sdar',
+    names='sdar',
+    families=('sdar',),
+    cannot_hold=hf_config.sdar_cannot_hold,
+    config_json=hf_config.sdar_to_hf,
   )
 )
 
