@@ -4,7 +4,8 @@ Exports (the layouts of hf_layouts) write a transformers family's config.json (t
 the one whose layout holds the model exactly, export_family: Qwen3 with QK-norm, Qwen2 with q/k/v
 biases, Llama with neither) plus MegaDLMs DiffLM's `mask_token_id` and `attn_mask_type`, so
 `Qwen3ForCausalLM` / `Qwen2ForCausalLM` / `LlamaForCausalLM` load them and DiffLM tooling finds
-its fields, or LLaDA's (llada_to_hf), or Dream's for a shifted model (dream_to_hf). Imports read
+its fields, or LLaDA's (llada_to_hf), Dream's for a shifted model (dream_to_hf) or SDAR's for a
+block-causal QK-norm one (sdar_to_hf). Imports read
 Qwen3, MegaDLMs DiffLM, Qwen2, Llama, LLaDA, SDAR and Dream configs, each into the model options of
 its family (model.qk_norm, model.qkv_bias, model.rope_scaling, model.shift_logits, SDAR's
 block-causal attention); anything else, or a part we cannot compute (sliding windows, a RoPE
