@@ -24,6 +24,11 @@ from dlmjax.model import programs
 from dlmjax.parallel import rules
 
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16'}
+# DiffuCoder-7B-Instruct / -cpGRPO fill the canvas after their answer with this piece, and their
+# generate keeps the text before its first occurrence (apple/ml-diffucoder README, "Inference";
+# inference_demo.py); a tokenizer that has the piece ends completions there too. Its id comes
+# from the checkpoint's own tokenizer.json.
+DIFFUCODER_PAD_PIECE = '<|dlm_pad|>'
 
 
 class Pretrained:
@@ -134,7 +139,8 @@ class Pretrained:
     """Completion text of each prompt (a str or a list of them -> a list of str).
 
     The prompt is wrapped in the checkpoint's chat template (`chat_template` overrides; 'none' =
-    raw text) and the completion ends at the first EOS. `sampling` holds SamplingConfig fields.
+    raw text) and the completion ends at the first EOS, or before DiffuCoder's padding piece
+    (DIFFUCODER_PAD_PIECE) where the tokenizer has it. `sampling` holds SamplingConfig fields.
     """
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     template = self.chat_template if chat_template is None else chat_template
@@ -142,6 +148,9 @@ class Pretrained:
       prompts = [chat.prompt_text(template, p) for p in prompts]
     ids = self.tokenizer.encode_batch(prompts)
     rows = self.generate_tokens(ids, seed=seed, batch_size=batch_size, **sampling)
+    pad = self.tokenizer.piece_id(DIFFUCODER_PAD_PIECE)
+    if pad is not None:
+      rows = [r[: r.index(pad)] if pad in r else r for r in rows]
     return [self.tokenizer.decode(r) for r in rows]
 
   def infill_tokens(

@@ -44,7 +44,8 @@ from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
 from dlmjax.parallel import distributed
 
-PARITY_LAYOUTS = ('qwen3', 'difflm', 'qwen2', 'llama')  # what the PyTorch forwards read
+# What the PyTorch forwards read as they are.
+PARITY_LAYOUTS = ('qwen3', 'difflm', 'qwen2', 'llama', 'sdar')
 TOLERANCES = {'fp32': (1e-4, 1e-4), 'bf16': (1e-1, 1e-2)}  # (logits, masked CE)
 _COMPUTE = {'fp32': 'float32', 'bf16': 'bfloat16'}
 
@@ -137,6 +138,13 @@ def _check_checksums(meta, params) -> Check:
   return Check('checksums', not problems, '; '.join(problems[:8]) or f'{len(saved)} digests match')
 
 
+@jax.jit
+def _all_finite(params):
+  """Per leaf, whether every element is finite: one program for the whole tree (not two per
+  leaf shape), where each shard lives."""
+  return jax.tree.map(lambda v: jnp.isfinite(v).all(), params)
+
+
 def check_integrity(step_dir: str, config, step: int):
   """(checks, params or None) of a step directory."""
   cfg = model_lib.ModelConfig.from_config(config)
@@ -144,7 +152,8 @@ def check_integrity(step_dir: str, config, step: int):
   if not checks[0].ok:
     return checks, None
   params = manager.restore_params(step_dir, *model_lib.param_placement(config))
-  bad = [k for k, v in _flat(params).items() if not bool(jnp.isfinite(v).all())]
+  finite = _all_finite(params)
+  bad = [k for k, v in _flat(finite).items() if not bool(v)]
   checks.append(
     Check(
       'params finite', not bad, 'non-finite values in ' + ', '.join(bad) if bad else 'no NaN or inf'
@@ -254,9 +263,10 @@ def torch_logits(hf_dir: str, tokens_BL: np.ndarray, dtype: str, backend: str = 
   device = 'cuda' if torch.cuda.is_available() else 'cpu'
   if backend == 'auto':
     has_transformers = importlib.util.find_spec('transformers') is not None
-    # Dream's class is remote code transformers does not ship: its layout checks on Reference.
-    dream = hf_config.detect_architecture(hf_config.read(hf_dir)) == 'dream'
-    backend = 'transformers' if has_transformers and not dream else 'reference'
+    # Dream's and SDAR's classes are remote code transformers does not ship: their layouts
+    # check on Reference.
+    remote = hf_config.detect_architecture(hf_config.read(hf_dir)) in ('dream', 'sdar')
+    backend = 'transformers' if has_transformers and not remote else 'reference'
   tokens = torch.as_tensor(tokens_BL, dtype=torch.long, device=device)
   with torch.no_grad():
     if backend == 'transformers':
@@ -357,8 +367,8 @@ def verify(
     checks.append(check_hf_weights(hf_dir, params, config))
     if hf_config.detect_architecture(hf_config.read(hf_dir)) in PARITY_LAYOUTS:
       return checks + check_parity(params, config, hf_dir, dtype=dtype, **parity_kwargs)
-    # LLaDA, SDAR: no transformers class here runs them; the PyTorch forward runs on the export
-    # (Qwen3, Qwen2 or Llama names) of the weights the check above found equal to hf_dir's.
+    # LLaDA: no PyTorch forward here reads its names; it runs on the export (Qwen2 or Llama
+    # names) of the weights the check above found equal to hf_dir's.
   with tempfile.TemporaryDirectory(prefix='dlmjax_verify_') as tmp:
     hf_io.write_hf(tmp, config, params, dtype=dtype, copy_tokenizer=False)
     return checks + check_parity(params, config, tmp, dtype=dtype, **parity_kwargs)

@@ -32,6 +32,7 @@ from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
+from dlmjax.data import tokenizer as tokenizer_lib
 from tests.checkpoint import family_dirs
 from tests.checkpoint import tiny_run
 
@@ -274,3 +275,24 @@ def test_init_from_a_dream_directory_adopts_its_model(tmp_path):
   config.model.shift_logits = False  # a config that says otherwise is refused by name.
   with pytest.raises(hf_config.HFConfigError, match='model.shift_logits: checkpoint True'):
     hf_io.load_hf(hf_dir, config=config)
+
+
+def test_completions_end_before_diffucoders_padding_piece(tmp_path, monkeypatch):
+  """DiffuCoder's generate keeps the text before the first <|dlm_pad|> (apple/ml-diffucoder
+  README); `generate` cuts the completion's ids there, wherever the tokenizer puts the piece."""
+  import tokenizers  # pylint: disable=import-outside-toplevel
+
+  vocab = {f't{i}': i for i in range(10)}
+  vocab[inference.DIFFUCODER_PAD_PIECE] = 7  # not the id DiffuCoder's tokenizer gives it
+  tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token='t0')).save(
+    str(tmp_path / 'tokenizer.json')
+  )
+  config = config_lib.defaults()
+  model = inference.Pretrained(config, params={})
+  model.tokenizer = tokenizer_lib.load_tokenizer(
+    str(tmp_path / 'tokenizer.json'), eod_token=0, require_mask=False
+  )
+  rows = [[1, 2, 7, 3, 7], [4, 5], [7, 6]]
+  monkeypatch.setattr(model, 'generate_tokens', lambda ids, **kwargs: rows)
+  texts = model.generate(['t1', 't2', 't3'], chat_template='none')
+  assert texts == [model.tokenizer.decode([1, 2]), model.tokenizer.decode([4, 5]), '']

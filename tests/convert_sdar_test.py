@@ -1,7 +1,7 @@
 """SDAR / TraDo in exactly: a tiny random-weight directory laid out as JetAstra/SDAR ships
 SDAR-*-Chat (config.json of SDARConfig's fields, model_type 'sdar', Qwen3 tensor names) imports
 through `convert from-hf`, `load_pretrained` and `init_from` into a block-causal model whose logits
-are SDAR's forward.
+are SDAR's forward, and `convert to-hf` writes it back as SDAR lays it out (hf_layouts: sdar).
 
 The reference is transformers' Qwen3ForCausalLM over the same tensors with SDAR's attention mask
 put in: modeling_sdar.py's SDARAttention is Qwen3Attention line for line (q/k RMSNorm over the head
@@ -123,6 +123,28 @@ def test_sdar_directory_imports_to_sdar_function(tmp_path, tied):
     other.model.update(wrong)
     with pytest.raises(AssertionError):
       _close(theirs, _ours(other, params, tokens))
+
+  # Back out (`convert to-hf`, layout source: SDAR's): SDAR's config.json field for field, its
+  # auto_map naming SDAR's classes in its Hub repository (the code is SDAR's, not shipped here),
+  # its tensors bit for bit, and SDAR's forward of the export is the source's.
+  export = str(tmp_path / 'export')
+  argv = ['to-hf', '--checkpoint-path', run_dir, '--output-dir', export, '--dtype', 'fp32']
+  assert convert.main(argv) == 0
+  source, exported = hf_config.read(hf_dir), hf_config.read(export)
+  assert exported['auto_map'] == {
+    k: f'{hf_config.SDAR_CODE_REPO}--{v}' for k, v in source['auto_map'].items()
+  }
+  skip = ('auto_map', 'transformers_version')
+  assert {k: v for k, v in exported.items() if k not in skip} == {
+    k: v for k, v in source.items() if k not in skip
+  }
+  safetensors_torch = pytest.importorskip('safetensors.torch')
+  files = [
+    safetensors_torch.load_file(os.path.join(d, 'model.safetensors')) for d in (hf_dir, export)
+  ]
+  assert sorted(files[0]) == sorted(files[1])
+  assert all(torch.equal(files[0][name], files[1][name]) for name in files[0])
+  np.testing.assert_array_equal(reference_logits(export, tokens), theirs)
 
 
 def test_init_from_an_sdar_directory_adopts_block_causal_attention(tmp_path):
@@ -273,3 +295,17 @@ def test_an_sdar_checkpoint_samples_with_the_block_cache_as_sdar_does(tmp_path):
   ]
   assert ours == theirs
   assert len(theirs[0]) <= 6
+
+
+def test_only_a_block_causal_qk_norm_model_exports_as_sdar():
+  config = hf_config.config_from_hf(SDAR_CONFIG)
+  assert hf_config.sdar_cannot_hold(config.model) is None
+  for change, named in (
+    (dict(attention_mask='bidirectional'), 'attends block-causally'),
+    (dict(qk_norm=False), 'has QK-norm'),
+    (dict(qkv_bias=True), 'no q/k/v-only biases'),
+  ):
+    other = config.copy_and_resolve_references()
+    other.model.update(change)
+    with pytest.raises(hf_config.HFConfigError, match=named):
+      hf_config.sdar_to_hf(other, vocab_rows=256, dtype='fp32')

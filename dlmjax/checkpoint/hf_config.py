@@ -4,7 +4,8 @@ Exports (the layouts of hf_layouts) write a transformers family's config.json (t
 the one whose layout holds the model exactly, export_family: Qwen3 with QK-norm, Qwen2 with q/k/v
 biases, Llama with neither) plus MegaDLMs DiffLM's `mask_token_id` and `attn_mask_type`, so
 `Qwen3ForCausalLM` / `Qwen2ForCausalLM` / `LlamaForCausalLM` load them and DiffLM tooling finds
-its fields, or LLaDA's (llada_to_hf), or Dream's for a shifted model (dream_to_hf). Imports read
+its fields, or LLaDA's (llada_to_hf), Dream's for a shifted model (dream_to_hf) or SDAR's for a
+block-causal QK-norm one (sdar_to_hf). Imports read
 Qwen3, MegaDLMs DiffLM, Qwen2, Llama, LLaDA, SDAR and Dream configs, each into the model options of
 its family (model.qk_norm, model.qkv_bias, model.rope_scaling, model.shift_logits, SDAR's
 block-causal attention), and the MoE families Qwen3-MoE and LLaDA-MoE (qwen3_moe_to_hf and
@@ -810,3 +811,71 @@ def llada_moe_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
 
 
 _MOE_TO_HF = dict(qwen3_moe=qwen3_moe_to_hf, llada_moe=llada_moe_to_hf)
+# SDAR's code (configuration_sdar.py, modeling_sdar.py and the fused loss file it imports) is not
+# ours to ship: the export's auto_map names it in the Hub repository it comes from, under the class
+# names SDAR-*-Chat's config.json gives (the dense sizes ship the same files).
+SDAR_CODE_REPO = 'JetLM/SDAR-4B-Chat'
+# The fields SDAR-*-Chat's config.json carries for SDAR's training code (modeling_sdar.py reads
+# fuse_cross_entropy; the rest configure its trainer), with the released values.
+_SDAR_TRAINING_FIELDS = dict(
+  attn_implementation='flex_attention',
+  fuse_cross_entropy=True,
+  micro_forward=False,
+  use_deepep=False,
+  ep_size=1,
+  skip_checkpoint=False,
+  debug=False,
+)
+
+
+def sdar_cannot_hold(m) -> str | None:
+  """Why SDAR's layout cannot represent a model (config.model or ModelConfig), or None: SDAR is
+  Qwen3's block (QK-norm, no biases) predicting each token at its own position, decoded with
+  block-causal attention over config.json's block_size (modeling_sdar.py, generate.py)."""
+  if not m.qk_norm:
+    return 'the sdar layout has QK-norm (SDARAttention q_norm / k_norm), the model has none'
+  if m.qkv_bias:
+    return 'the sdar layout has no q/k/v-only biases (attention_bias adds an o_proj bias too)'
+  if m.shift_logits:
+    return 'the sdar layout predicts each token at its own position (no shift)'
+  if m.attention_mask != 'block_causal':
+    return (
+      f'the sdar layout attends block-causally (SDAR decodes block by block), the model is '
+      f'{m.attention_mask}'
+    )
+  return None
+
+
+def sdar_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
+  """SDAR's config.json (SDARConfig's fields, as JetAstra/SDAR's SDAR-*-Chat ship them, which
+  JetEngine reads too) for a model sdar_cannot_hold accepts; refuses any other with the reason.
+  `block_size` and `mask_token_id` are the model's, as SDAR's training code reads them."""
+  m = config.model
+  why = sdar_cannot_hold(m)
+  if why is not None:
+    raise HFConfigError(f'cannot export as SDAR: {why}.')
+  hf = _qwen_fields(m, vocab_rows=vocab_rows, dtype=dtype)
+  hf.update(
+    architectures=['SDARForCausalLM'],
+    auto_map={
+      name: f'{SDAR_CODE_REPO}--{module}'
+      for name, module in (
+        ('AutoConfig', 'configuration_sdar.SDARConfig'),
+        ('AutoModel', 'modeling_sdar.SDARModel'),
+        ('AutoModelForCausalLM', 'modeling_sdar.SDARForCausalLM'),
+      )
+    },
+    model_type='sdar',
+    head_dim=m.head_dim,
+    attention_bias=False,
+    rope_scaling=_rope_fields(m.rope_scaling) if m.rope_scaling else None,
+    block_size=m.block_size,
+    bos_token_id=m.eos_token_id,  # SDAR-*-Chat: BOS = EOS = <|endoftext|>.
+    **_SDAR_TRAINING_FIELDS,
+  )
+  # SDAR's config.json has no pad_token_id (it pads with EOS, generation_config.json), and
+  # modeling_sdar.py makes config.pad_token_id the embedding's padding_idx, whose row then gets
+  # no gradient: the field is written only for a model that pads with another token.
+  if m.pad_token_id == m.eos_token_id:
+    del hf['pad_token_id']
+  return hf

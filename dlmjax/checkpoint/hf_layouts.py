@@ -89,6 +89,12 @@ def _dream_cannot_hold(m) -> str | None:
   return hf_config.dream_cannot_hold(m)
 
 
+def _sdar_cannot_hold(m) -> str | None:
+  if m.num_experts:  # SDAR-30B-A3B's MoE blocks are refused at import
+    return f'the sdar layout has a dense MLP, the model has {m.num_experts} experts'
+  return hf_config.sdar_cannot_hold(m)
+
+
 def _moe_cannot_hold(m, family: str) -> str | None:
   """What both MoE layouts need: experts, a softmax router, no q/k/v biases, no logit shift."""
   if not m.num_experts:
@@ -148,7 +154,7 @@ def register(layout: Layout) -> None:
 
 
 for _family, _sources in (
-  ('qwen3', ('qwen3', 'difflm', 'sdar')),  # SDAR: Qwen3's modules, block-causal
+  ('qwen3', ('qwen3', 'difflm')),
   ('qwen2', ('qwen2',)),
   ('llama', ('llama',)),
 ):
@@ -178,6 +184,17 @@ register(
     families=('dream',),
     cannot_hold=_dream_cannot_hold,
     config_json=hf_config.dream_to_hf,
+  )
+)
+
+# SDAR / TraDo: Qwen3's tensor names under SDAR's config.json (model_type sdar, block_size).
+register(
+  Layout(
+    name='sdar',
+    names='sdar',
+    families=('sdar',),
+    cannot_hold=_sdar_cannot_hold,
+    config_json=hf_config.sdar_to_hf,
   )
 )
 

@@ -6,7 +6,8 @@ modeling file exports ship (hf_modeling/modeling_dlmjax.py), and `Reference`, a 
 here from the same equations, for machines without transformers. Both read the exported names
 (Qwen3's, or Qwen2's / Llama's / Dream's: no q/k norm weights, and q/k/v biases where present;
 Dream's logits shifted right by one, as its generate reads them). transformers has no Dream class,
-so Dream exports are checked against `Reference`.
+so Dream exports are checked against `Reference`; so are SDAR's (its remote code, too, is not
+here), block-causal over config.json's block_size.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ class Reference(torch.nn.Module):
     self, hf_config: dict, state_dict: dict, dtype: torch.dtype = torch.float32, device='cpu'
   ):
     super().__init__()
-    kind = (hf_config.get('rope_parameters') or {}).get('rope_type', 'default')
+    kind = (hf_config.get('rope_parameters') or hf_config.get('rope_scaling') or {}).get(
+      'rope_type', 'default'
+    )
     if kind != 'default':
       raise ValueError(
         f'the plain PyTorch reference has no {kind!r} RoPE scaling; compare with transformers '
@@ -129,9 +132,11 @@ class Reference(torch.nn.Module):
     """float32 logits [B, L, vocab rows of the export]."""
     c, w = self.c, self.w
     eps = c['rms_norm_eps']
+    model_type = str(c.get('model_type', '')).lower()
+    # SDAR's config.json names no mask kind: SDAR attends block-causally over its block_size.
     mask = visibility(
       tokens_BL.shape[1],
-      c.get('attn_mask_type', 'bidirectional'),
+      c.get('attn_mask_type') or ('block_causal' if model_type == 'sdar' else 'bidirectional'),
       c.get('block_size', 0),
       tokens_BL.device,
     )
@@ -145,6 +150,6 @@ class Reference(torch.nn.Module):
       x = x + F.linear(F.silu(gate) * up, w[p + 'mlp.down_proj.weight'])
     x = _rms_norm(x, w['model.norm.weight'], eps)
     logits = F.linear(x.float(), w['lm_head.weight'].float())  # fp32 products, as our head.
-    if str(c.get('model_type', '')).lower() == 'dream':  # token i read from position i-1.
+    if model_type == 'dream':  # token i read from position i-1.
       logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
     return logits
