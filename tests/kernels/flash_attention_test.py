@@ -259,6 +259,8 @@ def test_gpu_bf16_matches_reference(kind):
     valid=[384, 301],
     dtype=jnp.bfloat16,
   )
+  if kind == 'two_stream':  # [x_t || x_0]: both streams hold the same documents
+    seg = jnp.concatenate([seg[:, :192], seg[:, :192]], axis=1)
   kw = dict(kind=kind, block_size=64, segment_ids_BL=seg, valid_length_B=valid)
   live = np.asarray(attention_lib.attention_mask(384, **kw).any(-1))[:, :, None, None]
   do = jnp.where(live, do, 0)
