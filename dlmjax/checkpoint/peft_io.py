@@ -125,7 +125,8 @@ def read_adapter(path: str, config, setup) -> dict:
   for naming in hf_mapping.NAMINGS.values():
     for i in range(cfg.num_layers):
       for target in _WEIGHTS:
-        index[_PREFIX + _module(naming, i, target)] = (target, i)
+        if target in naming.layer_keys:  # an MoE family's MLP has no dense gate / up / down
+          index[_PREFIX + _module(naming, i, target)] = (target, i)
   found = {}  # (target, layer, 'A'|'B') -> array
   for name in reader.keys():
     module, _, kind = name.rpartition('.lora_')

@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 
+from dlmjax.tasks import code_exec
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.train import stages
 from dlmjax.train import state as state_lib
@@ -57,8 +58,9 @@ def test_a_stage_declares_its_batch_and_the_step_sums_its_micro_batches(name):
   assert set(batch) == set(stage.batch_keys)
   assert all(v.shape[0] == 16 for v in batch.values())
   # The console's other names come into the row from outside the step: the reporter's step time
-  # and the rollout's generate / score seconds (rl/rollout.py).
+  # and the rollout's generate / score seconds and code verdict shares (rl/rollout.py).
   from_outside = {'step_time_s', 'generate_s', 'score_s'}
+  from_outside |= {f'code_{verdict}' for verdict in code_exec.VERDICTS}
   assert {'loss', 'tokens', *stage.console_metrics} - from_outside <= set(metrics_whole)
   assert np.isfinite(metrics_whole['loss']) and metrics_whole['skipped'] == 0.0
   _, _, params_split, metrics_split = _one_step(name, 8)
