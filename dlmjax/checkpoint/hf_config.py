@@ -612,6 +612,11 @@ def to_hf(config, *, vocab_rows: int, dtype: str, family: str | None = None) -> 
 LLADA_CODE_REPO = 'GSAI-ML/LLaDA-8B-Instruct'
 
 
+def _hub_auto_map(repo: str, **classes: str) -> dict:
+  """config.json's auto_map for code kept in a Hub repository: Auto class -> module.Class."""
+  return {name: f'{repo}--{target}' for name, target in classes.items()}
+
+
 def llada_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
   """LLaDA's config.json (LLaDAConfig's fields, as GSAI-ML/LLaDA-8B-* ship them) for a dlmjax
   model with LLaDA's architecture (hf_layouts refuses the others): the `llama` block, RMSNorm,
@@ -621,14 +626,12 @@ def llada_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
   hf = dict(_LLADA_DEFAULTS)
   hf.update(
     architectures=['LLaDAModelLM'],
-    auto_map={
-      name: f'{LLADA_CODE_REPO}--{module}'
-      for name, module in (
-        ('AutoConfig', 'configuration_llada.LLaDAConfig'),
-        ('AutoModelForCausalLM', 'modeling_llada.LLaDAModelLM'),
-        ('AutoModel', 'modeling_llada.LLaDAModelLM'),
-      )
-    },
+    auto_map=_hub_auto_map(
+      LLADA_CODE_REPO,
+      AutoConfig='configuration_llada.LLaDAConfig',
+      AutoModelForCausalLM='modeling_llada.LLaDAModelLM',
+      AutoModel='modeling_llada.LLaDAModelLM',
+    ),
     model_type='llada',
     block_type='llama',
     layer_norm_type='rms',
@@ -706,10 +709,11 @@ def dream_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
   hf = _qwen_fields(m, vocab_rows=vocab_rows, dtype=dtype)
   hf.update(
     architectures=['DreamModel'],
-    auto_map={
-      'AutoConfig': f'{DREAM_CODE_REPO}--configuration_dream.DreamConfig',
-      'AutoModel': f'{DREAM_CODE_REPO}--modeling_dream.DreamModel',
-    },
+    auto_map=_hub_auto_map(
+      DREAM_CODE_REPO,
+      AutoConfig='configuration_dream.DreamConfig',
+      AutoModel='modeling_dream.DreamModel',
+    ),
     model_type='Dream',
     rope_scaling=None,
   )
@@ -765,14 +769,12 @@ def llada_moe_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
   expert = m.moe_ffn_dim or m.ffn_dim
   return dict(
     architectures=['LLaDAMoEModelLM'],
-    auto_map={
-      name: f'{LLADA_MOE_CODE_REPO}--{module}'
-      for name, module in (
-        ('AutoConfig', 'configuration_lladamoe.LLaDAMoEConfig'),
-        ('AutoModel', 'modeling_lladamoe.LLaDAMoEModelLM'),
-        ('AutoModelForCausalLM', 'modeling_lladamoe.LLaDAMoEModelLM'),
-      )
-    },
+    auto_map=_hub_auto_map(
+      LLADA_MOE_CODE_REPO,
+      AutoConfig='configuration_lladamoe.LLaDAMoEConfig',
+      AutoModel='modeling_lladamoe.LLaDAMoEModelLM',
+      AutoModelForCausalLM='modeling_lladamoe.LLaDAMoEModelLM',
+    ),
     model_type='llada',
     vocab_size=vocab_rows,
     hidden_size=m.d_model,
@@ -857,14 +859,12 @@ def sdar_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
   hf = _qwen_fields(m, vocab_rows=vocab_rows, dtype=dtype)
   hf.update(
     architectures=['SDARForCausalLM'],
-    auto_map={
-      name: f'{SDAR_CODE_REPO}--{module}'
-      for name, module in (
-        ('AutoConfig', 'configuration_sdar.SDARConfig'),
-        ('AutoModel', 'modeling_sdar.SDARModel'),
-        ('AutoModelForCausalLM', 'modeling_sdar.SDARForCausalLM'),
-      )
-    },
+    auto_map=_hub_auto_map(
+      SDAR_CODE_REPO,
+      AutoConfig='configuration_sdar.SDARConfig',
+      AutoModel='modeling_sdar.SDARModel',
+      AutoModelForCausalLM='modeling_sdar.SDARForCausalLM',
+    ),
     model_type='sdar',
     head_dim=m.head_dim,
     attention_bias=False,

@@ -168,55 +168,25 @@ for _family, _sources in (
       ships_modeling=True,
     )
   )
-register(
-  Layout(
-    name='llada',
-    names='llada',
-    families=('llada',),
-    cannot_hold=_llada_cannot_hold,
-    config_json=hf_config.llada_to_hf,
+# The DLM families' own layouts, each its family's names and config.json: LLaDA's, Dream's, SDAR /
+# TraDo's (Qwen3's tensor names under SDAR's config.json: model_type sdar, block_size), and the
+# MoE families'.
+for _family, _cannot_hold, _config_json in (
+  ('llada', _llada_cannot_hold, hf_config.llada_to_hf),
+  ('dream', _dream_cannot_hold, hf_config.dream_to_hf),
+  ('sdar', _sdar_cannot_hold, hf_config.sdar_to_hf),
+  ('qwen3_moe', _qwen3_moe_cannot_hold, hf_config.qwen3_moe_to_hf),
+  ('llada_moe', _llada_moe_cannot_hold, hf_config.llada_moe_to_hf),
+):
+  register(
+    Layout(
+      name=_family,
+      names=_family,
+      families=(_family,),
+      cannot_hold=_cannot_hold,
+      config_json=_config_json,
+    )
   )
-)
-register(
-  Layout(
-    name='dream',
-    names='dream',
-    families=('dream',),
-    cannot_hold=_dream_cannot_hold,
-    config_json=hf_config.dream_to_hf,
-  )
-)
-
-# SDAR / TraDo: Qwen3's tensor names under SDAR's config.json (model_type sdar, block_size).
-register(
-  Layout(
-    name='sdar',
-    names='sdar',
-    families=('sdar',),
-    cannot_hold=_sdar_cannot_hold,
-    config_json=hf_config.sdar_to_hf,
-  )
-)
-
-
-register(
-  Layout(
-    name='qwen3_moe',
-    names='qwen3_moe',
-    families=('qwen3_moe',),
-    cannot_hold=_qwen3_moe_cannot_hold,
-    config_json=hf_config.qwen3_moe_to_hf,
-  )
-)
-register(
-  Layout(
-    name='llada_moe',
-    names='llada_moe',
-    families=('llada_moe',),
-    cannot_hold=_llada_moe_cannot_hold,
-    config_json=hf_config.llada_moe_to_hf,
-  )
-)
 
 
 def choices() -> list[str]:

@@ -472,7 +472,7 @@ def resolve_step_dir(path: str) -> tuple[str, str, int]:
   if not os.path.isdir(path):
     raise CheckpointError(f'checkpoint path {path} does not exist.')
   if os.path.exists(os.path.join(path, CONFIG_FILE)):
-    steps = _committed_steps(os.path.join(path, CHECKPOINT_DIR))
+    steps = steps_lib.committed_steps(os.path.join(path, CHECKPOINT_DIR))
     if not steps:
       raise CheckpointError(
         f'run directory {path} has no complete checkpoint under {CHECKPOINT_DIR}/.'
@@ -488,9 +488,6 @@ def resolve_step_dir(path: str) -> tuple[str, str, int]:
     f'{path} is neither a run directory (with {CONFIG_FILE}) nor a '
     f'checkpoint step directory (<run>/{CHECKPOINT_DIR}/<step>).'
   )
-
-
-_committed_steps = steps_lib.committed_steps
 
 
 def read_meta(step_dir: str) -> dict:
