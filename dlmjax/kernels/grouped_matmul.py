@@ -19,6 +19,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from dlmjax import config as config_lib
 from dlmjax.kernels import grouped_matmul_pallas
 
 BACKENDS = ('auto', 'xla', 'tokamax', 'pallas')  # model.moe_backend
@@ -51,9 +52,9 @@ def resolve(backend: str = 'auto') -> str:
   if backend == 'auto':
     return 'pallas' if jax.default_backend() == 'gpu' else 'xla'
   if backend == 'tokamax' and not tokamax_available():
-    raise ValueError(
-      'grouped matmul backend tokamax does not import; pip install ".[moe]" (tokamax and xprof) '
-      'or use backend xla.'
+    raise config_lib.ConfigError(
+      'model.moe_backend=tokamax: tokamax does not import; pip install ".[moe]" (tokamax and '
+      'xprof) or set --config.model.moe_backend=auto.'
     )
   return backend
 
@@ -102,7 +103,8 @@ def _tokamax_ragged_dot(lhs_MK, rhs_GKN, group_sizes_G):
     except Exception as e:  # noqa: BLE001 - any failure to trace: the next implementation
       error = e
       _failures[implementation] = f'{type(e).__name__}: {str(e).splitlines()[0][:200]}'
-  raise ValueError(
-    f'grouped matmul backend tokamax failed here ({_failures}); use backend pallas (GPU) or xla, '
-    'or a tokamax release built for this jax.'
+  raise config_lib.ConfigError(
+    f'model.moe_backend=tokamax: grouped matmul backend tokamax failed here ({_failures}); use '
+    'backend pallas (GPU) or xla (--config.model.moe_backend=auto picks one), or a tokamax '
+    'release built for this jax.'
   ) from error
