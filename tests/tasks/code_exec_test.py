@@ -16,7 +16,9 @@ OUTSIDE = '/tmp/dlmjax_sandbox_escape_probe'
 HOSTILE = {
   'loop': ('while True:\n  pass\n', 'timeout'),
   'sleep': ('import time\ntime.sleep(60)\n', 'timeout'),
-  'alloc': ('x = []\nwhile True:\n  x.append(bytearray(10**8))\n', 'memory'),
+  # 1 GB a piece: the first one is past RLIMIT_AS, so no page is touched and a loaded machine
+  # cannot turn it into a timeout (100 MB pieces once took 2.1 s and hit the CPU limit there).
+  'alloc': ('x = []\nwhile True:\n  x.append(bytearray(10**9))\n', 'memory'),
   'socket': ('import socket\nsocket.create_connection(("1.1.1.1", 80), timeout=1)\n', 'network'),
   'socket_caught': (
     'import socket\ntry:\n  socket.socket()\nexcept BaseException:\n  pass\n',
