@@ -3,6 +3,10 @@ objective's RL stage once per RL seed, all with the same budget; held-out greedy
 
   python -m benchmarks.rl_objectives --objectives d1,wd1,coupled_grpo --seeds 0,1,2 \
       [--task arithmetic] [--pretrain-steps 40] [--sft-steps 240] [--rl-steps 60] [--eval-num 128]
+  python -m benchmarks.rl_objectives --objectives d1,wd1,wd1@train.lr=3e-5   # an lr of its own
+
+An entry OBJECTIVE@KEY=VALUE[@KEY=VALUE...] runs that objective with those keys on top of its
+recipe (one row per entry, named as written).
 
 The stages are the demo's (configs/demo.py's recipe for --task, its per-objective overrides);
 only the step counts change. Pre-training and SFT run once (seed 0), so the seeds vary only the
@@ -19,6 +23,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import resource
 import time
 
@@ -64,14 +69,17 @@ def main() -> None:
   print('RESULT', json.dumps(dict(stage='sft', mean_reward=sft['mean_reward'])), flush=True)
 
   rewards = {}
-  for objective in objectives:
+  for entry in objectives:
+    objective, *keys = entry.split('@')
+    name = re.sub(r'[^A-Za-z0-9.-]+', '_', entry)
     for seed in seeds:
       config = copy.deepcopy(demo.stage_configs(0, args.work_dir, args.task, objective)['rl'])
+      config_lib.apply_overrides(config, keys)
       config_lib.apply_overrides(
         config,
         {
           'seed': seed,
-          'output_dir': os.path.join(args.work_dir, f'rl_{objective}_seed{seed}'),
+          'output_dir': os.path.join(args.work_dir, f'rl_{name}_seed{seed}'),
           'train.steps': args.rl_steps,
           'train.warmup_steps': min(config.train.warmup_steps, args.rl_steps // 2),
           'eval.every': 0,  # scored once, on the final checkpoint
@@ -83,8 +91,8 @@ def main() -> None:
       score = demo.evaluate_stage(
         config.output_dir, args.task, sampling=sampling, num=args.eval_num
       )
-      rewards.setdefault(objective, []).append(score['mean_reward'])
-      row = dict(objective=objective, seed=seed, mean_reward=score['mean_reward'])
+      rewards.setdefault(entry, []).append(score['mean_reward'])
+      row = dict(objective=entry, seed=seed, mean_reward=score['mean_reward'])
       print('RESULT', json.dumps(row), flush=True)
 
   print(
