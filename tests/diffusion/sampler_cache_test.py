@@ -119,7 +119,10 @@ def _same(model_config, params, sampling, prompts=PROMPTS, key=0, mesh=None):
 @pytest.mark.parametrize(
   'kind,changes',
   [
-    ('causal', dict(cfg_scale=1.5, temperature=0.7, top_p=0.9)),
+    # Margin orders by the tempered, top-p distribution. With low_confidence at these settings
+    # XLA's CPU build on AVX-512 hosts commits a token outside the nucleus in `none` itself
+    # (eager and --xla_cpu_max_isa=SSE4_2 agree with the cache), so that pair cannot be compared.
+    ('causal', dict(cfg_scale=1.5, temperature=0.7, top_p=0.9, remasking='margin')),
     ('causal', dict(threshold=0.3, remasking='random', stop_at_eos=True)),
     ('block_causal', dict(cfg_scale=0.5, threshold=0.3)),
   ],
