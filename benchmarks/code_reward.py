@@ -8,14 +8,15 @@ with a correct, a half-wrong, a broken and (every 8th) a hostile completion (end
 socket); the rewards are checked against what each must get (1, 1/3, 0, 0) before any time is
 printed. Reported: the sandbox's seconds per completion (mean, p50, p90), the batch's wall
 seconds and completions per second at --workers parallel sandboxes.
---rl: a random tiny model (configs/tiny.py shrunk) saved as a checkpoint, then one RL rollout
-(rl.task=mbpp on those problems, rl.inner_updates updates) through the normal trainer: its
-generate_s / score_s / step_time_s (metrics.jsonl). Then overlap: the same model generates a
-batch of completions alone (G), the sandboxes score a batch alone (S), and both at once (C,
-Scorer.submit before generating): overlap = (G + S - C) / min(G, S), 1 = the sandboxes cost the
-accelerator nothing, 0 = they run one after the other. The RL loop today scores after it
-generates (score_s is inside the rollout); the overlap figure says what submitting the scoring
-of rollout k while generating rollout k+1 would buy. One table last.
+--rl: a random tiny model (configs/tiny.py shrunk) saved as a checkpoint, then two RL rollouts
+(rl.task=mbpp on those problems, rl.inner_updates updates each) through the normal trainer; of
+the second (compiled) rollout: generate_s, score_s, and inside score_s the sandboxes' reward_s
+and the log-probs' logprob_s, which run at once (score_s about their max, not their sum), and
+the update's step_time_s (metrics.jsonl). Then overlap: the same model generates batches of
+completions alone (G, repeated to take about S), the sandboxes score a batch alone (S), and both
+at once (C, Scorer.submit before generating): overlap = (G + S - C) / min(G, S), 1 = the
+sandboxes cost the accelerator nothing, 0 = they run one after the other: what scoring rollout k
+while generating rollout k+1 would buy beyond the overlap with the log-probs. One table last.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def rl_bench(rows, workdir: str, args) -> dict:
       'rl.inner_updates': 2,
       'train.global_batch_size': args.rl_batch,
       'train.micro_batch_size': args.rl_batch,
-      'train.steps': 2,
+      'train.steps': 4,  # two rollouts: the second is compiled
       'train.schedule': 'constant',
       'train.warmup_steps': 0,
       'sampler.gen_length': 64,
@@ -153,11 +154,13 @@ def rl_bench(rows, workdir: str, args) -> dict:
   loop.train(rl)
   with open(os.path.join(rl.output_dir, 'metrics.jsonl')) as f:
     metrics = [json.loads(line) for line in f]
-  rollout = next(r for r in metrics if 'generate_s' in r)
+  rollout = [r for r in metrics if 'generate_s' in r][-1]
   updates = [r['step_time_s'] for r in metrics if 'step_time_s' in r]
   return dict(
     rl_generate_s=rollout['generate_s'],
     rl_score_s=rollout['score_s'],
+    rl_reward_s=rollout['reward_s'],
+    rl_logprob_s=rollout['logprob_s'],
     rl_update_s=float(np.mean(updates)) if updates else float('nan'),
     rl_reward=rollout['rollout_reward_mean'],
     **overlap(init, rows, args),
@@ -180,18 +183,29 @@ def overlap(init: str, rows, args) -> dict:
   ]
   scorer = code_exec.Scorer(code_exec.Limits(), args.workers)
   start = time.perf_counter()
-  model.generate(prompts)
-  generate = time.perf_counter() - start
-  start = time.perf_counter()
   scorer.run(programs)
   score = time.perf_counter() - start
+  # A tiny model generates in milliseconds: G repeats its batch to take about S, so the overlap
+  # compares like with like.
+  start = time.perf_counter()
+  model.generate(prompts)
+  repeats = max(1, round(score / (time.perf_counter() - start)))
+
+  def generate_all():
+    for _ in range(repeats):
+      model.generate(prompts)
+
+  start = time.perf_counter()
+  generate_all()
+  generate = time.perf_counter() - start
   start = time.perf_counter()
   future = scorer.submit(programs)
-  model.generate(prompts)
+  generate_all()
   future.result()
   both = time.perf_counter() - start
   scorer.close()
   return dict(
+    generate_batches=repeats,
     alone_generate_s=generate,
     alone_score_s=score,
     together_s=both,

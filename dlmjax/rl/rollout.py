@@ -8,6 +8,7 @@ Rollouts never leave the device mesh except as token ids and rewards for scoring
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import random
 import time
@@ -136,6 +137,7 @@ class RolloutBatches:
       )
     self.served = 0  # batches handed out; rollout = served // inner_updates
     self._batch = None
+    self._reward_thread = concurrent.futures.ThreadPoolExecutor(1, 'rewards')
 
   def get_state(self) -> dict:
     return dict(served=self.served)
@@ -188,11 +190,11 @@ class RolloutBatches:
     if r.objective in objectives.TRAJECTORY_OBJECTIVES:
       out, steps = out
     generate_s = time.time() - start
-    # Score: rewards, advantages, old and reference estimates for every inner iteration.
+    # Score: rewards, advantages, old and reference estimates for every inner iteration. The
+    # rewards (for code tasks, sandboxes: seconds of subprocesses) are computed on a host thread
+    # while the accelerator computes the log-probs, which need only the tokens.
     start = time.time()
     texts = self.sampler.texts(out)
-    rewards, failures, correct, counters = score_texts(self.prompts.task, examples, texts)
-    advantages = row_advantages(rewards, group, r.objective)
     tokens, completion_mask, lengths = to_right_padded(
       out, prompt_lengths, r.max_prompt_tokens, eos_id=m.eos_token_id, pad_id=m.pad_token_id
     )
@@ -204,15 +206,22 @@ class RolloutBatches:
     ).astype(np.int32)
     if steps is not None:
       steps = steps_right_padded(steps, prompt_lengths, tokens.shape[1])
-    old_all, ref_all = self._old_and_reference(
-      params, tokens, prompt_lengths, lengths, seeds, steps
+    ((rewards, failures, correct, counters), reward_s), ((old_all, ref_all), logprob_s) = (
+      overlapped(
+        self._reward_thread,
+        lambda: score_texts(self.prompts.task, examples, texts),
+        lambda: self._old_and_reference(params, tokens, prompt_lengths, lengths, seeds, steps),
+      )
     )
+    advantages = row_advantages(rewards, group, r.objective)
     score_s = time.time() - start
     row = dict(
       step=self.served + 1,
       rollout=index,
       generate_s=generate_s,
       score_s=score_s,
+      reward_s=reward_s,
+      logprob_s=logprob_s,
       rollout_reward_mean=float(rewards.mean()),
       rollout_reward_std=float(rewards.std()),
       rollout_accuracy=float(np.mean(correct)),
@@ -298,6 +307,20 @@ def row_advantages(rewards_B, group_size: int, objective: str):
   if objective == 'wd1':
     return advantages_lib.wd1_weights(advantages, group_size)
   return advantages
+
+
+def overlapped(thread, on_host, here):
+  """((on_host(), its seconds), (here(), its seconds)): on_host runs on `thread` (an executor)
+  while `here` runs on the calling thread, so host work (a code task's sandboxes wait seconds on
+  subprocesses) overlaps the accelerator's (the log-probs, which need only the tokens)."""
+
+  def timed(fn):
+    start = time.time()
+    return fn(), time.time() - start
+
+  future = thread.submit(timed, on_host)
+  mine = timed(here)
+  return future.result(), mine
 
 
 def score_texts(task, examples, texts):

@@ -2,7 +2,10 @@
 verdict (passed, failed, timeout, memory, crash, refused) in metrics.jsonl and the console line;
 other tasks log none."""
 
+import concurrent.futures
 import json
+import threading
+import time
 
 from dlmjax import tasks
 from dlmjax.rl import rollout
@@ -74,3 +77,27 @@ def test_other_tasks_log_no_code_counters(tmp_path):
   reporter = _reporter(tmp_path)
   reporter.write_row(dict(step=1, rollout=0, rollout_reward_mean=0.0, **counters))
   assert 'code_' not in reporter._line(dict(step=1, loss=0.5, lr=1e-3, grad_norm=1.0))  # pylint: disable=protected-access
+
+
+def test_rewards_are_scored_while_the_log_probs_run():
+  """The rollout scores on a host thread while the accelerator computes the log-probs: the
+  sandboxes' seconds add nothing to the rollout when the log-probs take as long."""
+  thread = concurrent.futures.ThreadPoolExecutor(1)
+  started = threading.Event()
+
+  def on_host():  # a sandbox batch, started once the log-probs are under way
+    assert started.wait(timeout=10), 'the rewards were scored before the log-probs started'
+    time.sleep(0.3)
+    return 'rewards'
+
+  def here():
+    started.set()
+    time.sleep(0.3)
+    return 'log-probs'
+
+  begin = time.time()
+  (rewards, reward_s), (logprobs, logprob_s) = rollout.overlapped(thread, on_host, here)
+  wall = time.time() - begin
+  thread.shutdown()
+  assert (rewards, logprobs) == ('rewards', 'log-probs')
+  assert min(reward_s, logprob_s) >= 0.3 and wall < 0.55, (reward_s, logprob_s, wall)
