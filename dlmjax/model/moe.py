@@ -14,10 +14,14 @@ Routers (model.router):
 
 Dispatch is dropless: every (token, choice) assignment is sorted by expert, the experts run as a
 grouped matmul over their contiguous rows (kernels/grouped_matmul.py), and the outputs go back
-to their tokens, weighted. With a mesh the experts are sharded over `expert` (and their hidden
-width over `tensor`): each device gathers the tokens of its `expert` group, runs its own experts
-on the assignments that chose them, and a reduce-scatter returns every token its summed output
-(`_sharded_dispatch`).
+to their tokens, weighted (`dispatch`: `run_experts`, then `combine`). With a mesh the experts
+are sharded over `expert` (and their hidden width over `tensor`), and model.moe_exchange picks how
+tokens reach them (`_sharded_dispatch`; docs/moe.md, expert parallelism):
+- gather: each device gathers the tokens of its `expert` group, runs its own experts on the
+  assignments that chose them, and a reduce-scatter returns every token its summed output.
+- all_to_all: each device sends its assignments to the devices of their experts, which run them
+  and send the outputs back (`exchange_dispatch`). The exchange is a dense all-to-all of a
+  worst-case buffer, so it stays dropless.
 
 Every layer reports router statistics (`layer_stats`): per-expert assignment counts, the
 load-balancing loss (Switch / transformers' load_balancing_loss_func: E x sum_e f_e P_e, f_e the
@@ -212,10 +216,10 @@ def exchange_dispatch(x_TD, experts_TK, weights_TK, gate, up, down, *, axis, sha
   A dense all-to-all (jax.lax.all_to_all), not ragged_all_to_all: XLA:CPU has no
   ragged-all-to-all (jax 0.10.2: UNIMPLEMENTED in its thunk emitter), and the tests run there.
   Cost per layer and device: two all-to-alls of shards x C x D (the buffer moves whole, padding
-  included), so min(k, E_local) times the gather path's all-gather + reduce-scatter of
-  shards x T x D (equal when E_local = 1); the grouped matmul's rows: shards x C, the gather
-  path's shards x T x k or fewer. A ragged exchange would move only the real rows, T x k at
-  any balance.
+  included) and one of the int32 expert ids, so min(k, E_local) times the gather path's
+  all-gather + reduce-scatter of shards x T x D (equal when E_local = 1); the grouped matmul
+  runs shards x C rows, at most the gather path's shards x T x k. A ragged exchange would move
+  only the real rows, T x k at any balance.
   """
   tokens, k = experts_TK.shape
   local_experts = gate.shape[0]
@@ -261,7 +265,7 @@ def _sharded_dispatch(
   token's partial outputs and returns them to the rows' owner; with `tensor`, each device holds
   F / tensor of every expert's width and a sum over `tensor` completes the down projection. Cost
   per layer: an all-gather and a reduce-scatter of expert x the local activations over `expert`
-  (an all-to-all would move only the assignments, k / expert of that at balance), and the
+  (a ragged all-to-all would move only the assignments, k / expert of that at balance), and the
   grouped matmul's row buffer holds expert x the local assignments. Expert weights are gathered
   over `fsdp` on the way in, as any FSDP weight.
 
