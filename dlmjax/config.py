@@ -71,6 +71,11 @@ def defaults() -> ml_collections.ConfigDict:
   # The experts' grouped matmul (kernels/grouped_matmul.py): xla (ragged_dot) | tokamax | pallas
   # (our Triton kernels) | auto (tokamax on GPU where it imports, else xla).
   c.model.moe_backend = 'auto'
+  # How tokens reach experts split over mesh.expert (model/moe.py): gather (all-gather the expert
+  # group's tokens, reduce-scatter the outputs: 2 x expert x local activations per layer) |
+  # all_to_all (send each assignment to its expert's device and back: dropless, so a dense
+  # worst-case buffer of min(k, experts per device) times that; equal with one expert a device).
+  c.model.moe_exchange = 'gather'
   # The projections' matmuls (q/k/v/o, MLP gate/up/down): 'compute' runs them in model.dtype,
   # 'fp8' in FP8 on Hopper (e4m3 forward, e5m2 gradients, per-tensor scales; model/fp8.py). The
   # output head and the attention core stay in model.dtype either way.
@@ -636,6 +641,7 @@ _CHOICES = {
   'model.dtype': ('float32', 'bfloat16'),
   'model.router': ('softmax_topk', 'softmax_topk_raw', 'sigmoid_bias'),
   'model.moe_backend': ('auto', 'xla', 'tokamax', 'pallas'),
+  'model.moe_exchange': ('gather', 'all_to_all'),
   'model.matmul_dtype': ('compute', 'fp8'),
   'model.remat': (
     'none',

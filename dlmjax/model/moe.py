@@ -14,10 +14,14 @@ Routers (model.router):
 
 Dispatch is dropless: every (token, choice) assignment is sorted by expert, the experts run as a
 grouped matmul over their contiguous rows (kernels/grouped_matmul.py), and the outputs go back
-to their tokens, weighted. With a mesh the experts are sharded over `expert` (and their hidden
-width over `tensor`): each device gathers the tokens of its `expert` group, runs its own experts
-on the assignments that chose them, and a reduce-scatter returns every token its summed output
-(`_sharded_dispatch`).
+to their tokens, weighted (`dispatch`: `run_experts`, then `combine`). With a mesh the experts
+are sharded over `expert` (and their hidden width over `tensor`), and model.moe_exchange picks how
+tokens reach them (`_sharded_dispatch`; docs/moe.md, expert parallelism):
+- gather: each device gathers the tokens of its `expert` group, runs its own experts on the
+  assignments that chose them, and a reduce-scatter returns every token its summed output.
+- all_to_all: each device sends its assignments to the devices of their experts, which run them
+  and send the outputs back (`exchange_dispatch`). The exchange is a dense all-to-all of a
+  worst-case buffer, so it stays dropless.
 
 Every layer reports router statistics (`layer_stats`): per-expert assignment counts, the
 load-balancing loss (Switch / transformers' load_balancing_loss_func: E x sum_e f_e P_e, f_e the
@@ -43,6 +47,7 @@ from dlmjax.parallel import rules
 
 ROUTERS = ('softmax_topk', 'softmax_topk_raw', 'sigmoid_bias')
 BIAS = 'router_bias'  # the sigmoid_bias router's selection bias, a param with no gradient.
+EXCHANGES = ('gather', 'all_to_all')  # model.moe_exchange: how tokens reach sharded experts
 
 
 class MoE(nnx.Module):
@@ -63,20 +68,19 @@ class MoE(nnx.Module):
     rngs: nnx.Rngs,
     num_stacked: int = 0,
     backend: str = 'auto',
+    exchange: str = 'gather',
   ):
     if router not in ROUTERS:
       raise ValueError(f'model.router={router!r} is not one of {ROUTERS}.')
+    if exchange not in EXCHANGES:
+      raise ValueError(f'model.moe_exchange={exchange!r} is not one of {EXCHANGES}.')
     if not 0 < experts_per_token <= num_experts:
       raise ValueError(
         f'model.experts_per_token={experts_per_token} must be in [1, model.num_experts='
         f'{num_experts}]; lower it.'
       )
-    self.num_experts, self.top_k, self.router, self.backend = (
-      num_experts,
-      experts_per_token,
-      router,
-      backend,
-    )
+    self.num_experts, self.top_k, self.router = num_experts, experts_per_token, router
+    self.backend, self.exchange = backend, exchange
     kw = dict(num_stacked=num_stacked)
     self.router_kernel = layers.stacked_param(
       rngs, (d_model, num_experts), (rules.EMBED, None), std=std, **kw
@@ -120,7 +124,9 @@ class MoE(nnx.Module):
     """(output [B, L, D] in x's dtype, this layer's router statistics)."""
     experts_BLK, weights_BLK, stats = self.route(x_BLD)
     w = [p.value.astype(x_BLD.dtype) for p in (self.gate_proj, self.up_proj, self.down_proj)]
-    out_BLD = _sharded_dispatch(x_BLD, experts_BLK, weights_BLK, *w, backend=self.backend)
+    out_BLD = _sharded_dispatch(
+      x_BLD, experts_BLK, weights_BLK, *w, backend=self.backend, exchange=self.exchange
+    )
     if hasattr(self, 'shared'):
       out_BLD = out_BLD + self.shared(x_BLD)
     return out_BLD, stats
@@ -146,14 +152,32 @@ def dispatch(
 ):
   """sum_k weights[t, k] * Expert_{experts[t, k]}(x[t]) over the experts held here: global ids
   [first_expert, first_expert + E_local); assignments to other experts add nothing."""
-  tokens, k = experts_TK.shape
+  k = experts_TK.shape[1]
+  y_AD = run_experts(
+    x_TD,
+    experts_TK.reshape(-1) - first_expert,
+    gate_EDF,
+    up_EDF,
+    down_EFD,
+    rows_per_token=k,
+    backend=backend,
+  )
+  return combine(y_AD, weights_TK, x_TD.dtype)
+
+
+def run_experts(x_RD, local_A, gate_EDF, up_EDF, down_EFD, *, rows_per_token=1, backend='auto'):
+  """y[a] = Expert_{local[a]}(x[a // rows_per_token]) for every assignment a, in a's order; zero
+  where local[a] is not in [0, E_local) (an expert held elsewhere, or a padding row).
+
+  The assignments are sorted by expert and the experts run as a grouped matmul over their
+  contiguous rows; the rows are gathered from x in sorted order, so no sorted copy of x is
+  built first."""
   local_experts = gate_EDF.shape[0]
-  local_A = experts_TK.reshape(-1) - first_expert
   # Assignments to experts held elsewhere sort last, past every group.
   key_A = jnp.where((local_A >= 0) & (local_A < local_experts), local_A, local_experts)
   order_A = jnp.argsort(key_A, stable=True)
   group_sizes = jnp.bincount(key_A, length=local_experts + 1)[:local_experts].astype(jnp.int32)
-  x_AD = jnp.take(x_TD, order_A // k, axis=0)
+  x_AD = jnp.take(x_RD, order_A // rows_per_token, axis=0)
   # The dense MLP's activation names (model/transformer.py REMAT_POLICIES): the policies that
   # keep its projections keep the experts' too, instead of re-running the grouped matmuls.
   gate_AF = checkpoint_name(
@@ -164,15 +188,76 @@ def dispatch(
   y_AD = checkpoint_name(
     gmm.grouped_matmul(hidden_AF, down_EFD, group_sizes, backend=backend), 'mlp_out'
   )
-  y_TKD = jnp.take(y_AD, jnp.argsort(order_A), axis=0).reshape(tokens, k, -1)
+  return jnp.take(y_AD, jnp.argsort(order_A), axis=0)
+
+
+def combine(y_AD, weights_TK, dtype):
+  """sum_k weights[t, k] * y[t * k + k'] (assignments in token-major order), in float32."""
+  tokens, k = weights_TK.shape
+  y_TKD = y_AD.reshape(tokens, k, -1)
   out_TD = jnp.einsum(
     'tkd,tk->td', y_TKD, weights_TK.astype(y_TKD.dtype), preferred_element_type=jnp.float32
   )
-  return out_TD.astype(x_TD.dtype)
+  return out_TD.astype(dtype)
 
 
-def _sharded_dispatch(x_BLD, experts_BLK, weights_BLK, gate, up, down, *, backend):
-  """`dispatch` on every device of the activation mesh (plainly without one).
+def exchange_dispatch(x_TD, experts_TK, weights_TK, gate, up, down, *, axis, shards, backend):
+  """`dispatch` of this device's tokens over experts split across `shards` devices of mesh axis
+  `axis` (inside shard_map), the assignments exchanged by all-to-all.
+
+  Each device sorts its (token, choice) assignments by expert, and so by destination shard
+  (global expert // E_local), and writes them to a send buffer [shards, C, D]; one all-to-all
+  hands every device the rows for its own experts from every source, which run through
+  `run_experts` (padding rows carry an out-of-range id: they sort last and come out zero); the
+  reverse all-to-all returns each row to its slot, the slots are unsorted to (token, choice)
+  order and `combine` weights them. Dropless: C is the worst case one device can send to one
+  shard, T x min(k, E_local) (a token's k choices are distinct experts), whatever the routing.
+
+  A dense all-to-all (jax.lax.all_to_all), not ragged_all_to_all: XLA:CPU has no
+  ragged-all-to-all (jax 0.10.2: UNIMPLEMENTED in its thunk emitter), and the tests run there.
+  Cost per layer and device: two all-to-alls of shards x C x D (the buffer moves whole, padding
+  included) and one of the int32 expert ids, so min(k, E_local) times the gather path's
+  all-gather + reduce-scatter of shards x T x D (equal when E_local = 1); the grouped matmul
+  runs shards x C rows, at most the gather path's shards x T x k. A ragged exchange would move
+  only the real rows, T x k at any balance.
+  """
+  tokens, k = experts_TK.shape
+  local_experts = gate.shape[0]
+  capacity = tokens * min(k, local_experts)
+  experts_A = experts_TK.reshape(-1)
+  order_A = jnp.argsort(experts_A, stable=True)  # by expert, so by destination shard
+  sorted_A = experts_A[order_A]
+  dest_A = sorted_A // local_experts
+  counts_S = jnp.bincount(dest_A, length=shards)
+  starts_S = jnp.cumsum(counts_S) - counts_S
+  slot_A = jnp.arange(order_A.shape[0]) - starts_S[dest_A]  # the row's place in its shard's chunk
+  # Send buffers; padding rows keep the local id local_experts (no expert anywhere).
+  send_SCD = jnp.zeros((shards, capacity, x_TD.shape[1]), x_TD.dtype)
+  send_SCD = send_SCD.at[dest_A, slot_A].set(jnp.take(x_TD, order_A // k, axis=0))
+  ids_SC = jnp.full((shards, capacity), local_experts, jnp.int32)
+  ids_SC = ids_SC.at[dest_A, slot_A].set((sorted_A % local_experts).astype(jnp.int32))
+  # Chunk s goes to shard s; what arrives is [source, C, ...].
+  recv_SCD = jax.lax.all_to_all(send_SCD, axis, 0, 0)
+  recv_ids_SC = jax.lax.all_to_all(ids_SC, axis, 0, 0)
+  y_RD = run_experts(
+    recv_SCD.reshape(shards * capacity, -1),
+    recv_ids_SC.reshape(-1),
+    gate,
+    up,
+    down,
+    backend=backend,
+  )
+  back_SCD = jax.lax.all_to_all(y_RD.reshape(shards, capacity, -1), axis, 0, 0)
+  y_sorted_AD = back_SCD[dest_A, slot_A]
+  y_AD = jnp.take(y_sorted_AD, jnp.argsort(order_A), axis=0)
+  return combine(y_AD, weights_TK, x_TD.dtype)
+
+
+def _sharded_dispatch(
+  x_BLD, experts_BLK, weights_BLK, gate, up, down, *, backend, exchange='gather'
+):
+  """`dispatch` on every device of the activation mesh (plainly without one); exchange (one of
+  EXCHANGES, model.moe_exchange) picks how tokens meet the experts split over `expert`.
 
   Expert parallelism by gathering: the tokens of the devices in one `expert` group are
   all-gathered (each device then holds expert x its rows), every device runs its E / expert
@@ -180,10 +265,17 @@ def _sharded_dispatch(x_BLD, experts_BLK, weights_BLK, gate, up, down, *, backen
   token's partial outputs and returns them to the rows' owner; with `tensor`, each device holds
   F / tensor of every expert's width and a sum over `tensor` completes the down projection. Cost
   per layer: an all-gather and a reduce-scatter of expert x the local activations over `expert`
-  (an all-to-all would move only the assignments, k / expert of that at balance), and the
+  (a ragged all-to-all would move only the assignments, k / expert of that at balance), and the
   grouped matmul's row buffer holds expert x the local assignments. Expert weights are gathered
   over `fsdp` on the way in, as any FSDP weight.
+
+  exchange='all_to_all' moves the assignments instead (`exchange_dispatch`: its docstring gives
+  its cost); each device keeps its own rows, so no reduce-scatter, and `tensor` is summed as
+  above. Rows replicated over the mesh need no exchange either way: both take the gather path,
+  which then gathers nothing.
   """
+  if exchange not in EXCHANGES:
+    raise ValueError(f'model.moe_exchange={exchange!r} is not one of {EXCHANGES}.')
   mesh = rules.current_mesh()
   expert_axis = tensor_axis = None
   stream = P()
@@ -198,6 +290,20 @@ def _sharded_dispatch(x_BLD, experts_BLK, weights_BLK, gate, up, down, *, backen
   split_rows = stream != P()
 
   def body(x, experts, weights, gate, up, down):
+    if expert_axis and split_rows and exchange == 'all_to_all':
+      rows, length, dim = x.shape
+      out = exchange_dispatch(
+        x.reshape(rows * length, dim),
+        experts.reshape(rows * length, -1),
+        weights.reshape(rows * length, -1),
+        gate,
+        up,
+        down,
+        axis=expert_axis,
+        shards=mesh.shape[expert_axis],
+        backend=backend,
+      ).reshape(rows, length, dim)
+      return jax.lax.psum(out, tensor_axis) if tensor_axis else out
     first = 0
     if expert_axis:
       if split_rows:

@@ -339,6 +339,7 @@ class ModelConfig:
   shared_experts: int = 0  # a dense SwiGLU of shared_experts x expert width beside the experts
   router: str = 'softmax_topk'
   moe_backend: str = 'auto'  # the experts' grouped matmul (kernels/grouped_matmul.py BACKENDS)
+  moe_exchange: str = 'gather'  # how tokens reach experts split over mesh.expert (moe.EXCHANGES)
 
   @property
   def lora_spec(self):
@@ -393,6 +394,7 @@ class ModelConfig:
       shared_experts=m.shared_experts,
       router=m.router,
       moe_backend=m.moe_backend,
+      moe_exchange=m.moe_exchange,
       **schedule,
     )
 

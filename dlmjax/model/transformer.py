@@ -109,6 +109,7 @@ class Block(nnx.Module):
         router=cfg.router,
         shared_ffn_dim=cfg.shared_experts * cfg.expert_dim,
         backend=cfg.moe_backend,
+        exchange=cfg.moe_exchange,
         std=cfg.init_std,
         out_std=out_std,
         **kw,

@@ -1,7 +1,7 @@
 """Expert parallelism: a tiny MoE trains to one device's losses with experts split over `expert`
 and their width over `tensor`, rows over `data` and `expert` (the all-gather, the reduce-scatter
-and the sum over `tensor`), the loss-free balancing bias moving identically; bad expert counts
-fail with one line."""
+and the sum over `tensor`; or the two all-to-alls of model.moe_exchange=all_to_all), the
+loss-free balancing bias moving identically; bad expert counts fail with one line."""
 
 import numpy as np
 import pytest
@@ -31,9 +31,9 @@ MOE = {
 }
 
 
-def moe_config(**mesh):
+def moe_config(exchange='gather', **mesh):
   axes = {f'mesh.{a}': mesh.get(a, 1) for a in ('data', 'fsdp', 'expert', 'context', 'tensor')}
-  return tiny_test_config(**MOE, **axes)
+  return tiny_test_config(**MOE, **axes, **{'model.moe_exchange': exchange})
 
 
 @pytest.fixture(scope='module')
@@ -44,12 +44,20 @@ def one_device():
 
 # The first layout exercises every collective of the dispatch: rows split over data and expert,
 # experts over expert, their width over tensor; the second splits the rows' length over context.
+# all_to_all: the same layouts with the assignments exchanged, and one expert a device.
 @pytest.mark.parametrize(
-  'mesh', [dict(data=2, expert=2, tensor=2), dict(expert=2, context=2, tensor=2)]
+  'exchange,mesh',
+  [
+    ('gather', dict(data=2, expert=2, tensor=2)),
+    ('gather', dict(expert=2, context=2, tensor=2)),
+    ('all_to_all', dict(data=2, expert=2, tensor=2)),
+    ('all_to_all', dict(expert=2, context=2, tensor=2)),
+    ('all_to_all', dict(expert=4, tensor=2)),
+  ],
 )
-def test_expert_layouts_match_one_device(one_device, mesh):
+def test_expert_layouts_match_one_device(one_device, exchange, mesh):
   want_losses, want_state = one_device
-  losses, state = run_steps(moe_config(**mesh), num_steps=3)
+  losses, state = run_steps(moe_config(exchange, **mesh), num_steps=3)
   np.testing.assert_allclose(losses, want_losses, rtol=1e-4)
   bias = np.asarray(state['params']['blocks']['mlp']['router_bias'])
   np.testing.assert_allclose(bias, want_state['params']['blocks']['mlp']['router_bias'], atol=1e-6)
