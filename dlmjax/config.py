@@ -69,7 +69,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.shared_experts = 0
   c.model.router = 'softmax_topk'
   # The experts' grouped matmul (kernels/grouped_matmul.py): xla (ragged_dot) | tokamax | pallas
-  # (our Triton kernels) | auto (tokamax on GPU where it imports, else xla).
+  # (our Triton kernels) | auto (pallas on GPU, measured fastest: docs/benchmarks.md MoE; else xla).
   c.model.moe_backend = 'auto'
   # How tokens reach experts split over mesh.expert (model/moe.py): gather (all-gather the expert
   # group's tokens, reduce-scatter the outputs: 2 x expert x local activations per layer) |
