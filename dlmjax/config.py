@@ -58,7 +58,7 @@ def defaults() -> ml_collections.ConfigDict:
   # kernels/rms_norm.py) | auto (the kernel on GPU where it applies).
   c.model.norm_backend = 'xla'
   c.model.dtype = 'float32'  # compute dtype: float32 | bfloat16; params stay float32.
-  # Mixture of experts (dlmjax/model/moe.py): num_experts > 0 makes every layer's MLP an MoE of
+  # Mixture of experts (dlmjax/model/moe.py): num_experts > 0 makes each layer's MLP an MoE of
   # that many SwiGLU experts of width moe_ffn_dim (0 = model.ffn_dim), experts_per_token chosen per
   # token by model.router: softmax_topk (weights renormalised, Qwen3-MoE) | softmax_topk_raw (raw
   # softmax weights, LLaDA-MoE / OLMoE) | sigmoid_bias (DeepSeek-V3 loss-free balancing);

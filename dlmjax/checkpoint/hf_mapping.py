@@ -1,6 +1,8 @@
 """The one map between dlmjax's parameter dict and Hugging Face tensor names and layouts.
 
-Ours: one array per parameter kind stacked over layers (leading axis L), attention kernels split
+Ours: one array per parameter kind stacked over layers (leading axis L; an MoE model with dense
+layers stacks each run of layers of one kind under its own key, ModelConfig.layer_runs, and
+layer i's tensors come from its run's slice), attention kernels split
 by head ([D, N, H], [N, H, D]), matmul kernels as [in, out]. Hugging Face: one tensor per layer,
 nn.Linear weights as [out, in]. Both directions stream: export yields one HF tensor at a time;
 import fills each stacked array from one HF tensor at a time, so a model is never held twice.
