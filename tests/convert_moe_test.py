@@ -190,6 +190,13 @@ def test_dense_layer_patterns_derive_as_transformers_and_deepseek_lay_them_out()
   assert indices(6, sparse_step=3, mlp_only=[5]) == '0,1,3,4,5'
   assert indices(5, first_k_dense=2) == '0,1'
   assert indices(4) == ''
+  hf = dict(family_dirs.QWEN3_MOE_CONFIG, model_type='qwen3_moe')
+  for changes, dense in (
+    (dict(num_hidden_layers=4, decoder_sparse_step=2), '0,2'),
+    (dict(num_hidden_layers=1), ''),  # one sparse layer is no dense one
+    (dict(num_hidden_layers=3, mlp_only_layers=[2, 0], decoder_sparse_step=None), '0,2'),
+  ):
+    assert hf_config.config_from_hf(dict(hf, **changes)).model.dense_layers == dense, changes
 
 
 def _refused(match, fn, *args, **kwargs):

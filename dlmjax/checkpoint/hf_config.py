@@ -336,7 +336,7 @@ def _qwen3_moe_experts(hf: dict) -> dict:
     )
   except config_lib.ConfigError as e:
     raise HFConfigError(f'Qwen3-MoE config: {e}') from None
-  if len(dense.split(',')) == layers:
+  if dense and len(dense.split(',')) == layers:
     raise HFConfigError(
       'this qwen3_moe config makes every layer dense (decoder_sparse_step / mlp_only_layers); '
       'save it as Qwen3.'
@@ -743,8 +743,8 @@ def moe_family(m) -> str:
 
 def qwen3_moe_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
   """transformers' Qwen3MoeConfig config.json (as Qwen/Qwen3-30B-A3B ships it) for a dlmjax MoE
-  model the qwen3_moe layout holds (hf_layouts): Qwen3's attention, the dense layers as
-  mlp_only_layers (decoder_sparse_step 1: every other layer sparse), the
+  model the qwen3_moe layout holds (hf_layouts): Qwen3's attention, model.dense_layers as
+  mlp_only_layers (with decoder_sparse_step 1 every layer not listed is sparse), the
   router's renormalisation as norm_topk_prob. Attention as to_hf's exports: `is_causal`, which
   transformers' own masks honour (bidirectional or causal; block_causal is refused)."""
   m = config.model
