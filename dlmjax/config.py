@@ -58,12 +58,16 @@ def defaults() -> ml_collections.ConfigDict:
   # kernels/rms_norm.py) | auto (the kernel on GPU where it applies).
   c.model.norm_backend = 'xla'
   c.model.dtype = 'float32'  # compute dtype: float32 | bfloat16; params stay float32.
-  # Mixture of experts (dlmjax/model/moe.py): num_experts > 0 makes every layer's MLP an MoE of
+  # Mixture of experts (dlmjax/model/moe.py): num_experts > 0 makes each layer's MLP an MoE of
   # that many SwiGLU experts of width moe_ffn_dim (0 = model.ffn_dim), experts_per_token chosen per
   # token by model.router: softmax_topk (weights renormalised, Qwen3-MoE) | softmax_topk_raw (raw
   # softmax weights, LLaDA-MoE / OLMoE) | sigmoid_bias (DeepSeek-V3 loss-free balancing);
   # shared_experts > 0 adds a dense SwiGLU of shared_experts x moe_ffn_dim every token passes.
+  # dense_layers: comma-separated layer indices ('0,1') whose MLP stays the dense one of ffn_dim
+  # in an MoE model (Qwen3-MoE's mlp_only_layers / decoder_sparse_step, DeepSeek's
+  # first_k_dense_replace; dense_layer_indices derives it); '' = every layer MoE.
   c.model.num_experts = 0
+  c.model.dense_layers = ''
   c.model.experts_per_token = 2
   c.model.moe_ffn_dim = 0
   c.model.shared_experts = 0
@@ -901,6 +905,32 @@ def _validate_lora(config):
       )
 
 
+def dense_layers(m) -> tuple[int, ...]:
+  """model.dense_layers as sorted layer indices ('3,0' -> (0, 3)); ConfigError if not integers."""
+  text = m.dense_layers
+  try:
+    return tuple(sorted({int(part) for part in text.split(',') if part.strip()}))
+  except ValueError:
+    raise ConfigError(
+      f'model.dense_layers={text!r} is not comma-separated layer indices; set e.g. '
+      "--config.model.dense_layers='0,1'."
+    ) from None
+
+
+def dense_layer_indices(
+  num_layers: int, *, sparse_step: int = 1, mlp_only=(), first_k_dense: int = 0
+) -> str:
+  """model.dense_layers of a checkpoint's layer pattern: transformers' Qwen3-MoE makes layer i
+  sparse iff i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0; DeepSeek / Ling
+  / LLaDA2 keep the first first_k_dense_replace layers dense."""
+  if sparse_step < 1:
+    raise ConfigError(f'decoder_sparse_step={sparse_step} must be >= 1.')
+  dense = [
+    i for i in range(num_layers) if i in set(mlp_only) or (i + 1) % sparse_step or i < first_k_dense
+  ]
+  return ','.join(map(str, dense))
+
+
 def lora_targets(config) -> tuple[str, ...]:
   """The names in train.lora.targets ('q,k,v' -> ('q', 'k', 'v'))."""
   return tuple(t.strip() for t in config.train.lora.targets.split(',') if t.strip())
@@ -1170,6 +1200,23 @@ def _validate_experts(config):
   for key in ('moe_balance_loss', 'moe_z_loss', 'moe_bias_rate'):
     if t[key] < 0:
       raise ConfigError(f'train.{key}={t[key]} must be >= 0 (0 = off).')
+  dense = dense_layers(m)
+  if dense and not m.num_experts:
+    raise ConfigError(
+      f'model.dense_layers={m.dense_layers!r} marks dense layers of an MoE model, but '
+      "model.num_experts=0 (every layer is dense); set --config.model.dense_layers=''."
+    )
+  outside = [i for i in dense if not 0 <= i < m.num_layers]
+  if outside:
+    raise ConfigError(
+      f'model.dense_layers={m.dense_layers!r} names layers {outside} outside [0, '
+      f'model.num_layers={m.num_layers}); list indices below {m.num_layers}.'
+    )
+  if dense and len(dense) == m.num_layers:
+    raise ConfigError(
+      f'model.dense_layers={m.dense_layers!r} makes every layer dense; set '
+      "--config.model.num_experts=0 and --config.model.dense_layers=''."
+    )
   if not m.num_experts:
     if mesh.expert > 1:
       raise ConfigError(

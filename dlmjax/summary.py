@@ -53,12 +53,19 @@ def _experts_lines(cfg) -> list[str]:
   """An MoE's experts and its active parameters (what FLOPs and MFU count)."""
   if not cfg.num_experts:
     return []
-  return [
-    f'experts: {cfg.num_experts} per layer of width {cfg.expert_dim}, '
-    f'{cfg.experts_per_token} per token ({cfg.router}) + {cfg.shared_experts} shared; '
-    f'{cfg.num_expert_params():,} routed-expert parameters',
+  lines = [
+    f'experts: {cfg.num_experts} per {"MoE " if cfg.dense_layers else ""}layer of width '
+    f'{cfg.expert_dim}, {cfg.experts_per_token} per token ({cfg.router}) + '
+    f'{cfg.shared_experts} shared; {cfg.num_expert_params():,} routed-expert parameters',
     f'active parameters per token: {cfg.num_params(active=True):,} (FLOPs and MFU count these)',
   ]
+  if cfg.dense_layers:
+    lines.insert(
+      1,
+      f'dense layers: {",".join(map(str, cfg.dense_layers))} of {cfg.num_layers} (an MLP of '
+      f'ffn_dim {cfg.ffn_dim}); {cfg.num_moe_layers} MoE layers',
+    )
+  return lines
 
 
 def summarize(config, num_devices: int | None) -> str:

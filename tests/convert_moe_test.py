@@ -16,6 +16,7 @@ import json
 import math
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -141,6 +142,63 @@ def test_qwen3_moe_export_is_bit_exact_and_loads_in_transformers(qwen3_moe, tmp_
     assert derived.model[key] == config.model[key], key
 
 
+@pytest.fixture(scope='module')
+def qwen3_moe_mixed(tmp_path_factory):
+  """A 4-layer Qwen3-MoE with dense layers: decoder_sparse_step=2 leaves layers 0 and 2 dense,
+  mlp_only_layers=[3] layer 3 too, so only layer 1 is sparse (runs: dense, MoE, dense x 2)."""
+  hf_dir = family_dirs.qwen3_moe_dir(
+    tmp_path_factory.mktemp('qwen3_moe_mixed'),
+    num_hidden_layers=4,
+    decoder_sparse_step=2,
+    mlp_only_layers=[3],
+  )
+  config, params = hf_io.load_hf(hf_dir)
+  return hf_dir, _transformers_logits(hf_dir), config, params, _ours(config, params)
+
+
+def test_qwen3_moe_with_dense_layers_imports_and_exports_to_the_transformers_forward(
+  qwen3_moe_mixed, tmp_path
+):
+  hf_dir, theirs, config, params, ours = qwen3_moe_mixed
+  assert (config.model.dense_layers, config.model.ffn_dim) == ('0,2,3', 96)
+  assert sorted(k for k in params if k.startswith('blocks')) == ['blocks', 'blocks_1', 'blocks_2']
+  assert params['blocks_2']['mlp']['gate_proj'].shape == (2, 64, 96)  # two dense layers stacked
+  _close(theirs, ours)
+  # The parity can fail: the same weights with the layer kinds read in another order (the
+  # dense run's two layers swapped) are another function.
+  swapped = dict(params, blocks_2=jax.tree.map(lambda v: v[::-1], params['blocks_2']))
+  with pytest.raises(AssertionError):
+    _close(theirs, _ours(config, swapped))
+
+  out = str(tmp_path / 'export')
+  hf_io.write_hf(out, config, params, dtype='fp32', trim_vocab=True, source_family='qwen3_moe')
+  original, exported = _tensors(hf_dir), _tensors(out)
+  assert sorted(original) == sorted(exported)
+  for name, tensor in original.items():
+    np.testing.assert_array_equal(tensor, exported[name], err_msg=name)
+  with open(os.path.join(out, 'config.json')) as f:
+    written = json.load(f)
+  assert (written['decoder_sparse_step'], written['mlp_only_layers']) == (1, [0, 2, 3])
+  _close(theirs, _transformers_logits(out, plain=True))
+  os.remove(os.path.join(out, hf_config.DLMJAX_CONFIG_FILE))
+  assert hf_io.load_hf(out)[0].model.dense_layers == '0,2,3'
+
+
+def test_dense_layer_patterns_derive_as_transformers_and_deepseek_lay_them_out():
+  indices = hf_config.config_lib.dense_layer_indices
+  assert indices(6, sparse_step=2) == '0,2,4'  # (i + 1) % 2 == 0 is sparse
+  assert indices(6, sparse_step=3, mlp_only=[5]) == '0,1,3,4,5'
+  assert indices(5, first_k_dense=2) == '0,1'
+  assert indices(4) == ''
+  hf = dict(family_dirs.QWEN3_MOE_CONFIG, model_type='qwen3_moe')
+  for changes, dense in (
+    (dict(num_hidden_layers=4, decoder_sparse_step=2), '0,2'),
+    (dict(num_hidden_layers=1), ''),  # one sparse layer is no dense one
+    (dict(num_hidden_layers=3, mlp_only_layers=[2, 0], decoder_sparse_step=None), '0,2'),
+  ):
+    assert hf_config.config_from_hf(dict(hf, **changes)).model.dense_layers == dense, changes
+
+
 def _refused(match, fn, *args, **kwargs):
   with pytest.raises(ValueError, match=match) as e:
     fn(*args, **kwargs)
@@ -150,8 +208,11 @@ def _refused(match, fn, *args, **kwargs):
 def test_moe_checkpoints_we_cannot_compute_are_refused_in_one_line(qwen3_moe):
   hf_dir, _, config, _, _ = qwen3_moe
   hf = hf_config.read(hf_dir)
-  _refused('mlp_only_layers', hf_config.config_from_hf, dict(hf, mlp_only_layers=[1]))
-  _refused('decoder_sparse_step=2', hf_config.config_from_hf, dict(hf, decoder_sparse_step=2))
+  _refused('every layer dense', hf_config.config_from_hf, dict(hf, mlp_only_layers=[0, 1]))
+  _refused('decoder_sparse_step=0', hf_config.config_from_hf, dict(hf, decoder_sparse_step=0))
+  _refused(
+    'model.dense_layers: checkpoint', hf_config.check_matches, dict(hf, mlp_only_layers=[1]), config
+  )
   _refused(
     'model.num_experts: checkpoint 8', hf_config.check_matches, dict(hf, num_experts=8), config
   )

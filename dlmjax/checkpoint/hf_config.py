@@ -322,20 +322,27 @@ def _qwen3_moe_experts(hf: dict) -> dict:
   """The MoE options of a transformers Qwen3MoeConfig (configuration_qwen3_moe.py,
   modeling_qwen3_moe.py): softmax over the experts in float32, the top num_experts_per_tok,
   renormalised when norm_topk_prob; no shared expert. Layers listed in mlp_only_layers, or off the
-  decoder_sparse_step grid, are dense Qwen3MoeMLPs of intermediate_size, which dlmjax's
-  every-layer-MoE stack cannot hold."""
+  decoder_sparse_step grid ((i + 1) % step != 0), are dense Qwen3MoeMLPs of intermediate_size:
+  model.dense_layers, whose MLP is ffn_dim wide."""
   experts = hf.get('num_experts', hf.get('num_local_experts'))
-  sparse_step = int(hf.get('decoder_sparse_step', 1) or 1)
-  dense_layers = list(hf.get('mlp_only_layers') or [])
   if not experts:
     raise HFConfigError('qwen3_moe config with num_experts=0 is a dense model; save it as Qwen3.')
-  if sparse_step != 1 or dense_layers:
+  layers = int(hf['num_hidden_layers'])
+  try:
+    dense = config_lib.dense_layer_indices(
+      layers,
+      sparse_step=int(1 if hf.get('decoder_sparse_step') is None else hf['decoder_sparse_step']),
+      mlp_only=[int(i) for i in hf.get('mlp_only_layers') or []],
+    )
+  except config_lib.ConfigError as e:
+    raise HFConfigError(f'Qwen3-MoE config: {e}') from None
+  if dense and len(dense.split(',')) == layers:
     raise HFConfigError(
-      f'Qwen3-MoE with dense layers (decoder_sparse_step={sparse_step}, mlp_only_layers='
-      f'{dense_layers}) is not supported: every dlmjax layer is MoE; use a checkpoint whose '
-      'layers are all sparse (decoder_sparse_step=1, mlp_only_layers=[]).'
+      'this qwen3_moe config makes every layer dense (decoder_sparse_step / mlp_only_layers); '
+      'save it as Qwen3.'
     )
   return dict(
+    dense_layers=dense,
     num_experts=int(experts),
     experts_per_token=int(hf.get('num_experts_per_tok', 8)),
     moe_ffn_dim=int(hf['moe_intermediate_size']),
@@ -396,7 +403,11 @@ def _llada_moe_dims(hf: dict) -> dict:
       float(hf['partial_rotary_factor']) == 1.0,
       f'partial_rotary_factor={hf["partial_rotary_factor"]} (RoPE rotates every dim here)',
     ),
-    (all(f == 1 for f in freq), f'moe_layer_freq={freq} (dense layers; every dlmjax layer is MoE)'),
+    (
+      all(f == 1 for f in freq),
+      f'moe_layer_freq={freq} (dense layers: this import has no reference forward of '
+      "LLaDA-MoE's dense MLP to check them against)",
+    ),
     (shared % expert == 0, f'shared_expert_intermediate_size={shared}, not a multiple of {expert}'),
   ):
     if not ok:
@@ -412,6 +423,7 @@ def _llada_moe_dims(hf: dict) -> dict:
     num_experts=int(hf['num_experts']),
     experts_per_token=int(hf['num_experts_per_tok']),
     moe_ffn_dim=expert,
+    dense_layers='',
     shared_experts=shared // expert,
     router='softmax_topk_raw',
     vocab_size=hf['vocab_size'],
@@ -507,6 +519,8 @@ def check_matches(hf: dict, config, *, missing_qk_norm: str = 'error') -> None:
     config.model.to_dict(), rope_scaling=config_lib.parse_rope_scaling(config.model.rope_scaling)
   )
   dims['rope_scaling'] = config_lib.parse_rope_scaling(dims['rope_scaling'])
+  if 'dense_layers' in dims:  # compared as indices: '0, 2' and '2,0' are one set
+    ours['dense_layers'] = ','.join(map(str, config_lib.dense_layers(config.model)))
   differing = [
     f'model.{k}: checkpoint {v!r}, config {ours[k]!r}' for k, v in dims.items() if ours[k] != v
   ]
@@ -729,7 +743,8 @@ def moe_family(m) -> str:
 
 def qwen3_moe_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
   """transformers' Qwen3MoeConfig config.json (as Qwen/Qwen3-30B-A3B ships it) for a dlmjax MoE
-  model the qwen3_moe layout holds (hf_layouts): Qwen3's attention, every layer sparse, the
+  model the qwen3_moe layout holds (hf_layouts): Qwen3's attention, model.dense_layers as
+  mlp_only_layers (with decoder_sparse_step 1 every layer not listed is sparse), the
   router's renormalisation as norm_topk_prob. Attention as to_hf's exports: `is_causal`, which
   transformers' own masks honour (bidirectional or causal; block_causal is refused)."""
   m = config.model
@@ -744,7 +759,7 @@ def qwen3_moe_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
     dtype=hf['torch_dtype'],
     attn_mask_type=m.attention_mask,
     decoder_sparse_step=1,
-    mlp_only_layers=[],
+    mlp_only_layers=list(config_lib.dense_layers(m)),
     moe_intermediate_size=m.moe_ffn_dim or m.ffn_dim,
     num_experts=m.num_experts,
     num_experts_per_tok=m.experts_per_token,

@@ -125,6 +125,8 @@ def _llada_moe_cannot_hold(m) -> str | None:
   """LLaDA-MoE (modeling_lladamoe.py): the raw top-k softmax weights, head size d_model /
   num_heads, bidirectional attention."""
   why = _moe_cannot_hold(m, 'llada_moe')
+  if why is None and getattr(m, 'dense_layers', ''):
+    why = 'the llada_moe export writes every layer MoE, the model has dense layers'
   if why is None and m.router != 'softmax_topk_raw':
     why = (
       'the llada_moe layout never renormalises the top-k weights (model.router=softmax_topk_raw)'

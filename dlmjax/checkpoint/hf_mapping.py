@@ -1,6 +1,8 @@
 """The one map between dlmjax's parameter dict and Hugging Face tensor names and layouts.
 
-Ours: one array per parameter kind stacked over layers (leading axis L), attention kernels split
+Ours: one array per parameter kind stacked over layers (leading axis L; an MoE model with dense
+layers stacks each run of layers of one kind under its own key, ModelConfig.layer_runs, and
+layer i's tensors come from its run's slice), attention kernels split
 by head ([D, N, H], [N, H, D]), matmul kernels as [in, out]. Hugging Face: one tensor per layer,
 nn.Linear weights as [out, in]. Both directions stream: export yields one HF tensor at a time;
 import fills each stacked array from one HF tensor at a time, so a model is never held twice.
@@ -88,10 +90,11 @@ _MOE_KEYS = dict(
 NAMINGS = {
   'qwen3': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
   # transformers' Qwen3MoeForCausalLM: save_pretrained writes the published per-expert names;
-  # the fused in-memory form (Qwen3MoeExperts) is read too.
+  # the fused in-memory form (Qwen3MoeExperts) is read too. Its dense layers (mlp_only_layers,
+  # decoder_sparse_step) are Qwen3MoeMLPs: mlp.{gate,up,down}_proj, as Qwen3's.
   'qwen3_moe': Naming(
     **_LLAMA_LIKE,
-    layer_keys=_MOE_KEYS,
+    layer_keys=dict(_MOE_KEYS, **{k: _QWEN3_KEYS[k] for k in ('gate', 'up', 'down')}),
     fused=(
       ('mlp.experts.gate_up_proj', (('expert_gate', 0), ('expert_up', 1))),
       ('mlp.experts.down_proj', (('expert_down', None),)),
@@ -182,8 +185,8 @@ _EXPERT_SLOTS = ('router', 'expert_gate', 'expert_up', 'expert_down')
 _SHARED_SLOTS = ('shared_gate', 'shared_up', 'shared_down')
 
 
-def model_slots(cfg: ModelConfig) -> list[str]:
-  """The per-layer slots our model of `cfg` has (QK-norm and biases only where switched on; the
+def layer_slots(cfg: ModelConfig, i: int) -> list[str]:
+  """The slots layer i of our model of `cfg` has (QK-norm and biases only where switched on; the
   dense MLP's or the experts', with the shared experts' when there are any)."""
   if cfg.num_experts and cfg.router == 'sigmoid_bias':
     raise MappingError(
@@ -191,7 +194,7 @@ def model_slots(cfg: ModelConfig) -> list[str]:
       'by softmax); keep the run directory (orbax) for it.'
     )
   mlp = _DENSE_SLOTS
-  if cfg.num_experts:
+  if cfg.is_moe_layer(i):
     mlp = (*_EXPERT_SLOTS, *(_SHARED_SLOTS if cfg.shared_experts else ()))
   every_mlp = (*_DENSE_SLOTS, *_EXPERT_SLOTS, *_SHARED_SLOTS)
   return [
@@ -201,6 +204,19 @@ def model_slots(cfg: ModelConfig) -> list[str]:
     and (cfg.qkv_bias or s not in _BIAS_SLOTS)
     and (s in mlp or s not in every_mlp)
   ]
+
+
+def model_slots(cfg: ModelConfig) -> list[str]:
+  """The slots any layer of our model has (a mixed model's dense and MoE ones together)."""
+  every = {s for i in range(cfg.num_layers) for s in layer_slots(cfg, i)}
+  return [s for s in _SLOTS if s in every]
+
+
+def _path(cfg: ModelConfig, i: int, slot: str) -> tuple[tuple, int]:
+  """(path of layer i's slot in our params, its index on the stack): the path's first key is the
+  layer's run of one kind (ModelConfig.layer_runs; `blocks` when all layers are one kind)."""
+  key, j = cfg.layer_location(i)
+  return (key, *_SLOTS[slot][0][1:]), j
 
 
 def export_family(cfg: ModelConfig) -> str:
@@ -314,7 +330,7 @@ def export_entries(
   naming = _export_naming(cfg, names)
   entries = [(naming.embed, (vocab_rows, cfg.d_model))]
   for i in range(cfg.num_layers):
-    for slot in model_slots(cfg):
+    for slot in layer_slots(cfg, i):
       entries += [(name, shape) for name, shape, _ in _layer_tensors(naming, cfg, i, slot)]
   entries.append((naming.final_norm, (cfg.d_model,)))
   if not cfg.tie_embeddings:  # tied: transformers re-creates lm_head from the embedding.
@@ -339,10 +355,11 @@ def export_tensors(
   # yield, so the generator never holds two copies of one tensor.
   yield naming.embed, np.asarray(to_host(_get(params, _EMBED)[:vocab_rows]), np.float32)
   for i in range(cfg.num_layers):
-    for slot in model_slots(cfg):
-      path, layout = _SLOTS[slot]
+    for slot in layer_slots(cfg, i):
+      layout = _SLOTS[slot][1]
+      path, j = _path(cfg, i, slot)
       if layout == 'experts':  # one layer's experts on the host, one expert's tensor yielded
-        experts = np.asarray(to_host(_get(params, path)[i]), np.float32)
+        experts = np.asarray(to_host(_get(params, path)[j]), np.float32)
         for name, _, e in _layer_tensors(naming, cfg, i, slot):
           yield name, np.ascontiguousarray(experts[e].T)
         del experts
@@ -350,7 +367,7 @@ def export_tensors(
       yield (
         naming.layer_name(i, slot),
         np.ascontiguousarray(
-          _to_hf(np.asarray(to_host(_get(params, path)[i]), np.float32), layout)
+          _to_hf(np.asarray(to_host(_get(params, path)[j]), np.float32), layout)
         ),
       )
   yield naming.final_norm, np.asarray(to_host(_get(params, _FINAL_NORM)), np.float32)
@@ -386,14 +403,19 @@ class DictSource:
     return self._to_numpy(self._tensors[name])
 
 
-def _expected(naming: Naming, cfg: ModelConfig, slots) -> list[str]:
+def _source_slots(naming: Naming, cfg: ModelConfig, i: int) -> list[str]:
+  """Layer i's slots that the checkpoint holds (a QK-norm it lacks is filled with ones)."""
+  return [s for s in layer_slots(cfg, i) if s in naming.layer_keys]
+
+
+def _expected(naming: Naming, cfg: ModelConfig) -> list[str]:
   names = [naming.embed, naming.final_norm]
   if not cfg.tie_embeddings:
     names.append(naming.lm_head)
   names += [
     name
     for i in range(cfg.num_layers)
-    for s in slots
+    for s in _source_slots(naming, cfg, i)
     for name, _, _ in _layer_tensors(naming, cfg, i, s)
   ]
   return names
@@ -493,8 +515,7 @@ def check_source(
       'experts, model.shared_experts > 0); import into a model without them.'
     )
   source = _unfused(source, naming, cfg)
-  slots = [s for s in model_slots(cfg) if s in naming.layer_keys]
-  expected = _expected(naming, cfg, slots)
+  expected = _expected(naming, cfg)
   present = set(source.keys())
   missing = [n for n in expected if n not in present]
   if missing:
@@ -522,7 +543,7 @@ def check_source(
   if not cfg.tie_embeddings:
     want[naming.lm_head] = (rows, cfg.d_model)
   for i in range(cfg.num_layers):
-    for slot in slots:
+    for slot in _source_slots(naming, cfg, i):
       want.update({name: shape for name, shape, _ in _layer_tensors(naming, cfg, i, slot)})
   for name, shape in want.items():
     if source.shape(name) != shape:
@@ -581,21 +602,22 @@ def import_params(
     place(_vocab_rows(np.asarray(source.get(naming.embed), np.float32), cfg.vocab_size)),
   )
   shapes = _layer_shapes(cfg)
-  for slot in model_slots(cfg):
-    path, layout = _SLOTS[slot]
-    stacked = np.empty((cfg.num_layers, *shapes[slot]), np.float32)
-    for i in range(cfg.num_layers):
-      if slot not in naming.layer_keys:  # q_norm / k_norm with missing_qk_norm='ones'.
-        stacked[i] = 1.0
-        continue
-      if layout == 'experts':
-        for name, _, e in _layer_tensors(naming, cfg, i, slot):
-          stacked[i, e] = np.asarray(source.get(name), np.float32).T
-        continue
-      tensor = np.asarray(source.get(naming.layer_name(i, slot)), np.float32)
-      stacked[i] = _from_hf(tensor, layout, shapes[slot])
-    _set(params, path, place(stacked))
-    del stacked
+  for _, _, start, end in cfg.layer_runs():  # one stack per run of layers of one kind
+    for slot in layer_slots(cfg, start):
+      layout = _SLOTS[slot][1]
+      stacked = np.empty((end - start, *shapes[slot]), np.float32)
+      for j, i in enumerate(range(start, end)):
+        if slot not in naming.layer_keys:  # q_norm / k_norm with missing_qk_norm='ones'.
+          stacked[j] = 1.0
+          continue
+        if layout == 'experts':
+          for name, _, e in _layer_tensors(naming, cfg, i, slot):
+            stacked[j, e] = np.asarray(source.get(name), np.float32).T
+          continue
+        tensor = np.asarray(source.get(naming.layer_name(i, slot)), np.float32)
+        stacked[j] = _from_hf(tensor, layout, shapes[slot])
+      _set(params, _path(cfg, start, slot)[0], place(stacked))
+      del stacked
   _set(params, _FINAL_NORM, place(np.asarray(source.get(naming.final_norm), np.float32)))
   if not cfg.tie_embeddings:
     head_VD = _vocab_rows(np.asarray(source.get(naming.lm_head), np.float32), cfg.vocab_size)

@@ -48,11 +48,12 @@ _RESUME_KEYS = (
   'model.moe_ffn_dim',
   'model.shared_experts',
   'model.router',
+  'model.dense_layers',
   'seed',
   'train.global_batch_size',
   'diffusion.objective',
 )
-_ARCHITECTURE_KEYS = _RESUME_KEYS[:16]
+_ARCHITECTURE_KEYS = _RESUME_KEYS[:17]
 # Test hook, "STEP:SECONDS": stall the commit of that step's save (its files written, the step not
 # yet committed), so a test can kill the process mid-save deterministically.
 COMMIT_DELAY_ENV = 'DLMJAX_TEST_COMMIT_DELAY'

@@ -48,13 +48,15 @@ def _target_of(path) -> str:
 def adapter_tensors(adapters: dict, cfg, family: str):
   """Yields (PEFT tensor name, float32 [r, in] or [out, r]) for every layer's adapters."""
   naming = hf_mapping.NAMINGS[family]
+  runs = {key: (start, end) for key, _, start, end in cfg.layer_runs()}  # a path's first key
   for path, a, b in lora.adapted_weights(adapters):
     target = _target_of(path)
     a, b = np.asarray(jax.device_get(a), np.float32), np.asarray(jax.device_get(b), np.float32)
-    for i in range(cfg.num_layers):
+    start, end = runs[path[0]]
+    for j, i in enumerate(range(start, end)):
       module = _PREFIX + _module(naming, i, target)
-      yield module + '.lora_A.weight', np.ascontiguousarray(a[i].reshape(-1, a.shape[-1]).T)
-      yield module + '.lora_B.weight', np.ascontiguousarray(b[i].reshape(b.shape[1], -1).T)
+      yield module + '.lora_A.weight', np.ascontiguousarray(a[j].reshape(-1, a.shape[-1]).T)
+      yield module + '.lora_B.weight', np.ascontiguousarray(b[j].reshape(b.shape[1], -1).T)
 
 
 def write_adapter(
@@ -104,6 +106,12 @@ def read_adapter(path: str, config, setup) -> dict:
   """The adapters of a PEFT directory in the setup's trainable shardings, checked against the
   run's rank, alpha, targets and model shapes (any family hf_mapping names, LLaDA's included)."""
   cfg = setup.model_config
+  if len(cfg.layer_runs()) > 1:
+    _fail(
+      path,
+      'is read into one stack of layers, the model has dense and MoE ones (model.dense_layers)',
+      'train the adapter from scratch, or use a model whose layers are all of one kind',
+    )
   config_path = os.path.join(path, CONFIG_FILE)
   if not os.path.exists(config_path) or not os.path.exists(os.path.join(path, WEIGHTS_FILE)):
     _fail(path, f'no {CONFIG_FILE} and {WEIGHTS_FILE}', 'point it at a PEFT adapter directory')

@@ -270,7 +270,15 @@ def num_adapter_params(cfg) -> int:
   if not cfg.lora_rank:
     return 0
   widths = config_lib.projection_widths(cfg)
-  return cfg.num_layers * sum(cfg.lora_rank * sum(widths[t]) for t in cfg.lora_targets)
+  return sum(_layers_with(cfg, t) * cfg.lora_rank * sum(widths[t]) for t in cfg.lora_targets)
+
+
+def _layers_with(cfg, target: str) -> int:
+  """Layers holding the target's projection: every layer's attention, the dense MLP's gate, up
+  and down only in the layers without experts (an MoE's experts take no adapters)."""
+  if target in ('gate', 'up', 'down'):
+    return cfg.num_layers - cfg.num_moe_layers
+  return cfg.num_layers
 
 
 def base_bytes(cfg, float_bytes: int) -> float:
@@ -284,5 +292,5 @@ def base_bytes(cfg, float_bytes: int) -> float:
     # int8 scales one output column over all inputs; 4-bit blocks run along the last input axis.
     along = cfg.head_dim if name == 'o' and cfg.weight_quant != 'int8' else i
     stored = quantize.bytes_per_weight(cfg.weight_quant, float_bytes, along)
-    total -= cfg.num_layers * i * o * (float_bytes - stored)
+    total -= _layers_with(cfg, name) * i * o * (float_bytes - stored)
   return total

@@ -355,14 +355,24 @@ def _axes_size(mesh, part) -> int:
 def balance_bias(params: dict, counts_LE, rate: float, *, old: dict | None = None) -> dict:
   """params with every sigmoid_bias router's bias moved by rate x sign(mean load - load)
   (DeepSeek-V3's loss-free balancing) from its value in `old` (default: params); counts_LE: the
-  step's assignments per layer and expert."""
-  mlp = params.get('blocks', {}).get('mlp', {})
-  if BIAS not in mlp:
-    return params
-  bias_LE = (old or params)['blocks']['mlp'][BIAS]
+  step's assignments per MoE layer and expert, in layer order (a model with dense layers holds
+  its MoE layers in several stacks, ModelConfig.layer_runs: their rows follow one another)."""
   error_LE = jnp.mean(counts_LE, axis=-1, keepdims=True) - counts_LE
-  new_mlp = dict(mlp, **{BIAS: bias_LE + rate * jnp.sign(error_LE).astype(bias_LE.dtype)})
-  return dict(params, blocks=dict(params['blocks'], mlp=new_mlp))
+  out, row = dict(params), 0
+  for key in sorted((k for k in params if k.startswith('blocks')), key=_run_index):
+    mlp = params[key].get('mlp', {})
+    if BIAS not in mlp:
+      continue
+    bias_LE = (old or params)[key]['mlp'][BIAS]
+    step_LE = rate * jnp.sign(error_LE[row : row + bias_LE.shape[0]]).astype(bias_LE.dtype)
+    row += bias_LE.shape[0]
+    out[key] = dict(params[key], mlp=dict(mlp, **{BIAS: bias_LE + step_LE}))
+  return out
+
+
+def _run_index(key: str) -> int:
+  """0 for `blocks`, r for `blocks_r` (presets.run_key)."""
+  return int(key.rpartition('_')[2]) if '_' in key else 0
 
 
 # ----------------------------------------------------------------------------------------------

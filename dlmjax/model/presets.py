@@ -289,6 +289,11 @@ PRESETS['qwen3_30b_a3b'] = dict(
 )
 
 
+def run_key(r: int) -> str:
+  """The params key of the r-th run of layers (ModelConfig.layer_runs)."""
+  return 'blocks' if r == 0 else f'blocks_{r}'
+
+
 def apply_preset(model_config, name: str) -> None:
   """Sets every dimension of `name` on a config.model node (configs call this, then override)."""
   if name not in PRESETS:
@@ -340,6 +345,8 @@ class ModelConfig:
   router: str = 'softmax_topk'
   moe_backend: str = 'auto'  # the experts' grouped matmul (kernels/grouped_matmul.py BACKENDS)
   moe_exchange: str = 'gather'  # how tokens reach experts split over mesh.expert (moe.EXCHANGES)
+  # Layers of an MoE model whose MLP is the dense one of ffn_dim (model.dense_layers).
+  dense_layers: tuple[int, ...] = ()
 
   @property
   def lora_spec(self):
@@ -395,6 +402,7 @@ class ModelConfig:
       router=m.router,
       moe_backend=m.moe_backend,
       moe_exchange=m.moe_exchange,
+      dense_layers=config_lib.dense_layers(m),
       **schedule,
     )
 
@@ -402,28 +410,58 @@ class ModelConfig:
   def expert_dim(self) -> int:
     return self.moe_ffn_dim or self.ffn_dim
 
+  def is_moe_layer(self, i: int) -> bool:
+    return bool(self.num_experts) and i not in self.dense_layers
+
+  @property
+  def num_moe_layers(self) -> int:
+    return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+  def layer_runs(self) -> tuple[tuple[str, bool, int, int], ...]:
+    """(params key, MoE?, first layer, end) of each maximal run of layers of one kind, in order.
+
+    Each run is one stacked Block (transformer.py); the first is `blocks`, so a model whose
+    layers are all of one kind has the tree it always had; later ones `blocks_1`, `blocks_2`.
+    """
+    runs, start = [], 0
+    for i in range(1, self.num_layers + 1):
+      if i == self.num_layers or self.is_moe_layer(i) != self.is_moe_layer(start):
+        runs.append((run_key(len(runs)), self.is_moe_layer(start), start, i))
+        start = i
+    return tuple(runs)
+
+  def layer_location(self, i: int) -> tuple[str, int]:
+    """(params key of layer i's run, its index in that run's stack)."""
+    for key, _, start, end in self.layer_runs():
+      if start <= i < end:
+        return key, i - start
+    raise IndexError(f'layer {i} of a {self.num_layers}-layer model')
+
   def num_params(self, *, active: bool = False) -> int:
     """Exact parameter count, without building the model; active=True counts the parameters
-    one token passes through (an MoE's experts_per_token experts, not all of them)."""
+    one token passes through (an MoE's experts_per_token experts, not all of them). Dense
+    layers of an MoE model (dense_layers) count the dense MLP of ffn_dim."""
     d, h = self.d_model, self.head_dim
     attn = d * h * (2 * self.num_heads + 2 * self.num_kv_heads)
     if self.qk_norm:
       attn += 2 * h
     if self.qkv_bias:
       attn += h * (self.num_heads + 2 * self.num_kv_heads)
-    mlp = 3 * d * self.ffn_dim
+    dense_mlp = 3 * d * self.ffn_dim
+    moe_mlp = 0
     if self.num_experts:
       experts = self.experts_per_token if active else self.num_experts
-      mlp = 3 * d * self.expert_dim * (experts + self.shared_experts) + d * self.num_experts
+      moe_mlp = 3 * d * self.expert_dim * (experts + self.shared_experts) + d * self.num_experts
       if self.router == 'sigmoid_bias':
-        mlp += self.num_experts
-    per_layer = attn + mlp + 2 * d
+        moe_mlp += self.num_experts
+    moe = self.num_moe_layers
+    layers = self.num_layers * (attn + 2 * d) + moe * moe_mlp + (self.num_layers - moe) * dense_mlp
     embed = self.vocab_size * d
-    return self.num_layers * per_layer + embed * (1 if self.tie_embeddings else 2) + d
+    return layers + embed * (1 if self.tie_embeddings else 2) + d
 
   def num_expert_params(self) -> int:
     """The routed experts' parameters (all of them; the part mesh.expert splits)."""
-    return self.num_layers * 3 * self.d_model * self.expert_dim * self.num_experts
+    return self.num_moe_layers * 3 * self.d_model * self.expert_dim * self.num_experts
 
   def flops_per_token(self, streams: int = 1) -> int:
     """Training FLOPs per (real) token: 6 x (params - input embedding) + attention (full,

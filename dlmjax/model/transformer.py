@@ -1,7 +1,10 @@
 """The Qwen3-style transformer: embedding, a scanned stack of pre-norm blocks, final norm, head.
 
 All layers live in one stacked Block (leading `layers` axis); `__call__` scans over it with the
-configured remat policy, so compile time and HLO size do not grow with depth.
+configured remat policy, so compile time and HLO size do not grow with depth. An MoE model with
+dense layers (model.dense_layers) holds one stacked Block per maximal run of layers of one kind
+(ModelConfig.layer_runs: `blocks`, `blocks_1`, ...), each scanned in turn; a model whose layers
+are all of one kind has the single `blocks` it always had.
 """
 
 from __future__ import annotations
@@ -76,7 +79,12 @@ REMAT_POLICIES = {
 class Block(nnx.Module):
   """x + Attn(RMS(x)), then x + MLP(RMS(x)); params stacked over `num_stacked` layers."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, num_stacked: int = 0):
+  def __init__(
+    self, cfg: ModelConfig, *, rngs: nnx.Rngs, num_stacked: int = 0, moe_mlp: bool | None = None
+  ):
+    """moe_mlp: the MLP is the MoE (default: whenever the model has experts)."""
+    if moe_mlp is None:
+      moe_mlp = bool(cfg.num_experts)
     out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)  # Megatron output_layer_init_method.
     kw = dict(rngs=rngs, num_stacked=num_stacked)
     norm = dict(eps=cfg.norm_eps, backend=cfg.norm_backend, **kw)
@@ -100,7 +108,7 @@ class Block(nnx.Module):
       **kw,
     )
     self.post_attn_norm = layers.RMSNorm(cfg.d_model, **norm)
-    if cfg.num_experts:
+    if moe_mlp:
       self.mlp = moe.MoE(
         cfg.d_model,
         cfg.num_experts,
@@ -144,14 +152,24 @@ class Block(nnx.Module):
 
 
 def _run_layers(
-  cfg, graphdef, stacked, x_BLD, side, kv_cache=None, cache_start=0, want_kv=False, kind=None
+  cfg,
+  graphdef,
+  stacked,
+  x_BLD,
+  side,
+  kv_cache=None,
+  cache_start=0,
+  want_kv=False,
+  kind=None,
+  first=0,
 ):
   """The stacked blocks (leading axis: layers) applied in order, scanned or unrolled, with remat.
 
   Returns (x, every layer's fresh (k, v) of x stacked [layers, B, L, K, H], or None unless
   want_kv, an MoE's router statistics stacked over layers or None); kv_cache, [layers, B, S, K,
   H], holds the K/V each layer's slice attends to. kind overrides cfg.attention_mask (two_stream:
-  Transformer.hidden's clean_BL).
+  Transformer.hidden's clean_BL). first: the model's index of the stack's first layer (a run of
+  layers, ModelConfig.layer_runs), so LoRA dropout draws each layer's own key.
   """
   attention_kwargs = dict(
     kind=kind or cfg.attention_mask,
@@ -174,7 +192,7 @@ def _run_layers(
   if cfg.remat != 'none':
     layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
-    indices = jnp.arange(jax.tree.leaves(stacked)[0].shape[0]) if dropout else None
+    indices = first + jnp.arange(jax.tree.leaves(stacked)[0].shape[0]) if dropout else None
     x_BLD, (kv, stats) = jax.lax.scan(
       layer, x_BLD, (_compute_weights(cfg, stacked), kv_cache, indices)
     )
@@ -182,7 +200,9 @@ def _run_layers(
   kvs, stats = [], []
   for i, layer_params in enumerate(_unstack(stacked)):
     layer_kv = None if kv_cache is None else tuple(c[i] for c in kv_cache)
-    x_BLD, (kv, layer_stats) = layer(x_BLD, (_compute_weights(cfg, layer_params), layer_kv, i))
+    x_BLD, (kv, layer_stats) = layer(
+      x_BLD, (_compute_weights(cfg, layer_params), layer_kv, first + i)
+    )
     kvs.append(kv)
     stats.append(layer_stats)
   stacked_stats = None if stats[0] is None else jax.tree.map(lambda *s: jnp.stack(s), *stats)
@@ -244,7 +264,8 @@ class Transformer(nnx.Module):
     self.embed_tokens = layers.stacked_param(
       rngs, (cfg.vocab_size, cfg.d_model), (rules.VOCAB, rules.EMBED), std=cfg.init_std
     )
-    self.blocks = Block(cfg, rngs=rngs, num_stacked=cfg.num_layers)
+    for key, moe_mlp, start, end in cfg.layer_runs():  # `blocks` first (ModelConfig.layer_runs)
+      setattr(self, key, Block(cfg, rngs=rngs, num_stacked=end - start, moe_mlp=moe_mlp))
     self.final_norm = layers.RMSNorm(
       cfg.d_model, eps=cfg.norm_eps, rngs=rngs, backend=cfg.norm_backend
     )
@@ -342,18 +363,20 @@ class Transformer(nnx.Module):
       positions_BL=positions_BL, segment_ids_BL=segment_ids_BL, valid_length_B=valid_length_B
     )
     side = {k: v for k, v in side.items() if v is not None}
-    graphdef, stacked = nnx.split(self.blocks)
-    params = nnx.to_pure_dict(stacked)
-
-    def run_layers(layer_params, x_BLD, side):
-      return _run_layers(cfg, graphdef, layer_params, x_BLD, side, kind=kind)[0]
-
+    runs = cfg.layer_runs()
     kv = None
-    if want_kv:
-      x_BLD, kv, stats = _run_layers(
-        cfg, graphdef, params, x_BLD, side, kv_cache, cache_start, True
-      )
-    elif cfg.pipeline_stages > 1:
+    if cfg.pipeline_stages > 1 and not want_kv:
+      if len(runs) > 1:
+        raise ValueError(
+          'pipeline stages split one stack of identical layers; a model with dense and MoE '
+          'layers (model.dense_layers) runs with model.pipeline_stages=1.'
+        )
+      graphdef, stacked = nnx.split(self.blocks)
+      params = nnx.to_pure_dict(stacked)
+
+      def run_layers(layer_params, x_BLD, side):
+        return _run_layers(cfg, graphdef, layer_params, x_BLD, side, kind=kind)[0]
+
       axes = nnx.to_pure_dict(
         jax.tree.map(
           lambda v: v.get_metadata()['axes'], stacked, is_leaf=lambda v: isinstance(v, nnx.Variable)
@@ -370,8 +393,29 @@ class Transformer(nnx.Module):
         microbatches=cfg.pipeline_microbatches,
       )
     else:
-      x_BLD, _, stats = _run_layers(cfg, graphdef, params, x_BLD, side, kind=kind)
-      if stats is not None:
+      kvs, stats = [], []
+      for key, _, start, end in runs:  # each run of one kind of layer, scanned, in order
+        graphdef, stacked = nnx.split(getattr(self, key))
+        run_cache = None if kv_cache is None else tuple(c[start:end] for c in kv_cache)
+        x_BLD, run_kv, run_stats = _run_layers(
+          cfg,
+          graphdef,
+          nnx.to_pure_dict(stacked),
+          x_BLD,
+          side,
+          run_cache,
+          cache_start,
+          want_kv,
+          kind=kind,
+          first=start,
+        )
+        kvs.append(run_kv)
+        if run_stats is not None:
+          stats.append(run_stats)
+      if want_kv:  # every layer's, in order: [layers, B, L, K, H]
+        kv = kvs[0] if len(kvs) == 1 else tuple(jnp.concatenate(c) for c in zip(*kvs))
+      elif stats:  # the MoE layers' only, stacked in order
+        stats = stats[0] if len(stats) == 1 else jax.tree.map(lambda *s: jnp.concatenate(s), *stats)
         moe.record(stats)  # the train step's router losses and metrics (moe.collect)
     if rows is not None:
       x_BLD = rules.constrain(x_BLD[:, :rows], (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))

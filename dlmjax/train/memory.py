@@ -43,10 +43,14 @@ DEVICE_MEMORY_GIB = (
 _DEFAULT_MEM_FRACTION = 0.75  # JAX preallocates this share unless XLA_PYTHON_CLIENT_MEM_FRACTION
 
 
-def _saved_per_token_layer(cfg, remat: str, tensor: int, expert: int = 1) -> float:
-  """Elements kept per token and layer for the backward pass (compute dtype)."""
+def _saved_per_token_layer(
+  cfg, remat: str, tensor: int, expert: int = 1, moe: bool | None = None
+) -> float:
+  """Elements kept per token and layer for the backward pass (compute dtype); moe: the layer's
+  MLP is the MoE (default: whenever the model has experts; its dense_layers are not)."""
   d, f = cfg.d_model, cfg.ffn_dim / tensor
-  if cfg.num_experts:  # per token: its experts' rows, gathered from the `expert` group's devices
+  if cfg.num_experts if moe is None else moe:  # per token: its experts' rows, gathered from the
+    # `expert` group's devices
     f = (expert * cfg.experts_per_token + cfg.shared_experts) * cfg.expert_dim / tensor
   q, kv = cfg.num_heads * cfg.head_dim / tensor, cfg.num_kv_heads * cfg.head_dim / tensor
   with_attention_output = 3 * d + 2 * q + 2 * kv + 2 * f
@@ -59,6 +63,20 @@ def _saved_per_token_layer(cfg, remat: str, tensor: int, expert: int = 1) -> flo
     'save_activations': 6 * d + 3 * q + 3 * kv + 3 * f,
     'none': 10 * d + 3 * q + 4 * kv + 6 * f,  # everything (norms in fp32, rope, silu)
   }[remat]
+
+
+def _per_layer_kinds(cfg, remat: str, tensor: int, expert: int) -> tuple[float, float]:
+  """(elements saved per token, the mean over the layers; elements a layer's backward rebuilds,
+  the largest layer's): an MoE model's dense layers (dense_layers) count their dense MLP's."""
+  kinds = [(cfg.num_moe_layers, True), (cfg.num_layers - cfg.num_moe_layers, False)]
+  kinds = [(n, moe) for n, moe in kinds if n]
+  saved = [(n, _saved_per_token_layer(cfg, remat, tensor, expert, moe)) for n, moe in kinds]
+  rebuilt = [
+    _saved_per_token_layer(cfg, 'none', tensor, expert, moe)
+    - _saved_per_token_layer(cfg, remat, tensor, expert, moe)
+    for _, moe in kinds
+  ]
+  return sum(n * v for n, v in saved) / cfg.num_layers, max(rebuilt)
 
 
 def estimate_bytes_per_device(config) -> dict[str, float]:
@@ -87,13 +105,8 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
   streams = config_lib.attention_streams(config)  # block diffusion: layers on [x_t || x_0]
   act_bytes = 2 if cfg.dtype == 'bfloat16' else 4
   layers = cfg.num_layers / mesh.pipeline
-  saved = (
-    streams
-    * tokens
-    * layers
-    * act_bytes
-    * _saved_per_token_layer(cfg, cfg.remat, mesh.tensor, mesh.expert)
-  )
+  per_layer, rebuilt = _per_layer_kinds(cfg, cfg.remat, mesh.tensor, mesh.expert)
+  saved = streams * tokens * layers * act_bytes * per_layer
   if cfg.attention_backend == 'xla':  # scores and probabilities in fp32, per head
     probs = streams**2 * tokens * cfg.num_heads / mesh.tensor * cfg.seq_len * 8
     saved += probs * (layers if cfg.remat == 'none' else 0)
@@ -101,9 +114,6 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
     probs = 0.0
   recompute = 0.0
   if cfg.remat != 'none':  # one layer's worth of what the policy did not save, rebuilt at once
-    rebuilt = _saved_per_token_layer(
-      cfg, 'none', mesh.tensor, mesh.expert
-    ) - _saved_per_token_layer(cfg, cfg.remat, mesh.tensor, mesh.expert)
     recompute = streams * tokens * act_bytes * rebuilt + probs
   chunk_tokens = config.model.loss_chunk_tokens
   chunk = min(chunk_tokens, tokens) if chunk_tokens else tokens
