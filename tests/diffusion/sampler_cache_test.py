@@ -168,11 +168,13 @@ def test_dual_is_an_approximation_for_a_bidirectional_model():
   assert (refreshed != got).any()
 
 
-@pytest.mark.parametrize('mode', ['block', 'dual'])
-def test_cached_sampler_sharded_over_a_mesh_equals_one_device(mode):
+@pytest.mark.parametrize('mode,backend', [('block', 'xla'), ('dual', 'xla'), ('dual', 'pallas')])
+def test_cached_sampler_sharded_over_a_mesh_equals_one_device(mode, backend):
+  """pallas: the in-place kernel per shard (the stacked cache split over batch and heads)."""
   assert jax.device_count() == 8
   mesh = mesh_lib.make_mesh(tiny_test_config(**{'mesh.data': 2, 'mesh.fsdp': 4}))
-  model_config, params = _models('causal' if mode == 'block' else 'bidirectional')
+  options = (('model.attention_backend', backend),) if backend != 'xla' else ()
+  model_config, params = _models('causal' if mode == 'block' else 'bidirectional', options=options)
   sampling = dataclasses.replace(BASE, cache=mode, cfg_scale=0.5)
   np.testing.assert_array_equal(
     _generate(model_config, params, sampling, mesh=mesh),
