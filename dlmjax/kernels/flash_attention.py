@@ -694,8 +694,8 @@ def flash_attention_slice_cached(
   slice's own positions [query_start, query_start + Q), whose keys and values are the slice's
   fresh k, v [B, Q, K, H]. The same as flash_attention_slice(q, cache[layer] with k, v written
   in at query_start), without that per-layer copy of the cache: at the 1.7B's sampler shape it
-  is ~134 MB of memory traffic per layer per step, the dual cache's remaining gap to the
-  PyTorch loop that writes its cache in place (docs/benchmarks.md, Sampler, K/V caches).
+  is ~134 MB of memory traffic per layer per step, which the PyTorch loop of the same algorithm
+  (its cache written in place) never pays (docs/benchmarks.md, Sampler, K/V caches).
 
   The kernel runs the fresh keys as their own tiles (Q padded to 16 rows) and masks their
   positions in the cache's tiles; a key tile that would run past S (S not a multiple of the
