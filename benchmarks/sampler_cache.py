@@ -10,8 +10,11 @@ sides check that a cached forward of an unchanged canvas gives the whole forward
 One JSON line per measurement, one table last ('x none' and 'same as none' against the run's own
 plain none row of the same length: no cache, no threshold, Fast-dLLM's baseline). The 'slices'
 column: the attention of prefix / dual's cached slices, 'kernel' (model.attention_backend's
-path: on GPU the slice kernel, flash_attention_slice) or 'xla' (the dense XLA attention every
-slice ran before it); --slice-attention both times the two side by side. Each program is
+path: on GPU the in-place kernel, flash_attention_slice_cached, reading each layer's K/V from
+the stacked cache), 'copy' (the path before it: each layer's cache gathered and the slice's
+fresh K/V written into that copy, then the slice kernel flash_attention_slice) or 'xla' (the
+dense XLA attention on those copies); --slice-attention both times kernel and copy side by
+side, all the three. Each program is
 compiled ahead (first_call_s) and then timed --repeats times. The GPU figures (docs/benchmarks.md,
 Sampler), split to fit 10-minute commands:
   python -m benchmarks.sampler_cache --gen-lengths 256 --modes none,prefix,dual --repeats 1
@@ -20,7 +23,7 @@ Sampler), split to fit 10-minute commands:
 and Fast-dLLM's four rows (none, dual, threshold 0.9, both) at gen 256 and 512, dlmjax only:
   python -m benchmarks.sampler_cache --gen-lengths 256,512 --modes none,dual --thresholds 0,0.9 \
     --batch 16 --repeats 1 --no-torch
-The slice kernel against the dense slices it replaced (about 4 minutes on one H200):
+The in-place kernel against the copying slices it replaced (about 4 minutes on one H200):
   python -m benchmarks.sampler_cache --gen-lengths 256 --modes none,dual,prefix --thresholds 0 \
     --slice-attention both --repeats 1 --no-torch
 (defaults: the 1.7B of configs/pretrain_1p7b.py, batch 64, 64-token prompts, block 32).
@@ -68,8 +71,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument(
     '--slice-attention',
     default='kernel',
-    help="prefix / dual's cached slices: kernel (the backend's: the slice kernel on GPU), "
-    'xla (the dense path before it), or both, side by side',
+    help="prefix / dual's cached slices: kernel (the backend's: on GPU the kernel reading the "
+    'stacked cache in place), copy (per-layer cache copies into the slice kernel, the path '
+    'before it), xla (dense attention on the copies), both (kernel and copy) or all',
   )
   parser.add_argument('--repeats', type=int, default=2)
   parser.add_argument('--no-torch', action='store_true', help='dlmjax only')
@@ -133,13 +137,22 @@ def check_jax(model_config, params, prompt_BP, gen_length, block) -> float:
   return diff / max(scale, 1e-6)
 
 
+SLICE_PATHS = ('kernel', 'copy', 'xla')
+
+
 @contextlib.contextmanager
 def slice_path(path: str):
-  """Cached slices through `path`: 'kernel' (attention.slice_attention as it is) or 'xla' (every
-  slice through xla_attention, the path before the slice kernel). Compiled programs are cached
+  """Cached slices through `path`: 'kernel' (attention.cached_slice_attention as it is: on GPU
+  the in-place kernel), 'copy' (attention.gathered_slice_attention: a copy of each layer's cache
+  with the fresh K/V written in, into slice_attention: the slice kernel on GPU) or 'xla' (those
+  copies into xla_attention, the path before the slice kernel). Compiled programs are cached
   per setting, not per path: the cache is cleared on the way in and out."""
+  if path not in SLICE_PATHS:
+    raise ValueError(f'unknown slice path {path!r}; known: {SLICE_PATHS}')
   sampler.make_generate_fn.cache_clear()
-  original = attention.slice_attention
+  original = attention.cached_slice_attention, attention.slice_attention
+  if path in ('copy', 'xla'):
+    attention.cached_slice_attention = attention.gathered_slice_attention
   if path == 'xla':
 
     def dense(q, k, v, *, backend, **mask):
@@ -150,7 +163,7 @@ def slice_path(path: str):
   try:
     yield
   finally:
-    attention.slice_attention = original
+    attention.cached_slice_attention, attention.slice_attention = original
     sampler.make_generate_fn.cache_clear()
 
 
@@ -403,9 +416,13 @@ def main(argv=None) -> int:
     unknown = set(modes) - set(MODES)
     if unknown:
       raise ValueError(f'unknown modes {sorted(unknown)}; known: {list(MODES)}.')
-    paths = ['kernel', 'xla'] if args.slice_attention == 'both' else [args.slice_attention]
-    if set(paths) - {'kernel', 'xla'}:
-      raise ValueError(f'--slice-attention {args.slice_attention!r}: kernel, xla or both.')
+    paths = {'both': ['kernel', 'copy'], 'all': list(SLICE_PATHS)}.get(
+      args.slice_attention, [args.slice_attention]
+    )
+    if set(paths) - set(SLICE_PATHS):
+      raise ValueError(
+        f'--slice-attention {args.slice_attention!r}: kernel, copy, xla, both or all.'
+      )
     gens = [int(g) for g in args.gen_lengths.split(',')]
     thresholds = [float(t) for t in args.thresholds.split(',')]
     config, model_config = _model_config(args)
@@ -467,6 +484,9 @@ def main(argv=None) -> int:
       row['jax_first_call_s'] = round(jx['first_call_s'], 1)
       if mode == 'none':
         base[('jax', threshold)] = jx
+      first = base.setdefault((mode, threshold), jx)  # the first slice path's tokens
+      if first is not jx:  # the paths differ by rounding only (in bf16 it may flip tokens)
+        row['same_as_' + paths[0]] = float(np.mean(jx['out'] == first['out']))
       ref = base.get(('jax', 0.0), base.get(('jax', threshold)))
       if ref:
         row['jax_vs_none'] = round(jx['tokens_per_s'] / ref['tokens_per_s'], 2)

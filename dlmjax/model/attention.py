@@ -244,6 +244,68 @@ def slice_attention(
   )
 
 
+def cached_slice_attention(
+  q_BQNH,
+  k_BQKH,
+  v_BQKH,
+  k_cache_LBSKH,
+  v_cache_LBSKH,
+  layer,
+  *,
+  backend,
+  kind,
+  block_size=0,
+  segment_ids_BL=None,
+  valid_length_B=None,
+  query_start=0,
+):
+  """slice_attention of a slice whose keys are layer `layer` of the stacked cache [layers, B, S,
+  K, H] with the slice's fresh k, v [B, Q, K, H] in its place from query_start. pallas, and
+  auto on GPU, read the cache in place (flash_attention_slice_cached): the transformer hands
+  every layer the whole cache and its index instead of a per-layer slice, and nothing writes
+  the fresh K/V into a copy of it. At the 1.7B's sampler shape (batch 64, 320 positions) those
+  two copies were ~134 MB of memory traffic per layer per step (docs/benchmarks.md, Sampler,
+  K/V caches). The other backends take the copying path (gathered_slice_attention)."""
+  mask = dict(kind=kind, block_size=block_size, segment_ids_BL=segment_ids_BL)
+  fits = kind in flash_attention.SLICE_KINDS and flash_attention.supports_head_dim(q_BQNH.shape[-1])
+  if fits and (backend == 'pallas' or (backend == 'auto' and jax.default_backend() == 'gpu')):
+
+    def attend(q, k, v, k_cache, v_cache, layer, seg, valid, start):
+      kw = dict(mask, segment_ids_BL=seg, valid_length_B=valid, query_start=start)
+      return flash_attention.flash_attention_slice_cached(q, k, v, k_cache, v_cache, layer, **kw)
+
+    heads = (rules.BATCH, None, rules.ATTN_HEADS, None)
+    cache = (None, *heads)
+    operands = (k_cache_LBSKH, v_cache_LBSKH, jnp.asarray(layer), segment_ids_BL, valid_length_B)
+    return rules.per_shard(
+      attend,
+      (q_BQNH, k_BQKH, v_BQKH, *operands, jnp.asarray(query_start)),
+      (heads, heads, heads, cache, cache, (), (rules.BATCH, None), (rules.BATCH,), ()),
+      heads,
+    )
+  kw = dict(mask, backend=backend, valid_length_B=valid_length_B, query_start=query_start)
+  return gathered_slice_attention(q_BQNH, k_BQKH, v_BQKH, k_cache_LBSKH, v_cache_LBSKH, layer, **kw)
+
+
+def gathered_slice_attention(
+  q_BQNH, k_BQKH, v_BQKH, k_cache_LBSKH, v_cache_LBSKH, layer, *, backend, query_start=0, **mask
+):
+  """cached_slice_attention by copies: the layer's cache gathered, the fresh K/V written into
+  it, then slice_attention (the path before the in-place kernel, and every non-pallas one)."""
+  k, v = (
+    jax.lax.dynamic_update_slice_in_dim(
+      jax.lax.dynamic_index_in_dim(cache, layer, 0, keepdims=False),
+      fresh.astype(cache.dtype),
+      query_start,
+      axis=1,
+    )
+    for cache, fresh in ((k_cache_LBSKH, k_BQKH), (v_cache_LBSKH, v_BQKH))
+  )
+  heads = (rules.BATCH, None, rules.ATTN_HEADS, None)
+  k, v = (rules.constrain(t, heads) for t in (k, v))
+  return slice_attention(q_BQNH, k, v, backend=backend, query_start=query_start, **mask)
+
+
 BACKENDS = {
   'xla': xla_attention,
   'cudnn': cudnn_attention,
@@ -346,14 +408,17 @@ class Attention(nnx.Module):
     valid_length_B=None,
     kv_cache=None,
     cache_start=0,
+    cache_layer=None,
   ):
     """(output [B, L, D], x's own post-RoPE keys and values (k, v), each [B, L, K, H]).
 
-    Without kv_cache x attends to its own keys. With kv_cache (k, v) [B, S, K, H] of a whole
-    sequence of S positions, x is its slice from cache_start (positions_BL are the slice's): the
-    slice's fresh k and v take the cache's place there and its queries attend to all S keys, with
-    the mask those positions have in the whole sequence (segment ids and lengths then cover the S
-    keys). A slice shorter than S runs slice_attention (pallas and GPU auto: the slice kernel).
+    Without kv_cache x attends to its own keys. With kv_cache (k, v), every layer's K/V
+    [layers, B, S, K, H] of a whole sequence of S positions, of which this layer's are at
+    cache_layer (may be traced: the layer scan's index), x is its slice from cache_start
+    (positions_BL are the slice's): the slice's fresh k and v take the cache's place there and
+    its queries attend to all S keys, with the mask those positions have in the whole sequence
+    (segment ids and lengths then cover the S keys). A slice shorter than S runs
+    cached_slice_attention (pallas and GPU auto: the kernel reading the cache in place).
     """
     q = self._project('q_proj', 'bld,dnh->blnh', x_BLD)
     k = self._project('k_proj', 'bld,dkh->blkh', x_BLD)
@@ -379,18 +444,12 @@ class Attention(nnx.Module):
     # every mask kind, document mask and backend stays exact.
     kernel = (rules.BATCH, None, rules.ATTN_HEADS, None)
     fresh = (k, v)
-    if kv_cache is not None:
-      k, v = (
-        jax.lax.dynamic_update_slice_in_dim(c, new.astype(c.dtype), cache_start, axis=1)
-        for c, new in zip(kv_cache, (k, v))
-      )
     q, k, v = (rules.constrain(t, kernel) for t in (q, k, v))
     mask = dict(kind=kind, block_size=block_size, segment_ids_BL=segment_ids_BL)
-    if q.shape[1] != k.shape[1]:
-      out = slice_attention(
-        q, k, v, backend=backend, valid_length_B=valid_length_B, query_start=cache_start, **mask
-      )
-    else:
+    if kv_cache is not None and q.shape[1] != kv_cache[0].shape[2]:
+      kw = dict(mask, backend=backend, valid_length_B=valid_length_B, query_start=cache_start)
+      out = cached_slice_attention(q, k, v, *kv_cache, cache_layer, **kw)
+    else:  # no cache, or a slice of all S positions: its fresh K/V are all the keys.
       out = BACKENDS[backend](q, k, v, valid_length_B=valid_length_B, **mask)
     out = checkpoint_name(rules.constrain(out, heads), 'context')
     out = self._project('o_proj', 'blnh,nhd->bld', out)

@@ -169,7 +169,13 @@ def _run_layers(
   want_kv, an MoE's router statistics stacked over layers or None); kv_cache, [layers, B, S, K,
   H], holds the K/V each layer's slice attends to. kind overrides cfg.attention_mask (two_stream:
   Transformer.hidden's clean_BL). first: the model's index of the stack's first layer (a run of
-  layers, ModelConfig.layer_runs), so LoRA dropout draws each layer's own key.
+  layers, ModelConfig.layer_runs), so LoRA dropout draws each layer's own key and each layer reads
+  its own layer of the cache.
+
+  The cache is no scan operand: every layer gets the whole stacked cache (a constant the scan
+  closes over, never copied) and its own index, and its attention reads its layer in place
+  (attention.cached_slice_attention). Scanned, the cache would be cut into a [B, S, K, H] copy
+  per layer per step (docs/benchmarks.md, Sampler, K/V caches).
   """
   attention_kwargs = dict(
     kind=kind or cfg.attention_mask,
@@ -177,32 +183,30 @@ def _run_layers(
     backend=cfg.attention_backend,
     segment_ids_BL=side.get('segment_ids_BL'),
     valid_length_B=side.get('valid_length_B'),
+    kv_cache=kv_cache,
     cache_start=cache_start,
   )
 
   dropout = lora.dropout_active()  # a LoRA train step's adapter dropout: per-layer keys
 
   def layer(x, inputs):
-    layer_params, layer_kv, index = inputs
+    layer_params, index = inputs
+    cache_layer = None if kv_cache is None else index
     with lora.dropout_layer(index):
       block = nnx.merge(graphdef, layer_params)
-      x, kv, stats = block(x, side['positions_BL'], kv_cache=layer_kv, **attention_kwargs)
+      x, kv, stats = block(x, side['positions_BL'], cache_layer=cache_layer, **attention_kwargs)
     return x, (kv if want_kv else None, stats)
 
   if cfg.remat != 'none':
     layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
-    indices = first + jnp.arange(jax.tree.leaves(stacked)[0].shape[0]) if dropout else None
-    x_BLD, (kv, stats) = jax.lax.scan(
-      layer, x_BLD, (_compute_weights(cfg, stacked), kv_cache, indices)
-    )
+    num_layers = jax.tree.leaves(stacked)[0].shape[0]
+    indices = first + jnp.arange(num_layers) if dropout or kv_cache is not None else None
+    x_BLD, (kv, stats) = jax.lax.scan(layer, x_BLD, (_compute_weights(cfg, stacked), indices))
     return x_BLD, kv, stats
   kvs, stats = [], []
   for i, layer_params in enumerate(_unstack(stacked)):
-    layer_kv = None if kv_cache is None else tuple(c[i] for c in kv_cache)
-    x_BLD, (kv, layer_stats) = layer(
-      x_BLD, (_compute_weights(cfg, layer_params), layer_kv, first + i)
-    )
+    x_BLD, (kv, layer_stats) = layer(x_BLD, (_compute_weights(cfg, layer_params), first + i))
     kvs.append(kv)
     stats.append(layer_stats)
   stacked_stats = None if stats[0] is None else jax.tree.map(lambda *s: jnp.stack(s), *stats)
@@ -394,16 +398,15 @@ class Transformer(nnx.Module):
       )
     else:
       kvs, stats = [], []
-      for key, _, start, end in runs:  # each run of one kind of layer, scanned, in order
+      for key, _, start, _ in runs:  # each run of one kind of layer, scanned, in order
         graphdef, stacked = nnx.split(getattr(self, key))
-        run_cache = None if kv_cache is None else tuple(c[start:end] for c in kv_cache)
         x_BLD, run_kv, run_stats = _run_layers(
           cfg,
           graphdef,
           nnx.to_pure_dict(stacked),
           x_BLD,
           side,
-          run_cache,
+          kv_cache,  # the whole stack: each layer reads its own (first + its index) in place
           cache_start,
           want_kv,
           kind=kind,

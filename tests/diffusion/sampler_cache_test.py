@@ -12,6 +12,7 @@ import pytest
 
 from dlmjax import model as model_lib
 from dlmjax.diffusion import sampler
+from dlmjax.model import attention
 from dlmjax.parallel import mesh as mesh_lib
 from tests.conftest import tiny_test_config
 from tests.diffusion.sampler_test import MASK, PAD, PROMPTS, _generate, _model
@@ -167,11 +168,13 @@ def test_dual_is_an_approximation_for_a_bidirectional_model():
   assert (refreshed != got).any()
 
 
-@pytest.mark.parametrize('mode', ['block', 'dual'])
-def test_cached_sampler_sharded_over_a_mesh_equals_one_device(mode):
+@pytest.mark.parametrize('mode,backend', [('block', 'xla'), ('dual', 'xla'), ('dual', 'pallas')])
+def test_cached_sampler_sharded_over_a_mesh_equals_one_device(mode, backend):
+  """pallas: the in-place kernel per shard (the stacked cache split over batch and heads)."""
   assert jax.device_count() == 8
   mesh = mesh_lib.make_mesh(tiny_test_config(**{'mesh.data': 2, 'mesh.fsdp': 4}))
-  model_config, params = _models('causal' if mode == 'block' else 'bidirectional')
+  options = (('model.attention_backend', backend),) if backend != 'xla' else ()
+  model_config, params = _models('causal' if mode == 'block' else 'bidirectional', options=options)
   sampling = dataclasses.replace(BASE, cache=mode, cfg_scale=0.5)
   np.testing.assert_array_equal(
     _generate(model_config, params, sampling, mesh=mesh),
@@ -228,17 +231,85 @@ def test_shifted_slice_from_one_position_early_equals_the_whole_canvas_forward()
   assert np.abs(dual[:, 0] - full[:, start - 1]).max() > 1e-2
 
 
-@pytest.mark.parametrize('kind,mode', [('causal', 'block'), ('bidirectional', 'dual')])
-def test_slice_kernel_decodes_the_xla_backends_tokens(kind, mode):
-  """model.attention_backend=pallas: every cached step's slice runs the slice kernel (interpret
-  mode here), and the tokens are the xla backend's, token for token (whose block cache is none's:
+@pytest.mark.parametrize(
+  'kind,mode,options',
+  [
+    ('causal', 'block', ()),
+    ('bidirectional', 'dual', ()),
+    ('bidirectional', 'prefix', ()),
+    ('block_causal', 'block', DREAM),  # shifted: every slice starts one position early
+  ],
+)
+def test_slice_kernel_decodes_the_xla_backends_tokens(kind, mode, options):
+  """model.attention_backend=pallas: every cached step's slice runs the in-place slice kernel
+  (flash_attention_slice_cached, interpret mode here; the 24-position canvas is no multiple of
+  its 16-key tile, so a shifted last tile too), and the tokens are the xla backend's (its
+  copying path), token for token (whose block cache is none's:
   test_block_cache_is_token_identical_to_none)."""
   sampling = dataclasses.replace(BASE, cache=mode, cfg_scale=0.5)
-  pallas_config, params = _models(kind, options=(('model.attention_backend', 'pallas'),))
-  xla_config, xla_params = _models(kind)
+  pallas_config, params = _models(kind, options=(('model.attention_backend', 'pallas'), *options))
+  xla_config, xla_params = _models(kind, options=options)
   prompt_BP, lengths_B = sampler.pad_prompts(PROMPTS, PAD)
   fn = sampler.make_generate_fn(pallas_config, sampling, mask_id=MASK, eos_id=2, pad_id=PAD)
-  jaxpr = fn.trace(params, prompt_BP, lengths_B, jax.random.key(0)).jaxpr
-  assert 'flash_attention_slice' in str(jaxpr)
+  jaxpr = str(fn.trace(params, prompt_BP, lengths_B, jax.random.key(0)).jaxpr)
+  assert 'flash_attention_slice_cached' in jaxpr
+  assert 'flash_attention_slice ' not in jaxpr  # no copying slice kernel left
   got = _generate(pallas_config, params, sampling)
   np.testing.assert_array_equal(got, _generate(xla_config, xla_params, sampling))
+
+
+@pytest.mark.parametrize('copying', [False, True])
+def test_cached_slice_forward_copies_no_cache_on_gpu(copying, monkeypatch):
+  """A pallas model's dual slice forward, lowered for CUDA on this host (traced as on a GPU):
+  the Triton call reads the whole stacked cache [layers, B, S, K, H] and nothing cuts or writes a
+  [B, S, K, H] copy of a layer's; copying=True (attention.gathered_slice_attention, the path
+  before the in-place kernel) shows the check sees those copies."""
+  model_config, params = _models('bidirectional', options=(('model.attention_backend', 'pallas'),))
+  tokens, segments, positions, width = _canvas(PROMPTS, 16)
+  shape = (model_config.num_layers, len(PROMPTS), tokens.shape[1], 2, 16)
+  kv = (jax.ShapeDtypeStruct(shape, jnp.float32),) * 2
+
+  def run(params, kv):
+    module = model_lib.merge(model_config, params)
+    return _slice_logits(module, tokens, segments, positions, kv, width + 8, 8)
+
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  if copying:
+    monkeypatch.setattr(attention, 'cached_slice_attention', attention.gathered_slice_attention)
+  text = jax.jit(run).trace(params, kv).lower(lowering_platforms=('cuda',)).as_text()
+  cache = 'tensor<{}xf32>'.format('x'.join(map(str, shape)))
+  layer = 'x{}xf32>'.format('x'.join(map(str, shape[1:])))  # [B, S, K, H], [1, B, S, K, H]
+  calls = [line.rsplit(' -> ', 1)[0] for line in text.splitlines() if 'xla.gpu.triton' in line]
+  assert len(calls) == 1  # one kernel, in the layer scan's body
+  assert (cache in calls[0]) != copying  # copying: a layer's copy, padded to 32 keys
+  copies = [
+    line.rsplit(' -> ', 1)[1]
+    for line in text.splitlines()
+    if ('dynamic_slice' in line or 'dynamic_update_slice' in line) and ' -> ' in line
+  ]
+  assert any(layer in c for c in copies) == copying, copies
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('kind,mode', [('causal', 'block'), ('bidirectional', 'dual')])
+def test_gpu_in_place_slices_equal_the_copying_slices(kind, mode, monkeypatch):
+  """On the GPU (Triton): the in-place kernel's slice logits are the copying path's (a layer's
+  cache gathered, the fresh K/V written in, then the slice kernel), and the pallas sampler
+  decodes every token of its cache mode."""
+  model_config, params = _models(kind, options=(('model.attention_backend', 'pallas'),))
+  tokens, segments, positions, width = _canvas(PROMPTS, 16)
+
+  def run(params):
+    module = model_lib.merge(model_config, params)
+    _, kv = module.hidden_kv(tokens, positions_BL=positions, segment_ids_BL=segments)
+    slices = ((width + 8, 8), (width - 1, 17))  # dual's block; a shifted prefix's
+    return [_slice_logits(module, tokens, segments, positions, kv, *s)[0] for s in slices]
+
+  got = jax.jit(lambda p: run(p))(params)  # a new function each: no trace of the other path
+  monkeypatch.setattr(attention, 'cached_slice_attention', attention.gathered_slice_attention)
+  want = jax.jit(lambda p: run(p))(params)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, atol=1e-3 * float(np.abs(w).max()))
+  monkeypatch.undo()
+  out = _generate(model_config, params, dataclasses.replace(BASE, cache=mode, cfg_scale=0.5))
+  assert not (out == MASK).any()

@@ -331,3 +331,116 @@ def test_gpu_slice_kernel_bf16_matches_reference(kind):
   got = jax.jit(lambda q, k, v: fa.flash_attention_slice(q, k, v, **kw))(q, k, v)
   f32 = [x.astype(jnp.float32) for x in (q, k, v)]
   assert rel_err(got.astype(jnp.float32), attention_lib.xla_attention(*f32, **kw)) < 1e-2
+
+
+def _cached_case(seed, *, layers, batch, length, num_queries, heads, kv_heads, head_dim, dtype):
+  """q [B, Q, N, H], the slice's fresh k, v [B, Q, K, H], stacked caches [layers, B, S, K, H]."""
+  keys = jax.random.split(jax.random.key(seed), 5)
+  q = jax.random.normal(keys[0], (batch, num_queries, heads, head_dim), jnp.float32)
+  fresh = (batch, num_queries, kv_heads, head_dim)
+  cache = (layers, batch, length, kv_heads, head_dim)
+  k, v = (jax.random.normal(key, fresh, jnp.float32) for key in keys[1:3])
+  k_cache, v_cache = (jax.random.normal(key, cache, jnp.float32) for key in keys[3:])
+  return tuple(x.astype(dtype) for x in (q, k, v, k_cache, v_cache))
+
+
+def _written_in(cache, fresh, layer, start):
+  """The reference's keys: the layer's cache with the fresh rows written in at start."""
+  return jax.lax.dynamic_update_slice_in_dim(cache[layer], fresh.astype(cache.dtype), start, 1)
+
+
+@pytest.mark.parametrize(
+  'kind,masked',
+  [(kind, True) for kind in fa.SLICE_KINDS] + [('bidirectional', False)],
+  ids=[*fa.SLICE_KINDS, 'bidirectional_unmasked'],
+)
+def test_cached_slice_kernel_reads_the_cache_in_place(kind, masked):
+  """flash_attention_slice_cached equals xla_attention on the layer's cache with the fresh K/V
+  written in: 9 fresh queries and keys (GQA 2:1), 40 keys (no multiple of the 16-key tile: the
+  last tile is read shifted), starts 0, inside two tiles and at the end (31), two layers of
+  three, all through one compile; masked: left padding as segment ids and ragged lengths
+  (unmasked: the kernel's no-dense-mask path, where only the fresh positions are masked)."""
+  shape = dict(layers=3, batch=2, length=40, num_queries=9, heads=4, kv_heads=2, head_dim=16)
+  q, k, v, k_cache, v_cache = _cached_case(9, dtype=jnp.float32, **shape)
+  kw = dict(kind=kind, block_size=4)
+  if masked:
+    seg = (jnp.arange(40)[None] >= jnp.array([[0], [5]])).astype(jnp.int32)  # row 1: 5 pads
+    kw.update(segment_ids_BL=seg, valid_length_B=jnp.array([40, 30]))
+
+  def attend(start, layer):
+    return fa.flash_attention_slice_cached(
+      q, k, v, k_cache, v_cache, layer, query_start=start, tile=fa.Tile(16, 16), **kw
+    )
+
+  run = jax.jit(attend).lower(jnp.int32(0), jnp.int32(0)).compile(compiler_options=FAST_COMPILE)
+  for start in (0, 13, 31):
+    for layer in (0, 2):
+      got = np.asarray(run(jnp.int32(start), jnp.int32(layer)))
+      keys = (_written_in(k_cache, k, layer, start), _written_in(v_cache, v, layer, start))
+      want = attention_lib.xla_attention(q, *keys, query_start=start, **kw)
+      sees = np.asarray(
+        attention_lib.attention_mask(40, query_start=start, num_queries=9, **kw)
+      ).any(-1)[:, :, None, None]
+      np.testing.assert_allclose(np.where(sees, got, 0), np.where(sees, want, 0), atol=2e-6)
+      assert np.all(got[~np.broadcast_to(sees, got.shape)] == 0)  # rows that see nothing: 0
+
+
+def test_cached_slice_attention_backends_agree():
+  """attention.cached_slice_attention: pallas (the in-place kernel) and xla (the copying path)
+  give the same output, with default tiles (64-key tiles shrunk to the 24-key cache) and a
+  cache shorter than one 16-key tile (the kernel's copying fallback)."""
+  for length, start in ((24, 7), (12, 3)):
+    shape = dict(layers=2, batch=2, length=length, num_queries=5, heads=4, kv_heads=2, head_dim=16)
+    q, k, v, k_cache, v_cache = _cached_case(10, dtype=jnp.float32, **shape)
+    kw = dict(kind='causal', valid_length_B=jnp.array([length, length - 2]), query_start=start)
+    got, want = (
+      attention_lib.cached_slice_attention(
+        q, k, v, k_cache, v_cache, jnp.int32(1), backend=backend, **kw
+      )
+      for backend in ('pallas', 'xla')
+    )
+    np.testing.assert_allclose(got, want, atol=2e-6)
+
+
+def test_cached_slice_kernel_lowers_to_one_triton_call_on_the_whole_cache():
+  """Lowered for CUDA (no GPU needed), a layer scan over the in-place kernel hands the Triton
+  call the whole stacked caches and cuts no per-layer copy of them: the only dynamic slice is
+  the layer index's."""
+  layers, batch, length = 4, 2, 320
+  shapes = [(batch, 33, 4, 128), (batch, 33, 2, 128), (batch, 33, 2, 128)]
+  shapes += [(layers, batch, length, 2, 128)] * 2
+  args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in shapes]
+
+  def scan(q, k, v, k_cache, v_cache):
+    def body(x, layer):
+      kw = dict(kind='bidirectional', query_start=95, interpret=False)
+      return fa.flash_attention_slice_cached(x, k, v, k_cache, v_cache, layer, **kw), None
+
+    return jax.lax.scan(body, q, jnp.arange(layers))[0]
+
+  text = jax.jit(scan).trace(*args).lower(lowering_platforms=('cuda',)).as_text()
+  calls = [line for line in text.splitlines() if 'xla.gpu.triton' in line]
+  assert len(calls) == 1 and 'tensor<4x2x320x2x128xbf16>' in calls[0].rsplit(' -> ', 1)[0]
+  sliced = [
+    line for line in text.splitlines() if 'dynamic_slice' in line or 'dynamic_update' in line
+  ]
+  assert all('2x320x2x128' not in line for line in sliced), sliced
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('kind', fa.SLICE_KINDS)
+@pytest.mark.parametrize('length', [320, 328])
+def test_gpu_cached_slice_kernel_bf16_matches_reference(kind, length):
+  """The in-place kernel's Triton lowering at the sampler's shape (a 33-query block against 320
+  keys, or 328: a shifted last 64-key tile), GQA 2:1, left padding, layer 2 of 4, bf16 against
+  the f32 reference on the layer's cache with the fresh K/V written in."""
+  shape = dict(layers=4, batch=4, length=length, num_queries=33, heads=4, kv_heads=2, head_dim=128)
+  q, k, v, k_cache, v_cache = _cached_case(11, dtype=jnp.bfloat16, **shape)
+  seg = (jnp.arange(length)[None] >= jnp.array([[0], [7], [30], [63]])).astype(jnp.int32)
+  kw = dict(kind=kind, block_size=32, segment_ids_BL=seg, query_start=95)
+  run = jax.jit(lambda *a: fa.flash_attention_slice_cached(*a, jnp.int32(2), **kw))
+  got = run(q, k, v, k_cache, v_cache)
+  f32 = [x.astype(jnp.float32) for x in (q, k, v, k_cache, v_cache)]
+  keys = (_written_in(f32[3], f32[1], 2, 95), _written_in(f32[4], f32[2], 2, 95))
+  want = attention_lib.xla_attention(f32[0], *keys, **kw)
+  assert rel_err(got.astype(jnp.float32), want) < 1e-2
