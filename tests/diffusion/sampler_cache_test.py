@@ -308,8 +308,10 @@ def test_gpu_in_place_slices_equal_the_copying_slices(kind, mode, monkeypatch):
   got = jax.jit(lambda p: run(p))(params)  # a new function each: no trace of the other path
   monkeypatch.setattr(attention, 'cached_slice_attention', attention.gathered_slice_attention)
   want = jax.jit(lambda p: run(p))(params)
+  # Triton runs f32 dots in TF32 and the in-place kernel sums the fresh keys as tiles of their
+  # own: 0.35% apart at most on the H200, where a misplaced key moves logits by O(1).
   for g, w in zip(got, want):
-    np.testing.assert_allclose(g, w, atol=1e-3 * float(np.abs(w).max()))
+    np.testing.assert_allclose(g, w, atol=1e-2 * float(np.abs(w).max()))
   monkeypatch.undo()
   out = _generate(model_config, params, dataclasses.replace(BASE, cache=mode, cfg_scale=0.5))
   assert not (out == MASK).any()
