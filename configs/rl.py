@@ -6,6 +6,7 @@
     python -m dlmjax.train --config=configs/rl.py:espo     # ESPO instead of d1
     python -m dlmjax.train --config=configs/rl.py:spg      # SPG (ELBO / EUBO mixture)
     python -m dlmjax.train --config=configs/rl.py:wd1      # wd1 (ratio-free weighted likelihood)
+    python -m dlmjax.train --config=configs/rl.py:wd1pp    # wd1++ (every step's prediction)
     python -m dlmjax.train --config=configs/rl.py:coupled_grpo  # DiffuCoder's coupled-GRPO
 
 Each rollout samples rl.group_size completions for global_batch_size / group_size prompts of
@@ -49,6 +50,11 @@ def get_config(arg=None):
     c.rl.objective = 'wd1'
     c.rl.kl_beta = 0.0
     c.output_dir = 'runs/rl_wd1'
+  elif arg == 'wd1pp':  # wd1 on every decoding step's prediction; the uncached sampler
+    c.rl.objective = 'wd1pp'
+    c.rl.kl_beta = 0.0
+    c.sampler.cache = 'none'
+    c.output_dir = 'runs/rl_wd1pp'
   elif arg == 'coupled_grpo':  # DiffuCoder's recipe: beta 0.01, no prompt masking
     c.rl.objective = 'coupled_grpo'
     c.rl.kl_beta = 0.01
@@ -56,6 +62,7 @@ def get_config(arg=None):
     c.output_dir = 'runs/rl_coupled_grpo'
   elif arg:
     raise ValueError(
-      f'configs/rl.py takes no argument, "espo", "spg", "wd1" or "coupled_grpo", got {arg!r}.'
+      'configs/rl.py takes no argument, "espo", "spg", "wd1", "wd1pp" or "coupled_grpo", '
+      f'got {arg!r}.'
     )
   return c

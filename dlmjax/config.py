@@ -258,9 +258,11 @@ def defaults() -> ml_collections.ConfigDict:
   c.rl.group_size = 4  # G completions per prompt; train.global_batch_size rows per rollout
   c.rl.inner_updates = 2  # mu: optimizer steps per rollout batch (d1: 8 countdown/sudoku)
   # d1 (diffu-GRPO, per-token one-step) | espo (sequence ELBO ratio) | spg (ELBO / EUBO bounds)
-  # | wd1 (ratio-free weighted likelihood, no KL) | coupled_grpo (DiffuCoder: complementary-mask
-  # token estimate, leave-one-out advantages) | trace (TraceRL, block-causal models: each token
-  # scored in the sampler's state that committed it). Each run prints its objective's switches.
+  # | wd1 (ratio-free weighted likelihood, no KL) | wd1pp (wd1++: every decoding step's predicted
+  # completion, weighted over the G x steps predictions; needs sampler.cache=none)
+  # | coupled_grpo (DiffuCoder: complementary-mask token estimate, leave-one-out advantages)
+  # | trace (TraceRL, block-causal models: each token scored in the sampler's state that
+  # committed it). Each run prints its objective's switches.
   c.rl.objective = 'd1'
   c.rl.kl_beta = 0.04  # d1's beta (k3; k2 for espo) against the reference; 0 = no KL.
   # d1's sync_ref_model (TRL's SyncRefModelCallback): every N steps the reference becomes
@@ -276,6 +278,11 @@ def defaults() -> ml_collections.ConfigDict:
   # Masks are SPG's block-wise ones over sampler.block_length blocks. SPG has no KL: kl_beta = 0.
   c.rl.spg_mix_weight = 0.5
   c.rl.spg_eubo_beta = 1.0
+  # wd1pp (wd1 paper v2, Eq. 10): w+- = softmax(+-psi A) over a prompt's G x steps predictions.
+  c.rl.wd1pp_psi = 1.0
+  # wd1pp's factor: L / G x 1 / t_l (True: DCE's 1 / t, t_l = the masked share of the canvas in
+  # the drawn step's state x_l; our reading of the paper's garbled "L / G l") or L / G (False).
+  c.rl.wd1pp_dce_weight = True
   c.rl.reference_dtype = 'float32'  # float32 | bfloat16 (halves the reference's memory)
   c.rl.reference_on_host = False  # keep the reference in host memory between rollouts
   # eval.every's problems: test (the task's test split) | valid (train-split problems outside
@@ -636,7 +643,7 @@ def resolve_mesh(config, num_devices: int) -> None:
 
 _CHOICES = {
   'stage': ('pretrain', 'sft', 'rl'),
-  'rl.objective': ('d1', 'espo', 'spg', 'wd1', 'coupled_grpo', 'trace'),
+  'rl.objective': ('d1', 'espo', 'spg', 'wd1', 'wd1pp', 'coupled_grpo', 'trace'),
   'rl.eval_split': ('test', 'valid'),
   'rl.reference_dtype': ('float32', 'bfloat16'),
   'model.attention_mask': ('bidirectional', 'causal', 'block_causal'),
@@ -976,7 +983,7 @@ def _validate_rl(config):
     )
   if r.kl_beta < 0 or not 0 < r.clip_eps or not 0 <= r.p_mask_prompt <= 1:
     raise ConfigError('rl.kl_beta must be >= 0, rl.clip_eps > 0 and rl.p_mask_prompt in [0, 1].')
-  if r.objective in ('spg', 'wd1') and r.kl_beta > 0:
+  if r.objective in ('spg', 'wd1', 'wd1pp') and r.kl_beta > 0:
     raise ConfigError(
       f'rl.objective={r.objective} has no KL term (it trains without a reference), but '
       f'rl.kl_beta={r.kl_beta}; set --config.rl.kl_beta=0.'
@@ -1009,6 +1016,8 @@ def _validate_rl(config):
       'block at a time: set --config.model.attention_mask=block_causal, model.shift_logits=false '
       f'and sampler.block_length=model.block_size ({m.block_size}).'
     )
+  if r.objective == 'wd1pp':
+    _validate_wd1pp(config)
   if r.objective == 'spg':
     if not 0 <= r.spg_mix_weight <= 1 or r.spg_eubo_beta < 1:
       raise ConfigError(
@@ -1016,6 +1025,29 @@ def _validate_rl(config):
         f'rl.spg_eubo_beta={r.spg_eubo_beta} >= 1 (the EUBO is a bound for '
         'beta >= 1).'
       )
+
+
+def _validate_wd1pp(config):
+  """wd1++ reads every step's whole-canvas prediction: the uncached sampler on a model without
+  the block grid, every step committing a token (so every row runs all sampler.steps steps)."""
+  s, r = config.sampler, config.rl
+  if s.cache != 'none':
+    raise ConfigError(
+      f"rl.objective=wd1pp needs every step's whole-canvas prediction, which sampler.cache="
+      f'{s.cache} does not compute: set --config.sampler.cache=none.'
+    )
+  if config.model.attention_mask == 'block_causal':
+    raise ConfigError(
+      'rl.objective=wd1pp needs a model without the block grid (its canvas can run an extra '
+      'block): set model.attention_mask to bidirectional or causal.'
+    )
+  if s.threshold > 0 or s.factor > 0 or s.stop_at_eos or s.steps > s.gen_length:
+    raise ConfigError(
+      'rl.objective=wd1pp needs every sampler step to commit a token: set sampler.threshold=0, '
+      'sampler.factor=0, sampler.stop_at_eos=False and sampler.steps <= sampler.gen_length.'
+    )
+  if not r.wd1pp_psi > 0:
+    raise ConfigError(f'rl.wd1pp_psi={r.wd1pp_psi} must be > 0.')
 
 
 # The sampler's decoding orders (dlmjax/diffusion/decoding.py); Dream's names that differ.

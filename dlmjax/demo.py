@@ -1,7 +1,7 @@
 """python -m dlmjax.demo: pre-train -> SFT -> RL on the tiny model, each stage scored held-out.
 
   python -m dlmjax.demo [--seeds 0,1,2] [--output-dir runs/demo] [--task arithmetic]
-                        [--objective d1|espo|spg|wd1|coupled_grpo]
+                        [--objective d1|espo|spg|wd1|wd1pp|coupled_grpo]
 
 Per seed, the three stages run through the normal trainer (`dlmjax.train.loop.train` on
 configs/tiny.py, configs/sft.py and configs/rl.py with configs/demo.py's recipe on top), each
@@ -333,7 +333,7 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument(
     '--objective',
     default='d1',
-    help='the RL stage: d1 | espo | spg | wd1 | coupled_grpo (its '
+    help='the RL stage: d1 | espo | spg | wd1 | wd1pp | coupled_grpo (its '
     'own run directory rl_<objective>; pre-training and SFT are shared)',
   )
   parser.add_argument(

@@ -218,6 +218,26 @@ def _check_exact_cache(module, sampling: SamplingConfig) -> None:
   )
 
 
+def _check_predictions(module, sampling: SamplingConfig) -> None:
+  """The per-step predictions (with_predictions) need every row to run every step."""
+  if sampling.cache != 'none' or block_grid(module.cfg) > 1:
+    raise ValueError(
+      f"per-step predictions (wd1++) need cache='none' and a non-block-causal model (this is "
+      f'cache={sampling.cache!r}, {module.cfg.attention_mask}): set sampler.cache=none.'
+    )
+  if (
+    sampling.threshold > 0
+    or sampling.factor > 0
+    or sampling.stop_at_eos
+    or sampling.steps_per_block > sampling.block_length
+  ):
+    raise ValueError(
+      'per-step predictions (wd1++) need every step to commit a token: set threshold=0, '
+      f'factor=0, stop_at_eos=False and steps_per_block ({sampling.steps_per_block}) <= '
+      f'block_length ({sampling.block_length}).'
+    )
+
+
 def generate(module, prompt_BP, prompt_lengths_B, sampling: SamplingConfig, key, **kwargs):
   """Decodes gen_length tokens after each left-padded prompt: int32 [B, P + gen_length]
   (decode_blocks without its count and commit steps)."""
@@ -235,6 +255,7 @@ def decode_blocks(
   eos_id: int,
   pad_id: int,
   vocab_size: int | None = None,
+  with_predictions: bool = False,
 ):
   """(int32 [B, P + gen_length]: each left-padded prompt and its gen_length tokens, the number
   of blocks decoded, int32 [B, gen_length]: the step that committed each generated token, -1 if
@@ -259,6 +280,15 @@ def decode_blocks(
   EOS with nothing masked before it), so gen_length is a maximum and a batch costs the blocks
   its longest text needs; the count says how many ran.
 
+  with_predictions (wd1++'s stepwise targets, rl/rollout.py): a fourth output, int32 [B, steps,
+  gen_length]: x_0|l, the clean completion predicted at each step l from the state before it,
+  committed tokens kept, every still-masked token filled with the prediction: in the current
+  block the x0 the step commits from, after it the argmax of the same forward's logits (CFG and
+  the forbidden tokens as in the block). Only for cache 'none' on a non-block-causal model, with
+  every step committing something (no threshold, factor or stop_at_eos, steps_per_block <=
+  block_length), so that every row runs every step; the extra whole-canvas logits are computed
+  block by block only in this mode.
+
   The cache modes change only the forward. 'prefix' / 'dual' (Fast-dLLM v1, generate_with_prefix_
   cache / generate_with_dual_cache): a refresh step is the whole-canvas forward, keeping every
   layer's K/V; the other steps run [block start, canvas end) ('prefix', one static shape per
@@ -282,6 +312,8 @@ def decode_blocks(
     )
   if mode in ('truncate', 'block'):
     _check_exact_cache(module, sampling)
+  if with_predictions:
+    _check_predictions(module, sampling)
   # Shifted models (model.shift_logits, Dream) read token i's prediction at position i-1: a cached
   # slice starts one position early, so its first token's predictor runs with it, against the
   # same K/V as the rest of the slice (exact wherever the cache is; one extra query row).
@@ -398,6 +430,16 @@ def decode_blocks(
       return block_logits(x_BL, start, static_start + block)
     return slice_kv(x_BL, kv, start, block)[0]
 
+  def predicting_logits(x_BL, start):
+    """(the block's logits, int32 [B, length]: every decoded block's argmax) of one whole-canvas
+    forward (cache 'none'); the canvas's logits are made one block at a time."""
+    tokens = model_tokens(x_BL)
+    hidden = module.hidden(tokens, segment_ids_BL=segments_all, positions_BL=positions_all)
+    starts = prefill + block * jnp.arange(num_blocks)
+    argmax_NBK = jax.lax.map(lambda s: jnp.argmax(guided(hidden, s), -1).astype(jnp.int32), starts)
+    decoded_BL = jnp.moveaxis(argmax_NBK, 0, 1).reshape(batch, num_blocks * block)
+    return guided(hidden, start), jnp.concatenate([x_BL[:, :prefill], decoded_BL], axis=1)
+
   def go_on(block_index, x_BL):
     """Whether block block_index is decoded: some row still needs it and has not finished."""
     wanted = block_index < blocks_needed
@@ -416,12 +458,23 @@ def decode_blocks(
         left_BK = left_BK & ~done_B[:, None]
       return (step < spb) & jnp.any(left_BK)  # with a threshold or factor, a block can end early.
 
-    def commit(step, x, steps, logits):
-      """One step's commits, each token's step recorded (TraceRL's trajectory)."""
+    def commit(step, x, record, logits, later_x0=None):
+      """One step's commits, each token's step recorded (TraceRL's trajectory); with
+      predictions (later_x0: the canvas's argmax) also the step's x_0|l."""
       transfer_B = jax.lax.dynamic_index_in_dim(transfer_BS, step, axis=1, keepdims=False)
       new_x = decode_step(x, logits, block_index, step, start, transfer_B)
       committed = (x == mask_id) & (new_x != mask_id)
-      return step + 1, new_x, jnp.where(committed, block_index * spb + step, steps)
+      steps = jnp.where(committed, block_index * spb + step, record[0])
+      if later_x0 is None:
+        return step + 1, new_x, (steps, *record[1:])
+      noise_key = step_keys(key, block_index, step)[0]
+      x0_blk = sample_tokens(logits, noise_key, sampling.temperature, sampling.top_p)
+      x0_BL = jax.lax.dynamic_update_slice_in_dim(later_x0, x0_blk, start, axis=1)
+      predicted_BL = jnp.where((x == mask_id) & decodable_BL, x0_BL, x)
+      preds = jax.lax.dynamic_update_index_in_dim(
+        record[1], predicted_BL, block_index * spb + step, axis=0
+      )
+      return step + 1, new_x, (steps, preds)
 
     if mode in ('prefix', 'dual'):
       size = block if mode == 'dual' else length - static_start
@@ -443,7 +496,11 @@ def decode_blocks(
 
     def body(carry):
       step, x, kv, steps = carry
-      step, x, steps = commit(step, x, steps, step_logits(x, kv, start, static_start))
+      if with_predictions:
+        logits, later_x0 = predicting_logits(x, start)
+        step, x, steps = commit(step, x, steps, logits, later_x0)
+      else:
+        step, x, steps = commit(step, x, steps, step_logits(x, kv, start, static_start))
       return step, x, kv, steps
 
     _, x_BL, kv, steps_BL = jax.lax.while_loop(unfinished, body, (jnp.int32(0), x_BL, kv, steps_BL))
@@ -473,7 +530,9 @@ def decode_blocks(
       for a, new in zip(kv, canvas_kv(x_BL, 0, prefill)[1])
     )
   ran = jnp.int32(0)
-  steps_BL = jnp.full((batch, length), -1, jnp.int32)  # the step that committed each token
+  steps_BL = (jnp.full((batch, length), -1, jnp.int32),)  # the step that committed each token
+  if with_predictions:  # and each step's x_0|l
+    steps_BL += (jnp.full((num_blocks * spb, batch, length), mask_id, jnp.int32),)
   if mode in ('truncate', 'prefix'):  # static shapes: one unrolled loop iteration per block.
     for b in range(num_blocks):
       decoded = go_on(b, x_BL)
@@ -496,8 +555,14 @@ def decode_blocks(
   completion_BG = jnp.take_along_axis(x_BL, start_B1 + jnp.arange(gen)[None], axis=1)
   if sampling.stop_at_eos:  # skipped positions read as EOS, after the end of the text anyway.
     completion_BG = jnp.where(completion_BG == mask_id, eos_id, completion_BG)
-  steps_BG = jnp.take_along_axis(steps_BL, start_B1 + jnp.arange(gen)[None], axis=1)
-  return jnp.concatenate([prompt_BP, completion_BG], axis=1), ran, steps_BG
+  gather_BG = start_B1 + jnp.arange(gen)[None]
+  steps_BG = jnp.take_along_axis(steps_BL[0], gather_BG, axis=1)
+  tokens_BW = jnp.concatenate([prompt_BP, completion_BG], axis=1)
+  if not with_predictions:
+    return tokens_BW, ran, steps_BG
+  preds_BSL = jnp.moveaxis(steps_BL[1], 0, 1)
+  preds_BSG = jnp.take_along_axis(preds_BSL, gather_BG[:, None], axis=2)
+  return tokens_BW, ran, steps_BG, preds_BSG
 
 
 @functools.lru_cache(maxsize=32)  # one compilation per setting, shared by every caller.
@@ -511,9 +576,11 @@ def make_generate_fn(
   mesh=None,
   vocab_size: int | None = None,
   with_steps: bool = False,
+  with_predictions: bool = False,
 ):
   """jit(fn(params, prompt_BP, prompt_lengths_B, key) -> int32 [B, P + gen_length]; with_steps,
-  also each generated token's commit step [B, gen_length] (decode_blocks)).
+  also each generated token's commit step [B, gen_length]; with_predictions, the commit steps
+  and each step's predicted completion [B, steps, gen_length] (decode_blocks)).
 
   With a mesh, params take their training shardings and the batch splits over the batch axes;
   with several processes each passes the whole (identical) batch and gets a global array back.
@@ -528,7 +595,7 @@ def make_generate_fn(
 
   def fn(params, prompt_BP, prompt_lengths_B, key):
     module = model_lib.merge(model_config, params)
-    tokens, _, steps = decode_blocks(
+    tokens, _, steps, *preds = decode_blocks(
       module,
       prompt_BP,
       prompt_lengths_B,
@@ -538,7 +605,10 @@ def make_generate_fn(
       eos_id=eos_id,
       pad_id=pad_id,
       vocab_size=vocab_size,
+      with_predictions=with_predictions,
     )
+    if with_predictions:
+      return tokens, steps, preds[0]
     return (tokens, steps) if with_steps else tokens
 
   if mesh is None:
@@ -554,7 +624,13 @@ def make_generate_fn(
       rules.named_sharding(mesh, (rules.BATCH,)),
       rules.named_sharding(mesh, ()),
     ),
-    out_shardings=(rows, rows) if with_steps else rows,
+    out_shardings=(
+      (rows, rows, rules.named_sharding(mesh, (rules.BATCH, None, None)))
+      if with_predictions
+      else (rows, rows)
+      if with_steps
+      else rows
+    ),
   )
   shards = int(np.prod([mesh.shape[a] for a in rules.RULES[rules.BATCH]]))
 

@@ -70,6 +70,26 @@ def wd1_weights(advantages_B, group_size: int):
   return (softmax(groups) - softmax(-groups)).reshape(-1).astype(np.float32)
 
 
+def wd1pp_weights(rewards_BS, group_size: int, psi: float = 1.0):
+  """wd1++'s signed weights (w+ - w-) [B, S] of every step's predicted completion x_0|l (wd1
+  paper v2, arXiv 2507.08838v2, section 3.3, Eq. 10 with Eq. 9's weights): rows i*G .. i*G+G-1
+  share a prompt, and its group is expanded to the G x S predictions; A = R - the mean of those
+  G x S rewards, w+ = softmax(psi A) and w- = softmax(-psi A) over them. Each prompt's G x S
+  weights sum to 0."""
+  rewards = np.asarray(rewards_BS, np.float64)
+  rows, steps = rewards.shape
+  if group_size < 2 or rows % group_size:
+    raise ValueError(f'{rows} rows do not split into groups of {group_size} >= 2.')
+  groups = rewards.reshape(rows // group_size, group_size * steps)
+  advantages = psi * (groups - groups.mean(axis=1, keepdims=True))
+
+  def softmax(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+  return (softmax(advantages) - softmax(-advantages)).reshape(rows, steps).astype(np.float32)
+
+
 def score(reward_fn, examples, completions):
   """(rewards [B] float32, failures): a reward fn that raises or returns a non-number scores 0
   and is counted, never a crash."""

@@ -133,6 +133,20 @@ def trace_token_logprobs(
   return jnp.sum(jnp.where(scored_RBL, logp_RBL, 0.0), axis=0)
 
 
+def stepwise_logprobs(
+  module, tokens_BL, targets_BL, completion_mask_BL, lengths_B, *, mask_id: int, chunk_size=0
+):
+  """wd1++'s log pi(x_0|l | x_l, q) [B]: tokens_BL is the state x_l (MASK where the sampler had
+  not committed yet), targets_BL the step's predicted completion; the sum of log p(target) over
+  the positions masked in x_l and inside the prediction's completion (up to and incl. its first
+  EOS), from one forward of x_l (DCE's term without its 1 / t, which the loss weight carries)."""
+  ce_BL = loss_lib.model_cross_entropy(
+    module, tokens_BL, targets_BL, chunk_size=chunk_size, valid_length_B=lengths_B
+  )
+  scored_BL = (tokens_BL == mask_id) & (completion_mask_BL > 0)
+  return jnp.sum(jnp.where(scored_BL, -ce_BL, 0.0), axis=1)
+
+
 COUPLED_T_RANGE = (0.2, 0.8)  # DiffuCoder's forward_process: mask_ratio = random.uniform(0.2, 0.8)
 
 

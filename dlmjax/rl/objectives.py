@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-OBJECTIVES = ('d1', 'espo', 'spg', 'wd1', 'coupled_grpo', 'trace')
+OBJECTIVES = ('d1', 'espo', 'spg', 'wd1', 'wd1pp', 'coupled_grpo', 'trace')
 # Objectives without a ratio or a KL term: their rollouts score no old or reference estimates.
-RATIO_FREE = ('spg', 'wd1')
+RATIO_FREE = ('spg', 'wd1', 'wd1pp')
 # Objectives scoring per-token estimates ([B, L] old / reference arrays); the others per sequence.
 TOKEN_OBJECTIVES = ('d1', 'coupled_grpo', 'trace')
 # Objectives whose rollouts record each token's commit step (the batch's `steps`).
 TRAJECTORY_OBJECTIVES = ('trace',)
+# Objectives whose rollouts record each decoding step's predicted completion x_0|l (wd1++): the
+# batch's `tokens` are a drawn step's state x_l and its `targets` that step's prediction.
+STEPWISE_OBJECTIVES = ('wd1pp',)
 
 
 def describe(config) -> str:
@@ -37,6 +40,17 @@ def describe(config) -> str:
     f'mix_weight={r.spg_mix_weight:g}), group-mean advantages, no ratio, no KL term',
     'wd1': f'one-step token estimate (p_mask_prompt={r.p_mask_prompt:g}) summed per completion, '
     'weights softmax(A) - softmax(-A) per group, no ratio, no KL term',
+    'wd1pp': 'wd1++ (wd1 v2 Eq. 10): each decoding step l = 1..L predicts x_0|l from its state '
+    f'x_l; rewards of all G x L predictions ({config.sampler.steps} steps), weights '
+    f'softmax(psi A) - softmax(-psi A) over them (psi={r.wd1pp_psi:g}); per row and update one '
+    'l ~ U{1..L}, log pi(x_0|l | x_l) over the masked tokens of x_l from one forward; factor '
+    + (
+      'L / G x 1 / t_l (our reading of the garbled "L / G l": t_l = masked share of the canvas '
+      'in x_l, the DCE weight)'
+      if r.wd1pp_dce_weight
+      else 'L / G (rl.wd1pp_dce_weight=False: no 1 / t_l)'
+    )
+    + ', no ratio, no KL term',
     'coupled_grpo': 'coupled complementary-mask estimate (t ~ U[0.2, 0.8], '
     f'p_mask_prompt={r.p_mask_prompt:g}), leave-one-out advantages, clip_eps={r.clip_eps:g}, {kl}',
     'trace': "TraceRL's trajectory estimate (each token under the state the sampler committed it "

@@ -41,8 +41,10 @@ BATCH_KEYS = (
 
 
 def batch_keys(objective: str) -> tuple[str, ...]:
-  """The batch's arrays: BATCH_KEYS, and `steps` (each token's commit step) for TraceRL."""
-  return BATCH_KEYS + (('steps',) if objective in objectives.TRAJECTORY_OBJECTIVES else ())
+  """The batch's arrays: BATCH_KEYS, `steps` (each token's commit step) for TraceRL, `targets`
+  (the drawn step's predicted completion) for wd1++."""
+  extra = ('steps',) if objective in objectives.TRAJECTORY_OBJECTIVES else ()
+  return BATCH_KEYS + extra + (('targets',) if objective in objectives.STEPWISE_OBJECTIVES else ())
 
 
 def steps_right_padded(steps_BG, prompt_lengths_B, width: int):
@@ -91,7 +93,7 @@ def loss_weights(
   rows = completion_mask_BL.shape[0]
   if objective == 'espo':
     return np.full((rows,), 1.0 / rows, np.float32)
-  if objective == 'wd1':
+  if objective in ('wd1', 'wd1pp'):  # wd1pp: times L / G / t_l (stepwise_rows)
     if group_size < 2:
       raise ValueError('wd1 loss weights need the group size (group_size=rl.group_size).')
     return np.full((rows,), group_size / rows, np.float32)
@@ -102,6 +104,60 @@ def loss_weights(
     return (completion_mask_BL / max(completion_mask_BL.sum(), 1.0)).astype(np.float32)
   per_row = np.maximum(completion_mask_BL.sum(axis=1, keepdims=True), 1.0)
   return (completion_mask_BL / per_row / rows).astype(np.float32)
+
+
+def stepwise_draws(seed: int, mask_seeds_B, num_steps: int):
+  """wd1++'s step per row: int [B] in [0, num_steps) (step l = draw + 1), a function of the
+  run's seed and the row's mask seed only, like every other RL mask draw."""
+  return np.array(
+    [
+      np.random.default_rng([7, seed % 2**32, int(s) % 2**32]).integers(num_steps)
+      for s in np.asarray(mask_seeds_B)
+    ],
+    np.int64,
+  )
+
+
+def stepwise_rows(
+  prompt_BP,
+  prompt_lengths_B,
+  preds_BSG,
+  steps_BG,
+  weights_BS,
+  draws_B,
+  *,
+  group_size: int,
+  mask_id: int,
+  eos_id: int,
+  pad_id: int,
+  dce_weight: bool = True,
+):
+  """wd1++'s rows for one inner update: each row's drawn step l (draws_B, 0-based), right-padded
+  like to_right_padded. tokens: the state x_l, the final completion with MASK wherever the commit
+  step is >= l (the sampler's state before step l); targets / completion_mask: that step's
+  predicted completion x_0|l, rewritten to EOS after its first EOS, and its mask up to it;
+  advantages: its signed weight (w+ - w-); weight: its loss weight G / rows (a prompt's rows
+  summed, the prompts averaged) x L / G x (dce_weight: 1 / t_l, t_l = x_l's masked share of the
+  canvas, which is 1 at l = 1)."""
+  batch, num_steps, gen = preds_BSG.shape
+  rows = np.arange(batch)
+  width = prompt_BP.shape[1]
+  out_BW = np.concatenate([np.asarray(prompt_BP), preds_BSG[rows, draws_B]], axis=1)
+  raw, _, lengths = to_right_padded(out_BW, prompt_lengths_B, width, eos_id=-1, pad_id=pad_id)
+  targets, mask, _ = to_right_padded(out_BW, prompt_lengths_B, width, eos_id=eos_id, pad_id=pad_id)
+  steps = steps_right_padded(steps_BG, prompt_lengths_B, raw.shape[1])
+  masked = steps >= draws_B[:, None]  # -1 on the prompt and the pads: never masked
+  t_B = masked.sum(axis=1) / gen
+  factor = num_steps / group_size / (t_B if dce_weight else 1.0)
+  weight = loss_weights(mask, 'wd1pp', group_size=group_size) * factor
+  return dict(
+    tokens=np.where(masked, mask_id, raw).astype(np.int32),
+    targets=targets,
+    lengths=lengths,
+    completion_mask=mask,
+    advantages=weights_BS[rows, draws_B].astype(np.float32),
+    weight=weight.astype(np.float32),
+  )
 
 
 class RolloutBatches:
@@ -157,9 +213,12 @@ class RolloutBatches:
     row = None
     if inner == 0 or self._batch is None:
       self._batch, row = self._rollout(self.served // self.r.inner_updates, params)
-    batch = {k: v for k, v in self._batch.items() if k not in ('old_all', 'ref_all')}
+    per_update = ('old_all', 'ref_all', 'stepwise_all')
+    batch = {k: v for k, v in self._batch.items() if k not in per_update}
     batch['mask_seeds'] = self._batch['mask_seeds_all'][inner]
     batch['old'], batch['ref'] = self._batch['old_all'][inner], self._batch['ref_all'][inner]
+    if 'stepwise_all' in self._batch:  # wd1++: this update's drawn steps
+      batch.update(self._batch['stepwise_all'][inner])
     del batch['mask_seeds_all']
     self.served += 1
     rows = self.config.train.global_batch_size // self.shards
@@ -186,15 +245,26 @@ class RolloutBatches:
     start = time.time()
     key = jax.random.fold_in(jax.random.key(config.seed), index)
     out = self.sampler.generate(params, prompt_BP, prompt_lengths, key)
-    steps = None
+    steps = preds = None
     if r.objective in objectives.TRAJECTORY_OBJECTIVES:
       out, steps = out
+    if r.objective in objectives.STEPWISE_OBJECTIVES:
+      out, steps_BG, preds = out
     generate_s = time.time() - start
     # Score: rewards, advantages, old and reference estimates for every inner iteration. The
     # rewards (for code tasks, sandboxes: seconds of subprocesses) are computed on a host thread
     # while the accelerator computes the log-probs, which need only the tokens.
     start = time.time()
-    texts = self.sampler.texts(out)
+    extra = {}
+    if preds is None:
+      score_examples, texts = examples, self.sampler.texts(out)
+    else:  # wd1++: every step's prediction scored, G x L per prompt, in one call
+      num_steps = preds.shape[1]
+      expanded = np.concatenate(
+        [np.repeat(prompt_BP, num_steps, axis=0), preds.reshape(rows * num_steps, -1)], axis=1
+      )
+      score_examples = [e for e in examples for _ in range(num_steps)]
+      texts = self.sampler.texts(expanded)
     tokens, completion_mask, lengths = to_right_padded(
       out, prompt_lengths, r.max_prompt_tokens, eos_id=m.eos_token_id, pad_id=m.pad_token_id
     )
@@ -209,11 +279,35 @@ class RolloutBatches:
     ((rewards, failures, correct, counters), reward_s), ((old_all, ref_all), logprob_s) = (
       overlapped(
         self._reward_thread,
-        lambda: score_texts(self.prompts.task, examples, texts),
+        lambda: score_texts(self.prompts.task, score_examples, texts),
         lambda: self._old_and_reference(params, tokens, prompt_lengths, lengths, seeds, steps),
       )
     )
-    advantages = row_advantages(rewards, group, r.objective)
+    stepwise_all = None
+    if preds is None:
+      advantages = row_advantages(rewards, group, r.objective)
+    else:
+      extra = dict(rollout_step_reward_mean=float(rewards.mean()))
+      rewards_BS = rewards.reshape(rows, num_steps)
+      weights_BS = advantages_lib.wd1pp_weights(rewards_BS, group, r.wd1pp_psi)
+      rewards, advantages = rewards_BS[:, -1], weights_BS[:, -1]  # x_0|L: the completion
+      correct = np.asarray(correct, bool).reshape(rows, num_steps)[:, -1]
+      stepwise_all = [
+        stepwise_rows(
+          prompt_BP,
+          prompt_lengths,
+          preds,
+          steps_BG,
+          weights_BS,
+          stepwise_draws(config.seed, seeds_B, num_steps),
+          group_size=group,
+          mask_id=m.mask_token_id,
+          eos_id=m.eos_token_id,
+          pad_id=m.pad_token_id,
+          dce_weight=r.wd1pp_dce_weight,
+        )
+        for seeds_B in seeds
+      ]
     score_s = time.time() - start
     row = dict(
       step=self.served + 1,
@@ -228,6 +322,7 @@ class RolloutBatches:
       reward_failures=failures,
       rollout_completion_length=float(completion_mask.sum(1).mean()),
       **counters,  # code tasks: the share of each sandbox verdict
+      **extra,  # wd1++: the mean reward of all G x L step predictions
     )
     batch = dict(
       tokens=tokens,
@@ -243,6 +338,8 @@ class RolloutBatches:
     )
     if steps is not None:
       batch['steps'] = steps
+    if stepwise_all is not None:
+      batch['stepwise_all'] = stepwise_all
     return batch, row
 
   def _old_and_reference(self, params, tokens, prompt_lengths, lengths, seeds, steps=None):
@@ -285,6 +382,7 @@ def make_batches(config, setup, prompts, *, process_index: int = 0, process_coun
     prompts.tokenizer,
     sampler_lib.SamplingConfig.from_config(config),
     with_steps=config.rl.objective in objectives.TRAJECTORY_OBJECTIVES,
+    with_predictions=config.rl.objective in objectives.STEPWISE_OBJECTIVES,
   )
   reference = reference_lib.ReferenceModel(config, setup) if reference_lib.needed(config) else None
   return RolloutBatches(

@@ -15,7 +15,8 @@ from dlmjax.parallel import distributed
 
 class RolloutSampler:
   """Samples with `sampling` (greedy=True: the same settings at temperature 0); with_steps,
-  generate also returns each generated token's commit step (TraceRL's trajectory)."""
+  generate also returns each generated token's commit step (TraceRL's trajectory); with
+  with_predictions, the commit steps and every step's predicted completion (wd1++)."""
 
   def __init__(
     self,
@@ -25,6 +26,7 @@ class RolloutSampler:
     sampling: sampler_lib.SamplingConfig,
     greedy: bool = False,
     with_steps: bool = False,
+    with_predictions: bool = False,
   ):
     m = config.model
     if greedy:
@@ -41,6 +43,7 @@ class RolloutSampler:
       mesh=setup.mesh,
       vocab_size=m.vocab_size,
       with_steps=with_steps,
+      with_predictions=with_predictions,
     )
 
   def pad(self, token_ids: list[list[int]]):
@@ -49,7 +52,8 @@ class RolloutSampler:
 
   def generate(self, params, prompt_BP, prompt_lengths_B, key):
     """int32 [B, prompt width + gen_length] on the host: prompts and their completions (with
-    with_steps, and int32 [B, gen_length]: each completion token's commit step)."""
+    with_steps, and int32 [B, gen_length]: each completion token's commit step; with_predictions,
+    also int32 [B, steps, gen_length]: each step's predicted completion)."""
     out = self._generate(params, prompt_BP, prompt_lengths_B, key)
     return (
       tuple(map(distributed.to_host, out)) if isinstance(out, tuple) else distributed.to_host(out)

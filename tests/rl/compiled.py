@@ -49,5 +49,5 @@ def rl_step(objective: str):
   )
   setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c, jax.devices()[:1]))
   # The objective's token estimate (SPG's bounds: the direction test computes them itself)
-  score = None if objective == 'spg' else rollout.make_score_fn(c, setup.model_config)
+  score = None if objective in ('spg', 'wd1pp') else rollout.make_score_fn(c, setup.model_config)
   return c, setup, step_lib.CompiledStep(setup, stages.build(c)), score

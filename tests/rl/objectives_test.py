@@ -185,7 +185,7 @@ def test_leave_one_out_advantages_match_numpy():
 def test_objective_switches_are_one_logged_line():
   from tests.conftest import tiny_test_config  # pylint: disable=import-outside-toplevel
 
-  for name, beta in [('wd1', 0.0), ('coupled_grpo', 0.01)]:
+  for name, beta in [('wd1', 0.0), ('wd1pp', 0.0), ('coupled_grpo', 0.01)]:
     c = tiny_test_config(**{'rl.objective': name, 'rl.kl_beta': beta, 'rl.ref_sync_every': 0})
     line = objectives.describe(c)
     assert line.startswith(f'rl.objective={name}: ') and '\n' not in line

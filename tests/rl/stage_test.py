@@ -53,7 +53,7 @@ def init_dir(tmp_path_factory):
 
 
 @pytest.mark.slow  # ~90 s each on the shared 2-core machine: compiles sampler, scorer, step
-@pytest.mark.parametrize('objective', ['d1', 'espo', 'spg'])
+@pytest.mark.parametrize('objective', ['d1', 'espo', 'spg', 'wd1pp'])
 def test_rl_runs_and_logs(tmp_path, init_dir, objective):
   # ESPO also holds its reference in host memory, in bfloat16; SPG has no reference (no KL).
   # d1 also evaluates held-out reward (eval.every) at steps 1 and 2, on 16 test problems, and
@@ -73,6 +73,7 @@ def test_rl_runs_and_logs(tmp_path, init_dir, objective):
     'd1': {'eval.every': 1, 'eval.batches': 1, **block_causal},
     'espo': {'rl.reference_on_host': True, 'rl.reference_dtype': 'bfloat16'},
     'spg': {'rl.kl_beta': 0.0},
+    'wd1pp': {'rl.kl_beta': 0.0},  # 2 steps: G x 2 step predictions scored per prompt
   }[objective]
   c = _rl_config(tmp_path, init_dir, **{'rl.objective': objective, **extra})
   last = loop.train(c)
@@ -82,6 +83,7 @@ def test_rl_runs_and_logs(tmp_path, init_dir, objective):
   rows = [json.loads(line) for line in open(os.path.join(c.output_dir, 'metrics.jsonl'))]
   rollout = [r for r in rows if 'generate_s' in r]
   assert len(rollout) == 1 and rollout[0]['score_s'] > 0 and rollout[0]['reward_failures'] == 0
+  assert ('rollout_step_reward_mean' in rollout[0]) == (objective == 'wd1pp')
   # mu = 2 updates on one rollout: the first has ratio 1 (old = current params), so no clipping.
   first = [r for r in rows if r.get('step') == 1 and 'loss' in r][0]
   assert first['clip_fraction'] == 0.0

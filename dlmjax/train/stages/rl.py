@@ -1,5 +1,5 @@
 """RL from verifiable rewards: rollouts of the current policy; diffu-GRPO (d1), ESPO, SPG, wd1,
-coupled-GRPO or TraceRL loss.
+wd1++, coupled-GRPO or TraceRL loss.
 
 The batch source (dlmjax/rl/rollout.py) generates G completions per prompt with the params of the
 step about to run, scores them, and serves the same rollouts rl.inner_updates times, each with its
@@ -49,6 +49,7 @@ def make_loss(config):
     completion_mask,
     rewards,
     steps=None,
+    targets=None,
     step=None,
     micro_index=None,
     example_ids_B=None,
@@ -74,6 +75,18 @@ def make_loss(config):
         loss, kl, clipped = objectives.d1_token_loss(
           logp, old, ref, advantages, eps=r.clip_eps, beta=beta
         )
+    elif r.objective == 'wd1pp':  # tokens: a drawn step's state x_l, targets: its x_0|l
+      logp = estimators.stepwise_logprobs(
+        module,
+        tokens,
+        targets,
+        completion_mask,
+        lengths,
+        mask_id=common['mask_id'],
+        chunk_size=common['chunk_size'],
+      )
+      loss = objectives.wd1_sequence_loss(logp, advantages)  # advantages: w+ - w- of x_0|l
+      kl = clipped = jnp.zeros_like(loss)  # no ratio, no KL term (the paper's beta = 0)
     elif r.objective == 'spg':
       elbo, eubo = estimators.spg_sequence_bounds(
         module,
@@ -177,6 +190,11 @@ def stage(config) -> base.Stage:
     )
     if 'steps' in rollout_lib.batch_keys(config.rl.objective):  # one token per step
       batch['steps'] = np.where(completion_mask > 0, np.arange(width)[None], -1).astype(np.int32)
+    if 'targets' in rollout_lib.batch_keys(config.rl.objective):  # x_l fully masked
+      batch['targets'] = batch['tokens']
+      batch['tokens'] = np.where(
+        completion_mask > 0, config.model.mask_token_id, batch['tokens']
+      ).astype(np.int32)
     return batch
 
   return base.Stage(
