@@ -1271,8 +1271,11 @@ def _validate_experts(config):
       f'the expert width (model.moe_ffn_dim or model.ffn_dim) is not divisible by mesh.tensor='
       f'{mesh.tensor}; pick a tensor size that divides it.'
     )
-  if mesh.pipeline > 1:
-    raise ConfigError('MoE models run without pipeline stages; set --config.mesh.pipeline=1.')
+  if dense and mesh.pipeline > 1:
+    raise ConfigError(
+      f'pipeline stages split one stack of identical layers, but model.dense_layers='
+      f'{m.dense_layers!r} mixes dense and MoE layers; set --config.mesh.pipeline=1.'
+    )
   if m.matmul_dtype != 'compute':
     raise ConfigError(
       f'model.matmul_dtype={m.matmul_dtype} does not cover the MoE experts; set '

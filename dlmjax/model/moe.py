@@ -23,11 +23,14 @@ tokens reach them (`_sharded_dispatch`; docs/moe.md, expert parallelism):
   and send the outputs back (`exchange_dispatch`). The exchange is a dense all-to-all of a
   worst-case buffer, so it stays dropless.
 
-Every layer reports router statistics (`layer_stats`): per-expert assignment counts, the
-load-balancing loss (Switch / transformers' load_balancing_loss_func: E x sum_e f_e P_e, f_e the
-share of assignments to e times k, P_e the mean router probability; k at perfect balance), the
-router z-loss (ST-MoE: mean logsumexp(logits)^2) and the router's mean entropy. The transformer
-hands them to `collect` (the train step adds the losses it is configured with).
+Every layer reports router statistics: per-expert assignment counts, the load-balancing loss
+(Switch / transformers' load_balancing_loss_func: E x sum_e f_e P_e, f_e the share of assignments
+to e times k, P_e the mean router probability; k at perfect balance), the router z-loss (ST-MoE:
+mean logsumexp(logits)^2) and the router's mean entropy. A layer returns them as additive sums
+(`layer_sums`), and `layer_stats` forms them from the sums of one forward: a forward split into
+pipeline micro-batches adds its pieces' sums first, so it reports what the whole batch would
+(docs/moe.md, pipeline stages). The transformer hands them to `collect` (the train step adds the
+losses it is configured with).
 """
 
 from __future__ import annotations
@@ -102,7 +105,7 @@ class MoE(nnx.Module):
       self.shared = layers.MLP(d_model, shared_ffn_dim, std=std, out_std=out_std, rngs=rngs, **kw)
 
   def route(self, x_BLD):
-    """(expert ids [B, L, k], their weights [B, L, k] float32, this layer's statistics)."""
+    """(expert ids [B, L, k], their weights [B, L, k] float32, this layer's `layer_sums`)."""
     logits_BLE = jnp.einsum(
       'bld,de->ble', x_BLD.astype(jnp.float32), self.router_kernel.value.astype(jnp.float32)
     )
@@ -118,10 +121,10 @@ class MoE(nnx.Module):
       weights_BLK, experts_BLK = jax.lax.top_k(probs_BLE, self.top_k)
       if self.router == 'softmax_topk':
         weights_BLK = weights_BLK / jnp.sum(weights_BLK, -1, keepdims=True)
-    return experts_BLK, weights_BLK, layer_stats(logits_BLE, probs_BLE, experts_BLK)
+    return experts_BLK, weights_BLK, layer_sums(logits_BLE, probs_BLE, experts_BLK)
 
   def __call__(self, x_BLD):
-    """(output [B, L, D] in x's dtype, this layer's router statistics)."""
+    """(output [B, L, D] in x's dtype, this layer's router statistics as `layer_sums`)."""
     experts_BLK, weights_BLK, stats = self.route(x_BLD)
     w = [p.value.astype(x_BLD.dtype) for p in (self.gate_proj, self.up_proj, self.down_proj)]
     out_BLD = _sharded_dispatch(
@@ -132,18 +135,34 @@ class MoE(nnx.Module):
     return out_BLD, stats
 
 
-def layer_stats(logits_BLE, probs_BLE, experts_BLK) -> dict:
-  """One layer's router statistics over its tokens (module docstring)."""
+def layer_sums(logits_BLE, probs_BLE, experts_BLK) -> dict:
+  """One layer's router statistics over its tokens as additive sums: per-expert assignment counts
+  and summed probabilities, the token count, and the summed squared logsumexp and entropy. Sums
+  over any split of the tokens (the pipeline's micro-batches) add up to those of the whole;
+  `layer_stats` forms the losses from them (docs/moe.md, pipeline stages)."""
   num_experts = logits_BLE.shape[-1]
   counts_E = jnp.sum(jax.nn.one_hot(experts_BLK, num_experts, dtype=jnp.float32), axis=(0, 1, 2))
-  tokens = experts_BLK.shape[0] * experts_BLK.shape[1]
-  mean_probs_E = jnp.mean(probs_BLE, axis=(0, 1))
-  entropy = -jnp.sum(probs_BLE * jnp.log(jnp.maximum(probs_BLE, 1e-30)), -1)
+  entropy_BL = -jnp.sum(probs_BLE * jnp.log(jnp.maximum(probs_BLE, 1e-30)), -1)
   return dict(
     counts=counts_E,
-    balance_loss=num_experts * jnp.sum(counts_E / tokens * mean_probs_E),
-    z_loss=jnp.mean(jnp.square(jax.nn.logsumexp(logits_BLE, axis=-1))),
-    entropy=jnp.mean(entropy),
+    probs=jnp.sum(probs_BLE, axis=(0, 1)),
+    tokens=jnp.asarray(experts_BLK.shape[0] * experts_BLK.shape[1], jnp.float32),
+    z_loss=jnp.sum(jnp.square(jax.nn.logsumexp(logits_BLE, axis=-1))),
+    entropy=jnp.sum(entropy_BL),
+  )
+
+
+def layer_stats(sums: dict) -> dict:
+  """The router statistics the train step reads (module docstring) from `layer_sums`' sums, per
+  layer (any leading axes): counts, balance_loss, z_loss and entropy."""
+  tokens = sums['tokens']
+  num_experts = sums['counts'].shape[-1]
+  mean_probs_E = sums['probs'] / tokens[..., None]
+  return dict(
+    counts=sums['counts'],
+    balance_loss=num_experts * jnp.sum(sums['counts'] / tokens[..., None] * mean_probs_E, -1),
+    z_loss=sums['z_loss'] / tokens,
+    entropy=sums['entropy'] / tokens,
   )
 
 

@@ -166,11 +166,11 @@ def _run_layers(
   """The stacked blocks (leading axis: layers) applied in order, scanned or unrolled, with remat.
 
   Returns (x, every layer's fresh (k, v) of x stacked [layers, B, L, K, H], or None unless
-  want_kv, an MoE's router statistics stacked over layers or None); kv_cache, [layers, B, S, K,
-  H], holds the K/V each layer's slice attends to. kind overrides cfg.attention_mask (two_stream:
-  Transformer.hidden's clean_BL). first: the model's index of the stack's first layer (a run of
-  layers, ModelConfig.layer_runs), so LoRA dropout draws each layer's own key and each layer reads
-  its own layer of the cache.
+  want_kv, an MoE's router sums (moe.layer_sums) stacked over layers or None); kv_cache,
+  [layers, B, S, K, H], holds the K/V each layer's slice attends to. kind overrides
+  cfg.attention_mask (two_stream: Transformer.hidden's clean_BL). first: the model's index of the
+  stack's first layer (a run of layers, ModelConfig.layer_runs), so LoRA dropout draws each
+  layer's own key and each layer reads its own layer of the cache.
 
   The cache is no scan operand: every layer gets the whole stacked cache (a constant the scan
   closes over, never copied) and its own index, and its attention reads its layer in place
@@ -206,9 +206,9 @@ def _run_layers(
     return x_BLD, kv, stats
   kvs, stats = [], []
   for i, layer_params in enumerate(_unstack(stacked)):
-    x_BLD, (kv, layer_stats) = layer(x_BLD, (_compute_weights(cfg, layer_params), first + i))
+    x_BLD, (kv, layer_sums) = layer(x_BLD, (_compute_weights(cfg, layer_params), first + i))
     kvs.append(kv)
-    stats.append(layer_stats)
+    stats.append(layer_sums)
   stacked_stats = None if stats[0] is None else jax.tree.map(lambda *s: jnp.stack(s), *stats)
   return x_BLD, (tuple(jnp.stack(c) for c in zip(*kvs)) if want_kv else None), stacked_stats
 
@@ -378,15 +378,16 @@ class Transformer(nnx.Module):
       graphdef, stacked = nnx.split(self.blocks)
       params = nnx.to_pure_dict(stacked)
 
-      def run_layers(layer_params, x_BLD, side):
-        return _run_layers(cfg, graphdef, layer_params, x_BLD, side, kind=kind)[0]
+      def run_layers(layer_params, x_BLD, side):  # (x, an MoE's router sums or None)
+        x_BLD, _, sums = _run_layers(cfg, graphdef, layer_params, x_BLD, side, kind=kind)
+        return x_BLD, sums
 
       axes = nnx.to_pure_dict(
         jax.tree.map(
           lambda v: v.get_metadata()['axes'], stacked, is_leaf=lambda v: isinstance(v, nnx.Variable)
         )
       )
-      x_BLD = pipeline.run(
+      x_BLD, sums = pipeline.run(
         run_layers,
         params,
         axes,
@@ -395,7 +396,10 @@ class Transformer(nnx.Module):
         stages=cfg.pipeline_stages,
         repeats=cfg.pipeline_repeats,
         microbatches=cfg.pipeline_microbatches,
+        aux=True,
       )
+      if sums is not None:  # [M, L, ...]: summed over the micro-batches, then formed (as below)
+        moe.record(moe.layer_stats(jax.tree.map(lambda a: jnp.sum(a, axis=0), sums)))
     else:
       kvs, stats = [], []
       for key, _, start, _ in runs:  # each run of one kind of layer, scanned, in order
@@ -417,9 +421,10 @@ class Transformer(nnx.Module):
           stats.append(run_stats)
       if want_kv:  # every layer's, in order: [layers, B, L, K, H]
         kv = kvs[0] if len(kvs) == 1 else tuple(jnp.concatenate(c) for c in zip(*kvs))
-      elif stats:  # the MoE layers' only, stacked in order
+      elif stats:  # the MoE layers' router sums only, stacked in order
         stats = stats[0] if len(stats) == 1 else jax.tree.map(lambda *s: jnp.concatenate(s), *stats)
-        moe.record(stats)  # the train step's router losses and metrics (moe.collect)
+        # the train step's router losses and metrics (moe.collect)
+        moe.record(moe.layer_stats(stats))
     if rows is not None:
       x_BLD = rules.constrain(x_BLD[:, :rows], (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
     hidden_BLD = self.final_norm(x_BLD)

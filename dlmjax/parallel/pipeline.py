@@ -8,6 +8,10 @@ of repeat (t - s) // M at iteration t; the last stage's output returns to stage 
 repeat (circular) or is the result (after the last repeat). Autodiff of the loop gives the
 backward pipeline, so losses and gradients are those of the plain layer scan.
 
+With aux=True each stage also returns per-layer values (an MoE's router sums); every busy
+(stage, iteration) writes them to its (micro-batch, layer) slot, and bubble iterations, which run
+on stale rows, write nothing.
+
 Layer l belongs to repeat l // (S * Lps), stage (l // Lps) % S: repeats=1 is GPipe, whose stages
 are contiguous layer blocks, exactly the layer axis' own sharding. With repeats > 1 the stage
 view is a different split of the stored axis, which costs one all-to-all of the weights per call.
@@ -104,12 +108,23 @@ def _side_axes(x):
 
 
 def run(
-  stage_fn, params, param_axes, x_BLD, side, *, stages: int, repeats: int = 1, microbatches: int = 1
+  stage_fn,
+  params,
+  param_axes,
+  x_BLD,
+  side,
+  *,
+  stages: int,
+  repeats: int = 1,
+  microbatches: int = 1,
+  aux: bool = False,
 ):
-  """The stack applied to x_BLD through the pipeline schedule.
+  """The stack applied to x_BLD through the pipeline schedule; with aux, (x, aux) where aux holds
+  stage_fn's per-layer values of every micro-batch, leaves [M, L, ...] (layer in stack order).
 
   Args:
-    stage_fn: (params with [Lps, ...] leaves, x_bLD, side_b) -> x_bLD, the plain layer scan.
+    stage_fn: (params with [Lps, ...] leaves, x_bLD, side_b) -> x_bLD, the plain layer scan; with
+      aux, -> (x_bLD, a tree of [Lps, ...] leaves, or None).
     params: nested dict of stacked layer params, leaves [L, ...].
     param_axes: the same tree with logical-axis tuples (leading rules.LAYERS).
     x_BLD: the stack's input.
@@ -150,6 +165,33 @@ def run(
     return stage_fn(w, x, side_b)
 
   stages_fn = jax.vmap(run_stage, in_axes=(1, 0, 0, 0), spmd_axis_name=rules.mesh_axes(rules.STAGE))
+  aux_shapes = None
+  if aux:
+    first_side = {k: jnp.broadcast_to(v[:1], (S, *v.shape[1:])) for k, v in micro_side.items()}
+    aux_shapes = jax.eval_shape(stages_fn, weights, io[:, 0], jnp.zeros(S, jnp.int32), first_side)
+    aux_shapes = aux_shapes[1]
+  else:
+    stages_fn = (lambda f: lambda *a: (f(*a), None))(stages_fn)
+
+  def stage_spec(ndim):
+    return (rules.STAGE, *([None] * (ndim - 1)))
+
+  # [S, R, M, Lps, ...]: stage s's values for its layers of repeat r on micro-batch m.
+  slots = jax.tree.map(
+    lambda a: rules.constrain(jnp.zeros((S, R, M, *a.shape[1:]), a.dtype), stage_spec(a.ndim + 2)),
+    aux_shapes,
+  )
+
+  def store(slots, values, t, micro, repeat):
+    busy_S = (t - stage_ids >= 0) & (t - stage_ids < R * M)  # bubbles: stale rows, no values
+    place_SRM = jax.nn.one_hot(repeat, R)[:, :, None] * jax.nn.one_hot(micro, M)[:, None, :]
+
+    def add(slot, value):
+      value = jnp.where(busy_S.reshape(S, *([1] * (value.ndim - 1))), value, 0)
+      weight = place_SRM.reshape(S, R, M, *([1] * (value.ndim - 1))).astype(value.dtype)
+      return rules.constrain(slot + weight * value[:, None, None], stage_spec(slot.ndim))
+
+    return jax.tree.map(add, slots, values)
 
   def collect(outputs, io, t):
     """Rolls stage outputs one stage on; stage 0 stores what the last stage finished at t - 1."""
@@ -161,7 +203,7 @@ def run(
     return rolled, rules.constrain(io, (rules.STAGE, None, *act))
 
   def iteration(carry, t):
-    outputs, io = carry
+    outputs, io, slots = carry
     rolled, io = collect(outputs, io, t)
     fresh = jax.lax.dynamic_index_in_dim(io, t % M, 1, keepdims=False)
     first = (stage_ids == 0).reshape(S, *([1] * (fresh.ndim - 1)))
@@ -172,10 +214,19 @@ def run(
       k: rules.constrain(jnp.take(v, micro, axis=0), (rules.STAGE, *_side_axes(v[0])))
       for k, v in micro_side.items()
     }
-    outputs = rules.constrain(stages_fn(weights, inputs, repeat, side_S), (rules.STAGE, *act))
-    return (outputs, io), None
+    outputs, values = stages_fn(weights, inputs, repeat, side_S)
+    outputs = rules.constrain(outputs, (rules.STAGE, *act))
+    return (outputs, io, store(slots, values, t, micro, repeat)), None
 
   num_iterations = R * M + S - 1
-  (outputs, io), _ = jax.lax.scan(iteration, (outputs, io), jnp.arange(num_iterations))
+  carry = (outputs, io, slots)
+  (outputs, io, slots), _ = jax.lax.scan(iteration, carry, jnp.arange(num_iterations))
   _, io = collect(outputs, io, num_iterations)
-  return rules.constrain(_merge(io[0]), act)
+  x_BLD = rules.constrain(_merge(io[0]), act)
+  if not aux:
+    return x_BLD
+  # [S, R, M, Lps, ...] -> [M, R, S, Lps, ...] -> [M, L, ...]: layer r S Lps + s Lps + j.
+  per_layer = jax.tree.map(
+    lambda a: jnp.moveaxis(a, 2, 0).swapaxes(1, 2).reshape(M, num_layers, *a.shape[4:]), slots
+  )
+  return x_BLD, per_layer

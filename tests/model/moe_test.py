@@ -87,7 +87,7 @@ def test_statistics_count_every_assignment_and_balance_loss_is_k_when_uniform():
   layer = _layer('softmax_topk')
   x = jax.random.normal(jax.random.key(2), (2, 3, D))
   graphdef, state = nnx.split(layer)
-  stats_of = jax.jit(lambda state, x: nnx.merge(graphdef, state).route(x)[2])
+  stats_of = jax.jit(lambda state, x: moe.layer_stats(nnx.merge(graphdef, state).route(x)[2]))
   stats = stats_of(state, x)
   assert float(stats['counts'].sum()) == 2 * 3 * K
   # A zero router: every probability 1/E, so the loss is E * sum_e f_e / E = k.
@@ -96,6 +96,22 @@ def test_statistics_count_every_assignment_and_balance_loss_is_k_when_uniform():
   np.testing.assert_allclose(stats['balance_loss'], K, rtol=1e-6)
   np.testing.assert_allclose(stats['entropy'], np.log(E), rtol=1e-6)
   np.testing.assert_allclose(stats['z_loss'], np.log(E) ** 2, rtol=1e-6)
+
+
+def test_statistics_of_a_split_batch_summed_are_the_whole_batch_statistics():
+  """The pipeline's micro-batches add their layer_sums before layer_stats forms the losses: the
+  same numbers as the whole batch in one piece (the balance loss is not a mean of the pieces')."""
+  layer = _layer('softmax_topk')
+  x = jax.random.normal(jax.random.key(3), (4, 3, D))
+  graphdef, state = nnx.split(layer)
+  sums_of = jax.jit(lambda state, x: nnx.merge(graphdef, state).route(x)[2])
+  pieces = [sums_of(state, x[i::2]) for i in range(2)]
+  got = moe.layer_stats(jax.tree.map(lambda *a: sum(a), *pieces))
+  want = moe.layer_stats(sums_of(state, x))
+  for key in want:
+    np.testing.assert_allclose(got[key], want[key], rtol=1e-6)
+  split = np.mean([moe.layer_stats(p)['balance_loss'] for p in pieces])
+  assert abs(split - want['balance_loss']) > 1e-4  # averaging the pieces' losses would differ
 
 
 def test_balance_bias_moves_toward_the_underloaded_experts():

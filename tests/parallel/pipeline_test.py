@@ -62,6 +62,43 @@ def test_schedule_equals_the_plain_stack(stages_, repeats, micro):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+# GPipe and circular; M < S, so stages idle the most of the schedule (their rows are stale).
+@pytest.mark.parametrize('stages_,repeats,micro', [(4, 1, 2), (2, 2, 2), (2, 3, 4)])
+def test_aux_holds_every_layer_and_micro_batch_and_nothing_of_the_bubbles(stages_, repeats, micro):
+  """With aux, every layer's per-micro-batch values (as an MoE's router sums) come back at
+  [micro-batch, layer]: those of the plain stack run on that micro-batch alone."""
+  num_layers, dim = stages_ * repeats, 4
+  rng = np.random.default_rng(7)
+  params = dict(
+    w=rng.normal(size=(num_layers, dim, dim)).astype(np.float32) / dim**0.5,
+    b=rng.normal(size=(num_layers, dim)).astype(np.float32),
+  )
+  axes = dict(w=(rules.LAYERS, None, None), b=(rules.LAYERS, None))
+  x = rng.normal(size=(2 * micro, 3, dim)).astype(np.float32)
+  side = dict(positions_BL=rng.integers(0, 9, size=(2 * micro, 3)).astype(np.float32))
+
+  def with_aux(p, x, side):  # per layer: the sum of its input and a count of its rows
+    def layer(x, w):
+      y = jnp.tanh(x @ w['w']) + 0.1 * side['positions_BL'][..., None] * w['b'][None, None]
+      return y, dict(sum=jnp.sum(x), rows=jnp.asarray(x.shape[0], jnp.float32))
+
+    return jax.lax.scan(layer, x, p)
+
+  with rules.activation_mesh(_pipeline_mesh(stages_)):
+    got_x, got = jax.jit(
+      lambda p, x, side: pipeline.run(
+        with_aux, p, axes, x, side, stages=stages_, repeats=repeats, microbatches=micro, aux=True
+      )
+    )(params, x, side)
+  want_x, _ = with_aux(params, x, side)
+  np.testing.assert_allclose(got_x, want_x, rtol=1e-5, atol=1e-5)
+  assert got['sum'].shape == (micro, num_layers)
+  np.testing.assert_array_equal(got['rows'], np.full((micro, num_layers), 2.0))
+  for m in range(micro):  # micro-batch m: rows m, m + M, ... (strided, as pipeline._split)
+    _, want = with_aux(params, x[m::micro], {k: v[m::micro] for k, v in side.items()})
+    np.testing.assert_allclose(got['sum'][m], want['sum'], rtol=1e-5, atol=1e-5)
+
+
 def test_bubble_fraction_counts_idle_stage_iterations():
   for stages_, repeats, micro in [(2, 1, 1), (4, 1, 8), (4, 2, 4), (8, 3, 8)]:
     iterations = repeats * micro + stages_ - 1
