@@ -75,8 +75,9 @@ OBJECTIVES = {
   # at 3e-5 it gains the most of the three; coupled-GRPO keeps d1's beta, clip and lr
   # (docs/benchmarks.md, RL objectives).
   'wd1': {'rl.objective': 'wd1', 'rl.kl_beta': 0.0, 'train.lr': 3e-5},
-  # wd1++: wd1's settings on every decoding step's prediction (not measured yet).
-  'wd1pp': {'rl.objective': 'wd1pp', 'rl.kl_beta': 0.0, 'train.lr': 3e-5},
+  # wd1++: wd1's settings on every decoding step's prediction, at the lr that held the SFT model
+  # (higher lrs degraded it: docs/benchmarks.md, RL objectives).
+  'wd1pp': {'rl.objective': 'wd1pp', 'rl.kl_beta': 0.0, 'train.lr': 3e-6},
   'coupled_grpo': {'rl.objective': 'coupled_grpo'},
 }
 
