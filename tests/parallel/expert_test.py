@@ -51,7 +51,6 @@ def one_device():
     ('gather', dict(data=2, expert=2, tensor=2)),
     ('gather', dict(expert=2, context=2, tensor=2)),
     ('all_to_all', dict(data=2, expert=2, tensor=2)),
-    ('all_to_all', dict(expert=2, context=2, tensor=2)),
     ('all_to_all', dict(expert=4, tensor=2)),
   ],
 )
