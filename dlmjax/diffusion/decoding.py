@@ -134,9 +134,19 @@ def factor_accepts(conf_BK, factor: float):
 
 
 def commit_step(
-  logits_BKV, x_BK, count_B, keys, settings, *, mask_id: int, frozen_B=None, decodable_BK=None
+  logits_BKV,
+  x_BK,
+  count_B,
+  keys,
+  settings,
+  *,
+  mask_id: int,
+  frozen_B=None,
+  decodable_BK=None,
+  with_x0: bool = False,
 ):
-  """One decoding step over the current block: x_BK with the committed predictions written in.
+  """One decoding step over the current block: x_BK with the committed predictions written in
+  (with_x0: and the predictions x0_BK it commits from, wd1++'s x_0|l).
 
   logits_BKV: float32 logits of the block (forbidden tokens at -inf); count_B: the schedule's
   tokens for this step; keys: (noise key, remasking key) of the step (sampler.step_keys);
@@ -166,7 +176,8 @@ def commit_step(
     commit_BK = commit_BK | (masked_BK & (conf_BK >= settings.threshold))
   if settings.factor > 0:
     commit_BK = commit_BK | (masked_BK & factor_accepts(conf_BK, settings.factor))
-  return jnp.where(commit_BK, x0_BK, x_BK)
+  new_BK = jnp.where(commit_BK, x0_BK, x_BK)
+  return (new_BK, x0_BK) if with_x0 else new_BK
 
 
 def finished_rows(x_BL, start, *, mask_id: int, eos_id: int):

@@ -407,9 +407,10 @@ def decode_blocks(
   def window(a_BL, start):
     return jax.lax.dynamic_slice_in_dim(a_BL, start, block, axis=1)
 
-  def decode_step(x_BL, logits, block_index, step, start, transfer_B):
-    """Commits tokens of the block [start, start + block) from its logits."""
-    x_blk = decoding.commit_step(
+  def decode_step(x_BL, logits, block_index, step, start, transfer_B, with_x0=False):
+    """Commits tokens of the block [start, start + block) from its logits (with_x0: and the
+    block's predictions it commits from)."""
+    out = decoding.commit_step(
       logits,
       window(x_BL, start),
       transfer_B,
@@ -418,8 +419,11 @@ def decode_blocks(
       mask_id=mask_id,
       frozen_B=finished(x_BL),
       decodable_BK=window(decodable_BL, start),
+      with_x0=with_x0,
     )
-    return jax.lax.dynamic_update_slice_in_dim(x_BL, x_blk, start, axis=1)
+    x_blk, x0_blk = out if with_x0 else (out, None)
+    x_BL = jax.lax.dynamic_update_slice_in_dim(x_BL, x_blk, start, axis=1)
+    return (x_BL, x0_blk) if with_x0 else x_BL
 
   def step_logits(x_BL, kv, start, static_start):
     """The step's block logits for none, truncate and block; truncate knows the block start
@@ -445,7 +449,7 @@ def decode_blocks(
     wanted = block_index < blocks_needed
     return wanted if not sampling.stop_at_eos else wanted & ~jnp.all(finished(x_BL))
 
-  def decode_block(block_index, x_BL, kv, steps_BL, static_start):
+  def decode_block(block_index, x_BL, kv, record, static_start):
     start = prefill + block_index * block
     left_BK = (window(x_BL, start) == mask_id) & window(decodable_BL, start)
     transfer_BS = num_transfer_tokens(jnp.sum(left_BK, -1), spb)
@@ -462,13 +466,14 @@ def decode_blocks(
       """One step's commits, each token's step recorded (TraceRL's trajectory); with
       predictions (later_x0: the canvas's argmax) also the step's x_0|l."""
       transfer_B = jax.lax.dynamic_index_in_dim(transfer_BS, step, axis=1, keepdims=False)
-      new_x = decode_step(x, logits, block_index, step, start, transfer_B)
+      predicting = later_x0 is not None
+      new_x = decode_step(x, logits, block_index, step, start, transfer_B, with_x0=predicting)
+      if predicting:
+        new_x, x0_blk = new_x
       committed = (x == mask_id) & (new_x != mask_id)
       steps = jnp.where(committed, block_index * spb + step, record[0])
-      if later_x0 is None:
+      if not predicting:
         return step + 1, new_x, (steps, *record[1:])
-      noise_key = step_keys(key, block_index, step)[0]
-      x0_blk = sample_tokens(logits, noise_key, sampling.temperature, sampling.top_p)
       x0_BL = jax.lax.dynamic_update_slice_in_dim(later_x0, x0_blk, start, axis=1)
       predicted_BL = jnp.where((x == mask_id) & decodable_BL, x0_BL, x)
       preds = jax.lax.dynamic_update_index_in_dim(
@@ -491,8 +496,8 @@ def decode_blocks(
           lambda c: (c[0] % refresh_every != 0) & unfinished(c), cached, commit(*carry, logits)
         )
 
-      _, x_BL, steps_BL = jax.lax.while_loop(unfinished, refreshed, (jnp.int32(0), x_BL, steps_BL))
-      return x_BL, kv, steps_BL
+      _, x_BL, record = jax.lax.while_loop(unfinished, refreshed, (jnp.int32(0), x_BL, record))
+      return x_BL, kv, record
 
     def body(carry):
       step, x, kv, steps = carry
@@ -503,7 +508,7 @@ def decode_blocks(
         step, x, steps = commit(step, x, steps, step_logits(x, kv, start, static_start))
       return step, x, kv, steps
 
-    _, x_BL, kv, steps_BL = jax.lax.while_loop(unfinished, body, (jnp.int32(0), x_BL, kv, steps_BL))
+    _, x_BL, kv, record = jax.lax.while_loop(unfinished, body, (jnp.int32(0), x_BL, kv, record))
     if mode == 'block':  # the committed block's own K/V, what every later block attends to.
 
       def store(x, c):
@@ -513,7 +518,7 @@ def decode_blocks(
         )
 
       kv = jax.lax.cond(go_on(block_index + 1, x_BL), store, lambda x, c: c, x_BL, kv)
-    return x_BL, kv, steps_BL
+    return x_BL, kv, record
 
   kv = None  # the block cache's K/V buffers, which the loop carries (prefix / dual: per block).
   if mode == 'block':
@@ -530,37 +535,38 @@ def decode_blocks(
       for a, new in zip(kv, canvas_kv(x_BL, 0, prefill)[1])
     )
   ran = jnp.int32(0)
-  steps_BL = (jnp.full((batch, length), -1, jnp.int32),)  # the step that committed each token
-  if with_predictions:  # and each step's x_0|l
-    steps_BL += (jnp.full((num_blocks * spb, batch, length), mask_id, jnp.int32),)
+  # The step that committed each token (and, with predictions, each step's x_0|l).
+  record = (jnp.full((batch, length), -1, jnp.int32),)
+  if with_predictions:
+    record += (jnp.full((num_blocks * spb, batch, length), mask_id, jnp.int32),)
   if mode in ('truncate', 'prefix'):  # static shapes: one unrolled loop iteration per block.
     for b in range(num_blocks):
       decoded = go_on(b, x_BL)
-      x_BL, kv, steps_BL = jax.lax.cond(
+      x_BL, kv, record = jax.lax.cond(
         decoded,
         lambda x, c, t, b=b: decode_block(b, x, c, t, prefill + b * block),
         lambda x, c, t: (x, c, t),
         x_BL,
         kv,
-        steps_BL,
+        record,
       )
       ran = ran + decoded.astype(jnp.int32)
   else:
-    ran, x_BL, kv, steps_BL = jax.lax.while_loop(
+    ran, x_BL, kv, record = jax.lax.while_loop(
       lambda carry: (carry[0] < num_blocks) & go_on(carry[0], carry[1]),
       lambda carry: (carry[0] + 1, *decode_block(carry[0], *carry[1:], None)),
-      (ran, x_BL, kv, steps_BL),
+      (ran, x_BL, kv, record),
     )
   # Back to the caller's layout: the left-padded prompt, then each row's gen_length tokens.
-  completion_BG = jnp.take_along_axis(x_BL, start_B1 + jnp.arange(gen)[None], axis=1)
+  gather_BG = start_B1 + jnp.arange(gen)[None]
+  completion_BG = jnp.take_along_axis(x_BL, gather_BG, axis=1)
   if sampling.stop_at_eos:  # skipped positions read as EOS, after the end of the text anyway.
     completion_BG = jnp.where(completion_BG == mask_id, eos_id, completion_BG)
-  gather_BG = start_B1 + jnp.arange(gen)[None]
-  steps_BG = jnp.take_along_axis(steps_BL[0], gather_BG, axis=1)
+  steps_BG = jnp.take_along_axis(record[0], gather_BG, axis=1)
   tokens_BW = jnp.concatenate([prompt_BP, completion_BG], axis=1)
   if not with_predictions:
     return tokens_BW, ran, steps_BG
-  preds_BSL = jnp.moveaxis(steps_BL[1], 0, 1)
+  preds_BSL = jnp.moveaxis(record[1], 0, 1)
   preds_BSG = jnp.take_along_axis(preds_BSL, gather_BG[:, None], axis=2)
   return tokens_BW, ran, steps_BG, preds_BSG
 

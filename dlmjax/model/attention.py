@@ -207,6 +207,13 @@ def auto_attention(
   )
 
 
+def _slice_kernel_serves(backend, kind, head_dim) -> bool:
+  """Whether a slice runs the slice kernels: pallas, and auto on GPU, for the masks and head
+  dims they take."""
+  fits = kind in flash_attention.SLICE_KINDS and flash_attention.supports_head_dim(head_dim)
+  return fits and (backend == 'pallas' or (backend == 'auto' and jax.default_backend() == 'gpu'))
+
+
 def slice_attention(
   q_BQNH,
   k_BSKH,
@@ -224,8 +231,7 @@ def slice_attention(
   share each K/V tile, blind key tiles skipped; docs/benchmarks.md, Sampler); xla, cudnn (it
   has no offset queries) and auto elsewhere run xla_attention."""
   mask = dict(kind=kind, block_size=block_size, segment_ids_BL=segment_ids_BL)
-  fits = kind in flash_attention.SLICE_KINDS and flash_attention.supports_head_dim(q_BQNH.shape[-1])
-  if fits and (backend == 'pallas' or (backend == 'auto' and jax.default_backend() == 'gpu')):
+  if _slice_kernel_serves(backend, kind, q_BQNH.shape[-1]):
 
     def attend(q, k, v, seg, valid, start):
       return flash_attention.flash_attention_slice(
@@ -267,8 +273,7 @@ def cached_slice_attention(
   two copies were ~134 MB of memory traffic per layer per step (docs/benchmarks.md, Sampler,
   K/V caches). The other backends take the copying path (gathered_slice_attention)."""
   mask = dict(kind=kind, block_size=block_size, segment_ids_BL=segment_ids_BL)
-  fits = kind in flash_attention.SLICE_KINDS and flash_attention.supports_head_dim(q_BQNH.shape[-1])
-  if fits and (backend == 'pallas' or (backend == 'auto' and jax.default_backend() == 'gpu')):
+  if _slice_kernel_serves(backend, kind, q_BQNH.shape[-1]):
 
     def attend(q, k, v, k_cache, v_cache, layer, seg, valid, start):
       kw = dict(mask, segment_ids_BL=seg, valid_length_B=valid, query_start=start)

@@ -309,40 +309,27 @@ def _sharded_dispatch(
   split_rows = stream != P()
 
   def body(x, experts, weights, gate, up, down):
-    if expert_axis and split_rows and exchange == 'all_to_all':
-      rows, length, dim = x.shape
-      out = exchange_dispatch(
-        x.reshape(rows * length, dim),
-        experts.reshape(rows * length, -1),
-        weights.reshape(rows * length, -1),
-        gate,
-        up,
-        down,
-        axis=expert_axis,
-        shards=mesh.shape[expert_axis],
-        backend=backend,
-      ).reshape(rows, length, dim)
-      return jax.lax.psum(out, tensor_axis) if tensor_axis else out
+    exchanged = expert_axis and split_rows and exchange == 'all_to_all'
     first = 0
-    if expert_axis:
+    if expert_axis and not exchanged:
       if split_rows:
         x, experts, weights = (
           jax.lax.all_gather(a, expert_axis, axis=0, tiled=True) for a in (x, experts, weights)
         )
       first = jax.lax.axis_index(expert_axis) * gate.shape[0]
     rows, length, dim = x.shape
-    out = dispatch(
-      x.reshape(rows * length, dim),
-      experts.reshape(rows * length, -1),
-      weights.reshape(rows * length, -1),
-      gate,
-      up,
-      down,
-      first_expert=first,
-      backend=backend,
-    ).reshape(rows, length, dim)
+    flat = [a.reshape(rows * length, -1) for a in (x, experts, weights)]
+    if exchanged:
+      out = exchange_dispatch(
+        *flat, gate, up, down, axis=expert_axis, shards=mesh.shape[expert_axis], backend=backend
+      )
+    else:
+      out = dispatch(*flat, gate, up, down, first_expert=first, backend=backend)
+    out = out.reshape(rows, length, dim)
     if tensor_axis:
       out = jax.lax.psum(out, tensor_axis)
+    if exchanged:
+      return out
     if expert_axis and split_rows:
       out = jax.lax.psum_scatter(out, expert_axis, scatter_dimension=0, tiled=True)
     elif expert_axis:

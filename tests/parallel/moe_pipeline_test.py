@@ -3,17 +3,13 @@ meshes, GPipe and circular, to one device's losses, router metrics and loss-free
 (the router sums of every layer and pipeline micro-batch are added up before the losses are
 formed, and the schedule's bubble iterations add nothing; docs/moe.md, pipeline stages)."""
 
-import jax
 import numpy as np
 import pytest
 
 from dlmjax import config as config_lib
-from dlmjax.parallel import mesh as mesh_lib
-from dlmjax.train import stages
-from dlmjax.train import state as state_lib
-from dlmjax.train import step as step_lib
 from tests.conftest import tiny_test_config
 from tests.parallel.expert_test import MOE
+from tests.train import step_test
 
 PIPE_MOE = {
   **MOE,
@@ -31,20 +27,9 @@ def pipe_config(exchange='gather', **mesh):
 
 
 def run_steps(config):
-  """Losses and the last step's metrics and state of NUM_STEPS jitted train steps."""
-  devices = jax.devices()[: config_lib.mesh_size(config)]
-  setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, devices))
-  state = setup.init_state(config.seed)
-  step_fn = step_lib.CompiledStep(setup, stages.build(config))
-  rng = np.random.default_rng(0)
-  losses = []
-  for _ in range(NUM_STEPS):
-    tokens = rng.integers(4, config.model.vocab_size, size=(8, config.model.seq_len + 1))
-    batch = {'tokens': jax.device_put(tokens.astype(np.int32), step_fn.batch_sharding)}
-    state, metrics = step_fn(state, batch)
-    losses.append(float(metrics['loss']))
-  router = {k: float(v) for k, v in metrics.items() if k.startswith('moe_')}
-  return np.array(losses), router, state
+  """Losses, the last step's router metrics and the state of NUM_STEPS jitted train steps."""
+  losses, state, metrics = step_test.run_steps_with_metrics(config, NUM_STEPS)
+  return losses, {k: float(v) for k, v in metrics.items() if k.startswith('moe_')}, state
 
 
 @pytest.fixture(scope='module')

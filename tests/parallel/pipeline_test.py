@@ -18,13 +18,25 @@ from tests.conftest import tiny_test_config
 from tests.train import step_test
 
 
+def _toy_layer(x, w, side):
+  return jnp.tanh(x @ w['w']) + 0.1 * side['positions_BL'][..., None] * w['b'][None, None]
+
+
 def _toy_layers(params, x_BLD, side):
   """A stand-in stack whose layers differ and read a per-row side input."""
+  return jax.lax.scan(lambda x, w: (_toy_layer(x, w, side), None), x_BLD, params)[0]
 
-  def layer(x, w):
-    return jnp.tanh(x @ w['w']) + 0.1 * side['positions_BL'][..., None] * w['b'][None, None], None
 
-  return jax.lax.scan(layer, x_BLD, params)[0]
+def _toy_inputs(rng, num_layers, dim, rows):
+  """(params, their axes, x [rows, 3, dim], side) of a _toy_layers stack."""
+  params = dict(
+    w=rng.normal(size=(num_layers, dim, dim)).astype(np.float32) / dim**0.5,
+    b=rng.normal(size=(num_layers, dim)).astype(np.float32),
+  )
+  axes = dict(w=(rules.LAYERS, None, None), b=(rules.LAYERS, None))
+  x = rng.normal(size=(rows, 3, dim)).astype(np.float32)
+  side = dict(positions_BL=rng.integers(0, 9, size=(rows, 3)).astype(np.float32))
+  return params, axes, x, side
 
 
 def _pipeline_mesh(stages_):
@@ -38,13 +50,7 @@ def _pipeline_mesh(stages_):
 def test_schedule_equals_the_plain_stack(stages_, repeats, micro):
   num_layers, dim = stages_ * repeats * 2, 8
   rng = np.random.default_rng(stages_ * 100 + repeats * 10 + micro)
-  params = dict(
-    w=rng.normal(size=(num_layers, dim, dim)).astype(np.float32) / dim**0.5,
-    b=rng.normal(size=(num_layers, dim)).astype(np.float32),
-  )
-  axes = dict(w=(rules.LAYERS, None, None), b=(rules.LAYERS, None))
-  x = rng.normal(size=(4 * micro, 3, dim)).astype(np.float32)
-  side = dict(positions_BL=rng.integers(0, 9, size=(4 * micro, 3)).astype(np.float32))
+  params, axes, x, side = _toy_inputs(rng, num_layers, dim, 4 * micro)
 
   def loss(fn, p, x):
     return jnp.sum(jnp.sin(fn(p, x, side)))
@@ -68,19 +74,11 @@ def test_aux_holds_every_layer_and_micro_batch_and_nothing_of_the_bubbles(stages
   """With aux, every layer's per-micro-batch values (as an MoE's router sums) come back at
   [micro-batch, layer]: those of the plain stack run on that micro-batch alone."""
   num_layers, dim = stages_ * repeats, 4
-  rng = np.random.default_rng(7)
-  params = dict(
-    w=rng.normal(size=(num_layers, dim, dim)).astype(np.float32) / dim**0.5,
-    b=rng.normal(size=(num_layers, dim)).astype(np.float32),
-  )
-  axes = dict(w=(rules.LAYERS, None, None), b=(rules.LAYERS, None))
-  x = rng.normal(size=(2 * micro, 3, dim)).astype(np.float32)
-  side = dict(positions_BL=rng.integers(0, 9, size=(2 * micro, 3)).astype(np.float32))
+  params, axes, x, side = _toy_inputs(np.random.default_rng(7), num_layers, dim, 2 * micro)
 
   def with_aux(p, x, side):  # per layer: the sum of its input and a count of its rows
     def layer(x, w):
-      y = jnp.tanh(x @ w['w']) + 0.1 * side['positions_BL'][..., None] * w['b'][None, None]
-      return y, dict(sum=jnp.sum(x), rows=jnp.asarray(x.shape[0], jnp.float32))
+      return _toy_layer(x, w, side), dict(sum=jnp.sum(x), rows=jnp.asarray(x.shape[0], jnp.float32))
 
     return jax.lax.scan(layer, x, p)
 

@@ -19,7 +19,13 @@ from tests.diffusion import loss_test
 
 
 def run_steps(config, num_steps=5, learnable=False):
-  """Losses of num_steps steps on random tokens, or, when learnable, on rows that count up."""
+  """(losses, final state) of num_steps steps on random tokens, or, when learnable, on rows that
+  count up."""
+  return run_steps_with_metrics(config, num_steps, learnable)[:2]
+
+
+def run_steps_with_metrics(config, num_steps=5, learnable=False):
+  """run_steps and the last step's metrics."""
   devices = jax.devices()[: config_lib.mesh_size(config)]
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, devices))
   state = setup.init_state(config.seed)
@@ -40,7 +46,7 @@ def run_steps(config, num_steps=5, learnable=False):
     batch = {k: jax.device_put(v, step_fn.batch_sharding) for k, v in arrays.items()}
     state, metrics = step_fn(state, batch)
     losses.append(float(metrics['loss']))
-  return np.array(losses), state
+  return np.array(losses), state, metrics
 
 
 @pytest.fixture(scope='module')
