@@ -1,0 +1,182 @@
+"""Profiles the sampler's decode on one GPU: GPU time per step by kernel class, and its bound.
+
+    python scripts/profile_decode.py --preset llada_8b --batches 1,16 --modes dual,none \
+        [--param-dtype float32|bfloat16] [--layer-loop scan|unrolled] [--steps-per-token 1]
+
+Random weights at the preset's shape, bf16 compute, a 64-token prompt, gen 256, block 32. Each
+(batch, mode) decode is compiled ahead, run once untimed, then timed and traced once; the trace's
+GPU kernels are summed by class (matmul, attention, copies, elementwise and reduction fusions,
+...) and divided by the number of sampler steps, and the host-side gap (wall time minus GPU busy
+time) is reported beside them. The bound of a step: the larger of the weight bytes over memory
+bandwidth (about 4.8 TB/s on an H200) and the step's matmul FLOPs over bf16 peak (about 790
+TFLOP/s). docs/benchmarks.md, Sampler, "where a decode step's time goes", records its output.
+Reads the trace with jax.profiler.ProfileData (no TensorBoard).
+"""
+
+import argparse
+import collections
+import glob
+import json
+import os
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import profile_step  # noqa: E402  (the kernel classes and the HLO source map)
+
+from dlmjax import config as config_lib  # noqa: E402
+from dlmjax import model as model_lib  # noqa: E402
+from dlmjax.diffusion import sampler  # noqa: E402
+from dlmjax.model import presets  # noqa: E402
+
+BANDWIDTH, PEAK = 4.8e12, 790e12
+
+
+def parse(argv):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument('--preset', default='llada_8b')
+  p.add_argument('--batches', default='1,16')
+  p.add_argument('--modes', default='dual,none')
+  p.add_argument('--gen', type=int, default=256)
+  p.add_argument('--prompt', type=int, default=64)
+  p.add_argument('--block', type=int, default=32)
+  p.add_argument('--tokens-per-step', type=int, default=1)
+  p.add_argument('--param-dtype', default='float32', choices=('float32', 'bfloat16'))
+  p.add_argument('--layer-loop', default='scan', choices=('scan', 'unrolled'))
+  p.add_argument('--label', default='')
+  p.add_argument('--no-trace', action='store_true')
+  p.add_argument('--tiny', action='store_true', help='a CPU-sized check of the script')
+  return p.parse_args(argv)
+
+
+def build(args):
+  config = config_lib.load_file('configs/pretrain_1p7b.py')
+  config_lib.apply_overrides(config, [f'model.preset={args.preset}'], presets.PRESETS)
+  config.model.dtype = 'bfloat16'
+  config.model.remat = 'none'
+  config.model.scan_layers = args.layer_loop == 'scan'
+  if args.tiny:
+    m = config.model
+    m.num_layers, m.d_model, m.ffn_dim = 2, 64, 128
+    m.num_heads, m.num_kv_heads, m.head_dim = 4, 4, 16
+    m.vocab_size, m.mask_token_id, m.eos_token_id, m.pad_token_id = 512, 3, 2, 0
+  if jax.default_backend() != 'gpu':
+    config.model.attention_backend, config.model.norm_backend = 'xla', 'xla'
+  elif config.model.attention_backend == 'cudnn':
+    config.model.attention_backend = 'auto'
+  return config, model_lib.ModelConfig.from_config(config)
+
+
+def step_flops(model_config, params, batch, tokens, context):
+  """Matmul FLOPs of one forward of `tokens` rows per sequence attending to `context` keys."""
+  c = model_config
+  weights = sum(p.size for p in jax.tree.leaves(params)) - c.vocab_size * c.d_model
+  attention = 4 * c.num_layers * c.num_heads * c.head_dim * context
+  return batch * tokens * (2 * weights + attention)
+
+
+def trace_classes(run, steps):
+  out = tempfile.mkdtemp()
+  with jax.profiler.trace(out):
+    jax.block_until_ready(run())
+  profile = jax.profiler.ProfileData.from_file(
+    glob.glob(f'{out}/**/*.xplane.pb', recursive=True)[0]
+  )
+  plane = next(p for p in profile.planes if 'GPU:0' in p.name)
+  by_class, by_kernel, calls = collections.Counter(), collections.Counter(), collections.Counter()
+  first, last = None, None
+  for line in plane.lines:
+    if not line.name.startswith('Stream'):
+      continue
+    for event in line.events:
+      ms = event.duration_ns / 1e6 / steps
+      by_class[profile_step.kernel_class(event.name)] += ms
+      by_kernel[event.name[:90]] += ms
+      calls[event.name[:90]] += 1 / steps
+      start, end = event.start_ns, event.start_ns + event.duration_ns
+      first = start if first is None else min(first, start)
+      last = end if last is None else max(last, end)
+  span = (last - first) / 1e6 / steps if first is not None else 0.0
+  return by_class, by_kernel, calls, span
+
+
+def main(argv=None):
+  args = parse(argv)
+  config, model_config = build(args)
+  m = config.model
+  params = jax.jit(model_lib.init_params, static_argnums=0)(model_config, jax.random.key(0))
+  if args.param_dtype == 'bfloat16':
+    params = jax.jit(lambda p: jax.tree.map(lambda a: a.astype(jnp.bfloat16), p))(params)
+  weight_bytes = sum(p.size * 2 for p in jax.tree.leaves(params)) - m.vocab_size * m.d_model * 2
+  rng = np.random.default_rng(0)
+  rows = []
+  for batch in [int(b) for b in args.batches.split(',')]:
+    prompt_BP = rng.integers(10, 1000, (batch, args.prompt)).astype(np.int32)
+    lengths_B = np.full(batch, args.prompt, np.int32)
+    for mode in args.modes.split(','):
+      steps = args.gen // args.tokens_per_step
+      sampling = sampler.SamplingConfig(
+        gen_length=args.gen, steps=steps, block_length=args.block, cache=mode
+      )
+      fn = sampler.make_generate_fn(
+        model_config,
+        sampling,
+        mask_id=m.mask_token_id,
+        eos_id=m.eos_token_id,
+        pad_id=m.pad_token_id,
+        vocab_size=m.vocab_size,
+      )
+      t = time.perf_counter()
+      compiled = fn.lower(params, prompt_BP, lengths_B, jax.random.key(0)).compile()
+      compile_s = time.perf_counter() - t
+      jax.block_until_ready(compiled(params, prompt_BP, lengths_B, jax.random.key(0)))
+      t = time.perf_counter()
+      jax.block_until_ready(compiled(params, prompt_BP, lengths_B, jax.random.key(1)))
+      wall = (time.perf_counter() - t) / steps * 1e3
+      length = args.prompt + args.gen
+      tokens = {'none': length, 'dual': args.block, 'prefix': length // 2}.get(mode, length)
+      flops = step_flops(model_config, params, batch, tokens, length)
+      bound = max(weight_bytes / BANDWIDTH, flops / PEAK) * 1e3
+      row = dict(
+        label=args.label or f'{args.param_dtype}/{args.layer_loop}',
+        batch=batch,
+        mode=mode,
+        k=args.tokens_per_step,
+        step_ms=round(wall, 2),
+        tok_s=round(batch * args.tokens_per_step / wall * 1e3, 1),
+        bound_ms=round(bound, 2),
+        pct_bound=round(100 * bound / wall, 1),
+        compile_s=round(compile_s, 1),
+      )
+      if not args.no_trace:
+        by_class, by_kernel, calls, span = trace_classes(
+          lambda: compiled(params, prompt_BP, lengths_B, jax.random.key(2)), steps
+        )
+        busy = sum(by_class.values())
+        row['gpu_busy_ms'] = round(busy, 2)
+        row['gaps_ms'] = round(max(span - busy, 0.0), 2)
+        row['classes'] = {k: round(v, 3) for k, v in by_class.most_common()}
+        print(f'--- {row["label"]} batch {batch} {mode}: top kernels (ms/step, calls/step)')
+        for name, ms in by_kernel.most_common(14):
+          print(f'  {ms:8.3f} {calls[name]:7.1f}x  {name}')
+      print(json.dumps(row), flush=True)
+      rows.append(row)
+  print(
+    '| label | batch | mode | k | step ms | tok/s | bound ms | % bound | busy | gaps | compile s |'
+  )
+  for r in rows:
+    print(
+      f'| {r["label"]} | {r["batch"]} | {r["mode"]} | {r["k"]} | {r["step_ms"]} | {r["tok_s"]} | '
+      f'{r["bound_ms"]} | {r["pct_bound"]} | {r.get("gpu_busy_ms", "-")} | '
+      f'{r.get("gaps_ms", "-")} | {r["compile_s"]} |'
+    )
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
