@@ -80,6 +80,17 @@ def step_flops(model_config, params, batch, tokens, context):
   return batch * tokens * (2 * weights + attention)
 
 
+def origin(hlo_text, kernel):
+  """The op_name and source line XLA recorded for the fusion a kernel is named after, if any."""
+  name = kernel.split('(')[0].strip()
+  for line in hlo_text.splitlines():
+    stripped = line.strip().removeprefix('ROOT ')
+    if stripped.startswith(f'%{name} ') or stripped.startswith(f'{name} '):
+      meta = line.split('metadata={')[-1] if 'metadata={' in line else ''
+      return meta[:160].rstrip('}')
+  return ''
+
+
 def trace_classes(run, steps):
   out = tempfile.mkdtemp()
   with jax.profiler.trace(out):
@@ -162,8 +173,9 @@ def main(argv=None):
         row['gaps_ms'] = round(max(span - busy, 0.0), 2)
         row['classes'] = {k: round(v, 3) for k, v in by_class.most_common()}
         print(f'--- {row["label"]} batch {batch} {mode}: top kernels (ms/step, calls/step)')
+        hlo = compiled.as_text()
         for name, ms in by_kernel.most_common(14):
-          print(f'  {ms:8.3f} {calls[name]:7.1f}x  {name}')
+          print(f'  {ms:8.3f} {calls[name]:7.1f}x  {name}  <- {origin(hlo, name)}')
       print(json.dumps(row), flush=True)
       rows.append(row)
   print(

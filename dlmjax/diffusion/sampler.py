@@ -600,7 +600,8 @@ def make_generate_fn(
     )
 
   def fn(params, prompt_BP, prompt_lengths_B, key):
-    module = model_lib.merge(model_config, params)
+    # cast once, not once a step (model.transformer.computed_params)
+    module = model_lib.merge(model_config, model_lib.computed_params(model_config, params))
     tokens, _, steps, *preds = decode_blocks(
       module,
       prompt_BP,
@@ -618,12 +619,13 @@ def make_generate_fn(
     return (tokens, steps) if with_steps else tokens
 
   if mesh is None:
-    return programs.jit_program(fn, model_config.matmul_dtype)
+    return programs.jit_program(fn, model_config.matmul_dtype, decode=True)
   _, _, axes = model_lib.abstract(model_config)
   rows = rules.named_sharding(mesh, (rules.BATCH, None))
   jitted = programs.jit_program(
     fn,
     model_config.matmul_dtype,
+    decode=True,
     in_shardings=(
       rules.tree_shardings(mesh, axes),
       rows,

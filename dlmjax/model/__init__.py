@@ -12,10 +12,11 @@ import jax
 from flax import nnx
 
 from dlmjax.model.presets import PRESETS, ModelConfig, apply_preset
-from dlmjax.model.transformer import Transformer
+from dlmjax.model.transformer import Transformer, computed_params
 from dlmjax.parallel import rules
 
 __all__ = [
+  'computed_params',
   'ModelConfig',
   'PRESETS',
   'Transformer',

@@ -2,7 +2,7 @@
 
 A program compiled with plain jax.jit would lose the compiler options the model's matmuls need
 (model/fp8.py: with FP8 on GPU, XLA's Triton GEMMs off), so its FP8 matmuls would silently run
-in another precision.
+in another precision; a decode program would copy every layer's weights each step (below).
 """
 
 from __future__ import annotations
@@ -11,7 +11,30 @@ import jax
 
 from dlmjax.model import fp8
 
+# A decode step reads each layer's weights once at a small batch: the step is bound by those
+# reads. XLA's Triton GEMM fusions cannot read a weight that the layer loop slices from the
+# stacked layers in place, so every step first copied all of them (7 ms of a 13 ms 8B step on an
+# H200); cuBLAS GEMMs with dynamic-slice fusion read the slice where it lies (docs/benchmarks.md,
+# Sampler, where a decode step's time goes). XLA's dot merger joins projections that share an
+# input (q, k, v) into one GEMM over their concatenated weights, and so wrote that concatenation
+# every step (1.0 ms a step at every batch size); off, each projection reads its own weight.
+_DECODE_GPU_OPTIONS = {
+  'xla_gpu_enable_triton_gemm': False,
+  'xla_gpu_enable_dynamic_slice_fusion': True,
+  'xla_gpu_dot_merger_threshold_mb': 0,
+}
 
-def jit_program(fn, matmul_dtype: str, **jit_kwargs):
-  """jax.jit(fn, **jit_kwargs) with the compiler options of `matmul_dtype` (model.matmul_dtype)."""
-  return jax.jit(fn, compiler_options=fp8.compiler_options(matmul_dtype) or None, **jit_kwargs)
+
+def compiler_options(matmul_dtype: str, *, decode: bool = False) -> dict:
+  """XLA options of a program with these matmuls; decode: a sampler's loop of forwards."""
+  options = dict(fp8.compiler_options(matmul_dtype))
+  if decode and jax.default_backend() == 'gpu':
+    options.update(_DECODE_GPU_OPTIONS)
+  return options
+
+
+def jit_program(fn, matmul_dtype: str, *, decode: bool = False, **jit_kwargs):
+  """jax.jit(fn, **jit_kwargs) with the compiler options of `matmul_dtype` (model.matmul_dtype)
+  and, for a decode program (decode=True), those that let it read weights in place."""
+  options = compiler_options(matmul_dtype, decode=decode)
+  return jax.jit(fn, compiler_options=options or None, **jit_kwargs)

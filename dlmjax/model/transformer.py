@@ -245,6 +245,28 @@ def _compute_weights(cfg, params):
   return jax.tree.map(cast, params)
 
 
+def computed_params(cfg, params: dict) -> dict:
+  """params as a forward computes with them: each layer's weights through _compute_weights, the
+  embedding and the output head in the compute dtype; the final norm's gain as stored.
+
+  Every forward casts these values at use (jnp.take(...).astype, head_weight_DV().astype), so a
+  program that runs many forwards over the same weights (the sampler's decode) casts once here
+  instead of once a step: on an H200 the per-step cast of the 8B's float32 weights took 10 ms of
+  a 23 ms decode step (docs/benchmarks.md, Sampler, where a decode step's time goes). The final
+  norm's gain (D values, cast at use as well) stays as stored. The logits are identical.
+  """
+  if cfg.matmul_dtype != 'compute':
+    return params
+  out = dict(params)
+  for key, *_ in cfg.layer_runs():
+    out[key] = _compute_weights(cfg, params[key])
+  for key in ('embed_tokens', 'lm_head'):
+    dtype = getattr(params.get(key), 'dtype', None)  # an adapted head is a dict: left alone
+    if dtype is not None and jnp.issubdtype(dtype, jnp.floating):
+      out[key] = params[key].astype(cfg.compute_dtype)
+  return out
+
+
 def shift_predictions(hidden_BLD, segment_ids_BL=None):
   """Dream's alignment (model.shift_logits): the prediction for token i is read from the hidden
   state at i-1, as its generate shifts the logits right by one (cat([l[:, :1], l[:, :-1]])); the

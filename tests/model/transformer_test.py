@@ -293,6 +293,23 @@ def test_bfloat16_compute_stays_close():
   np.testing.assert_allclose(got, ref, atol=0.05)
 
 
+@pytest.mark.parametrize('tie', [True, False])
+def test_computed_params_give_the_same_logits(tie):
+  """The sampler casts once (computed_params) what each forward would cast at use: bit-equal
+  logits (an embedding cast to float16 instead fails this)."""
+  cfg = dataclasses.replace(CFG, dtype='bfloat16', tie_embeddings=tie)
+  params = model_lib.init_params(cfg, jax.random.key(0))
+  gain = 1 + 0.37 * jax.random.normal(jax.random.key(2), params['final_norm']['scale'].shape)
+  params['final_norm']['scale'] = gain
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+  cast = model_lib.computed_params(cfg, params)
+  assert cast['blocks']['attn']['q_proj'].dtype == jnp.bfloat16
+  assert cast['embed_tokens'].dtype == jnp.bfloat16
+  assert cast['final_norm']['scale'].dtype == jnp.float32
+  forward = jax.jit(_logits, static_argnums=0)
+  np.testing.assert_array_equal(forward(cfg, cast, tokens), forward(cfg, params, tokens))
+
+
 def test_packed_documents_are_isolated_with_restarted_positions():
   """A document's hidden states do not depend on its neighbours or where it sits in the row."""
   from dlmjax.diffusion import masking  # pylint: disable=import-outside-toplevel
