@@ -60,7 +60,7 @@ class Limits:
   scratch_mb: int = 64  # the private /tmp inside the boundary: all the program may write
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(ValueError):
   """No OS boundary on this machine, and the caller did not opt in to running without one."""
 
 

@@ -98,6 +98,7 @@ def test_a_machine_with_bubblewrap_has_the_boundary():
   assert ce.boundary()[0] is not None, ce.boundary()[1]
 
 
+@pytest.mark.refuses_without_boundary
 def test_no_boundary_refuses_unless_opted_in(monkeypatch, capsys):
   monkeypatch.setattr(ce, 'boundary', lambda: (None, 'code sandbox: NO operating-system boundary'))
   with pytest.raises(ce.SandboxUnavailable, match='rl.allow_unsandboxed_code=True'):
