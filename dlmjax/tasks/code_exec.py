@@ -31,6 +31,7 @@ import functools
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -237,11 +238,7 @@ def _run(
     os.remove(spec_path)
     os.close(write_fd)
     write_fd = -1
-    timed_out = False
-    try:
-      proc.wait(timeout=limits.wall_s)
-    except subprocess.TimeoutExpired:
-      timed_out = True
+    timed_out = not _exited_within(proc, limits.wall_s)
     _kill_group(proc)
     os.set_blocking(read_fd, False)
     message = _read_all(read_fd)
@@ -254,6 +251,23 @@ def _run(
       os.close(write_fd)
     os.close(read_fd)
     shutil.rmtree(host_dir, ignore_errors=True)
+
+
+def _exited_within(proc: subprocess.Popen, seconds: float) -> bool:
+  """Waits for the child to end, up to `seconds`: on its pidfd, woken the moment it exits
+  (Popen.wait(timeout) polls with sleeps growing to 50 ms, a child's typical run time)."""
+  try:
+    pidfd = os.pidfd_open(proc.pid)
+  except (AttributeError, OSError):
+    try:
+      proc.wait(timeout=seconds)
+      return True
+    except subprocess.TimeoutExpired:
+      return False
+  try:
+    return bool(select.select([pidfd], [], [], seconds)[0])
+  finally:
+    os.close(pidfd)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
