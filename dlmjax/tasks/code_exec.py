@@ -220,7 +220,7 @@ def _run(
       work = os.path.join(host_dir, 'work')
       os.mkdir(work)
       prefix, popen = network_isolation(), {}
-    interpreter = sandbox_boundary.interpreter() if inside else sys.executable
+    interpreter = sys.executable if inside is None else sandbox_boundary.interpreter()
     command = [*prefix, interpreter, '-I', '-S', '-B', os.path.realpath(_CHILD), str(write_fd)]
     log_path = os.path.join(host_dir, 'output.log')
     with open(log_path, 'wb') as log, open(spec_path, 'rb') as spec_file:
