@@ -2,12 +2,14 @@
 
   python -m benchmarks.code_reward --programs 64 --workers 8          # sandbox only (CPU)
   python -m benchmarks.code_reward --programs 64 --workers 8 --rl     # + a tiny-model RL step
+  python -m benchmarks.code_reward --programs 64 --workers 16 --allow-unsandboxed-code  # no bwrap
 
 Sandbox: --programs MBPP-format problems (add_k: return x + k, three tests each), each scored
 with a correct, a half-wrong, a broken and (every 8th) a hostile completion (endless loop or a
 socket); the rewards are checked against what each must get (1, 1/3, 0, 0) before any time is
 printed. Reported: the sandbox's seconds per completion (mean, p50, p90), the batch's wall
-seconds and completions per second at --workers parallel sandboxes.
+seconds and completions per second at --workers parallel sandboxes, and what held them (the
+sandbox line: the OS boundary, or none with --allow-unsandboxed-code).
 --rl: a random tiny model (configs/tiny.py shrunk) saved as a checkpoint, then two RL rollouts
 (rl.task=mbpp on those problems, rl.inner_updates updates each) through the normal trainer; of
 the second (compiled) rollout: generate_s, score_s, and inside score_s the sandboxes' reward_s
@@ -59,7 +61,7 @@ def completions_of(k: int) -> list[tuple[str, float]]:
   return out
 
 
-def sandbox_bench(rows, workers: int, limits: code_exec.Limits) -> dict:
+def sandbox_bench(rows, workers: int, limits: code_exec.Limits, unsandboxed=False) -> dict:
   task = tasks.Mbpp('')
   examples, completions, expected = [], [], []
   for row in rows:
@@ -68,7 +70,7 @@ def sandbox_bench(rows, workers: int, limits: code_exec.Limits) -> dict:
       examples.append(example)
       completions.append(completion)
       expected.append(reward)
-  scorer = code_exec.Scorer(limits, workers)
+  scorer = code_exec.Scorer(limits, workers, allow_unsandboxed=unsandboxed)
   start = time.perf_counter()
   outcomes = scorer.run([tasks.code.program_of(e, c) for e, c in zip(examples, completions)])
   wall = time.perf_counter() - start
@@ -91,7 +93,7 @@ def sandbox_bench(rows, workers: int, limits: code_exec.Limits) -> dict:
     batch_wall_s=wall,
     per_second=len(outcomes) / wall,
     counts={k: v for k, v in scorer.counts.items() if v},
-    network=' '.join(code_exec.network_isolation()) or 'audit hook only',
+    sandbox=code_exec.boundary()[1],
   )
 
 
@@ -135,6 +137,7 @@ def rl_bench(rows, workdir: str, args) -> dict:
       'stage': 'rl',
       'init_from': init,
       'rl.task': 'mbpp',
+      'rl.allow_unsandboxed_code': args.allow_unsandboxed_code,
       'rl.task_data': data,
       'rl.num_prompts': len(rows),
       'rl.max_prompt_tokens': 192,
@@ -181,7 +184,9 @@ def overlap(init: str, rows, args) -> dict:
     for r in rows
     for c, _ in completions_of(int(r['task_id']))
   ]
-  scorer = code_exec.Scorer(code_exec.Limits(), args.workers)
+  scorer = code_exec.Scorer(
+    code_exec.Limits(), args.workers, allow_unsandboxed=args.allow_unsandboxed_code
+  )
   start = time.perf_counter()
   scorer.run(programs)
   score = time.perf_counter() - start
@@ -222,11 +227,16 @@ def main(argv=None) -> None:
   parser.add_argument('--wall-s', type=float, default=3.0, help='sandbox wall-clock limit')
   parser.add_argument('--rl', action='store_true', help='also one tiny-model RL iteration')
   parser.add_argument('--rl-batch', type=int, default=16, help='RL rollout rows')
+  parser.add_argument(
+    '--allow-unsandboxed-code',
+    action='store_true',
+    help='where the machine has no OS boundary: measure the audit hook and rlimits alone',
+  )
   args = parser.parse_args(argv)
   args.workers = args.workers or max(2, os.cpu_count() or 2)
   rows = problem_rows(args.programs)
   limits = code_exec.Limits(wall_s=args.wall_s, cpu_s=max(1, int(args.wall_s)))
-  result = sandbox_bench(rows, args.workers, limits)
+  result = sandbox_bench(rows, args.workers, limits, args.allow_unsandboxed_code)
   if args.rl:
     with tempfile.TemporaryDirectory() as workdir:
       result.update(rl_bench(rows, workdir, args))

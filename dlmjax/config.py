@@ -253,6 +253,10 @@ def defaults() -> ml_collections.ConfigDict:
   # a dlmjax.tasks name; the file tasks (gsm8k, math500, countdown, sudoku, code) read rl.task_data
   c.rl.task = 'countdown3'
   c.rl.task_data = ''  # file tasks: TRAIN[,TEST] (jsonl, parquet, ... or hub:NAME@SPLIT)
+  # Code tasks run model-written programs inside an OS boundary (bubblewrap; docs/evaluation.md,
+  # Code sandbox); where the machine has none the run stops at start-up, unless this is True:
+  # then they run behind the audit hook and rlimits alone (no defence against hostile code).
+  c.rl.allow_unsandboxed_code = False
   c.rl.num_prompts = 1024  # training prompts drawn from the task's train split
   c.rl.max_prompt_tokens = 48  # prompt width; longer prompts are dropped
   c.rl.group_size = 4  # G completions per prompt; train.global_batch_size rows per rollout

@@ -234,6 +234,7 @@ def tasks_mode(
   samples: int = 1,
   columns: str = '',
   hole_tokens: int = 0,
+  allow_unsandboxed_code: bool = False,
 ):
   """Accuracy, mean reward and the peers' metrics of greedy (or sampled) completions on each
   task's test split; a (name, path) entry reads a file task's test rows from path. An infilling
@@ -252,6 +253,9 @@ def tasks_mode(
     if name in tasks_lib.FILE_TASKS and not path:
       raise ValueError(f'task {name} reads its test rows from a file: pass --tasks {name}=PATH.')
     task = tasks_lib.get_task(name, data_path=f',{path}' if path else '', columns=columns)
+    if isinstance(task, tasks_lib.code.CodeTask):  # what holds its programs, before generating
+      task.allow_unsandboxed = allow_unsandboxed_code
+      print(task.sandbox(), flush=True)
     examples = task.examples('test', num if path else num or 100, seed) * samples
     if getattr(task, 'infill', False):
       completions = model.infill(examples, hole_tokens)
@@ -326,6 +330,12 @@ def _parser() -> argparse.ArgumentParser:
     default=1,
     help='completions per problem, averaged (with --temperature > 0)',
   )
+  tk.add_argument(
+    '--allow-unsandboxed-code',
+    action='store_true',
+    help='code tasks: run the programs where the machine has no OS boundary (bubblewrap), '
+    'behind the audit hook and rlimits alone (docs/evaluation.md, Code sandbox)',
+  )
   sampler_lib.add_arguments(tk)
   return parser
 
@@ -365,6 +375,7 @@ def main(argv=None) -> int:
         samples=args.samples,
         columns=args.columns,
         hole_tokens=args.hole_tokens,
+        allow_unsandboxed_code=args.allow_unsandboxed_code,
       )
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)

@@ -11,6 +11,14 @@ PY="$VENV/bin/python"
 # The CPU build of PyTorch first, so the `torch` extra does not pull a multi-GB CUDA build.
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
 "$PY" -m pip install -q -e ".[dev,torch,tfds,eval,plot]"
+# The code sandbox's OS boundary (docs/evaluation.md, Code sandbox): bubblewrap. As root with apt
+# (CI), install it; where it cannot be (no network), the hostile-program suite skips and says why.
+if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  timeout 300 apt-get install -y -qq bubblewrap >/dev/null 2>&1 ||
+    { timeout 300 apt-get update -qq >/dev/null 2>&1 &&
+      timeout 300 apt-get install -y -qq bubblewrap >/dev/null 2>&1; } ||
+    echo 'bubblewrap could not be installed: the code sandbox has no OS boundary here'
+fi
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
 export DLMJAX_CACHE_DIR=${DLMJAX_CACHE_DIR:-$PWD/.cache/dlmjax}

@@ -156,12 +156,20 @@ class CodeTask(base.FileTask):
   def __init__(self, *args, limits: code_exec.Limits = code_exec.Limits(), **kwargs):
     super().__init__(*args, **kwargs)
     self.limits = limits
+    # Run programs where the machine has no OS boundary (code_exec.require_boundary): the
+    # callers' opt-in, rl.allow_unsandboxed_code or evaluate's --allow-unsandboxed-code.
+    self.allow_unsandboxed = False
     self._scorer = None
+
+  def sandbox(self) -> str:
+    """The start-up line saying what holds the programs; raises SandboxUnavailable (before any
+    program runs) where nothing does and the caller has not opted in."""
+    return code_exec.require_boundary(self.allow_unsandboxed)
 
   @property
   def scorer(self) -> code_exec.Scorer:
     if self._scorer is None:
-      self._scorer = code_exec.Scorer(self.limits)
+      self._scorer = code_exec.Scorer(self.limits, allow_unsandboxed=self.allow_unsandboxed)
     return self._scorer
 
   def outcomes(self, examples, completions) -> list[code_exec.Outcome]:

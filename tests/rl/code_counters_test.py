@@ -7,6 +7,8 @@ import json
 import threading
 import time
 
+import pytest
+
 from dlmjax import tasks
 from dlmjax.rl import rollout
 from dlmjax.tasks import code
@@ -101,3 +103,24 @@ def test_rewards_are_scored_while_the_log_probs_run():
   thread.shutdown()
   assert (rewards, logprobs) == ('rewards', 'log-probs')
   assert min(reward_s, logprob_s) >= 0.3 and wall < 0.55, (reward_s, logprob_s, wall)
+
+
+@pytest.mark.refuses_without_boundary
+def test_the_run_records_what_held_its_programs(tmp_path, monkeypatch, capsys):
+  """A code run prints the sandbox line and keeps it in code_sandbox.json; with no OS boundary it
+  stops before any program runs, unless rl.allow_unsandboxed_code opts in."""
+  path = tmp_path / 'humaneval.jsonl'
+  path.write_text(json.dumps(ROW) + '\n')
+  config = tiny_test_config(**{'stage': 'rl', 'output_dir': str(tmp_path)})
+  task = code.HumanEval(str(path))
+  saved = lambda: json.loads((tmp_path / rl_stage.SANDBOX_FILE).read_text())  # noqa: E731
+  if ce.boundary()[0] is not None:
+    rl_stage.record_sandbox(config, task)
+    assert saved() == dict(sandbox=ce.boundary()[1], boundary=True)
+    assert ce.boundary()[1] in capsys.readouterr().out
+  monkeypatch.setattr(ce, 'boundary', lambda: (None, 'code sandbox: NO operating-system boundary'))
+  with pytest.raises(ce.SandboxUnavailable, match='rl.allow_unsandboxed_code=True'):
+    task.sandbox()
+  task.allow_unsandboxed = True
+  rl_stage.record_sandbox(config, task)
+  assert saved() == dict(sandbox=task.sandbox(), boundary=False) and 'opted in' in task.sandbox()

@@ -3,7 +3,8 @@ the HumanEval / MBPP / KodCode formats score by the fraction of tests passed."""
 
 import json
 import os
-import time
+import shutil
+import threading
 
 import pytest
 
@@ -12,7 +13,7 @@ from dlmjax.tasks import code
 from dlmjax.tasks import code_exec as ce
 
 LIMITS = ce.Limits(wall_s=2.5, cpu_s=1, memory_mb=256)  # CPU-bound loops stop at 1 s of CPU
-OUTSIDE = '/tmp/dlmjax_sandbox_escape_probe'
+OUTSIDE = '/var/tmp/dlmjax_sandbox_escape_probe'  # /tmp is the program's own, in the boundary
 HOSTILE = {
   'loop': ('while True:\n  pass\n', 'timeout'),
   'sleep': ('import time\ntime.sleep(60)\n', 'timeout'),
@@ -40,23 +41,20 @@ HOSTILE = {
 def hostile_outcomes():
   scorer = ce.Scorer(LIMITS, workers=4)
   names = sorted(HOSTILE)
-  start = time.monotonic()
   outcomes = scorer.run([ce.Program(HOSTILE[n][0], ('assert True',)) for n in names])
-  elapsed = time.monotonic() - start
   scorer.close()
-  return dict(zip(names, outcomes)), scorer.counts, elapsed
+  return dict(zip(names, outcomes)), scorer.counts
 
 
 @pytest.mark.parametrize('name', sorted(HOSTILE))
 def test_hostile_program_scores_zero_with_its_outcome(hostile_outcomes, name):
-  outcomes, _, _ = hostile_outcomes
+  outcomes, _ = hostile_outcomes
   outcome = outcomes[name]
   assert (outcome.status, outcome.reward) == (HOSTILE[name][1], 0.0), outcome.detail
-  assert outcome.seconds < LIMITS.wall_s + 2.0  # killed at the wall, however loaded the machine
 
 
 def test_nothing_escapes_and_every_outcome_is_counted(hostile_outcomes):
-  _, counts, _ = hostile_outcomes
+  _, counts = hostile_outcomes
   assert not os.path.exists(OUTSIDE)
   expected = {}
   for _, status in HOSTILE.values():
@@ -64,23 +62,62 @@ def test_nothing_escapes_and_every_outcome_is_counted(hostile_outcomes):
   assert {k: v for k, v in counts.items() if v} == expected
 
 
-def test_programs_run_in_parallel():
+def test_programs_run_in_parallel(monkeypatch):
+  """submit returns before the programs end (the caller generates meanwhile), and the pool runs
+  them side by side: all four are in their sandboxes at once."""
+  running, most, lock, release = [0], [0], threading.Lock(), threading.Event()
+  run = ce._run
+
+  def counted(*args):
+    with lock:
+      running[0] += 1
+      most[0] = max(most[0], running[0])
+      if running[0] == 4:
+        release.set()
+    release.wait(30)  # each waits for the others: four at once, or a 30 s stall
+    try:
+      return run(*args)
+    finally:
+      with lock:
+        running[0] -= 1
+
+  monkeypatch.setattr(ce, '_run', counted)
   scorer = ce.Scorer(ce.Limits(wall_s=5), workers=4)
-  start = time.monotonic()
-  future = scorer.submit([ce.Program('import time\ntime.sleep(1)\n', ('assert True',))] * 4)
-  submitted = time.monotonic() - start
+  future = scorer.submit([ce.Program('x = 1\n', ('assert x == 1',))] * 4)
+  assert not future.done()
   outcomes = future.result()
-  elapsed = time.monotonic() - start
   scorer.close()
-  assert submitted < 0.5  # submit returns at once: the caller goes on (generates) meanwhile
   assert [o.reward for o in outcomes] == [1.0] * 4
-  assert elapsed < 3.5  # four 1 s sleeps side by side, not 4 s one after another
+  assert most[0] == 4
+
+
+def test_a_machine_with_bubblewrap_has_the_boundary():
+  """Where bwrap is installed (CI installs it: scripts/test.sh), the probe passes inside it."""
+  if not shutil.which('bwrap'):
+    pytest.skip('bubblewrap is not installed here')
+  assert ce.boundary()[0] is not None, ce.boundary()[1]
+
+
+@pytest.mark.refuses_without_boundary
+def test_no_boundary_refuses_unless_opted_in(monkeypatch, capsys):
+  monkeypatch.setattr(ce, 'boundary', lambda: (None, 'code sandbox: NO operating-system boundary'))
+  with pytest.raises(ce.SandboxUnavailable, match='rl.allow_unsandboxed_code=True'):
+    ce.Scorer(LIMITS, workers=1)
+  with pytest.raises(ce.SandboxUnavailable, match='apt-get install bubblewrap'):
+    ce.run_program(ce.Program('x = 1\n', ('assert x == 1',)), LIMITS)
+  scorer = ce.Scorer(LIMITS, workers=1, allow_unsandboxed=True)
+  assert scorer.sandbox.endswith(
+    'running programs behind the audit hook and rlimits alone (opted in)'
+  )
+  program = ce.Program('import os\nx = os.getcwd()\n', ('assert x != "/tmp"',))
+  assert [o.reward for o in scorer.run([program])] == [1.0]  # a host directory, not the boundary
+  scorer.close()
 
 
 def test_the_audit_hook_alone_refuses_the_network(monkeypatch):
   monkeypatch.setattr(ce, 'network_isolation', lambda: ())
   program = ce.Program('import socket\nsocket.socket()\n', ('assert True',))
-  assert ce.run_program(program, LIMITS).status == 'network'
+  assert ce._run(program, LIMITS, None).status == 'network'
 
 
 def test_reward_is_the_fraction_of_tests_passed_and_files_inside_work():

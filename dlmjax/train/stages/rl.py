@@ -9,12 +9,15 @@ own mask seed and the old / reference estimates for it, computed once after gene
 from __future__ import annotations
 
 import functools
+import json
+import os
 
 import jax.numpy as jnp
 import numpy as np
 
 from dlmjax import tasks as tasks_lib
 from dlmjax.data import run_tokenizer
+from dlmjax.tasks import code as code_tasks
 from dlmjax.tasks import code_exec
 from dlmjax.rl import estimators, objectives
 from dlmjax.rl import evaluation as rl_evaluation
@@ -149,7 +152,21 @@ def make_prompts(config) -> prompts_lib.Prompts:
   task = tasks_lib.get_task(
     config.rl.task, data_path=config.rl.task_data, columns=config.data.columns
   )
+  if isinstance(task, code_tasks.CodeTask):
+    task.allow_unsandboxed = config.rl.allow_unsandboxed_code
+    task.sandbox()  # no boundary and no opt-in: stop before tokenising or generating anything
   return prompts_lib.Prompts(config, task, run_tokenizer.load(config, build=True))
+
+
+SANDBOX_FILE = 'code_sandbox.json'  # beside config.json: what held the run's programs
+
+
+def record_sandbox(config, task) -> None:
+  """A code task's start-up line, printed and kept in the run directory (code_sandbox.json)."""
+  line = task.sandbox()
+  print(line, flush=True)
+  with open(os.path.join(config.output_dir, SANDBOX_FILE), 'w') as f:
+    json.dump(dict(sandbox=line, boundary=code_exec.boundary()[0] is not None), f)
 
 
 def stage(config) -> base.Stage:
@@ -159,6 +176,8 @@ def stage(config) -> base.Stage:
   def batches(setup, process_index, process_count):
     if process_index == 0:
       print(objectives.describe(config), flush=True)
+      if isinstance(prompts().task, code_tasks.CodeTask):
+        record_sandbox(config, prompts().task)
     return rollout_lib.make_batches(
       config, setup, prompts(), process_index=process_index, process_count=process_count
     )
