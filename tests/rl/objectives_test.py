@@ -1,8 +1,12 @@
 """RL losses, advantages and batch layout against hand-written numpy formulas."""
 
+import pathlib
+import re
+
 import numpy as np
 import pytest
 
+from dlmjax import config as config_lib
 from dlmjax.rl import advantages, canvas, objectives
 from dlmjax.rl.objectives import base, d1, espo, spg, wd1
 
@@ -191,3 +195,27 @@ def test_objective_switches_are_one_logged_line():
     line = objectives.describe(c)
     assert line.startswith(f'rl.objective={name}: ') and '\n' not in line
   assert 'leave-one-out' in line and 'U[0.2, 0.8]' in line and 'kl_beta=0.01' in line
+
+
+def test_the_config_choices_are_the_registry():
+  assert config_lib._CHOICES['rl.objective'] == objectives.names()  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="rl.objective='ppo' is not one of"):
+    objectives.get('ppo')
+
+
+def test_rl_and_train_dispatch_on_declarations_not_names():
+  """Objectives are read through their declarations (rl/objectives/) and stages through their
+  Stage (train/stages/): no module of rl/ or train/ elsewhere compares an objective's name or
+  tests config.stage, so an objective is one module and its registry line."""
+  root = pathlib.Path(__file__).resolve().parents[2] / 'dlmjax'
+  by_name = re.compile(r"(?<!diffusion\.)objective\s*(==|!=)\s*'|objective\s+(not\s+)?in\s*\(")
+  found = []
+  for folder in ('rl', 'train'):
+    for path in sorted((root / folder).rglob('*.py')):
+      rel = path.relative_to(root).as_posix()
+      text = path.read_text()
+      if not rel.startswith('rl/objectives/') and by_name.search(text):
+        found.append(rel)
+      if not rel.startswith('train/stages/') and 'config.stage' in text:
+        found.append(rel)
+  assert not found
