@@ -194,6 +194,7 @@ def _jax_rl(args) -> dict:
   from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.rl import advantages as advantages_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.rl import reference as reference_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.rl import canvas, objectives  # pylint: disable=import-outside-toplevel
   from dlmjax.rl import rollout as rollout_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.train import stages  # pylint: disable=import-outside-toplevel
   from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
@@ -235,7 +236,7 @@ def _jax_rl(args) -> dict:
   generate_s = time.perf_counter() - start
   if (out[:, d1['prompt'] :] == m.mask_token_id).any():
     raise SystemExit('dlmjax: a completion kept a mask token')
-  tokens, completion_mask, lengths = rollout_lib.to_right_padded(
+  tokens, completion_mask, lengths = canvas.to_right_padded(
     out, prompt_lengths, d1['prompt'], eos_id=m.eos_token_id, pad_id=m.pad_token_id
   )
   seeds = np.stack([j * rows + np.arange(rows) for j in range(mu)]).astype(np.int32)
@@ -255,7 +256,7 @@ def _jax_rl(args) -> dict:
     prompt_lengths=prompt_lengths,
     lengths=lengths,
     advantages=advantages_lib.group_advantages(rewards, group),
-    weight=rollout_lib.loss_weights(completion_mask, 'd1'),
+    weight=objectives.get('d1').loss_weights(completion_mask),
     completion_mask=completion_mask,
     rewards=rewards,
   )

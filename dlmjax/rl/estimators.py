@@ -61,12 +61,6 @@ def _one_step_masks(tokens_BL, prompt_lengths_B, lengths_B, keys_B, p_mask_promp
   return completion_BL, prompt_BL & (uniform_BL < p_mask_prompt)
 
 
-def token_estimator(objective: str):
-  """The per-token estimate an objective scores with from mask seeds: coupled-GRPO's, else d1's
-  one-step one (d1, wd1). TraceRL's (trace_token_logprobs) reads the rollout's commit steps."""
-  return coupled_token_logprobs if objective == 'coupled_grpo' else d1_token_logprobs
-
-
 def trajectory_ranks(steps_BL, completion_BL, block_size: int):
   """int32 [B, L]: each completion token's round, the rank of its commit step among the distinct
   commit steps of its model block (blocks of block_size from position 0; 0 = the block's first

@@ -30,7 +30,7 @@ def needed(config) -> bool:
 
 def synced(config) -> bool:
   """The reference is refreshed from the policy, so the train state holds it (key 'reference')."""
-  return config.stage == 'rl' and config.rl.ref_sync_every > 0 and needed(config)
+  return config.rl.ref_sync_every > 0 and needed(config)
 
 
 def initial(config, params):

@@ -16,10 +16,8 @@ import shutil
 import jax
 import numpy as np
 
-from dlmjax import tasks as tasks_lib
-from dlmjax.data import blend
-from dlmjax.data import records
 from dlmjax.data.errors import DataError
+from dlmjax.train import stages
 
 # orbax writes arrays uncompressed plus small metadata; keep a margin for it and the filesystem.
 _CHECKPOINT_MARGIN = 1.1
@@ -31,37 +29,15 @@ class ResourceError(RuntimeError):
 
 def check_inputs(config) -> None:
   """Fails in a second, before any model is built, when a file the run will read is missing:
-  each failure one line naming the path and the key to fix."""
+  each failure one line naming the path and the key to fix. The stage checks its own inputs
+  (Stage.check_inputs: data prefixes, the SFT file, the RL task's files)."""
   data = config.data
-  if config.stage == 'pretrain' and data.source == 'megatron':
-    for key in ('train_prefixes', 'valid_prefixes'):
-      if key == 'valid_prefixes' and not data.valid_prefixes:
-        continue
-      for prefix in blend.parse_blend(data[key])[0]:  # names a blend with no prefixes
-        missing = [p for p in (prefix + '.idx', prefix + '.bin') if not os.path.isfile(p)]
-        if missing:
-          raise DataError(
-            f'data.{key}: {" and ".join(missing)} not found; give the prefix of an indexed '
-            'dataset (path without .bin/.idx; `python -m dlmjax.preprocess` writes them) with '
-            f'--config.data.{key}.'
-          )
+  stages.build(config).check_inputs()
   if data.tokenizer and not os.path.isfile(data.tokenizer):
     raise DataError(
       f'data.tokenizer {data.tokenizer!r} is not a file; set --config.data.tokenizer to a '
       "tokenizer.json or tokenizer.model, or to '' for the built-in corpus's."
     )
-  if config.stage == 'sft' and config.sft.train_file and not records.exists(config.sft.train_file):
-    raise DataError(
-      f'sft.train_file {config.sft.train_file!r} is not a file; set --config.sft.train_file '
-      'to a jsonl/parquet of {"prompt", "response"} or {"messages": [...]} rows, or hub:NAME.'
-    )
-  if config.stage == 'rl' and config.rl.task in tasks_lib.FILE_TASKS:
-    for path in filter(None, config.rl.task_data.split(',')):
-      if not records.exists(path):
-        raise DataError(
-          f'rl.task_data names {path!r}, which is not a file; set '
-          '--config.rl.task_data=TRAIN.jsonl[,TEST.jsonl] (parquet, json, arrow or hub:NAME).'
-        )
 
 
 def checkpoint_bytes(state_shapes) -> int:

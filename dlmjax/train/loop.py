@@ -84,7 +84,7 @@ def _should_save(config, step: int) -> bool:
 
 
 def train(config) -> dict | None:
-  """Runs config.stage to config.train.steps; returns the last logged metrics row.
+  """Runs the config's stage to config.train.steps; returns the last logged metrics row.
 
   SIGTERM/SIGINT end the run early, after a checkpoint of the step in flight (preemption).
   """
@@ -159,8 +159,8 @@ def _run(config, stop, cleanup) -> dict | None:
   mesh = mesh_lib.make_mesh(config)  # validates config, resolves a -1 mesh axis
   if config.train.check_memory:  # fail in seconds, not after compiling or at the first OOM
     memory.check_fits(config, memory.present_device_memory_bytes())
-  setup = state_lib.TrainSetup(config, mesh)
   stage = stages.build(config)
+  setup = state_lib.TrainSetup(config, mesh, stage)
   # Before the checkpoint manager starts its threads: a refusal here leaves nothing running.
   disk = guards.check_free_disk(
     config.output_dir, setup.state_shapes, guards.checkpoints_on_disk(config)
@@ -174,7 +174,7 @@ def _run(config, stop, cleanup) -> dict | None:
   if jax.process_index() == 0:
     m = config.mesh
     print(
-      f'{config.stage}: {setup.model_config.num_params():,} parameters on '
+      f'{stage.name}: {setup.model_config.num_params():,} parameters on '
       f'{jax.device_count()} x {jax.devices()[0].device_kind} (data {m.data} x fsdp {m.fsdp} '
       f'x tensor {m.tensor}); run directory {config.output_dir}',
       flush=True,
@@ -212,8 +212,8 @@ def _run(config, stop, cleanup) -> dict | None:
     print(f'step {start + 1}: first batch, then compiling the train step...', flush=True)
   for step in range(start + 1, _last_step(config) + 1):
     # The params of the step about to run (RL samples its rollouts from them).
-    if 'reference' in state:  # RL's refreshed KL reference scores the rollout (rl.ref_sync_every)
-      batches.use_reference(state['reference'])
+    if stage.carried is not None:  # e.g. RL's refreshed KL reference scores the next rollout
+      stage.carried.hand_over(batches, state[stage.carried.key])
     local, row = guards.next_batch(batches, setup.model_params(state['params']), config, step)
     if row is not None:
       reporter.write_row(row)

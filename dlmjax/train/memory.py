@@ -14,8 +14,9 @@ A LoRA run (train.lora.rank > 0) holds the frozen base in train.lora.base_dtype 
 parameter, int8: 1 per projection weight) and the 16 (20) bytes per parameter of state for its
 adapters alone; with a float32 compute dtype over a bf16 base the step also casts the layers to
 float32 (4 bytes per parameter). Its activations are the full model's (the backward still runs
-through every layer). RL with a KL term adds its reference, a copy of the params in
-rl.reference_dtype (none with LoRA or rl.reference_on_host).
+through every layer). A stage may keep more copies of the params on the devices (its Stage's
+resident_param_bytes: RL with a KL term, its reference in rl.reference_dtype, none with LoRA or
+rl.reference_on_host).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.model import lora
-from dlmjax.rl import reference as reference_lib
+from dlmjax.train import stages
 
 GIB = 1024**3
 # Memory per GPU as nvidia-smi reports it (GiB); first match of the device kind wins.
@@ -97,9 +98,9 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
     # Routed experts are split over `expert` too (model/moe.py).
     experts = cfg.num_expert_params()
     state = per_param * (cfg.num_params() - experts + experts / mesh.expert) / shards
-    if _reference_on_device(config):  # RL's KL reference: a copy of the params, not trained
-      reference = cfg.num_params() - experts + experts / mesh.expert
-      state += jnp.dtype(config.rl.reference_dtype).itemsize * reference / shards
+    resident = stages.build(config).resident_param_bytes  # e.g. RL's KL reference, not trained
+    if resident:
+      state += resident * (cfg.num_params() - experts + experts / mesh.expert) / shards
   rows = config.train.micro_batch_size / config_lib.batch_parallelism(config)
   tokens = rows * cfg.seq_len / context
   streams = config_lib.attention_streams(config)  # block diffusion: layers on [x_t || x_0]
@@ -120,17 +121,6 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
   logits = 2 * chunk * cfg.vocab_size / mesh.tensor * 4
   total = state + saved + recompute + logits
   return dict(state=state, activations=saved, recompute=recompute, logits=logits, total=total)
-
-
-def _reference_on_device(config) -> bool:
-  """RL with a KL term holds a reference beside the params (a LoRA run's is its frozen base:
-  no copy), unless it waits in host memory between rollouts (rl.reference_on_host)."""
-  return (
-    config.stage == 'rl'
-    and reference_lib.needed(config)
-    and config.train.lora.rank == 0
-    and not config.rl.reference_on_host
-  )
 
 
 def usable_fraction(env=None) -> float:

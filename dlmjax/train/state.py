@@ -1,6 +1,6 @@
-"""The train state {step, params, opt_state[, reference]}: abstract shapes, shardings and
-born-sharded init. `reference` is RL's refreshed KL reference (rl.ref_sync_every > 0,
-dlmjax/rl/reference.py), checkpointed and resumed with the rest.
+"""The train state {step, params, opt_state[, the stage's carried state]}: abstract shapes,
+shardings and born-sharded init. A stage's carried state (stages/base.py CarriedState; RL's
+refreshed KL reference, key `reference`) is checkpointed and resumed with the rest.
 
 The state is a plain dict of arrays, so orbax saves it as is and the converter reads `params`.
 """
@@ -14,8 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from dlmjax import model as model_lib
 from dlmjax.model import lora
 from dlmjax.parallel import rules
-from dlmjax.rl import reference as reference_lib
-from dlmjax.train import lora_setup
+from dlmjax.train import lora_setup, stages
 from dlmjax.train import optimizer as optimizer_lib
 
 
@@ -28,8 +27,10 @@ class TrainSetup:
   state's params are the whole model and `frozen` is empty.
   """
 
-  def __init__(self, config, mesh):
+  def __init__(self, config, mesh, stage=None):
+    """stage: the run's Stage (built from the config when not given), for its carried state."""
     self.config = config
+    self.carried = (stage or stages.build(config)).carried
     self.mesh = mesh
     self.lora = lora_setup.enabled(config)
     self.model_config = lora.with_adapters(
@@ -61,11 +62,9 @@ class TrainSetup:
         abstract_opt, trainable_shapes, self.trainable_shardings, self.replicated
       ),
     )
-    if reference_lib.synced(config):  # never with LoRA (config validation)
-      self.state_shapes['reference'] = jax.eval_shape(
-        lambda p: reference_lib.initial(config, p), trainable_shapes
-      )
-      self.state_shardings['reference'] = self.trainable_shardings
+    if self.carried is not None:  # shaped and sharded like the trainable params
+      self.state_shapes[self.carried.key] = jax.eval_shape(self.carried.init, trainable_shapes)
+      self.state_shardings[self.carried.key] = self.trainable_shardings
 
   @property
   def replicated(self):
@@ -105,8 +104,8 @@ class TrainSetup:
     state = dict(
       step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
     )
-    if 'reference' in self.state_shapes:
-      state['reference'] = reference_lib.initial(self.config, params)
+    if self.carried is not None:
+      state[self.carried.key] = self.carried.init(params)
     return state
 
   def state_from_params(self, params: dict) -> dict:

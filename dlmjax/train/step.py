@@ -17,7 +17,6 @@ from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.model import lora, moe, programs
 from dlmjax.parallel import rules
-from dlmjax.rl import reference as reference_lib
 from dlmjax.train import optimizer as optimizer_lib
 
 
@@ -35,23 +34,24 @@ def _row_axes(ndim: int, leading=()):
   return (*leading, rules.BATCH) + (None,) * (ndim - 1)
 
 
-def make_step_fn(setup, loss_fn, metrics_fn):
-  """step(state, batch, frozen) -> (state, metrics); frozen is a LoRA run's base (setup.frozen,
-  an empty dict otherwise), which gets no gradient.
+def make_step_fn(setup, stage):
+  """step(state, batch, frozen) -> (state, metrics) of a stage (stages/base.py Stage); frozen is
+  a LoRA run's base (setup.frozen, an empty dict otherwise), which gets no gradient.
 
-  loss_fn(module, *, step, micro_index, example_ids_B, **arrays) -> (objective, sums) gets one
+  stage.loss(module, *, step, micro_index, example_ids_B, **arrays) -> (objective, sums) gets one
   micro-batch of every batch array ([rows, ...], e.g. tokens=, segment_ids=) and the indices its
-  randomness derives from; metrics_fn(sums) -> {name: scalar} (with at least `loss` and `tokens`)
-  turns the sums accumulated over micro-batches into the step's metrics (the stage's Stage.loss
-  and Stage.metrics).
+  randomness derives from; stage.metrics(sums) -> {name: scalar} (with at least `loss` and
+  `tokens`) turns the sums accumulated over micro-batches into the step's metrics. The stage's
+  router-loss policy and its carried state (updated after the optimizer's) come from the Stage.
   """
+  loss_fn, metrics_fn, carried = stage.loss, stage.metrics, stage.carried
   config, cfg = setup.config, setup.model_config
   num_micro = config_lib.num_microbatches(config)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
   t = config.train
-  # The MoE router losses (model/moe.py): every stage's objective but RL's, unless switched on.
+  # The MoE router losses (model/moe.py) join the objective where the stage says so.
   router_weight = dict(balance_loss=t.moe_balance_loss, z_loss=t.moe_z_loss)
-  if config.stage == 'rl' and not config.rl.router_losses:
+  if not stage.router_losses:
     router_weight = dict(balance_loss=0.0, z_loss=0.0)
 
   dropout = config.train.lora.dropout if setup.lora else 0.0
@@ -115,7 +115,7 @@ def make_step_fn(setup, loss_fn, metrics_fn):
     new_params = optax.apply_updates(params, updates)
     if moe.SUM_PREFIX + 'counts' in sums:
       metrics.update(moe.metrics(sums, num_micro))
-      if config.stage == 'rl':  # RL's loss is its objective: the router losses' part too
+      if stage.loss_is_objective:  # the router losses' part of the objective too
         metrics['loss'] = metrics['loss'] + metrics[moe.SUM_PREFIX + 'router_loss']
       # Loss-free balancing: the sigmoid router's bias takes its sign update, not optax's.
       new_params = moe.balance_bias(
@@ -131,14 +131,8 @@ def make_step_fn(setup, loss_fn, metrics_fn):
       params=jax.tree.map(keep, new_params, params),
       opt_state=jax.tree.map(keep, opt_state, state['opt_state']),
     )
-    if 'reference' in state:  # RL's refreshed KL reference (rl.ref_sync_every)
-      new_state['reference'] = reference_lib.refresh(
-        step + 1,
-        state['reference'],
-        new_state['params'],
-        every=setup.config.rl.ref_sync_every,
-        alpha=setup.config.rl.ref_sync_alpha,
-      )
+    if carried is not None:  # the stage's own state (RL's refreshed KL reference)
+      new_state[carried.key] = carried.update(step + 1, state[carried.key], new_state['params'])
     metrics.update(skipped=1.0 - finite.astype(jnp.float32), grad_norm=grad_norm, lr=schedule(step))
     return new_state, metrics
 
@@ -156,7 +150,7 @@ class CompiledStep:
     self.setup, self.stage = setup, stage
     self.batch_sharding = rules.named_sharding(setup.mesh, (rules.BATCH,))
     self._jitted = programs.jit_program(
-      make_step_fn(setup, stage.loss, stage.metrics),
+      make_step_fn(setup, stage),
       setup.model_config.matmul_dtype,
       in_shardings=(
         setup.state_shardings,

@@ -14,7 +14,7 @@ import pytest
 
 from dlmjax import model as model_lib
 from dlmjax.rl import advantages as advantages_lib
-from dlmjax.rl import estimators, rollout
+from dlmjax.rl import estimators, objectives
 from tests.rl import compiled
 
 PROMPT, GEN = compiled.PROMPT, compiled.GEN
@@ -80,12 +80,12 @@ def test_one_step_moves_logprobs_toward_positive_advantages(objective):
     prompt_lengths=prompt_lengths,
     lengths=lengths,
     mask_seeds=seeds,
-    # wd1's rows carry its weights softmax(A) - softmax(-A) (rollout.row_advantages)
+    # wd1's rows carry its weights softmax(A) - softmax(-A) (its objective's advantages)
     advantages=advantages_lib.wd1_weights(advantages, 2) if objective == 'wd1' else advantages,
     old=old,
     ref=old,
     completion_mask=completion,
-    weight=rollout.loss_weights(completion, objective, 'token', group_size=2),
+    weight=objectives.get(objective).loss_weights(completion, group_size=2),
     rewards=advantages,
     **trajectory,
   )

@@ -1,9 +1,14 @@
 """RL losses, advantages and batch layout against hand-written numpy formulas."""
 
+import pathlib
+import re
+
 import numpy as np
 import pytest
 
-from dlmjax.rl import advantages, objectives, rollout
+from dlmjax import config as config_lib
+from dlmjax.rl import advantages, canvas, objectives
+from dlmjax.rl.objectives import base, d1, espo, spg, wd1
 
 
 def _np_d1(logp, old, ref, adv, mask, eps, beta):
@@ -21,8 +26,8 @@ def test_d1_token_loss_matches_numpy():
   logp, old, ref = (rng.normal(-2, 0.7, (6, 9)).astype(np.float32) for _ in range(3))
   adv = rng.normal(size=6).astype(np.float32)
   mask = (rng.random((6, 9)) < 0.7).astype(np.float32)
-  loss, kl, clipped = objectives.d1_token_loss(logp, old, ref, adv, eps=0.2, beta=0.04)
-  weight = rollout.loss_weights(mask, 'd1', 'token')
+  loss, kl, clipped = d1.token_loss(logp, old, ref, adv, eps=0.2, beta=0.04)
+  weight = d1.OBJECTIVE.loss_weights(mask, normalisation='token')
   assert float((np.asarray(loss) * weight).sum()) == pytest.approx(
     _np_d1(logp, old, ref, adv, mask, 0.2, 0.04), rel=1e-5
   )
@@ -33,16 +38,16 @@ def test_d1_token_loss_matches_numpy():
   # Sequence normalisation (GRPO): mean over each row's tokens, then over rows.
   per_token = np.asarray(loss)
   expected = np.mean([(per_token[b] * mask[b]).sum() / mask[b].sum() for b in range(6)])
-  assert float((per_token * rollout.loss_weights(mask, 'd1', 'sequence')).sum()) == pytest.approx(
-    expected, rel=1e-5
-  )
+  assert float(
+    (per_token * d1.OBJECTIVE.loss_weights(mask, normalisation='sequence')).sum()
+  ) == pytest.approx(expected, rel=1e-5)
 
 
 def test_clip_fraction_counts_the_units_the_clip_silences():
   """rho out of [1-eps, 1+eps] on the side where the clipped term is the min (no gradient)."""
   ratio = np.array([1.5, 1.5, 0.5, 0.5, 1.1], np.float32)
   advantage = np.array([1.0, -1.0, 1.0, -1.0, 1.0], np.float32)
-  _, clipped = objectives.clipped_surrogate(ratio, advantage, 0.2)
+  _, clipped = base.clipped_surrogate(ratio, advantage, 0.2)
   # TRL's and d1's clip_ratio (rho A < clip(rho) A) would give [F, T, T, F, F] instead.
   assert np.asarray(clipped).tolist() == [True, False, False, True, False]
 
@@ -52,7 +57,7 @@ def test_espo_sequence_loss_matches_numpy():
   elbo, old, ref = (rng.normal(-30, 3, 5).astype(np.float32) for _ in range(3))
   adv = rng.normal(size=5).astype(np.float32)
   length = rng.integers(5, 20, 5).astype(np.float32)
-  loss, kl, _ = objectives.espo_sequence_loss(elbo, old, ref, adv, length, eps=0.2, beta=0.1)
+  loss, kl, _ = espo.sequence_loss(elbo, old, ref, adv, length, eps=0.2, beta=0.1)
   ratio = np.exp((elbo - old) / length)
   expected = (
     -np.minimum(ratio * adv, np.clip(ratio, 0.8, 1.2) * adv) + 0.1 * 0.5 * (elbo - ref) ** 2
@@ -65,14 +70,14 @@ def test_spg_sequence_loss_matches_numpy():
   rng = np.random.default_rng(2)
   elbo, eubo = rng.normal(-3, 1, 6).astype(np.float32), rng.normal(-2, 1, 6).astype(np.float32)
   adv = np.array([0.5, -0.5, 0.0, 0.25, -0.25, 1.0], np.float32)
-  loss = objectives.spg_sequence_loss(elbo, eubo, adv, mix_weight=0.3)
+  loss = spg.sequence_loss(elbo, eubo, adv, mix_weight=0.3)
   bound = np.where(adv > 0, elbo, 0.3 * eubo + 0.7 * elbo)  # A > 0: ELBO; otherwise the mix
   np.testing.assert_allclose(loss, -adv * bound, rtol=1e-6)
 
 
 def test_ratio_one_gives_the_policy_gradient_sign():
   zero = np.zeros((2, 3), np.float32)
-  loss, _, clipped = objectives.d1_token_loss(
+  loss, _, clipped = d1.token_loss(
     zero, zero, zero, np.array([1.0, -2.0], np.float32), eps=0.5, beta=0.3
   )
   np.testing.assert_allclose(loss, [[-1.0] * 3, [2.0] * 3])
@@ -126,15 +131,15 @@ def test_to_right_padded_layout():
       [4, 5, 6, 7, 8, 9, 9, 9],
     ]
   )  # prompt [4, 5, 6, 7], no EOS
-  tokens, mask, lengths = rollout.to_right_padded(out, np.array([2, 4]), 4, eos_id=eos, pad_id=pad)
+  tokens, mask, lengths = canvas.to_right_padded(out, np.array([2, 4]), 4, eos_id=eos, pad_id=pad)
   np.testing.assert_array_equal(tokens, [[5, 6, 7, 2, 2, 2, 0, 0], [4, 5, 6, 7, 8, 9, 9, 9]])
   np.testing.assert_array_equal(mask, [[0, 0, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1, 1]])
   np.testing.assert_array_equal(lengths, [6, 8])
   # TraceRL's commit steps [B, gen] land on the same canvas, -1 on the prompt and the pads.
-  steps = rollout.steps_right_padded(np.array([[3, 0, 1, -1], [0, 0, 2, 1]]), [2, 4], 8)
+  steps = canvas.steps_right_padded(np.array([[3, 0, 1, -1], [0, 0, 2, 1]]), [2, 4], 8)
   np.testing.assert_array_equal(steps, [[-1, -1, 3, 0, 1, -1, -1, -1], [-1] * 4 + [0, 0, 2, 1]])
-  assert rollout.batch_keys('trace') == rollout.BATCH_KEYS + ('steps',)
-  assert rollout.batch_keys('d1') == rollout.BATCH_KEYS
+  assert objectives.get('trace').batch_keys == base.BATCH_KEYS + ('steps',)
+  assert objectives.get('d1').batch_keys == base.BATCH_KEYS
 
 
 def _softmax(x):
@@ -151,9 +156,9 @@ def test_wd1_loss_matches_numpy():
   logp = rng.normal(-2, 0.7, (rows, 7)).astype(np.float32)
   mask = (rng.random((rows, 7)) < 0.8).astype(np.float32)
   seq = (logp * mask).sum(1)
-  weights = rollout.row_advantages(rewards, group, 'wd1')
-  loss = objectives.wd1_sequence_loss(seq, weights)
-  total = float((np.asarray(loss) * rollout.loss_weights(mask, 'wd1', group_size=group)).sum())
+  weights = wd1.OBJECTIVE.advantages(rewards, group)
+  loss = wd1.sequence_loss(seq, weights)
+  total = float((np.asarray(loss) * wd1.OBJECTIVE.loss_weights(mask, group_size=group)).sum())
   expected = []
   for g in range(rows // group):
     r = rewards[g * group : (g + 1) * group].astype(np.float64)
@@ -162,7 +167,7 @@ def test_wd1_loss_matches_numpy():
   assert total == pytest.approx(np.mean(expected), rel=1e-5)
   np.testing.assert_allclose(weights.reshape(2, 3).sum(1), 0.0, atol=1e-6)  # each group sums to 0
   with pytest.raises(ValueError, match='group size'):
-    rollout.loss_weights(mask, 'wd1')
+    wd1.OBJECTIVE.loss_weights(mask)
 
 
 def test_leave_one_out_advantages_match_numpy():
@@ -170,7 +175,7 @@ def test_leave_one_out_advantages_match_numpy():
   rewards = np.array([1.0, 0.0, 0.5, 0.5, 2.0, 2.0, 0.0, 4.0])
   expected = [r - (np.sum(g) - r) / 3 for g in rewards.reshape(2, 4) for r in g]
   np.testing.assert_allclose(
-    rollout.row_advantages(rewards, 4, 'coupled_grpo'), expected, rtol=1e-6
+    objectives.get('coupled_grpo').advantages(rewards, 4), expected, rtol=1e-6
   )
   # = G / (G - 1) x the mean-baseline advantage
   np.testing.assert_allclose(
@@ -190,3 +195,27 @@ def test_objective_switches_are_one_logged_line():
     line = objectives.describe(c)
     assert line.startswith(f'rl.objective={name}: ') and '\n' not in line
   assert 'leave-one-out' in line and 'U[0.2, 0.8]' in line and 'kl_beta=0.01' in line
+
+
+def test_the_config_choices_are_the_registry():
+  assert config_lib._CHOICES['rl.objective'] == objectives.names()  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="rl.objective='ppo' is not one of"):
+    objectives.get('ppo')
+
+
+def test_rl_and_train_dispatch_on_declarations_not_names():
+  """Objectives are read through their declarations (rl/objectives/) and stages through their
+  Stage (train/stages/): no module of rl/ or train/ elsewhere compares an objective's name or
+  tests config.stage, so an objective is one module and its registry line."""
+  root = pathlib.Path(__file__).resolve().parents[2] / 'dlmjax'
+  by_name = re.compile(r"(?<!diffusion\.)objective\s*(==|!=)\s*'|objective\s+(not\s+)?in\s*\(")
+  found = []
+  for folder in ('rl', 'train'):
+    for path in sorted((root / folder).rglob('*.py')):
+      rel = path.relative_to(root).as_posix()
+      text = path.read_text()
+      if not rel.startswith('rl/objectives/') and by_name.search(text):
+        found.append(rel)
+      if not rel.startswith('train/stages/') and 'config.stage' in text:
+        found.append(rel)
+  assert not found

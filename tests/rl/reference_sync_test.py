@@ -8,7 +8,7 @@ import pytest
 
 from dlmjax.checkpoint import manager
 from dlmjax.rl import reference as reference_lib
-from dlmjax.rl import rollout
+from dlmjax.rl import objectives
 from tests.rl import compiled
 
 PROMPT, GEN, ROWS = compiled.PROMPT, compiled.GEN, compiled.ROWS
@@ -41,7 +41,7 @@ def run():
     old=old,
     ref=old - 0.1,
     completion_mask=completion,
-    weight=rollout.loss_weights(completion, 'd1'),
+    weight=objectives.get('d1').loss_weights(completion),
     rewards=advantages,
   )
   batch = {k: jax.device_put(v, step_fn.batch_sharding) for k, v in batch.items()}

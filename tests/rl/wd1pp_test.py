@@ -7,7 +7,8 @@ import pytest
 
 from dlmjax import model as model_lib
 from dlmjax.rl import advantages as advantages_lib
-from dlmjax.rl import estimators, objectives, rollout
+from dlmjax.rl import estimators, objectives
+from dlmjax.rl.objectives import wd1pp
 from dlmjax.train.stages import rl as rl_stage
 from tests.conftest import tiny_test_config
 from tests.rl import compiled
@@ -70,8 +71,8 @@ def test_loss_equals_eq10_written_out(dce_weight):
   prompt, prompt_lengths, preds, steps_BG = _trajectory(rng, rows, prompt_width, gen, vocab)
   rewards = rng.integers(0, 3, (rows, gen)).astype(np.float32)
   weights = advantages_lib.wd1pp_weights(rewards, group, 1.0)
-  draws = rollout.stepwise_draws(0, np.arange(rows), gen)
-  batch = rollout.stepwise_rows(
+  draws = wd1pp.stepwise_draws(0, np.arange(rows), gen)
+  batch = wd1pp.stepwise_rows(
     prompt,
     prompt_lengths,
     preds,
@@ -135,13 +136,13 @@ def test_one_step_moves_logprobs_toward_positive_weights():
   )
   steps_BG = (np.stack([rng.permutation(gen) for _ in range(rows)]) % steps).astype(np.int32)
   weights = np.tile(np.array([[0.5], [-0.5], [-0.5], [0.5]] * 2, np.float32), (1, steps))
-  batch = rollout.stepwise_rows(
+  batch = wd1pp.stepwise_rows(
     prompt,
     prompt_lengths,
     preds[:, :steps],
     steps_BG,
     weights,
-    rollout.stepwise_draws(c.seed, np.arange(rows), steps),
+    wd1pp.stepwise_draws(c.seed, np.arange(rows), steps),
     group_size=2,
     mask_id=c.model.mask_token_id,
     eos_id=c.model.eos_token_id,

@@ -1,8 +1,10 @@
 """The Stage: everything a stage plugs into the shared step and loop, declared in one place.
 
 A stage is a loss, a batch source, the batch's arrays, the metrics made of the loss's sums, an
-evaluator and how the console treats its loss. The step, the loop, evaluation, the guards and the
-reporter read these fields and never ask which stage runs.
+evaluator, how the console treats its loss, the input files it checks, the MoE router-loss policy,
+the extra state it carries in the train state and the device memory it holds beside it. The step,
+the loop, the train state, evaluation, the guards, the memory estimate and the reporter read these
+fields and never ask which stage runs.
 
 The step's rule for micro-batches, which every stage's loss is written to: the step's gradient
 is the SUM over micro-batches of the gradient of each micro-batch's `objective`. A loss whose
@@ -64,6 +66,30 @@ class DataBatches:
 
 
 @dataclasses.dataclass(frozen=True)
+class CarriedState:
+  """State a stage carries in the train state beside step, params and opt_state, checkpointed and
+  resumed with them (RL's refreshed KL reference).
+
+  key: its name in the train state.
+  init(params) -> value: its value at step 0, from the trainable params (traced; the shapes
+    follow from it).
+  update(new_step, value, new_params) -> value: inside the step, after the optimizer update
+    (new_step 1-based, traced).
+  hand_over(batches, value): the loop gives the current value to the stage's BatchSource before
+    each batch (RL scores its rollouts with it).
+  """
+
+  key: str
+  init: Callable[[Any], Any]
+  update: Callable[[Any, Any, Any], Any]
+  hand_over: Callable[[Any, Any], None]
+
+
+def _no_inputs() -> None:
+  """A stage that reads no files of its own."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Stage:
   """One stage, built from the run's config by `dlmjax.train.stages.build`.
 
@@ -80,6 +106,15 @@ class Stage:
   console_metrics: metrics the console line shows after the loss.
   flag_spikes: apply MegaDLMs' 20% loss-spike rule (meaningful for a language-modelling loss; an
     RL surrogate near zero changes sign, SFT's moves with each batch's answer lengths).
+  check_inputs() -> None: fails in a second, before any model is built, when a file the stage
+    reads is missing (a DataError naming the path and the key to fix).
+  router_losses: an MoE's router losses (train.moe_balance_loss, train.moe_z_loss) join the
+    objective.
+  loss_is_objective: the logged `loss` is the whole objective, the router losses' part included
+    (RL: its surrogate means nothing alone); otherwise the language-modelling loss alone.
+  carried: the extra state the train state holds for the stage, or None.
+  resident_param_bytes: bytes per parameter the stage keeps on every device beside the train
+    state, sharded like the params (RL's KL reference on the mesh), for the memory estimate.
   """
 
   name: str
@@ -91,6 +126,11 @@ class Stage:
   example_batch: Callable[[np.random.Generator], Batch]
   console_metrics: tuple[str, ...] = ()
   flag_spikes: bool = False
+  check_inputs: Callable[[], None] = _no_inputs
+  router_losses: bool = True
+  loss_is_objective: bool = False
+  carried: CarriedState | None = None
+  resident_param_bytes: float = 0.0
 
   def __post_init__(self):
     if 'tokens' not in self.batch_keys:

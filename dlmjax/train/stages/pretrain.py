@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import jax.numpy as jnp
 
 from dlmjax import config as config_lib
-from dlmjax.data import pipeline
+from dlmjax.data import blend, pipeline
+from dlmjax.data.errors import DataError
 from dlmjax.diffusion import loss as loss_lib
 from dlmjax.train import evaluation
 from dlmjax.train.stages import base
@@ -97,4 +99,23 @@ def stage(config) -> base.Stage:
     example_batch=example_batch,
     console_metrics=('masked_ce',),
     flag_spikes=True,
+    check_inputs=lambda: check_prefixes(config),
   )
+
+
+def check_prefixes(config) -> None:
+  """Megatron data (data.source=megatron): every prefix of the blends has its .idx and .bin."""
+  data = config.data
+  if data.source != 'megatron':
+    return
+  for key in ('train_prefixes', 'valid_prefixes'):
+    if key == 'valid_prefixes' and not data.valid_prefixes:
+      continue
+    for prefix in blend.parse_blend(data[key])[0]:  # names a blend with no prefixes
+      missing = [p for p in (prefix + '.idx', prefix + '.bin') if not os.path.isfile(p)]
+      if missing:
+        raise DataError(
+          f'data.{key}: {" and ".join(missing)} not found; give the prefix of an indexed '
+          'dataset (path without .bin/.idx; `python -m dlmjax.preprocess` writes them) with '
+          f'--config.data.{key}.'
+        )

@@ -1,5 +1,5 @@
-"""RL from verifiable rewards: rollouts of the current policy; diffu-GRPO (d1), ESPO, SPG, wd1,
-wd1++, coupled-GRPO or TraceRL loss.
+"""RL from verifiable rewards: rollouts of the current policy and the loss of the run's objective
+(diffu-GRPO (d1), ESPO, SPG, wd1, wd1++, coupled-GRPO, TraceRL: the registry rl/objectives/).
 
 The batch source (dlmjax/rl/rollout.py) generates G completions per prompt with the params of the
 step about to run, scores them, and serves the same rollouts rl.inner_updates times, each with its
@@ -15,121 +15,50 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
+
 from dlmjax import tasks as tasks_lib
-from dlmjax.data import run_tokenizer
+from dlmjax.data import records, run_tokenizer
+from dlmjax.data.errors import DataError
 from dlmjax.tasks import code as code_tasks
 from dlmjax.tasks import code_exec
-from dlmjax.rl import estimators, objectives
+from dlmjax.rl import objectives
 from dlmjax.rl import evaluation as rl_evaluation
 from dlmjax.rl import prompts as prompts_lib
+from dlmjax.rl import reference as reference_lib
 from dlmjax.rl import rollout as rollout_lib
 from dlmjax.train.stages import base
 
 
 def make_loss(config):
-  """loss(module, tokens=, prompt_lengths=, lengths=, ...) -> (objective, sums).
+  """loss(module, tokens=, prompt_lengths=, lengths=, ...) -> (objective, sums): the run's
+  objective's loss on its estimate (rl/objectives/).
 
-  `weight` holds each unit's share of the GLOBAL batch average (rollout.loss_weights), so each
-  micro-batch's weighted sum is its share of the step's loss, as the step's rule wants.
+  `weight` holds each unit's share of the GLOBAL batch average (the objective's loss_weights),
+  so each micro-batch's weighted sum is its share of the step's loss, as the step's rule wants.
   """
-  r = config.rl
-  common = dict(
-    seed=config.seed, mask_id=config.model.mask_token_id, chunk_size=config.model.loss_chunk_tokens
-  )
-  beta = r.kl_beta
+  objective, r = objectives.of(config), config.rl
+  settings = objective.settings(config)
 
-  def fn(
-    module,
-    *,
-    tokens,
-    prompt_lengths,
-    lengths,
-    mask_seeds,
-    advantages,
-    old,
-    ref,
-    weight,
-    completion_mask,
-    rewards,
-    steps=None,
-    targets=None,
-    step=None,
-    micro_index=None,
-    example_ids_B=None,
-  ):
+  def fn(module, *, step=None, micro_index=None, example_ids_B=None, **arrays):
     del step, micro_index, example_ids_B  # randomness comes from the rollout's mask seeds
-    if r.objective in ('d1', 'coupled_grpo', 'wd1', 'trace'):
-      if r.objective == 'trace':  # the rollout's trajectory: each token's commit step
-        logp = rollout_lib.trace_logprobs(config, module, tokens, prompt_lengths, lengths, steps)
-      else:
-        logp = estimators.token_estimator(r.objective)(
-          module,
-          tokens,
-          prompt_lengths,
-          lengths,
-          mask_seeds,
-          p_mask_prompt=r.p_mask_prompt,
-          **common,
-        )
-      if r.objective == 'wd1':  # advantages holds wd1's weights (rollout.row_advantages)
-        loss = objectives.wd1_sequence_loss(jnp.sum(logp * completion_mask, axis=1), advantages)
-        kl = clipped = jnp.zeros_like(loss)  # wd1 has neither a ratio nor a KL term
-      else:
-        loss, kl, clipped = objectives.d1_token_loss(
-          logp, old, ref, advantages, eps=r.clip_eps, beta=beta
-        )
-    elif r.objective == 'wd1pp':  # tokens: a drawn step's state x_l, targets: its x_0|l
-      logp = estimators.stepwise_logprobs(
-        module,
-        tokens,
-        targets,
-        completion_mask,
-        lengths,
-        mask_id=common['mask_id'],
-        chunk_size=common['chunk_size'],
-      )
-      loss = objectives.wd1_sequence_loss(logp, advantages)  # advantages: w+ - w- of x_0|l
-      kl = clipped = jnp.zeros_like(loss)  # no ratio, no KL term (the paper's beta = 0)
-    elif r.objective == 'spg':
-      elbo, eubo = estimators.spg_sequence_bounds(
-        module,
-        tokens,
-        prompt_lengths,
-        lengths,
-        completion_mask,
-        mask_seeds,
-        num_samples=r.elbo_samples,
-        block_length=config.sampler.block_length,
-        p_mask_prompt=r.p_mask_prompt,
-        eubo_beta=r.spg_eubo_beta,
-        **common,
-      )
-      loss = objectives.spg_sequence_loss(elbo, eubo, advantages, mix_weight=r.spg_mix_weight)
-      kl = clipped = jnp.zeros_like(loss)  # SPG has neither a ratio nor a KL term
-    else:
-      elbo = estimators.sequence_elbo(
-        module, tokens, prompt_lengths, lengths, mask_seeds, num_samples=r.elbo_samples, **common
-      )
-      loss, kl, clipped = objectives.espo_sequence_loss(
-        elbo,
-        old,
-        ref,
-        advantages,
-        (lengths - prompt_lengths).astype(jnp.float32),
-        eps=r.clip_eps,
-        beta=beta,
-      )
-    objective = jnp.sum(weight * loss)
+    estimate = objective.estimate(module, arrays, seed=config.seed, settings=settings)
+    loss, kl, clipped = objective.loss(estimate, arrays, r)
+    weight, completion_mask, rewards = (
+      arrays['weight'],
+      arrays['completion_mask'],
+      arrays['rewards'],
+    )
+    total = jnp.sum(weight * loss)
     sums = dict(
-      loss_sum=objective,
+      loss_sum=total,
       kl_sum=jnp.sum(weight * kl),
       clip_sum=jnp.sum(weight * clipped.astype(jnp.float32)),
       tokens=jnp.sum(completion_mask),
-      rows=jnp.float32(tokens.shape[0]),
+      rows=jnp.float32(arrays['tokens'].shape[0]),
       reward_sum=jnp.sum(rewards),
       reward_sq_sum=jnp.sum(jnp.square(rewards)),
     )
-    return objective, sums
+    return total, sums
 
   return fn
 
@@ -172,6 +101,7 @@ def record_sandbox(config, task) -> None:
 def stage(config) -> base.Stage:
   # Rollouts and the held-out evaluation share one tokenised prompt set, built on first use.
   prompts = functools.cache(lambda: make_prompts(config))
+  keys = objectives.of(config).batch_keys
 
   def batches(setup, process_index, process_count):
     if process_index == 0:
@@ -201,15 +131,13 @@ def stage(config) -> base.Stage:
       advantages=rng.standard_normal(rows).astype(np.float32),
       old=np.zeros(_estimate_shape(config, rows, width), np.float32),
       ref=np.zeros(_estimate_shape(config, rows, width), np.float32),
-      weight=rollout_lib.loss_weights(
-        completion_mask, config.rl.objective, group_size=config.rl.group_size
-      ),
+      weight=objectives.of(config).loss_weights(completion_mask, group_size=config.rl.group_size),
       completion_mask=completion_mask,
       rewards=rng.integers(0, 2, rows).astype(np.float32),
     )
-    if 'steps' in rollout_lib.batch_keys(config.rl.objective):  # one token per step
+    if 'steps' in keys:  # one token per step
       batch['steps'] = np.where(completion_mask > 0, np.arange(width)[None], -1).astype(np.int32)
-    if 'targets' in rollout_lib.batch_keys(config.rl.objective):  # x_l fully masked
+    if 'targets' in keys:  # x_l fully masked
       batch['targets'] = batch['tokens']
       batch['tokens'] = np.where(
         completion_mask > 0, config.model.mask_token_id, batch['tokens']
@@ -219,7 +147,7 @@ def stage(config) -> base.Stage:
   return base.Stage(
     name='rl',
     loss=make_loss(config),
-    batch_keys=rollout_lib.batch_keys(config.rl.objective),
+    batch_keys=keys,
     metrics=metrics,
     batches=batches,
     evaluator=evaluator,
@@ -235,9 +163,54 @@ def stage(config) -> base.Stage:
       'step_time_s',
       *(f'code_{v}' for v in code_exec.VERDICTS),
     ),
+    check_inputs=lambda: check_task_files(config),
+    # An MoE's router losses join RL's objective only when asked (rl.router_losses), and then the
+    # logged loss is the whole objective: the surrogate alone means nothing.
+    router_losses=config.rl.router_losses,
+    loss_is_objective=True,
+    carried=refreshed_reference(config),
+    resident_param_bytes=reference_bytes_per_param(config),
   )
 
 
+def check_task_files(config) -> None:
+  """The task's data files (rl.task_data) exist."""
+  if config.rl.task not in tasks_lib.FILE_TASKS:
+    return
+  for path in filter(None, config.rl.task_data.split(',')):
+    if not records.exists(path):
+      raise DataError(
+        f'rl.task_data names {path!r}, which is not a file; set '
+        '--config.rl.task_data=TRAIN.jsonl[,TEST.jsonl] (parquet, json, arrow or hub:NAME).'
+      )
+
+
+def refreshed_reference(config) -> base.CarriedState | None:
+  """With rl.ref_sync_every > 0 the KL reference lives in the train state (rl/reference.py):
+  the init params at step 0, refreshed after every N-th step, handed to the rollout before each
+  batch."""
+  if not reference_lib.synced(config):
+    return None
+  r = config.rl
+  return base.CarriedState(
+    key='reference',
+    init=lambda params: reference_lib.initial(config, params),
+    update=lambda new_step, reference, params: reference_lib.refresh(
+      new_step, reference, params, every=r.ref_sync_every, alpha=r.ref_sync_alpha
+    ),
+    hand_over=lambda batches, reference: batches.use_reference(reference),
+  )
+
+
+def reference_bytes_per_param(config) -> float:
+  """A KL term holds a reference beside the params, in rl.reference_dtype (a LoRA run's is its
+  frozen base: no copy), unless it waits in host memory between rollouts (rl.reference_on_host)."""
+  on_device = (
+    reference_lib.needed(config) and config.train.lora.rank == 0 and not config.rl.reference_on_host
+  )
+  return float(jnp.dtype(config.rl.reference_dtype).itemsize) if on_device else 0.0
+
+
 def _estimate_shape(config, rows: int, width: int) -> tuple[int, ...]:
-  """d1 and coupled-GRPO score tokens ([B, W] log-probs), the others sequences ([B])."""
-  return (rows, width) if config.rl.objective in objectives.TOKEN_OBJECTIVES else (rows,)
+  """Per-token old / reference estimates are [B, W] log-probs, the others one per row ([B])."""
+  return (rows, width) if objectives.of(config).scores == 'token' else (rows,)

@@ -7,8 +7,9 @@ import functools
 import numpy as np
 
 from dlmjax import config as config_lib
-from dlmjax.data import pipeline, roles
+from dlmjax.data import pipeline, records, roles
 from dlmjax.data import sft as sft_data
+from dlmjax.data.errors import DataError
 from dlmjax.diffusion import loss as loss_lib
 from dlmjax.diffusion import sft_loss
 from dlmjax.train import evaluation
@@ -85,4 +86,15 @@ def stage(config) -> base.Stage:
     evaluator=evaluator,
     example_batch=example_batch,
     console_metrics=('masked_ce',),
+    check_inputs=lambda: check_train_file(config),
   )
+
+
+def check_train_file(config) -> None:
+  """sft.train_file, when given, exists."""
+  path = config.sft.train_file
+  if path and not records.exists(path):
+    raise DataError(
+      f'sft.train_file {path!r} is not a file; set --config.sft.train_file '
+      'to a jsonl/parquet of {"prompt", "response"} or {"messages": [...]} rows, or hub:NAME.'
+    )
