@@ -15,6 +15,7 @@ Reads the trace with jax.profiler.ProfileData (no TensorBoard).
 
 import argparse
 import collections
+import functools
 import glob
 import json
 import os
@@ -48,10 +49,32 @@ def parse(argv):
   p.add_argument('--tokens-per-step', type=int, default=1)
   p.add_argument('--param-dtype', default='float32', choices=('float32', 'bfloat16'))
   p.add_argument('--layer-loop', default='scan', choices=('scan', 'unrolled'))
+  p.add_argument(
+    '--scan-unroll', type=int, default=1, help='probe: the layer scan unrolled by this factor'
+  )
   p.add_argument('--label', default='')
   p.add_argument('--no-trace', action='store_true')
   p.add_argument('--tiny', action='store_true', help='a CPU-sized check of the script')
   return p.parse_args(argv)
+
+
+def unroll_layer_scan(factor):
+  """Probe only: the transformer's layer scan (its one lax.scan) with unroll=factor."""
+  from dlmjax.model import transformer  # pylint: disable=import-outside-toplevel
+
+  class Lax:
+    scan = staticmethod(functools.partial(jax.lax.scan, unroll=factor))
+
+    def __getattr__(self, name):
+      return getattr(jax.lax, name)
+
+  class Jax:
+    lax = Lax()
+
+    def __getattr__(self, name):
+      return getattr(jax, name)
+
+  transformer.jax = Jax()
 
 
 def build(args):
@@ -119,6 +142,8 @@ def trace_classes(run, steps):
 def main(argv=None):
   args = parse(argv)
   config, model_config = build(args)
+  if args.scan_unroll > 1:
+    unroll_layer_scan(args.scan_unroll)
   m = config.model
   params = jax.jit(model_lib.init_params, static_argnums=0)(model_config, jax.random.key(0))
   if args.param_dtype == 'bfloat16':
