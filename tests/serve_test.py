@@ -15,7 +15,10 @@ import httpx
 import openai
 import pytest
 
+import dlmjax
+
 from dlmjax import generate
+from dlmjax.diffusion import sampler
 from dlmjax.serve import engine
 from tests.checkpoint import tiny_run
 
@@ -31,7 +34,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _make_run(root) -> str:
+def _make_run(root, attention='block_causal') -> str:
   import tokenizers  # pylint: disable=import-outside-toplevel
 
   tokenizer = tokenizers.Tokenizer(
@@ -41,7 +44,7 @@ def _make_run(root) -> str:
   tokenizer.save(str(root / 'tokenizer.json'))
   overrides = {
     'data.tokenizer': str(root / 'tokenizer.json'),
-    'model.attention_mask': 'block_causal',
+    'model.attention_mask': attention,
     'model.block_size': 4,
   }
   tiny_run.make_run(root / 'run', **overrides)
@@ -258,19 +261,18 @@ def test_sigterm_drains_then_exits_0(served):  # last: it stops the module's ser
   assert any(f['choices'] and f['choices'][0]['finish_reason'] for f in finals)
 
 
-def test_chunks_follow_the_block_grid():
-  """A block-causal model's first chunk ends on its block grid; a bidirectional one's job is one
-  call (its blocks see the masked blocks after them)."""
-
-  class Model:
-    class config:  # noqa: N801
-      class model:  # noqa: N801
-        seq_len, eos_token_id, pad_token_id = 32, 0, 1
-
-  for mask, expected in (('block_causal', 1), ('bidirectional', 16)):
-    Model.model_config = type('Cfg', (), {'attention_mask': mask, 'block_size': 4})()
-    eng = engine.Engine(
-      Model, max_batch=1, max_queue=1, buckets=engine.Buckets(batch=(1,), width=(16,))
-    )
-    job = engine.Job(prompt=[5, 6, 7], settings=engine.sampler.SamplingConfig(**SETTINGS))
-    assert eng._keep(job) == expected  # pylint: disable=protected-access
+def test_a_bidirectional_job_is_one_call_with_generates_text(tmp_path):
+  """A bidirectional model's block sees the masked blocks after it: the engine decodes its job
+  in one call, whatever block_length is, and the text is generate's."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path, 'bidirectional'))
+  eng = engine.Engine(
+    model, max_batch=4, max_queue=4, buckets=engine.Buckets(batch=(4,), width=(4,))
+  )
+  eng.start()
+  settings = sampler.SamplingConfig(**SETTINGS)
+  jobs = [engine.Job(prompt=model.tokenizer.encode(p), settings=settings) for p in PROMPTS[:4]]
+  for job in jobs:
+    eng.submit(job)
+  assert eng.drain(timeout=120)
+  assert [j.text for j in jobs] == model.generate(PROMPTS[:4], batch_size=4, **SETTINGS)
+  assert [j.chunks for j in jobs] == [1] * 4

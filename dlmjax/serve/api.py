@@ -228,7 +228,7 @@ class Server:
           index, text, reason, count, error = await asyncio.wait_for(queue.get(), 0.5)
         except asyncio.TimeoutError:
           if await request.is_disconnected():
-            raise
+            return responses.Response(status_code=499)  # nobody reads it; the jobs stop below
           continue
         if error:
           raise APIError(500, error, kind='server_error')
