@@ -163,6 +163,8 @@ def test_dlm_fields_and_stop(client):
   stop = text.split()[2]
   cut = client.completions.create(model='run', prompt=PROMPTS[3], stop=[stop])
   assert cut.choices[0].text == text[: text.find(stop)] and cut.choices[0].finish_reason == 'stop'
+  ids = [int(t[1:]) for t in PROMPTS[3].split()]
+  assert client.completions.create(model='run', prompt=ids).choices[0].text == text  # token ids
   fewer = client.completions.create(
     model='run', prompt=PROMPTS[3], max_tokens=8, extra_body={'steps': 8, 'cache': 'block'}
   )
@@ -179,6 +181,8 @@ def test_dlm_fields_and_stop(client):
     ({'prompt': 't5', 'n': 'two'}, 400, 'n'),
     ({'prompt': ''}, 400, 'prompt'),
     ({'prompt': []}, 400, 'prompt'),
+    ({'prompt': [5, 999]}, 400, 'prompt'),  # a token id outside the vocabulary
+    ({'prompt': {'text': 't5'}}, 400, 'prompt'),
     ({'prompt': 't5', 'max_tokens': 6}, 400, None),  # not a multiple of block_length
     ({'prompt': 't5', 'temperature': -1}, 400, 'temperature'),
     ({'prompt': 't5', 'logprobs': 2}, 400, 'logprobs'),

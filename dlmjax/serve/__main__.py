@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 
 from dlmjax import cli
@@ -73,49 +72,24 @@ def main(argv=None) -> int:
     from dlmjax.serve import api  # pylint: disable=import-outside-toplevel
   except ImportError:
     cli.fail("the server needs its extra: pip install -e '.[serve]'")
+  name = args.served_model_name or args.checkpoint_path.rstrip('/').split('/')[-1]
   try:
     defaults = sampler.from_arguments(args)
     if args.max_batch < 1 or args.max_queue < 0:
       raise ValueError('--max-batch must be >= 1 and --max-queue >= 0.')
     model = inference.load_pretrained(args.checkpoint_path, dtype=args.dtype)
-    template = args.chat_template or model.chat_template
-    probe = engine_lib.Job(prompt=[0], settings=defaults)
+    eng, app = api.build(
+      model,
+      defaults,
+      model_name=name,
+      chat_template=args.chat_template,
+      max_batch=args.max_batch,
+      max_queue=args.max_queue,
+      buckets=engine_lib.Buckets(batch=args.batch_buckets, width=args.width_buckets),
+    )
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  batch = tuple(b for b in args.batch_buckets if b < args.max_batch) + (args.max_batch,)
-  eng = engine_lib.Engine(
-    model,
-    max_batch=args.max_batch,
-    max_queue=args.max_queue,
-    buckets=engine_lib.Buckets(batch=batch, width=args.width_buckets),
-    stop_piece=model.tokenizer.piece_id(inference.DIFFUCODER_PAD_PIECE),
-  )
-  try:
-    eng.check(probe)
-  except ValueError as e:
-    print(f'error: the default sampler flags do not fit this model: {e}', file=sys.stderr)
-    return 2
-  name = args.served_model_name or args.checkpoint_path.rstrip('/').split('/')[-1]
-  server = api.Server(eng, defaults=defaults, model_name=name, chat_template=template)
-  app = api.make_app(server)
-
-  class DrainingServer(uvicorn.Server):
-    """Starts the engine once listening. uvicorn's graceful shutdown (in-flight requests
-    finish), the engine taking no new jobs from the signal on; a SIGTERM then exits 0 (uvicorn
-    would re-raise it)."""
-
-    async def startup(self, sockets=None):
-      await super().startup(sockets)
-      # Compiles once the port is open: meanwhile /health says so and requests get 503.
-      eng.start(warmup=None if args.no_warmup else defaults)
-
-    def handle_exit(self, sig, frame):
-      eng.stop_taking()
-      super().handle_exit(sig, frame)
-      if sig == signal.SIGTERM and sig in self._captured_signals:
-        self._captured_signals.remove(sig)
-
   config = uvicorn.Config(
     app,
     host=args.host,
@@ -125,9 +99,9 @@ def main(argv=None) -> int:
   )
   log.warning(
     'serving %s as %r on http://%s:%d (batch buckets %s, width buckets %s)',
-    args.checkpoint_path, name, args.host, args.port, batch, args.width_buckets,
+    args.checkpoint_path, name, args.host, args.port, eng.buckets.batch, eng.buckets.width,
   )  # fmt: skip
-  DrainingServer(config).run()
+  api.DrainingServer(config, eng, warmup=None if args.no_warmup else defaults).run()
   drained = eng.drain(timeout=args.drain_timeout)
   log.warning('stopped (%s)', 'drained' if drained else 'drain timed out')
   return 0 if drained else 1

@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import signal
 import time
 import uuid
 
 import fastapi
+import uvicorn
 from fastapi import responses
 
+from dlmjax import inference
 from dlmjax.data import chat
 from dlmjax.data.errors import DataError
 from dlmjax.diffusion import sampler
@@ -62,6 +65,14 @@ def _number(body, name, kind, *, low=None, high=None, low_open=False):
     bounds = f'{"(" if low_open else "["}{low}, {high if high is not None else "inf"}]'
     raise APIError(400, f'{name}={value} is out of range; give a value in {bounds}.', param=name)
   return kind(value)
+
+
+def _is_id(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_prompt(value) -> bool:
+  return isinstance(value, str) or (isinstance(value, list) and all(_is_id(t) for t in value))
 
 
 @dataclasses.dataclass
@@ -129,7 +140,7 @@ class Server:
     for name, allowed in UNSUPPORTED.items():
       if body.get(name, None) not in allowed:
         raise APIError(400, f'{name} is not supported by dlmjax; leave it out.', param=name)
-    n = _number(body, 'n', int, low=1, high=self.engine.max_batch) if 'n' in body else 1
+    n = 1 if body.get('n') is None else _number(body, 'n', int, low=1, high=self.engine.max_batch)
     seed = _number(body, 'seed', int) if body.get('seed') is not None else None
     stop = body.get('stop') or ()
     stop = (stop,) if isinstance(stop, str) else stop
@@ -141,7 +152,7 @@ class Server:
     if not isinstance(stream, bool):
       raise APIError(400, f'stream must be true or false, got {stream!r:.40}.', param='stream')
     settings = self.settings(body)
-    ids = [self.tokenizer.encode(p) for p in prompts]
+    ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
     for i, tokens in enumerate(ids):
       if not tokens:
         raise APIError(400, f'prompt {i} is empty; send some text.', param='prompt')
@@ -152,11 +163,21 @@ class Server:
     return Parsed(ids, settings, n, seed, tuple(stop), stream)
 
   def completion_prompts(self, body) -> list:
+    """Text prompts, or token-id prompts (a list of ints, or of such lists), as OpenAI's."""
     prompt = body.get('prompt')
-    if isinstance(prompt, str):
+    one_ids = isinstance(prompt, list) and prompt and all(map(_is_id, prompt))
+    if isinstance(prompt, str) or one_ids:
       prompt = [prompt]
-    if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str) for p in prompt):
-      raise APIError(400, 'prompt must be a string or a non-empty list of strings.', param='prompt')
+    if not isinstance(prompt, list) or not prompt or not all(_is_prompt(p) for p in prompt):
+      raise APIError(
+        400,
+        'prompt must be a string, a list of token ids, or a non-empty list of either.',
+        param='prompt',
+      )
+    vocab = self.engine.model.vocab_size
+    for p in prompt:
+      if not isinstance(p, str) and any(not 0 <= t < vocab for t in p):
+        raise APIError(400, f'a prompt token id lies outside [0, {vocab}).', param='prompt')
     return prompt
 
   def chat_prompt(self, body) -> list:
@@ -301,6 +322,25 @@ class Server:
         self.engine.cancel(job)  # a gone client's jobs stop at the next block
 
 
+def build(model, defaults, *, model_name, chat_template=None, max_batch=16, max_queue=256,
+          buckets=None):  # fmt: skip
+  """(engine, ASGI app) serving a Pretrained model (dlmjax/inference.py); start the engine with
+  engine.start(warmup) once the app listens."""
+  buckets = buckets or engine_lib.Buckets(batch=(max_batch,), width=(64,))
+  batch = tuple(b for b in buckets.batch if b < max_batch) + (max_batch,)
+  eng = engine_lib.Engine(
+    model,
+    max_batch=max_batch,
+    max_queue=max_queue,
+    buckets=engine_lib.Buckets(batch=batch, width=buckets.width),
+    stop_piece=model.tokenizer.piece_id(inference.DIFFUCODER_PAD_PIECE),
+  )
+  eng.check(engine_lib.Job(prompt=[0], settings=defaults))
+  template = chat_template or model.chat_template
+  server = Server(eng, defaults=defaults, model_name=model_name, chat_template=template)
+  return eng, make_app(server)
+
+
 def make_app(server: Server) -> fastapi.FastAPI:
   app = fastapi.FastAPI(title='dlmjax', docs_url=None, redoc_url=None)
 
@@ -374,3 +414,24 @@ def make_app(server: Server) -> fastapi.FastAPI:
     return await server.run(request, parsed, 'chat')
 
   return app
+
+
+class DrainingServer(uvicorn.Server):
+  """uvicorn's server that starts the engine once listening (compiling `warmup`'s programs
+  while /health says so), and on SIGINT / SIGTERM shuts down gracefully: the engine takes no new
+  jobs from the signal on, in-flight requests finish. A SIGTERM then exits 0 (uvicorn would
+  re-raise it after its shutdown, ending the process by the signal)."""
+
+  def __init__(self, config, eng, warmup=None):
+    super().__init__(config)
+    self.engine, self.warmup = eng, warmup
+
+  async def startup(self, sockets=None):
+    await super().startup(sockets)
+    self.engine.start(warmup=self.warmup)
+
+  def handle_exit(self, sig, frame):
+    self.engine.stop_taking()
+    super().handle_exit(sig, frame)
+    if sig == signal.SIGTERM and sig in self._captured_signals:
+      self._captured_signals.remove(sig)

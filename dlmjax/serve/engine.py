@@ -209,7 +209,7 @@ class Engine:
   def _run(self) -> None:
     try:
       if self._warmup is not None:
-        self._compile_warmup(self._warmup)
+        self.warm(self._warmup)
     finally:
       with self._lock:
         self.compiling = False
@@ -282,12 +282,14 @@ class Engine:
     self.calls += 1
     return out[: len(prefixes), width:]
 
-  def _compile_warmup(self, settings) -> None:
-    job = Job(prompt=[self.pad_id], settings=settings)
-    chunk = self.chunk_settings(job)
-    for batch in self.buckets.batch:
-      if batch <= self.max_batch:
-        self._call(chunk, [[self.pad_id]] * batch, None)
+  def warm(self, settings, widths=None) -> None:
+    """Compiles the programs a job with these settings runs: every batch bucket at each width
+    (default: the narrowest bucket). Called before traffic: not thread-safe with it."""
+    chunk = self.chunk_settings(Job(prompt=[self.pad_id], settings=settings))
+    for width in widths or self.buckets.width[:1]:
+      for batch in self.buckets.batch:
+        if batch <= self.max_batch:
+          self._call(chunk, [[self.pad_id] * width] * batch, None)
 
   def _step(self, group: list) -> None:
     settings, seed = self._group_key(group[0])
