@@ -181,11 +181,12 @@ class Engine:
   def chunk_settings(self, job: Job) -> sampler.SamplingConfig:
     """The program a job's next call runs: one block, or its whole (remaining) completion."""
     s = job.settings
-    if self._blockwise(job):
+    if self.blockwise(job):
       return dataclasses.replace(s, gen_length=s.block_length, steps=s.steps_per_block)
     return s
 
-  def _blockwise(self, job: Job) -> bool:
+  def blockwise(self, job: Job) -> bool:
+    """Whether a job decodes one block a call (see the module docstring)."""
     s, cfg = job.settings, self.model.model_config
     if cfg.attention_mask == 'bidirectional' or s.block_length % self.grid:
       return False
@@ -198,7 +199,7 @@ class Engine:
   def _keep(self, job: Job) -> int:
     """Tokens of this call a job keeps: up to the end of the block on the model's grid."""
     left = job.settings.gen_length - len(job.tokens)
-    if not self._blockwise(job):
+    if not self.blockwise(job):
       return left
     return min(left, job.settings.block_length - (len(job.prompt) + len(job.tokens)) % self.grid)
 
