@@ -10,7 +10,7 @@ PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip
 # The CPU build of PyTorch first, so the `torch` extra does not pull a multi-GB CUDA build.
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
-"$PY" -m pip install -q -e ".[dev,torch,tfds,eval,plot]"
+"$PY" -m pip install -q -e ".[dev,torch,tfds,eval,plot,serve]"
 # The code sandbox's OS boundary (docs/evaluation.md, Code sandbox): bubblewrap. As root with apt
 # (CI), install it; where it cannot be (no network), the hostile-program suite skips and says why.
 if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

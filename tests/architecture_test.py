@@ -61,6 +61,8 @@ OPTIONAL = (
   'tensorflow_datasets',
   'lm_eval',
   'tensorboard',
+  'fastapi',  # the serve extra (python -m dlmjax.serve)
+  'uvicorn',
 )
 LAZY = {('dlmjax', 'dlmjax.inference')}  # the package root's attribute (PEP 562 __getattr__)
 

@@ -60,6 +60,8 @@ def _python_module(command):
 def _help(module_name: str, args) -> str:
   """The --help text of a command (and of its sub-command), captured in-process."""
   module = importlib.import_module(module_name)
+  if not hasattr(module, 'main'):  # a package run by its __main__ (python -m dlmjax.serve)
+    module = importlib.import_module(module_name + '.__main__')
   texts = []
   subs = [a for a in args if a in SUBCOMMANDS.get(module_name, ())][:1]
   for argv in [['--help']] + [[sub, '--help'] for sub in subs]:

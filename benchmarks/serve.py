@@ -1,0 +1,274 @@
+"""python -m benchmarks.serve (--checkpoint-path P | --config FILE [--preset NAME]) [options]
+
+Load test of python -m dlmjax.serve's stack (the same engine and FastAPI app, on uvicorn in this
+process): for each client count (--clients 1,4,16,64) that many clients send streamed requests
+back to back, each --requests-per-client of them, until done or --time-limit. Prompts and
+max_tokens are drawn from the --prompt-lengths and --gen-lengths mixes (a prompt's length is
+uniform between the previous mix value and its own). Every program is compiled before timing.
+One JSON line per client count: generated tok/s, time to first block and latency (p50 / p99),
+the engine's busy fraction (time inside the sampler's calls over wall time: the GPU is idle
+outside them) and, at one client, the HTTP path's overhead over decode time. Then the goals:
+16 clients >= 8x one client's tok/s, p99 latency < 3x one client's, HTTP overhead < 5%.
+
+The clients only ever connect to the server this process starts on 127.0.0.1. Random weights
+(--config) have no tokenizer: prompts are token ids, texts are the ids written out. The GPU
+table (docs/serving.md) comes from:
+  python -m benchmarks.serve --config configs/pretrain_1p7b.py --dtype bf16
+  python -m benchmarks.serve --config configs/pretrain_1p7b.py --preset llada_8b --dtype bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import threading
+import time
+
+import httpx
+import jax
+import numpy as np
+
+from dlmjax.data.errors import DataError
+from dlmjax.diffusion import sampler
+
+
+class IdText:
+  """A tokenizer stand-in for random weights: text is token ids written as 't<id>' words."""
+
+  def encode(self, text: str) -> list:
+    return [int(word[1:]) for word in text.split()]
+
+  def encode_batch(self, texts) -> list:
+    return [self.encode(t) for t in texts]
+
+  def decode(self, ids) -> str:
+    return ' '.join(f't{i}' for i in ids)
+
+  def piece_id(self, piece):
+    del piece
+
+
+def _sizes(text: str) -> list:
+  return [int(s) for s in text.split(',') if s.strip()]
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+    prog='python -m benchmarks.serve',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  source = parser.add_mutually_exclusive_group(required=True)
+  source.add_argument('--checkpoint-path', help='run, step or Hugging Face directory')
+  source.add_argument('--config', help='config file (random weights)')
+  parser.add_argument('--preset', default='', help='a model preset over the config, e.g. llada_8b')
+  parser.add_argument('--dtype', default=None, help="fp32 | bf16 (default: the config's)")
+  parser.add_argument('--clients', type=_sizes, default=[1, 4, 16, 64])
+  parser.add_argument('--requests-per-client', type=int, default=4)
+  parser.add_argument('--time-limit', type=float, default=120.0, help='seconds per client count')
+  parser.add_argument('--prompt-lengths', type=_sizes, default=[64, 256, 512])
+  parser.add_argument('--gen-lengths', type=_sizes, default=[128, 256])
+  parser.add_argument('--block-length', type=int, default=32)
+  parser.add_argument('--tokens-per-step', type=int, default=1, help='steps = max_tokens / this')
+  parser.add_argument('--max-batch', type=int, default=0, help='default: the most clients')
+  return parser
+
+
+def _load(args):
+  # pylint: disable=import-outside-toplevel
+  from dlmjax import config as config_lib
+  from dlmjax import inference
+  from dlmjax import model as model_lib
+  from dlmjax.model import presets
+
+  if args.checkpoint_path:
+    model = inference.load_pretrained(args.checkpoint_path, dtype=args.dtype)
+  else:
+    config = config_lib.load_file(args.config)
+    if args.preset:
+      presets.apply_preset(config.model, args.preset)
+    if args.dtype:
+      config.model.dtype = {'fp32': 'float32', 'bf16': 'bfloat16'}.get(args.dtype, args.dtype)
+    if config.model.attention_backend != 'xla' and jax.default_backend() != 'gpu':
+      config.model.attention_backend = 'xla'
+    model_config = model_lib.ModelConfig.from_config(config)
+    params = jax.jit(model_lib.init_params, static_argnums=0)(model_config, jax.random.key(0))
+    model = inference.Pretrained(config, params, source='')
+  try:
+    model.tokenizer  # pylint: disable=pointless-statement
+  except DataError:
+    model.__dict__['tokenizer'] = IdText()  # over the cached_property: no tokenizer here
+  return model
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _percentile(values, q) -> float:
+  return round(float(np.percentile(values, q)), 4) if values else float('nan')
+
+
+def _request(url: str, body: dict) -> dict:
+  """One streamed completion: seconds to the first block and to the end, tokens generated."""
+  start = time.perf_counter()
+  first, tokens = None, 0
+  with httpx.stream('POST', url + '/v1/completions', json=body, timeout=600) as response:
+    if response.status_code != 200:
+      response.read()
+      raise RuntimeError(f'HTTP {response.status_code}: {response.text[:200]}')
+    for line in response.iter_lines():
+      if not line.startswith('data: {'):
+        continue
+      event = json.loads(line[6:])
+      if first is None and event['choices'] and event['choices'][0]['text']:
+        first = time.perf_counter() - start
+      if event.get('usage'):
+        tokens = event['usage']['completion_tokens']
+  return {'first_s': first, 'latency_s': time.perf_counter() - start, 'tokens': tokens}
+
+
+def run_level(url, eng, clients, bodies, time_limit) -> dict:
+  """`clients` threads sending their bodies in turn; the measured row."""
+  results, errors, deadline = [], [], time.perf_counter() + time_limit
+  busy0, calls0 = eng.busy_s, eng.calls
+
+  def client(mine):
+    for body in mine:
+      if time.perf_counter() > deadline:
+        return
+      try:
+        results.append(_request(url, body))
+      except (RuntimeError, httpx.HTTPError) as e:
+        errors.append(str(e))
+
+  start = time.perf_counter()
+  threads = [threading.Thread(target=client, args=(bodies[i::clients],)) for i in range(clients)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  wall = time.perf_counter() - start
+  busy = eng.busy_s - busy0
+  latencies = [r['latency_s'] for r in results]
+  firsts = [r['first_s'] for r in results if r['first_s'] is not None]
+  return {
+    'clients': clients,
+    'requests': len(results),
+    'errors': len(errors),
+    'generated_tok_s': round(sum(r['tokens'] for r in results) / wall, 1),
+    'first_block_p50_s': _percentile(firsts, 50),
+    'latency_p50_s': _percentile(latencies, 50),
+    'latency_p99_s': _percentile(latencies, 99),
+    'busy_fraction': round(busy / wall, 3),
+    'calls': eng.calls - calls0,
+    # Time outside the sampler's calls per unit of decode: meaningful with one client.
+    'http_overhead': round((sum(latencies) - busy) / busy, 4) if busy and clients == 1 else None,
+    'first_error': errors[0] if errors else None,
+  }
+
+
+def main(argv=None) -> int:
+  args = _parser().parse_args(argv)
+  # pylint: disable=import-outside-toplevel
+  import uvicorn
+
+  from dlmjax.serve import api
+  from dlmjax.serve import engine as engine_lib
+
+  try:
+    if min(args.clients + args.prompt_lengths + args.gen_lengths) < 1:
+      raise ValueError('--clients, --prompt-lengths and --gen-lengths must be positive.')
+    gen = max(args.gen_lengths)
+    defaults = sampler.SamplingConfig(
+      gen_length=gen,
+      steps=gen // args.tokens_per_step,
+      block_length=min(args.block_length, gen),
+    ).validate()
+    model = _load(args)
+    max_batch = args.max_batch or max(args.clients)
+    widths = tuple(sorted(set(args.prompt_lengths)))
+    eng, app = api.build(
+      model,
+      defaults,
+      model_name='bench',
+      max_batch=max_batch,
+      max_queue=max(args.clients) * 2,
+      buckets=engine_lib.Buckets(batch=tuple(sorted(set(args.clients))), width=widths),
+    )
+    rules = api.Server(eng, defaults=defaults, model_name='bench', chat_template='none')
+    requests = [rules.settings({'max_tokens': g}) for g in args.gen_lengths]  # as served
+    for settings in requests:
+      eng.check(engine_lib.Job([0] * max(widths), settings))
+  except (ValueError, DataError, api.APIError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  start, warmed = time.perf_counter(), set()
+  for settings in requests:  # every program the traffic can run, before timing
+    job = engine_lib.Job([0], settings)
+    chunk = eng.chunk_settings(job)
+    if chunk in warmed:
+      continue
+    warmed.add(chunk)
+    cap = model.config.model.seq_len - chunk.gen_length
+    # Block by block a prefix grows through the wider buckets, up to the widest allowed.
+    grown = (cap,) if eng.blockwise(job) else ()
+    eng.warm(settings, tuple(sorted({w for w in widths if w <= cap} | set(grown))))
+  print(
+    json.dumps({'compiled': len(eng.compiled), 'compile_s': round(time.perf_counter() - start, 1)}),
+    flush=True,
+  )
+  port = _free_port()
+  url = f'http://127.0.0.1:{port}'
+  server = api.DrainingServer(
+    uvicorn.Config(app, host='127.0.0.1', port=port, log_config=None), eng
+  )
+  thread = threading.Thread(target=server.run, daemon=True)
+  thread.start()
+  while not server.started:
+    time.sleep(0.05)
+  m = model.config.model
+  rng = np.random.default_rng(0)
+  special = {m.mask_token_id, m.eos_token_id, m.pad_token_id}
+  choices = np.array([t for t in range(min(m.vocab_size, 5000)) if t not in special])
+  bounds = [0, *widths]
+  rows = []
+  for clients in args.clients:
+    bodies = []
+    for _ in range(clients * args.requests_per_client):
+      i = rng.integers(len(widths))
+      length = int(rng.integers(bounds[i] + 1, bounds[i + 1] + 1))
+      bodies.append({
+        'prompt': rng.choice(choices, length).tolist(),
+        'max_tokens': int(rng.choice(args.gen_lengths)),
+        'stream': True,
+      })  # fmt: skip
+    row = run_level(url, eng, clients, bodies, args.time_limit)
+    row['device'] = jax.devices()[0].device_kind
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+  server.should_exit = True
+  thread.join(timeout=60)
+  eng.drain(timeout=60)
+  by = {r['clients']: r for r in rows}
+  if 1 in by and 16 in by and by[1]['generated_tok_s']:
+    goals = {
+      'throughput_16_over_1': round(by[16]['generated_tok_s'] / by[1]['generated_tok_s'], 2),
+      'p99_16_over_1': round(by[16]['latency_p99_s'] / by[1]['latency_p99_s'], 2),
+      'http_overhead_1': by[1]['http_overhead'],
+    }
+    goals['met'] = (
+      goals['throughput_16_over_1'] >= 8
+      and goals['p99_16_over_1'] < 3
+      and (goals['http_overhead_1'] or 0) < 0.05
+    )
+    print(json.dumps({'goals': goals}), flush=True)
+  return 0 if all(not r['errors'] for r in rows) else 1
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server (python -m dlmjax.serve): engine, HTTP API, command line."""

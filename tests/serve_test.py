@@ -1,0 +1,282 @@
+"""python -m dlmjax.serve through real HTTP with the official openai client: a tiny block-causal
+run served on 127.0.0.1 (an ephemeral port) in a subprocess, one server for the whole module."""
+
+import contextlib
+import io
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+import dlmjax
+
+from dlmjax import generate
+from dlmjax.diffusion import sampler
+from dlmjax.serve import engine
+from tests.checkpoint import tiny_run
+
+# Blocks of the model's block size: the server decodes block by block (several chunks a request).
+SETTINGS = dict(gen_length=16, steps=8, block_length=4)
+FLAGS = ['--gen-length', '16', '--steps', '8', '--block-length', '4']
+PROMPTS = [' '.join(f't{5 + 7 * i + j}' for j in range(1 + i % 6)) for i in range(16)]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _make_run(root, attention='block_causal') -> str:
+  import tokenizers  # pylint: disable=import-outside-toplevel
+
+  tokenizer = tokenizers.Tokenizer(
+    tokenizers.models.WordLevel({f't{i}': i for i in range(256)}, unk_token='t1')
+  )
+  tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  tokenizer.save(str(root / 'tokenizer.json'))
+  overrides = {
+    'data.tokenizer': str(root / 'tokenizer.json'),
+    'model.attention_mask': attention,
+    'model.block_size': 4,
+  }
+  tiny_run.make_run(root / 'run', **overrides)
+  return str(root / 'run')
+
+
+@pytest.fixture(scope='module')
+def served(tmp_path_factory):
+  """(run directory, base url, the server process, its first response: sent while compiling)."""
+  run = _make_run(tmp_path_factory.mktemp('serve'))
+  port = _free_port()
+  command = [sys.executable, '-m', 'dlmjax.serve', '--checkpoint-path', run, '--port', str(port)]
+  command += FLAGS + ['--max-batch', '16', '--max-queue', '24', '--batch-buckets', '16']
+  command += ['--width-buckets', '16']
+  log = open(str(tmp_path_factory.getbasetemp() / 'serve.log'), 'w+')  # pylint: disable=consider-using-with
+  proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+  url = f'http://127.0.0.1:{port}'
+  first = None
+  for _ in range(600):
+    try:
+      first = httpx.post(f'{url}/v1/completions', json={'prompt': 't5'}, timeout=30)
+      break
+    except httpx.TransportError:
+      assert proc.poll() is None, open(log.name).read()
+      time.sleep(0.05)
+  for _ in range(600):  # until the warm-up compilation is done
+    if httpx.get(f'{url}/health').status_code == 200:
+      break
+    time.sleep(0.2)
+  yield run, url, proc, first
+  if proc.poll() is None:
+    proc.kill()
+    proc.wait()
+  log.close()
+
+
+@pytest.fixture(scope='module')
+def client(served):
+  return openai.OpenAI(base_url=served[1] + '/v1', api_key='none', max_retries=0)
+
+
+def _generate_cli(run, prompts) -> list:
+  """`python -m dlmjax.generate`'s printed completions (in this process)."""
+  argv = ['--checkpoint-path', run, *FLAGS, '--batch-size', '8']
+  for p in prompts:
+    argv += ['--prompt', p]
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+    assert generate.main(argv) == 0
+  return out.getvalue().split('\n')[: len(prompts)]
+
+
+def _error(response) -> dict:
+  body = response.json()
+  assert set(body) == {'error'} and {'message', 'type', 'param', 'code'} <= set(body['error'])
+  return body['error']
+
+
+def test_a_request_while_compiling_gets_503(served):
+  first = served[3]
+  assert first.status_code == 503 and first.headers['Retry-After']
+  assert _error(first)['code'] == 'compiling'
+
+
+def test_models_and_health(served, client):
+  assert [m.id for m in client.models.list().data] == ['run']
+  health = httpx.get(served[1] + '/health').json()
+  assert health['status'] == 'ok' and health['compiled']  # the buckets compiled, logged
+
+
+def test_greedy_text_is_the_same_alone_batched_streamed_and_generated(served, client):
+  run, url, _, _ = served
+  alone = [client.completions.create(model='run', prompt=p).choices[0].text for p in PROMPTS[:4]]
+  results = [None] * len(PROMPTS)
+
+  def one(i):
+    results[i] = client.completions.create(model='run', prompt=PROMPTS[i])
+
+  threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  batched = [r.choices[0].text for r in results]
+  assert batched[:4] == alone
+  assert batched == _generate_cli(run, PROMPTS)
+  assert all(r.choices[0].finish_reason in ('stop', 'length') for r in results)
+  assert results[0].usage.prompt_tokens == 1 and results[0].usage.completion_tokens > 0
+
+  chunks = list(client.completions.create(model='run', prompt=PROMPTS[5], stream=True))
+  texts = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
+  assert ''.join(texts) == batched[5]
+  assert len(texts) > 1  # one event per committed block, not one at the end
+  assert chunks[-2].choices[0].finish_reason in ('stop', 'length')
+
+  listed = client.completions.create(model='run', prompt=PROMPTS[:3], n=2)
+  assert [c.text for c in listed.choices] == [t for t in batched[:3] for _ in range(2)]
+  del url
+
+
+def test_chat_uses_the_checkpoint_template(client):
+  reply = client.chat.completions.create(
+    model='run', messages=[{'role': 'user', 'content': PROMPTS[2]}]
+  )
+  text = client.completions.create(model='run', prompt=PROMPTS[2]).choices[0].text
+  assert reply.choices[0].message.content == text  # template 'none' = the raw user text
+  assert reply.choices[0].message.role == 'assistant' and reply.id.startswith('chatcmpl-')
+  streamed = client.chat.completions.create(
+    model='run', messages=[{'role': 'user', 'content': PROMPTS[2]}], stream=True
+  )
+  assert ''.join(c.choices[0].delta.content or '' for c in streamed if c.choices) == text
+
+
+def test_dlm_fields_and_stop(client):
+  text = client.completions.create(model='run', prompt=PROMPTS[3]).choices[0].text
+  stop = text.split()[2]
+  cut = client.completions.create(model='run', prompt=PROMPTS[3], stop=[stop])
+  assert cut.choices[0].text == text[: text.find(stop)] and cut.choices[0].finish_reason == 'stop'
+  ids = [int(t[1:]) for t in PROMPTS[3].split()]
+  assert client.completions.create(model='run', prompt=ids).choices[0].text == text  # token ids
+  fewer = client.completions.create(
+    model='run', prompt=PROMPTS[3], max_tokens=8, extra_body={'steps': 8, 'cache': 'block'}
+  )
+  assert fewer.choices[0].finish_reason == 'length' and fewer.usage.completion_tokens == 8
+
+
+@pytest.mark.parametrize(
+  'body, status, param',
+  [
+    ({'prompt': 't5 ' * 30}, 400, 'prompt'),  # longer than the model allows
+    ({'prompt': 't5', 'cache': 'bogus'}, 400, None),  # an unknown field value
+    ({'prompt': 't5', 'remasking': 'sideways'}, 400, None),
+    ({'prompt': 't5', 'n': 0}, 400, 'n'),
+    ({'prompt': 't5', 'n': 'two'}, 400, 'n'),
+    ({'prompt': ''}, 400, 'prompt'),
+    ({'prompt': []}, 400, 'prompt'),
+    ({'prompt': [5, 999]}, 400, 'prompt'),  # a token id outside the vocabulary
+    ({'prompt': {'text': 't5'}}, 400, 'prompt'),
+    ({'prompt': 't5', 'max_tokens': 6}, 400, None),  # not a multiple of block_length
+    ({'prompt': 't5', 'temperature': -1}, 400, 'temperature'),
+    ({'prompt': 't5', 'logprobs': 2}, 400, 'logprobs'),
+    ({'prompt': 't5', 'model': 'gpt-9'}, 404, 'model'),
+    ({'messages': 'hello'}, 400, 'messages'),
+  ],
+)
+def test_bad_input_gets_an_openai_error(served, body, status, param):
+  path = '/v1/chat/completions' if 'messages' in body else '/v1/completions'
+  response = httpx.post(served[1] + path, json=body)
+  assert response.status_code == status, response.text
+  assert _error(response)['param'] == param
+
+
+def test_malformed_json_and_unknown_routes(served):
+  response = httpx.post(
+    served[1] + '/v1/completions', content=b'{"prompt": ', headers={'content-type': 'json'}
+  )
+  assert response.status_code == 400 and 'JSON' in _error(response)['message']
+  assert httpx.get(served[1] + '/v1/nothing').status_code == 404
+  assert httpx.get(served[1] + '/v1/completions').status_code == 405
+
+
+def test_the_openai_client_raises_on_errors(client):
+  with pytest.raises(openai.BadRequestError, match='context'):
+    client.completions.create(model='run', prompt='t5 ' * 30)
+
+
+def test_a_gone_client_stops_decoding(served):
+  url = served[1]
+  before = httpx.get(url + '/health').json()
+  body = {'prompt': PROMPTS[1], 'stream': True, 'max_tokens': 16}
+  with httpx.stream('POST', url + '/v1/completions', json=body) as response:
+    for line in response.iter_lines():
+      if line.startswith('data: {'):
+        break  # the first block arrived; hang up
+  for _ in range(100):
+    health = httpx.get(url + '/health').json()
+    if health['cancelled'] > before['cancelled'] and health['decoding'] == 0:
+      break
+    time.sleep(0.1)
+  assert health['cancelled'] == before['cancelled'] + 1 and health['decoding'] == 0
+  assert httpx.post(url + '/v1/completions', json={'prompt': 't5'}).status_code == 200
+
+
+def test_a_full_queue_gets_503_and_the_server_keeps_serving(served):
+  url = served[1]
+  bodies = [{'prompt': PROMPTS[i % 16], 'n': 8} for i in range(8)]  # 64 jobs: 16 slots + 24 queued
+  codes = [None] * len(bodies)
+
+  def one(i):
+    response = httpx.post(url + '/v1/completions', json=bodies[i], timeout=120)
+    codes[i] = (response.status_code, response.headers.get('Retry-After'))
+
+  threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert (200, None) in codes and (503, '1') in codes
+  assert httpx.post(url + '/v1/completions', json={'prompt': 't5'}).status_code == 200
+
+
+def test_sigterm_drains_then_exits_0(served):  # last: it stops the module's server
+  _, url, proc, _ = served
+  result = {}
+
+  def streamed():
+    with httpx.stream('POST', url + '/v1/completions', json={'prompt': 't5', 'stream': True}) as r:
+      result['lines'] = [line for line in r.iter_lines() if line]
+
+  thread = threading.Thread(target=streamed)
+  thread.start()
+  time.sleep(0.3)
+  proc.send_signal(signal.SIGTERM)
+  thread.join(timeout=60)
+  assert proc.wait(timeout=60) == 0
+  assert result['lines'][-1] == 'data: [DONE]'
+  finals = [json.loads(line[6:]) for line in result['lines'][:-1]]
+  assert any(f['choices'] and f['choices'][0]['finish_reason'] for f in finals)
+
+
+def test_a_bidirectional_job_is_one_call_with_generates_text(tmp_path):
+  """A bidirectional model's block sees the masked blocks after it: the engine decodes its job
+  in one call, whatever block_length is, and the text is generate's."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path, 'bidirectional'))
+  eng = engine.Engine(
+    model, max_batch=4, max_queue=4, buckets=engine.Buckets(batch=(4,), width=(4,))
+  )
+  eng.start()
+  settings = sampler.SamplingConfig(**SETTINGS)
+  jobs = [engine.Job(prompt=model.tokenizer.encode(p), settings=settings) for p in PROMPTS[:4]]
+  for job in jobs:
+    eng.submit(job)
+  assert eng.drain(timeout=120)
+  assert [j.text for j in jobs] == model.generate(PROMPTS[:4], batch_size=4, **SETTINGS)
+  assert [j.chunks for j in jobs] == [1] * 4
