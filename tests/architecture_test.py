@@ -2,17 +2,17 @@
 
 From the bottom up (LAYERS below is the table; a module takes the layer of its longest prefix):
 
-  base        config (the schema, read by everything), extras (optional dependencies), progress,
-              data.errors, observability
+  base        config (the schema, read by everything; each feature registers its checks into
+              it), extras (optional dependencies), progress, observability
   parallel    mesh axes and sharding rules, the distributed runtime; kernels beside them
   model       the transformer and its programs
   data        readers, tokenizers, chat templates, the grain pipeline
-  tasks       problem sets and rewards (they read data files), and data.sft, the SFT rows (its
-              built-in instruction set is made from the tasks' problems)
+  tasks       problem sets and rewards (they read data files)
   diffusion   the masking process, losses, likelihood and sampler (the SFT loss reads data.roles)
   checkpoint  orbax run checkpoints, Hugging Face / PyTorch I/O (hf_io), init_from
   rl/inference  rl (rollouts, estimators, objectives) and inference (load_pretrained)
-  train       the state, step, loop, stages and what the loop reports
+  train       the state, step, loop, stages, the SFT rows (train.sft_rows: its built-in
+              instruction set is made from the tasks' problems) and what the loop reports
   cli         the command lines (train/__main__, generate, evaluate, convert, verify, ...) and
               the package root
 
@@ -37,14 +37,13 @@ LAYERS = (
       'dlmjax.config',
       'dlmjax.extras',
       'dlmjax.progress',
-      'dlmjax.data.errors',
       'dlmjax.observability',
     ),
   ),
   ('parallel', ('dlmjax.parallel', 'dlmjax.kernels')),
   ('model', ('dlmjax.model',)),
   ('data', ('dlmjax.data',)),
-  ('tasks', ('dlmjax.tasks', 'dlmjax.data.sft')),
+  ('tasks', ('dlmjax.tasks',)),
   ('diffusion', ('dlmjax.diffusion',)),
   ('checkpoint', ('dlmjax.checkpoint',)),
   ('rl/inference', ('dlmjax.rl', 'dlmjax.inference')),

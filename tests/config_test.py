@@ -9,7 +9,15 @@ import re
 import pytest
 
 from dlmjax import config as config_lib
-from dlmjax.diffusion import sampler
+from dlmjax.checkpoint import manager
+from dlmjax.config import registry, schema
+from dlmjax.data import chat
+from dlmjax.diffusion import loss, sampler
+from dlmjax.kernels import grouped_matmul
+from dlmjax.model import attention, layers, moe, transformer
+from dlmjax.rl import config_checks as rl_checks
+from dlmjax.rl import objectives, prompts, reference
+from dlmjax.train import optimizer, sft_rows, stages
 from tests.conftest import tiny_test_config
 
 ROOT = os.path.join(os.path.dirname(__file__), '..')
@@ -112,9 +120,9 @@ def test_the_config_has_fewer_than_150_keys():
 
 def test_every_key_has_its_meaning_and_no_comment_cites_an_issue():
   """Each `c.group.key = default` line has a comment on it or in the block just above it."""
-  lines = open(config_lib.__file__).read().split('\n')
+  lines = open(schema.__file__).read().split('\n')
   start = next(i for i, line in enumerate(lines) if line.startswith('def defaults('))
-  end = next(i for i, line in enumerate(lines) if line.startswith('def from_dict('))
+  end = next(i for i, line in enumerate(lines) if line.startswith('ARCHITECTURE_KEYS = '))
   body = lines[start:end]
   for i, line in enumerate(body):
     assert not re.search(r'issue \d|\b20\d\d-\d\d', line), line
@@ -124,14 +132,76 @@ def test_every_key_has_its_meaning_and_no_comment_cites_an_issue():
       assert commented, f'no meaning beside {line.strip()}'
 
 
-def test_config_imports_nothing_of_dlmjax():
-  """config sits at the bottom of the import graph (the sampler validates against it)."""
-  tree = ast.parse(open(config_lib.__file__).read())
-  for node in ast.walk(tree):
-    if isinstance(node, ast.ImportFrom):
-      assert not (node.module or '').startswith('dlmjax'), node.module
-    elif isinstance(node, ast.Import):
-      assert not any(a.name.startswith('dlmjax') for a in node.names)
+def test_config_imports_nothing_of_dlmjax_but_itself():
+  """config sits at the bottom of the import graph (every feature validates against it)."""
+  for path in glob.glob(os.path.join(os.path.dirname(config_lib.__file__), '*.py')):
+    for node in ast.walk(ast.parse(open(path).read())):
+      if isinstance(node, ast.ImportFrom):
+        module = node.module or ''
+        assert (
+          module == 'dlmjax.config'
+          or module.startswith('dlmjax.config.')
+          or (not module.startswith('dlmjax'))
+        ), (path, module)
+      elif isinstance(node, ast.Import):
+        assert not any(a.name.startswith('dlmjax') for a in node.names), path
+
+
+def test_the_registry_names_every_features_checks():
+  """A feature's config_checks module is validated only if CHECK_MODULES names it."""
+  package = os.path.join(ROOT, 'dlmjax')
+  found = {
+    os.path.relpath(path, ROOT)[: -len('.py')].replace(os.sep, '.')
+    for path in glob.glob(os.path.join(package, '**', 'config_checks.py'), recursive=True)
+  }
+  assert found == set(registry.CHECK_MODULES)
+  assert len(registry.CHECK_MODULES) == len(found)
+
+
+def test_choice_lists_are_their_owners_tables():
+  """Every choice list is read from the feature that dispatches on it (one source)."""
+  owners = {
+    'stage': stages.BUILDERS,
+    'rl.objective': objectives.names(),
+    'rl.eval_split': prompts.HELD_OUT_SPLITS,
+    'rl.reference_dtype': reference.DTYPES,
+    'model.attention_mask': attention.MASKS,
+    'model.attention_backend': attention.BACKENDS,
+    'model.norm_backend': layers.NORM_BACKENDS,
+    'model.dtype': layers.COMPUTE_DTYPES,
+    'model.router': moe.ROUTERS,
+    'model.moe_backend': grouped_matmul.BACKENDS,
+    'model.moe_exchange': moe.EXCHANGES,
+    'model.matmul_dtype': layers.MATMUL_DTYPES,
+    'model.remat': transformer.REMAT_POLICIES,
+    'diffusion.objective': loss.OBJECTIVES,
+    'train.schedule': optimizer.SCHEDULES,
+    'sft.chat_template': chat.TEMPLATES,
+    'sft.too_long': sft_rows.TOO_LONG,
+    'sampler.cache': sampler.CACHE_MODES,
+  }
+  choices = config_lib.registered_choices()
+  assert choices == {key: tuple(table) for key, table in owners.items()}
+  assert rl_checks.objective_names() == choices['rl.objective']
+  for key, names in choices.items():  # each default is one of its choices, each choice named
+    assert config_lib.get_key(config_lib.defaults(), key) in names, key
+    bad = tiny_test_config()
+    parent, _, leaf = key.rpartition('.')
+    (config_lib.get_key(bad, parent) if parent else bad)[leaf] = 'no_such_choice'
+    with pytest.raises(config_lib.ConfigError, match=re.escape(f"{key}='no_such_choice'")):
+      config_lib.validate(bad)
+
+
+def test_architecture_keys_are_keys_and_resume_compares_them():
+  flat = config_lib.get_key  # every declared key exists in the schema
+  for key in config_lib.ARCHITECTURE_KEYS + config_lib.STREAM_KEYS:
+    flat(config_lib.defaults(), key)
+  saved, run = tiny_test_config(), tiny_test_config(**{'model.qkv_bias': True})
+  with pytest.raises(manager.CheckpointError, match='model.qkv_bias: checkpoint False'):
+    manager.check_architecture(saved, run)
+  manager.check_architecture(saved, tiny_test_config(**{'seed': 7}))  # a stream key: resume only
+  with pytest.raises(manager.CheckpointError, match='seed: checkpoint'):
+    manager.check_resumable(saved, tiny_test_config(**{'seed': 7}))
 
 
 def test_sampler_group_is_the_sampling_config():

@@ -29,31 +29,11 @@ from dlmjax.checkpoint import steps as steps_lib
 CONFIG_FILE = 'config.json'
 CHECKPOINT_DIR = 'checkpoints'
 _ITEMS = ('params', 'opt_state', 'reference', 'meta')  # reference: RL's refreshed KL reference
-# Keys that must match between a checkpoint and the run resuming from it: they change the
-# parameters' shapes or the sample/mask streams. Run-time knobs (backend, remat, mesh) may change.
-_RESUME_KEYS = (
-  'model.num_layers',
-  'model.d_model',
-  'model.num_heads',
-  'model.num_kv_heads',
-  'model.head_dim',
-  'model.ffn_dim',
-  'model.vocab_size',
-  'model.tie_embeddings',
-  'model.qk_norm',
-  'model.qkv_bias',
-  'model.shift_logits',
-  'model.num_experts',
-  'model.experts_per_token',
-  'model.moe_ffn_dim',
-  'model.shared_experts',
-  'model.router',
-  'model.dense_layers',
-  'seed',
-  'train.global_batch_size',
-  'diffusion.objective',
-)
-_ARCHITECTURE_KEYS = _RESUME_KEYS[:17]
+# Keys that must match between a checkpoint and the run resuming from it: those the config
+# declares as fixing the parameters' shapes (init_from compares only these) or the sample/mask
+# streams. Run-time knobs (backend, remat, mesh) may change.
+_ARCHITECTURE_KEYS = config_lib.ARCHITECTURE_KEYS
+_RESUME_KEYS = config_lib.ARCHITECTURE_KEYS + config_lib.STREAM_KEYS
 # Test hook, "STEP:SECONDS": stall the commit of that step's save (its files written, the step not
 # yet committed), so a test can kill the process mid-save deterministically.
 COMMIT_DELAY_ENV = 'DLMJAX_TEST_COMMIT_DELAY'

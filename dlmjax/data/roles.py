@@ -1,4 +1,4 @@
-"""What each token of an SFT row is (the `roles` batch array): the rows (data/sft.py) write these
-ids and the SFT loss (diffusion/sft_loss.py) reads them."""
+"""What each token of an SFT row is (the `roles` batch array): the rows (train/sft_rows.py) write
+these ids and the SFT loss (diffusion/sft_loss.py) reads them."""
 
 PROMPT, RESPONSE, PADDING = 0, 1, 2

@@ -17,7 +17,7 @@ import numpy as np
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.diffusion import decoding
+from dlmjax.diffusion import decoding, sampler_settings
 from dlmjax.model import attention, programs
 from dlmjax.parallel import distributed, rules
 
@@ -60,7 +60,7 @@ class SamplingConfig:
 
   def validate(self) -> 'SamplingConfig':
     """Raises ConfigError (a ValueError) naming the setting to change; returns self."""
-    config_lib.check_sampler_settings(self)
+    sampler_settings.check_sampler_settings(self)
     if self.cache not in CACHE_MODES:
       raise ValueError(f'unknown cache {self.cache!r}; known: {CACHE_MODES}.')
     if self.cache_refresh and self.cache not in ('prefix', 'dual'):

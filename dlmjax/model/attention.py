@@ -21,7 +21,8 @@ from dlmjax.kernels import flash_attention_mgpu
 from dlmjax.model import layers, lora
 from dlmjax.parallel import rules
 
-MASK_KINDS = ('bidirectional', 'causal', 'block_causal', 'two_stream')
+MASKS = ('bidirectional', 'causal', 'block_causal')  # model.attention_mask
+MASK_KINDS = (*MASKS, 'two_stream')
 # two_stream is not a model.attention_mask: the block-diffusion objective runs a block_causal model
 # on [x_t || x_0] with it (Transformer.hidden's clean_BL; docs/block_diffusion.md).
 _NEG_INF = -1e30  # finite, so a fully masked (padding) row stays NaN-free.

@@ -21,6 +21,7 @@ from dlmjax.kernels import rms_norm as rms_norm_kernel
 from dlmjax.model import fp8, lora, quantize
 from dlmjax.parallel import rules
 
+COMPUTE_DTYPES = ('float32', 'bfloat16')  # model.dtype: the activations' dtype (params: float32)
 MATMUL_DTYPES = ('compute', 'fp8')  # model.matmul_dtype: the projections' operand precision.
 NORM_BACKENDS = ('xla', 'pallas', 'auto')  # model.norm_backend (RMSNorm)
 

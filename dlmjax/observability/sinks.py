@@ -15,6 +15,7 @@ from dlmjax import config as config_lib
 from dlmjax.observability import tensorboard
 
 TENSORBOARD_DIR = 'tensorboard'
+OUTPUTS = ('tensorboard', 'wandb', 'plots')  # log.outputs: where rows go besides metrics.jsonl
 
 
 class TensorBoardSink:

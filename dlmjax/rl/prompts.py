@@ -12,6 +12,8 @@ import dataclasses
 from dlmjax.checkpoint import init_from
 from dlmjax.data import chat
 
+HELD_OUT_SPLITS = ('test', 'valid')  # rl.eval_split: the test split, or unused train problems
+
 
 @dataclasses.dataclass(frozen=True)
 class PromptSet:

@@ -23,6 +23,9 @@ from dlmjax.checkpoint import init_from
 from dlmjax.parallel import distributed
 
 
+DTYPES = ('float32', 'bfloat16')  # rl.reference_dtype: bfloat16 halves the reference's memory
+
+
 def needed(config) -> bool:
   """A KL term (rl.kl_beta > 0) needs one; SPG and beta 0 train without."""
   return config.rl.kl_beta > 0

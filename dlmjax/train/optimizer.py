@@ -15,6 +15,7 @@ from dlmjax.parallel import rules
 ADAM_B1, ADAM_EPS = 0.9, 1e-8
 # train.schedule's warmup-stable-decay shapes: the anneal of each (MegaDLMs' --lr-wsd-decay-style).
 WSD_STYLES = {'wsd': 'exponential', 'wsd_linear': 'linear', 'wsd_cosine': 'cosine'}
+SCHEDULES = (*WSD_STYLES, 'cosine', 'constant')  # train.schedule
 
 
 def _anneal(progress, style):

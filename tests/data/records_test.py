@@ -9,7 +9,7 @@ import pytest
 
 from dlmjax import tasks
 from dlmjax.data import records
-from dlmjax.data import sft
+from dlmjax.train import sft_rows as sft
 from dlmjax.data.errors import DataError
 
 ROWS = [{'question': f'q{i}?', 'answer': f'step\n#### {i}'} for i in range(3)]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dlmjax.data import chat
-from dlmjax.data import sft
+from dlmjax.train import sft_rows as sft
 from dlmjax.data.errors import DataError
 from dlmjax.data.roles import PADDING, PROMPT, RESPONSE
 from tests.conftest import tiny_test_config

@@ -198,7 +198,7 @@ def test_objective_switches_are_one_logged_line():
 
 
 def test_the_config_choices_are_the_registry():
-  assert config_lib._CHOICES['rl.objective'] == objectives.names()  # pylint: disable=protected-access
+  assert config_lib.registered_choices()['rl.objective'] == objectives.names()
   with pytest.raises(ValueError, match="rl.objective='ppo' is not one of"):
     objectives.get('ppo')
 

@@ -8,8 +8,8 @@ import numpy as np
 
 from dlmjax import config as config_lib
 from dlmjax.data import pipeline, records, roles
-from dlmjax.data import sft as sft_data
 from dlmjax.data.errors import DataError
+from dlmjax.train import sft_rows as sft_data
 from dlmjax.diffusion import loss as loss_lib
 from dlmjax.diffusion import sft_loss
 from dlmjax.train import evaluation

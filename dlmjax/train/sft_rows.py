@@ -26,6 +26,7 @@ from dlmjax.data import run_tokenizer
 from dlmjax.data.errors import DataError
 from dlmjax.data.roles import PADDING, PROMPT, RESPONSE
 
+TOO_LONG = ('truncate', 'drop', 'error')  # sft.too_long: rows longer than the canvas
 BUILTIN_TASKS = ('countdown3', 'countdown4', 'sudoku4', 'arithmetic')
 BUILTIN_EXAMPLES_PER_TASK = 1000
 BUILTIN_VERSION = 1  # bump when the built-in set's rows change.

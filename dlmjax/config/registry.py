@@ -1,0 +1,102 @@
+"""The validation registry: each feature checks its own keys in a `config_checks` module beside
+its code and registers the checks and choice lists here; `validate` runs them all.
+
+The schema sits at the bottom of the import graph, below the features it is checked by, so it
+cannot import them: it names their check modules (CHECK_MODULES, in the order their errors are
+reported) and imports them by name the first time a config is validated. Each module registers
+on import; tests/config_test.py checks that the list holds every `config_checks` module.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import ml_collections
+
+from dlmjax.config.derived import MESH_AXES, resolve_mesh
+from dlmjax.config.errors import ConfigError
+from dlmjax.config.keys import get_key
+
+CHECK_MODULES = (
+  'dlmjax.data.config_checks',  # data.*, sft.*
+  'dlmjax.model.config_checks',  # model.* (MoE on the resolved mesh), train.lora.*
+  'dlmjax.train.config_checks',  # stage, train.*, checkpoint.*, log.*, eval.*
+  'dlmjax.rl.config_checks',  # rl.*
+  'dlmjax.diffusion.config_checks',  # diffusion.*, sampler.*
+  'dlmjax.parallel.config_checks',  # mesh.*
+)
+# When a check runs: 'values' on the config as given; 'mesh_axes' and then 'mesh' on a copy
+# whose -1 mesh axis is resolved (for num_devices, or counted as 1 without it): 'mesh_axes'
+# checks the axes themselves, 'mesh' what must divide them.
+PHASES = ('values', 'mesh_axes', 'mesh')
+
+_CHOICES: dict[str, tuple[str, ...]] = {}
+_CHECKS: dict[str, list] = {phase: [] for phase in PHASES}
+
+
+def choices(key: str, names) -> None:
+  """Registers the values `key` may take, read from the feature that owns them (its table)."""
+  if key in _CHOICES:
+    raise ValueError(f'the choices of {key} are registered twice')
+  _CHOICES[key] = tuple(names)
+
+
+def check(fn=None, *, phase: str = 'values', stage: str | None = None):
+  """Registers fn(config) as a check (a decorator; phase 'mesh': fn(config, num_devices)); it
+  raises ConfigError naming the key and the fix. With `stage`, it checks only that stage's
+  configs (a group only one stage reads)."""
+  if phase not in PHASES:
+    raise ValueError(f'phase {phase!r} is not one of {PHASES}')
+
+  def register(f):
+    _CHECKS[phase].append((f, stage))
+    return f
+
+  return register(fn) if fn is not None else register
+
+
+def _load() -> None:
+  for name in CHECK_MODULES:
+    importlib.import_module(name)  # registers on first import; later calls find it loaded
+
+
+def registered_choices() -> dict[str, tuple[str, ...]]:
+  """{key: its allowed values} of every feature (for the checks, the docs and the tests)."""
+  _load()
+  return dict(_CHOICES)
+
+
+def validate(config, num_devices: int | None = None) -> None:
+  """Raises ConfigError naming the key and the fix for a config that cannot work.
+
+  With num_devices, a -1 mesh axis is checked as resolved for that many devices.
+  """
+  _load()
+  for key, names in _CHOICES.items():
+    value = get_key(config, key)
+    if value not in names:
+      raise ConfigError(f'{key}={value!r} is not one of {names}; set --config.{key}=<one of them>.')
+  for f, stage in _CHECKS['values']:
+    if stage in (None, config.stage):
+      f(config)
+  # Check a resolved copy: with a device count a -1 axis takes its size, without one it counts 1.
+  resolved = ml_collections.ConfigDict(config.to_dict())
+  if num_devices is None:
+    for axis in MESH_AXES:
+      resolved.mesh[axis] = max(resolved.mesh[axis], 1)
+  else:
+    resolve_mesh(resolved, num_devices)
+  for phase in PHASES[1:]:
+    for f, stage in _CHECKS[phase]:
+      if stage not in (None, config.stage):
+        continue
+      if phase == 'mesh':  # what must divide the mesh also needs the device count
+        f(resolved, num_devices)
+      else:
+        f(resolved)
+
+
+def fit_to_devices(config, num_devices: int) -> None:
+  """Validates the config for num_devices, then resolves a -1 mesh axis in place."""
+  validate(config, num_devices=num_devices)
+  resolve_mesh(config, num_devices)

@@ -1,0 +1,68 @@
+"""The sampler's rules, written once: for the run config's sampler.* group (registered by
+diffusion/config_checks.py) and for any SamplingConfig (its validate)."""
+
+from __future__ import annotations
+
+import numbers
+
+from dlmjax.config import ConfigError
+from dlmjax.diffusion.decoding import ORDERS
+
+_DREAM_ORDERS = {'topk_margin': 'margin', 'origin': 'random'}  # Dream's names that differ
+
+
+def check_sampler_settings(settings, prefix: str = '') -> None:
+  """The sampler's rules, written once: for the sampler.* group (prefix 'sampler.') and for any
+  dlmjax.diffusion.sampler.SamplingConfig (its validate); raises ConfigError naming the setting."""
+  p = prefix
+  for key in ('gen_length', 'steps', 'block_length'):
+    value = getattr(settings, key)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+      raise ConfigError(f'{p}{key}={value!r} must be a positive integer.')
+  gen, block, steps = settings.gen_length, settings.block_length, settings.steps
+  if gen % block:
+    raise ConfigError(
+      f'{p}gen_length={gen} is not a multiple of {p}block_length={block}; pick a block_length '
+      'that divides it.'
+    )
+  if steps % (gen // block):
+    raise ConfigError(
+      f'{p}steps={steps} is not a multiple of the {gen // block} blocks ({p}gen_length / '
+      f'{p}block_length); use steps = k * {gen // block}.'
+    )
+  if settings.temperature < 0:
+    raise ConfigError(f'{p}temperature={settings.temperature} must be >= 0 (0 = greedy).')
+  if not 0 < settings.top_p <= 1:
+    raise ConfigError(f'{p}top_p={settings.top_p} must lie in (0, 1].')
+  if settings.cfg_scale < 0:
+    raise ConfigError(f'{p}cfg_scale={settings.cfg_scale} must be >= 0 (0 = off).')
+  if not 0 <= settings.threshold <= 1:
+    raise ConfigError(f'{p}threshold={settings.threshold} must lie in [0, 1] (0 = off).')
+  order = settings.remasking
+  if order not in ORDERS:
+    hint = (
+      f" (Dream's {order} is closest to {_DREAM_ORDERS[order]!r})" if order in _DREAM_ORDERS else ''
+    )
+    raise ConfigError(f'{p}remasking={order!r} is not a decoding order{hint}; use one of {ORDERS}.')
+  if not settings.alg_temp >= 0:
+    raise ConfigError(
+      f'{p}alg_temp={settings.alg_temp} must be >= 0 (0 = the most confident, > 0 = drawn).'
+    )
+  if not settings.factor >= 0:
+    raise ConfigError(f'{p}factor={settings.factor} must be >= 0 (0 = off; Fast-dLLM uses 1).')
+  if settings.threshold > 0 and settings.factor > 0:
+    raise ConfigError(
+      f'{p}threshold={settings.threshold} and {p}factor={settings.factor} are two alternative '
+      'rules of Fast-dLLM; set one of them to 0.'
+    )
+  if order == 'entropy' and (settings.threshold > 0 or settings.factor > 0):
+    raise ConfigError(
+      f'{p}threshold and {p}factor bound a probability, but {p}remasking=entropy scores a '
+      'negative entropy; use remasking low_confidence, maskgit_plus or margin with them.'
+    )
+  refresh, spb = settings.cache_refresh, steps // (gen // block)
+  if not isinstance(refresh, numbers.Integral) or refresh < 0 or (refresh and spb % refresh):
+    raise ConfigError(
+      f'{p}cache_refresh={refresh!r} must be 0 (refresh at block start only) or divide the '
+      f'{spb} steps per block ({p}steps / blocks); pick a divisor of {spb}.'
+    )

@@ -1,0 +1,214 @@
+"""The model.* keys, LoRA's train.lora.* and the MoE keys on the resolved mesh, checked beside
+the model that reads them (registered with dlmjax.config's validation registry); each choice
+list is its owner's table."""
+
+from __future__ import annotations
+
+from dlmjax.config import (
+  ConfigError,
+  dense_layers,
+  lora_targets,
+  parse_rope_scaling,
+  projection_widths,
+  registry,
+)
+from dlmjax.kernels import grouped_matmul
+from dlmjax.model import attention, layers, moe, transformer
+from dlmjax.model import lora as lora_lib
+
+registry.choices('model.attention_mask', attention.MASKS)
+registry.choices('model.attention_backend', attention.BACKENDS)
+registry.choices('model.norm_backend', layers.NORM_BACKENDS)
+registry.choices('model.dtype', layers.COMPUTE_DTYPES)
+registry.choices('model.matmul_dtype', layers.MATMUL_DTYPES)
+registry.choices('model.remat', transformer.REMAT_POLICIES)
+registry.choices('model.router', moe.ROUTERS)
+registry.choices('model.moe_backend', grouped_matmul.BACKENDS)
+registry.choices('model.moe_exchange', moe.EXCHANGES)
+
+
+@registry.check
+def model_shapes_and_backends(config):
+  m = config.model
+  for key in (
+    'num_layers',
+    'd_model',
+    'num_heads',
+    'num_kv_heads',
+    'head_dim',
+    'ffn_dim',
+    'vocab_size',
+    'seq_len',
+  ):
+    if m[key] <= 0:
+      raise ConfigError(f'model.{key}={m[key]} must be positive.')
+  if m.num_heads % m.num_kv_heads:
+    raise ConfigError(
+      f'model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads='
+      f'{m.num_kv_heads}; grouped-query attention needs whole groups.'
+    )
+  if m.head_dim % 2:
+    raise ConfigError(f'model.head_dim={m.head_dim} must be even for rotary embeddings.')
+  parse_rope_scaling(m.rope_scaling)
+  if m.loss_chunk_tokens < 0:
+    raise ConfigError(
+      f'model.loss_chunk_tokens={m.loss_chunk_tokens} must be >= 0 (0 = full logits).'
+    )
+  for key in ('mask_token_id', 'eos_token_id', 'pad_token_id'):
+    if not 0 <= m[key] < m.vocab_size:
+      raise ConfigError(
+        f'model.{key}={m[key]} is outside the vocabulary [0, {m.vocab_size}); '
+        f"set it to the tokenizer's id."
+      )
+  if m.attention_mask == 'block_causal' and m.seq_len % m.block_size:
+    raise ConfigError(
+      f'model.seq_len={m.seq_len} is not a multiple of model.block_size='
+      f'{m.block_size}; block-causal attention needs whole blocks.'
+    )
+  if m.attention_backend == 'cudnn' and m.attention_mask == 'block_causal':
+    raise ConfigError(
+      'model.attention_backend=cudnn cannot express block_causal masks without a '
+      'dense mask; use --config.model.attention_backend=pallas (or auto, or xla).'
+    )
+  if config.data.packing and m.attention_backend == 'cudnn':
+    raise ConfigError(
+      'data.packing=True needs per-document attention, which the cudnn backend '
+      'could only do with a dense mask; use '
+      '--config.model.attention_backend=pallas (or auto), '
+      '--config.model.attention_backend=xla or --config.data.packing=False.'
+    )
+  # Pallas flash attention (dlmjax/kernels/flash_attention.py): Triton tiles are powers of two.
+  if m.attention_backend == 'pallas' and (m.head_dim < 16 or m.head_dim & (m.head_dim - 1)):
+    raise ConfigError(
+      f'model.attention_backend=pallas needs a power-of-two model.head_dim >= 16, '
+      f'got {m.head_dim}; use --config.model.attention_backend=auto (or xla).'
+    )
+  if m.norm_backend == 'pallas':  # kernels/rms_norm.py: Triton tiles are powers of two.
+    for key in ('d_model', 'head_dim', 'num_heads', 'num_kv_heads'):
+      if m[key] & (m[key] - 1):
+        raise ConfigError(
+          f'model.norm_backend=pallas needs a power-of-two model.{key}, got '
+          f'{m[key]}; use --config.model.norm_backend=auto (or xla).'
+        )
+
+
+@registry.check
+def lora_adapters(config):
+  """train.lora.*: adapters need a base to adapt and ranks the projections can hold."""
+  lora, m = config.train.lora, config.model
+  if lora.rank < 0:
+    raise ConfigError(f'train.lora.rank={lora.rank} must be >= 0 (0 = full fine-tuning).')
+  if lora.rank == 0:
+    if lora.init_adapter:
+      raise ConfigError(
+        f'train.lora.init_adapter={lora.init_adapter!r} needs adapters: set '
+        "--config.train.lora.rank (the adapter's own rank)."
+      )
+    return
+  if not config.init_from:
+    raise ConfigError(
+      'train.lora.rank > 0 trains adapters on a frozen base model: set --config.init_from to '
+      'a dlmjax run, step or Hugging Face directory (or train.lora.rank=0 to train every weight).'
+    )
+  if lora.base_dtype not in lora_lib.BASE_DTYPES:
+    raise ConfigError(
+      f'train.lora.base_dtype={lora.base_dtype!r} is not one of {lora_lib.BASE_DTYPES}.'
+    )
+  if lora.base_dtype in ('nf4', 'int4'):
+    # 4-bit codes pack two per byte in blocks of 64 (or the whole axis, when shorter) along each
+    # projection's last input axis: d_model, ffn_dim and head_dim (model/quantize.py).
+    for key in ('d_model', 'ffn_dim', 'head_dim'):
+      n = m[key]
+      if n % 2 or (n > 64 and n % 64):
+        raise ConfigError(
+          f'train.lora.base_dtype={lora.base_dtype} stores blocks of 64 inputs: model.{key}={n} '
+          'is not even and a multiple of 64 (or below 64); use base_dtype=int8 or bfloat16.'
+        )
+  if not 0 <= lora.dropout < 1:
+    raise ConfigError(f'train.lora.dropout={lora.dropout} must be in [0, 1) (PEFT: 0.05).')
+  if lora.dropout > 0 and config.mesh.pipeline > 1:
+    raise ConfigError(
+      f'train.lora.dropout={lora.dropout} draws its masks per layer of the whole stack, which '
+      'the pipeline splits into stages: set --config.mesh.pipeline=1 or train.lora.dropout=0.'
+    )
+  if lora.alpha <= 0:
+    raise ConfigError(f'train.lora.alpha={lora.alpha} must be positive.')
+  names = lora_targets(config)
+  widths = projection_widths(m)
+  unknown = [t for t in names if t not in widths]
+  if unknown or not names:
+    raise ConfigError(
+      f'train.lora.targets={lora.targets!r} names {unknown or "nothing"}; use a '
+      f'comma-separated subset of {",".join(widths)}.'
+    )
+  for target in names:
+    if lora.rank > min(widths[target]):
+      raise ConfigError(
+        f"train.lora.rank={lora.rank} exceeds the {target} projection's width "
+        f'{min(widths[target])} ({widths[target][0]} -> {widths[target][1]}); lower '
+        '--config.train.lora.rank or drop the target.'
+      )
+
+
+@registry.check(phase='mesh')
+def experts(config, num_devices):
+  """The MoE keys (on a resolved mesh)."""
+  del num_devices  # the mesh is resolved for it already
+  m, mesh, t = config.model, config.mesh, config.train
+  if m.num_experts < 0 or m.moe_ffn_dim < 0 or m.shared_experts < 0:
+    raise ConfigError(
+      'model.num_experts, model.moe_ffn_dim and model.shared_experts must be >= 0 (0 = dense, '
+      'ffn_dim, none).'
+    )
+  for key in ('moe_balance_loss', 'moe_z_loss', 'moe_bias_rate'):
+    if t[key] < 0:
+      raise ConfigError(f'train.{key}={t[key]} must be >= 0 (0 = off).')
+  dense = dense_layers(m)
+  if dense and not m.num_experts:
+    raise ConfigError(
+      f'model.dense_layers={m.dense_layers!r} marks dense layers of an MoE model, but '
+      "model.num_experts=0 (every layer is dense); set --config.model.dense_layers=''."
+    )
+  outside = [i for i in dense if not 0 <= i < m.num_layers]
+  if outside:
+    raise ConfigError(
+      f'model.dense_layers={m.dense_layers!r} names layers {outside} outside [0, '
+      f'model.num_layers={m.num_layers}); list indices below {m.num_layers}.'
+    )
+  if dense and len(dense) == m.num_layers:
+    raise ConfigError(
+      f'model.dense_layers={m.dense_layers!r} makes every layer dense; set '
+      "--config.model.num_experts=0 and --config.model.dense_layers=''."
+    )
+  if not m.num_experts:
+    if mesh.expert > 1:
+      raise ConfigError(
+        f'mesh.expert={mesh.expert} splits MoE experts but model.num_experts=0; set '
+        '--config.mesh.expert=1 or give the model experts.'
+      )
+    return
+  if not 0 < m.experts_per_token <= m.num_experts:
+    raise ConfigError(
+      f'model.experts_per_token={m.experts_per_token} must be in [1, model.num_experts='
+      f'{m.num_experts}]; set --config.model.experts_per_token to at most {m.num_experts}.'
+    )
+  if m.num_experts % mesh.expert:
+    raise ConfigError(
+      f'model.num_experts={m.num_experts} is not divisible by mesh.expert={mesh.expert}; pick an '
+      'expert size that divides it.'
+    )
+  if (m.moe_ffn_dim or m.ffn_dim) % mesh.tensor:
+    raise ConfigError(
+      f'the expert width (model.moe_ffn_dim or model.ffn_dim) is not divisible by mesh.tensor='
+      f'{mesh.tensor}; pick a tensor size that divides it.'
+    )
+  if dense and mesh.pipeline > 1:
+    raise ConfigError(
+      f'pipeline stages split one stack of identical layers, but model.dense_layers='
+      f'{m.dense_layers!r} mixes dense and MoE layers; set --config.mesh.pipeline=1.'
+    )
+  if m.matmul_dtype != 'compute':
+    raise ConfigError(
+      f'model.matmul_dtype={m.matmul_dtype} does not cover the MoE experts; set '
+      '--config.model.matmul_dtype=compute.'
+    )

@@ -1,0 +1,70 @@
+"""The stage, train.*, checkpoint.*, log.*, eval.* and sft.* keys, checked beside the training
+loop that reads them (registered with dlmjax.config's validation registry)."""
+
+from __future__ import annotations
+
+from dlmjax.config import ConfigError, get_key, log_outputs, ramp_steps, registry
+from dlmjax.observability import sinks
+from dlmjax.train import optimizer, sft_rows, stages
+
+registry.choices('stage', stages.BUILDERS)
+registry.choices('train.schedule', optimizer.SCHEDULES)
+registry.choices('sft.too_long', sft_rows.TOO_LONG)
+
+
+@registry.check
+def training(config):
+  t = config.train
+  for key in ('steps', 'global_batch_size', 'micro_batch_size'):
+    if t[key] <= 0:
+      raise ConfigError(f'train.{key}={t[key]} must be positive.')
+  if t.global_batch_size % t.micro_batch_size:
+    raise ConfigError(
+      f'train.global_batch_size={t.global_batch_size} is not a multiple of '
+      f'train.micro_batch_size={t.micro_batch_size}; pick a micro-batch that '
+      'divides it (gradients accumulate over global/micro steps).'
+    )
+  if ramp_steps(t) > t.steps:
+    raise ConfigError(
+      f'train.warmup_steps + train.wsd_decay_steps = {ramp_steps(t)} exceeds '
+      f'train.steps={t.steps}; lower --config.train.warmup_steps and '
+      '--config.train.wsd_decay_steps.'
+    )
+  if t.max_consecutive_skips < 0:
+    raise ConfigError(f'train.max_consecutive_skips={t.max_consecutive_skips} must be >= 0.')
+
+
+@registry.check
+def saving_logging_and_evaluation(config):
+  if config.checkpoint.every < 0 or config.checkpoint.keep < 1:
+    raise ConfigError('checkpoint.every must be >= 0 and checkpoint.keep >= 1.')
+  for key in ('checkpoint.every_minutes', 'checkpoint.keep_every', 'train.max_minutes'):
+    if get_key(config, key) < 0:
+      raise ConfigError(f'{key}={get_key(config, key)} must be >= 0 (0 turns it off).')
+  if config.log.every < 1:
+    raise ConfigError(f'log.every={config.log.every} must be >= 1.')
+  if config.eval.every < 0 or config.eval.batches < 1:
+    raise ConfigError(
+      f'eval.every={config.eval.every} must be >= 0 and eval.batches={config.eval.batches} >= 1.'
+    )
+  for name in log_outputs(config):
+    if name not in sinks.OUTPUTS:
+      raise ConfigError(
+        f'log.outputs={config.log.outputs!r} names {name!r}; use a '
+        f"comma-separated subset of {sinks.OUTPUTS} (or '' for none)."
+      )
+
+
+@registry.check(stage='sft')
+def sft_stage(config):
+  s = config.sft
+  if not config.init_from:
+    raise ConfigError(
+      'stage sft fine-tunes a trained model: set --config.init_from to a dlmjax '
+      'run or step directory or a Hugging Face directory.'
+    )
+  if not s.train_file and config.data.source != 'builtin':
+    raise ConfigError(
+      'stage sft reads sft.train_file (jsonl), or the built-in instruction set '
+      'when data.source=builtin; set --config.sft.train_file=PATH.'
+    )
