@@ -10,7 +10,7 @@ MoE on one GPU, three measurements and one table last:
    that fails prints its error and leaves NaN in its row. benchmarks/grouped_matmul.py measures
    the backends at both MoE presets' shapes, gradients checked too.
 2. The MoE train step of the real trainer (dlmjax.bench.run), its grouped matmul --backend
-   (model.moe_backend; auto: tokamax on GPU where it imports, else XLA): the LLaDA-MoE-7B-A1B
+   (model.moe.backend; auto: tokamax on GPU where it imports, else XLA): the LLaDA-MoE-7B-A1B
    shape (2048 wide, 64 experts of 1024, top-8, vocab 157184) with --layers of its 16 layers to
    fit one GPU, bf16, masked diffusion; tokens/s and MFU on active FLOPs
    (ModelConfig.flops_per_token: the experts a token runs through, not all of them).
@@ -106,15 +106,17 @@ def moe_config(args):
   if args.tiny:
     model_lib.apply_preset(c.model, 'tiny_moe')
     c.model.update(num_layers=2, d_model=64, num_heads=4, num_kv_heads=4, head_dim=16)
-    c.model.update(vocab_size=512, moe_ffn_dim=32, seq_len=args.seq, dtype='float32')
+    c.model.update(vocab_size=512, seq_len=args.seq, dtype='float32')
+    c.model.moe.ffn_dim = 32
     c.model.update(mask_token_id=3, eos_token_id=2, pad_token_id=0, remat='none')
   else:
     model_lib.apply_preset(c.model, 'llada_moe_7b_a1b')
     c.model.update(num_layers=args.layers, seq_len=args.seq, dtype='bfloat16')
   c.model.attention_backend = 'xla' if args.tiny else 'auto'
-  c.model.moe_backend = args.backend
+  c.model.moe.backend = args.backend
   c.train.update(global_batch_size=args.micro_batch, micro_batch_size=args.micro_batch)
-  c.train.update(moe_balance_loss=0.0, moe_z_loss=0.0, check_memory=False)
+  c.model.moe.update(balance_loss=0.0, z_loss=0.0)
+  c.train.check_memory = False
   c.mesh.fsdp = 1
   c.data.source = 'builtin'
   return c
@@ -142,10 +144,10 @@ def torch_peer(config, args):
     vocab_size=m.vocab_size,
     hidden_size=m.d_model,
     intermediate_size=m.ffn_dim,
-    moe_intermediate_size=m.moe_ffn_dim,
-    num_experts=m.num_experts,
-    num_experts_per_tok=m.experts_per_token,
-    norm_topk_prob=m.router == 'softmax_topk',
+    moe_intermediate_size=m.moe.ffn_dim,
+    num_experts=m.moe.num_experts,
+    num_experts_per_tok=m.moe.experts_per_token,
+    norm_topk_prob=m.moe.router == 'softmax_topk',
     decoder_sparse_step=1,
     mlp_only_layers=[],
     num_hidden_layers=m.num_layers,
@@ -220,7 +222,7 @@ def main(argv=None) -> int:
   parser.add_argument('--steps', type=int, default=5, help='timed train steps')
   parser.add_argument('--no-peer', action='store_true', help='skip the PyTorch peer')
   parser.add_argument(
-    '--backend', default='auto', choices=gmm.BACKENDS, help="the train step's model.moe_backend"
+    '--backend', default='auto', choices=gmm.BACKENDS, help="the train step's model.moe.backend"
   )
   args = parser.parse_args(argv)
   if args.tiny:

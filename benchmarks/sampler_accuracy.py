@@ -147,7 +147,7 @@ def _rl_cache_runs(rl_config, modes, args, base) -> list[dict]:
     elif mode == rl_config.sampler.cache:
       config.output_dir = rl_config.output_dir  # the RL stage's own run, when trained above
     wall = _train_if_needed(config, f'rl with sampler.cache={mode}')
-    rows = demo._metric_rows(config.output_dir)  # pylint: disable=protected-access
+    rows = demo.metric_rows(config.output_dir)
     stepped = [r for r in rows if 'step_time_s' in r]
     rolled = [r for r in rows if 'generate_s' in r]
     stepped, rolled = stepped[1:] or stepped, rolled[1:] or rolled

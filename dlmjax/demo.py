@@ -105,7 +105,8 @@ def write_sft_set(path: str, task: str, num: int = SFT_EXAMPLES, seed: int = 0) 
 # One seed
 
 
-def _metric_rows(run_dir: str) -> list[dict]:
+def metric_rows(run_dir: str) -> list[dict]:
+  """The rows of a run's metrics.jsonl (for the demo's summaries and the benchmarks)."""
   with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
     return [json.loads(line) for line in f]
 
@@ -114,7 +115,7 @@ def final_loss(run_dir: str, step: int | None = None) -> tuple[int, float]:
   """(last step, its loss) from the run's metrics.jsonl (rollout rows carry no loss); with
   `step`, that step's."""
   found, loss = 0, float('nan')
-  for row in _metric_rows(run_dir):
+  for row in metric_rows(run_dir):
     if 'loss' in row and row.get('step', 0) >= found and (step is None or row['step'] == step):
       found, loss = int(row['step']), float(row['loss'])
   return found, loss
@@ -123,7 +124,7 @@ def final_loss(run_dir: str, step: int | None = None) -> tuple[int, float]:
 def best_checkpoint(run_dir: str) -> str:
   """The step directory of the RL run's best validation reward (val_reward rows; the later of
   equal ones), or the latest checkpoint when the run logged none."""
-  scored = [r for r in _metric_rows(run_dir) if 'val_reward' in r]
+  scored = [r for r in metric_rows(run_dir) if 'val_reward' in r]
   if not scored:
     return run_dir
   best = max(scored, key=lambda r: (r['val_reward'], r['step']))['step']

@@ -1,9 +1,9 @@
 """The import graph of dlmjax: layers, each importing only its own and lower ones, and no circle.
 
-From the bottom up (LAYERS below is the table; a module takes the layer of its longest prefix):
+From the bottom up (LAYERS below is the table, by package: a module takes its package's layer):
 
   base        config (the schema, read by everything; each feature registers its checks into
-              it), extras (optional dependencies), progress, observability
+              it), observability (logging sinks, progress bars)
   parallel    mesh axes and sharding rules, the distributed runtime; kernels beside them
   model       the transformer and its programs
   data        readers, tokenizers, chat templates, the grain pipeline
@@ -13,8 +13,8 @@ From the bottom up (LAYERS below is the table; a module takes the layer of its l
   rl/inference  rl (rollouts, estimators, objectives) and inference (load_pretrained)
   train       the state, step, loop, stages, the SFT rows (train.sft_rows: its built-in
               instruction set is made from the tasks' problems) and what the loop reports
-  cli         the command lines (train/__main__, generate, evaluate, convert, verify, ...) and
-              the package root
+  cli         the package root: the command lines (generate, evaluate, convert, verify, ...,
+              and every package's __main__, train's), extras (their optional dependencies)
 
 Every import counts, top-level and inside functions. An import inside a function is only for a
 heavy optional dependency (a dlmjax module that imports torch, tensorflow, lm_eval, ... at its
@@ -30,16 +30,10 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / 'dlmjax'
 
+# Each package's layer; a package not listed takes its parent's. A package's __main__ is its
+# command line (the cli layer), whatever the package.
 LAYERS = (
-  (
-    'base',
-    (
-      'dlmjax.config',
-      'dlmjax.extras',
-      'dlmjax.progress',
-      'dlmjax.observability',
-    ),
-  ),
+  ('base', ('dlmjax.config', 'dlmjax.observability')),
   ('parallel', ('dlmjax.parallel', 'dlmjax.kernels')),
   ('model', ('dlmjax.model',)),
   ('data', ('dlmjax.data',)),
@@ -48,7 +42,7 @@ LAYERS = (
   ('checkpoint', ('dlmjax.checkpoint',)),
   ('rl/inference', ('dlmjax.rl', 'dlmjax.inference')),
   ('train', ('dlmjax.train',)),
-  ('cli', ('dlmjax', 'dlmjax.train.__main__')),
+  ('cli', ('dlmjax',)),
 )
 # Third-party packages that are optional extras (pyproject.toml): a module importing one of these
 # at its top may be imported inside a function, so that the rest runs without the extra.
@@ -77,14 +71,25 @@ def _modules() -> dict[str, pathlib.Path]:
   return {_module_name(p): p for p in sorted(PACKAGE.rglob('*.py'))}
 
 
+def _packages() -> set[str]:
+  return {_module_name(p) for p in PACKAGE.rglob('__init__.py')}
+
+
+_PACKAGE_LAYER = {
+  package: index for index, (_, packages) in enumerate(LAYERS) for package in packages
+}
+_CLI = len(LAYERS) - 1
+
+
 def _layer(module: str) -> int:
-  best, layer = -1, None
-  for index, (_, prefixes) in enumerate(LAYERS):
-    for prefix in prefixes:
-      if (module == prefix or module.startswith(prefix + '.')) and len(prefix) > best:
-        best, layer = len(prefix), index
-  assert layer is not None, f'{module} is in no layer of LAYERS'
-  return layer
+  """The layer of the module's package (a listed package, or the nearest listed ancestor)."""
+  if module.rpartition('.')[2] == '__main__':
+    return _CLI
+  package = module if module in _packages() else module.rpartition('.')[0]
+  while package not in _PACKAGE_LAYER:
+    assert '.' in package, f'{module} is in no layer of LAYERS'
+    package = package.rpartition('.')[0]
+  return _PACKAGE_LAYER[package]
 
 
 def _import_statements(node, inner: bool):
@@ -146,7 +151,11 @@ def _name(index: int) -> str:
   return f'{LAYERS[index][0]} ({index})'
 
 
-def test_every_module_has_a_layer():
+def test_every_package_maps_to_exactly_one_layer():
+  """LAYERS names packages, each once: a module's layer is its package's, never its own name's."""
+  listed = [package for _, packages in LAYERS for package in packages]
+  assert len(listed) == len(set(listed)), 'a package is listed in two layers'
+  assert set(listed) <= _packages(), f'not packages: {sorted(set(listed) - _packages())}'
   for module in _modules():
     _layer(module)
 
@@ -204,6 +213,61 @@ def test_no_import_circle():
     if module not in state:
       visit(module, [])
   assert not circles, 'import circles:\n  ' + '\n  '.join(circles)
+
+
+# Users of the package: they import only its public API (no `_name`, no `_module`). Research
+# probes (scripts/research/) may patch internals to test a hypothesis; they are not users.
+USERS = ('benchmarks', 'scripts', 'configs')
+RESEARCH = ROOT / 'scripts' / 'research'
+
+
+def _private_uses(path: pathlib.Path, package: str = 'dlmjax'):
+  """(line, what) of each private name of `package` that a file imports or reads."""
+  tree = ast.parse(path.read_text(), str(path))
+  aliases = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and (node.module or '').split('.')[0] == package:
+      for a in node.names:
+        if any(part.startswith('_') for part in [*node.module.split('.'), a.name]):
+          yield node.lineno, f'from {node.module} import {a.name}'
+        aliases.add(a.asname or a.name)
+    elif isinstance(node, ast.Import):
+      for a in node.names:
+        if a.name.split('.')[0] == package:
+          if any(part.startswith('_') for part in a.name.split('.')):
+            yield node.lineno, f'import {a.name}'
+          aliases.add((a.asname or a.name).split('.')[0])
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Attribute) and node.attr.startswith('_'):
+      if node.attr.startswith('__') and node.attr.endswith('__'):
+        continue
+      base = node.value
+      while isinstance(base, ast.Attribute):
+        base = base.value
+      if isinstance(base, ast.Name) and base.id in aliases:
+        yield node.lineno, ast.unparse(node)
+
+
+def test_benchmarks_scripts_and_configs_use_only_the_public_api():
+  private = [
+    f'{path.relative_to(ROOT)}:{line}: {what}'
+    for folder in USERS
+    for path in sorted((ROOT / folder).rglob('*.py'))
+    if RESEARCH not in path.parents
+    for line, what in _private_uses(path)
+  ]
+  assert not private, 'private names of dlmjax used outside it:\n  ' + '\n  '.join(private)
+
+
+def test_test_files_share_helpers_only_by_public_names():
+  """A helper two test files need lives in a helper module (conftest, tests/**/<helper>.py)
+  under a public name, not as one test file's private function."""
+  private = [
+    f'{path.relative_to(ROOT)}:{line}: {what}'
+    for path in sorted((ROOT / 'tests').rglob('*.py'))
+    for line, what in _private_uses(path, 'tests')
+  ]
+  assert not private, 'private names of another test file:\n  ' + '\n  '.join(private)
 
 
 if __name__ == '__main__':  # prints the edges between layers (what the tests check)

@@ -15,6 +15,7 @@ from dlmjax.data import chat
 from dlmjax.diffusion import loss, sampler
 from dlmjax.kernels import grouped_matmul
 from dlmjax.model import attention, layers, moe, transformer
+from dlmjax.model.presets import PRESETS, ModelConfig
 from dlmjax.rl import config_checks as rl_checks
 from dlmjax.rl import objectives, prompts, reference
 from dlmjax.train import optimizer, sft_rows, stages
@@ -169,9 +170,9 @@ def test_choice_lists_are_their_owners_tables():
     'model.attention_backend': attention.BACKENDS,
     'model.norm_backend': layers.NORM_BACKENDS,
     'model.dtype': layers.COMPUTE_DTYPES,
-    'model.router': moe.ROUTERS,
-    'model.moe_backend': grouped_matmul.BACKENDS,
-    'model.moe_exchange': moe.EXCHANGES,
+    'model.moe.router': moe.ROUTERS,
+    'model.moe.backend': grouped_matmul.BACKENDS,
+    'model.moe.exchange': moe.EXCHANGES,
     'model.matmul_dtype': layers.MATMUL_DTYPES,
     'model.remat': transformer.REMAT_POLICIES,
     'diffusion.objective': loss.OBJECTIVES,
@@ -279,6 +280,7 @@ def test_rl_cross_checks_the_sampler_canvas():
     ('rl.block_length', 'sampler.block_length'),
     ('rl.temperature', 'sampler.temperature'),
     ('sft.packing', 'data.packing'),
+    *((old, new) for old, new in config_lib.RENAMED.items() if new.startswith('model.moe.')),
   ],
 )
 def test_renamed_keys_fail_naming_the_new_one(old, new, tmp_path):
@@ -325,7 +327,32 @@ def test_old_run_configs_still_load():
   )
   saved['train'].update(schedule='wsd', wsd_decay_style='linear', b1=0.9, eps=1e-8)
   saved['model'].update(preset='tiny', vocab_multiple=128)
+  del saved['model']['moe']  # an MoE run from before model.moe.*: its keys flat in model, train
+  saved['model'].update(
+    num_experts=8,
+    experts_per_token=2,
+    moe_ffn_dim=48,
+    shared_experts=1,
+    router='sigmoid_bias',
+    dense_layers='0',
+    moe_backend='xla',
+    moe_exchange='all_to_all',
+  )
+  saved['train'].update(moe_balance_loss=0.01, moe_z_loss=0.001, moe_bias_rate=0.002)
   c = config_lib.from_dict(saved)
+  assert c.model.moe.to_dict() == dict(
+    num_experts=8,
+    experts_per_token=2,
+    ffn_dim=48,
+    shared_experts=1,
+    router='sigmoid_bias',
+    dense_layers='0',
+    backend='xla',
+    exchange='all_to_all',
+    balance_loss=0.01,
+    z_loss=0.001,
+    bias_rate=0.002,
+  )
   assert (c.sampler.gen_length, c.sampler.steps, c.sampler.block_length, c.sampler.temperature) == (
     16,
     4,
@@ -335,6 +362,7 @@ def test_old_run_configs_still_load():
   assert c.data.packing and c.log.every == 5 and c.log.outputs == 'wandb,plots'
   assert c.train.schedule == 'wsd_linear'
   assert 'advantage_scaling' not in c.rl and 'preset' not in c.model
+  assert 'num_experts' not in c.model and 'moe_balance_loss' not in c.train
   config_lib.check_keys(c)  # nothing old left
   assert config_lib.from_dict(config_lib.defaults().to_dict()).to_dict() == (
     config_lib.defaults().to_dict()
@@ -428,3 +456,13 @@ def test_rope_scaling_is_parsed_and_bad_values_fail_in_one_line():
     with pytest.raises(config_lib.ConfigError, match=says) as e:
       config_lib.validate(config, num_devices=1)
     assert '\n' not in str(e.value) and 'model.rope_scaling' in str(e.value)
+
+
+def test_presets_and_model_fields_reach_the_moe_group():
+  """A preset (the model's field names) sets model.moe.*; model_field reads it back."""
+  c = config_lib.apply_overrides(config_lib.defaults(), {'model.preset': 'tiny_moe'}, PRESETS)
+  assert (c.model.moe.num_experts, c.model.moe.ffn_dim) == (8, 192)
+  assert config_lib.model_field(c.model, 'moe_ffn_dim') == 192
+  assert config_lib.model_field(c.model, 'd_model') == c.model.d_model
+  model = ModelConfig.from_config(c)
+  assert (model.num_experts, model.moe_ffn_dim, model.router) == (8, 192, 'softmax_topk')

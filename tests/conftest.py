@@ -116,7 +116,7 @@ def tiny_config():
   return tiny_test_config()
 
 
-def _heavy_files_first(items):
+def heavy_files_first(items):
   """Test files holding a slow or multiprocess test run first (otherwise in collection order).
   scripts/test.sh hands pytest-xdist whole files (--dist loadscope, so a module-scoped fixture,
   often a training run, is built once, not once per worker); started last, the largest file
@@ -131,7 +131,7 @@ def _heavy_files_first(items):
 
 def pytest_collection_modifyitems(config, items):
   del config
-  _heavy_files_first(items)
+  heavy_files_first(items)
   if any(d.platform == 'gpu' for d in jax.devices()):
     return
   skip = pytest.mark.skip(reason='needs an NVIDIA GPU')

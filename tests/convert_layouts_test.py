@@ -16,8 +16,7 @@ from dlmjax import verify
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
-from tests import convert_llada_test
-from tests.checkpoint import tiny_run
+from tests.checkpoint import family_dirs, references, tiny_run
 
 torch = pytest.importorskip('torch')
 
@@ -77,7 +76,7 @@ def test_each_layout_reimports_bit_exact(tmp_path, layout):
 @pytest.mark.parametrize('tie', [False, True])
 def test_llada_export_is_the_llada_forward(tmp_path, capsys, tie):
   """LLaDA's names and config.json: the float64 forward written from LLaDA's formulas
-  (convert_llada_test.llada_reference) on the exported files gives our logits."""
+  (references.llada_reference) on the exported files gives our logits."""
   overrides = dict(LAYOUTS['llada'], **{'model.tie_embeddings': tie, 'model.rope_theta': 5e5})
   config, params, _ = tiny_run.make_run(tmp_path / 'run', **overrides)
   out = str(tmp_path / 'hf')
@@ -106,12 +105,12 @@ def test_llada_export_is_the_llada_forward(tmp_path, capsys, tie):
   sd = {k: torch.from_numpy(reader.get(k)) for k in reader.keys()}
   assert ('model.transformer.ff_out.weight' in sd) is not tie
   tokens = np.random.default_rng(1).integers(0, m.vocab_size, (2, 24))
-  theirs = convert_llada_test.llada_reference(sd, hf, tokens)
+  theirs = references.llada_reference(sd, hf, tokens)
   ours = _ours(config, params, tokens)
-  convert_llada_test._close(theirs[..., : ours.shape[-1]], ours)
+  references.assert_close(theirs[..., : ours.shape[-1]], ours)
   with pytest.raises(AssertionError):  # the comparison sees a wrong detail
-    wrong = convert_llada_test.llada_reference(sd, hf, tokens, swap_gate_up=True)
-    convert_llada_test._close(wrong[..., : ours.shape[-1]], ours)
+    wrong = references.llada_reference(sd, hf, tokens, swap_gate_up=True)
+    references.assert_close(wrong[..., : ours.shape[-1]], ours)
   if not tie:  # verify reads the LLaDA layout through LLaDA's names; parity on a Llama export
     capsys.readouterr()
     assert verify.main(['--checkpoint-path', str(tmp_path / 'run'), '--hf-dir', out]) == 0
@@ -121,7 +120,7 @@ def test_llada_export_is_the_llada_forward(tmp_path, capsys, tie):
 def test_source_layout_goes_back_to_the_imported_family(tmp_path):
   """A LLaDA import exports as LLaDA by default, and so does a run started from it
   (init_from); --layout overrides."""
-  hf_dir, _, _ = convert_llada_test._llada_dir(tmp_path / 'llada', 'gqa_tied_qkv_bias_padded')
+  hf_dir, _, _ = family_dirs.llada_dir(tmp_path / 'llada', 'gqa_tied_qkv_bias_padded')
   imported = str(tmp_path / 'imported')
   assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', imported]) == 0
   config, params = _restored(imported)

@@ -15,7 +15,6 @@ The reference follows modeling_llada.py's LLaDALlamaBlock (read, not copied; no 
 """
 
 import json
-import math
 import os
 
 import numpy as np
@@ -28,7 +27,7 @@ from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
-from tests.checkpoint import family_dirs
+from tests.checkpoint import family_dirs, references
 from tests.checkpoint import tiny_run
 
 torch = pytest.importorskip('torch')
@@ -39,73 +38,9 @@ VARIANTS = family_dirs.LLADA_VARIANTS
 _llada_dir = family_dirs.llada_dir
 
 
-def _rms(x, w, eps):
-  return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def _rope(t_BNTH, theta, *, interleaved=False):
-  """LLaDA's rotate-half RoPE; interleaved=True is the (wrong, GPT-J) pairing of the mutation."""
-  hd, length = t_BNTH.shape[-1], t_BNTH.shape[-2]
-  inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
-  freqs = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq[None, :]
-  if interleaved:
-    cos, sin = freqs.cos().repeat_interleave(2, -1), freqs.sin().repeat_interleave(2, -1)
-    pairs = t_BNTH.unflatten(-1, (hd // 2, 2))
-    rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), -1).flatten(-2)
-  else:
-    angles = torch.cat((freqs, freqs), -1)
-    cos, sin = angles.cos(), angles.sin()
-    x1, x2 = t_BNTH[..., : hd // 2], t_BNTH[..., hd // 2 :]
-    rotated = torch.cat((-x2, x1), -1)
-  return t_BNTH * cos.to(t_BNTH.dtype) + rotated * sin.to(t_BNTH.dtype)
-
-
-def llada_reference(sd, hf, ids, *, swap_gate_up=False, interleaved_rope=False, drop_bias=False):
-  """LLaDA's forward (module docstring) in float64 from its state dict; the flags are the wrong
-  details a broken import would compute instead."""
-  sd = {k: v.double() for k, v in sd.items()}
-  heads, kv, eps = hf['n_heads'], hf['n_kv_heads'], hf['rms_norm_eps']
-  hd = hf['d_model'] // heads
-  x = sd['model.transformer.wte.weight'][torch.as_tensor(ids)]
-  batch, length, _ = x.shape
-
-  def linear(h, name):
-    out = h @ sd[name + '.weight'].T
-    bias = sd.get(name + '.bias')
-    return out if bias is None or drop_bias else out + bias
-
-  for i in range(hf['n_layers']):
-    p = f'model.transformer.blocks.{i}.'
-    n = _rms(x, sd[p + 'attn_norm.weight'], eps)
-    q = linear(n, p + 'q_proj').view(batch, length, heads, hd).transpose(1, 2)
-    k = linear(n, p + 'k_proj').view(batch, length, kv, hd).transpose(1, 2)
-    v = linear(n, p + 'v_proj').view(batch, length, kv, hd).transpose(1, 2)
-    q = _rope(q, hf['rope_theta'], interleaved=interleaved_rope)
-    k = _rope(k, hf['rope_theta'], interleaved=interleaved_rope)
-    k, v = (t.repeat_interleave(heads // kv, dim=1) for t in (k, v))
-    att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), -1) @ v  # no mask
-    x = x + linear(att.transpose(1, 2).reshape(batch, length, -1), p + 'attn_out')
-    m = _rms(x, sd[p + 'ff_norm.weight'], eps)
-    gate, up = linear(m, p + 'ff_proj'), linear(m, p + 'up_proj')
-    if swap_gate_up:
-      gate, up = up, gate
-    x = x + linear(torch.nn.functional.silu(gate) * up, p + 'ff_out')
-  x = _rms(x, sd['model.transformer.ln_f.weight'], eps)
-  head = sd[
-    'model.transformer.wte.weight' if hf['weight_tying'] else 'model.transformer.ff_out.weight'
-  ]
-  return (x @ head.T).numpy()
-
-
 def _ours(config, params, tokens):
   cfg = model_lib.ModelConfig.from_config(config)
   return np.asarray(model_lib.merge(cfg, params)(tokens))
-
-
-def _close(theirs, ours):
-  """<= 1e-4 relative to the logits' scale (fp32 ours against the float64 reference)."""
-  assert theirs.shape == ours.shape, (theirs.shape, ours.shape)
-  np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-4 * np.abs(theirs).max())
 
 
 def _restored(run_dir):
@@ -118,7 +53,7 @@ def _restored(run_dir):
 def test_llada_directory_imports_to_llada_function(tmp_path, variant):
   hf_dir, hf, sd = _llada_dir(tmp_path / 'llada', variant)
   tokens = np.random.default_rng(1).integers(0, hf['vocab_size'], (2, 24))
-  theirs = llada_reference(sd, hf, tokens)
+  theirs = references.llada_reference(sd, hf, tokens)
 
   run_dir = str(tmp_path / 'run')
   assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', run_dir]) == 0
@@ -139,12 +74,12 @@ def test_llada_directory_imports_to_llada_function(tmp_path, variant):
   )
   step_dir = manager.resolve_step_dir(run_dir)[1]
   assert manager.read_meta(step_dir)['source']['family'] == 'llada'
-  _close(theirs, _ours(config, params, tokens))
+  references.assert_close(theirs, _ours(config, params, tokens))
 
   _, params = hf_io.load_hf(hf_dir)
-  _close(theirs, _ours(config, params, tokens))
+  references.assert_close(theirs, _ours(config, params, tokens))
   pretrained = inference.load_pretrained(hf_dir)
-  _close(theirs, _ours(pretrained.config, pretrained.params, tokens))
+  references.assert_close(theirs, _ours(pretrained.config, pretrained.params, tokens))
 
 
 @pytest.mark.parametrize(
@@ -157,9 +92,9 @@ def test_the_parity_sees_a_wrong_detail(tmp_path, wrong):
   tokens = np.random.default_rng(1).integers(0, hf['vocab_size'], (2, 24))
   config, params = hf_io.load_hf(hf_dir)
   ours = _ours(config, params, tokens)
-  _close(llada_reference(sd, hf, tokens), ours)
+  references.assert_close(references.llada_reference(sd, hf, tokens), ours)
   with pytest.raises(AssertionError):
-    _close(llada_reference(sd, hf, tokens, **{wrong: True}), ours)
+    references.assert_close(references.llada_reference(sd, hf, tokens, **{wrong: True}), ours)
 
 
 @pytest.mark.parametrize(

@@ -20,13 +20,13 @@ import jax
 import numpy as np
 import pytest
 
+from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_mapping
 from dlmjax.checkpoint import safetensors_io
-from tests import convert_llada_test
-from tests.checkpoint import family_dirs
+from tests.checkpoint import family_dirs, references
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
@@ -82,8 +82,9 @@ def qwen3_moe(tmp_path_factory):
 def test_qwen3_moe_imports_to_the_transformers_forward(qwen3_moe):
   hf_dir, theirs, config, _, ours = qwen3_moe
   m = config.model
-  assert (m.num_experts, m.experts_per_token, m.moe_ffn_dim, m.shared_experts) == (4, 2, 32, 0)
-  assert (m.router, m.qk_norm, m.attention_mask, m.ffn_dim) == (
+  e = m.moe
+  assert (e.num_experts, e.experts_per_token, e.ffn_dim, e.shared_experts) == (4, 2, 32, 0)
+  assert (e.router, m.qk_norm, m.attention_mask, m.ffn_dim) == (
     'softmax_topk',
     True,
     'bidirectional',
@@ -100,7 +101,7 @@ def test_qwen3_moe_raw_router_and_fused_experts_import(qwen3_moe, tmp_path):
   the per-expert form's params exactly."""
   hf_dir, _, config, params, _ = qwen3_moe
   raw = hf_config.config_from_hf(dict(hf_config.read(hf_dir), norm_topk_prob=False))
-  assert raw.model.router == 'softmax_topk_raw'
+  assert raw.model.moe.router == 'softmax_topk_raw'
   tensors = _tensors(hf_dir)
   fused = {n: t for n, t in tensors.items() if '.experts.' not in n}
   for i in range(config.model.num_layers):
@@ -145,7 +146,7 @@ def test_qwen3_moe_export_is_bit_exact_and_loads_in_transformers(qwen3_moe, tmp_
   os.remove(os.path.join(out, hf_config.DLMJAX_CONFIG_FILE))
   derived, _ = hf_io.load_hf(out)
   for key in ('num_experts', 'experts_per_token', 'moe_ffn_dim', 'router', 'shared_experts'):
-    assert derived.model[key] == config.model[key], key
+    assert config_lib.model_field(derived.model, key) == config_lib.model_field(config.model, key)
 
 
 @pytest.fixture(scope='module')
@@ -166,7 +167,7 @@ def test_qwen3_moe_with_dense_layers_imports_and_exports_to_the_transformers_for
   qwen3_moe_mixed, tmp_path
 ):
   hf_dir, theirs, config, params, ours = qwen3_moe_mixed
-  assert (config.model.dense_layers, config.model.ffn_dim) == ('0,2,3', 96)
+  assert (config.model.moe.dense_layers, config.model.ffn_dim) == ('0,2,3', 96)
   assert sorted(k for k in params if k.startswith('blocks')) == ['blocks', 'blocks_1', 'blocks_2']
   assert params['blocks_2']['mlp']['gate_proj'].shape == (2, 64, 96)  # two dense layers stacked
   _close(theirs, ours)
@@ -180,7 +181,7 @@ def test_qwen3_moe_with_dense_layers_imports_and_exports_to_the_transformers_for
   assert (written['decoder_sparse_step'], written['mlp_only_layers']) == (1, [0, 2, 3])
   _close(theirs, _transformers_logits(out, plain=True))
   os.remove(os.path.join(out, hf_config.DLMJAX_CONFIG_FILE))
-  assert hf_io.load_hf(out)[0].model.dense_layers == '0,2,3'
+  assert hf_io.load_hf(out)[0].model.moe.dense_layers == '0,2,3'
 
 
 def test_dense_layer_patterns_derive_as_transformers_and_deepseek_lay_them_out():
@@ -195,7 +196,7 @@ def test_dense_layer_patterns_derive_as_transformers_and_deepseek_lay_them_out()
     (dict(num_hidden_layers=1), ''),  # one sparse layer is no dense one
     (dict(num_hidden_layers=3, mlp_only_layers=[2, 0], decoder_sparse_step=None), '0,2'),
   ):
-    assert hf_config.config_from_hf(dict(hf, **changes)).model.dense_layers == dense, changes
+    assert hf_config.config_from_hf(dict(hf, **changes)).model.moe.dense_layers == dense, changes
 
 
 def _refused(match, fn, *args, **kwargs):
@@ -210,10 +211,13 @@ def test_moe_checkpoints_we_cannot_compute_are_refused_in_one_line(qwen3_moe):
   _refused('every layer dense', hf_config.config_from_hf, dict(hf, mlp_only_layers=[0, 1]))
   _refused('decoder_sparse_step=0', hf_config.config_from_hf, dict(hf, decoder_sparse_step=0))
   _refused(
-    'model.dense_layers: checkpoint', hf_config.check_matches, dict(hf, mlp_only_layers=[1]), config
+    'model.moe.dense_layers: checkpoint',
+    hf_config.check_matches,
+    dict(hf, mlp_only_layers=[1]),
+    config,
   )
   _refused(
-    'model.num_experts: checkpoint 8', hf_config.check_matches, dict(hf, num_experts=8), config
+    'model.moe.num_experts: checkpoint 8', hf_config.check_matches, dict(hf, num_experts=8), config
   )
   llada = family_dirs.LLADA_MOE_CONFIG
   _refused('moe_layer_freq', hf_config.config_from_hf, dict(llada, moe_layer_freq=[0, 1]))
@@ -227,7 +231,7 @@ def llada_moe_reference(sd, hf, ids, *, renormalise=False):
   sd = {k: v.double() for k, v in sd.items()}
   heads, kv, eps = hf['num_attention_heads'], hf['num_key_value_heads'], hf['rms_norm_eps']
   hd, top_k = hf['hidden_size'] // heads, hf['num_experts_per_tok']
-  rms, rope = convert_llada_test._rms, convert_llada_test._rope  # pylint: disable=protected-access
+  rms, rope = references.rms, references.rope
   x = sd['model.embed_tokens.weight'][torch.as_tensor(ids)]
   batch, length, _ = x.shape
 
@@ -268,8 +272,9 @@ def test_llada_moe_imports_to_its_forward_and_exports_back_bit_exact(tmp_path):
   theirs = llada_moe_reference(sd, hf, TOKENS)
   config, params = hf_io.load_hf(hf_dir)
   m = config.model
-  assert (m.num_experts, m.experts_per_token, m.moe_ffn_dim, m.shared_experts) == (4, 2, 32, 2)
-  assert (m.router, m.qk_norm, m.head_dim, m.mask_token_id, m.rope_theta) == (
+  e = m.moe
+  assert (e.num_experts, e.experts_per_token, e.ffn_dim, e.shared_experts) == (4, 2, 32, 2)
+  assert (e.router, m.qk_norm, m.head_dim, m.mask_token_id, m.rope_theta) == (
     'softmax_topk_raw',
     True,
     16,
@@ -360,7 +365,9 @@ def test_published_moe_configs_import_as_their_presets():
     eos_token_id=151643,
   )
   config = hf_config.config_from_hf(qwen)
-  assert {k: config.model[k] for k in _ARCHITECTURE_KEYS} == _preset_architecture('qwen3_30b_a3b')
+  assert {
+    k: config_lib.model_field(config.model, k) for k in _ARCHITECTURE_KEYS
+  } == _preset_architecture('qwen3_30b_a3b')
   llada = {
     k: v
     for k, v in dict(
@@ -383,9 +390,9 @@ def test_published_moe_configs_import_as_their_presets():
     if k != 'mask_token_id'
   }
   config = hf_config.config_from_hf(llada)
-  assert {k: config.model[k] for k in _ARCHITECTURE_KEYS} == _preset_architecture(
-    'llada_moe_7b_a1b'
-  )
+  assert {
+    k: config_lib.model_field(config.model, k) for k in _ARCHITECTURE_KEYS
+  } == _preset_architecture('llada_moe_7b_a1b')
   assert (config.model.mask_token_id, config.model.eos_token_id) == (156895, 156892)
 
 

@@ -11,19 +11,18 @@ from dlmjax import evaluate, generate
 from dlmjax.checkpoint import manager
 from dlmjax.observability import plots
 from dlmjax.train import loop
+from tests import stage_configs
 from tests.conftest import tiny_test_config
 from tests.model.moe_test import TINY_MOE
-from tests.rl.stage_test import _rl_config
-from tests.train.sft_stage_test import _cache, sft_config
 
 # The tokenizer's vocabulary stays (the stages read text); one layer, 32 positions.
 MOE = {
   **{k: v for k, v in TINY_MOE.items() if k != 'model.vocab_size'},
   'model.num_layers': 1,
   'model.seq_len': 32,
-  'model.router': 'softmax_topk_raw',
-  'train.moe_balance_loss': 0.01,
-  'train.moe_z_loss': 0.001,
+  'model.moe.router': 'softmax_topk_raw',
+  'model.moe.balance_loss': 0.01,
+  'model.moe.z_loss': 0.001,
 }
 # One sampler shape for RL's rollouts and generate.
 SAMPLER = {'sampler.gen_length': 8, 'sampler.steps': 2, 'sampler.block_length': 8}
@@ -36,7 +35,7 @@ def _rows(run_dir):
 @pytest.mark.slow  # three stages' steps, the RL sampler and the scorer compile
 def test_moe_pretrain_sft_rl_generate_and_likelihood(tmp_path, capsys):
   pre_dir = tmp_path / 'pretrain'
-  c = _cache(
+  c = stage_configs.with_cache(
     tiny_test_config(
       **MOE,
       **{
@@ -65,14 +64,16 @@ def test_moe_pretrain_sft_rl_generate_and_likelihood(tmp_path, capsys):
     '\n'.join(json.dumps({'prompt': f'{i}+1?', 'response': str(i + 1)}) for i in range(16))
   )
   sft_dir = tmp_path / 'sft'
-  sft = sft_config(pre_dir, sft_dir, str(train_file), **{'model.seq_len': 32, 'train.steps': 1})
+  sft = stage_configs.sft_config(
+    pre_dir, sft_dir, str(train_file), **{'model.seq_len': 32, 'train.steps': 1}
+  )
   sft.train.global_batch_size = sft.train.micro_batch_size = 8
   loop.train(sft)
   saved = manager.load_run_config(str(sft_dir))
-  assert (saved.model.num_experts, saved.model.router) == (4, 'softmax_topk_raw')
+  assert (saved.model.moe.num_experts, saved.model.moe.router) == (4, 'softmax_topk_raw')
   assert 'moe_entropy' in _rows(sft_dir)[-1]
 
-  rl = _rl_config(
+  rl = stage_configs.rl_config(
     tmp_path,
     str(sft_dir),
     **{

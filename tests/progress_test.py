@@ -2,7 +2,7 @@
 
 import io
 
-from dlmjax import progress
+from dlmjax.observability import progress
 
 
 class _Terminal(io.StringIO):

@@ -49,6 +49,6 @@ def test_heavy_files_are_collected_first():
 
   items = [Item('a_test.py::x'), Item('b_test.py::x'), Item('b_test.py::y', 'slow')]
   items += [Item('c_test.py::x'), Item('d_test.py::x', 'multiprocess')]
-  conftest._heavy_files_first(items)  # pylint: disable=protected-access
+  conftest.heavy_files_first(items)
   order = ['b_test.py::x', 'b_test.py::y', 'd_test.py::x', 'a_test.py::x', 'c_test.py::x']
   assert [item.nodeid for item in items] == order

@@ -9,9 +9,9 @@ block-causal QK-norm one (sdar_to_hf). Imports read
 Qwen3, MegaDLMs DiffLM, Qwen2, Llama, LLaDA, SDAR and Dream configs, each into the model options of
 its family (model.qk_norm, model.qkv_bias, model.rope_scaling, model.shift_logits, SDAR's
 block-causal attention), and the MoE families Qwen3-MoE and LLaDA-MoE (qwen3_moe_to_hf and
-llada_moe_to_hf write them: model.num_experts, model.router, ...); anything else, or a part we
-cannot compute (sliding windows, a RoPE scaling type without a formula here, dense layers among
-MoE ones), is refused by name.
+llada_moe_to_hf write them: model.moe.num_experts, model.moe.router, ...); anything else, or a
+part we cannot compute (sliding windows, a RoPE scaling type without a formula here, dense layers
+among MoE ones), is refused by name.
 """
 
 from __future__ import annotations
@@ -323,7 +323,7 @@ def _qwen3_moe_experts(hf: dict) -> dict:
   modeling_qwen3_moe.py): softmax over the experts in float32, the top num_experts_per_tok,
   renormalised when norm_topk_prob; no shared expert. Layers listed in mlp_only_layers, or off the
   decoder_sparse_step grid ((i + 1) % step != 0), are dense Qwen3MoeMLPs of intermediate_size:
-  model.dense_layers, whose MLP is ffn_dim wide."""
+  model.moe.dense_layers, whose MLP is ffn_dim wide."""
   experts = hf.get('num_experts', hf.get('num_local_experts'))
   if not experts:
     raise HFConfigError('qwen3_moe config with num_experts=0 is a dense model; save it as Qwen3.')
@@ -475,7 +475,7 @@ def config_from_hf(hf: dict, base=None):
   """
   arch = detect_architecture(hf)
   config = config_lib.defaults() if base is None else base
-  config.model.update(_dims(hf, arch))
+  config_lib.set_model_fields(config.model, _dims(hf, arch))
   ids = dream_special_ids(hf) if arch == 'dream' else hf
   if arch == 'llada_moe':
     ids = {
@@ -515,14 +515,15 @@ def check_matches(hf: dict, config, *, missing_qk_norm: str = 'error') -> None:
     dims.pop('qk_norm')
   dims.pop('vocab_size')  # checked against the embedding rows below.
   # Compared as parsed values: 'factor=8' and 'factor=8.0' are one scaling.
-  ours = dict(
-    config.model.to_dict(), rope_scaling=config_lib.parse_rope_scaling(config.model.rope_scaling)
-  )
+  ours = {k: config_lib.model_field(config.model, k) for k in dims}
+  ours['rope_scaling'] = config_lib.parse_rope_scaling(config.model.rope_scaling)
   dims['rope_scaling'] = config_lib.parse_rope_scaling(dims['rope_scaling'])
   if 'dense_layers' in dims:  # compared as indices: '0, 2' and '2,0' are one set
     ours['dense_layers'] = ','.join(map(str, config_lib.dense_layers(config.model)))
   differing = [
-    f'model.{k}: checkpoint {v!r}, config {ours[k]!r}' for k, v in dims.items() if ours[k] != v
+    f'model.{config_lib.MODEL_FIELD_KEYS.get(k, k)}: checkpoint {v!r}, config {ours[k]!r}'
+    for k, v in dims.items()
+    if ours[k] != v
   ]
   if config.model.vocab_size > embedding_rows(hf, arch):
     differing.append(
@@ -586,8 +587,8 @@ def to_hf(config, *, vocab_rows: int, dtype: str, family: str | None = None) -> 
   is off: a bidirectional model must not decode with a causal KV cache.
   """
   m = config.model
-  if not family and m.num_experts:
-    family = moe_family(m)
+  if not family and m.moe.num_experts:
+    family = moe_family(qk_norm=m.qk_norm, shared_experts=m.moe.shared_experts)
   family = family or export_family(
     qk_norm=m.qk_norm, qkv_bias=m.qkv_bias, shift_logits=m.shift_logits
   )
@@ -734,16 +735,15 @@ def dream_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
   return hf
 
 
-def moe_family(m) -> str:
-  """The MoE family an MoE model (config.model or ModelConfig) exports to by default:
-  Qwen3-MoE's when it has QK-norm and no shared experts, else LLaDA-MoE's (hf_layouts says
-  whether that one can hold it)."""
-  return 'qwen3_moe' if m.qk_norm and not m.shared_experts else 'llada_moe'
+def moe_family(*, qk_norm: bool, shared_experts: int) -> str:
+  """The MoE family an MoE model exports to by default: Qwen3-MoE's when it has QK-norm and no
+  shared experts, else LLaDA-MoE's (hf_layouts says whether that one can hold it)."""
+  return 'qwen3_moe' if qk_norm and not shared_experts else 'llada_moe'
 
 
 def qwen3_moe_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
   """transformers' Qwen3MoeConfig config.json (as Qwen/Qwen3-30B-A3B ships it) for a dlmjax MoE
-  model the qwen3_moe layout holds (hf_layouts): Qwen3's attention, model.dense_layers as
+  model the qwen3_moe layout holds (hf_layouts): Qwen3's attention, model.moe.dense_layers as
   mlp_only_layers (with decoder_sparse_step 1 every layer not listed is sparse), the
   router's renormalisation as norm_topk_prob. Attention as to_hf's exports: `is_causal`, which
   transformers' own masks honour (bidirectional or causal; block_causal is refused)."""
@@ -760,12 +760,12 @@ def qwen3_moe_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
     attn_mask_type=m.attention_mask,
     decoder_sparse_step=1,
     mlp_only_layers=list(config_lib.dense_layers(m)),
-    moe_intermediate_size=m.moe_ffn_dim or m.ffn_dim,
-    num_experts=m.num_experts,
-    num_experts_per_tok=m.experts_per_token,
-    norm_topk_prob=m.router == 'softmax_topk',
+    moe_intermediate_size=m.moe.ffn_dim or m.ffn_dim,
+    num_experts=m.moe.num_experts,
+    num_experts_per_tok=m.moe.experts_per_token,
+    norm_topk_prob=m.moe.router == 'softmax_topk',
     output_router_logits=False,
-    router_aux_loss_coef=config.train.moe_balance_loss,
+    router_aux_loss_coef=config.model.moe.balance_loss,
   )
   if m.rope_scaling:
     hf['rope_scaling'] = _rope_fields(m.rope_scaling)
@@ -781,7 +781,7 @@ def llada_moe_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
   """LLaDA-MoE's config.json (LLaDAMoEConfig's fields; model_type 'llada' as the release keeps
   it, architectures LLaDAMoEModelLM) for a model the llada_moe layout holds (hf_layouts)."""
   m = config.model
-  expert = m.moe_ffn_dim or m.ffn_dim
+  expert = m.moe.ffn_dim or m.ffn_dim
   return dict(
     architectures=['LLaDAMoEModelLM'],
     auto_map=_hub_auto_map(
@@ -807,15 +807,15 @@ def llada_moe_to_hf(config, *, vocab_rows: int, dtype: str) -> dict:
     clip_qkv=None,
     dense_intermediate_size=m.ffn_dim,
     expert_intermediate_size=expert,
-    num_experts=m.num_experts,
-    num_experts_per_tok=m.experts_per_token,
-    shared_expert_intermediate_size=m.shared_experts * expert or None,
+    num_experts=m.moe.num_experts,
+    num_experts_per_tok=m.moe.experts_per_token,
+    shared_expert_intermediate_size=m.moe.shared_experts * expert or None,
     moe_layer_freq=[1] * m.num_layers,
     qk_layernorm=bool(m.qk_norm),
     moe_router_score_function='softmax',
     moe_router_enable_expert_bias=False,
     output_router_logits=False,
-    router_aux_loss_coef=config.train.moe_balance_loss,
+    router_aux_loss_coef=config.model.moe.balance_loss,
     norm_topk_prob=False,
     rope_theta=m.rope_theta,
     rope_scaling=None,

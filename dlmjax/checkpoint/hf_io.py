@@ -26,7 +26,7 @@ import numpy as np
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax import progress
+from dlmjax.observability import progress
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_layouts
 from dlmjax.checkpoint import hf_mapping
@@ -123,10 +123,10 @@ def write_hf(
   if dtype not in DTYPES:
     raise ConvertError(f'--dtype={dtype!r} is not one of {sorted(DTYPES)}.')
   check_output_dir(output_dir)
-  chosen = hf_layouts.choose(layout, config.model, source_family=source_family)
+  cfg = model_lib.ModelConfig.from_config(config)
+  chosen = hf_layouts.choose(layout, cfg, source_family=source_family)
   tokenizer = run_tokenizer.find(config) if copy_tokenizer else None
   check_tokenizer_vocab(tokenizer, config.model.vocab_size, "the run's model.vocab_size")
-  cfg = model_lib.ModelConfig.from_config(config)
   rows = _vocab_rows(config, trim_vocab)
   np_dtype = DTYPES[dtype]
   entries = [

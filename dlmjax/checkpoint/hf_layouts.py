@@ -98,7 +98,7 @@ def _sdar_cannot_hold(m) -> str | None:
 def _moe_cannot_hold(m, family: str) -> str | None:
   """What both MoE layouts need: experts, a softmax router, no q/k/v biases, no logit shift."""
   if not m.num_experts:
-    return f'the {family} layout has experts, the model a dense MLP (model.num_experts=0)'
+    return f'the {family} layout has experts, the model a dense MLP (model.moe.num_experts=0)'
   if m.router == 'sigmoid_bias':
     return f'the {family} layout routes by softmax, the model by sigmoid_bias'
   if m.qkv_bias:
@@ -129,7 +129,8 @@ def _llada_moe_cannot_hold(m) -> str | None:
     why = 'the llada_moe export writes every layer MoE, the model has dense layers'
   if why is None and m.router != 'softmax_topk_raw':
     why = (
-      'the llada_moe layout never renormalises the top-k weights (model.router=softmax_topk_raw)'
+      'the llada_moe layout never renormalises the top-k weights '
+      '(model.moe.router=softmax_topk_raw)'
     )
   if why is None and m.num_heads * m.head_dim != m.d_model:
     why = (
@@ -205,7 +206,7 @@ def for_family(family: str | None) -> Layout | None:
 
 def choose(name: str, model, *, source_family: str | None = None) -> Layout:
   """The layout `name` (or, for `source`, the source family's, else the options' choice) for a
-  model (ModelConfig or config.model); raises HFConfigError when it cannot hold the model."""
+  model (its ModelConfig); raises HFConfigError when it cannot hold the model."""
   if name == SOURCE:
     layout = for_family(source_family)
     if layout is None:
@@ -224,7 +225,7 @@ def choose(name: str, model, *, source_family: str | None = None) -> Layout:
 
 def _options_family(model) -> str:
   if model.num_experts:
-    return hf_config.moe_family(model)
+    return hf_config.moe_family(qk_norm=model.qk_norm, shared_experts=model.shared_experts)
   return hf_config.export_family(
     qk_norm=model.qk_norm, qkv_bias=model.qkv_bias, shift_logits=model.shift_logits
   )

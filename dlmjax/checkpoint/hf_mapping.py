@@ -190,8 +190,8 @@ def layer_slots(cfg: ModelConfig, i: int) -> list[str]:
   dense MLP's or the experts', with the shared experts' when there are any)."""
   if cfg.num_experts and cfg.router == 'sigmoid_bias':
     raise MappingError(
-      'model.router=sigmoid_bias has no Hugging Face family here (Qwen3-MoE and LLaDA-MoE route '
-      'by softmax); keep the run directory (orbax) for it.'
+      'model.moe.router=sigmoid_bias has no Hugging Face family here (Qwen3-MoE and LLaDA-MoE '
+      'route by softmax); keep the run directory (orbax) for it.'
     )
   mlp = _DENSE_SLOTS
   if cfg.is_moe_layer(i):
@@ -223,7 +223,7 @@ def export_family(cfg: ModelConfig) -> str:
   """The Hugging Face family whose layout holds exactly our model (hf_config.export_family; an
   MoE model: Qwen3-MoE's when it has QK-norm and no shared experts, else LLaDA-MoE's)."""
   if cfg.num_experts:
-    return hf_config.moe_family(cfg)
+    return hf_config.moe_family(qk_norm=cfg.qk_norm, shared_experts=cfg.shared_experts)
   return hf_config.export_family(
     qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias, shift_logits=cfg.shift_logits
   )
@@ -512,7 +512,7 @@ def check_source(
   if lacking:
     raise MappingError(
       f"the {arch} layout has no place for the model's {', '.join(lacking)} weights (e.g. shared "
-      'experts, model.shared_experts > 0); import into a model without them.'
+      'experts, model.moe.shared_experts > 0); import into a model without them.'
     )
   source = _unfused(source, naming, cfg)
   expected = _expected(naming, cfg)

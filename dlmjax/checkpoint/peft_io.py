@@ -109,7 +109,7 @@ def read_adapter(path: str, config, setup) -> dict:
   if len(cfg.layer_runs()) > 1:
     _fail(
       path,
-      'is read into one stack of layers, the model has dense and MoE ones (model.dense_layers)',
+      'is read into one stack of layers, the model has dense and MoE ones (model.moe.dense_layers)',
       'train the adapter from scratch, or use a model whose layers are all of one kind',
     )
   config_path = os.path.join(path, CONFIG_FILE)

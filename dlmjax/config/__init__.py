@@ -17,6 +17,7 @@ from dlmjax.config.derived import (
   format_rope_scaling,
   log_outputs,
   lora_targets,
+  model_field,
   mesh_size,
   num_microbatches,
   padded_vocab_size,
@@ -25,6 +26,7 @@ from dlmjax.config.derived import (
   projection_widths,
   ramp_steps,
   resolve_mesh,
+  set_model_fields,
 )
 from dlmjax.config.errors import ConfigError
 from dlmjax.config.keys import get_key
@@ -40,6 +42,7 @@ from dlmjax.config.registry import fit_to_devices, registered_choices, validate
 from dlmjax.config.schema import (
   ARCHITECTURE_KEYS,
   EVAL_SEED,
+  MODEL_FIELD_KEYS,
   STREAM_KEYS,
   VOCAB_MULTIPLE,
   defaults,
@@ -50,6 +53,7 @@ __all__ = [
   'ConfigError',
   'EVAL_SEED',
   'MESH_AXES',
+  'MODEL_FIELD_KEYS',
   'PRESET_OVERRIDE',
   'REMOVED',
   'RENAMED',
@@ -72,6 +76,7 @@ __all__ = [
   'log_outputs',
   'lora_targets',
   'mesh_size',
+  'model_field',
   'num_microbatches',
   'old_key_message',
   'padded_vocab_size',
@@ -82,5 +87,6 @@ __all__ = [
   'ramp_steps',
   'registered_choices',
   'resolve_mesh',
+  'set_model_fields',
   'validate',
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from dlmjax.config.errors import ConfigError
-from dlmjax.config.schema import VOCAB_MULTIPLE
+from dlmjax.config.schema import MODEL_FIELD_KEYS, VOCAB_MULTIPLE
 
 # model.rope_scaling: each type and the fields its formula reads (transformers' rope_type names).
 ROPE_SCALING_FIELDS = {
@@ -111,21 +111,22 @@ def log_outputs(config) -> tuple[str, ...]:
 
 
 def dense_layers(m) -> tuple[int, ...]:
-  """model.dense_layers as sorted layer indices ('3,0' -> (0, 3)); ConfigError if not integers."""
-  text = m.dense_layers
+  """model.moe.dense_layers (of a config.model group) as sorted layer indices ('3,0' -> (0, 3));
+  ConfigError if not integers."""
+  text = m.moe.dense_layers
   try:
     return tuple(sorted({int(part) for part in text.split(',') if part.strip()}))
   except ValueError:
     raise ConfigError(
-      f'model.dense_layers={text!r} is not comma-separated layer indices; set e.g. '
-      "--config.model.dense_layers='0,1'."
+      f'model.moe.dense_layers={text!r} is not comma-separated layer indices; set e.g. '
+      "--config.model.moe.dense_layers='0,1'."
     ) from None
 
 
 def dense_layer_indices(
   num_layers: int, *, sparse_step: int = 1, mlp_only=(), first_k_dense: int = 0
 ) -> str:
-  """model.dense_layers of a checkpoint's layer pattern: transformers' Qwen3-MoE makes layer i
+  """model.moe.dense_layers of a checkpoint's layer pattern: transformers' Qwen3-MoE makes layer i
   sparse iff i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0; DeepSeek / Ling
   / LLaDA2 keep the first first_k_dense_replace layers dense."""
   if sparse_step < 1:
@@ -172,3 +173,23 @@ def fit_schedule(config) -> str | None:
     f'train.steps={t.steps} is shorter than {before} steps: scaled to {after} (set '
     f'{overrides} to choose).'
   )
+
+
+def set_model_fields(model_group, fields: dict) -> None:
+  """Sets model fields named as the model names them (a preset, a Hugging Face checkpoint's
+  dims: num_experts, moe_ffn_dim, ...) on a config.model group, each at its key."""
+  for name, value in fields.items():
+    node, leaf = model_group, MODEL_FIELD_KEYS.get(name, name)
+    if '.' in leaf:
+      group, leaf = leaf.split('.')
+      node = model_group[group]
+    node[leaf] = value
+
+
+def model_field(model_group, name: str):
+  """The config.model group's value of a model field (set_model_fields' names)."""
+  key = MODEL_FIELD_KEYS.get(name, name)
+  node = model_group
+  for part in key.split('.'):
+    node = node[part]
+  return node

@@ -10,6 +10,7 @@ import os
 import ml_collections
 
 from dlmjax.config import schema
+from dlmjax.config.derived import set_model_fields
 from dlmjax.config.errors import ConfigError
 from dlmjax.config.keys import flatten, get_key, parent
 from dlmjax.config.migration import old_key_message
@@ -73,7 +74,7 @@ def apply_overrides(config, overrides, presets: dict | None = None) -> ml_collec
     if dotted == PRESET_OVERRIDE and presets is not None:
       if value not in presets:
         raise ConfigError(f'model.preset={value!r} is not a preset; known: {sorted(presets)}.')
-      config.model.update(presets[value])
+      set_model_fields(config.model, presets[value])
       continue
     message = old_key_message(dotted)
     if message:

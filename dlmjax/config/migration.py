@@ -17,6 +17,18 @@ RENAMED = {
   'rl.block_length': 'sampler.block_length',
   'rl.temperature': 'sampler.temperature',
   'sft.packing': 'data.packing',
+  # MoE: one group, model.moe.* (docs/moe.md).
+  'model.num_experts': 'model.moe.num_experts',
+  'model.experts_per_token': 'model.moe.experts_per_token',
+  'model.moe_ffn_dim': 'model.moe.ffn_dim',
+  'model.shared_experts': 'model.moe.shared_experts',
+  'model.router': 'model.moe.router',
+  'model.dense_layers': 'model.moe.dense_layers',
+  'model.moe_backend': 'model.moe.backend',
+  'model.moe_exchange': 'model.moe.exchange',
+  'train.moe_balance_loss': 'model.moe.balance_loss',
+  'train.moe_z_loss': 'model.moe.z_loss',
+  'train.moe_bias_rate': 'model.moe.bias_rate',
 }
 REMOVED = {
   'rl.advantage_scaling': 'advantages are r - group mean (std scaling: a parameter of '

@@ -48,28 +48,35 @@ def defaults() -> ml_collections.ConfigDict:
   # kernels/rms_norm.py) | auto (the kernel on GPU where it applies).
   c.model.norm_backend = 'xla'
   c.model.dtype = 'float32'  # compute dtype: float32 | bfloat16; params stay float32.
-  # Mixture of experts (dlmjax/model/moe.py): num_experts > 0 makes each layer's MLP an MoE of
-  # that many SwiGLU experts of width moe_ffn_dim (0 = model.ffn_dim), experts_per_token chosen per
-  # token by model.router: softmax_topk (weights renormalised, Qwen3-MoE) | softmax_topk_raw (raw
-  # softmax weights, LLaDA-MoE / OLMoE) | sigmoid_bias (DeepSeek-V3 loss-free balancing);
-  # shared_experts > 0 adds a dense SwiGLU of shared_experts x moe_ffn_dim every token passes.
-  # dense_layers: comma-separated layer indices ('0,1') whose MLP stays the dense one of ffn_dim
-  # in an MoE model (Qwen3-MoE's mlp_only_layers / decoder_sparse_step, DeepSeek's
+  # Mixture of experts (dlmjax/model/moe.py, docs/moe.md), one group: num_experts > 0 makes each
+  # layer's MLP an MoE of that many SwiGLU experts of width ffn_dim (0 = model.ffn_dim),
+  # experts_per_token chosen per token by the router: softmax_topk (weights renormalised,
+  # Qwen3-MoE) | softmax_topk_raw (raw softmax weights, LLaDA-MoE / OLMoE) | sigmoid_bias
+  # (DeepSeek-V3 loss-free balancing); shared_experts > 0 adds a dense SwiGLU of shared_experts x
+  # ffn_dim every token passes. dense_layers: comma-separated layer indices ('0,1') whose MLP stays
+  # the dense one of model.ffn_dim (Qwen3-MoE's mlp_only_layers / decoder_sparse_step, DeepSeek's
   # first_k_dense_replace; dense_layer_indices derives it); '' = every layer MoE.
-  c.model.num_experts = 0
-  c.model.dense_layers = ''
-  c.model.experts_per_token = 2
-  c.model.moe_ffn_dim = 0
-  c.model.shared_experts = 0
-  c.model.router = 'softmax_topk'
+  c.model.moe = ml_collections.ConfigDict()
+  c.model.moe.num_experts = 0  # 0 = the dense MLP
+  c.model.moe.dense_layers = ''  # layers kept dense ('' = none)
+  c.model.moe.experts_per_token = 2  # k
+  c.model.moe.ffn_dim = 0  # each expert's width
+  c.model.moe.shared_experts = 0  # always-on experts
+  c.model.moe.router = 'softmax_topk'  # softmax_topk | softmax_topk_raw | sigmoid_bias
   # The experts' grouped matmul (kernels/grouped_matmul.py): xla (ragged_dot) | tokamax | pallas
   # (our Triton kernels) | auto (pallas on GPU, measured fastest: docs/benchmarks.md MoE; else xla).
-  c.model.moe_backend = 'auto'
+  c.model.moe.backend = 'auto'
   # How tokens reach experts split over mesh.expert (model/moe.py): gather (all-gather the expert
   # group's tokens, reduce-scatter the outputs: 2 x expert x local activations per layer) |
   # all_to_all (send each assignment to its expert's device and back: dropless, so a dense
   # worst-case buffer of min(k, experts per device) times that; equal with one expert a device).
-  c.model.moe_exchange = 'gather'
+  c.model.moe.exchange = 'gather'
+  # Router losses added to the training objective (0 = off): the load-balancing loss (k at
+  # perfect balance) and the router z-loss, each times its coefficient; bias_rate: the
+  # sigmoid_bias router's per-step bias update (DeepSeek-V3's gamma).
+  c.model.moe.balance_loss = 0.0
+  c.model.moe.z_loss = 0.0
+  c.model.moe.bias_rate = 0.001
   # The projections' matmuls (q/k/v/o, MLP gate/up/down): 'compute' runs them in model.dtype,
   # 'fp8' in FP8 on Hopper (e4m3 forward, e5m2 gradients, per-tensor scales; model/fp8.py). The
   # output head and the attention core stay in model.dtype either way.
@@ -131,12 +138,6 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.b2 = 0.95  # AdamW's beta2 (beta1 0.9, eps 1e-8).
   c.train.weight_decay = 0.1  # decoupled, on matrices only (never norms).
   c.train.clip_grad_norm = 1.0  # global gradient-norm clip.
-  # MoE router losses added to the training objective (model.num_experts > 0; 0 = off): the
-  # load-balancing loss (k at perfect balance) and the router z-loss, each times its coefficient;
-  # moe_bias_rate: the sigmoid_bias router's per-step bias update (DeepSeek-V3's gamma).
-  c.train.moe_balance_loss = 0.0
-  c.train.moe_z_loss = 0.0
-  c.train.moe_bias_rate = 0.001
   # A non-finite loss or gradient skips the update; this many in a row stop the run (0 = never).
   c.train.max_consecutive_skips = 10
   # Refuse at start a config whose estimated memory per device (dlmjax/train/memory.py)
@@ -283,7 +284,7 @@ def defaults() -> ml_collections.ConfigDict:
   # eval.every's problems: test (the task's test split) | valid (train-split problems outside
   # rl.num_prompts' set: for choosing a checkpoint without looking at the test split)
   c.rl.eval_split = 'test'
-  # MoE: whether RL's objective gets the router losses of train.moe_balance_loss / moe_z_loss.
+  # MoE: whether RL's objective gets the router losses of model.moe.balance_loss / z_loss.
   c.rl.router_losses = False
   return c
 
@@ -304,13 +305,25 @@ ARCHITECTURE_KEYS = (
   'model.qk_norm',
   'model.qkv_bias',
   'model.shift_logits',
-  'model.num_experts',
-  'model.experts_per_token',
-  'model.moe_ffn_dim',
-  'model.shared_experts',
-  'model.router',
-  'model.dense_layers',
+  'model.moe.num_experts',
+  'model.moe.experts_per_token',
+  'model.moe.ffn_dim',
+  'model.moe.shared_experts',
+  'model.moe.router',
+  'model.moe.dense_layers',
 )
+# The model group's keys under the model's own field names (ModelConfig, the presets, the
+# Hugging Face readers): the MoE subgroup's keys; every other field is model.<its name>.
+MODEL_FIELD_KEYS = {
+  'num_experts': 'moe.num_experts',
+  'experts_per_token': 'moe.experts_per_token',
+  'moe_ffn_dim': 'moe.ffn_dim',
+  'shared_experts': 'moe.shared_experts',
+  'router': 'moe.router',
+  'dense_layers': 'moe.dense_layers',
+  'moe_backend': 'moe.backend',
+  'moe_exchange': 'moe.exchange',
+}
 # The keys that fix the sample and mask streams: a resume needs them equal too (run-time knobs,
 # backends, remat and the mesh may change).
 STREAM_KEYS = ('seed', 'train.global_batch_size', 'diffusion.objective')

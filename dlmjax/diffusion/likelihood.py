@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dlmjax import model as model_lib
-from dlmjax import progress
+from dlmjax.observability import progress
 from dlmjax.diffusion import loss as loss_lib
 
 

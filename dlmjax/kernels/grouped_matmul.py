@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from dlmjax import config as config_lib
 from dlmjax.kernels import grouped_matmul_pallas
 
-BACKENDS = ('auto', 'xla', 'tokamax', 'pallas')  # model.moe_backend
+BACKENDS = ('auto', 'xla', 'tokamax', 'pallas')  # model.moe.backend
 
 
 @functools.cache
@@ -53,8 +53,8 @@ def resolve(backend: str = 'auto') -> str:
     return 'pallas' if jax.default_backend() == 'gpu' else 'xla'
   if backend == 'tokamax' and not tokamax_available():
     raise config_lib.ConfigError(
-      'model.moe_backend=tokamax: tokamax does not import; pip install ".[moe]" (tokamax and '
-      'xprof) or set --config.model.moe_backend=auto.'
+      'model.moe.backend=tokamax: tokamax does not import; pip install ".[moe]" (tokamax and '
+      'xprof) or set --config.model.moe.backend=auto.'
     )
   return backend
 
@@ -104,7 +104,7 @@ def _tokamax_ragged_dot(lhs_MK, rhs_GKN, group_sizes_G):
       error = e
       _failures[implementation] = f'{type(e).__name__}: {str(e).splitlines()[0][:200]}'
   raise config_lib.ConfigError(
-    f'model.moe_backend=tokamax: grouped matmul backend tokamax failed here ({_failures}); use '
-    'backend pallas (GPU) or xla (--config.model.moe_backend=auto picks one), or a tokamax '
+    f'model.moe.backend=tokamax: grouped matmul backend tokamax failed here ({_failures}); use '
+    'backend pallas (GPU) or xla (--config.model.moe.backend=auto picks one), or a tokamax '
     'release built for this jax.'
   ) from error

@@ -22,9 +22,9 @@ registry.choices('model.norm_backend', layers.NORM_BACKENDS)
 registry.choices('model.dtype', layers.COMPUTE_DTYPES)
 registry.choices('model.matmul_dtype', layers.MATMUL_DTYPES)
 registry.choices('model.remat', transformer.REMAT_POLICIES)
-registry.choices('model.router', moe.ROUTERS)
-registry.choices('model.moe_backend', grouped_matmul.BACKENDS)
-registry.choices('model.moe_exchange', moe.EXCHANGES)
+registry.choices('model.moe.router', moe.ROUTERS)
+registry.choices('model.moe.backend', grouped_matmul.BACKENDS)
+registry.choices('model.moe.exchange', moe.EXCHANGES)
 
 
 @registry.check
@@ -154,58 +154,59 @@ def lora_adapters(config):
 def experts(config, num_devices):
   """The MoE keys (on a resolved mesh)."""
   del num_devices  # the mesh is resolved for it already
-  m, mesh, t = config.model, config.mesh, config.train
-  if m.num_experts < 0 or m.moe_ffn_dim < 0 or m.shared_experts < 0:
+  m, mesh = config.model, config.mesh
+  e = m.moe
+  if e.num_experts < 0 or e.ffn_dim < 0 or e.shared_experts < 0:
     raise ConfigError(
-      'model.num_experts, model.moe_ffn_dim and model.shared_experts must be >= 0 (0 = dense, '
-      'ffn_dim, none).'
+      'model.moe.num_experts, model.moe.ffn_dim and model.moe.shared_experts must be >= 0 (0 = '
+      'dense, model.ffn_dim, none).'
     )
-  for key in ('moe_balance_loss', 'moe_z_loss', 'moe_bias_rate'):
-    if t[key] < 0:
-      raise ConfigError(f'train.{key}={t[key]} must be >= 0 (0 = off).')
+  for key in ('balance_loss', 'z_loss', 'bias_rate'):
+    if e[key] < 0:
+      raise ConfigError(f'model.moe.{key}={e[key]} must be >= 0 (0 = off).')
   dense = dense_layers(m)
-  if dense and not m.num_experts:
+  if dense and not e.num_experts:
     raise ConfigError(
-      f'model.dense_layers={m.dense_layers!r} marks dense layers of an MoE model, but '
-      "model.num_experts=0 (every layer is dense); set --config.model.dense_layers=''."
+      f'model.moe.dense_layers={e.dense_layers!r} marks dense layers of an MoE model, but '
+      "model.moe.num_experts=0 (every layer is dense); set --config.model.moe.dense_layers=''."
     )
   outside = [i for i in dense if not 0 <= i < m.num_layers]
   if outside:
     raise ConfigError(
-      f'model.dense_layers={m.dense_layers!r} names layers {outside} outside [0, '
+      f'model.moe.dense_layers={e.dense_layers!r} names layers {outside} outside [0, '
       f'model.num_layers={m.num_layers}); list indices below {m.num_layers}.'
     )
   if dense and len(dense) == m.num_layers:
     raise ConfigError(
-      f'model.dense_layers={m.dense_layers!r} makes every layer dense; set '
-      "--config.model.num_experts=0 and --config.model.dense_layers=''."
+      f'model.moe.dense_layers={e.dense_layers!r} makes every layer dense; set '
+      "--config.model.moe.num_experts=0 and --config.model.moe.dense_layers=''."
     )
-  if not m.num_experts:
+  if not e.num_experts:
     if mesh.expert > 1:
       raise ConfigError(
-        f'mesh.expert={mesh.expert} splits MoE experts but model.num_experts=0; set '
+        f'mesh.expert={mesh.expert} splits MoE experts but model.moe.num_experts=0; set '
         '--config.mesh.expert=1 or give the model experts.'
       )
     return
-  if not 0 < m.experts_per_token <= m.num_experts:
+  if not 0 < e.experts_per_token <= e.num_experts:
     raise ConfigError(
-      f'model.experts_per_token={m.experts_per_token} must be in [1, model.num_experts='
-      f'{m.num_experts}]; set --config.model.experts_per_token to at most {m.num_experts}.'
+      f'model.moe.experts_per_token={e.experts_per_token} must be in [1, model.moe.num_experts='
+      f'{e.num_experts}]; set --config.model.moe.experts_per_token to at most {e.num_experts}.'
     )
-  if m.num_experts % mesh.expert:
+  if e.num_experts % mesh.expert:
     raise ConfigError(
-      f'model.num_experts={m.num_experts} is not divisible by mesh.expert={mesh.expert}; pick an '
-      'expert size that divides it.'
+      f'model.moe.num_experts={e.num_experts} is not divisible by mesh.expert={mesh.expert}; '
+      'pick an expert size that divides it.'
     )
-  if (m.moe_ffn_dim or m.ffn_dim) % mesh.tensor:
+  if (e.ffn_dim or m.ffn_dim) % mesh.tensor:
     raise ConfigError(
-      f'the expert width (model.moe_ffn_dim or model.ffn_dim) is not divisible by mesh.tensor='
+      f'the expert width (model.moe.ffn_dim or model.ffn_dim) is not divisible by mesh.tensor='
       f'{mesh.tensor}; pick a tensor size that divides it.'
     )
   if dense and mesh.pipeline > 1:
     raise ConfigError(
-      f'pipeline stages split one stack of identical layers, but model.dense_layers='
-      f'{m.dense_layers!r} mixes dense and MoE layers; set --config.mesh.pipeline=1.'
+      f'pipeline stages split one stack of identical layers, but model.moe.dense_layers='
+      f'{e.dense_layers!r} mixes dense and MoE layers; set --config.mesh.pipeline=1.'
     )
   if m.matmul_dtype != 'compute':
     raise ConfigError(

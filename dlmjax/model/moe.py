@@ -1,7 +1,7 @@
 """The mixture-of-experts feed-forward layer: a router picks experts_per_token of num_experts
 SwiGLU experts for each token; their outputs, weighted, replace the dense MLP's.
 
-Routers (model.router):
+Routers (model.moe.router):
 - softmax_topk: p = softmax(logits) in float32, the top-k of p, weights renormalised to sum to one
   (transformers' Qwen3-MoE with norm_topk_prob).
 - softmax_topk_raw: the same top-k, weights the raw p values (LLaDA-MoE and OLMoE: no
@@ -15,7 +15,7 @@ Routers (model.router):
 Dispatch is dropless: every (token, choice) assignment is sorted by expert, the experts run as a
 grouped matmul over their contiguous rows (kernels/grouped_matmul.py), and the outputs go back
 to their tokens, weighted (`dispatch`: `run_experts`, then `combine`). With a mesh the experts
-are sharded over `expert` (and their hidden width over `tensor`), and model.moe_exchange picks how
+are sharded over `expert` (and their hidden width over `tensor`), and model.moe.exchange picks how
 tokens reach them (`_sharded_dispatch`; docs/moe.md, expert parallelism):
 - gather: each device gathers the tokens of its `expert` group, runs its own experts on the
   assignments that chose them, and a reduce-scatter returns every token its summed output.
@@ -50,7 +50,7 @@ from dlmjax.parallel import rules
 
 ROUTERS = ('softmax_topk', 'softmax_topk_raw', 'sigmoid_bias')
 BIAS = 'router_bias'  # the sigmoid_bias router's selection bias, a param with no gradient.
-EXCHANGES = ('gather', 'all_to_all')  # model.moe_exchange: how tokens reach sharded experts
+EXCHANGES = ('gather', 'all_to_all')  # model.moe.exchange: how tokens reach sharded experts
 
 
 class MoE(nnx.Module):
@@ -74,12 +74,12 @@ class MoE(nnx.Module):
     exchange: str = 'gather',
   ):
     if router not in ROUTERS:
-      raise ValueError(f'model.router={router!r} is not one of {ROUTERS}.')
+      raise ValueError(f'model.moe.router={router!r} is not one of {ROUTERS}.')
     if exchange not in EXCHANGES:
-      raise ValueError(f'model.moe_exchange={exchange!r} is not one of {EXCHANGES}.')
+      raise ValueError(f'model.moe.exchange={exchange!r} is not one of {EXCHANGES}.')
     if not 0 < experts_per_token <= num_experts:
       raise ValueError(
-        f'model.experts_per_token={experts_per_token} must be in [1, model.num_experts='
+        f'model.moe.experts_per_token={experts_per_token} must be in [1, model.moe.num_experts='
         f'{num_experts}]; lower it.'
       )
     self.num_experts, self.top_k, self.router = num_experts, experts_per_token, router
@@ -276,7 +276,7 @@ def _sharded_dispatch(
   x_BLD, experts_BLK, weights_BLK, gate, up, down, *, backend, exchange='gather'
 ):
   """`dispatch` on every device of the activation mesh (plainly without one); exchange (one of
-  EXCHANGES, model.moe_exchange) picks how tokens meet the experts split over `expert`.
+  EXCHANGES, model.moe.exchange) picks how tokens meet the experts split over `expert`.
 
   Expert parallelism by gathering: the tokens of the devices in one `expert` group are
   all-gathered (each device then holds expert x its rows), every device runs its E / expert
@@ -294,7 +294,7 @@ def _sharded_dispatch(
   which then gathers nothing.
   """
   if exchange not in EXCHANGES:
-    raise ValueError(f'model.moe_exchange={exchange!r} is not one of {EXCHANGES}.')
+    raise ValueError(f'model.moe.exchange={exchange!r} is not one of {EXCHANGES}.')
   mesh = rules.current_mesh()
   expert_axis = tensor_axis = None
   stream = P()

@@ -298,7 +298,7 @@ def apply_preset(model_config, name: str) -> None:
   """Sets every dimension of `name` on a config.model node (configs call this, then override)."""
   if name not in PRESETS:
     raise config_lib.ConfigError(f'unknown model preset {name!r}; known: {sorted(PRESETS)}.')
-  model_config.update(PRESETS[name])
+  config_lib.set_model_fields(model_config, PRESETS[name])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,7 +345,7 @@ class ModelConfig:
   router: str = 'softmax_topk'
   moe_backend: str = 'auto'  # the experts' grouped matmul (kernels/grouped_matmul.py BACKENDS)
   moe_exchange: str = 'gather'  # how tokens reach experts split over mesh.expert (moe.EXCHANGES)
-  # Layers of an MoE model whose MLP is the dense one of ffn_dim (model.dense_layers).
+  # Layers of an MoE model whose MLP is the dense one of ffn_dim (model.moe.dense_layers).
   dense_layers: tuple[int, ...] = ()
 
   @property
@@ -395,13 +395,13 @@ class ModelConfig:
       matmul_dtype=m.matmul_dtype,
       remat=m.remat,
       scan_layers=m.scan_layers,
-      num_experts=m.num_experts,
-      experts_per_token=m.experts_per_token,
-      moe_ffn_dim=m.moe_ffn_dim,
-      shared_experts=m.shared_experts,
-      router=m.router,
-      moe_backend=m.moe_backend,
-      moe_exchange=m.moe_exchange,
+      num_experts=m.moe.num_experts,
+      experts_per_token=m.moe.experts_per_token,
+      moe_ffn_dim=m.moe.ffn_dim,
+      shared_experts=m.moe.shared_experts,
+      router=m.moe.router,
+      moe_backend=m.moe.backend,
+      moe_exchange=m.moe.exchange,
       dense_layers=config_lib.dense_layers(m),
       **schedule,
     )

@@ -2,7 +2,7 @@
 
 All layers live in one stacked Block (leading `layers` axis); `__call__` scans over it with the
 configured remat policy, so compile time and HLO size do not grow with depth. An MoE model with
-dense layers (model.dense_layers) holds one stacked Block per maximal run of layers of one kind
+dense layers (model.moe.dense_layers) holds one stacked Block per maximal run of layers of one kind
 (ModelConfig.layer_runs: `blocks`, `blocks_1`, ...), each scanned in turn; a model whose layers
 are all of one kind has the single `blocks` it always had.
 """
@@ -395,7 +395,7 @@ class Transformer(nnx.Module):
       if len(runs) > 1:
         raise ValueError(
           'pipeline stages split one stack of identical layers; a model with dense and MoE '
-          'layers (model.dense_layers) runs with model.pipeline_stages=1.'
+          'layers (model.moe.dense_layers) runs with model.pipeline_stages=1.'
         )
       graphdef, stacked = nnx.split(self.blocks)
       params = nnx.to_pure_dict(stacked)

@@ -9,7 +9,7 @@ import time
 
 import jax
 
-from dlmjax import progress
+from dlmjax.observability import progress
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.observability import plots as plots_lib
 from dlmjax.observability import sinks as sinks_lib

@@ -48,9 +48,9 @@ def make_step_fn(setup, stage):
   config, cfg = setup.config, setup.model_config
   num_micro = config_lib.num_microbatches(config)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
-  t = config.train
+  experts = config.model.moe
   # The MoE router losses (model/moe.py) join the objective where the stage says so.
-  router_weight = dict(balance_loss=t.moe_balance_loss, z_loss=t.moe_z_loss)
+  router_weight = dict(balance_loss=experts.balance_loss, z_loss=experts.z_loss)
   if not stage.router_losses:
     router_weight = dict(balance_loss=0.0, z_loss=0.0)
 
@@ -119,7 +119,7 @@ def make_step_fn(setup, stage):
         metrics['loss'] = metrics['loss'] + metrics[moe.SUM_PREFIX + 'router_loss']
       # Loss-free balancing: the sigmoid router's bias takes its sign update, not optax's.
       new_params = moe.balance_bias(
-        new_params, sums[moe.SUM_PREFIX + 'counts'], t.moe_bias_rate, old=params
+        new_params, sums[moe.SUM_PREFIX + 'counts'], experts.bias_rate, old=params
       )
     finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(grad_norm)
 

@@ -17,6 +17,51 @@ torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
 safetensors_torch = pytest.importorskip('safetensors.torch')
 
+
+def write_hf_dir(directory, hf: dict, sd: dict, *, first_shard: int | None = None) -> str:
+  """The one writer of a Hugging Face directory from a config dict and a state dict: config.json,
+  the tensors (one model.safetensors, or two shards split after `first_shard` tensors with
+  model.safetensors.index.json, as sharded releases ship them) and a tokenizer.json."""
+  os.makedirs(directory, exist_ok=True)
+  names = list(sd)
+  if first_shard is None:
+    shards = {'model.safetensors': names}
+  else:
+    shards = {
+      'model-00001-of-00002.safetensors': names[:first_shard],
+      'model-00002-of-00002.safetensors': names[first_shard:],
+    }
+  for file, shard_names in shards.items():
+    safetensors_torch.save_file(
+      {n: sd[n].contiguous() for n in shard_names},
+      os.path.join(directory, file),
+      metadata={'format': 'pt'},
+    )
+  if first_shard is not None:
+    weight_map = {n: file for file, shard_names in shards.items() for n in shard_names}
+    with open(os.path.join(directory, 'model.safetensors.index.json'), 'w') as f:
+      json.dump(dict(metadata=dict(total_size=0), weight_map=weight_map), f)
+  with open(os.path.join(directory, 'config.json'), 'w') as f:
+    json.dump(hf, f, indent=2)
+  tiny_run.write_tokenizer(directory, hf['vocab_size'])
+  return str(directory)
+
+
+def save_random_model(directory, build, *, seed: int = 0, scale=lambda name: 2.0) -> str:
+  """save_pretrained of the transformers model `build()` makes (under torch seed `seed`) with
+  every tensor redrawn: transformers initialises biases to zero and gains to one. Norm gains
+  are 1 + noise, biases noise, the rest scale(name) x noise; a 256-token tokenizer beside."""
+  torch.manual_seed(seed)
+  model = build()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = 0.1 * torch.randn_like(p)
+      p.copy_(1.0 + noise if 'norm' in name else noise if 'bias' in name else scale(name) * noise)
+  model.save_pretrained(directory)
+  tiny_run.write_tokenizer(directory, 256)
+  return str(directory)
+
+
 _DIMS = dict(
   vocab_size=256,
   hidden_size=64,
@@ -51,15 +96,7 @@ def transformers_dir(directory, family: str, **overrides) -> str:
   one, so every tensor is redrawn."""
   config_name, class_name, kwargs = TRANSFORMERS_FAMILIES[family]
   config = getattr(transformers, config_name)(**{**kwargs, **overrides})
-  torch.manual_seed(0)
-  model = getattr(transformers, class_name)(config)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = 0.1 * torch.randn_like(p)
-      p.copy_(1.0 + noise if 'norm' in name else noise if 'bias' in name else 2 * noise)
-  model.save_pretrained(directory)
-  tiny_run.write_tokenizer(directory, 256)
-  return str(directory)
+  return save_random_model(directory, lambda: getattr(transformers, class_name)(config))
 
 
 # configuration_llada.py's ModelConfig fields as LLaDAConfig.save_pretrained writes them, with
@@ -166,24 +203,7 @@ def llada_dir(directory, variant: str):
   with model.safetensors.index.json (LLaDA-8B ships 6 shards), and a tokenizer.json."""
   hf = dict(LLADA_CONFIG, **LLADA_VARIANTS[variant])
   sd = llada_state_dict(hf)
-  os.makedirs(directory, exist_ok=True)
-  names = list(sd)
-  shards = {'model-00001-of-00002.safetensors': names[:7], 'model-00002-of-00002.safetensors': []}
-  shards['model-00002-of-00002.safetensors'] = names[7:]
-  weight_map = {}
-  for file, shard_names in shards.items():
-    safetensors_torch.save_file(
-      {n: sd[n].contiguous() for n in shard_names},
-      os.path.join(directory, file),
-      metadata={'format': 'pt'},
-    )
-    weight_map.update({n: file for n in shard_names})
-  with open(os.path.join(directory, 'model.safetensors.index.json'), 'w') as f:
-    json.dump(dict(metadata=dict(total_size=0), weight_map=weight_map), f)
-  with open(os.path.join(directory, 'config.json'), 'w') as f:
-    json.dump(hf, f, indent=2)
-  tiny_run.write_tokenizer(directory, hf['vocab_size'])
-  return str(directory), hf, sd
+  return write_hf_dir(directory, hf, sd, first_shard=7), hf, sd
 
 
 SDAR_BLOCK = 4
@@ -248,16 +268,9 @@ def sdar_dir(directory, *, seed=0, tied=False) -> str:
     rope_theta=float(hf['rope_theta']),
     tie_word_embeddings=tied,
   )
-  torch.manual_seed(seed)
-  model = transformers.Qwen3ForCausalLM(config)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = 0.1 * torch.randn_like(p)
-      p.copy_(1.0 + noise if 'norm' in name else 2 * noise)
-  model.save_pretrained(directory)
-  with open(os.path.join(directory, 'config.json'), 'w') as f:
+  save_random_model(directory, lambda: transformers.Qwen3ForCausalLM(config), seed=seed)
+  with open(os.path.join(directory, 'config.json'), 'w') as f:  # SDAR's fields over Qwen3's
     json.dump(hf, f, indent=2)
-  tiny_run.write_tokenizer(directory, 256)
   return str(directory)
 
 
@@ -331,24 +344,7 @@ def dream_dir(directory, **changes):
   model.safetensors.index.json (Dream-v0-7B ships 4), and a tokenizer.json."""
   hf = dict(DREAM_CONFIG, **changes)
   sd = dream_state_dict(hf)
-  os.makedirs(directory, exist_ok=True)
-  names = list(sd)
-  shards = {'model-00001-of-00002.safetensors': names[:9], 'model-00002-of-00002.safetensors': []}
-  shards['model-00002-of-00002.safetensors'] = names[9:]
-  weight_map = {}
-  for file, shard_names in shards.items():
-    safetensors_torch.save_file(
-      {n: sd[n].contiguous() for n in shard_names},
-      os.path.join(directory, file),
-      metadata={'format': 'pt'},
-    )
-    weight_map.update({n: file for n in shard_names})
-  with open(os.path.join(directory, 'model.safetensors.index.json'), 'w') as f:
-    json.dump(dict(metadata=dict(total_size=0), weight_map=weight_map), f)
-  with open(os.path.join(directory, 'config.json'), 'w') as f:
-    json.dump(hf, f, indent=2)
-  tiny_run.write_tokenizer(directory, hf['vocab_size'])
-  return str(directory), hf, sd
+  return write_hf_dir(directory, hf, sd, first_shard=9), hf, sd
 
 
 # Mixture-of-experts families (docs/moe.md). transformers' Qwen3MoeConfig with tiny sizes: 4
@@ -372,15 +368,11 @@ def qwen3_moe_dir(directory, **overrides) -> str:
   `overrides`): per-expert names on disk, as the published checkpoints have them. The router
   is redrawn larger so its top-k differs clearly between tokens."""
   config = transformers.Qwen3MoeConfig(**{**QWEN3_MOE_CONFIG, **overrides})
-  torch.manual_seed(0)
-  model = transformers.Qwen3MoeForCausalLM(config)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = 0.1 * torch.randn_like(p)
-      p.copy_(1.0 + noise if 'norm' in name else 20 * noise if 'mlp.gate' in name else 2 * noise)
-  model.save_pretrained(directory)
-  tiny_run.write_tokenizer(directory, 256)
-  return str(directory)
+  return save_random_model(
+    directory,
+    lambda: transformers.Qwen3MoeForCausalLM(config),
+    scale=lambda name: 20.0 if 'mlp.gate' in name else 2.0,
+  )
 
 
 # LLaDAMoEConfig's fields (dllm's configuration_lladamoe.py) with LLaDA-MoE-7B-A1B's values where
@@ -468,13 +460,4 @@ def llada_moe_dir(directory, **changes):
   (directory, config dict, state dict)."""
   hf = dict(LLADA_MOE_CONFIG, **changes)
   sd = llada_moe_state_dict(hf)
-  os.makedirs(directory, exist_ok=True)
-  safetensors_torch.save_file(
-    {n: t.contiguous() for n, t in sd.items()},
-    os.path.join(directory, 'model.safetensors'),
-    metadata={'format': 'pt'},
-  )
-  with open(os.path.join(directory, 'config.json'), 'w') as f:
-    json.dump(hf, f, indent=2)
-  tiny_run.write_tokenizer(directory, hf['vocab_size'])
-  return str(directory), hf, sd
+  return write_hf_dir(directory, hf, sd), hf, sd

@@ -11,7 +11,7 @@ import pytest
 
 from dlmjax import model as model_lib
 from dlmjax.diffusion import sampler
-from tests.diffusion.sampler_test import MASK, PAD, VOCAB, _model
+from tests.diffusion import tiny_sampler
 
 BLOCK_SIZE = 4
 # Lengths 3, 5, 1, 4, 7, 8: most are not a multiple of block_size, so most rows' first decoded
@@ -27,7 +27,9 @@ FIXED = sampler.SamplingConfig(gen_length=16, steps=8, block_length=8)
 
 @functools.lru_cache
 def _block_causal():
-  return _model(**{'model.attention_mask': 'block_causal', 'model.block_size': BLOCK_SIZE})
+  return tiny_sampler.model(
+    **{'model.attention_mask': 'block_causal', 'model.block_size': BLOCK_SIZE}
+  )
 
 
 @functools.lru_cache
@@ -44,10 +46,10 @@ def _decode_fn(sampling):
       lengths_B,
       sampling,
       key,
-      mask_id=MASK,
+      mask_id=tiny_sampler.MASK,
       eos_id=eos_id,
-      pad_id=PAD,
-      vocab_size=VOCAB,
+      pad_id=tiny_sampler.PAD,
+      vocab_size=tiny_sampler.VOCAB,
     )
 
   return fn
@@ -59,7 +61,7 @@ def _decode(sampling, eos_id, prompts=PROMPTS):
   so the cases of a setting share a compile."""
   _, params = _block_causal()
   rows = [prompts[i % len(prompts)] for i in range(len(PROMPTS))]
-  prompt_BP, lengths_B = sampler.pad_prompts(rows, PAD, width=max(map(len, PROMPTS)))
+  prompt_BP, lengths_B = sampler.pad_prompts(rows, tiny_sampler.PAD, width=max(map(len, PROMPTS)))
   fn = _decode_fn(sampling)
   out, ran, steps = fn(params, prompt_BP, lengths_B, jax.random.key(0), np.int32(eos_id))
   _decode.steps = np.asarray(steps)[: len(prompts)]  # each token's commit step
@@ -84,19 +86,19 @@ def sdar_reference(prompt, s, eos_id=None):
   Returns (tokens, the step that committed each: block b's step s is b * steps_per_block + s)."""
   n, block, spb = len(prompt), s.block_length, s.steps_per_block
   first = n // BLOCK_SIZE * BLOCK_SIZE
-  x = np.full(REFERENCE_WIDTH, MASK)
+  x = np.full(REFERENCE_WIDTH, tiny_sampler.MASK)
   x[:n] = prompt
   steps = np.full(REFERENCE_WIDTH, -1)
   for b, lo in enumerate(range(first, n + s.gen_length, block)):
     index = np.arange(lo, lo + block)
-    count = ((x[lo : lo + block] == MASK) & (index >= n)).sum()
+    count = ((x[lo : lo + block] == tiny_sampler.MASK) & (index >= n)).sum()
     transfer = count // spb + (np.arange(spb) < count % spb)
     for step in range(spb):
-      masked = (x[lo : lo + block] == MASK) & (index >= n)
+      masked = (x[lo : lo + block] == tiny_sampler.MASK) & (index >= n)
       if not masked.any():
         break
       logits = _forward()(x)[lo : lo + block]  # later blocks are invisible (block-causal).
-      logits[:, MASK], logits[:, VOCAB:] = -np.inf, -np.inf
+      logits[:, tiny_sampler.MASK], logits[:, tiny_sampler.VOCAB :] = -np.inf, -np.inf
       x0 = logits.argmax(-1)
       probs = np.exp(logits - logits.max(-1, keepdims=True))
       conf = np.where(masked, (probs / probs.sum(-1, keepdims=True))[np.arange(block), x0], -np.inf)
@@ -136,7 +138,7 @@ def test_block_cache_matches_the_per_row_reference(s, stop_at_eos):
   """Token-identical, rows of any length; a cache off by one block (the prefill or a committed
   block's K/V written a block early or late, or not written) changes the tokens."""
   sampling = dataclasses.replace(s, cache='block', stop_at_eos=stop_at_eos)
-  eos_id = VOCAB - 1
+  eos_id = tiny_sampler.VOCAB - 1
   got, ran = _decode(sampling, eos_id)
   want = np.stack([_reference(i, s) for i in range(len(PROMPTS))])
   assert not (want == eos_id).any()  # no text ends (stop_at_eos changes nothing).
@@ -144,7 +146,7 @@ def test_block_cache_matches_the_per_row_reference(s, stop_at_eos):
   # The trajectory: the step that committed each token (TraceRL's rollout record).
   want_steps = np.stack([_reference(i, s, steps=True) for i in range(len(PROMPTS))])
   np.testing.assert_array_equal(_decode.steps, want_steps)
-  assert not (got == MASK).any()
+  assert not (got == tiny_sampler.MASK).any()
   assert ran == -(-(BLOCK_SIZE - 1 + s.gen_length) // s.block_length)  # a tail needs one more.
 
 
@@ -154,7 +156,7 @@ def test_stops_once_every_text_has_ended():
   free = [_reference(i, SDAR) for i in range(len(PROMPTS))]
   # As EOS, the token most rows write in their first 10; the batch: those rows.
   early = [set(row[:10].tolist()) for row in free]
-  eos_id = max(range(4, VOCAB), key=lambda t: (sum(t in e for e in early), -t))
+  eos_id = max(range(4, tiny_sampler.VOCAB), key=lambda t: (sum(t in e for e in early), -t))
   rows = [i for i, e in enumerate(early) if eos_id in e]
   assert len(rows) >= 2, free
   prompts, free = [PROMPTS[i] for i in rows], [free[i] for i in rows]
@@ -163,7 +165,7 @@ def test_stops_once_every_text_has_ended():
   for i, row, ref in zip(rows, got, free):
     want = _reference(i, SDAR, eos_id)
     assert _text(row, eos_id) == _text(want, eos_id) == _text(ref, eos_id)
-    assert not (row == MASK).any()  # what stayed masked after the EOS reads as EOS.
+    assert not (row == tiny_sampler.MASK).any()  # what stayed masked after the EOS reads as EOS.
   # Each row's text ends in block (its prompt rest + the EOS index) // block_length.
   last = max(
     (len(p) % BLOCK_SIZE + len(_text(r, eos_id))) // SDAR.block_length
@@ -173,10 +175,10 @@ def test_stops_once_every_text_has_ended():
 
 
 def test_block_decoding_refusals():
-  model_config, params = _model()  # bidirectional
+  model_config, params = tiny_sampler.model()  # bidirectional
   module = model_lib.merge(model_config, params)
-  prompt_BP, lengths_B = sampler.pad_prompts(PROMPTS[:2], PAD)
-  kwargs = dict(mask_id=MASK, eos_id=VOCAB - 1, pad_id=PAD)
+  prompt_BP, lengths_B = sampler.pad_prompts(PROMPTS[:2], tiny_sampler.PAD)
+  kwargs = dict(mask_id=tiny_sampler.MASK, eos_id=tiny_sampler.VOCAB - 1, pad_id=tiny_sampler.PAD)
   block = dataclasses.replace(SDAR, cache='block')
   with pytest.raises(ValueError, match="exact only for causal or block_causal.*cache='none'"):
     sampler.decode_blocks(module, prompt_BP, lengths_B, block, jax.random.key(0), **kwargs)

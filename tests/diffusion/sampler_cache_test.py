@@ -15,10 +15,7 @@ from dlmjax.diffusion import sampler
 from dlmjax.model import attention
 from dlmjax.parallel import mesh as mesh_lib
 from tests.conftest import tiny_test_config
-from tests.diffusion.sampler_test import MASK, PAD, PROMPTS, _generate, _model
-
-# 2 blocks of 8, 4 steps per block: the cached steps are 3 of every 4.
-BASE = sampler.SamplingConfig(gen_length=16, steps=8, block_length=8)
+from tests.diffusion import tiny_sampler
 
 
 # Dream's options (q/k/v biases, no QK-norm, token i predicted at position i-1).
@@ -30,39 +27,14 @@ def _models(kind, scan=True, options=()):
   overrides = {'model.attention_mask': kind, 'model.scan_layers': scan, **dict(options)}
   if kind == 'block_causal':
     overrides['model.block_size'] = 4
-  return _model(**overrides)
-
-
-def _canvas(prompts, gen_length, seed=0):
-  """A left-padded canvas of prompts and random completion tokens, its segment ids and positions."""
-  prompt_BP, lengths_B = sampler.pad_prompts(prompts, PAD)
-  batch, width = prompt_BP.shape
-  rng = np.random.default_rng(seed)
-  tokens = np.concatenate([prompt_BP, rng.integers(4, 100, (batch, gen_length))], 1)
-  index = np.arange(width + gen_length)[None]
-  offset = (width - lengths_B)[:, None]
-  segments = (index >= offset).astype(np.int32)
-  positions = np.maximum(index - offset, 0)
-  return jnp.asarray(tokens, jnp.int32), jnp.asarray(segments), jnp.asarray(positions), width
-
-
-def _slice_logits(module, tokens, segments, positions, kv, start, size):
-  window = lambda a: jax.lax.dynamic_slice_in_dim(a, start, size, axis=1)  # noqa: E731
-  hidden, kv = module.hidden_kv(
-    window(tokens),
-    positions_BL=window(positions),
-    segment_ids_BL=segments,
-    kv_cache=kv,
-    cache_start=start,
-  )
-  return module.logits(hidden), kv
+  return tiny_sampler.model(**overrides)
 
 
 def test_cached_slice_forward_equals_the_whole_canvas_forward(scan=True):
   """Dual (the block alone) and prefix (block and suffix) slices attending to K/V of the same
   canvas give the whole forward's logits, and hand back the same K/V for their positions."""
   model_config, params = _models('bidirectional', scan)
-  tokens, segments, positions, width = _canvas(PROMPTS, 16)
+  tokens, segments, positions, width = tiny_sampler.canvas(tiny_sampler.PROMPTS, 16)
   start = width + 8
 
   @jax.jit
@@ -70,17 +42,17 @@ def test_cached_slice_forward_equals_the_whole_canvas_forward(scan=True):
     module = model_lib.merge(model_config, params)
     full = module(tokens, segment_ids_BL=segments, positions_BL=positions)
     hidden, kv = module.hidden_kv(tokens, positions_BL=positions, segment_ids_BL=segments)
-    dual, dual_kv = _slice_logits(module, tokens, segments, positions, kv, start, 8)
-    prefix, _ = _slice_logits(module, tokens, segments, positions, kv, width, 16)
+    dual, dual_kv = tiny_sampler.slice_logits(module, tokens, segments, positions, kv, start, 8)
+    prefix, _ = tiny_sampler.slice_logits(module, tokens, segments, positions, kv, width, 16)
     return full, module.logits(hidden), dual, prefix, kv, dual_kv
 
   full, with_kv, dual, prefix, kv, dual_kv = run(params, tokens)
   np.testing.assert_allclose(with_kv, full, atol=1e-5)
   np.testing.assert_allclose(dual, full[:, start : start + 8], atol=1e-4)
   np.testing.assert_allclose(prefix, full[:, width:], atol=1e-4)
-  assert kv[0].shape == (2, len(PROMPTS), tokens.shape[1], 2, 16)
+  assert kv[0].shape == (2, len(tiny_sampler.PROMPTS), tokens.shape[1], 2, 16)
   for kept, returned in zip(kv, dual_kv):
-    assert returned.shape == (2, len(PROMPTS), 8, 2, 16)
+    assert returned.shape == (2, len(tiny_sampler.PROMPTS), 8, 2, 16)
     np.testing.assert_allclose(returned, kept[:, :, start : start + 8], atol=1e-5)
 
 
@@ -89,8 +61,10 @@ def test_fresh_block_kv_replace_stale_ones(scan):
   """After the block's tokens change, a causal model's cached block forward (prefix K/V kept,
   the block's recomputed) equals the whole forward of the new canvas: stale block K/V would not."""
   model_config, params = _models('causal', scan)
-  old, segments, positions, width = _canvas(PROMPTS, 16, seed=0)
-  new = old.at[:, width + 8 :].set(_canvas(PROMPTS, 16, seed=1)[0][:, width + 8 :])
+  old, segments, positions, width = tiny_sampler.canvas(tiny_sampler.PROMPTS, 16, seed=0)
+  new = old.at[:, width + 8 :].set(
+    tiny_sampler.canvas(tiny_sampler.PROMPTS, 16, seed=1)[0][:, width + 8 :]
+  )
   start = width + 8
 
   @jax.jit
@@ -99,22 +73,13 @@ def test_fresh_block_kv_replace_stale_ones(scan):
     _, kv = module.hidden_kv(old, positions_BL=positions, segment_ids_BL=segments)
     return (
       module(new, segment_ids_BL=segments, positions_BL=positions)[:, start : start + 8],
-      _slice_logits(module, new, segments, positions, kv, start, 8)[0],
+      tiny_sampler.slice_logits(module, new, segments, positions, kv, start, 8)[0],
       module(old, segment_ids_BL=segments, positions_BL=positions)[:, start : start + 8],
     )
 
   want, got, stale = run(params, old, new)
   np.testing.assert_allclose(got, want, atol=1e-4)
   assert np.abs(stale - want).max() > 1e-2  # the canvases differ where it matters.
-
-
-def _same(model_config, params, sampling, prompts=PROMPTS, key=0, mesh=None):
-  """(tokens of `sampling`, tokens of the same settings uncached)."""
-  none = dataclasses.replace(sampling, cache='none', cache_refresh=0)
-  return (
-    _generate(model_config, params, sampling, key=key, prompts=prompts, mesh=mesh),
-    _generate(model_config, params, none, key=key, prompts=prompts),
-  )
 
 
 @pytest.mark.parametrize(
@@ -130,41 +95,55 @@ def _same(model_config, params, sampling, prompts=PROMPTS, key=0, mesh=None):
 )
 def test_block_cache_is_token_identical_to_none(kind, changes):
   model_config, params = _models(kind)
-  sampling = dataclasses.replace(BASE, cache='block', **changes)
-  got, want = _same(model_config, params, sampling)
+  sampling = dataclasses.replace(tiny_sampler.CACHE_BASE, cache='block', **changes)
+  got, want = tiny_sampler.cached_and_uncached(model_config, params, sampling)
   np.testing.assert_array_equal(got, want)
-  assert not (got == MASK).any()
+  assert not (got == tiny_sampler.MASK).any()
 
 
 @pytest.mark.parametrize(
   'mode,sampling',
   [
-    ('prefix', dataclasses.replace(BASE, cache_refresh=1)),  # refreshed every step.
+    (
+      'prefix',
+      dataclasses.replace(tiny_sampler.CACHE_BASE, cache_refresh=1),
+    ),  # refreshed every step.
     # One step per block: every step a refresh.
-    ('dual', dataclasses.replace(BASE, steps=2, cfg_scale=1.5, temperature=0.7, top_p=0.9)),
+    (
+      'dual',
+      dataclasses.replace(
+        tiny_sampler.CACHE_BASE, steps=2, cfg_scale=1.5, temperature=0.7, top_p=0.9
+      ),
+    ),
   ],
   ids=['prefix_refresh_every_step', 'dual_one_step_per_block_cfg_sampled'],
 )
 def test_prefix_and_dual_are_exact_where_the_approximation_is(mode, sampling):
   model_config, params = _models('bidirectional')
-  got, want = _same(model_config, params, dataclasses.replace(sampling, cache=mode))
+  got, want = tiny_sampler.cached_and_uncached(
+    model_config, params, dataclasses.replace(sampling, cache=mode)
+  )
   np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize('mode', ['prefix', 'dual'])
 def test_prefix_and_dual_reuse_kv_exactly_for_a_causal_model(mode):
   """Several cached steps per block; exact here, as no kept K/V depends on later positions."""
-  got, want = _same(*_models('causal'), dataclasses.replace(BASE, cache=mode, cfg_scale=0.5))
+  got, want = tiny_sampler.cached_and_uncached(
+    *_models('causal'), dataclasses.replace(tiny_sampler.CACHE_BASE, cache=mode, cfg_scale=0.5)
+  )
   np.testing.assert_array_equal(got, want)
 
 
 def test_dual_is_an_approximation_for_a_bidirectional_model():
   """The kept K/V are used between refreshes: the tokens differ from none's, and a mid-block
   refresh changes them again."""
-  got, want = _same(*_models('bidirectional'), dataclasses.replace(BASE, cache='dual'))
-  assert (got != want).any() and not (got == MASK).any()
-  sampling = dataclasses.replace(BASE, cache='dual', cache_refresh=2)
-  refreshed = _generate(*_models('bidirectional'), sampling)
+  got, want = tiny_sampler.cached_and_uncached(
+    *_models('bidirectional'), dataclasses.replace(tiny_sampler.CACHE_BASE, cache='dual')
+  )
+  assert (got != want).any() and not (got == tiny_sampler.MASK).any()
+  sampling = dataclasses.replace(tiny_sampler.CACHE_BASE, cache='dual', cache_refresh=2)
+  refreshed = tiny_sampler.generate(*_models('bidirectional'), sampling)
   assert (refreshed != got).any()
 
 
@@ -175,18 +154,23 @@ def test_cached_sampler_sharded_over_a_mesh_equals_one_device(mode, backend):
   mesh = mesh_lib.make_mesh(tiny_test_config(**{'mesh.data': 2, 'mesh.fsdp': 4}))
   options = (('model.attention_backend', backend),) if backend != 'xla' else ()
   model_config, params = _models('causal' if mode == 'block' else 'bidirectional', options=options)
-  sampling = dataclasses.replace(BASE, cache=mode, cfg_scale=0.5)
+  sampling = dataclasses.replace(tiny_sampler.CACHE_BASE, cache=mode, cfg_scale=0.5)
   np.testing.assert_array_equal(
-    _generate(model_config, params, sampling, mesh=mesh),
-    _generate(model_config, params, sampling),
+    tiny_sampler.generate(model_config, params, sampling, mesh=mesh),
+    tiny_sampler.generate(model_config, params, sampling),
   )
 
 
 def test_exact_cache_refused_where_inexact():
   with pytest.raises(ValueError, match="cache='block' is exact only for causal"):
-    _generate(*_models('bidirectional'), dataclasses.replace(BASE, cache='block'))
+    tiny_sampler.generate(
+      *_models('bidirectional'), dataclasses.replace(tiny_sampler.CACHE_BASE, cache='block')
+    )
   with pytest.raises(ValueError, match='multiple of model.block_size'):
-    _generate(*_models('block_causal'), dataclasses.replace(BASE, cache='block', block_length=2))
+    tiny_sampler.generate(
+      *_models('block_causal'),
+      dataclasses.replace(tiny_sampler.CACHE_BASE, cache='block', block_length=2),
+    )
 
 
 @pytest.mark.parametrize(
@@ -203,9 +187,14 @@ def test_shifted_model_caches_are_token_identical_to_none(kind, mode, changes):
   of the block's first token: greedy, several cached steps per block, the tokens are none's
   wherever the cache is exact. A slice from the block start would read that token from itself."""
   model_config, params = _models(kind, options=DREAM)
-  got, want = _same(model_config, params, dataclasses.replace(BASE, cache=mode, **changes), PROMPTS)
+  got, want = tiny_sampler.cached_and_uncached(
+    model_config,
+    params,
+    dataclasses.replace(tiny_sampler.CACHE_BASE, cache=mode, **changes),
+    tiny_sampler.PROMPTS,
+  )
   np.testing.assert_array_equal(got, want)
-  assert not (got == MASK).any()
+  assert not (got == tiny_sampler.MASK).any()
 
 
 def test_shifted_slice_from_one_position_early_equals_the_whole_canvas_forward():
@@ -213,7 +202,7 @@ def test_shifted_slice_from_one_position_early_equals_the_whole_canvas_forward()
   of the same canvas, gives the whole forward's (shifted) logits for the block; its first row,
   with no predecessor in the slice, is not the canvas's and is the row the sampler drops."""
   model_config, params = _models('bidirectional', options=DREAM)
-  tokens, segments, positions, width = _canvas(PROMPTS, 16)
+  tokens, segments, positions, width = tiny_sampler.canvas(tiny_sampler.PROMPTS, 16)
   start = width + 8
 
   @jax.jit
@@ -221,8 +210,8 @@ def test_shifted_slice_from_one_position_early_equals_the_whole_canvas_forward()
     module = model_lib.merge(model_config, params)
     full = module(tokens, segment_ids_BL=segments, positions_BL=positions)
     _, kv = module.hidden_kv(tokens, positions_BL=positions, segment_ids_BL=segments)
-    dual, _ = _slice_logits(module, tokens, segments, positions, kv, start - 1, 9)
-    prefix, _ = _slice_logits(module, tokens, segments, positions, kv, width - 1, 17)
+    dual, _ = tiny_sampler.slice_logits(module, tokens, segments, positions, kv, start - 1, 9)
+    prefix, _ = tiny_sampler.slice_logits(module, tokens, segments, positions, kv, width - 1, 17)
     return full, dual, prefix
 
   full, dual, prefix = run(params, tokens)
@@ -246,16 +235,18 @@ def test_slice_kernel_decodes_the_xla_backends_tokens(kind, mode, options):
   its 16-key tile, so a shifted last tile too), and the tokens are the xla backend's (its
   copying path), token for token (whose block cache is none's:
   test_block_cache_is_token_identical_to_none)."""
-  sampling = dataclasses.replace(BASE, cache=mode, cfg_scale=0.5)
+  sampling = dataclasses.replace(tiny_sampler.CACHE_BASE, cache=mode, cfg_scale=0.5)
   pallas_config, params = _models(kind, options=(('model.attention_backend', 'pallas'), *options))
   xla_config, xla_params = _models(kind, options=options)
-  prompt_BP, lengths_B = sampler.pad_prompts(PROMPTS, PAD)
-  fn = sampler.make_generate_fn(pallas_config, sampling, mask_id=MASK, eos_id=2, pad_id=PAD)
+  prompt_BP, lengths_B = sampler.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD)
+  fn = sampler.make_generate_fn(
+    pallas_config, sampling, mask_id=tiny_sampler.MASK, eos_id=2, pad_id=tiny_sampler.PAD
+  )
   jaxpr = str(fn.trace(params, prompt_BP, lengths_B, jax.random.key(0)).jaxpr)
   assert 'flash_attention_slice_cached' in jaxpr
   assert 'flash_attention_slice ' not in jaxpr  # no copying slice kernel left
-  got = _generate(pallas_config, params, sampling)
-  np.testing.assert_array_equal(got, _generate(xla_config, xla_params, sampling))
+  got = tiny_sampler.generate(pallas_config, params, sampling)
+  np.testing.assert_array_equal(got, tiny_sampler.generate(xla_config, xla_params, sampling))
 
 
 @pytest.mark.parametrize('copying', [False, True])
@@ -265,13 +256,13 @@ def test_cached_slice_forward_copies_no_cache_on_gpu(copying, monkeypatch):
   [B, S, K, H] copy of a layer's; copying=True (attention.gathered_slice_attention, the path
   before the in-place kernel) shows the check sees those copies."""
   model_config, params = _models('bidirectional', options=(('model.attention_backend', 'pallas'),))
-  tokens, segments, positions, width = _canvas(PROMPTS, 16)
-  shape = (model_config.num_layers, len(PROMPTS), tokens.shape[1], 2, 16)
+  tokens, segments, positions, width = tiny_sampler.canvas(tiny_sampler.PROMPTS, 16)
+  shape = (model_config.num_layers, len(tiny_sampler.PROMPTS), tokens.shape[1], 2, 16)
   kv = (jax.ShapeDtypeStruct(shape, jnp.float32),) * 2
 
   def run(params, kv):
     module = model_lib.merge(model_config, params)
-    return _slice_logits(module, tokens, segments, positions, kv, width + 8, 8)
+    return tiny_sampler.slice_logits(module, tokens, segments, positions, kv, width + 8, 8)
 
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   if copying:
@@ -297,13 +288,15 @@ def test_gpu_in_place_slices_equal_the_copying_slices(kind, mode, monkeypatch):
   cache gathered, the fresh K/V written in, then the slice kernel), and the pallas sampler
   decodes every token of its cache mode."""
   model_config, params = _models(kind, options=(('model.attention_backend', 'pallas'),))
-  tokens, segments, positions, width = _canvas(PROMPTS, 16)
+  tokens, segments, positions, width = tiny_sampler.canvas(tiny_sampler.PROMPTS, 16)
 
   def run(params):
     module = model_lib.merge(model_config, params)
     _, kv = module.hidden_kv(tokens, positions_BL=positions, segment_ids_BL=segments)
     slices = ((width + 8, 8), (width - 1, 17))  # dual's block; a shifted prefix's
-    return [_slice_logits(module, tokens, segments, positions, kv, *s)[0] for s in slices]
+    return [
+      tiny_sampler.slice_logits(module, tokens, segments, positions, kv, *s)[0] for s in slices
+    ]
 
   got = jax.jit(lambda p: run(p))(params)  # a new function each: no trace of the other path
   monkeypatch.setattr(attention, 'cached_slice_attention', attention.gathered_slice_attention)
@@ -313,5 +306,7 @@ def test_gpu_in_place_slices_equal_the_copying_slices(kind, mode, monkeypatch):
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, atol=1e-2 * float(np.abs(w).max()))
   monkeypatch.undo()
-  out = _generate(model_config, params, dataclasses.replace(BASE, cache=mode, cfg_scale=0.5))
-  assert not (out == MASK).any()
+  out = tiny_sampler.generate(
+    model_config, params, dataclasses.replace(tiny_sampler.CACHE_BASE, cache=mode, cfg_scale=0.5)
+  )
+  assert not (out == tiny_sampler.MASK).any()

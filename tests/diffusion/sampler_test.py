@@ -1,7 +1,6 @@
 """The sampler against a plain numpy statement of LLaDA's generate loop, driving the same model."""
 
 import dataclasses
-import functools
 
 import jax
 import numpy as np
@@ -12,32 +11,12 @@ from dlmjax import model as model_lib
 from dlmjax.diffusion import sampler
 from dlmjax.parallel import mesh as mesh_lib
 from tests.conftest import tiny_test_config
-
-MASK, EOS, PAD, VOCAB = 3, 2, 0, 100
-PROMPTS = [
-  [5, 6, 7],
-  [8, 9, 10, 11, 12, 13, 14],
-  [20],
-  [30, 31, 32, 33, 34],
-  [40, 41],
-  [50, 51, 52, 53, 54, 55, 56, 57],
-  [60, 61, 62, 63],
-  [70, 71, 72],
-]
-# 2 blocks of 8, 3 steps per block: 3, 3, 2 tokens per step (the remainder goes first).
-BASE = sampler.SamplingConfig(gen_length=16, steps=6, block_length=8)
-
-
-def _model(**overrides):
-  # init_std 0.3: peaked predictions (median top probability 0.5), so confidences rarely tie.
-  config = tiny_test_config(**{'model.vocab_size': VOCAB, 'model.init_std': 0.3, **overrides})
-  model_config = model_lib.ModelConfig.from_config(config)
-  return model_config, model_lib.init_params(model_config, jax.random.key(0))
+from tests.diffusion import tiny_sampler
 
 
 @pytest.fixture(scope='module')
 def tiny():
-  model_config, params = _model()
+  model_config, params = tiny_sampler.model()
   forward = jax.jit(
     lambda p, tokens, seg, pos: model_lib.merge(model_config, p)(
       tokens, segment_ids_BL=seg, positions_BL=pos
@@ -46,25 +25,12 @@ def tiny():
   return model_config, params, lambda *a: np.asarray(forward(params, *a), np.float64)
 
 
-@functools.lru_cache
-def _generate_fn(model_config, sampling, mesh=None, eos_id=EOS):
-  return sampler.make_generate_fn(
-    model_config, sampling, mask_id=MASK, eos_id=eos_id, pad_id=PAD, vocab_size=VOCAB, mesh=mesh
-  )
-
-
-def _generate(model_config, params, sampling, key=0, prompts=PROMPTS, mesh=None):
-  prompt_BP, lengths_B = sampler.pad_prompts(prompts, PAD)
-  fn = _generate_fn(model_config, sampling, mesh)
-  return np.asarray(fn(params, prompt_BP, lengths_B, jax.random.key(key)))
-
-
 def llada_reference(logits_fn, prompts, s, key=0):
   """LLaDA generate.py at temperature 0 in numpy, plus the threshold rule: (x, forwards)."""
-  prompt_BP, lengths_B = sampler.pad_prompts(prompts, PAD)
+  prompt_BP, lengths_B = sampler.pad_prompts(prompts, tiny_sampler.PAD)
   batch, width = prompt_BP.shape
   length = width + s.gen_length
-  x = np.concatenate([prompt_BP, np.full((batch, s.gen_length), MASK)], 1)
+  x = np.concatenate([prompt_BP, np.full((batch, s.gen_length), tiny_sampler.MASK)], 1)
   index = np.arange(length)[None]
   offset = (width - lengths_B)[:, None]
   seg, pos = (index >= offset).astype(np.int32), np.maximum(index - offset, 0)
@@ -72,23 +38,25 @@ def llada_reference(logits_fn, prompts, s, key=0):
   spb, forwards = s.steps_per_block, 0
   for nb in range(s.num_blocks):
     lo, hi = width + nb * s.block_length, width + (nb + 1) * s.block_length
-    n = (x[:, lo:hi] == MASK).sum(1)
+    n = (x[:, lo:hi] == tiny_sampler.MASK).sum(1)
     transfer = n[:, None] // spb + (np.arange(spb)[None] < (n % spb)[:, None])
     for i in range(spb):
-      mask_index = (x == MASK) & (index >= width)
+      mask_index = (x == tiny_sampler.MASK) & (index >= width)
       if not mask_index[:, lo:hi].any():
         break
       forwards += 1
       if s.cfg_scale > 0:
-        un_x = np.where(prompt_index, MASK, x)
+        un_x = np.where(prompt_index, tiny_sampler.MASK, x)
         both = logits_fn(
           np.concatenate([x, un_x]), np.concatenate([seg, seg]), np.concatenate([pos, pos])
         )
         logits = both[batch:] + (s.cfg_scale + 1) * (both[:batch] - both[batch:])
       else:
         logits = logits_fn(x, seg, pos)
-      logits[..., VOCAB:] = -np.inf
-      logits[..., MASK] = -np.inf  # dlmjax never predicts MASK (LLaDA would, untrained).
+      logits[..., tiny_sampler.VOCAB :] = -np.inf
+      logits[
+        ..., tiny_sampler.MASK
+      ] = -np.inf  # dlmjax never predicts MASK (LLaDA would, untrained).
       x0 = logits.argmax(-1)
       if s.remasking == 'low_confidence':
         p = np.exp(logits - logits.max(-1, keepdims=True))
@@ -119,9 +87,9 @@ def test_matches_llada_token_for_token(tiny, remasking, cfg_scale):
   s = sampler.SamplingConfig(
     gen_length=16, steps=6, block_length=8, remasking=remasking, cfg_scale=cfg_scale
   )
-  out = _generate(model_config, params, s)
-  expected, _ = llada_reference(logits_fn, PROMPTS, s)
-  assert out.shape == (8, 8 + 16) and not (out == MASK).any()
+  out = tiny_sampler.generate(model_config, params, s)
+  expected, _ = llada_reference(logits_fn, tiny_sampler.PROMPTS, s)
+  assert out.shape == (8, 8 + 16) and not (out == tiny_sampler.MASK).any()
   np.testing.assert_array_equal(out, expected)
 
 
@@ -137,28 +105,34 @@ def test_shifted_model_matches_the_reference_on_shifted_logits(tiny):
     return np.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
 
   shifted = dataclasses.replace(model_config, shift_logits=True)
-  expected, _ = llada_reference(dream_logits, PROMPTS, s)
-  out = _generate(shifted, params, s)
+  expected, _ = llada_reference(dream_logits, tiny_sampler.PROMPTS, s)
+  out = tiny_sampler.generate(shifted, params, s)
   np.testing.assert_array_equal(out, expected)
-  assert (out != _generate(model_config, params, s)).any()
+  assert (out != tiny_sampler.generate(model_config, params, s)).any()
 
 
 def test_threshold_decoding_matches_reference_and_finishes_early(tiny):
   model_config, params, logits_fn = tiny
   s = sampler.SamplingConfig(gen_length=16, steps=16, block_length=8, threshold=0.3)
-  expected, forwards = llada_reference(logits_fn, PROMPTS[:2], s)
+  expected, forwards = llada_reference(logits_fn, tiny_sampler.PROMPTS[:2], s)
   assert forwards < s.steps  # the threshold committed several tokens in some step.
-  np.testing.assert_array_equal(_generate(model_config, params, s, prompts=PROMPTS[:2]), expected)
+  np.testing.assert_array_equal(
+    tiny_sampler.generate(model_config, params, s, prompts=tiny_sampler.PROMPTS[:2]), expected
+  )
 
 
 def test_stop_at_eos_keeps_the_text(tiny):
   model_config, params, _ = tiny
-  plain = _generate(model_config, params, BASE)
+  plain = tiny_sampler.generate(model_config, params, tiny_sampler.BASE)
   first_block = plain[:, 8:16]
   # An EOS id every row committed in its first block, so the second block is skipped.
   eos = next(t for t in np.unique(first_block) if all((row == t).any() for row in first_block))
-  fast = _generate_fn(model_config, dataclasses.replace(BASE, stop_at_eos=True), eos_id=int(eos))
-  out = np.asarray(fast(params, *sampler.pad_prompts(PROMPTS, PAD), jax.random.key(0)))
+  fast = tiny_sampler.generate_fn(
+    model_config, dataclasses.replace(tiny_sampler.BASE, stop_at_eos=True), eos_id=int(eos)
+  )
+  out = np.asarray(
+    fast(params, *sampler.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD), jax.random.key(0))
+  )
   assert (out[:, 16:] == eos).all()
   assert sampler.completions(out, 8, eos) == sampler.completions(plain, 8, eos)
 
@@ -167,34 +141,38 @@ def test_sharded_over_a_mesh_equals_one_device(tiny):
   model_config, params, _ = tiny
   mesh = mesh_lib.make_mesh(tiny_test_config(**{'mesh.data': 2, 'mesh.fsdp': 4}))
   np.testing.assert_array_equal(
-    _generate(model_config, params, BASE, mesh=mesh), _generate(model_config, params, BASE)
+    tiny_sampler.generate(model_config, params, tiny_sampler.BASE, mesh=mesh),
+    tiny_sampler.generate(model_config, params, tiny_sampler.BASE),
   )
 
 
 def test_truncated_canvas_is_exact_for_block_causal_models():
-  model_config, params = _model(**{'model.attention_mask': 'block_causal', 'model.block_size': 8})
+  model_config, params = tiny_sampler.model(
+    **{'model.attention_mask': 'block_causal', 'model.block_size': 8}
+  )
   s = sampler.SamplingConfig(
     gen_length=16, steps=8, block_length=8, temperature=0.8, remasking='random'
   )
-  plain = _generate(model_config, params, s, key=3)
+  plain = tiny_sampler.generate(model_config, params, s, key=3)
   np.testing.assert_array_equal(
-    _generate(model_config, params, dataclasses.replace(s, cache='truncate'), key=3), plain
+    tiny_sampler.generate(model_config, params, dataclasses.replace(s, cache='truncate'), key=3),
+    plain,
   )
   # A key fixes the draw; another key gives another one.
-  np.testing.assert_array_equal(_generate(model_config, params, s, key=3), plain)
-  assert (_generate(model_config, params, s, key=4) != plain).any()
+  np.testing.assert_array_equal(tiny_sampler.generate(model_config, params, s, key=3), plain)
+  assert (tiny_sampler.generate(model_config, params, s, key=4) != plain).any()
 
 
 def test_truncation_refused_where_inexact(tiny):
   model_config, params, _ = tiny
   s = sampler.SamplingConfig(gen_length=16, steps=8, block_length=8, cache='truncate')
   with pytest.raises(ValueError, match="cache='none'"):
-    _generate(model_config, params, s)
-  block_causal, bc_params = _model(
+    tiny_sampler.generate(model_config, params, s)
+  block_causal, bc_params = tiny_sampler.model(
     **{'model.attention_mask': 'block_causal', 'model.block_size': 8}
   )
   with pytest.raises(ValueError, match='multiple of model.block_size'):
-    _generate(block_causal, bc_params, dataclasses.replace(s, block_length=4))
+    tiny_sampler.generate(block_causal, bc_params, dataclasses.replace(s, block_length=4))
 
 
 def test_num_transfer_tokens():
@@ -237,13 +215,13 @@ def test_sample_tokens_draws_from_top_p_then_temperature():
 
 
 def test_pad_prompts_and_completions():
-  prompt_BP, lengths = sampler.pad_prompts([[5, 6], [], [7]], PAD, width=3)
+  prompt_BP, lengths = sampler.pad_prompts([[5, 6], [], [7]], tiny_sampler.PAD, width=3)
   np.testing.assert_array_equal(prompt_BP, [[0, 5, 6], [0, 0, 0], [0, 0, 7]])
   np.testing.assert_array_equal(lengths, [2, 0, 1])
   with pytest.raises(ValueError, match='width'):
-    sampler.pad_prompts([[1, 2, 3]], PAD, width=2)
-  out = np.array([[9, 4, 5, EOS, 6], [9, 4, 4, 4, 4]])
-  assert sampler.completions(out, 1, EOS) == [[4, 5], [4, 4, 4, 4]]
+    sampler.pad_prompts([[1, 2, 3]], tiny_sampler.PAD, width=2)
+  out = np.array([[9, 4, 5, tiny_sampler.EOS, 6], [9, 4, 4, 4, 4]])
+  assert sampler.completions(out, 1, tiny_sampler.EOS) == [[4, 5], [4, 4, 4, 4]]
 
 
 @pytest.mark.parametrize(
@@ -273,19 +251,26 @@ def test_bad_settings_are_refused(kwargs, message):
 def test_prompt_longer_than_the_canvas_is_refused(tiny):
   model_config, params, _ = tiny
   module = model_lib.merge(model_config, params)
-  prompt_BP, lengths = sampler.pad_prompts([list(range(5, 25))], PAD)
+  prompt_BP, lengths = sampler.pad_prompts([list(range(5, 25))], tiny_sampler.PAD)
   with pytest.raises(ValueError, match='exceed the model context'):
     sampler.generate(
-      module, prompt_BP, lengths, BASE, jax.random.key(0), mask_id=MASK, eos_id=EOS, pad_id=PAD
+      module,
+      prompt_BP,
+      lengths,
+      tiny_sampler.BASE,
+      jax.random.key(0),
+      mask_id=tiny_sampler.MASK,
+      eos_id=tiny_sampler.EOS,
+      pad_id=tiny_sampler.PAD,
     )
   with pytest.raises(ValueError, match='pad_id and mask_id'):
     sampler.generate(
       module,
       prompt_BP[:, :4],
       lengths * 0 + 4,
-      BASE,
+      tiny_sampler.BASE,
       jax.random.key(0),
-      mask_id=MASK,
-      eos_id=EOS,
-      pad_id=MASK,
+      mask_id=tiny_sampler.MASK,
+      eos_id=tiny_sampler.EOS,
+      pad_id=tiny_sampler.MASK,
     )

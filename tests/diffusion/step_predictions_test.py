@@ -11,11 +11,11 @@ import pytest
 
 from dlmjax import model as model_lib
 from dlmjax.diffusion import sampler
-from tests.diffusion.sampler_test import BASE, EOS, MASK, PAD, PROMPTS, _model
+from tests.diffusion import tiny_sampler
 
 
 def _decode(model_config, params, sampling, with_predictions=True):
-  prompt_BP, lengths_B = sampler.pad_prompts(PROMPTS, PAD)
+  prompt_BP, lengths_B = sampler.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD)
   fn = jax.jit(
     lambda p, x, n, k: sampler.decode_blocks(
       model_lib.merge(model_config, p),
@@ -23,9 +23,9 @@ def _decode(model_config, params, sampling, with_predictions=True):
       n,
       sampling,
       k,
-      mask_id=MASK,
-      eos_id=EOS,
-      pad_id=PAD,
+      mask_id=tiny_sampler.MASK,
+      eos_id=tiny_sampler.EOS,
+      pad_id=tiny_sampler.PAD,
       with_predictions=with_predictions,
     )
   )
@@ -35,12 +35,12 @@ def _decode(model_config, params, sampling, with_predictions=True):
 
 @pytest.mark.parametrize('temperature', [0.0, 0.8])
 def test_step_predictions_match_commits_and_the_reconstructed_states(temperature):
-  model_config, params = _model()
-  sampling = dataclasses.replace(BASE, temperature=temperature)
+  model_config, params = tiny_sampler.model()
+  sampling = dataclasses.replace(tiny_sampler.BASE, temperature=temperature)
   prompt_BP, lengths_B, (tokens, _, steps, preds) = _decode(model_config, params, sampling)
-  width, gen, total = prompt_BP.shape[1], BASE.gen_length, BASE.steps
+  width, gen, total = prompt_BP.shape[1], tiny_sampler.BASE.gen_length, tiny_sampler.BASE.steps
   completion = tokens[:, width:]
-  assert preds.shape == (len(PROMPTS), total, gen) and (steps >= 0).all()
+  assert preds.shape == (len(tiny_sampler.PROMPTS), total, gen) and (steps >= 0).all()
   # The normal path is unchanged: the same completions without predictions.
   plain = _decode(model_config, params, sampling, with_predictions=False)[2][0]
   np.testing.assert_array_equal(plain, tokens)
@@ -58,9 +58,11 @@ def test_step_predictions_match_commits_and_the_reconstructed_states(temperature
   segments = real.astype(np.int32)
   pos = np.maximum(positions - (width - lengths_B)[:, None], 0)
   for step in range(total):
-    x_l = np.concatenate([prompt_BP, np.where(steps >= step, MASK, completion)], axis=1)
+    x_l = np.concatenate(
+      [prompt_BP, np.where(steps >= step, tiny_sampler.MASK, completion)], axis=1
+    )
     logits = np.array(forward(x_l, segments, pos), np.float32)[:, width:]
-    logits[..., MASK] = -np.inf
+    logits[..., tiny_sampler.MASK] = -np.inf
     masked = steps >= step
     np.testing.assert_array_equal(
       np.where(masked, logits.argmax(-1), 0), np.where(masked, preds[:, step], 0)
@@ -68,18 +70,18 @@ def test_step_predictions_match_commits_and_the_reconstructed_states(temperature
 
 
 def test_step_predictions_refuse_a_cache():
-  model_config, params = _model()
+  model_config, params = tiny_sampler.model()
   module = model_lib.merge(model_config, params)
-  prompt_BP, lengths_B = sampler.pad_prompts(PROMPTS, PAD)
+  prompt_BP, lengths_B = sampler.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD)
   with pytest.raises(ValueError, match='set sampler.cache=none'):
     sampler.decode_blocks(
       module,
       jnp.asarray(prompt_BP),
       lengths_B,
-      dataclasses.replace(BASE, cache='prefix'),
+      dataclasses.replace(tiny_sampler.BASE, cache='prefix'),
       jax.random.key(0),
-      mask_id=MASK,
-      eos_id=EOS,
-      pad_id=PAD,
+      mask_id=tiny_sampler.MASK,
+      eos_id=tiny_sampler.EOS,
+      pad_id=tiny_sampler.PAD,
       with_predictions=True,
     )

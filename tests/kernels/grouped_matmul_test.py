@@ -74,19 +74,19 @@ def test_auto_takes_pallas_on_gpu_and_a_failing_tokamax_names_its_failures(monke
 
 
 def test_model_moe_backend_reaches_the_expert_matmuls():
-  """model.moe_backend=pallas puts the kernel into the model's experts (traced, not compiled);
+  """model.moe.backend=pallas puts the kernel into the model's experts (traced, not compiled);
   a bad value names the choices."""
   from dlmjax import config as config_lib
   from dlmjax import model as model_lib
   from tests.conftest import tiny_test_config
 
-  moe = {'model.num_experts': 4, 'model.experts_per_token': 2, 'model.moe_ffn_dim': 16}
-  config = tiny_test_config(**moe, **{'model.moe_backend': 'pallas', 'model.num_layers': 1})
+  moe = {'model.moe.num_experts': 4, 'model.moe.experts_per_token': 2, 'model.moe.ffn_dim': 16}
+  config = tiny_test_config(**moe, **{'model.moe.backend': 'pallas', 'model.num_layers': 1})
   cfg = model_lib.ModelConfig.from_config(config)
   _, params, _ = model_lib.abstract(cfg)
   text = str(
     jax.make_jaxpr(lambda p, t: model_lib.merge(cfg, p)(t))(params, jnp.zeros((1, 8), int))
   )
   assert 'grouped_matmul_fwd' in text and 'ragged_dot' not in text
-  with pytest.raises(config_lib.ConfigError, match='model.moe_backend'):
-    config_lib.validate(tiny_test_config(**moe, **{'model.moe_backend': 'triton'}))
+  with pytest.raises(config_lib.ConfigError, match='model.moe.backend'):
+    config_lib.validate(tiny_test_config(**moe, **{'model.moe.backend': 'triton'}))

@@ -1,4 +1,4 @@
-"""MoE models whose layers mix dense and MoE feed-forwards (model.dense_layers).
+"""MoE models whose layers mix dense and MoE feed-forwards (model.moe.dense_layers).
 
 The model holds one scanned Block per run of layers of one kind (ModelConfig.layer_runs); these
 tests compose the same layers by hand, one unstacked Block at a time, and check the forward, the
@@ -22,11 +22,17 @@ from dlmjax import summary
 from dlmjax.model import moe, transformer
 from dlmjax.train import memory
 from tests.conftest import tiny_test_config
+from tests.diffusion import tiny_sampler
 from tests.model.moe_test import TINY_MOE
 
 # 5 layers: dense, MoE, dense, dense, MoE -> runs blocks (0), blocks_1 (1), blocks_2 (2, 3),
 # blocks_3 (4): a run of two scanned layers and MoE layers in two stacks.
-MIXED = {**TINY_MOE, 'model.num_layers': 5, 'model.dense_layers': '0,2,3', 'model.init_std': 0.3}
+MIXED = {
+  **TINY_MOE,
+  'model.num_layers': 5,
+  'model.moe.dense_layers': '0,2,3',
+  'model.init_std': 0.3,
+}
 TOKENS = jax.random.randint(jax.random.key(1), (2, 8), 0, 64)
 
 
@@ -62,7 +68,7 @@ def test_layer_runs_keep_the_tree_of_models_of_one_kind():
   assert params['blocks_2']['mlp']['gate_proj'].shape == (2, 16, 32)  # dense: ffn_dim
   assert params['blocks_3']['mlp']['gate_proj'].shape == (1, 4, 16, 16)  # experts: moe_ffn_dim
   for dense in ('', None):  # all MoE, and all dense: the one `blocks` stack as before
-    overrides = {'model.dense_layers': ''} if dense == '' else {'model.num_experts': 0}
+    overrides = {'model.moe.dense_layers': ''} if dense == '' else {'model.moe.num_experts': 0}
     one = model_lib.ModelConfig.from_config(tiny_test_config(**{**MIXED, **overrides}))
     _, shapes, _ = model_lib.abstract(one)
     assert [k for k in shapes if k.startswith('blocks')] == ['blocks']
@@ -106,11 +112,11 @@ def test_train_step_runs_and_loss_free_balancing_moves_both_moe_stacks():
     **{
       **MIXED,
       'model.num_layers': 3,
-      'model.dense_layers': '1',
+      'model.moe.dense_layers': '1',
       'train.global_batch_size': 8,
-      'model.router': 'sigmoid_bias',
-      'train.moe_balance_loss': 0.01,
-      'train.moe_bias_rate': 0.01,
+      'model.moe.router': 'sigmoid_bias',
+      'model.moe.balance_loss': 0.01,
+      'model.moe.bias_rate': 0.01,
       'mesh.fsdp': 1,
     }
   )
@@ -125,11 +131,8 @@ def test_train_step_runs_and_loss_free_balancing_moves_both_moe_stacks():
 def test_cached_slice_forward_covers_every_layer_in_order():
   """hidden_kv's K/V stack all 5 layers in order, and a slice attending to them gives the whole
   forward's logits (the sampler's dual cache); the block cache decodes as no cache does."""
-  from tests.diffusion import sampler_cache_test as cache_test  # pylint: disable=import-outside-toplevel
-  from tests.diffusion.sampler_test import PROMPTS  # pylint: disable=import-outside-toplevel
-
   cfg, params = _model(**{'model.vocab_size': 128, 'model.seq_len': 32})
-  tokens, segments, positions, width = cache_test._canvas(PROMPTS, 16)  # pylint: disable=protected-access
+  tokens, segments, positions, width = tiny_sampler.canvas(tiny_sampler.PROMPTS, 16)
   start = width + 8
 
   @jax.jit
@@ -137,7 +140,7 @@ def test_cached_slice_forward_covers_every_layer_in_order():
     module = model_lib.merge(cfg, params)
     full = module(tokens, segment_ids_BL=segments, positions_BL=positions)
     _, kv = module.hidden_kv(tokens, positions_BL=positions, segment_ids_BL=segments)
-    dual, _ = cache_test._slice_logits(module, tokens, segments, positions, kv, start, 8)  # pylint: disable=protected-access
+    dual, _ = tiny_sampler.slice_logits(module, tokens, segments, positions, kv, start, 8)
     return full, dual, kv
 
   full, dual, kv = run(params)
@@ -147,8 +150,8 @@ def test_cached_slice_forward_covers_every_layer_in_order():
   causal, params = _model(
     **{'model.vocab_size': 128, 'model.seq_len': 32, 'model.attention_mask': 'causal'}
   )
-  sampling = dataclasses.replace(cache_test.BASE, cache='block')
-  got, want = cache_test._same(causal, params, sampling)  # pylint: disable=protected-access
+  sampling = dataclasses.replace(tiny_sampler.CACHE_BASE, cache='block')
+  got, want = tiny_sampler.cached_and_uncached(causal, params, sampling)
   np.testing.assert_array_equal(got, want)
 
 
@@ -175,8 +178,8 @@ def test_counts_summary_and_memory_treat_dense_layers_as_dense():
     return memory.estimate_bytes_per_device(c)['activations']
 
   all_dense, all_moe = (
-    activations(**{'model.num_experts': 0, 'model.dense_layers': ''}),
-    activations(**{'model.dense_layers': ''}),
+    activations(**{'model.moe.num_experts': 0, 'model.moe.dense_layers': ''}),
+    activations(**{'model.moe.dense_layers': ''}),
   )
   assert all_dense > all_moe
   np.testing.assert_allclose(activations(), (3 * all_dense + 2 * all_moe) / 5)
@@ -185,10 +188,13 @@ def test_counts_summary_and_memory_treat_dense_layers_as_dense():
 @pytest.mark.parametrize(
   'overrides,match',
   [
-    ({'model.dense_layers': '0,5'}, r'names layers \[5\] outside \[0, model.num_layers=5\)'),
-    ({'model.num_experts': 0}, "model.num_experts=0.*set --config.model.dense_layers=''"),
-    ({'model.dense_layers': '0,1,2,3,4'}, 'makes every layer dense'),
-    ({'model.dense_layers': 'first'}, 'is not comma-separated layer indices'),
+    ({'model.moe.dense_layers': '0,5'}, r'names layers \[5\] outside \[0, model.num_layers=5\)'),
+    (
+      {'model.moe.num_experts': 0},
+      "model.moe.num_experts=0.*set --config.model.moe.dense_layers=''",
+    ),
+    ({'model.moe.dense_layers': '0,1,2,3,4'}, 'makes every layer dense'),
+    ({'model.moe.dense_layers': 'first'}, 'is not comma-separated layer indices'),
   ],
 )
 def test_bad_dense_layers_are_refused_in_one_line(overrides, match):

@@ -15,9 +15,9 @@ D, E, K, F = 16, 4, 2, 16
 
 # The smallest transformer the MoE tests build (d_model 16, vocab 64): compiles stay seconds.
 TINY_MOE = {
-  'model.num_experts': 4,
-  'model.experts_per_token': 2,
-  'model.moe_ffn_dim': 16,
+  'model.moe.num_experts': 4,
+  'model.moe.experts_per_token': 2,
+  'model.moe.ffn_dim': 16,
   'model.d_model': 16,
   'model.num_heads': 2,
   'model.num_kv_heads': 2,
@@ -159,7 +159,7 @@ def test_moe_param_count_matches_the_tree(router, shared):
   from tests.conftest import tiny_test_config
 
   config = tiny_test_config(
-    **{'model.num_experts': 4, 'model.router': router, 'model.shared_experts': shared}
+    **{'model.moe.num_experts': 4, 'model.moe.router': router, 'model.moe.shared_experts': shared}
   )
   cfg = model_lib.ModelConfig.from_config(config)
   _, shapes, _ = model_lib.abstract(cfg)

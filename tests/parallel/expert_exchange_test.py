@@ -1,5 +1,5 @@
 """The MoE dispatch with experts split over `expert` and assignments exchanged by all-to-all
-(model.moe_exchange=all_to_all): output and gradients equal one device's `dispatch` for every
+(model.moe.exchange=all_to_all): output and gradients equal one device's `dispatch` for every
 split of the experts, beside data, fsdp and tensor, and for routing that sends every token to
 one device's experts (dropless)."""
 
@@ -94,9 +94,9 @@ def test_all_to_all_matches_one_device_forward_and_gradient(reference, axes, unb
 
 
 def test_an_unknown_exchange_names_the_choices():
-  with pytest.raises(ValueError, match=r"model.moe_exchange='ragged' is not one of"):
+  with pytest.raises(ValueError, match=r"model.moe.exchange='ragged' is not one of"):
     moe._sharded_dispatch(*_inputs(), backend='xla', exchange='ragged')
   config = config_lib.defaults()
-  config.model.moe_exchange = 'ragged'
-  with pytest.raises(config_lib.ConfigError, match='model.moe_exchange=.ragged. is not one of'):
+  config.model.moe.exchange = 'ragged'
+  with pytest.raises(config_lib.ConfigError, match='model.moe.exchange=.ragged. is not one of'):
     config_lib.validate(config)

@@ -1,6 +1,6 @@
 """Expert parallelism: a tiny MoE trains to one device's losses with experts split over `expert`
 and their width over `tensor`, rows over `data` and `expert` (the all-gather, the reduce-scatter
-and the sum over `tensor`; or the two all-to-alls of model.moe_exchange=all_to_all), the
+and the sum over `tensor`; or the two all-to-alls of model.moe.exchange=all_to_all), the
 loss-free balancing bias moving identically; bad expert counts fail with one line."""
 
 import numpy as np
@@ -17,11 +17,11 @@ MOE = {
   'model.seq_len': 16,
   'model.num_heads': 4,  # context x tensor = 4 splits the heads
   'model.num_kv_heads': 4,
-  'model.shared_experts': 1,
-  'model.router': 'sigmoid_bias',
-  'train.moe_balance_loss': 0.01,
-  'train.moe_z_loss': 0.001,
-  'train.moe_bias_rate': 0.01,
+  'model.moe.shared_experts': 1,
+  'model.moe.router': 'sigmoid_bias',
+  'model.moe.balance_loss': 0.01,
+  'model.moe.z_loss': 0.001,
+  'model.moe.bias_rate': 0.01,
   'train.warmup_steps': 0,  # the first step already moves the experts (a zero lr hides them)
   'train.lr': 0.03,  # far enough that a wrong expert output shows in the next step's loss
   'train.schedule': 'constant',
@@ -33,7 +33,7 @@ MOE = {
 
 def moe_config(exchange='gather', **mesh):
   axes = {f'mesh.{a}': mesh.get(a, 1) for a in ('data', 'fsdp', 'expert', 'context', 'tensor')}
-  return tiny_test_config(**MOE, **axes, **{'model.moe_exchange': exchange})
+  return tiny_test_config(**MOE, **axes, **{'model.moe.exchange': exchange})
 
 
 @pytest.fixture(scope='module')
@@ -70,10 +70,13 @@ def test_expert_layouts_match_one_device(one_device, exchange, mesh):
   'overrides,message',
   [
     (
-      {'mesh.expert': 3, 'mesh.fsdp': 1, 'model.num_experts': 8},
+      {'mesh.expert': 3, 'mesh.fsdp': 1, 'model.moe.num_experts': 8},
       'num_experts=8 is not divisible by mesh.expert=3',
     ),
-    ({'model.num_experts': 4, 'model.experts_per_token': 5}, 'experts_per_token=5 must be in'),
+    (
+      {'model.moe.num_experts': 4, 'model.moe.experts_per_token': 5},
+      'experts_per_token=5 must be in',
+    ),
     ({'mesh.expert': 2, 'mesh.fsdp': 1}, 'mesh.expert=2 splits MoE experts but'),
   ],
 )
@@ -85,6 +88,6 @@ def test_bad_expert_configs_name_the_fix(overrides, message):
 def test_a_checkpoint_with_other_experts_names_the_keys_to_set_back():
   from dlmjax.checkpoint import manager
 
-  saved = tiny_test_config(**{'model.num_experts': 8})
-  with pytest.raises(manager.CheckpointError, match='model.num_experts: checkpoint 8, run 4'):
-    manager.check_architecture(saved, tiny_test_config(**{'model.num_experts': 4}))
+  saved = tiny_test_config(**{'model.moe.num_experts': 8})
+  with pytest.raises(manager.CheckpointError, match='model.moe.num_experts: checkpoint 8, run 4'):
+    manager.check_architecture(saved, tiny_test_config(**{'model.moe.num_experts': 4}))

@@ -23,7 +23,7 @@ NUM_STEPS = 3  # odd: the bias moves by +-rate a step, so an even count can retu
 def pipe_config(exchange='gather', **mesh):
   axes = {f'mesh.{a}': 1 for a in ('data', 'fsdp', 'expert', 'context', 'tensor', 'pipeline')}
   axes.update({f'mesh.{a}': v for a, v in mesh.items()})
-  return tiny_test_config(**PIPE_MOE, **axes, **{'model.moe_exchange': exchange})
+  return tiny_test_config(**PIPE_MOE, **axes, **{'model.moe.exchange': exchange})
 
 
 def run_steps(config):
@@ -67,6 +67,6 @@ def test_pipeline_stages_match_one_device(one_device, exchange, mesh):
 
 def test_mixed_dense_and_moe_layers_with_pipeline_stages_name_the_fix():
   config = pipe_config(pipeline=2, data=4)
-  config.model.dense_layers = '0'
+  config.model.moe.dense_layers = '0'
   with pytest.raises(config_lib.ConfigError, match='mixes dense and MoE layers; set --config.mesh'):
     config_lib.validate(config, num_devices=8)

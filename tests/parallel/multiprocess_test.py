@@ -6,10 +6,8 @@ checkpoint (a different mesh and process count) and train steps 3-4. Every loss 
 process (8 devices); each process reads only its rows; one process writes.
 """
 
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -22,6 +20,7 @@ from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.train import loop
 from tests.conftest import FAST_COMPILE, tiny_test_config
+from tests.parallel import processes
 
 pytestmark = pytest.mark.multiprocess
 
@@ -43,43 +42,15 @@ OVERRIDES = {
   'log.every': 1,
   'checkpoint.every': 0,
 }
-_LAUNCH_VARS = (
-  'COORDINATOR_ADDRESS',
-  'NUM_PROCESSES',
-  'PROCESS_ID',
-  'LOCAL_DEVICE_IDS',
-  'LOCAL_RANK',
-  'JAX_COORDINATOR_ADDRESS',
-  'XLA_FLAGS',
-)
-
-
-def _cache_dir(tmp):
-  return os.environ.get('DLMJAX_CACHE_DIR') or str(tmp / 'cache')
-
-
-@contextlib.contextmanager
-def _reserved_port():
-  """A TCP port for JAX's coordinator, held bound until the processes using it have exited.
-
-  Binding port 0, closing and handing the number on races: until process 0 binds it seconds
-  later, the kernel may give the same port to any bind(0) or to an outgoing connection (the
-  gRPC clients of a concurrent test among them). Here the socket stays bound, not listening,
-  so the kernel hands the port to nobody else, while SO_REUSEADDR lets the coordinator's gRPC
-  server (which sets SO_REUSEADDR too) bind and listen on it: Linux refuses a shared address
-  only when the other socket listens.
-  """
-  with socket.socket() as s:
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(('localhost', 0))
-    yield s.getsockname()[1]
 
 
 def _launch(tmp, run_dir, *, nodes, exit_at_step=0, script=None):
   """Runs the pretrain script (or `script`: [path, args...]) once per node (all at once);
   returns their combined output."""
   env = {
-    k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith('SLURM_')
+    k: v
+    for k, v in os.environ.items()
+    if k not in processes.LAUNCH_VARS and not k.startswith('SLURM_')
   }
   env.update(
     PYTHON=sys.executable,
@@ -99,11 +70,11 @@ def _launch(tmp, run_dir, *, nodes, exit_at_step=0, script=None):
   if script is None:
     args = [f'--config.{k}={v}' for k, v in OVERRIDES.items()]
     args += [
-      f'--config.data.cache_dir={_cache_dir(tmp)}',
+      f'--config.data.cache_dir={processes.cache_dir(tmp)}',
       f'--config.train.exit_at_step={exit_at_step}',
     ]
     script = ['scripts/dlm_pretrain_1p7b.sh', *args]
-  with _reserved_port() as port:
+  with processes.reserved_port() as port:
     nodes = [
       subprocess.Popen(
         ['bash', *script],
@@ -130,7 +101,7 @@ def _reference(tmp):
   """One process on 8 devices, steps 1-4 straight: the layouts differ from the 4 devices of
   steps 1-2 only in the reduction order (within the tolerance), and one compile is saved."""
   config = tiny_test_config(**OVERRIDES)
-  config.output_dir, config.data.cache_dir = str(tmp / 'reference'), _cache_dir(tmp)
+  config.output_dir, config.data.cache_dir = str(tmp / 'reference'), processes.cache_dir(tmp)
   loop.train(config)
   return _rows(config.output_dir)
 
@@ -191,10 +162,12 @@ def test_rl_on_two_processes_matches_one_process(tmp_path, monkeypatch):
 
   init = str(tmp_path / 'init')
   source = tiny_test_config(**{'model.seq_len': 64, 'output_dir': init})
-  source.data.cache_dir = _cache_dir(tmp_path)
+  source.data.cache_dir = processes.cache_dir(tmp_path)
   params = model_lib.init_params(model_lib.ModelConfig.from_config(source), jax.random.key(0))
   checkpoint_lib.save_params_checkpoint(init, source, jax.device_get(params))
-  overrides = dict(RL_OVERRIDES, init_from=init, **{'data.cache_dir': _cache_dir(tmp_path)})
+  overrides = dict(
+    RL_OVERRIDES, init_from=init, **{'data.cache_dir': processes.cache_dir(tmp_path)}
+  )
   run_dir = tmp_path / 'rl'
   args = [f'--config.{k}={v}' for k, v in overrides.items()]
   out = _launch(tmp_path, run_dir, nodes=1, script=['scripts/dlm_rl.sh', 'configs/rl.py', *args])

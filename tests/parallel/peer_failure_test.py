@@ -18,13 +18,8 @@ import pytest
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import manager as checkpoint_lib
-from tests.parallel.multiprocess_test import (
-  _LAUNCH_VARS,
-  OVERRIDES,
-  ROOT,
-  _cache_dir,
-  _reserved_port,
-)
+from tests.parallel import processes
+from tests.parallel.multiprocess_test import OVERRIDES, ROOT
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -33,7 +28,9 @@ HEARTBEAT_TIMEOUT_S = 5
 
 def _start(tmp, run_dir, port, process_id):
   env = {
-    k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith('SLURM_')
+    k: v
+    for k, v in os.environ.items()
+    if k not in processes.LAUNCH_VARS and not k.startswith('SLURM_')
   }
   env.update(
     PYTHONPATH=ROOT,
@@ -48,7 +45,7 @@ def _start(tmp, run_dir, port, process_id):
   )
   overrides = dict(OVERRIDES, **{'checkpoint.every': 2, 'log.outputs': '', 'output_dir': run_dir})
   args = [f'--config.{k}={v}' for k, v in overrides.items()]
-  args.append(f'--config.data.cache_dir={_cache_dir(tmp)}')
+  args.append(f'--config.data.cache_dir={processes.cache_dir(tmp)}')
   log = tmp / f'process_{process_id}.log'
   with open(log, 'w') as f:
     proc = subprocess.Popen(
@@ -68,7 +65,7 @@ def _output(log):
 
 def test_a_killed_process_ends_the_other_with_one_line(tmp_path):
   run_dir = str(tmp_path / 'run')
-  with _reserved_port() as port:
+  with processes.reserved_port() as port:
     (survivor, survivor_log), (victim, victim_log) = (
       _start(tmp_path, run_dir, port, i) for i in (0, 1)
     )

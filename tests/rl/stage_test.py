@@ -12,33 +12,8 @@ from dlmjax.train import loop
 from dlmjax.train.stages import rl as rl_stage
 from dlmjax.train import state as state_lib
 from dlmjax.parallel import mesh as mesh_lib
+from tests import stage_configs
 from tests.conftest import tiny_test_config
-
-
-def _rl_config(tmp_path, init_dir, **overrides):
-  c = tiny_test_config(
-    **{
-      'model.seq_len': 64,
-      'train.global_batch_size': 16,
-      'train.micro_batch_size': 8,
-      'train.schedule': 'constant',
-      'train.warmup_steps': 0,
-      'train.steps': 2,
-      'stage': 'rl',
-      'init_from': init_dir,
-      'output_dir': str(tmp_path / 'rl'),
-      'rl.num_prompts': 16,
-      'rl.max_prompt_tokens': 32,
-      'sampler.gen_length': 16,
-      'sampler.steps': 2,
-      'sampler.block_length': 16,
-      'rl.group_size': 4,
-      'rl.inner_updates': 2,
-      'log.outputs': '',
-      **overrides,
-    }
-  )
-  return c
 
 
 @pytest.fixture(scope='module')
@@ -75,7 +50,7 @@ def test_rl_runs_and_logs(tmp_path, init_dir, objective):
     'spg': {'rl.kl_beta': 0.0},
     'wd1pp': {'rl.kl_beta': 0.0},  # 2 steps: G x 2 step predictions scored per prompt
   }[objective]
-  c = _rl_config(tmp_path, init_dir, **{'rl.objective': objective, **extra})
+  c = stage_configs.rl_config(tmp_path, init_dir, **{'rl.objective': objective, **extra})
   last = loop.train(c)
   assert last['step'] == 2
   for key in ('loss', 'kl', 'clip_fraction', 'reward_mean', 'reward_std', 'completion_length'):
@@ -149,13 +124,13 @@ def _check_held_out_against_inference(c, row):
   ],
 )
 def test_bad_rl_configs_name_the_fix(tmp_path, overrides, match):
-  c = _rl_config(tmp_path, 'unused', **overrides)
+  c = stage_configs.rl_config(tmp_path, 'unused', **overrides)
   with pytest.raises(config_lib.ConfigError, match=match):
     config_lib.validate(c)
 
 
 def test_prompts_too_long_is_a_clear_error(tmp_path, init_dir):
-  c = _rl_config(tmp_path, init_dir, **{'rl.max_prompt_tokens': 2})
+  c = stage_configs.rl_config(tmp_path, init_dir, **{'rl.max_prompt_tokens': 2})
   with pytest.raises(ValueError, match='max_prompt_tokens'):
     rl_stage.make_prompts(c)
 
@@ -163,7 +138,7 @@ def test_prompts_too_long_is_a_clear_error(tmp_path, init_dir):
 def test_valid_split_is_train_problems_outside_the_rl_prompts(tmp_path, init_dir):
   """rl.eval_split=valid: train-split problems, none of them an RL prompt, even when the eval
   seed draws the same sequence as the RL prompts (seed 0 both)."""
-  c = _rl_config(tmp_path, init_dir, **{'rl.task': 'arithmetic', 'seed': 0})
+  c = stage_configs.rl_config(tmp_path, init_dir, **{'rl.task': 'arithmetic', 'seed': 0})
   prompts = rl_stage.make_prompts(c)
   held_out = prompts.held_out('valid', 24, 0)
   examples = held_out.examples

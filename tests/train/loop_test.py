@@ -9,6 +9,7 @@ from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.train import loop
+from tests.train import faults
 from tests.conftest import tiny_test_config
 
 
@@ -125,13 +126,12 @@ def test_consecutive_non_finite_steps_stop_with_a_good_checkpoint(tmp_path, monk
   import numpy as np  # pylint: disable=import-outside-toplevel
 
   from dlmjax.train import stages  # pylint: disable=import-outside-toplevel
-  from tests.train.step_test import _nan_on  # pylint: disable=import-outside-toplevel
 
   pretrain = stages.BUILDERS['pretrain']
 
   def faulty(config):
     stage = pretrain(config)
-    return dataclasses.replace(stage, loss=_nan_on([2, 3, 4, 5, 6, 7], stage.loss))
+    return dataclasses.replace(stage, loss=faults.nan_on([2, 3, 4, 5, 6, 7], stage.loss))
 
   monkeypatch.setitem(stages.BUILDERS, 'pretrain', faulty)
   c = _config(tmp_path, **{'train.max_consecutive_skips': 2, 'checkpoint.every': 0})

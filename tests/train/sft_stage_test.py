@@ -9,31 +9,17 @@ import pytest
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.train import loop
+from tests import stage_configs
 from tests.conftest import tiny_test_config
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..')
-
-
-def _cache(config):
-  if os.environ.get('DLMJAX_CACHE_DIR'):
-    config.data.cache_dir = os.environ['DLMJAX_CACHE_DIR']
-  return config
-
-
-def sft_config(init_from, output_dir, train_file, **overrides):
-  """configs/sft.py as a user runs it: no model keys, a few steps on a small jsonl."""
-  c = config_lib.load_file(os.path.join(ROOT, 'configs', 'sft.py'))
-  c.init_from, c.output_dir, c.sft.train_file = str(init_from), str(output_dir), train_file
-  c.train.steps, c.train.global_batch_size, c.train.micro_batch_size = 2, 16, 8
-  c.train.warmup_steps, c.train.wsd_decay_steps, c.log.every = 0, 1, 1
-  return _cache(config_lib.apply_overrides(c, overrides))
 
 
 @pytest.fixture(scope='module')
 def pretrained(tmp_path_factory):
   """One real pre-training step (its compilation is most of this module's ~80 s of CPU)."""
   run_dir = tmp_path_factory.mktemp('pretrain')
-  c = _cache(
+  c = stage_configs.with_cache(
     tiny_test_config(
       **{
         'train.steps': 1,
@@ -65,7 +51,7 @@ def sft_run(pretrained, train_file, tmp_path_factory):
   run_dir = tmp_path_factory.mktemp('sft')
   # The train file doubles as the held-out file: val_loss at step 2 (the last) is logged.
   row = loop.train(
-    sft_config(
+    stage_configs.sft_config(
       pretrained,
       run_dir,
       train_file,
@@ -114,7 +100,7 @@ def test_init_from_a_hugging_face_export_adopts_its_model_and_weights(tmp_path, 
     str(tmp_path / 'run'),
     hf_io.hf_from_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'hf'), dtype='fp32'),
   ):
-    c = sft_config(path, tmp_path / 'sft', train_file, **{'model.dtype': 'bfloat16'})
+    c = stage_configs.sft_config(path, tmp_path / 'sft', train_file, **{'model.dtype': 'bfloat16'})
     adopted = init_from_lib.adopt_source_config(c)
     assert 'model.d_model=64' in adopted and 'model.vocab_size=256' in adopted
     assert c.model.dtype == 'bfloat16'  # run-time knobs stay the config's
@@ -126,7 +112,7 @@ def test_init_from_a_hugging_face_export_adopts_its_model_and_weights(tmp_path, 
 
 
 def test_sft_needs_init_from(tmp_path, train_file):
-  c = sft_config('', tmp_path, train_file)
+  c = stage_configs.sft_config('', tmp_path, train_file)
   with pytest.raises(config_lib.ConfigError, match='set --config.init_from'):
     config_lib.validate(c)
   c.init_from = str(tmp_path / 'missing')

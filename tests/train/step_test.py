@@ -14,6 +14,7 @@ from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.train import stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
+from tests.train import faults
 from tests.conftest import tiny_test_config
 from tests.diffusion import loss_test
 
@@ -173,24 +174,14 @@ def test_packed_step_accumulates_segment_ids_exactly():
   np.testing.assert_allclose(losses[0], float(stage.metrics(sums)['loss']), rtol=1e-5)
 
 
-def _nan_on(steps, base_loss):
-  """The stage's loss, made non-finite on the given steps (fault injection)."""
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-
-  def fn(module, tokens, *, step, **kwargs):
-    objective, sums = base_loss(module, tokens, step=step, **kwargs)
-    bad = jnp.where(jnp.isin(step, jnp.asarray(steps)), jnp.nan, 1.0)
-    return objective * bad, dict(sums, loss_num=sums['loss_num'] * bad)
-
-  return fn
-
-
 def test_non_finite_step_skips_the_update():
   config = tiny_test_config(**{'mesh.fsdp': 1})
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
   state = setup.init_state(config.seed)
   stage = stages.build(config)
-  step_fn = step_lib.CompiledStep(setup, dataclasses.replace(stage, loss=_nan_on([1], stage.loss)))
+  step_fn = step_lib.CompiledStep(
+    setup, dataclasses.replace(stage, loss=faults.nan_on([1], stage.loss))
+  )
   rng = np.random.default_rng(0)
   snapshots, skipped = [], []
   for _ in range(3):

@@ -108,7 +108,7 @@ class Stage:
     RL surrogate near zero changes sign, SFT's moves with each batch's answer lengths).
   check_inputs() -> None: fails in a second, before any model is built, when a file the stage
     reads is missing (a DataError naming the path and the key to fix).
-  router_losses: an MoE's router losses (train.moe_balance_loss, train.moe_z_loss) join the
+  router_losses: an MoE's router losses (model.moe.balance_loss, model.moe.z_loss) join the
     objective.
   loss_is_objective: the logged `loss` is the whole objective, the router losses' part included
     (RL: its surrogate means nothing alone); otherwise the language-modelling loss alone.

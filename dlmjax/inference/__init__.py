@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from dlmjax import model as model_lib
-from dlmjax import progress
+from dlmjax.observability import progress
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
 from dlmjax.data import chat

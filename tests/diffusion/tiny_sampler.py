@@ -1,0 +1,87 @@
+"""The sampler tests' tiny model and prompts: one definition for the sampler, cache, block
+decoding and step-prediction tests."""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dlmjax import model as model_lib
+from dlmjax.diffusion import sampler
+from tests.conftest import tiny_test_config
+
+MASK, EOS, PAD, VOCAB = 3, 2, 0, 100
+PROMPTS = [
+  [5, 6, 7],
+  [8, 9, 10, 11, 12, 13, 14],
+  [20],
+  [30, 31, 32, 33, 34],
+  [40, 41],
+  [50, 51, 52, 53, 54, 55, 56, 57],
+  [60, 61, 62, 63],
+  [70, 71, 72],
+]
+
+
+# 2 blocks of 8, 3 steps per block: 3, 3, 2 tokens per step (the remainder goes first).
+BASE = sampler.SamplingConfig(gen_length=16, steps=6, block_length=8)
+
+
+def model(**overrides):
+  # init_std 0.3: peaked predictions (median top probability 0.5), so confidences rarely tie.
+  config = tiny_test_config(**{'model.vocab_size': VOCAB, 'model.init_std': 0.3, **overrides})
+  model_config = model_lib.ModelConfig.from_config(config)
+  return model_config, model_lib.init_params(model_config, jax.random.key(0))
+
+
+@functools.lru_cache
+def generate_fn(model_config, sampling, mesh=None, eos_id=EOS):
+  return sampler.make_generate_fn(
+    model_config, sampling, mask_id=MASK, eos_id=eos_id, pad_id=PAD, vocab_size=VOCAB, mesh=mesh
+  )
+
+
+def generate(model_config, params, sampling, key=0, prompts=PROMPTS, mesh=None):
+  prompt_BP, lengths_B = sampler.pad_prompts(prompts, PAD)
+  fn = generate_fn(model_config, sampling, mesh)
+  return np.asarray(fn(params, prompt_BP, lengths_B, jax.random.key(key)))
+
+
+# 2 blocks of 8, 4 steps per block: the cached steps are 3 of every 4.
+CACHE_BASE = sampler.SamplingConfig(gen_length=16, steps=8, block_length=8)
+
+
+def canvas(prompts, gen_length, seed=0):
+  """A left-padded canvas of prompts and random completion tokens, its segment ids and positions."""
+  prompt_BP, lengths_B = sampler.pad_prompts(prompts, PAD)
+  batch, width = prompt_BP.shape
+  rng = np.random.default_rng(seed)
+  tokens = np.concatenate([prompt_BP, rng.integers(4, 100, (batch, gen_length))], 1)
+  index = np.arange(width + gen_length)[None]
+  offset = (width - lengths_B)[:, None]
+  segments = (index >= offset).astype(np.int32)
+  positions = np.maximum(index - offset, 0)
+  return jnp.asarray(tokens, jnp.int32), jnp.asarray(segments), jnp.asarray(positions), width
+
+
+def slice_logits(module, tokens, segments, positions, kv, start, size):
+  window = lambda a: jax.lax.dynamic_slice_in_dim(a, start, size, axis=1)  # noqa: E731
+  hidden, kv = module.hidden_kv(
+    window(tokens),
+    positions_BL=window(positions),
+    segment_ids_BL=segments,
+    kv_cache=kv,
+    cache_start=start,
+  )
+  return module.logits(hidden), kv
+
+
+def cached_and_uncached(model_config, params, sampling, prompts=PROMPTS, key=0, mesh=None):
+  """(tokens of `sampling`, tokens of the same settings uncached)."""
+  none = dataclasses.replace(sampling, cache='none', cache_refresh=0)
+  return (
+    generate(model_config, params, sampling, key=key, prompts=prompts, mesh=mesh),
+    generate(model_config, params, none, key=key, prompts=prompts),
+  )
