@@ -48,7 +48,8 @@ def rl_run(config):
     )
   if r.kl_beta < 0 or not 0 < r.clip_eps or not 0 <= r.p_mask_prompt <= 1:
     raise ConfigError('rl.kl_beta must be >= 0, rl.clip_eps > 0 and rl.p_mask_prompt in [0, 1].')
-  if r.objective in ('spg', 'wd1', 'wd1pp') and r.kl_beta > 0:
+  objective = objectives.get(r.objective)
+  if not objective.kl and r.kl_beta > 0:
     raise ConfigError(
       f'rl.objective={r.objective} has no KL term (it trains without a reference), but '
       f'rl.kl_beta={r.kl_beta}; set --config.rl.kl_beta=0.'
@@ -70,46 +71,4 @@ def rl_run(config):
       'd1 under PEFT); set --config.rl.ref_sync_every=0, or train.lora.rank=0 and '
       'rl.reference_on_host=False.'
     )
-  m = config.model
-  if r.objective == 'trace' and (
-    m.attention_mask != 'block_causal'
-    or m.shift_logits
-    or config.sampler.block_length != m.block_size
-  ):
-    raise ConfigError(
-      'rl.objective=trace scores each token in the state the sampler committed it in, one model '
-      'block at a time: set --config.model.attention_mask=block_causal, model.shift_logits=false '
-      f'and sampler.block_length=model.block_size ({m.block_size}).'
-    )
-  if r.objective == 'wd1pp':
-    _check_wd1pp(config)
-  if r.objective == 'spg':
-    if not 0 <= r.spg_mix_weight <= 1 or r.spg_eubo_beta < 1:
-      raise ConfigError(
-        f'rl.spg_mix_weight={r.spg_mix_weight} must be in [0, 1] and '
-        f'rl.spg_eubo_beta={r.spg_eubo_beta} >= 1 (the EUBO is a bound for '
-        'beta >= 1).'
-      )
-
-
-def _check_wd1pp(config):
-  """wd1++ reads every step's whole-canvas prediction: the uncached sampler on a model without
-  the block grid, every step committing a token (so every row runs all sampler.steps steps)."""
-  s, r = config.sampler, config.rl
-  if s.cache != 'none':
-    raise ConfigError(
-      f"rl.objective=wd1pp needs every step's whole-canvas prediction, which sampler.cache="
-      f'{s.cache} does not compute: set --config.sampler.cache=none.'
-    )
-  if config.model.attention_mask == 'block_causal':
-    raise ConfigError(
-      'rl.objective=wd1pp needs a model without the block grid (its canvas can run an extra '
-      'block): set model.attention_mask to bidirectional or causal.'
-    )
-  if s.threshold > 0 or s.factor > 0 or s.stop_at_eos or s.steps > s.gen_length:
-    raise ConfigError(
-      'rl.objective=wd1pp needs every sampler step to commit a token: set sampler.threshold=0, '
-      'sampler.factor=0, sampler.stop_at_eos=False and sampler.steps <= sampler.gen_length.'
-    )
-  if not r.wd1pp_psi > 0:
-    raise ConfigError(f'rl.wd1pp_psi={r.wd1pp_psi} must be > 0.')
+  objective.check(config)

@@ -59,6 +59,7 @@ class Objective:
   scores: str | None = 'token'
   draws_masks: bool = True
   after_eos: str = 'eos'
+  kl: bool = True  # the loss has a KL term against a reference (rl.kl_beta)
 
   @property
   def batch_keys(self) -> tuple[str, ...]:
@@ -67,6 +68,10 @@ class Objective:
   def describe(self, config) -> str:
     """The objective's switches and values in one line (after `rl.objective=NAME: `)."""
     raise NotImplementedError
+
+  def check(self, config) -> None:
+    """Raises ConfigError for a config this objective cannot train (the stage's shared checks
+    run first, in rl/config_checks.py); none by default."""
 
   def settings(self, config) -> dict:
     """The estimator's static settings (hashable values: one compiled scorer per distinct set)."""

@@ -28,6 +28,16 @@ class SPG(base.Objective):
   name = 'spg'
   config_keys = ('elbo_samples', 'p_mask_prompt', 'spg_eubo_beta', 'spg_mix_weight')
   scores = None
+  kl = False
+
+  def check(self, config):
+    r = config.rl
+    if not 0 <= r.spg_mix_weight <= 1 or r.spg_eubo_beta < 1:
+      raise base.ConfigError(
+        f'rl.spg_mix_weight={r.spg_mix_weight} must be in [0, 1] and '
+        f'rl.spg_eubo_beta={r.spg_eubo_beta} >= 1 (the EUBO is a bound for '
+        'beta >= 1).'
+      )
 
   def describe(self, config):
     r = config.rl

@@ -27,6 +27,19 @@ class Trace(base.Objective):
   extra_batch_keys = ('steps',)
   draws_masks = False
 
+  def check(self, config):
+    m = config.model
+    if (
+      m.attention_mask != 'block_causal'
+      or m.shift_logits
+      or config.sampler.block_length != m.block_size
+    ):
+      raise base.ConfigError(
+        'rl.objective=trace scores each token in the state the sampler committed it in, one '
+        'model block at a time: set --config.model.attention_mask=block_causal, '
+        f'model.shift_logits=false and sampler.block_length=model.block_size ({m.block_size}).'
+      )
+
   def describe(self, config):
     r = config.rl
     return (

@@ -26,6 +26,7 @@ class WD1(base.Objective):
   name = 'wd1'
   config_keys = ('p_mask_prompt',)
   scores = None
+  kl = False
 
   def describe(self, config):
     return (
