@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from dlmjax.config import ConfigError
 from dlmjax.rl import estimators
 from dlmjax.rl.objectives import base
 
@@ -33,7 +34,7 @@ class SPG(base.Objective):
   def check(self, config):
     r = config.rl
     if not 0 <= r.spg_mix_weight <= 1 or r.spg_eubo_beta < 1:
-      raise base.ConfigError(
+      raise ConfigError(
         f'rl.spg_mix_weight={r.spg_mix_weight} must be in [0, 1] and '
         f'rl.spg_eubo_beta={r.spg_eubo_beta} >= 1 (the EUBO is a bound for '
         'beta >= 1).'

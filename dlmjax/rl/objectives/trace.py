@@ -8,6 +8,7 @@ EOS-padded (tokens committed there are the later states' context).
 
 from __future__ import annotations
 
+from dlmjax.config import ConfigError
 from dlmjax.diffusion import sampler as sampler_lib
 from dlmjax.rl import estimators
 from dlmjax.rl.objectives import base, d1
@@ -34,7 +35,7 @@ class Trace(base.Objective):
       or m.shift_logits
       or config.sampler.block_length != m.block_size
     ):
-      raise base.ConfigError(
+      raise ConfigError(
         'rl.objective=trace scores each token in the state the sampler committed it in, one '
         'model block at a time: set --config.model.attention_mask=block_causal, '
         f'model.shift_logits=false and sampler.block_length=model.block_size ({m.block_size}).'

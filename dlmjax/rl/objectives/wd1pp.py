@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dlmjax.config import ConfigError
 from dlmjax.rl import advantages as advantages_lib
 from dlmjax.rl import canvas, estimators
 from dlmjax.rl.objectives import base, wd1
@@ -87,22 +88,22 @@ class WD1PP(base.Objective):
     the block grid, every step committing a token (so every row runs all sampler.steps steps)."""
     s, r = config.sampler, config.rl
     if s.cache != 'none':
-      raise base.ConfigError(
+      raise ConfigError(
         f"rl.objective=wd1pp needs every step's whole-canvas prediction, which sampler.cache="
         f'{s.cache} does not compute: set --config.sampler.cache=none.'
       )
     if config.model.attention_mask == 'block_causal':
-      raise base.ConfigError(
+      raise ConfigError(
         'rl.objective=wd1pp needs a model without the block grid (its canvas can run an extra '
         'block): set model.attention_mask to bidirectional or causal.'
       )
     if s.threshold > 0 or s.factor > 0 or s.stop_at_eos or s.steps > s.gen_length:
-      raise base.ConfigError(
+      raise ConfigError(
         'rl.objective=wd1pp needs every sampler step to commit a token: set sampler.threshold=0, '
         'sampler.factor=0, sampler.stop_at_eos=False and sampler.steps <= sampler.gen_length.'
       )
     if not r.wd1pp_psi > 0:
-      raise base.ConfigError(f'rl.wd1pp_psi={r.wd1pp_psi} must be > 0.')
+      raise ConfigError(f'rl.wd1pp_psi={r.wd1pp_psi} must be > 0.')
 
   def describe(self, config):
     r = config.rl
