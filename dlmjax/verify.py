@@ -37,6 +37,7 @@ from dlmjax import config as config_lib
 from dlmjax import extras
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import families
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_mapping
@@ -44,8 +45,6 @@ from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
 from dlmjax.parallel import distributed
 
-# What the PyTorch forwards read as they are.
-PARITY_LAYOUTS = ('qwen3', 'difflm', 'qwen2', 'llama', 'sdar')
 TOLERANCES = {'fp32': (1e-4, 1e-4), 'bf16': (1e-1, 1e-2)}  # (logits, masked CE)
 _COMPUTE = {'fp32': 'float32', 'bf16': 'bfloat16'}
 
@@ -263,10 +262,11 @@ def torch_logits(hf_dir: str, tokens_BL: np.ndarray, dtype: str, backend: str = 
   device = 'cuda' if torch.cuda.is_available() else 'cpu'
   if backend == 'auto':
     has_transformers = importlib.util.find_spec('transformers') is not None
-    # Dream's and SDAR's classes are remote code transformers does not ship: their layouts
-    # check on Reference.
-    remote = hf_config.detect_architecture(hf_config.read(hf_dir)) in ('dream', 'sdar')
-    backend = 'transformers' if has_transformers and not remote else 'reference'
+    # A family whose classes are remote code transformers does not ship (Dream, SDAR) checks on
+    # Reference (Family.parity).
+    family = families.detect(hf_config.read(hf_dir))
+    in_transformers = has_transformers and family.parity == 'transformers'
+    backend = 'transformers' if in_transformers else 'reference'
   tokens = torch.as_tensor(tokens_BL, dtype=torch.long, device=device)
   with torch.no_grad():
     if backend == 'transformers':
@@ -365,10 +365,11 @@ def verify(
     return checks
   if hf_dir is not None:
     checks.append(check_hf_weights(hf_dir, params, config))
-    if hf_config.detect_architecture(hf_config.read(hf_dir)) in PARITY_LAYOUTS:
+    family = families.detect(hf_config.read(hf_dir))
+    if family.parity is not None and family.source_parity:
       return checks + check_parity(params, config, hf_dir, dtype=dtype, **parity_kwargs)
-    # LLaDA: no PyTorch forward here reads its names; it runs on the export (Qwen2 or Llama
-    # names) of the weights the check above found equal to hf_dir's.
+    # LLaDA, LLaDA-MoE (no PyTorch forward here reads their names), Qwen3-MoE (Family.parity):
+    # the forward runs on an export of the weights the check above found equal to hf_dir's.
   with tempfile.TemporaryDirectory(prefix='dlmjax_verify_') as tmp:
     hf_io.write_hf(tmp, config, params, dtype=dtype, copy_tokenizer=False)
     return checks + check_parity(params, config, tmp, dtype=dtype, **parity_kwargs)

@@ -17,12 +17,12 @@ is refused with the reason, never silently dropped.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterator
 
 import numpy as np
 
+from dlmjax.checkpoint import families
 from dlmjax.checkpoint import hf_config
 from dlmjax.model.presets import ModelConfig
 
@@ -33,119 +33,9 @@ class MappingError(ValueError):
   """Tensors that do not fit the model: names the tensor, what was expected and what was found."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Naming:
-  """Tensor names of one Hugging Face architecture; `{i}` in `layer` is the layer index."""
-
-  embed: str
-  final_norm: str
-  lm_head: str
-  layer: str
-  layer_keys: dict  # our per-layer slot -> name suffix
-  bias_slots: tuple = ()  # slots whose `.bias` may exist; accepted only when all zero
-  ignored: str = r'.*rotary_emb\.inv_freq$'  # buffers some exporters write (MegaDLMs does)
-  zero_tensors: tuple = ()  # per-layer suffixes that may exist; accepted only when all zero
-  # Per-layer suffix of a tensor holding every expert at once -> ((slot, half), ...): the slot's
-  # per-expert tensors are its [e] (half None) or the half'th of its two row blocks [e, :F] /
-  # [e, F:] (transformers 5's fused Qwen3MoeExperts: gate_up_proj [E, 2F, D], down_proj [E, D, F]).
-  fused: tuple = ()
-
-  def layer_name(self, i: int, slot: str, e: int | None = None) -> str:
-    return self.layer.format(i=i) + self.layer_keys[slot].format(e=e)
-
-
-_LLAMA_KEYS = dict(
-  input_norm='input_layernorm.weight',
-  post_attn_norm='post_attention_layernorm.weight',
-  q='self_attn.q_proj.weight',
-  k='self_attn.k_proj.weight',
-  v='self_attn.v_proj.weight',
-  o='self_attn.o_proj.weight',
-  gate='mlp.gate_proj.weight',
-  up='mlp.up_proj.weight',
-  down='mlp.down_proj.weight',
-)
-_QWEN3_KEYS = dict(_LLAMA_KEYS, q_norm='self_attn.q_norm.weight', k_norm='self_attn.k_norm.weight')
-_QWEN2_KEYS = dict(
-  _LLAMA_KEYS,
-  q_bias='self_attn.q_proj.bias',
-  k_bias='self_attn.k_proj.bias',
-  v_bias='self_attn.v_proj.bias',
-)
-_LLAMA_LIKE = dict(
-  embed='model.embed_tokens.weight',
-  final_norm='model.norm.weight',
-  lm_head='lm_head.weight',
-  layer='model.layers.{i}.',
-)
-# Mixture-of-experts layers (docs/moe.md): the router `mlp.gate` [E, D] and per-expert SwiGLU
-# projections, as Qwen/Qwen3-30B-A3B and LLaDA-MoE publish them (OLMoE / Qwen2-MoE's names).
-_MOE_KEYS = dict(
-  {k: v for k, v in _QWEN3_KEYS.items() if k not in ('gate', 'up', 'down')},
-  router='mlp.gate.weight',
-  expert_gate='mlp.experts.{e}.gate_proj.weight',
-  expert_up='mlp.experts.{e}.up_proj.weight',
-  expert_down='mlp.experts.{e}.down_proj.weight',
-)
-NAMINGS = {
-  'qwen3': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
-  # transformers' Qwen3MoeForCausalLM: save_pretrained writes the published per-expert names;
-  # the fused in-memory form (Qwen3MoeExperts) is read too. Its dense layers (mlp_only_layers,
-  # decoder_sparse_step) are Qwen3MoeMLPs: mlp.{gate,up,down}_proj, as Qwen3's.
-  'qwen3_moe': Naming(
-    **_LLAMA_LIKE,
-    layer_keys=dict(_MOE_KEYS, **{k: _QWEN3_KEYS[k] for k in ('gate', 'up', 'down')}),
-    fused=(
-      ('mlp.experts.gate_up_proj', (('expert_gate', 0), ('expert_up', 1))),
-      ('mlp.experts.down_proj', (('expert_down', None),)),
-    ),
-  ),
-  # LLaDA-MoE (modeling_lladamoe.py): OLMoE's decoder layer; a shared expert, when configured,
-  # is the layer's `shared_expert` MLP; `mlp.expert_bias` (moe_router_enable_expert_bias) would
-  # be added to the router's probabilities, which dlmjax cannot, so it must be zero.
-  'llada_moe': Naming(
-    **_LLAMA_LIKE,
-    layer_keys=dict(
-      _MOE_KEYS,
-      shared_gate='shared_expert.gate_proj.weight',
-      shared_up='shared_expert.up_proj.weight',
-      shared_down='shared_expert.down_proj.weight',
-    ),
-    zero_tensors=('mlp.expert_bias',),
-  ),
-  'difflm': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
-  # SDAR / TraDo (modeling_sdar.py): Qwen3's modules and names (hf_config: block-causal).
-  'sdar': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
-  # transformers' Qwen2Attention: q/k/v_proj with bias=True, o_proj without.
-  'qwen2': Naming(**_LLAMA_LIKE, layer_keys=_QWEN2_KEYS),
-  'llama': Naming(**_LLAMA_LIKE, layer_keys=_LLAMA_KEYS, bias_slots=('q', 'k', 'v', 'o')),
-  # Dream's DreamModel (modeling_dream.py): model = DreamBaseModel, Qwen2's names and biases.
-  'dream': Naming(**_LLAMA_LIKE, layer_keys=_QWEN2_KEYS),
-  # LLaDA's OLMo-derived LLaDALlamaBlock (GSAI-ML/LLaDA-8B-*, modeling_llada.py):
-  # ff_out(silu(ff_proj(x)) * up_proj(x)): ff_proj is the SwiGLU gate, up_proj the up
-  # projection, ff_out the down projection; q/k/v_proj have biases when include_qkv_bias.
-  'llada': Naming(
-    embed='model.transformer.wte.weight',
-    final_norm='model.transformer.ln_f.weight',
-    lm_head='model.transformer.ff_out.weight',
-    layer='model.transformer.blocks.{i}.',
-    layer_keys=dict(
-      input_norm='attn_norm.weight',
-      post_attn_norm='ff_norm.weight',
-      q='q_proj.weight',
-      k='k_proj.weight',
-      v='v_proj.weight',
-      o='attn_out.weight',
-      gate='ff_proj.weight',
-      up='up_proj.weight',
-      down='ff_out.weight',
-      q_bias='q_proj.bias',
-      k_bias='k_proj.bias',
-      v_bias='v_proj.bias',
-    ),
-    bias_slots=('q', 'k', 'v'),
-  ),
-}
+Naming = families.base.Naming
+# Each family's tensor names (checkpoint/families: its module's Naming).
+NAMINGS = {name: family.names for name, family in families.FAMILIES.items()}
 
 # Our per-layer slots: path in the param dict and layout kind.
 #   vector:    [X]        <-> [X]
