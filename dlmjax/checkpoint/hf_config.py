@@ -66,9 +66,11 @@ def export_family(*, qk_norm: bool, qkv_bias: bool, shift_logits: bool = False) 
 
 
 def moe_family(m) -> str:
-  """The MoE family an MoE model (config.model or ModelConfig) exports to by default:
-  Qwen3-MoE's when it has QK-norm and no shared experts, else LLaDA-MoE's (hf_layouts says
-  whether that one can hold it)."""
+  """The MoE family an MoE model (config.model or ModelConfig) exports to by default: LLaDA2's
+  for a sigmoid_bias router, Qwen3-MoE's when it has QK-norm and no shared experts, else
+  LLaDA-MoE's (hf_layouts says whether that one can hold it)."""
+  if m.router == 'sigmoid_bias':
+    return 'llada2_moe'
   return 'qwen3_moe' if m.qk_norm and not m.shared_experts else 'llada_moe'
 
 

@@ -60,6 +60,7 @@ _SLOTS = {
   'up': (('blocks', 'mlp', 'up_proj'), 'matrix'),
   'down': (('blocks', 'mlp', 'down_proj'), 'matrix'),
   'router': (('blocks', 'mlp', 'router_kernel'), 'matrix'),
+  'router_bias': (('blocks', 'mlp', 'router_bias'), 'vector'),
   'expert_gate': (('blocks', 'mlp', 'gate_proj'), 'experts'),
   'expert_up': (('blocks', 'mlp', 'up_proj'), 'experts'),
   'expert_down': (('blocks', 'mlp', 'down_proj'), 'experts'),
@@ -78,15 +79,14 @@ _SHARED_SLOTS = ('shared_gate', 'shared_up', 'shared_down')
 def layer_slots(cfg: ModelConfig, i: int) -> list[str]:
   """The slots layer i of our model of `cfg` has (QK-norm and biases only where switched on; the
   dense MLP's or the experts', with the shared experts' when there are any)."""
-  if cfg.num_experts and cfg.router == 'sigmoid_bias':
-    raise MappingError(
-      'model.router=sigmoid_bias has no Hugging Face family here (Qwen3-MoE and LLaDA-MoE route '
-      'by softmax); keep the run directory (orbax) for it.'
-    )
   mlp = _DENSE_SLOTS
   if cfg.is_moe_layer(i):
-    mlp = (*_EXPERT_SLOTS, *(_SHARED_SLOTS if cfg.shared_experts else ()))
-  every_mlp = (*_DENSE_SLOTS, *_EXPERT_SLOTS, *_SHARED_SLOTS)
+    mlp = (
+      *_EXPERT_SLOTS,
+      *(('router_bias',) if cfg.router == 'sigmoid_bias' else ()),
+      *(_SHARED_SLOTS if cfg.shared_experts else ()),
+    )
+  every_mlp = (*_DENSE_SLOTS, *_EXPERT_SLOTS, 'router_bias', *_SHARED_SLOTS)
   return [
     s
     for s in _SLOTS
@@ -172,6 +172,7 @@ def _layer_shapes(cfg: ModelConfig) -> dict:
     up=(d, f),
     down=(f, d),
     router=(d, cfg.num_experts),
+    router_bias=(cfg.num_experts,),
     expert_gate=(cfg.num_experts, d, cfg.expert_dim),
     expert_up=(cfg.num_experts, d, cfg.expert_dim),
     expert_down=(cfg.num_experts, cfg.expert_dim, d),
@@ -213,15 +214,36 @@ def _export_naming(cfg: ModelConfig, names: str | None) -> Naming:
   return NAMINGS[names or export_family(cfg)]
 
 
+def _layer_exports(naming: Naming, cfg: ModelConfig, i: int) -> list[tuple[str, tuple]]:
+  """(name, slots) of layer i's exported tensors in order: one slot each, or the slots of a
+  joined tensor (Naming.joined) that the layer has, under the joined name at its first slot."""
+  slots = layer_slots(cfg, i)
+  out = []
+  for slot in slots:
+    group = naming.joined_group(slot)
+    if group is None:
+      out.append((naming.layer_name(i, slot), (slot,)))
+      continue
+    present = tuple(s for s in group[1] if s in slots)
+    if slot == present[0]:
+      out.append((naming.layer.format(i=i) + group[0], present))
+  return out
+
+
 def export_entries(
   cfg: ModelConfig, *, vocab_rows: int, names: str | None = None
 ) -> list[tuple[str, tuple]]:
   """(name, shape) of every exported tensor, in the order export_tensors yields them."""
   naming = _export_naming(cfg, names)
   entries = [(naming.embed, (vocab_rows, cfg.d_model))]
+  shapes = _layer_shapes(cfg)
   for i in range(cfg.num_layers):
-    for slot in layer_slots(cfg, i):
-      entries += [(name, shape) for name, shape, _ in _layer_tensors(naming, cfg, i, slot)]
+    for joined, slots in _layer_exports(naming, cfg, i):
+      if len(slots) > 1:
+        parts = [_hf_shape(shapes[s], _SLOTS[s][1]) for s in slots]
+        entries.append((joined, (sum(p[0] for p in parts), *parts[0][1:])))
+        continue
+      entries += [(name, shape) for name, shape, _ in _layer_tensors(naming, cfg, i, slots[0])]
   entries.append((naming.final_norm, (cfg.d_model,)))
   if not cfg.tie_embeddings:  # tied: transformers re-creates lm_head from the embedding.
     entries.append((naming.lm_head, (vocab_rows, cfg.d_model)))
@@ -244,8 +266,17 @@ def export_tensors(
   # No named intermediates: a host copy that is transposed into a new array is freed before the
   # yield, so the generator never holds two copies of one tensor.
   yield naming.embed, np.asarray(to_host(_get(params, _EMBED)[:vocab_rows]), np.float32)
+
+  def host(slot, i):
+    path, j = _path(cfg, i, slot)
+    return _to_hf(np.asarray(to_host(_get(params, path)[j]), np.float32), _SLOTS[slot][1])
+
   for i in range(cfg.num_layers):
-    for slot in layer_slots(cfg, i):
+    for joined, slots in _layer_exports(naming, cfg, i):
+      if len(slots) > 1:  # one tensor stacking the slots' rows (Naming.joined)
+        yield joined, np.concatenate([host(s, i) for s in slots], axis=0)
+        continue
+      slot = slots[0]
       layout = _SLOTS[slot][1]
       path, j = _path(cfg, i, slot)
       if layout == 'experts':  # one layer's experts on the host, one expert's tensor yielded
@@ -254,12 +285,7 @@ def export_tensors(
           yield name, np.ascontiguousarray(experts[e].T)
         del experts
         continue
-      yield (
-        naming.layer_name(i, slot),
-        np.ascontiguousarray(
-          _to_hf(np.asarray(to_host(_get(params, path)[j]), np.float32), layout)
-        ),
-      )
+      yield naming.layer_name(i, slot), np.ascontiguousarray(host(slot, i))
   yield naming.final_norm, np.asarray(to_host(_get(params, _FINAL_NORM)), np.float32)
   if not cfg.tie_embeddings:
     yield (
@@ -325,13 +351,31 @@ def _zero_bias_names(naming: Naming, cfg: ModelConfig) -> list[str]:
 class _UnfusedExperts:
   """A tensor source that shows a checkpoint's fused expert tensors (Naming.fused) under the
   per-expert names, reading each fused tensor once while its experts are taken (the last one
-  read is kept)."""
+  read is kept), and each joined tensor's row blocks (Naming.joined) under its slots' names."""
 
-  def __init__(self, source, naming: Naming, num_layers: int):
+  def __init__(self, source, naming: Naming, cfg: ModelConfig):
     self._source, self._virtual, self._cached = source, {}, (None, None)
     present = set(source.keys())
     self._hidden = set()
-    for i in range(num_layers):
+    self._rows = {}  # a joined tensor's slot name -> (joined name, first row, end row)
+    shapes = _layer_shapes(cfg)
+    for i in range(cfg.num_layers):
+      for suffix, slots in naming.joined:
+        joined = naming.layer.format(i=i) + suffix
+        if joined not in present:
+          continue
+        self._hidden.add(joined)
+        start = 0
+        for slot in (s for s in slots if s in layer_slots(cfg, i)):
+          rows = _hf_shape(shapes[slot], _SLOTS[slot][1])[0]
+          self._rows[naming.layer_name(i, slot)] = (joined, start, start + rows)
+          start += rows
+        if start != source.shape(joined)[0]:
+          raise MappingError(
+            f'{joined} has {source.shape(joined)[0]} rows, expected {start} from the model '
+            'config (num_heads, num_kv_heads, head_dim).'
+          )
+    for i in range(cfg.num_layers):
       for suffix, parts in naming.fused:
         fused = naming.layer.format(i=i) + suffix
         if fused not in present:
@@ -344,17 +388,28 @@ class _UnfusedExperts:
             self._virtual[naming.layer_name(i, slot, e)] = (fused, e, half, (rows, *shape[2:]))
 
   def keys(self):
-    return [n for n in self._source.keys() if n not in self._hidden] + list(self._virtual)
+    shown = [n for n in self._source.keys() if n not in self._hidden]
+    return shown + list(self._virtual) + list(self._rows)
 
   def __contains__(self, name):
-    return name in self._virtual or (name not in self._hidden and name in self._source)
+    return (
+      name in self._virtual
+      or name in self._rows
+      or (name not in self._hidden and name in self._source)
+    )
 
   def shape(self, name):
     if name in self._virtual:
       return self._virtual[name][3]
+    if name in self._rows:
+      joined, start, end = self._rows[name]
+      return (end - start, *self._source.shape(joined)[1:])
     return self._source.shape(name)
 
   def get(self, name):
+    if name in self._rows:
+      joined, start, end = self._rows[name]
+      return np.asarray(self._source.get(joined))[start:end]
     if name not in self._virtual:
       return self._source.get(name)
     fused, e, half, (rows, *_) = self._virtual[name]
@@ -366,9 +421,9 @@ class _UnfusedExperts:
 
 
 def _unfused(source, naming: Naming, cfg: ModelConfig):
-  if not naming.fused or isinstance(source, _UnfusedExperts):
+  if not (naming.fused or naming.joined) or isinstance(source, _UnfusedExperts):
     return source
-  return _UnfusedExperts(source, naming, cfg.num_layers)
+  return _UnfusedExperts(source, naming, cfg)
 
 
 def _listing(names, limit=8) -> str:

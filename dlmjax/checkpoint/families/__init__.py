@@ -12,6 +12,7 @@ from dlmjax.checkpoint.families import base
 from dlmjax.checkpoint.families import difflm
 from dlmjax.checkpoint.families import dream
 from dlmjax.checkpoint.families import llada
+from dlmjax.checkpoint.families import llada2_moe
 from dlmjax.checkpoint.families import llada_moe
 from dlmjax.checkpoint.families import llama
 from dlmjax.checkpoint.families import qwen2
@@ -22,7 +23,7 @@ from dlmjax.checkpoint.families import sdar
 Family = base.Family
 HFConfigError = base.HFConfigError
 
-_MODULES = (qwen3, difflm, qwen2, llama, llada, sdar, dream, qwen3_moe, llada_moe)
+_MODULES = (qwen3, difflm, qwen2, llama, llada, sdar, dream, qwen3_moe, llada_moe, llada2_moe)
 FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in _MODULES}
 
 

@@ -39,6 +39,17 @@ class Naming:
   # per-expert tensors are its [e] (half None) or the half'th of its two row blocks [e, :F] /
   # [e, F:] (transformers 5's fused Qwen3MoeExperts: gate_up_proj [E, 2F, D], down_proj [E, D, F]).
   fused: tuple = ()
+  # Per-layer suffix of one tensor that stacks several slots' tensors along its rows, in order
+  # -> (slot, ...) (LLaDA2's attention.query_key_value: q | k | v). Those slots' layer_keys are
+  # then names the import shows each row block under; exports write the one stacked tensor.
+  joined: tuple = ()
+
+  def joined_group(self, slot: str) -> tuple | None:
+    """(suffix, slots) of the joined tensor holding `slot`, or None."""
+    for suffix, slots in self.joined:
+      if slot in slots:
+        return suffix, slots
+    return None
 
   def layer_name(self, i: int, slot: str, e: int | None = None) -> str:
     return self.layer.format(i=i) + self.layer_keys[slot].format(e=e)
