@@ -43,6 +43,9 @@ def defaults() -> ml_collections.ConfigDict:
   # original_max_position_embeddings=8192' (Llama-3.1/3.2) | 'linear:factor=F'
   # (parse_rope_scaling; dlmjax/model/layers.py rope_inv_freq).
   c.model.rope_scaling = ''
+  # The share of each head's dims RoPE rotates (transformers' partial_rotary_factor; LLaDA2: 0.5):
+  # the first int(head_dim x fraction) dims rotate, the rest pass through.
+  c.model.rope_fraction = 1.0
   c.model.norm_eps = 1e-6  # RMSNorm epsilon.
   # RMSNorm on q and k over the head dim before RoPE (Qwen3); off: straight to RoPE (Qwen2, Llama).
   c.model.qk_norm = True
@@ -72,6 +75,14 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.moe_ffn_dim = 0
   c.model.shared_experts = 0
   c.model.router = 'softmax_topk'
+  # Group-limited routing (sigmoid_bias only; DeepSeek-V3's n_group / topk_group, LLaDA2's): the
+  # experts form router_groups equal groups, each scored by the sum of its two best biased
+  # scores, and a token's experts_per_token are chosen among its router_group_topk best groups
+  # (1 / 1: no grouping). routed_scale multiplies the routed experts' weights
+  # (routed_scaling_factor; the shared experts' output is not scaled).
+  c.model.router_groups = 1
+  c.model.router_group_topk = 1
+  c.model.routed_scale = 1.0
   # The experts' grouped matmul (kernels/grouped_matmul.py): xla (ragged_dot) | tokamax | pallas
   # (our Triton kernels) | auto (pallas on GPU, measured fastest: docs/benchmarks.md MoE; else xla).
   c.model.moe_backend = 'auto'
@@ -743,6 +754,12 @@ def validate(config, num_devices: int | None = None) -> None:
   if m.head_dim % 2:
     raise ConfigError(f'model.head_dim={m.head_dim} must be even for rotary embeddings.')
   parse_rope_scaling(m.rope_scaling)
+  rope_dim = int(m.head_dim * m.rope_fraction)
+  if not 0 < m.rope_fraction <= 1 or rope_dim < 2 or rope_dim % 2:
+    raise ConfigError(
+      f'model.rope_fraction={m.rope_fraction} must be in (0, 1] and rotate an even number of '
+      f'dims of model.head_dim={m.head_dim} (int(head_dim x fraction) = {rope_dim}).'
+    )
   if m.loss_chunk_tokens < 0:
     raise ConfigError(
       f'model.loss_chunk_tokens={m.loss_chunk_tokens} must be >= 0 (0 = full logits).'
@@ -1265,6 +1282,7 @@ def _validate_experts(config):
       f'model.experts_per_token={m.experts_per_token} must be in [1, model.num_experts='
       f'{m.num_experts}]; set --config.model.experts_per_token to at most {m.num_experts}.'
     )
+  _validate_router_groups(m)
   if m.num_experts % mesh.expert:
     raise ConfigError(
       f'model.num_experts={m.num_experts} is not divisible by mesh.expert={mesh.expert}; pick an '
@@ -1285,6 +1303,28 @@ def _validate_experts(config):
       f'model.matmul_dtype={m.matmul_dtype} does not cover the MoE experts; set '
       '--config.model.matmul_dtype=compute.'
     )
+
+
+def _validate_router_groups(m):
+  """model.router_groups / router_group_topk / routed_scale of an MoE model."""
+  groups, topk = m.router_groups, m.router_group_topk
+  if groups < 1 or m.num_experts % groups or not 1 <= topk <= groups:
+    raise ConfigError(
+      f'model.router_groups={groups} must divide model.num_experts={m.num_experts} and '
+      f'model.router_group_topk={topk} be in [1, router_groups].'
+    )
+  if groups > 1 and m.router != 'sigmoid_bias':
+    raise ConfigError(
+      f'model.router_groups={groups} limits the sigmoid_bias router only; set '
+      '--config.model.router=sigmoid_bias or --config.model.router_groups=1.'
+    )
+  if m.experts_per_token > topk * (m.num_experts // groups):
+    raise ConfigError(
+      f'model.experts_per_token={m.experts_per_token} exceeds the {topk} x '
+      f'{m.num_experts // groups} experts of the kept groups; raise model.router_group_topk.'
+    )
+  if not m.routed_scale > 0:
+    raise ConfigError(f'model.routed_scale={m.routed_scale} must be > 0 (1 = unscaled).')
 
 
 def _validate_pipeline_and_context(config):

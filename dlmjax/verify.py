@@ -37,6 +37,7 @@ from dlmjax import config as config_lib
 from dlmjax import extras
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import families
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_mapping
@@ -44,8 +45,6 @@ from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
 from dlmjax.parallel import distributed
 
-# What the PyTorch forwards read as they are.
-PARITY_LAYOUTS = ('qwen3', 'difflm', 'qwen2', 'llama', 'sdar')
 TOLERANCES = {'fp32': (1e-4, 1e-4), 'bf16': (1e-1, 1e-2)}  # (logits, masked CE)
 _COMPUTE = {'fp32': 'float32', 'bf16': 'bfloat16'}
 
@@ -190,10 +189,11 @@ def check_hf_weights(hf_dir: str, params, config) -> Check:
   cfg = model_lib.ModelConfig.from_config(config)
   hf = hf_config.read(hf_dir)
   arch = hf_config.detect_architecture(hf)
-  if hf_mapping.NAMINGS[arch] != hf_mapping.NAMINGS[hf_config.export_family(**_options(cfg))]:
+  naming = hf_mapping.NAMINGS[hf_mapping.export_family(cfg)]
+  if hf_mapping.NAMINGS[arch] != naming:
     return _check_source_weights(hf_dir, hf, arch, params, config)
   reader = safetensors_io.SafetensorsReader(hf_dir)
-  rows = reader.shape('model.embed_tokens.weight')[0]
+  rows = reader.shape(naming.embed)[0]
   problems = []
   for name, ours in hf_mapping.export_tensors(
     params, cfg, vocab_rows=rows, to_host=distributed.to_host
@@ -210,13 +210,8 @@ def check_hf_weights(hf_dir: str, params, config) -> Check:
   return Check(
     'exported weights',
     not problems,
-    '; '.join(problems[:8])
-    or f'every tensor equals ours in {reader.dtype("model.embed_tokens.weight")}',
+    '; '.join(problems[:8]) or f'every tensor equals ours in {reader.dtype(naming.embed)}',
   )
-
-
-def _options(cfg) -> dict:
-  return dict(qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias)
 
 
 def _check_source_weights(hf_dir: str, hf: dict, arch: str, params, config) -> Check:
@@ -263,10 +258,11 @@ def torch_logits(hf_dir: str, tokens_BL: np.ndarray, dtype: str, backend: str = 
   device = 'cuda' if torch.cuda.is_available() else 'cpu'
   if backend == 'auto':
     has_transformers = importlib.util.find_spec('transformers') is not None
-    # Dream's and SDAR's classes are remote code transformers does not ship: their layouts
-    # check on Reference.
-    remote = hf_config.detect_architecture(hf_config.read(hf_dir)) in ('dream', 'sdar')
-    backend = 'transformers' if has_transformers and not remote else 'reference'
+    # A family whose classes are remote code transformers does not ship (Dream, SDAR) checks on
+    # Reference (Family.parity).
+    family = families.detect(hf_config.read(hf_dir))
+    in_transformers = has_transformers and family.parity == 'transformers'
+    backend = 'transformers' if in_transformers else 'reference'
   tokens = torch.as_tensor(tokens_BL, dtype=torch.long, device=device)
   with torch.no_grad():
     if backend == 'transformers':
@@ -365,12 +361,17 @@ def verify(
     return checks
   if hf_dir is not None:
     checks.append(check_hf_weights(hf_dir, params, config))
-    if hf_config.detect_architecture(hf_config.read(hf_dir)) in PARITY_LAYOUTS:
+    family = families.detect(hf_config.read(hf_dir))
+    if family.parity is not None and family.source_parity:
       return checks + check_parity(params, config, hf_dir, dtype=dtype, **parity_kwargs)
-    # LLaDA: no PyTorch forward here reads its names; it runs on the export (Qwen2 or Llama
-    # names) of the weights the check above found equal to hf_dir's.
+    # LLaDA, LLaDA-MoE (no PyTorch forward here reads their names), Qwen3-MoE (Family.parity):
+    # the forward runs on an export of the weights the check above found equal to hf_dir's.
   with tempfile.TemporaryDirectory(prefix='dlmjax_verify_') as tmp:
     hf_io.write_hf(tmp, config, params, dtype=dtype, copy_tokenizer=False)
+    family = families.detect(hf_config.read(tmp))
+    if family.parity is None:  # an MoE export (LLaDA-MoE's, LLaDA2's names)
+      why = f"no PyTorch forward here reads {family.name}'s names; skipped"
+      return checks + [Check('logits parity', True, why)]
     return checks + check_parity(params, config, tmp, dtype=dtype, **parity_kwargs)
 
 
