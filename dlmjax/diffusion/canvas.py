@@ -112,14 +112,22 @@ class Canvas:
 
   def guided(self, hidden_BQD, start):
     """float32 logits [B, block, V] of the block at hidden's row `start`: CFG applied
-    (u + (s + 1)(c - u)), MASK and the padded vocabulary rows at -inf."""
+    (u + (s + 1)(c - u)), the padded vocabulary rows and MASK at -inf (MASK kept with
+    mask_in_softmax: the commit rule scores with it and forbids it itself)."""
     module = self.module
     logits = module.logits(jax.lax.dynamic_slice_in_dim(hidden_BQD, start, self.block, axis=1))
     if self.sampling.cfg_scale > 0:
       cond, uncond = logits[: self.batch], logits[self.batch :]
       logits = uncond + (self.sampling.cfg_scale + 1) * (cond - uncond)
     vocab_V = jnp.arange(logits.shape[-1])
-    return jnp.where((vocab_V < self.vocab_size) & (vocab_V != self.mask_id), logits, -jnp.inf)
+    allowed_V = vocab_V < self.vocab_size
+    if not self.sampling.mask_in_softmax:
+      allowed_V = allowed_V & (vocab_V != self.mask_id)
+    return jnp.where(allowed_V, logits, -jnp.inf)
+
+  def predictable(self, logits_BKV):
+    """guided's logits with MASK at -inf: what a prediction may be."""
+    return jnp.where(jnp.arange(logits_BKV.shape[-1]) == self.mask_id, -jnp.inf, logits_BKV)
 
   def hidden(self, x_BL, view=None):
     """Final hidden states of a forward over x[:view] (default the whole canvas), no cache."""

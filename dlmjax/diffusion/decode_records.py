@@ -107,7 +107,7 @@ class StepPredictions(Record):
     # earlier ones are complete): their argmax, one block at a time.
     def later_block(b, x0_BL):
       s = c.block_start(b)
-      argmax_BK = jnp.argmax(c.guided(hidden, s), -1).astype(jnp.int32)
+      argmax_BK = jnp.argmax(c.predictable(c.guided(hidden, s)), -1).astype(jnp.int32)
       return jax.lax.dynamic_update_slice_in_dim(x0_BL, argmax_BK, s, axis=1)
 
     x0_BL = jax.lax.fori_loop(view.block_index + 1, c.num_blocks, later_block, x0_BL)

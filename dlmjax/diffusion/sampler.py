@@ -17,7 +17,7 @@ import numpy as np
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.diffusion import cache_modes, decode_records, decoding
+from dlmjax.diffusion import cache_modes, decode_records, decoding, schedules
 from dlmjax.diffusion import canvas as canvas_lib
 from dlmjax.model import attention, programs
 from dlmjax.parallel import distributed, rules
@@ -43,6 +43,9 @@ class SamplingConfig:
   stop_at_eos: bool = False  # rows whose text is final stop changing; skip finished work.
   alg_temp: float = 0.0  # > 0: draw the schedule's positions from softmax(conf / alg_temp) (Dream)
   factor: float = 0.0  # > 0: also commit the n most confident with c_n >= 1 - factor/(n+1)
+  schedule: str = 'auto'  # tokens per step: linear (LLaDA) | dream | auto (schedules.py)
+  eps: float = 1e-3  # Dream's schedule: times on linspace(1, eps, steps_per_block + 1)
+  mask_in_softmax: bool = False  # the orders score a softmax with MASK in it (LLaDA's, Dream's)
 
   @property
   def num_blocks(self) -> int:
@@ -107,6 +110,9 @@ _HELP = {
   'stop_at_eos': 'rows whose text ended (an EOS, nothing masked before it) stop; skip the rest',
   'alg_temp': "Dream's: draw the positions from softmax(confidence / alg_temp) (0 = top-k)",
   'factor': "Fast-dLLM's factor rule: commit the n most confident with (n+1)(1 - c_n) <= f",
+  'schedule': "tokens per step: linear (LLaDA's), dream (Dream's), auto (the family's)",
+  'eps': "Dream's schedule: linspace(1, eps, steps + 1)",
+  'mask_in_softmax': 'score the orders with MASK in the softmax, as LLaDA and Dream do',
 }
 
 
@@ -137,14 +143,7 @@ def from_arguments(args) -> SamplingConfig:
   ).validate()
 
 
-def num_transfer_tokens(num_masked_B, steps: int):
-  """[B, steps] tokens to commit per step: n // steps each, the remainder to the first steps.
-
-  LLaDA's get_num_transfer_tokens (the linear schedule of the masked-diffusion reverse process).
-  """
-  base_B1 = num_masked_B[:, None] // steps
-  remainder_B1 = num_masked_B[:, None] % steps
-  return base_B1 + (jnp.arange(steps)[None] < remainder_B1).astype(base_B1.dtype)
+num_transfer_tokens = schedules.num_transfer_tokens  # LLaDA's linear schedule
 
 
 # The per-token pieces live in decoding.py; these names are the sampler's public API.
@@ -214,13 +213,15 @@ def decode_blocks(
   Per block of block_length tokens, steps_per_block steps; per step a forward (the cache mode's:
   cache_modes/), CFG (logits = u + (s + 1)(c - u), u from a copy whose prompt is MASK),
   predictions x0 (argmax or Gumbel-max), confidence = softmax(logits)[x0] (low_confidence), U(0,
-  1) (random) or Dream's orders, and the num_transfer_tokens most confident masked tokens of the
+  1) (random) or Dream's orders, and the schedule's count of the most confident masked tokens of the
   block are committed, with Fast-dLLM's threshold or factor rule on top (decoding.commit_step).
   Differences from LLaDA, all without effect on the result: logits, noise and confidence are
   computed for the current block only (positions after it get -inf confidence there, and before
-  it nothing is masked); only the completion is decoded (a MASK id inside a prompt stays). Two
-  differences that matter only for untrained models: MASK is never predicted (LLaDA would commit
-  it and leave the position masked), nor are padded vocabulary rows (>= vocab_size). Pads are
+  it nothing is masked); only the completion is decoded (a MASK id inside a prompt stays). MASK
+  is never predicted, nor are padded vocabulary rows (>= vocab_size), and by default MASK is out
+  of the scores' softmax too (mask_in_softmax: in it, as LLaDA's; README "Generating text" says
+  precisely where this differs from LLaDA). The per-step counts are the schedule's (schedules.py:
+  LLaDA's even split, Dream's, or the family's with 'auto'). Pads are
   excluded from attention through segment ids and positions start at 0 at each row's first real
   token. Block-causal models decode on block_grid's canvas: a row's first block may open with the
   end of its prompt, and a last block may run past gen_length (those tokens are dropped).
@@ -259,6 +260,7 @@ def decode_blocks(
     vocab_size=vocab_size or module.cfg.vocab_size,
   )
   refresh_every = sampling.cache_refresh or spb
+  schedule = schedules.resolve(sampling.schedule, module.cfg)
 
   def finished(x_BL):
     """Rows frozen by stop_at_eos (decoding.finished_rows), or None."""
@@ -275,7 +277,7 @@ def decode_blocks(
     start = canvas.block_start(block_index)
     decodable_BK = canvas.window(canvas.decodable_BL, start)
     left_BK = (canvas.window(x_BL, start) == mask_id) & decodable_BK
-    transfer_BS = num_transfer_tokens(jnp.sum(left_BK, -1), spb)
+    step_count = schedules.counts(schedule, jnp.sum(left_BK, -1), spb, sampling.eps)
 
     def unfinished(carry):
       step, x = carry[:2]
@@ -287,10 +289,11 @@ def decode_blocks(
 
     def commit(step, x, buffers, forward):
       """One step's commits from its forward, folded into every record."""
-      transfer_B = jax.lax.dynamic_index_in_dim(transfer_BS, step, axis=1, keepdims=False)
+      x_BK = canvas.window(x, start)
+      transfer_B = step_count(step, jnp.sum((x_BK == mask_id) & decodable_BK, -1))
       x_blk, x0_blk = decoding.commit_step(
         forward.logits,
-        canvas.window(x, start),
+        x_BK,
         transfer_B,
         step_keys(key, block_index, step),
         sampling,
