@@ -255,6 +255,14 @@ def defaults() -> ml_collections.ConfigDict:
   # > 0: also commit the n most confident tokens with (n + 1)(1 - c_n) <= factor (Fast-dLLM).
   c.sampler.factor = 0.0
   c.sampler.cache_refresh = 0  # prefix / dual: also refresh the K/V every k steps (0 = off).
+  # Tokens each step commits: linear (LLaDA's even split) | dream (Dream's int(m (1 - s/t)) of
+  # the m still masked, t on linspace(1, eps)) | auto (Dream's for shifted-logit, Dream-family
+  # models, else linear). dlmjax/diffusion/schedules.py.
+  c.sampler.schedule = 'auto'
+  c.sampler.eps = 1e-3  # Dream's schedule: the last time of linspace(1, eps, steps + 1).
+  # True: the decoding orders score softmax(logits) with MASK's logit in it, as LLaDA and Dream
+  # do; MASK is never predicted either way (docs/differences.md, "MASK in the sampler").
+  c.sampler.mask_in_softmax = False
 
   # Reinforcement learning (stage rl, README "Reinforcement learning"): dlmjax/rl,
   # dlmjax/train/stages/rl.py. Advantages are r - group mean, a token mean over the batch (d1's
@@ -683,6 +691,7 @@ _CHOICES = {
   'sft.chat_template': ('none', 'plain', 'llada', 'chatml', 'dream'),
   'sft.too_long': ('truncate', 'drop', 'error'),
   'sampler.cache': ('none', 'truncate', 'prefix', 'dual', 'block'),
+  'sampler.schedule': ('auto', 'linear', 'dream'),
 }
 LOG_OUTPUTS = ('tensorboard', 'wandb', 'plots')
 
@@ -1073,6 +1082,7 @@ def _validate_wd1pp(config):
 
 # The sampler's decoding orders (dlmjax/diffusion/decoding.py); Dream's names that differ.
 SAMPLER_ORDERS = ('low_confidence', 'random', 'entropy', 'margin', 'maskgit_plus')
+SAMPLER_SCHEDULES = ('auto', 'linear', 'dream')  # diffusion/schedules.py
 _DREAM_ORDERS = {'topk_margin': 'margin', 'origin': 'random'}
 
 
@@ -1127,6 +1137,12 @@ def check_sampler_settings(settings, prefix: str = '') -> None:
       f'{p}threshold and {p}factor bound a probability, but {p}remasking=entropy scores a '
       'negative entropy; use remasking low_confidence, maskgit_plus or margin with them.'
     )
+  if settings.schedule not in SAMPLER_SCHEDULES:
+    raise ConfigError(
+      f'{p}schedule={settings.schedule!r} is not a schedule; use one of {SAMPLER_SCHEDULES}.'
+    )
+  if not 0 < settings.eps < 1:
+    raise ConfigError(f"{p}eps={settings.eps} must lie in (0, 1) (Dream's default 1e-3).")
   refresh, spb = settings.cache_refresh, steps // (gen // block)
   if not isinstance(refresh, numbers.Integral) or refresh < 0 or (refresh and spb % refresh):
     raise ConfigError(

@@ -126,12 +126,15 @@ def _same(model_config, params, sampling, prompts=PROMPTS, key=0, mesh=None):
     ('causal', dict(cfg_scale=1.5, temperature=0.7, top_p=0.9, remasking='margin')),
     ('causal', dict(threshold=0.3, remasking='random', stop_at_eos=True)),
     ('block_causal', dict(cfg_scale=0.5, threshold=0.3)),
+    # Prompts of 7 tokens at most: the prefill is shorter than a block.
+    ('causal', dict(prompts=PROMPTS[:5])),
   ],
 )
 def test_block_cache_is_token_identical_to_none(kind, changes):
   model_config, params = _models(kind)
+  prompts = changes.pop('prompts', PROMPTS)
   sampling = dataclasses.replace(BASE, cache='block', **changes)
-  got, want = _same(model_config, params, sampling)
+  got, want = _same(model_config, params, sampling, prompts)
   np.testing.assert_array_equal(got, want)
   assert not (got == MASK).any()
 
