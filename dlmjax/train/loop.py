@@ -47,6 +47,7 @@ def initial_state(config, setup, checkpoints):
   A LoRA run first restores its frozen base from init_from (on resume too), and its state is
   the adapters: from train.lora.init_adapter, or fresh.
   """
+  checkpoints.refuse_if_only_set_aside()
   resuming = checkpoints.latest_step() is not None
   if setup.lora:
     setup.set_base(init_from_lib.restore_params(config, setup, purpose='LoRA base'))
