@@ -118,6 +118,11 @@ def defaults() -> ml_collections.ConfigDict:
   # pretraining as Megatron (documents see each other) and pads SFT rows with EOS that is trained
   # (LLaDA). xla or pallas attention.
   c.data.packing = False
+  # A resume whose data differ from the checkpoint's (source, prefixes and blend, split, seq_len,
+  # seed, file sizes: dlmjax/train/data_fingerprint.py) is refused; True says the change is
+  # intended (a new phase of training): the data position restarts at the new data's first
+  # sample while the model, optimizer and step resume. On unchanged data it does nothing.
+  c.data.new_phase = False
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 200  # optimizer steps; the schedule ends here.

@@ -17,7 +17,8 @@ from dlmjax.observability import history, plots
 from dlmjax.observability import sinks as sinks_lib
 from dlmjax.parallel import distributed
 from dlmjax.parallel import mesh as mesh_lib
-from dlmjax.train import guards, lora_setup, memory, preemption, reporting, run_lock, stages
+from dlmjax.train import data_fingerprint, guards, lora_setup, memory, preemption, reporting
+from dlmjax.train import run_lock, stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 
@@ -192,8 +193,10 @@ def _run(config, stop, cleanup) -> dict | None:
   # Data: each process reads the rows its devices hold in the step's batch layout.
   shard, shards = distributed.data_shard(step_fn.batch_sharding, config.train.global_batch_size)
   batches = stage.batches(setup, shard, shards)
-  if data_state is not None:
-    batches.set_state(data_state)
+  dataset = data_fingerprint.fingerprint(config, stage.data_keys)
+  position = data_fingerprint.position_to_resume(data_state, dataset, config)
+  if position is not None:
+    batches.set_state(position)
   reporter = reporting.Reporter(
     config.output_dir,
     total_steps=config.train.steps,
@@ -229,7 +232,7 @@ def _run(config, stop, cleanup) -> dict | None:
     state, metrics = step_fn(state, batch)
     if pending is not None:
       last_row = _report(reporter, config, *pending, start) or last_row
-      _stop_if_diverged(config, reporter, checkpoints, state, batches)
+      _stop_if_diverged(config, reporter, checkpoints, state, batches, dataset)
     elif step == start + 1:
       jax.block_until_ready(metrics)
       if jax.process_index() == 0:
@@ -245,7 +248,7 @@ def _run(config, stop, cleanup) -> dict | None:
       [stop.signal_name is not None, clock.save_due(), clock.stop_due(checkpoints.slowest_save_s)]
     )
     if preempted or out_of_time or timed_save or _should_save(config, step):
-      checkpoints.save(state, batches.get_state())
+      checkpoints.save(state, data_fingerprint.stamp(batches.get_state(), dataset))
       saved_step = step
       clock.last_save = time.time()
       # The step's row says how long its save held training up (docs/benchmarks.md, Checkpoints).
@@ -268,7 +271,7 @@ def _run(config, stop, cleanup) -> dict | None:
   # Finish.
   if pending is not None:
     last_row = _report(reporter, config, *pending, start, final=True) or last_row
-    _stop_if_diverged(config, reporter, checkpoints, state, batches)
+    _stop_if_diverged(config, reporter, checkpoints, state, batches, dataset)
   checkpoints.close()
   reporter.close()
   _draw_plots(config)
@@ -299,7 +302,7 @@ def _report(reporter, config, step, metrics, start, final=False):
   return reporter.record(step, metrics, write=write, final=final)
 
 
-def _stop_if_diverged(config, reporter, checkpoints, state, batches) -> None:
+def _stop_if_diverged(config, reporter, checkpoints, state, batches, dataset) -> None:
   """After max_consecutive_skips skipped updates: checkpoint the last good state, then stop.
 
   Skipped steps leave params and optimizer untouched, so `state` holds the last good weights.
@@ -307,7 +310,7 @@ def _stop_if_diverged(config, reporter, checkpoints, state, batches) -> None:
   limit = config.train.max_consecutive_skips
   if limit <= 0 or reporter.consecutive_skips < limit:
     return
-  checkpoints.save(state, batches.get_state())
+  checkpoints.save(state, data_fingerprint.stamp(batches.get_state(), dataset))
   checkpoints.close()
   raise NonFiniteError(
     f'{reporter.consecutive_skips} consecutive steps had a non-finite loss or gradient '

@@ -63,6 +63,33 @@ def test_resume_refuses_a_different_model(straight_run, tmp_path):
     loop.train(_config(tmp_path / 'run', **{'model.d_model': 128, 'train.steps': 20}))
 
 
+def test_resume_on_other_data_is_refused_unless_a_new_phase(straight_run, tmp_path, capsys):
+  """The data position counts samples of the checkpoint's data: other data (here another split
+  and seq_len) are refused naming the keys; data.new_phase restarts the position explicitly."""
+  import shutil  # pylint: disable=import-outside-toplevel
+
+  shutil.copytree(straight_run, tmp_path / 'run')
+  other = {'data.split': '900,90,10', 'model.seq_len': 16}
+  with pytest.raises(checkpoint_lib.CheckpointError) as e:
+    loop.train(_config(tmp_path / 'run', **other))
+  message = str(e.value)
+  assert "data.split: checkpoint '969,30,1', run '900,90,10'; model.seq_len: checkpoint 32" in (
+    message
+  )
+  assert 'data.new_phase=True' in message and '\n' not in message
+  loop.train(_config(tmp_path / 'run', **other, **{'data.new_phase': True, 'train.steps': 22}))
+  assert 'data.new_phase: the data changed (data.split, model.seq_len); the data position ' in (
+    capsys.readouterr().out
+  )
+  _, step_dir, step = checkpoint_lib.resolve_step_dir(str(tmp_path / 'run'))
+  data_state = checkpoint_lib.read_meta(step_dir)['data_state']
+  assert step == 22 and data_state['consumed_samples'] == 2 * 16  # restarted at 0 at step 20
+  assert data_state['dataset']['model.seq_len'] == 16
+  # The same command again (the switch still set, the data now the checkpoint's): a resume.
+  loop.train(_config(tmp_path / 'run', **other, **{'data.new_phase': True, 'train.steps': 22}))
+  assert 'data.new_phase' not in capsys.readouterr().out
+
+
 def test_init_from_starts_a_new_run(straight_run, tmp_path):
   c = _config(tmp_path, **{'train.steps': 2, 'train.warmup_steps': 0, 'train.wsd_decay_steps': 1})
   c.init_from = str(straight_run)
