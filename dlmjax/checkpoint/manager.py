@@ -155,6 +155,25 @@ def _gib(n: int) -> str:
   return f'{n / 2**30:.2f} GiB'
 
 
+class _Pinned:
+  """orbax preservation policy: keeps the steps of a set (shared with RunCheckpoints.pinned)."""
+
+  def __init__(self, steps: set):
+    self.steps = steps
+
+  def should_preserve(self, checkpoints, *, context) -> list[bool]:
+    del context
+    return [c.step in self.steps for c in checkpoints]
+
+
+def _read_pins(directory: str) -> set:
+  try:
+    with open(os.path.join(directory, PINNED_FILE)) as f:
+      return set(json.load(f))
+  except (OSError, ValueError):
+    return set()
+
+
 class RunCheckpoints:
   """The checkpoints of one run directory.
 
@@ -163,16 +182,35 @@ class RunCheckpoints:
   state, step and data state); a restore verifies each (docs/faults.md, "Integrity").
   """
 
-  def __init__(self, run_dir: str, *, keep: int = 3, keep_every: int = 0, async_save: bool = True):
+  def __init__(
+    self,
+    run_dir: str,
+    *,
+    keep: int = 3,
+    keep_every: int = 0,
+    async_save: bool = True,
+    read_only: bool = False,
+  ):
+    """read_only: for inspection (python -m dlmjax.verify): nothing is created, cleaned up or
+    rotated."""
     self.directory = os.path.join(os.path.abspath(run_dir), CHECKPOINT_DIR)
     self.keep = keep
+    self.pinned = _read_pins(self.directory)
+    kept = [
+      ocp.checkpoint_managers.LatestN(keep),
+      _Pinned(self.pinned),  # the last good checkpoint before a divergence: out of rotation
+    ]
+    if keep_every:  # milestones: steps divisible by it are never deleted
+      kept.append(ocp.checkpoint_managers.EveryNSteps(keep_every))
     options = ocp.CheckpointManagerOptions(
-      max_to_keep=keep,
-      keep_period=keep_every or None,  # milestones: steps divisible by it are never deleted
+      preservation_policy=None
+      if read_only
+      else ocp.checkpoint_managers.AnyPreservationPolicy(kept),
       enable_async_checkpointing=async_save,
-      create=True,
+      create=not read_only,
+      read_only=read_only,
       # a save killed mid-write leaves a temporary dir
-      cleanup_tmp_directories=True,
+      cleanup_tmp_directories=not read_only,
       temporary_path_class=_test_hooks(),
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
@@ -192,6 +230,18 @@ class RunCheckpoints:
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
+
+  def pin(self, step: int) -> None:
+    """Keeps `step` out of rotation for good (recorded in checkpoints/pinned.json)."""
+    self.pinned.add(step)
+    if jax.process_index() == 0:
+      tmp = os.path.join(self.directory, PINNED_FILE + '.tmp')
+      with open(tmp, 'w') as f:
+        json.dump(sorted(self.pinned), f)
+      os.replace(tmp, os.path.join(self.directory, PINNED_FILE))
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
 
   def refuse_if_only_set_aside(self) -> None:
     """CheckpointError when no checkpoint is left but some were set aside as damaged: the

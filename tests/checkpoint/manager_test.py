@@ -2,7 +2,6 @@
 the previous one restores), a step of another model refused untouched, the restored state
 bitwise the saved one on other meshes, a full disk ending in one error."""
 
-import json
 import os
 import re
 
@@ -72,46 +71,26 @@ def test_restore_on_another_mesh_is_bitwise_the_saved_state(saved, mesh, capsys)
   assert 'warning' not in capsys.readouterr().err
 
 
-def _flip_bytes(directory):
-  """Bit rot in the largest data file of an item (orbax's ocdbt `d/` files hold the arrays)."""
-  files = [os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs if d.endswith('/d')]
-  target = max(files, key=os.path.getsize)
-  with open(target, 'r+b') as f:
-    f.seek(os.path.getsize(target) // 2)
-    chunk = f.read(64)
-    f.seek(os.path.getsize(target) // 2)
-    f.write(bytes(b ^ 0x01 for b in chunk))
-
-
-def _edit_meta(step_dir, drop=(), **changes):
-  path = os.path.join(step_dir, 'meta', 'metadata')
-  with open(path) as f:
-    meta = json.load(f)
-  meta.update(changes)
-  for key in drop:
-    del meta[key]
-  with open(path, 'w') as f:
-    json.dump(meta, f)
-
-
 @pytest.mark.parametrize(
   'damage, named',
   [
-    (lambda d: _flip_bytes(os.path.join(d, 'params')), 'params/'),
-    (lambda d: _flip_bytes(os.path.join(d, 'opt_state')), 'opt_state/'),
-    (lambda d: _edit_meta(d, data_state={'epoch': 0, 'index': 48}), 'data-iterator state'),
-    (lambda d: _edit_meta(d, step=7), 'step (7)'),
+    (lambda d: tiny_run.flip_bytes(os.path.join(d, 'params')), 'params/'),
+    (lambda d: tiny_run.flip_bytes(os.path.join(d, 'opt_state')), 'opt_state/'),
+    (lambda d: tiny_run.edit_meta(d, data_state={'epoch': 0, 'index': 48}), 'data-iterator state'),
+    (lambda d: tiny_run.edit_meta(d, step=7), 'step (7)'),
     (lambda d: open(os.path.join(d, 'meta', 'metadata'), 'w').write('{"st'), 'meta: '),
     # A meta written with checksums that lost them is damaged, not a checkpoint from before.
-    (lambda d: _edit_meta(d, drop=['checksums']), 'checksums missing'),
-    (lambda d: _edit_meta(d, drop=['checksum_format']), 'checksum_format missing'),
-    (lambda d: _edit_meta(d, drop=['meta_checksum']), 'meta_checksum missing'),
-    (lambda d: _edit_meta(d, drop=['opt_state_checksums']), 'opt_state_checksums missing'),
+    (lambda d: tiny_run.edit_meta(d, drop=['checksums']), 'checksums missing'),
+    (lambda d: tiny_run.edit_meta(d, drop=['checksum_format']), 'checksum_format missing'),
+    (lambda d: tiny_run.edit_meta(d, drop=['meta_checksum']), 'meta_checksum missing'),
+    (lambda d: tiny_run.edit_meta(d, drop=['opt_state_checksums']), 'opt_state_checksums missing'),
     (
-      lambda d: _edit_meta(d, drop=['checksums', 'checksum_format', 'meta_checksum', 'layout']),
+      lambda d: tiny_run.edit_meta(
+        d, drop=['checksums', 'checksum_format', 'meta_checksum', 'layout']
+      ),
       'checksums, checksum_format, meta_checksum missing',
     ),
-    (lambda d: _edit_meta(d, checksum_format='none'), "checksum_format 'none'"),
+    (lambda d: tiny_run.edit_meta(d, checksum_format='none'), "checksum_format 'none'"),
   ],
   ids=[
     'params',
@@ -146,7 +125,7 @@ def test_a_checkpoint_from_before_checksums_loads_and_says_so(saved, tmp_path, c
   run_dir = _copy(saved, tmp_path)
   step_dir = run_dir / 'checkpoints' / '2'
   integrity = ['checksums', 'checksum_format', 'meta_checksum', 'opt_state_checksums']
-  _edit_meta(str(step_dir), drop=integrity + ['layout', 'format'])
+  tiny_run.edit_meta(str(step_dir), drop=integrity + ['layout', 'format'])
   checkpoints = manager.RunCheckpoints(str(run_dir))
   state, _ = checkpoints.restore_latest(_setup(**{'mesh.fsdp': 8}))
   checkpoints.close()
@@ -159,7 +138,7 @@ def test_a_checkpoint_from_before_checksums_loads_and_says_so(saved, tmp_path, c
 def test_all_set_aside_refuses_instead_of_starting_afresh(saved, tmp_path):
   run_dir = _copy(saved, tmp_path)
   for step in ('1', '2'):
-    _flip_bytes(str(run_dir / 'checkpoints' / step / 'params'))
+    tiny_run.flip_bytes(str(run_dir / 'checkpoints' / step / 'params'))
   checkpoints = manager.RunCheckpoints(str(run_dir))
   with pytest.raises(manager.CheckpointError, match='no usable checkpoint'):
     checkpoints.restore_latest(_setup(**{'mesh.fsdp': 8}))
