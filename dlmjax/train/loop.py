@@ -17,7 +17,8 @@ from dlmjax.observability import history, plots
 from dlmjax.observability import sinks as sinks_lib
 from dlmjax.parallel import distributed
 from dlmjax.parallel import mesh as mesh_lib
-from dlmjax.train import data_fingerprint, guards, lora_setup, memory, preemption, reporting
+from dlmjax.train import data_fingerprint, divergence, guards, lora_setup, memory, preemption
+from dlmjax.train import reporting
 from dlmjax.train import run_lock, stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
@@ -207,6 +208,9 @@ def _run(config, stop, cleanup) -> dict | None:
     flag_spikes=stage.flag_spikes,
   )
   cleanup.callback(reporter.close)
+  watch = divergence.DivergenceWatch(
+    config.train.spike_factor, config.train.spike_window, check_spikes=stage.flag_spikes
+  )
   evaluator = stage.evaluator(setup) if config.eval.every else None
   # Loop: dispatch step n, then read back step n-1's metrics, so the device never waits on us.
   pending, last_row, saved_step = None, None, None
@@ -232,6 +236,7 @@ def _run(config, stop, cleanup) -> dict | None:
     state, metrics = step_fn(state, batch)
     if pending is not None:
       last_row = _report(reporter, config, *pending, start) or last_row
+      state = _watch_divergence(config, watch, reporter, checkpoints, setup, state, step)
       _stop_if_diverged(config, reporter, checkpoints, state, batches, dataset)
     elif step == start + 1:
       jax.block_until_ready(metrics)
@@ -271,6 +276,7 @@ def _run(config, stop, cleanup) -> dict | None:
   # Finish.
   if pending is not None:
     last_row = _report(reporter, config, *pending, start, final=True) or last_row
+    _watch_divergence(config, watch, reporter, checkpoints, setup, state, None)
     _stop_if_diverged(config, reporter, checkpoints, state, batches, dataset)
   checkpoints.close()
   reporter.close()
@@ -300,6 +306,44 @@ def _report(reporter, config, step, metrics, start, final=False):
   the loss starts) and for its last."""
   write = step % config.log.every == 0 or step in (start + 1, _last_step(config))
   return reporter.record(step, metrics, write=write, final=final)
+
+
+def _watch_divergence(config, watch, reporter, checkpoints, setup, state, step_now):
+  """On the first step of a divergence: keeps the last good checkpoint out of rotation and,
+  with train.rollback_on_divergence (and a step still to run: step_now), restores it; the step
+  counter and the data position stay at step_now, so the batches since it are skipped.
+  Returns the state to train on."""
+  step, metrics = reporter.latest
+  reason = watch.observe(step, metrics['loss'], bool(metrics['skipped']))
+  if reason is None:
+    return state
+  checkpoints.wait()
+  good = divergence.last_good_step(checkpoints.all_steps(), step)
+  head = f'step {step} diverged: {reason}'
+  if good is None:
+    _say(f'{head}; no checkpoint before it is known to be good (none kept out of rotation).')
+    return state
+  checkpoints.pin(good)
+  kept = f'{checkpoints.directory}/{good}'
+  if not config.train.rollback_on_divergence or step_now is None:
+    _say(
+      f'{head}; {kept} is kept out of rotation as the last good checkpoint '
+      '(--config.train.rollback_on_divergence=True rolls back to it and skips the data since).'
+    )
+    return state
+  restored, _ = checkpoints.restore(good, setup)
+  watch.forget(step_now)  # step_now ran on the diverged state too
+  reporter.consecutive_skips = 0
+  _say(
+    f'{head}; rolled back to {kept} (kept out of rotation), skipping the data of steps '
+    f'{good + 1}-{step_now}: training goes on at step {step_now + 1}.'
+  )
+  return dict(restored, step=state['step'])
+
+
+def _say(line: str) -> None:
+  if jax.process_index() == 0:
+    print(line, flush=True)
 
 
 def _stop_if_diverged(config, reporter, checkpoints, state, batches, dataset) -> None:

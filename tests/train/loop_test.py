@@ -175,6 +175,56 @@ def test_consecutive_non_finite_steps_stop_with_a_good_checkpoint(tmp_path, monk
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 
 
+def test_a_divergence_keeps_the_last_good_checkpoint_and_rolls_back(tmp_path, monkeypatch, capsys):
+  """Steps 6 and 7 diverge (non-finite): checkpoint 4, the newest a healthy loss vouched for
+  (step 5's loss ran on its params), stays out of rotation, and with rollback_on_divergence the
+  run restores it at step 7 and trains on at step 8 (the batches of 5-7 skipped)."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.train import stages  # pylint: disable=import-outside-toplevel
+  from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
+  from tests.train.step_test import _nan_on  # pylint: disable=import-outside-toplevel
+
+  pretrain = stages.BUILDERS['pretrain']
+
+  def faulty(config):
+    stage = pretrain(config)
+    return dataclasses.replace(stage, loss=_nan_on([5, 6], stage.loss))  # logged steps 6, 7
+
+  monkeypatch.setitem(stages.BUILDERS, 'pretrain', faulty)
+  overrides = {
+    'train.steps': 10,
+    'checkpoint.every': 1,
+    'checkpoint.keep': 3,
+    'train.rollback_on_divergence': True,
+  }
+  c = _config(tmp_path, **overrides)
+  loop.train(c)
+  (line,) = [x for x in capsys.readouterr().out.splitlines() if 'diverged' in x]
+  assert line.startswith('step 6 diverged: the loss nan or the gradient is not finite; ')
+  assert (
+    f'rolled back to {tmp_path}/checkpoints/4 (kept out of rotation), skipping the data of ' in line
+  )
+  assert 'steps 5-7: training goes on at step 8.' in line
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['10', '4', '8', '9', 'pinned.json']
+  # The final state descends from checkpoint 4: Adam counted updates 1-4 and 8-10 (7), where
+  # training on from the skipped steps would count 1-5 and 8-10 (8).
+  setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c))
+  checkpoints = checkpoint_lib.RunCheckpoints(str(tmp_path), read_only=True)
+  state, data_state = checkpoints.restore(10, setup)
+  checkpoints.close()
+  counts = {
+    int(v)
+    for path, v in jax.tree_util.tree_flatten_with_path(jax.device_get(state['opt_state']))[0]
+    if 'count' in jax.tree_util.keystr(path)
+  }
+  assert counts == {7}, counts
+  assert data_state['consumed_samples'] == 10 * 16  # the data position went on past the window
+
+
 def _rows(run_dir):
   with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
     return [row for row in map(json.loads, f) if 'loss' in row]
