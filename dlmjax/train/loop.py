@@ -100,6 +100,13 @@ def train(config) -> dict | None:
       preemption.StopRequest() as stop,
       guards.explain_out_of_memory(),
     ):
+      if stop.signal_name is not None:  # came while the program started: nothing to save yet
+        print(
+          f'{stop.signal_name} before training started: stopping, nothing to checkpoint; the '
+          'same command starts the run.',
+          flush=True,
+        )
+        return None
       return _run(config, stop, cleanup)
   except BaseException:
     if created:
@@ -218,16 +225,52 @@ def _run(config, stop, cleanup) -> dict | None:
   compile_start = time.time()
   if jax.process_index() == 0 and start < _last_step(config):
     print(f'step {start + 1}: first batch, then compiling the train step...', flush=True)
-  for step in range(start + 1, _last_step(config) + 1):
-    # The params of the step about to run (RL samples its rollouts from them).
-    if stage.carried is not None:  # e.g. RL's refreshed KL reference scores the next rollout
-      stage.carried.hand_over(batches, state[stage.carried.key])
-    local, row = guards.next_batch(batches, setup.model_params(state['params']), config, step)
-    if row is not None:
-      reporter.write_row(row)
-    batch = {
-      k: jax.make_array_from_process_local_data(step_fn.batch_sharding, v) for k, v in local.items()
-    }
+  for step in range(start + 1, _last_step(config) + 2):
+    # The data position after the step dispatched last (a save's), then the next batch.
+    position = data_fingerprint.stamp(batches.get_state(), dataset)
+    if step <= _last_step(config):
+      # The params of the step about to run (RL samples its rollouts from them).
+      if stage.carried is not None:  # e.g. RL's refreshed KL reference scores the next rollout
+        stage.carried.hand_over(batches, state[stage.carried.key])
+      local, row = guards.next_batch(batches, setup.model_params(state['params']), config, step)
+      if row is not None:
+        reporter.write_row(row)
+      batch = {
+        k: jax.make_array_from_process_local_data(step_fn.batch_sharding, v)
+        for k, v in local.items()
+      }
+    # Decisions for the step dispatched last, taken just before the next is: a stop saves the
+    # step in flight when the signal came (reading a batch included), never one after it.
+    done = step - 1
+    if done > start:
+      clock.tick(first=done == start + 1)
+      preempted, timed_save, out_of_time = preemption.any_process(
+        [stop.signal_name is not None, clock.save_due(), clock.stop_due(checkpoints.slowest_save_s)]
+      )
+      if preempted or out_of_time or timed_save or _should_save(config, done):
+        checkpoints.save(state, position)
+        saved_step = done
+        clock.last_save = time.time()
+        # The step's row says how long its save held training up (docs/benchmarks.md,
+        # Checkpoints).
+        pending = (done, dict(pending[1], checkpoint_blocked_s=checkpoints.last_blocked_s))
+      if preempted:
+        received = stop.signal_name or 'a stop signal on another process'
+        print(
+          f'{received}: checkpointing step {done} and stopping; the same command resumes from it.',
+          flush=True,
+        )
+        break
+      if out_of_time and done < _last_step(config):
+        left = clock.limit_s - (time.time() - clock.started)
+        print(
+          f'train.max_minutes={config.train.max_minutes:g}: checkpointing step {done} and '
+          f'stopping {left:.0f}s before the limit; the same command resumes from it.',
+          flush=True,
+        )
+        break
+    if step > _last_step(config):
+      break
     if step == start + 1 and jax.process_count() > 1:
       # Compile, then line the processes up: a collective times out (gloo's after 30 s) while
       # another process is still compiling. The call below reuses the compiled step.
@@ -248,31 +291,6 @@ def _run(config, stop, cleanup) -> dict | None:
       reporter.write_row(
         evaluator.run(step, setup.model_params(state['params']))
       )  # val_loss / val_reward, ...
-    clock.tick(first=step == start + 1)
-    preempted, timed_save, out_of_time = preemption.any_process(
-      [stop.signal_name is not None, clock.save_due(), clock.stop_due(checkpoints.slowest_save_s)]
-    )
-    if preempted or out_of_time or timed_save or _should_save(config, step):
-      checkpoints.save(state, data_fingerprint.stamp(batches.get_state(), dataset))
-      saved_step = step
-      clock.last_save = time.time()
-      # The step's row says how long its save held training up (docs/benchmarks.md, Checkpoints).
-      pending = (step, dict(metrics, checkpoint_blocked_s=checkpoints.last_blocked_s))
-    if preempted:
-      received = stop.signal_name or 'a stop signal on another process'
-      print(
-        f'{received}: checkpointing step {step} and stopping; the same command resumes from it.',
-        flush=True,
-      )
-      break
-    if out_of_time and step < _last_step(config):
-      left = clock.limit_s - (time.time() - clock.started)
-      print(
-        f'train.max_minutes={config.train.max_minutes:g}: checkpointing step {step} and '
-        f'stopping {left:.0f}s before the limit; the same command resumes from it.',
-        flush=True,
-      )
-      break
   # Finish.
   if pending is not None:
     last_row = _report(reporter, config, *pending, start, final=True) or last_row

@@ -90,6 +90,33 @@ def test_resume_on_other_data_is_refused_unless_a_new_phase(straight_run, tmp_pa
   assert 'data.new_phase' not in capsys.readouterr().out
 
 
+def test_sigterm_checkpoints_the_step_in_flight_not_one_after(
+  straight_run, tmp_path, monkeypatch, capsys
+):
+  """SIGTERM while the batch of step 5 is read (step 4 in flight): checkpoint 4, whose data
+  position excludes the batch read after the signal, and the resume is exact."""
+  import signal  # pylint: disable=import-outside-toplevel
+
+  from dlmjax.train import guards  # pylint: disable=import-outside-toplevel
+
+  read = guards.next_batch
+
+  def signalled_on_5(batches, params, config, step):
+    if step == 5:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return read(batches, params, config, step)
+
+  monkeypatch.setattr(guards, 'next_batch', signalled_on_5)
+  loop.train(_config(tmp_path))
+  assert 'SIGTERM: checkpointing step 4 and stopping' in capsys.readouterr().out
+  _, step_dir, step = checkpoint_lib.resolve_step_dir(str(tmp_path))
+  assert step == 4
+  assert checkpoint_lib.read_meta(step_dir)['data_state']['consumed_samples'] == 4 * 16
+  monkeypatch.setattr(guards, 'next_batch', read)
+  loop.train(_config(tmp_path))
+  assert _losses(tmp_path) == _losses(straight_run)
+
+
 def test_init_from_starts_a_new_run(straight_run, tmp_path):
   c = _config(tmp_path, **{'train.steps': 2, 'train.warmup_steps': 0, 'train.wsd_decay_steps': 1})
   c.init_from = str(straight_run)
