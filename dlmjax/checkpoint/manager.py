@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import inspect
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import threading
@@ -413,6 +415,7 @@ class RunCheckpoints:
       # orbax and tensorstore raise many kinds for unreadable files; device OOM is not one.
       if 'RESOURCE_EXHAUSTED' in str(e) and 'OCDBT' not in str(e):
         raise
+      _READ_FAILED.set()
       raise DamagedCheckpoint(f'reading the arrays failed: {_one_line(e)}') from e
     got = {k: restored[k] for k in arrays}
     if verified:
@@ -515,18 +518,38 @@ def _quiet_writes_after_the_loop_closed() -> None:
   def hook(unraisable):
     error, tb = unraisable.exc_value, unraisable.exc_traceback
     closed_loop = isinstance(error, RuntimeError) and str(error) == 'Event loop is closed'
-    if not (
-      closed_loop and tb is not None and tb.tb_frame.f_code.co_name == 'call_soon_threadsafe'
-    ):
-      previous(unraisable)
+    if closed_loop and tb is not None and tb.tb_frame.f_code.co_name == 'call_soon_threadsafe':
+      return
+    if _READ_FAILED.is_set() and inspect.iscoroutine(unraisable.object):
+      return  # the reads a damaged step's failure abandoned, reported as it is set aside
+    previous(unraisable)
 
   hook.dlmjax_quiet = True
   sys.unraisablehook = hook
 
 
+# Set once reading a step's arrays failed: orbax leaves the other reads of that restore
+# un-awaited, and each coroutine's collection printed an `Exception ignored in: <coroutine ...>`
+# traceback after the one warning. From then on those reports (and only those) are dropped.
+_READ_FAILED = threading.Event()
+_NOISE = re.compile(r'\[(source locations|tensorstore_spec)=.*?\](?= \[|$)')
+
+
 def _one_line(error: BaseException) -> str:
-  text = ' '.join(str(error).split())
-  return f'{type(error).__name__}: {text[:300]}'
+  """The error as one line that names the file and the status: the innermost error of the
+  chain (tensorstore's `OUT_OF_RANGE: Error reading "<array>" ... at local file "<dir>"`),
+  not orbax's wrapper, whose text is a TensorStore spec's repr."""
+  chain = [error]
+  while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+    chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    if len(chain) > 20:
+      break
+  chosen = next((e for e in reversed(chain) if _STATUS.match(str(e))), chain[-1])
+  text = _NOISE.sub('', ' '.join(str(chosen).split())).strip()
+  return f'{type(chosen).__name__}: {text[:400]}'
+
+
+_STATUS = re.compile(r'[A-Z][A-Z_]+: ')  # absl status codes: NOT_FOUND, DATA_LOSS, ...
 
 
 def _warn(message: str) -> None:

@@ -76,6 +76,11 @@ def test_restore_on_another_mesh_is_bitwise_the_saved_state(saved, mesh, capsys)
   [
     (lambda d: tiny_run.flip_bytes(os.path.join(d, 'params')), 'params/'),
     (lambda d: tiny_run.flip_bytes(os.path.join(d, 'opt_state')), 'opt_state/'),
+    # One line naming the status, the array and the file, not a cut TensorStore repr.
+    (
+      lambda d: tiny_run.truncate_arrays(os.path.join(d, 'params')),
+      'reading the arrays failed: ValueError: OUT_OF_RANGE: Error reading "',
+    ),
     (lambda d: tiny_run.edit_meta(d, data_state={'epoch': 0, 'index': 48}), 'data-iterator state'),
     (lambda d: tiny_run.edit_meta(d, step=7), 'step (7)'),
     (lambda d: open(os.path.join(d, 'meta', 'metadata'), 'w').write('{"st'), 'meta: '),
@@ -95,6 +100,7 @@ def test_restore_on_another_mesh_is_bitwise_the_saved_state(saved, mesh, capsys)
   ids=[
     'params',
     'opt_state',
+    'params_truncated',
     'data_state',
     'step',
     'meta_truncated',
