@@ -232,7 +232,12 @@ def _run(config, stop, cleanup) -> dict | None:
       # The params of the step about to run (RL samples its rollouts from them).
       if stage.carried is not None:  # e.g. RL's refreshed KL reference scores the next rollout
         stage.carried.hand_over(batches, state[stage.carried.key])
-      local, row = guards.next_batch(batches, setup.model_params(state['params']), config, step)
+      try:
+        local, row = guards.next_batch(batches, setup.model_params(state['params']), config, step)
+      except BaseException:
+        if step - 1 > start and _should_save(config, step - 1):  # a good state, due anyway
+          checkpoints.save(state, position)
+        raise
       if row is not None:
         reporter.write_row(row)
       batch = {
