@@ -129,6 +129,11 @@ def defaults() -> ml_collections.ConfigDict:
   # pretraining as Megatron (documents see each other) and pads SFT rows with EOS that is trained
   # (LLaDA). xla or pallas attention.
   c.data.packing = False
+  # A resume whose data differ from the checkpoint's (source, prefixes and blend, split, seq_len,
+  # seed, file sizes: dlmjax/train/data_fingerprint.py) is refused; True says the change is
+  # intended (a new phase of training): the data position restarts at the new data's first
+  # sample while the model, optimizer and step resume. On unchanged data it does nothing.
+  c.data.new_phase = False
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 200  # optimizer steps; the schedule ends here.
@@ -160,6 +165,13 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.moe_bias_rate = 0.001
   # A non-finite loss or gradient skips the update; this many in a row stop the run (0 = never).
   c.train.max_consecutive_skips = 10
+  # Divergence (dlmjax/train/divergence.py): a non-finite step, or (pre-training) a loss above
+  # spike_factor x the mean of the last spike_window finite losses (0 = spikes unchecked), keeps
+  # the last good checkpoint out of rotation; rollback_on_divergence also restores it and trains
+  # on, skipping the data since it (the step counter and data position stay).
+  c.train.spike_factor = 3.0
+  c.train.spike_window = 20
+  c.train.rollback_on_divergence = False
   # Refuse at start a config whose estimated memory per device (dlmjax/train/memory.py)
   # exceeds the GPU's; False skips the check.
   c.train.check_memory = True
@@ -846,6 +858,11 @@ def validate(config, num_devices: int | None = None) -> None:
     )
   if t.max_consecutive_skips < 0:
     raise ConfigError(f'train.max_consecutive_skips={t.max_consecutive_skips} must be >= 0.')
+  if t.spike_factor < 0 or t.spike_window < 0 or 0 < t.spike_factor <= 1:
+    raise ConfigError(
+      f'train.spike_factor={t.spike_factor} must be 0 (off) or above 1, and '
+      f'train.spike_window={t.spike_window} >= 0.'
+    )
   if config.checkpoint.every < 0 or config.checkpoint.keep < 1:
     raise ConfigError('checkpoint.every must be >= 0 and checkpoint.keep >= 1.')
   for key in ('checkpoint.every_minutes', 'checkpoint.keep_every', 'train.max_minutes'):
