@@ -4,6 +4,7 @@ transformers + peft (docs/lora.md, Benchmark).
     python -m benchmarks.lora_8b                      # GPU: llada_8b, bf16 base, rank 128
     python -m benchmarks.lora_8b --tiny               # CPU: a 2-layer model, proves it runs
     python -m benchmarks.lora_8b --only rl            # the RL iteration alone (or --only sft)
+    python -m benchmarks.lora_8b --only rl --cache dual  # dlmjax's rollouts with the dual cache
     python -m benchmarks.lora_8b --base-dtype nf4     # dlmjax's base in NF4 (QLoRA, as d1)
 
 SFT: both sides train rank-128 adapters on all seven projections (q, k, v, o, gate, up, down) of a
@@ -129,6 +130,7 @@ def _jax_config(args, stage: str):
     c.rl.p_mask_prompt = D1_OPT['p_mask_prompt']
     c.sampler.gen_length, c.sampler.steps = d1['gen'], d1['steps']
     c.sampler.block_length, c.sampler.temperature = d1['block'], 0.0
+    c.sampler.cache = args.cache  # dlmjax's rollouts; the peer's loop has no cache
   config_lib.validate(c, 1)
   return c
 
@@ -540,7 +542,8 @@ def _run_part(part: str, args) -> dict:
   argv = [sys.executable, '-m', 'benchmarks.lora_8b', '--part', part]
   argv += ['--micro-batch', str(args.micro_batch), '--steps', str(args.steps)]
   argv += ['--warmup', str(args.warmup), '--remat', args.remat, '--base-dtype', args.base_dtype]
-  argv += ['--timed-updates', str(args.timed_updates)] + (['--tiny'] if args.tiny else [])
+  argv += ['--timed-updates', str(args.timed_updates), '--cache', args.cache]
+  argv += ['--tiny'] if args.tiny else []
   out = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=dict(os.environ), check=False)
   lines = [line for line in out.stdout.splitlines() if line.startswith('{')]
   if out.returncode or not lines:
@@ -603,6 +606,9 @@ def main(argv=None) -> int:
   )
   parser.add_argument('--remat', default='full', help='dlmjax model.remat (peer: checkpointing)')
   parser.add_argument('--base-dtype', default='bfloat16', help='dlmjax train.lora.base_dtype')
+  parser.add_argument(
+    '--cache', default='none', help="dlmjax's rollouts: sampler.cache (none, prefix, dual)"
+  )
   parser.add_argument('--part', choices=tuple(PARTS), default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.part:

@@ -21,6 +21,7 @@ MoE on one GPU, three measurements and one table last:
 
 On the H200 (well under 5 minutes):
     python -m benchmarks.moe --backend pallas
+    python -m benchmarks.moe --backend pallas --preset llada2_mini   # LLaDA2.0-mini's shape
 On CPU, the same code at toy sizes (no torch.compile, float32 peer):
     python -m benchmarks.moe --tiny
 """
@@ -110,7 +111,7 @@ def moe_config(args):
     c.model.moe.ffn_dim = 32
     c.model.update(mask_token_id=3, eos_token_id=2, pad_token_id=0, remat='none')
   else:
-    model_lib.apply_preset(c.model, 'llada_moe_7b_a1b')
+    model_lib.apply_preset(c.model, args.preset)
     c.model.update(num_layers=args.layers, seq_len=args.seq, dtype='bfloat16')
   c.model.attention_backend = 'xla' if args.tiny else 'auto'
   c.model.moe.backend = args.backend
@@ -222,9 +223,17 @@ def main(argv=None) -> int:
   parser.add_argument('--steps', type=int, default=5, help='timed train steps')
   parser.add_argument('--no-peer', action='store_true', help='skip the PyTorch peer')
   parser.add_argument(
+    '--preset',
+    default='llada_moe_7b_a1b',
+    choices=('llada_moe_7b_a1b', 'llada2_mini'),
+    help='the MoE shape (llada2_mini: grouped sigmoid routing, layer 0 dense, a shared expert; '
+    'its peer would be another router, so it runs without one)',
+  )
+  parser.add_argument(
     '--backend', default='auto', choices=gmm.BACKENDS, help="the train step's model.moe.backend"
   )
   args = parser.parse_args(argv)
+  args.no_peer = args.no_peer or args.preset == 'llada2_mini'
   if args.tiny:
     args.seq, args.micro_batch, args.steps = min(args.seq, 32), min(args.micro_batch, 2), 2
 

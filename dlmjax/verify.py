@@ -37,15 +37,16 @@ from dlmjax import config as config_lib
 from dlmjax import extras
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import families
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_mapping
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
 from dlmjax.parallel import distributed
+from dlmjax.parallel import mesh as mesh_lib
+from dlmjax.train import state as state_lib
 
-# What the PyTorch forwards read as they are.
-PARITY_LAYOUTS = ('qwen3', 'difflm', 'qwen2', 'llama', 'sdar')
 TOLERANCES = {'fp32': (1e-4, 1e-4), 'bf16': (1e-1, 1e-2)}  # (logits, masked CE)
 _COMPUTE = {'fp32': 'float32', 'bf16': 'bfloat16'}
 
@@ -105,10 +106,27 @@ def _check_params_metadata(step_dir, cfg) -> Check:
   )
 
 
-def _check_opt_state(step_dir, cfg) -> Check:
+def _saved_items(meta, step_dir) -> tuple[str, ...]:
+  """The array items this checkpoint holds, by every record of them (checksums, the layout, a
+  directory): params, and opt_state (and RL's reference) in a training checkpoint; an import or
+  export holds params only."""
+  named = {k[: -len('_checksums')] for k in meta if k.endswith('_checksums')}
+  named |= {k.split('/')[0] for k in meta.get('layout') or {}}
+  named |= {k for k in ('opt_state', 'reference') if os.path.isdir(os.path.join(step_dir, k))}
+  return ('params',) + tuple(sorted(named - {'params'}))
+
+
+def _check_opt_state(step_dir, cfg, meta) -> Check:
   """Every param-shaped subtree of the optimizer state (Adam's mu, nu) covers all params."""
   params = {k: tuple(v.shape) for k, v in _flat(model_lib.abstract(cfg)[1]).items()}
   if not os.path.isdir(f'{step_dir}/opt_state'):
+    if 'opt_state' in _saved_items(meta, step_dir):
+      return Check(
+        'optimizer state',
+        False,
+        f'{step_dir}/opt_state is missing, but the meta records its checksums: the item was '
+        'deleted or lost (this is a training checkpoint, not a params-only one).',
+      )
     return Check('optimizer state', True, 'none saved (params-only checkpoint)')
   try:
     opt = {k: tuple(v.shape) for k, v in _metadata(f'{step_dir}/opt_state').items()}
@@ -132,8 +150,10 @@ def _check_opt_state(step_dir, cfg) -> Check:
 
 def _check_checksums(meta, params) -> Check:
   saved = manager.saved_checksums(meta)
+  if saved is None and manager.predates_checksums(meta):
+    return Check('checksums', True, 'the checkpoint predates checksums; skipped')
   if saved is None:
-    return Check('checksums', True, 'none saved in this format with this checkpoint; skipped')
+    return Check('checksums', False, 'the meta has no params checksums in this format (damaged)')
   problems = checksums.compare(saved, checksums.compute(params))
   return Check('checksums', not problems, '; '.join(problems[:8]) or f'{len(saved)} digests match')
 
@@ -165,14 +185,50 @@ def check_integrity(step_dir: str, config, step: int):
     return checks + [Check('step metadata', False, str(e))], params
   checks += [
     _check_checksums(meta, params),
-    _check_opt_state(step_dir, cfg),
-    Check(
-      'step metadata',
-      meta.get('step') == step,
-      f'step {meta.get("step")} in a directory named {step}',
-    ),
+    _check_opt_state(step_dir, cfg, meta),
+    _check_step_meta(meta, step, _saved_items(meta, step_dir)),
   ]
+  if 'opt_state' in _saved_items(meta, step_dir) and checks[-2].ok:
+    checks.append(_check_as_resume_reads(step_dir, config, step))
   return checks, params
+
+
+def _check_step_meta(meta, step, items) -> Check:
+  """The meta item as resume tests it (manager.check_meta): its step, the data state's sha256,
+  every integrity key a checksummed checkpoint must hold."""
+  try:
+    verified = manager.check_meta(meta, step, items=items)
+  except manager.DamagedCheckpoint as e:
+    return Check('step metadata', False, str(e))
+  detail = f'step {step}; ' + (
+    'step and data state match their checksum' if verified else 'predates checksums'
+  )
+  return Check('step metadata', True, detail)
+
+
+def _check_as_resume_reads(step_dir, config, step) -> Check:
+  """A training checkpoint read back as a resume reads it (RunCheckpoints.restore, on one
+  device): every item's arrays (params, optimizer state, RL's reference) against their
+  checksums, and the step and data state against theirs."""
+  config = config_lib.from_dict(config.to_dict())
+  for axis in config_lib.MESH_AXES:  # the stored shapes never depend on the mesh
+    config.mesh[axis] = 1
+  config.mesh.pipeline_repeats = 1
+  try:
+    setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.local_devices()[:1]))
+    checkpoints = manager.RunCheckpoints(os.path.dirname(os.path.dirname(step_dir)), read_only=True)
+    try:
+      state, _ = checkpoints.restore(step, setup)
+    finally:
+      checkpoints.close()
+  except (manager.DamagedCheckpoint, manager.CheckpointError) as e:
+    return Check('saved state, as resume reads it', False, str(e))
+  items = ', '.join(k for k in state if k != 'step')
+  return Check(
+    'saved state, as resume reads it',
+    True,
+    f'{items} match their checksums; so do step and data state',
+  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -190,10 +246,11 @@ def check_hf_weights(hf_dir: str, params, config) -> Check:
   cfg = model_lib.ModelConfig.from_config(config)
   hf = hf_config.read(hf_dir)
   arch = hf_config.detect_architecture(hf)
-  if hf_mapping.NAMINGS[arch] != hf_mapping.NAMINGS[hf_config.export_family(**_options(cfg))]:
+  naming = hf_mapping.NAMINGS[hf_mapping.export_family(cfg)]
+  if hf_mapping.NAMINGS[arch] != naming:
     return _check_source_weights(hf_dir, hf, arch, params, config)
   reader = safetensors_io.SafetensorsReader(hf_dir)
-  rows = reader.shape('model.embed_tokens.weight')[0]
+  rows = reader.shape(naming.embed)[0]
   problems = []
   for name, ours in hf_mapping.export_tensors(
     params, cfg, vocab_rows=rows, to_host=distributed.to_host
@@ -210,13 +267,8 @@ def check_hf_weights(hf_dir: str, params, config) -> Check:
   return Check(
     'exported weights',
     not problems,
-    '; '.join(problems[:8])
-    or f'every tensor equals ours in {reader.dtype("model.embed_tokens.weight")}',
+    '; '.join(problems[:8]) or f'every tensor equals ours in {reader.dtype(naming.embed)}',
   )
-
-
-def _options(cfg) -> dict:
-  return dict(qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias)
 
 
 def _check_source_weights(hf_dir: str, hf: dict, arch: str, params, config) -> Check:
@@ -263,10 +315,11 @@ def torch_logits(hf_dir: str, tokens_BL: np.ndarray, dtype: str, backend: str = 
   device = 'cuda' if torch.cuda.is_available() else 'cpu'
   if backend == 'auto':
     has_transformers = importlib.util.find_spec('transformers') is not None
-    # Dream's and SDAR's classes are remote code transformers does not ship: their layouts
-    # check on Reference.
-    remote = hf_config.detect_architecture(hf_config.read(hf_dir)) in ('dream', 'sdar')
-    backend = 'transformers' if has_transformers and not remote else 'reference'
+    # A family whose classes are remote code transformers does not ship (Dream, SDAR) checks on
+    # Reference (Family.parity).
+    family = families.detect(hf_config.read(hf_dir))
+    in_transformers = has_transformers and family.parity == 'transformers'
+    backend = 'transformers' if in_transformers else 'reference'
   tokens = torch.as_tensor(tokens_BL, dtype=torch.long, device=device)
   with torch.no_grad():
     if backend == 'transformers':
@@ -365,12 +418,17 @@ def verify(
     return checks
   if hf_dir is not None:
     checks.append(check_hf_weights(hf_dir, params, config))
-    if hf_config.detect_architecture(hf_config.read(hf_dir)) in PARITY_LAYOUTS:
+    family = families.detect(hf_config.read(hf_dir))
+    if family.parity is not None and family.source_parity:
       return checks + check_parity(params, config, hf_dir, dtype=dtype, **parity_kwargs)
-    # LLaDA: no PyTorch forward here reads its names; it runs on the export (Qwen2 or Llama
-    # names) of the weights the check above found equal to hf_dir's.
+    # LLaDA, LLaDA-MoE (no PyTorch forward here reads their names), Qwen3-MoE (Family.parity):
+    # the forward runs on an export of the weights the check above found equal to hf_dir's.
   with tempfile.TemporaryDirectory(prefix='dlmjax_verify_') as tmp:
     hf_io.write_hf(tmp, config, params, dtype=dtype, copy_tokenizer=False)
+    family = families.detect(hf_config.read(tmp))
+    if family.parity is None:  # an MoE export (LLaDA-MoE's, LLaDA2's names)
+      why = f"no PyTorch forward here reads {family.name}'s names; skipped"
+      return checks + [Check('logits parity', True, why)]
     return checks + check_parity(params, config, tmp, dtype=dtype, **parity_kwargs)
 
 

@@ -12,7 +12,7 @@ from dlmjax import config as config_lib
 from dlmjax.checkpoint import manager
 from dlmjax.config import registry, schema
 from dlmjax.data import chat
-from dlmjax.diffusion import loss, sampler
+from dlmjax.diffusion import cache_modes, loss, sampler, schedules
 from dlmjax.kernels import grouped_matmul
 from dlmjax.model import attention, layers, moe, transformer
 from dlmjax.model.presets import PRESETS, ModelConfig
@@ -179,7 +179,8 @@ def test_choice_lists_are_their_owners_tables():
     'train.schedule': optimizer.SCHEDULES,
     'sft.chat_template': chat.TEMPLATES,
     'sft.too_long': sft_rows.TOO_LONG,
-    'sampler.cache': sampler.CACHE_MODES,
+    'sampler.cache': cache_modes.MODES,
+    'sampler.schedule': schedules.SCHEDULES,
   }
   choices = config_lib.registered_choices()
   assert choices == {key: tuple(table) for key, table in owners.items()}
@@ -334,6 +335,9 @@ def test_old_run_configs_still_load():
     moe_ffn_dim=48,
     shared_experts=1,
     router='sigmoid_bias',
+    router_groups=4,
+    router_group_topk=2,
+    routed_scale=2.5,
     dense_layers='0',
     moe_backend='xla',
     moe_exchange='all_to_all',
@@ -346,6 +350,9 @@ def test_old_run_configs_still_load():
     ffn_dim=48,
     shared_experts=1,
     router='sigmoid_bias',
+    router_groups=4,
+    router_group_topk=2,
+    routed_scale=2.5,
     dense_layers='0',
     backend='xla',
     exchange='all_to_all',

@@ -29,6 +29,7 @@ from dlmjax import inference
 from dlmjax import model as model_lib
 from dlmjax import verify
 from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint.families import dream
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
@@ -128,7 +129,7 @@ def test_dream_directory_imports_to_dream_function(tmp_path, changes):
   )
   assert m.tie_embeddings == hf['tie_word_embeddings']
   assert (m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_dim) == (4, 2, 16, 96)
-  assert (m.rope_theta, m.norm_eps, m.seq_len) == (1e6, 1e-6, hf_config.DREAM_TRAINED_LENGTH)
+  assert (m.rope_theta, m.norm_eps, m.seq_len) == (1e6, 1e-6, dream.TRAINED_LENGTH)
   assert (m.vocab_size, m.mask_token_id, m.eos_token_id, m.pad_token_id) == (256, 250, 2, 2)
   step_dir = manager.resolve_step_dir(run_dir)[1]
   assert manager.read_meta(step_dir)['source']['family'] == 'dream'
@@ -167,8 +168,8 @@ def test_export_to_dream_layout_round_trips_bit_exact(tmp_path):
     exported = json.load(f)
   assert (exported['model_type'], exported['architectures']) == ('Dream', ['DreamModel'])
   assert exported['auto_map'] == {
-    'AutoConfig': f'{hf_config.DREAM_CODE_REPO}--configuration_dream.DreamConfig',
-    'AutoModel': f'{hf_config.DREAM_CODE_REPO}--modeling_dream.DreamModel',
+    'AutoConfig': f'{dream.CODE_REPO}--configuration_dream.DreamConfig',
+    'AutoModel': f'{dream.CODE_REPO}--modeling_dream.DreamModel',
   }
   for key in (
     'hidden_size',
@@ -210,7 +211,7 @@ def test_models_dream_cannot_hold_are_refused_by_name(change, named):
   config = hf_config.config_from_hf(DREAM_CONFIG)
   config.model.update(change)
   with pytest.raises(hf_config.HFConfigError, match=named):
-    hf_config.dream_to_hf(config, vocab_rows=256, dtype='fp32')
+    dream.write(config, vocab_rows=256, dtype='fp32')
 
 
 def test_shifted_models_export_only_as_dream():
@@ -222,7 +223,7 @@ def test_shifted_models_export_only_as_dream():
   config = hf_config.config_from_hf(DREAM_CONFIG)
   config.model.shift_logits = False
   with pytest.raises(hf_config.HFConfigError, match='reads token i from position i-1'):
-    hf_config.dream_to_hf(config, vocab_rows=256, dtype='fp32')
+    dream.write(config, vocab_rows=256, dtype='fp32')
 
 
 def test_absent_dream_fields_mean_dream_defaults():

@@ -21,6 +21,7 @@ from dlmjax import convert
 from dlmjax import inference
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint.families import sdar
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
 from tests.checkpoint import family_dirs
@@ -132,7 +133,7 @@ def test_sdar_directory_imports_to_sdar_function(tmp_path, tied):
   assert convert.main(argv) == 0
   source, exported = hf_config.read(hf_dir), hf_config.read(export)
   assert exported['auto_map'] == {
-    k: f'{hf_config.SDAR_CODE_REPO}--{v}' for k, v in source['auto_map'].items()
+    k: f'{sdar.CODE_REPO}--{v}' for k, v in source['auto_map'].items()
   }
   skip = ('auto_map', 'transformers_version')
   assert {k: v for k, v in exported.items() if k not in skip} == {
@@ -299,7 +300,7 @@ def test_an_sdar_checkpoint_samples_with_the_block_cache_as_sdar_does(tmp_path):
 
 def test_only_a_block_causal_qk_norm_model_exports_as_sdar():
   config = hf_config.config_from_hf(SDAR_CONFIG)
-  assert hf_config.sdar_cannot_hold(config.model) is None
+  assert sdar.options_cannot_hold(config.model) is None
   for change, named in (
     (dict(attention_mask='bidirectional'), 'attends block-causally'),
     (dict(qk_norm=False), 'has QK-norm'),
@@ -308,4 +309,4 @@ def test_only_a_block_causal_qk_norm_model_exports_as_sdar():
     other = config.copy_and_resolve_references()
     other.model.update(change)
     with pytest.raises(hf_config.HFConfigError, match=named):
-      hf_config.sdar_to_hf(other, vocab_rows=256, dtype='fp32')
+      sdar.write(other, vocab_rows=256, dtype='fp32')

@@ -35,6 +35,9 @@ THRESHOLD = dict(
   stop_at_eos=True,
   alg_temp=0.3,
   factor=0.0,
+  schedule='dream',
+  eps=0.01,
+  mask_in_softmax=True,
 )
 FACTOR = {
   **THRESHOLD,
@@ -43,6 +46,7 @@ FACTOR = {
   'factor': 1.5,
   'cache': 'dual',
   'cache_refresh': 2,
+  'schedule': 'linear',
 }
 # Block decoding of a block-causal model (the RL run's model is one): SDAR's block of 4 and
 # threshold, the block K/V cache, stop at EOS.

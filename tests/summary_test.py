@@ -67,6 +67,10 @@ PUBLISHED = {
   'sdar_8b': 8_190_735_360,  # SDAR-8B-Chat index total_size 16,381,470,720 B / 2
   'llada_moe_7b_a1b': 7_356_880_896,  # LLaDA-MoE-7B-A1B: its tensors' sum (paper: 7B)
   'qwen3_30b_a3b': 30_532_122_624,  # Qwen3-30B-A3B model card 30.5B
+  # LLaDA2.0 README: 16B and 100B; these exact sums (the router biases included) are the
+  # config.json shapes' (no safetensors index total was read to confirm them).
+  'llada2_mini': 16_255_643_392,
+  'llada2_flash': 102_889_705_216,
 }
 
 

@@ -96,22 +96,70 @@ def test_non_finite_and_changed_params_are_named(run, tmp_path):
   assert verify.main(['--checkpoint-path', step_dir, '--no-parity']) == 1
 
 
-def test_train_checkpoint_optimizer_state(tmp_path):
+@pytest.fixture(scope='module')
+def train_run(tmp_path_factory):
+  """A training checkpoint (params, Adam state with non-zero moments, a data state) at step 3."""
+  import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.train import optimizer as optimizer_lib  # pylint: disable=import-outside-toplevel
 
-  config = tiny_run.tiny_config(output_dir=str(tmp_path))
+  root = tmp_path_factory.mktemp('train_run')
+  config = tiny_run.tiny_config(output_dir=str(root))
   params = tiny_run.random_params(config)
   axes = model_lib.abstract(model_lib.ModelConfig.from_config(config))[2]
   opt_state = optimizer_lib.make_optimizer(config.train, axes).init(params)
-  checkpoints = manager.RunCheckpoints(str(tmp_path), async_save=False)
-  manager.write_run_config(str(tmp_path), config)
-  checkpoints.save(dict(step=jnp.int32(3), params=params, opt_state=opt_state))
+  rng = np.random.default_rng(0)  # moments that are not all zeros: damage changes values
+  opt_state = jax.tree.map(
+    lambda x: x + rng.standard_normal(x.shape, np.float32) if x.dtype == np.float32 else x,
+    opt_state,
+  )
+  checkpoints = manager.RunCheckpoints(str(root), async_save=False)
+  manager.write_run_config(str(root), config)
+  state = dict(step=jnp.int32(3), params=params, opt_state=opt_state)
+  checkpoints.save(state, data_state={'consumed_samples': 48})
   checkpoints.close()
-  checks = _by_name(verify.verify(str(tmp_path), parity=False))
+  return root
+
+
+def test_train_checkpoint_optimizer_state(train_run):
+  checks = _by_name(verify.verify(str(train_run), parity=False))
   assert all(c.ok for c in checks.values()), checks
   assert '2 param-shaped subtrees' in checks['optimizer state'].detail  # Adam's mu and nu
+  assert checks['saved state, as resume reads it'].detail.startswith('opt_state, params match')
+
+
+def _truncate_opt_state(step_dir):
+  files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir / 'opt_state') for f in fs]
+  target = max(files, key=os.path.getsize)
+  os.truncate(target, os.path.getsize(target) // 2)
+
+
+@pytest.mark.parametrize(
+  'damage, name, named',
+  [
+    (lambda d: tiny_run.flip_bytes(str(d / 'opt_state')), 'saved state', 'opt_state/'),
+    (_truncate_opt_state, 'saved state', ''),
+    (lambda d: shutil.rmtree(d / 'opt_state'), 'optimizer state', 'not a params-only one'),
+    (
+      lambda d: tiny_run.edit_meta(str(d), data_state={'consumed_samples': 64}),
+      'step metadata',
+      'data-iterator state does not match its checksum',
+    ),
+    (
+      lambda d: tiny_run.edit_meta(str(d), drop=['opt_state_checksums']),
+      'step metadata',
+      'opt_state_checksums missing',
+    ),
+  ],
+  ids=['opt_state_flipped', 'opt_state_truncated', 'opt_state_deleted', 'data_state', 'no_sums'],
+)
+def test_verify_checks_every_saved_item_as_resume_does(train_run, tmp_path, damage, name, named):
+  shutil.copytree(train_run, tmp_path / 'run')
+  damage(tmp_path / 'run' / 'checkpoints' / '3')
+  checks = verify.verify(str(tmp_path / 'run'), parity=False)
+  failed = [c for c in checks if not c.ok]
+  assert failed and failed[0].name.startswith(name) and named in failed[0].detail, checks
 
 
 def test_wrong_shapes_and_missing_items_fail(run, tmp_path):

@@ -17,12 +17,12 @@ is refused with the reason, never silently dropped.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterator
 
 import numpy as np
 
+from dlmjax.checkpoint import families
 from dlmjax.checkpoint import hf_config
 from dlmjax.model.presets import ModelConfig
 
@@ -33,119 +33,9 @@ class MappingError(ValueError):
   """Tensors that do not fit the model: names the tensor, what was expected and what was found."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Naming:
-  """Tensor names of one Hugging Face architecture; `{i}` in `layer` is the layer index."""
-
-  embed: str
-  final_norm: str
-  lm_head: str
-  layer: str
-  layer_keys: dict  # our per-layer slot -> name suffix
-  bias_slots: tuple = ()  # slots whose `.bias` may exist; accepted only when all zero
-  ignored: str = r'.*rotary_emb\.inv_freq$'  # buffers some exporters write (MegaDLMs does)
-  zero_tensors: tuple = ()  # per-layer suffixes that may exist; accepted only when all zero
-  # Per-layer suffix of a tensor holding every expert at once -> ((slot, half), ...): the slot's
-  # per-expert tensors are its [e] (half None) or the half'th of its two row blocks [e, :F] /
-  # [e, F:] (transformers 5's fused Qwen3MoeExperts: gate_up_proj [E, 2F, D], down_proj [E, D, F]).
-  fused: tuple = ()
-
-  def layer_name(self, i: int, slot: str, e: int | None = None) -> str:
-    return self.layer.format(i=i) + self.layer_keys[slot].format(e=e)
-
-
-_LLAMA_KEYS = dict(
-  input_norm='input_layernorm.weight',
-  post_attn_norm='post_attention_layernorm.weight',
-  q='self_attn.q_proj.weight',
-  k='self_attn.k_proj.weight',
-  v='self_attn.v_proj.weight',
-  o='self_attn.o_proj.weight',
-  gate='mlp.gate_proj.weight',
-  up='mlp.up_proj.weight',
-  down='mlp.down_proj.weight',
-)
-_QWEN3_KEYS = dict(_LLAMA_KEYS, q_norm='self_attn.q_norm.weight', k_norm='self_attn.k_norm.weight')
-_QWEN2_KEYS = dict(
-  _LLAMA_KEYS,
-  q_bias='self_attn.q_proj.bias',
-  k_bias='self_attn.k_proj.bias',
-  v_bias='self_attn.v_proj.bias',
-)
-_LLAMA_LIKE = dict(
-  embed='model.embed_tokens.weight',
-  final_norm='model.norm.weight',
-  lm_head='lm_head.weight',
-  layer='model.layers.{i}.',
-)
-# Mixture-of-experts layers (docs/moe.md): the router `mlp.gate` [E, D] and per-expert SwiGLU
-# projections, as Qwen/Qwen3-30B-A3B and LLaDA-MoE publish them (OLMoE / Qwen2-MoE's names).
-_MOE_KEYS = dict(
-  {k: v for k, v in _QWEN3_KEYS.items() if k not in ('gate', 'up', 'down')},
-  router='mlp.gate.weight',
-  expert_gate='mlp.experts.{e}.gate_proj.weight',
-  expert_up='mlp.experts.{e}.up_proj.weight',
-  expert_down='mlp.experts.{e}.down_proj.weight',
-)
-NAMINGS = {
-  'qwen3': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
-  # transformers' Qwen3MoeForCausalLM: save_pretrained writes the published per-expert names;
-  # the fused in-memory form (Qwen3MoeExperts) is read too. Its dense layers (mlp_only_layers,
-  # decoder_sparse_step) are Qwen3MoeMLPs: mlp.{gate,up,down}_proj, as Qwen3's.
-  'qwen3_moe': Naming(
-    **_LLAMA_LIKE,
-    layer_keys=dict(_MOE_KEYS, **{k: _QWEN3_KEYS[k] for k in ('gate', 'up', 'down')}),
-    fused=(
-      ('mlp.experts.gate_up_proj', (('expert_gate', 0), ('expert_up', 1))),
-      ('mlp.experts.down_proj', (('expert_down', None),)),
-    ),
-  ),
-  # LLaDA-MoE (modeling_lladamoe.py): OLMoE's decoder layer; a shared expert, when configured,
-  # is the layer's `shared_expert` MLP; `mlp.expert_bias` (moe_router_enable_expert_bias) would
-  # be added to the router's probabilities, which dlmjax cannot, so it must be zero.
-  'llada_moe': Naming(
-    **_LLAMA_LIKE,
-    layer_keys=dict(
-      _MOE_KEYS,
-      shared_gate='shared_expert.gate_proj.weight',
-      shared_up='shared_expert.up_proj.weight',
-      shared_down='shared_expert.down_proj.weight',
-    ),
-    zero_tensors=('mlp.expert_bias',),
-  ),
-  'difflm': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
-  # SDAR / TraDo (modeling_sdar.py): Qwen3's modules and names (hf_config: block-causal).
-  'sdar': Naming(**_LLAMA_LIKE, layer_keys=_QWEN3_KEYS),
-  # transformers' Qwen2Attention: q/k/v_proj with bias=True, o_proj without.
-  'qwen2': Naming(**_LLAMA_LIKE, layer_keys=_QWEN2_KEYS),
-  'llama': Naming(**_LLAMA_LIKE, layer_keys=_LLAMA_KEYS, bias_slots=('q', 'k', 'v', 'o')),
-  # Dream's DreamModel (modeling_dream.py): model = DreamBaseModel, Qwen2's names and biases.
-  'dream': Naming(**_LLAMA_LIKE, layer_keys=_QWEN2_KEYS),
-  # LLaDA's OLMo-derived LLaDALlamaBlock (GSAI-ML/LLaDA-8B-*, modeling_llada.py):
-  # ff_out(silu(ff_proj(x)) * up_proj(x)): ff_proj is the SwiGLU gate, up_proj the up
-  # projection, ff_out the down projection; q/k/v_proj have biases when include_qkv_bias.
-  'llada': Naming(
-    embed='model.transformer.wte.weight',
-    final_norm='model.transformer.ln_f.weight',
-    lm_head='model.transformer.ff_out.weight',
-    layer='model.transformer.blocks.{i}.',
-    layer_keys=dict(
-      input_norm='attn_norm.weight',
-      post_attn_norm='ff_norm.weight',
-      q='q_proj.weight',
-      k='k_proj.weight',
-      v='v_proj.weight',
-      o='attn_out.weight',
-      gate='ff_proj.weight',
-      up='up_proj.weight',
-      down='ff_out.weight',
-      q_bias='q_proj.bias',
-      k_bias='k_proj.bias',
-      v_bias='v_proj.bias',
-    ),
-    bias_slots=('q', 'k', 'v'),
-  ),
-}
+Naming = families.base.Naming
+# Each family's tensor names (checkpoint/families: its module's Naming).
+NAMINGS = {name: family.names for name, family in families.FAMILIES.items()}
 
 # Our per-layer slots: path in the param dict and layout kind.
 #   vector:    [X]        <-> [X]
@@ -170,6 +60,7 @@ _SLOTS = {
   'up': (('blocks', 'mlp', 'up_proj'), 'matrix'),
   'down': (('blocks', 'mlp', 'down_proj'), 'matrix'),
   'router': (('blocks', 'mlp', 'router_kernel'), 'matrix'),
+  'router_bias': (('blocks', 'mlp', 'router_bias'), 'vector'),
   'expert_gate': (('blocks', 'mlp', 'gate_proj'), 'experts'),
   'expert_up': (('blocks', 'mlp', 'up_proj'), 'experts'),
   'expert_down': (('blocks', 'mlp', 'down_proj'), 'experts'),
@@ -188,15 +79,14 @@ _SHARED_SLOTS = ('shared_gate', 'shared_up', 'shared_down')
 def layer_slots(cfg: ModelConfig, i: int) -> list[str]:
   """The slots layer i of our model of `cfg` has (QK-norm and biases only where switched on; the
   dense MLP's or the experts', with the shared experts' when there are any)."""
-  if cfg.num_experts and cfg.router == 'sigmoid_bias':
-    raise MappingError(
-      'model.moe.router=sigmoid_bias has no Hugging Face family here (Qwen3-MoE and LLaDA-MoE '
-      'route by softmax); keep the run directory (orbax) for it.'
-    )
   mlp = _DENSE_SLOTS
   if cfg.is_moe_layer(i):
-    mlp = (*_EXPERT_SLOTS, *(_SHARED_SLOTS if cfg.shared_experts else ()))
-  every_mlp = (*_DENSE_SLOTS, *_EXPERT_SLOTS, *_SHARED_SLOTS)
+    mlp = (
+      *_EXPERT_SLOTS,
+      *(('router_bias',) if cfg.router == 'sigmoid_bias' else ()),
+      *(_SHARED_SLOTS if cfg.shared_experts else ()),
+    )
+  every_mlp = (*_DENSE_SLOTS, *_EXPERT_SLOTS, 'router_bias', *_SHARED_SLOTS)
   return [
     s
     for s in _SLOTS
@@ -223,7 +113,9 @@ def export_family(cfg: ModelConfig) -> str:
   """The Hugging Face family whose layout holds exactly our model (hf_config.export_family; an
   MoE model: Qwen3-MoE's when it has QK-norm and no shared experts, else LLaDA-MoE's)."""
   if cfg.num_experts:
-    return hf_config.moe_family(qk_norm=cfg.qk_norm, shared_experts=cfg.shared_experts)
+    return hf_config.moe_family(
+      router=cfg.router, qk_norm=cfg.qk_norm, shared_experts=cfg.shared_experts
+    )
   return hf_config.export_family(
     qk_norm=cfg.qk_norm, qkv_bias=cfg.qkv_bias, shift_logits=cfg.shift_logits
   )
@@ -282,6 +174,7 @@ def _layer_shapes(cfg: ModelConfig) -> dict:
     up=(d, f),
     down=(f, d),
     router=(d, cfg.num_experts),
+    router_bias=(cfg.num_experts,),
     expert_gate=(cfg.num_experts, d, cfg.expert_dim),
     expert_up=(cfg.num_experts, d, cfg.expert_dim),
     expert_down=(cfg.num_experts, cfg.expert_dim, d),
@@ -323,15 +216,36 @@ def _export_naming(cfg: ModelConfig, names: str | None) -> Naming:
   return NAMINGS[names or export_family(cfg)]
 
 
+def _layer_exports(naming: Naming, cfg: ModelConfig, i: int) -> list[tuple[str, tuple]]:
+  """(name, slots) of layer i's exported tensors in order: one slot each, or the slots of a
+  joined tensor (Naming.joined) that the layer has, under the joined name at its first slot."""
+  slots = layer_slots(cfg, i)
+  out = []
+  for slot in slots:
+    group = naming.joined_group(slot)
+    if group is None:
+      out.append((naming.layer_name(i, slot), (slot,)))
+      continue
+    present = tuple(s for s in group[1] if s in slots)
+    if slot == present[0]:
+      out.append((naming.layer.format(i=i) + group[0], present))
+  return out
+
+
 def export_entries(
   cfg: ModelConfig, *, vocab_rows: int, names: str | None = None
 ) -> list[tuple[str, tuple]]:
   """(name, shape) of every exported tensor, in the order export_tensors yields them."""
   naming = _export_naming(cfg, names)
   entries = [(naming.embed, (vocab_rows, cfg.d_model))]
+  shapes = _layer_shapes(cfg)
   for i in range(cfg.num_layers):
-    for slot in layer_slots(cfg, i):
-      entries += [(name, shape) for name, shape, _ in _layer_tensors(naming, cfg, i, slot)]
+    for joined, slots in _layer_exports(naming, cfg, i):
+      if len(slots) > 1:
+        parts = [_hf_shape(shapes[s], _SLOTS[s][1]) for s in slots]
+        entries.append((joined, (sum(p[0] for p in parts), *parts[0][1:])))
+        continue
+      entries += [(name, shape) for name, shape, _ in _layer_tensors(naming, cfg, i, slots[0])]
   entries.append((naming.final_norm, (cfg.d_model,)))
   if not cfg.tie_embeddings:  # tied: transformers re-creates lm_head from the embedding.
     entries.append((naming.lm_head, (vocab_rows, cfg.d_model)))
@@ -354,8 +268,17 @@ def export_tensors(
   # No named intermediates: a host copy that is transposed into a new array is freed before the
   # yield, so the generator never holds two copies of one tensor.
   yield naming.embed, np.asarray(to_host(_get(params, _EMBED)[:vocab_rows]), np.float32)
+
+  def host(slot, i):
+    path, j = _path(cfg, i, slot)
+    return _to_hf(np.asarray(to_host(_get(params, path)[j]), np.float32), _SLOTS[slot][1])
+
   for i in range(cfg.num_layers):
-    for slot in layer_slots(cfg, i):
+    for joined, slots in _layer_exports(naming, cfg, i):
+      if len(slots) > 1:  # one tensor stacking the slots' rows (Naming.joined)
+        yield joined, np.concatenate([host(s, i) for s in slots], axis=0)
+        continue
+      slot = slots[0]
       layout = _SLOTS[slot][1]
       path, j = _path(cfg, i, slot)
       if layout == 'experts':  # one layer's experts on the host, one expert's tensor yielded
@@ -364,12 +287,7 @@ def export_tensors(
           yield name, np.ascontiguousarray(experts[e].T)
         del experts
         continue
-      yield (
-        naming.layer_name(i, slot),
-        np.ascontiguousarray(
-          _to_hf(np.asarray(to_host(_get(params, path)[j]), np.float32), layout)
-        ),
-      )
+      yield naming.layer_name(i, slot), np.ascontiguousarray(host(slot, i))
   yield naming.final_norm, np.asarray(to_host(_get(params, _FINAL_NORM)), np.float32)
   if not cfg.tie_embeddings:
     yield (
@@ -435,13 +353,31 @@ def _zero_bias_names(naming: Naming, cfg: ModelConfig) -> list[str]:
 class _UnfusedExperts:
   """A tensor source that shows a checkpoint's fused expert tensors (Naming.fused) under the
   per-expert names, reading each fused tensor once while its experts are taken (the last one
-  read is kept)."""
+  read is kept), and each joined tensor's row blocks (Naming.joined) under its slots' names."""
 
-  def __init__(self, source, naming: Naming, num_layers: int):
+  def __init__(self, source, naming: Naming, cfg: ModelConfig):
     self._source, self._virtual, self._cached = source, {}, (None, None)
     present = set(source.keys())
     self._hidden = set()
-    for i in range(num_layers):
+    self._rows = {}  # a joined tensor's slot name -> (joined name, first row, end row)
+    shapes = _layer_shapes(cfg)
+    for i in range(cfg.num_layers):
+      for suffix, slots in naming.joined:
+        joined = naming.layer.format(i=i) + suffix
+        if joined not in present:
+          continue
+        self._hidden.add(joined)
+        start = 0
+        for slot in (s for s in slots if s in layer_slots(cfg, i)):
+          rows = _hf_shape(shapes[slot], _SLOTS[slot][1])[0]
+          self._rows[naming.layer_name(i, slot)] = (joined, start, start + rows)
+          start += rows
+        if start != source.shape(joined)[0]:
+          raise MappingError(
+            f'{joined} has {source.shape(joined)[0]} rows, expected {start} from the model '
+            'config (num_heads, num_kv_heads, head_dim).'
+          )
+    for i in range(cfg.num_layers):
       for suffix, parts in naming.fused:
         fused = naming.layer.format(i=i) + suffix
         if fused not in present:
@@ -454,17 +390,28 @@ class _UnfusedExperts:
             self._virtual[naming.layer_name(i, slot, e)] = (fused, e, half, (rows, *shape[2:]))
 
   def keys(self):
-    return [n for n in self._source.keys() if n not in self._hidden] + list(self._virtual)
+    shown = [n for n in self._source.keys() if n not in self._hidden]
+    return shown + list(self._virtual) + list(self._rows)
 
   def __contains__(self, name):
-    return name in self._virtual or (name not in self._hidden and name in self._source)
+    return (
+      name in self._virtual
+      or name in self._rows
+      or (name not in self._hidden and name in self._source)
+    )
 
   def shape(self, name):
     if name in self._virtual:
       return self._virtual[name][3]
+    if name in self._rows:
+      joined, start, end = self._rows[name]
+      return (end - start, *self._source.shape(joined)[1:])
     return self._source.shape(name)
 
   def get(self, name):
+    if name in self._rows:
+      joined, start, end = self._rows[name]
+      return np.asarray(self._source.get(joined))[start:end]
     if name not in self._virtual:
       return self._source.get(name)
     fused, e, half, (rows, *_) = self._virtual[name]
@@ -476,9 +423,9 @@ class _UnfusedExperts:
 
 
 def _unfused(source, naming: Naming, cfg: ModelConfig):
-  if not naming.fused or isinstance(source, _UnfusedExperts):
+  if not (naming.fused or naming.joined) or isinstance(source, _UnfusedExperts):
     return source
-  return _UnfusedExperts(source, naming, cfg.num_layers)
+  return _UnfusedExperts(source, naming, cfg)
 
 
 def _listing(names, limit=8) -> str:

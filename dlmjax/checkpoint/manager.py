@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import inspect
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import threading
@@ -34,6 +36,13 @@ _ITEMS = ('params', 'opt_state', 'reference', 'meta')  # reference: RL's refresh
 # streams. Run-time knobs (backend, remat, mesh) may change.
 _ARCHITECTURE_KEYS = config_lib.ARCHITECTURE_KEYS
 _RESUME_KEYS = config_lib.ARCHITECTURE_KEYS + config_lib.STREAM_KEYS
+# The meta item's version marker. A meta that carries it, or any of the integrity keys, was
+# written by a version that records checksums and must hold all of them; only a meta with none
+# (a checkpoint from before checksums) loads unverified, and says so (docs/faults.md, Integrity).
+META_FORMAT = 2
+_INTEGRITY_KEYS = ('checksums', 'checksum_format', 'meta_checksum')
+# Steps kept out of rotation: the last good checkpoint before a detected divergence.
+PINNED_FILE = 'pinned.json'
 # Test hook, "STEP:SECONDS": stall the commit of that step's save (its files written, the step not
 # yet committed), so a test can kill the process mid-save deterministically.
 COMMIT_DELAY_ENV = 'DLMJAX_TEST_COMMIT_DELAY'
@@ -82,6 +91,40 @@ def saved_checksums(meta: dict, item: str = 'params') -> dict | None:
   return meta.get('checksums' if item == 'params' else f'{item}_checksums')
 
 
+def predates_checksums(meta: dict) -> bool:
+  """Whether the meta comes from before checksums were written: no version marker and none of
+  the integrity keys (a later meta missing some of them is damaged, not old)."""
+  return 'format' not in meta and not any(k in meta for k in _INTEGRITY_KEYS + ('layout',))
+
+
+def check_meta(meta: dict, step: int, items=('params',)) -> bool:
+  """Raises DamagedCheckpoint unless the meta item is whole and its step and data state match
+  their sha256; `items` are the array items to be read. Returns False for a checkpoint from
+  before checksums (nothing to verify), True when every digest is there to compare.
+
+  The one test of a step's meta for both resume and `python -m dlmjax.verify`."""
+  if meta.get('step') != step:
+    raise DamagedCheckpoint(f'meta: the step ({meta.get("step")!r}) is not {step}')
+  if predates_checksums(meta):
+    return False
+  wanted = list(_INTEGRITY_KEYS) + [f'{i}_checksums' for i in items if i != 'params']
+  missing = [k for k in wanted if k not in meta]
+  if missing:
+    raise DamagedCheckpoint(
+      f'meta: {", ".join(missing)} missing, though it was written by a version that records them'
+    )
+  if meta['checksum_format'] != checksums.FORMAT:
+    raise DamagedCheckpoint(
+      f'meta: checksum_format {meta["checksum_format"]!r} is not {checksums.FORMAT!r}, the '
+      'only one this version writes'
+    )
+  if meta['meta_checksum'] != _meta_digest(step, meta.get('data_state')):
+    raise DamagedCheckpoint(
+      f'meta: the step ({step}) or data-iterator state does not match its checksum'
+    )
+  return True
+
+
 def _is_disk_full(error: BaseException) -> bool:
   while error is not None:
     if getattr(error, 'errno', None) == errno.ENOSPC or 'No space left on device' in str(error):
@@ -94,6 +137,25 @@ def _gib(n: int) -> str:
   return f'{n / 2**30:.2f} GiB'
 
 
+class _Pinned:
+  """orbax preservation policy: keeps the steps of a set (shared with RunCheckpoints.pinned)."""
+
+  def __init__(self, steps: set):
+    self.steps = steps
+
+  def should_preserve(self, checkpoints, *, context) -> list[bool]:
+    del context
+    return [c.step in self.steps for c in checkpoints]
+
+
+def _read_pins(directory: str) -> set:
+  try:
+    with open(os.path.join(directory, PINNED_FILE)) as f:
+      return set(json.load(f))
+  except (OSError, ValueError):
+    return set()
+
+
 class RunCheckpoints:
   """The checkpoints of one run directory.
 
@@ -102,16 +164,35 @@ class RunCheckpoints:
   state, step and data state); a restore verifies each (docs/faults.md, "Integrity").
   """
 
-  def __init__(self, run_dir: str, *, keep: int = 3, keep_every: int = 0, async_save: bool = True):
+  def __init__(
+    self,
+    run_dir: str,
+    *,
+    keep: int = 3,
+    keep_every: int = 0,
+    async_save: bool = True,
+    read_only: bool = False,
+  ):
+    """read_only: for inspection (python -m dlmjax.verify): nothing is created, cleaned up or
+    rotated."""
     self.directory = os.path.join(os.path.abspath(run_dir), CHECKPOINT_DIR)
     self.keep = keep
+    self.pinned = _read_pins(self.directory)
+    kept = [
+      ocp.checkpoint_managers.LatestN(keep),
+      _Pinned(self.pinned),  # the last good checkpoint before a divergence: out of rotation
+    ]
+    if keep_every:  # milestones: steps divisible by it are never deleted
+      kept.append(ocp.checkpoint_managers.EveryNSteps(keep_every))
     options = ocp.CheckpointManagerOptions(
-      max_to_keep=keep,
-      keep_period=keep_every or None,  # milestones: steps divisible by it are never deleted
+      preservation_policy=None
+      if read_only
+      else ocp.checkpoint_managers.AnyPreservationPolicy(kept),
       enable_async_checkpointing=async_save,
-      create=True,
+      create=not read_only,
+      read_only=read_only,
       # a save killed mid-write leaves a temporary dir
-      cleanup_tmp_directories=True,
+      cleanup_tmp_directories=not read_only,
       temporary_path_class=_test_hooks(),
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
@@ -131,6 +212,32 @@ class RunCheckpoints:
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
+
+  def pin(self, step: int) -> None:
+    """Keeps `step` out of rotation for good (recorded in checkpoints/pinned.json)."""
+    self.pinned.add(step)
+    if jax.process_index() == 0:
+      tmp = os.path.join(self.directory, PINNED_FILE + '.tmp')
+      with open(tmp, 'w') as f:
+        json.dump(sorted(self.pinned), f)
+      os.replace(tmp, os.path.join(self.directory, PINNED_FILE))
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
+  def refuse_if_only_set_aside(self) -> None:
+    """CheckpointError when no checkpoint is left but some were set aside as damaged: the
+    same command must not silently start again from step 1 over the run's directory."""
+    if self.latest_step() is not None or not os.path.isdir(self.directory):
+      return
+    aside = sorted(n for n in os.listdir(self.directory) if '.corrupt' in n)
+    if aside:
+      raise CheckpointError(
+        f'every checkpoint in {self.directory} was set aside as damaged ({", ".join(aside)}) '
+        'and none is usable; nothing was started. To train from scratch over this run, move '
+        'the *.corrupt directories away (the metrics of the earlier steps are then dropped); '
+        'or start with a new --config.output_dir (--config.init_from a good checkpoint).'
+      )
 
   def restore_latest(self, setup) -> tuple[dict, object]:
     """The newest checkpoint whose bytes read back and match their checksums.
@@ -211,6 +318,7 @@ class RunCheckpoints:
       },
       meta_checksum=_meta_digest(step, data_state),
       layout=_layout(arrays),
+      format=META_FORMAT,
     )
     self._in_flight = (step, sum(x.nbytes for x in jax.tree.leaves(arrays)))
     try:
@@ -274,13 +382,10 @@ class RunCheckpoints:
       meta = read_meta(step_dir)
     except (OSError, ValueError, CheckpointError) as e:
       raise DamagedCheckpoint(f'meta: {_one_line(e)}') from e
-    if meta.get('step') != step or (
-      'meta_checksum' in meta and meta['meta_checksum'] != _meta_digest(step, meta['data_state'])
-    ):
-      raise DamagedCheckpoint(
-        f'meta: the step ({meta.get("step")!r}) or data-iterator state does not match its checksum'
-      )
-    _check_layout(step_dir, meta, arrays, self._manager, step)
+    verified = check_meta(meta, step, items=tuple(arrays))
+    if not verified:
+      _note(f'checkpoint {step_dir} predates checksums: its arrays load unverified.')
+    _check_layout(step_dir, meta, arrays)
     try:
       restored = self._manager.restore(
         step,
@@ -290,9 +395,10 @@ class RunCheckpoints:
       # orbax and tensorstore raise many kinds for unreadable files; device OOM is not one.
       if 'RESOURCE_EXHAUSTED' in str(e) and 'OCDBT' not in str(e):
         raise
+      _READ_FAILED.set()
       raise DamagedCheckpoint(f'reading the arrays failed: {_one_line(e)}') from e
     got = {k: restored[k] for k in arrays}
-    if saved_checksums(meta) is not None:
+    if verified:
       problems = []
       digests = checksums.to_hex(checksums.dispatch(got))
       for item in got:
@@ -304,7 +410,7 @@ class RunCheckpoints:
           + (f' (and {len(problems) - 3} more)' if len(problems) > 3 else '')
         )
     state = dict(step=jax.device_put(jax.numpy.int32(step), setup.replicated), **got)
-    return state, meta['data_state']
+    return state, meta.get('data_state')
 
   def wait(self) -> None:
     try:
@@ -333,14 +439,19 @@ class RunCheckpoints:
       self._manager.close()
 
 
-def _check_layout(step_dir, meta, arrays, manager, step) -> None:
+def _item_metadata(item_dir: str):
+  """The shapes and dtypes orbax recorded for one saved item (a tree of array metadata)."""
+  metadata = ocp.StandardCheckpointer().metadata(item_dir)
+  return getattr(metadata, 'item_metadata', metadata)
+
+
+def _check_layout(step_dir, meta, arrays) -> None:
   """CheckpointError (one line, nothing touched) when the saved arrays' shapes or dtypes are
   not this run's: a changed model, never damage (a mesh change keeps every shape)."""
   saved = meta.get('layout')
-  if saved is None:  # saved before layouts were recorded: orbax's own metadata
+  if saved is None:  # saved before layouts were recorded: orbax's own metadata of each item
     try:
-      items = manager.item_metadata(step)
-      saved = _layout(dict(params=items['params'].tree, opt_state=items['opt_state'].tree))
+      saved = _layout({item: _item_metadata(os.path.join(step_dir, item)) for item in arrays})
     except Exception as e:  # pylint: disable=broad-except
       raise DamagedCheckpoint(f'array metadata: {_one_line(e)}') from e
   want = _layout(arrays)
@@ -387,23 +498,48 @@ def _quiet_writes_after_the_loop_closed() -> None:
   def hook(unraisable):
     error, tb = unraisable.exc_value, unraisable.exc_traceback
     closed_loop = isinstance(error, RuntimeError) and str(error) == 'Event loop is closed'
-    if not (
-      closed_loop and tb is not None and tb.tb_frame.f_code.co_name == 'call_soon_threadsafe'
-    ):
-      previous(unraisable)
+    if closed_loop and tb is not None and tb.tb_frame.f_code.co_name == 'call_soon_threadsafe':
+      return
+    if _READ_FAILED.is_set() and inspect.iscoroutine(unraisable.object):
+      return  # the reads a damaged step's failure abandoned, reported as it is set aside
+    previous(unraisable)
 
   hook.dlmjax_quiet = True
   sys.unraisablehook = hook
 
 
+# Set once reading a step's arrays failed: orbax leaves the other reads of that restore
+# un-awaited, and each coroutine's collection printed an `Exception ignored in: <coroutine ...>`
+# traceback after the one warning. From then on those reports (and only those) are dropped.
+_READ_FAILED = threading.Event()
+_NOISE = re.compile(r'\[(source locations|tensorstore_spec)=.*?\](?= \[|$)')
+
+
 def _one_line(error: BaseException) -> str:
-  text = ' '.join(str(error).split())
-  return f'{type(error).__name__}: {text[:300]}'
+  """The error as one line that names the file and the status: the innermost error of the
+  chain (tensorstore's `OUT_OF_RANGE: Error reading "<array>" ... at local file "<dir>"`),
+  not orbax's wrapper, whose text is a TensorStore spec's repr."""
+  chain = [error]
+  while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+    chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    if len(chain) > 20:
+      break
+  chosen = next((e for e in reversed(chain) if _STATUS.match(str(e))), chain[-1])
+  text = _NOISE.sub('', ' '.join(str(chosen).split())).strip()
+  return f'{type(chosen).__name__}: {text[:400]}'
+
+
+_STATUS = re.compile(r'[A-Z][A-Z_]+: ')  # absl status codes: NOT_FOUND, DATA_LOSS, ...
 
 
 def _warn(message: str) -> None:
   if jax.process_index() == 0:
     print(f'warning: {message}', file=sys.stderr, flush=True)
+
+
+def _note(message: str) -> None:
+  if jax.process_index() == 0:
+    print(message, flush=True)
 
 
 def _test_hooks():
@@ -510,6 +646,7 @@ def save_params_checkpoint(
     checksum_format=checksums.FORMAT,
     checksums=checksums.compute(params),
     meta_checksum=_meta_digest(step, None),
+    format=META_FORMAT,
   )
   if source is not None:
     meta['source'] = source

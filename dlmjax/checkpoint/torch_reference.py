@@ -5,9 +5,9 @@ LlamaForCausalLM, by config.json's model_type) with our attention mask kind, thr
 modeling file exports ship (hf_modeling/modeling_dlmjax.py), and `Reference`, a small module written
 here from the same equations, for machines without transformers. Both read the exported names
 (Qwen3's, or Qwen2's / Llama's / Dream's: no q/k norm weights, and q/k/v biases where present;
-Dream's logits shifted right by one, as its generate reads them). transformers has no Dream class,
-so Dream exports are checked against `Reference`; so are SDAR's (its remote code, too, is not
-here), block-causal over config.json's block_size.
+Dream's logits shifted right by one, as its generate reads them). A family whose classes are remote
+code not here (Family.parity 'reference': Dream, SDAR) is checked against `Reference`, with the
+family's mask where config.json names none (SDAR's block-causal over its block_size).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from dlmjax.checkpoint import families
 from dlmjax.checkpoint import hf_config
 
 
@@ -50,9 +51,10 @@ def transformers_model(hf_dir: str, dtype: torch.dtype = torch.float32):
   else:
     from dlmjax.checkpoint.hf_modeling import modeling_dlmjax  # pylint: disable=import-outside-toplevel
 
-    model_type = hf_config.read(hf_dir).get('model_type')
-    if model_type == 'qwen3_moe':  # transformers' own class; config.json's is_causal is the mask
+    hf = hf_config.read(hf_dir)
+    if families.detect(hf).in_transformers:  # transformers' own class; config.json's is_causal
       return transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).eval()
+    model_type = hf.get('model_type')
     if model_type not in modeling_dlmjax.CLASSES:
       raise hf_config.HFConfigError(
         f'{hf_dir}: model_type={model_type!r} has no transformers class here; '
@@ -132,11 +134,10 @@ class Reference(torch.nn.Module):
     """float32 logits [B, L, vocab rows of the export]."""
     c, w = self.c, self.w
     eps = c['rms_norm_eps']
-    model_type = str(c.get('model_type', '')).lower()
-    # SDAR's config.json names no mask kind: SDAR attends block-causally over its block_size.
+    family = families.detect(c)  # a config.json without attn_mask_type: its family's mask
     mask = visibility(
       tokens_BL.shape[1],
-      c.get('attn_mask_type') or ('block_causal' if model_type == 'sdar' else 'bidirectional'),
+      c.get('attn_mask_type') or family.reference_mask,
       c.get('block_size', 0),
       tokens_BL.device,
     )
@@ -150,6 +151,6 @@ class Reference(torch.nn.Module):
       x = x + F.linear(F.silu(gate) * up, w[p + 'mlp.down_proj.weight'])
     x = _rms_norm(x, w['model.norm.weight'], eps)
     logits = F.linear(x.float(), w['lm_head.weight'].float())  # fp32 products, as our head.
-    if model_type == 'dream':  # token i read from position i-1.
+    if family.reference_shift:  # token i read from position i-1 (Dream).
       logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
     return logits

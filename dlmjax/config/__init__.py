@@ -9,7 +9,6 @@ its public API.
 from dlmjax.config.derived import (
   MESH_AXES,
   ROPE_SCALING_FIELDS,
-  attention_streams,
   batch_parallelism,
   dense_layer_indices,
   dense_layers,
@@ -39,6 +38,7 @@ from dlmjax.config.loading import (
 )
 from dlmjax.config.migration import REMOVED, RENAMED, from_dict, old_key_message
 from dlmjax.config.registry import fit_to_devices, registered_choices, validate
+from dlmjax.config.stages import StageTraits, attention_streams, stage_traits
 from dlmjax.config.schema import (
   ARCHITECTURE_KEYS,
   EVAL_SEED,
@@ -59,6 +59,7 @@ __all__ = [
   'RENAMED',
   'ROPE_SCALING_FIELDS',
   'STREAM_KEYS',
+  'StageTraits',
   'VOCAB_MULTIPLE',
   'apply_overrides',
   'attention_streams',
@@ -88,5 +89,6 @@ __all__ = [
   'registered_choices',
   'resolve_mesh',
   'set_model_fields',
+  'stage_traits',
   'validate',
 ]

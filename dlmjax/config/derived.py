@@ -99,12 +99,6 @@ def resolve_mesh(config, num_devices: int) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def attention_streams(config) -> int:
-  """Sequence copies a training step's layers run on per real token: 2 for the block-diffusion
-  objective ([x_t || x_0]), else 1. FLOPs and MFU count real tokens with this factor."""
-  return 2 if config.diffusion.objective == 'block' and config.stage != 'rl' else 1
-
-
 def log_outputs(config) -> tuple[str, ...]:
   """The names in log.outputs."""
   return tuple(name.strip() for name in config.log.outputs.split(',') if name.strip())

@@ -55,14 +55,15 @@ def check(fn=None, *, phase: str = 'values', stage: str | None = None):
   return register(fn) if fn is not None else register
 
 
-def _load() -> None:
+def load() -> None:
+  """Imports every check module, which registers its checks, choices and stages."""
   for name in CHECK_MODULES:
     importlib.import_module(name)  # registers on first import; later calls find it loaded
 
 
 def registered_choices() -> dict[str, tuple[str, ...]]:
   """{key: its allowed values} of every feature (for the checks, the docs and the tests)."""
-  _load()
+  load()
   return dict(_CHOICES)
 
 
@@ -71,7 +72,7 @@ def validate(config, num_devices: int | None = None) -> None:
 
   With num_devices, a -1 mesh axis is checked as resolved for that many devices.
   """
-  _load()
+  load()
   for key, names in _CHOICES.items():
     value = get_key(config, key)
     if value not in names:

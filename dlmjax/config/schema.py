@@ -33,6 +33,9 @@ def defaults() -> ml_collections.ConfigDict:
   # original_max_position_embeddings=8192' (Llama-3.1/3.2) | 'linear:factor=F'
   # (parse_rope_scaling; dlmjax/model/layers.py rope_inv_freq).
   c.model.rope_scaling = ''
+  # The share of each head's dims RoPE rotates (transformers' partial_rotary_factor; LLaDA2: 0.5):
+  # the first int(head_dim x fraction) dims rotate, the rest pass through.
+  c.model.rope_fraction = 1.0
   c.model.norm_eps = 1e-6  # RMSNorm epsilon.
   # RMSNorm on q and k over the head dim before RoPE (Qwen3); off: straight to RoPE (Qwen2, Llama).
   c.model.qk_norm = True
@@ -63,6 +66,14 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.moe.ffn_dim = 0  # each expert's width
   c.model.moe.shared_experts = 0  # always-on experts
   c.model.moe.router = 'softmax_topk'  # softmax_topk | softmax_topk_raw | sigmoid_bias
+  # Group-limited routing (sigmoid_bias only; DeepSeek-V3's n_group / topk_group, LLaDA2's): the
+  # experts form router_groups equal groups, each scored by the sum of its two best biased
+  # scores, and a token's experts_per_token are chosen among its router_group_topk best groups
+  # (1 / 1: no grouping). routed_scale multiplies the routed experts' weights
+  # (routed_scaling_factor; the shared experts' output is not scaled).
+  c.model.moe.router_groups = 1
+  c.model.moe.router_group_topk = 1
+  c.model.moe.routed_scale = 1.0
   # The experts' grouped matmul (kernels/grouped_matmul.py): xla (ragged_dot) | tokamax | pallas
   # (our Triton kernels) | auto (pallas on GPU, measured fastest: docs/benchmarks.md MoE; else xla).
   c.model.moe.backend = 'auto'
@@ -115,6 +126,11 @@ def defaults() -> ml_collections.ConfigDict:
   # pretraining as Megatron (documents see each other) and pads SFT rows with EOS that is trained
   # (LLaDA). xla or pallas attention.
   c.data.packing = False
+  # A resume whose data differ from the checkpoint's (source, prefixes and blend, split, seq_len,
+  # seed, file sizes: dlmjax/train/data_fingerprint.py) is refused; True says the change is
+  # intended (a new phase of training): the data position restarts at the new data's first
+  # sample while the model, optimizer and step resume. On unchanged data it does nothing.
+  c.data.new_phase = False
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 200  # optimizer steps; the schedule ends here.
@@ -140,6 +156,13 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.clip_grad_norm = 1.0  # global gradient-norm clip.
   # A non-finite loss or gradient skips the update; this many in a row stop the run (0 = never).
   c.train.max_consecutive_skips = 10
+  # Divergence (dlmjax/train/divergence.py): a non-finite step, or (pre-training) a loss above
+  # spike_factor x the mean of the last spike_window finite losses (0 = spikes unchecked), keeps
+  # the last good checkpoint out of rotation; rollback_on_divergence also restores it and trains
+  # on, skipping the data since it (the step counter and data position stay).
+  c.train.spike_factor = 3.0
+  c.train.spike_window = 20
+  c.train.rollback_on_divergence = False
   # Refuse at start a config whose estimated memory per device (dlmjax/train/memory.py)
   # exceeds the GPU's; False skips the check.
   c.train.check_memory = True
@@ -171,7 +194,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.mesh.pipeline_repeats = 1
   c.mesh.pipeline_microbatches = 0
   c.mesh.context = 1
-  # Expert parallelism: the MoE experts are split over mesh.expert devices (model.num_experts a
+  # Expert parallelism: the MoE experts are split over mesh.expert devices (model.moe.num_experts a
   # multiple of it); the batch is split over it too, as over data and fsdp.
   c.mesh.expert = 1
 
@@ -236,6 +259,14 @@ def defaults() -> ml_collections.ConfigDict:
   # > 0: also commit the n most confident tokens with (n + 1)(1 - c_n) <= factor (Fast-dLLM).
   c.sampler.factor = 0.0
   c.sampler.cache_refresh = 0  # prefix / dual: also refresh the K/V every k steps (0 = off).
+  # Tokens each step commits: linear (LLaDA's even split) | dream (Dream's int(m (1 - s/t)) of
+  # the m still masked, t on linspace(1, eps)) | auto (Dream's for shifted-logit, Dream-family
+  # models, else linear). dlmjax/diffusion/schedules.py.
+  c.sampler.schedule = 'auto'
+  c.sampler.eps = 1e-3  # Dream's schedule: the last time of linspace(1, eps, steps + 1).
+  # True: the decoding orders score softmax(logits) with MASK's logit in it, as LLaDA and Dream
+  # do; MASK is never predicted either way (docs/differences.md, "MASK in the sampler").
+  c.sampler.mask_in_softmax = False
 
   # Reinforcement learning (stage rl, README "Reinforcement learning"): dlmjax/rl,
   # dlmjax/train/stages/rl.py. Advantages are r - group mean, a token mean over the batch (d1's
@@ -289,9 +320,6 @@ def defaults() -> ml_collections.ConfigDict:
   return c
 
 
-# Keys this version no longer has: old name -> the new key, or why it went. A command-line
-
-
 # The keys that fix the parameters' shapes: init_from needs them equal, and so does a resume.
 ARCHITECTURE_KEYS = (
   'model.num_layers',
@@ -323,6 +351,9 @@ MODEL_FIELD_KEYS = {
   'dense_layers': 'moe.dense_layers',
   'moe_backend': 'moe.backend',
   'moe_exchange': 'moe.exchange',
+  'router_groups': 'moe.router_groups',
+  'router_group_topk': 'moe.router_group_topk',
+  'routed_scale': 'moe.routed_scale',
 }
 # The keys that fix the sample and mask streams: a resume needs them equal too (run-time knobs,
 # backends, remat and the mesh may change).

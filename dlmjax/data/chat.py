@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from dlmjax import config as config_lib
 from dlmjax.data.errors import DataError
 
 
@@ -124,7 +125,9 @@ def render(template: str, messages, *, add_generation_prompt: bool = False) -> s
 def checkpoint_template(config) -> str:
   """The template a checkpoint's prompts get: the one it was fine-tuned with (sft.chat_template),
   'none' (raw text) for a pre-trained one."""
-  return 'none' if config.stage == 'pretrain' else config.sft.chat_template
+  if not config_lib.stage_traits(config).chat_template:
+    return 'none'
+  return config.sft.chat_template
 
 
 def prompt_text(template: str, user_text: str) -> str:

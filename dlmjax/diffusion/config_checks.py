@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from dlmjax.config import ConfigError, registry
-from dlmjax.diffusion import loss, sampler, sampler_settings
+from dlmjax.diffusion import cache_modes, loss, sampler_settings, schedules
 
 registry.choices('diffusion.objective', loss.OBJECTIVES)
-registry.choices('sampler.cache', sampler.CACHE_MODES)
+registry.choices('sampler.cache', cache_modes.MODES)
+registry.choices('sampler.schedule', schedules.SCHEDULES)
 
 
 @registry.check

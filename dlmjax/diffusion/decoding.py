@@ -2,7 +2,7 @@
 
 Per step every masked position gets a prediction x0 (argmax, or Gumbel-max at temperature > 0)
 and a confidence by the decoding order (`remasking`); the positions committed are the schedule's
-count (LLaDA's num_transfer_tokens), the most confident or, with alg_temp > 0, drawn from
+count (schedules.py: LLaDA's or Dream's), the most confident or, with alg_temp > 0, drawn from
 softmax(confidence / alg_temp) without replacement (Dream), plus those Fast-dLLM's rules accept:
 every one at least `threshold` confident, or the n most confident with c_(n) >= 1 - factor/(n+1).
 Rows whose text is final (finished_rows) can be frozen, so that they stop changing.
@@ -76,7 +76,8 @@ def sampling_probs(logits_V, temperature: float, top_p: float = 1.0):
   """The distribution sample_tokens draws from, softmax(top_p(logits) / T); at T = 0,
   softmax(top_p(logits)). Dream scores its orders on its sampling distribution; Dream applies
   top-p after the temperature, dlmjax's sampler before it (sample_tokens), and this follows the
-  sampler, so that maskgit_plus is the probability of the draw."""
+  sampler, so that maskgit_plus is the probability of the draw. top_p=1 for logits already
+  filtered (commit_step filters once for both)."""
   if top_p < 1:
     logits_V = top_p_filter(logits_V, top_p)
   if temperature > 0:
@@ -84,15 +85,29 @@ def sampling_probs(logits_V, temperature: float, top_p: float = 1.0):
   return jax.nn.softmax(logits_V, axis=-1)
 
 
-def confidence(logits_V, x0, order: str, key, *, temperature: float = 0.0, top_p: float = 1.0):
+def confidence(
+  logits_V,
+  x0,
+  order: str,
+  key,
+  *,
+  temperature: float = 0.0,
+  top_p: float = 1.0,
+  filtered_V=None,
+):
   """Each position's confidence in its prediction x0 under the decoding order; higher commits
-  first. logits [..., V] float32 (forbidden tokens at -inf), x0 [...] int32; key: random's draw."""
+  first. logits [..., V] float32 (forbidden tokens at -inf), x0 [...] int32; key: random's draw;
+  filtered_V: top_p_filter(logits, top_p) where the caller has it already (the orders on the
+  sampling distribution read it instead of sorting the vocabulary again)."""
   if order == 'low_confidence':  # the clean (un-noised, un-tempered) softmax.
     chosen = jnp.take_along_axis(logits_V, x0[..., None], axis=-1)[..., 0]
     return jnp.exp(chosen - jax.nn.logsumexp(logits_V, axis=-1))
   if order == 'random':
     return jax.random.uniform(key, x0.shape)
-  probs_V = sampling_probs(logits_V, temperature, top_p)
+  if filtered_V is None:
+    probs_V = sampling_probs(logits_V, temperature, top_p)
+  else:
+    probs_V = sampling_probs(filtered_V, temperature)
   if order == 'maskgit_plus':
     return jnp.take_along_axis(probs_V, x0[..., None], axis=-1)[..., 0]
   if order == 'margin':
@@ -147,7 +162,8 @@ def commit_step(
   """One decoding step over the current block: x_BK with the committed predictions written in
   (with_x0: and the predictions x0_BK it commits from, wd1++'s x_0|l).
 
-  logits_BKV: float32 logits of the block (forbidden tokens at -inf); count_B: the schedule's
+  logits_BKV: float32 logits of the block (forbidden tokens at -inf; MASK's kept where
+  settings.mask_in_softmax, so that the order scores with it); count_B: the schedule's
   tokens for this step; keys: (noise key, remasking key) of the step (sampler.step_keys);
   settings: a SamplingConfig; frozen_B: rows that must not change (their text is final);
   decodable_BK: the completion's positions (a block may start inside the prompt, whose MASK ids
@@ -159,14 +175,22 @@ def commit_step(
     masked_BK = masked_BK & decodable_BK
   if frozen_B is not None:
     masked_BK = masked_BK & ~frozen_B[:, None]
-  x0_BK = sample_tokens(logits_BKV, noise_key, settings.temperature, settings.top_p)
+  scores_BKV = logits_BKV  # the distribution the order scores.
+  mask_in_softmax = getattr(settings, 'mask_in_softmax', False)
+  if mask_in_softmax:  # LLaDA's and Dream's scores; the prediction is still never MASK.
+    vocab_V = jnp.arange(logits_BKV.shape[-1])
+    logits_BKV = jnp.where(vocab_V == mask_id, -jnp.inf, logits_BKV)
+  # Top-p sorts the vocabulary at every position: once a step, for the draw and the order.
+  filtered_BKV = top_p_filter(logits_BKV, settings.top_p) if settings.top_p < 1 else logits_BKV
+  x0_BK = sample_tokens(filtered_BKV, noise_key, settings.temperature)
   conf_BK = confidence(
-    logits_BKV,
+    scores_BKV,
     x0_BK,
     settings.remasking,
     remask_key,
     temperature=settings.temperature,
     top_p=settings.top_p,
+    filtered_V=None if mask_in_softmax else filtered_BKV,
   )
   conf_BK = jnp.where(masked_BK, conf_BK, -jnp.inf)
   order_key = jax.random.fold_in(remask_key, 1)  # alg_temp's draw, apart from random's.

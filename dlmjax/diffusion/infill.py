@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from dlmjax import model as model_lib
-from dlmjax.diffusion import decoding
+from dlmjax.diffusion import decoding, schedules
 from dlmjax.diffusion import sampler as sampler_lib
 from dlmjax.model import programs
 
@@ -65,14 +65,20 @@ def infill(module, canvas_BL, lengths_B, sampling, key, *, mask_id: int, vocab_s
   segment_ids_BL = jnp.broadcast_to((index_1L >= offset_B1).astype(jnp.int32), (batch, length))
   positions_BL = jnp.maximum(index_1L - offset_B1, 0)
   x_BL = jnp.asarray(canvas_BL, jnp.int32)
-  transfer_BS = sampler_lib.num_transfer_tokens(jnp.sum(x_BL == mask_id, -1), sampling.steps)
+  schedule = schedules.resolve(sampling.schedule, module.cfg)
+  step_count = schedules.counts(
+    schedule, jnp.sum(x_BL == mask_id, -1), sampling.steps, sampling.eps
+  )
 
   def step(i, x_BL):
     hidden = module.hidden(x_BL, segment_ids_BL=segment_ids_BL, positions_BL=positions_BL)
     logits = module.logits(hidden)
     vocab_V = jnp.arange(logits.shape[-1])
-    logits = jnp.where((vocab_V < vocab_size) & (vocab_V != mask_id), logits, -jnp.inf)
-    count_B = jax.lax.dynamic_index_in_dim(transfer_BS, i, axis=1, keepdims=False)
+    allowed_V = vocab_V < vocab_size
+    if not sampling.mask_in_softmax:  # else commit_step scores with MASK and forbids it itself.
+      allowed_V = allowed_V & (vocab_V != mask_id)
+    logits = jnp.where(allowed_V, logits, -jnp.inf)
+    count_B = step_count(i, jnp.sum(x_BL == mask_id, -1))
     keys = sampler_lib.step_keys(key, 0, i)
     return decoding.commit_step(logits, x_BL, count_B, keys, sampling, mask_id=mask_id)
 

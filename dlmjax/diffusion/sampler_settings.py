@@ -7,6 +7,7 @@ import numbers
 
 from dlmjax.config import ConfigError
 from dlmjax.diffusion.decoding import ORDERS
+from dlmjax.diffusion.schedules import SCHEDULES
 
 _DREAM_ORDERS = {'topk_margin': 'margin', 'origin': 'random'}  # Dream's names that differ
 
@@ -60,6 +61,12 @@ def check_sampler_settings(settings, prefix: str = '') -> None:
       f'{p}threshold and {p}factor bound a probability, but {p}remasking=entropy scores a '
       'negative entropy; use remasking low_confidence, maskgit_plus or margin with them.'
     )
+  if settings.schedule not in SCHEDULES:
+    raise ConfigError(
+      f'{p}schedule={settings.schedule!r} is not a schedule; use one of {SCHEDULES}.'
+    )
+  if not 0 < settings.eps < 1:
+    raise ConfigError(f"{p}eps={settings.eps} must lie in (0, 1) (Dream's default 1e-3).")
   refresh, spb = settings.cache_refresh, steps // (gen // block)
   if not isinstance(refresh, numbers.Integral) or refresh < 0 or (refresh and spb % refresh):
     raise ConfigError(

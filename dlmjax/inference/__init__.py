@@ -39,7 +39,6 @@ class Pretrained:
     self.params = params
     self.source = source
     self.mesh = mesh
-    self._generate_fns = {}
     self.model_config = model_lib.ModelConfig.from_config(config)
     cfg = self.model_config
     self._forward = programs.jit_program(
@@ -97,17 +96,15 @@ class Pretrained:
     if self.mesh is not None:  # whole batches per batch shard of the mesh.
       shards = int(np.prod([self.mesh.shape[a] for a in rules.RULES[rules.BATCH]]))
       batch_size = -(-batch_size // shards) * shards
-    if settings not in self._generate_fns:
-      self._generate_fns[settings] = sampler.make_generate_fn(
-        self.model_config,
-        settings,
-        mask_id=m.mask_token_id,
-        eos_id=m.eos_token_id,
-        pad_id=m.pad_token_id,
-        mesh=self.mesh,
-        vocab_size=m.vocab_size,
-      )
-    fn = self._generate_fns[settings]
+    fn = sampler.make_generate_fn(  # lru-cached there: one compilation per setting.
+      self.model_config,
+      settings,
+      mask_id=m.mask_token_id,
+      eos_id=m.eos_token_id,
+      pad_id=m.pad_token_id,
+      mesh=self.mesh,
+      vocab_size=m.vocab_size,
+    )
     token_lists = [list(t) for t in token_lists]
     width = max((len(t) for t in token_lists), default=0)
     if width + settings.gen_length > m.seq_len:

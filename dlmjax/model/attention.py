@@ -346,12 +346,14 @@ class Attention(nnx.Module):
     qk_norm: bool = True,
     qkv_bias: bool = False,
     rope_scaling: str = '',
+    rope_dim: int = 0,
     lora_spec: lora.Spec | None = None,
     weight_quant: str = 'none',
   ):
     kw = dict(num_stacked=num_stacked)
     self.rope_theta = rope_theta
     self.rope_scaling = rope_scaling  # model.rope_scaling (layers.rope_inv_freq)
+    self.rope_dim = rope_dim  # dims of each head RoPE rotates (0 = all; model.rope_fraction)
     self.qk_norm = qk_norm
     self.qkv_bias = qkv_bias
     self.matmul_dtype = matmul_dtype  # q/k/v/o only: the attention core stays in the compute dtype
@@ -436,12 +438,11 @@ class Attention(nnx.Module):
     q = checkpoint_name(q, 'query_proj')
     k = checkpoint_name(k, 'key_proj')
     v = checkpoint_name(v, 'value_proj')
+    rope = (positions_BL, self.rope_theta, self.rope_scaling, self.rope_dim)
     if self.qk_norm:
-      q = self.q_norm.with_rope(q, positions_BL, self.rope_theta, self.rope_scaling)
-      k = self.k_norm.with_rope(k, positions_BL, self.rope_theta, self.rope_scaling)
+      q, k = self.q_norm.with_rope(q, *rope), self.k_norm.with_rope(k, *rope)
     else:
-      q = layers.rotary_embedding(q, positions_BL, self.rope_theta, self.rope_scaling)
-      k = layers.rotary_embedding(k, positions_BL, self.rope_theta, self.rope_scaling)
+      q, k = layers.rotary_embedding(q, *rope), layers.rotary_embedding(k, *rope)
     q = checkpoint_name(q, 'query_rope')
     k = checkpoint_name(k, 'key_rope')
     heads = (rules.BATCH, rules.LENGTH, rules.ACT_HEADS, None)

@@ -50,6 +50,12 @@ def model_shapes_and_backends(config):
   if m.head_dim % 2:
     raise ConfigError(f'model.head_dim={m.head_dim} must be even for rotary embeddings.')
   parse_rope_scaling(m.rope_scaling)
+  rope_dim = int(m.head_dim * m.rope_fraction)
+  if not 0 < m.rope_fraction <= 1 or rope_dim < 2 or rope_dim % 2:
+    raise ConfigError(
+      f'model.rope_fraction={m.rope_fraction} must be in (0, 1] and rotate an even number of '
+      f'dims of model.head_dim={m.head_dim} (int(head_dim x fraction) = {rope_dim}).'
+    )
   if m.loss_chunk_tokens < 0:
     raise ConfigError(
       f'model.loss_chunk_tokens={m.loss_chunk_tokens} must be >= 0 (0 = full logits).'
@@ -193,6 +199,7 @@ def experts(config, num_devices):
       f'model.moe.experts_per_token={e.experts_per_token} must be in [1, model.moe.num_experts='
       f'{e.num_experts}]; set --config.model.moe.experts_per_token to at most {e.num_experts}.'
     )
+  _router_groups(e)
   if e.num_experts % mesh.expert:
     raise ConfigError(
       f'model.moe.num_experts={e.num_experts} is not divisible by mesh.expert={mesh.expert}; '
@@ -213,3 +220,25 @@ def experts(config, num_devices):
       f'model.matmul_dtype={m.matmul_dtype} does not cover the MoE experts; set '
       '--config.model.matmul_dtype=compute.'
     )
+
+
+def _router_groups(e):
+  """model.moe.router_groups / router_group_topk / routed_scale of an MoE model."""
+  groups, topk = e.router_groups, e.router_group_topk
+  if groups < 1 or e.num_experts % groups or not 1 <= topk <= groups:
+    raise ConfigError(
+      f'model.moe.router_groups={groups} must divide model.moe.num_experts={e.num_experts} and '
+      f'model.moe.router_group_topk={topk} be in [1, router_groups].'
+    )
+  if groups > 1 and e.router != 'sigmoid_bias':
+    raise ConfigError(
+      f'model.moe.router_groups={groups} limits the sigmoid_bias router only; set '
+      '--config.model.moe.router=sigmoid_bias or --config.model.moe.router_groups=1.'
+    )
+  if e.experts_per_token > topk * (e.num_experts // groups):
+    raise ConfigError(
+      f'model.moe.experts_per_token={e.experts_per_token} exceeds the {topk} x '
+      f'{e.num_experts // groups} experts of the kept groups; raise model.moe.router_group_topk.'
+    )
+  if not e.routed_scale > 0:
+    raise ConfigError(f'model.moe.routed_scale={e.routed_scale} must be > 0 (1 = unscaled).')

@@ -162,10 +162,12 @@ class RMSNorm(nnx.Module):
       [_STREAM, _STREAM],
     )
 
-  def with_rope(self, x_BLNH, positions_BL, theta: float, scaling: str = ''):
-    """rotary_embedding(self(x)) over heads: the QK-norm and RoPE, one kernel pass each way."""
-    if not self._kernel(x_BLNH.shape[-1], rope=True, heads=x_BLNH.shape[-2]):
-      return rotary_embedding(self._formula(x_BLNH), positions_BL, theta, scaling)
+  def with_rope(self, x_BLNH, positions_BL, theta: float, scaling: str = '', rope_dim: int = 0):
+    """rotary_embedding(self(x)) over heads: the QK-norm and RoPE, one kernel pass each way (a
+    partial RoPE, rope_dim < the head size, runs the formula)."""
+    partial = 0 < rope_dim < x_BLNH.shape[-1]
+    if partial or not self._kernel(x_BLNH.shape[-1], rope=True, heads=x_BLNH.shape[-2]):
+      return rotary_embedding(self._formula(x_BLNH), positions_BL, theta, scaling, rope_dim)
     cos_BLh, sin_BLh = rope_tables(positions_BL, x_BLNH.shape[-1], theta, scaling)
     heads = (rules.BATCH, rules.LENGTH, rules.ACT_HEADS, None)
     tables = (rules.BATCH, rules.LENGTH, None)
@@ -230,8 +232,15 @@ def rope_tables(positions_BL, head_dim: int, theta: float, scaling: str = ''):
   return jnp.cos(angles_BLh), jnp.sin(angles_BLh)
 
 
-def rotary_embedding(x_BLNH, positions_BL, theta: float, scaling: str = ''):
-  """Rotate-half RoPE (non-interleaved), as Megatron with rotary fraction 1 and HF Qwen3."""
+def rotary_embedding(x_BLNH, positions_BL, theta: float, scaling: str = '', rope_dim: int = 0):
+  """Rotate-half RoPE (non-interleaved), as Megatron with rotary fraction 1 and HF Qwen3.
+
+  rope_dim < the head size (model.rope_fraction, transformers' partial_rotary_factor): the first
+  rope_dim dims of each head rotate, with the frequencies of a rope_dim-wide head, and the rest
+  pass through unchanged (LLaDA2's / Ling's apply_rotary_pos_emb)."""
+  if 0 < rope_dim < x_BLNH.shape[-1]:
+    rotated = rotary_embedding(x_BLNH[..., :rope_dim], positions_BL, theta, scaling)
+    return jnp.concatenate([rotated, x_BLNH[..., rope_dim:]], axis=-1)
   cos_BLh, sin_BLh = rope_tables(positions_BL, x_BLNH.shape[-1], theta, scaling)
   cos, sin = (jnp.concatenate([t, t], axis=-1)[:, :, None, :] for t in (cos_BLh, sin_BLh))
   x1, x2 = jnp.split(x_BLNH.astype(jnp.float32), 2, axis=-1)

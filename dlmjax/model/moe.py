@@ -7,10 +7,14 @@ Routers (model.moe.router):
 - softmax_topk_raw: the same top-k, weights the raw p values (LLaDA-MoE and OLMoE: no
   renormalisation).
 - sigmoid_bias: s = sigmoid(logits); experts chosen by the top-k of s + b, weights the chosen s
-  renormalised (DeepSeek-V3). b, one value per expert and layer, only selects: it gets no
+  renormalised (DeepSeek-V3), the top-k taken among the token's model.moe.router_group_topk best of
+  model.moe.router_groups expert groups when those are set (group-limited routing, DeepSeek-V3's and
+  LLaDA2's n_group / topk_group). b, one value per expert and layer, only selects: it gets no
   gradient. Loss-free balancing moves it after each step by rate x sign(mean load - load), so
   overloaded experts become less likely (`balance_bias`, which the train step applies: b lives in
   the params and so in the train state and its checkpoints, and resumes exactly).
+Every router's weights are multiplied by model.moe.routed_scale (routed_scaling_factor: LLaDA2's
+2.5).
 
 Dispatch is dropless: every (token, choice) assignment is sorted by expert, the experts run as a
 grouped matmul over their contiguous rows (kernels/grouped_matmul.py), and the outputs go back
@@ -66,6 +70,9 @@ class MoE(nnx.Module):
     *,
     router: str,
     shared_ffn_dim: int,
+    router_groups: int = 1,
+    router_group_topk: int = 1,
+    routed_scale: float = 1.0,
     std: float,
     out_std: float,
     rngs: nnx.Rngs,
@@ -82,7 +89,14 @@ class MoE(nnx.Module):
         f'model.moe.experts_per_token={experts_per_token} must be in [1, model.moe.num_experts='
         f'{num_experts}]; lower it.'
       )
+    if num_experts % router_groups or not 0 < router_group_topk <= router_groups:
+      raise ValueError(
+        f'model.moe.router_groups={router_groups} must divide model.moe.num_experts='
+        f'{num_experts} and '
+        f'model.moe.router_group_topk={router_group_topk} be in [1, router_groups].'
+      )
     self.num_experts, self.top_k, self.router = num_experts, experts_per_token, router
+    self.groups, self.group_topk, self.routed_scale = router_groups, router_group_topk, routed_scale
     self.backend, self.exchange = backend, exchange
     kw = dict(num_stacked=num_stacked)
     self.router_kernel = layers.stacked_param(
@@ -112,7 +126,8 @@ class MoE(nnx.Module):
     if self.router == 'sigmoid_bias':
       scores_BLE = jax.nn.sigmoid(logits_BLE)
       bias_E = jax.lax.stop_gradient(getattr(self, BIAS).value)
-      _, experts_BLK = jax.lax.top_k(scores_BLE + bias_E[None, None, :], self.top_k)
+      choice_BLE = _group_limited(scores_BLE + bias_E[None, None, :], self.groups, self.group_topk)
+      _, experts_BLK = jax.lax.top_k(choice_BLE, self.top_k)
       weights_BLK = jnp.take_along_axis(scores_BLE, experts_BLK, axis=-1)
       weights_BLK = weights_BLK / jnp.sum(weights_BLK, -1, keepdims=True)
       probs_BLE = scores_BLE / jnp.sum(scores_BLE, -1, keepdims=True)
@@ -121,6 +136,8 @@ class MoE(nnx.Module):
       weights_BLK, experts_BLK = jax.lax.top_k(probs_BLE, self.top_k)
       if self.router == 'softmax_topk':
         weights_BLK = weights_BLK / jnp.sum(weights_BLK, -1, keepdims=True)
+    if self.routed_scale != 1.0:
+      weights_BLK = weights_BLK * self.routed_scale
     return experts_BLK, weights_BLK, layer_sums(logits_BLE, probs_BLE, experts_BLK)
 
   def __call__(self, x_BLD):
@@ -133,6 +150,20 @@ class MoE(nnx.Module):
     if hasattr(self, 'shared'):
       out_BLD = out_BLD + self.shared(x_BLD)
     return out_BLD, stats
+
+
+def _group_limited(scores_BLE, groups: int, group_topk: int):
+  """scores with every expert outside a token's group_topk best groups at -inf (DeepSeek-V3's and
+  LLaDA2's group-limited routing): the E experts form `groups` equal groups in order, a group
+  scores the sum of its two highest scores (its one score when a group holds one expert)."""
+  if groups == 1:
+    return scores_BLE
+  grouped_BLGe = scores_BLE.reshape(*scores_BLE.shape[:-1], groups, -1)
+  best = jax.lax.top_k(grouped_BLGe, min(2, grouped_BLGe.shape[-1]))[0]
+  _, kept_BLg = jax.lax.top_k(best.sum(-1), group_topk)
+  keep_BLG = jnp.any(kept_BLg[..., :, None] == jnp.arange(groups)[None, None, None, :], axis=-2)
+  masked = jnp.where(keep_BLG[..., None], grouped_BLGe, -jnp.inf)
+  return masked.reshape(scores_BLE.shape)
 
 
 def layer_sums(logits_BLE, probs_BLE, experts_BLK) -> dict:

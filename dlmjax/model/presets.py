@@ -288,6 +288,47 @@ PRESETS['qwen3_30b_a3b'] = dict(
   pad_token_id=151643,
 )
 
+# LLaDA2.0 (inclusionAI/LLaDA2.X README: mini 16B, flash 100B), config.json values from dFactory
+# configs/model_configs/{llada2_mini,llada2_flash}/config.json (checkpoint/families/llada2_moe.py
+# reads them the same way): GQA x 128 with QK-norm, RoPE on half of each head (theta 6e5), layer
+# 0 dense, 256 experts top-8 by sigmoid + expert bias in 8 groups (best 4 kept), weights x 2.5,
+# one shared expert, untied, vocab 157184, mask 156895, EOS = pad 156892; decoded block-causally
+# over 32-token blocks. max_position_embeddings is 16384; seq_len here is a training canvas.
+_LLADA2 = dict(
+  head_dim=128,
+  num_kv_heads=4,
+  num_experts=256,
+  experts_per_token=8,
+  shared_experts=1,
+  router='sigmoid_bias',
+  router_groups=8,
+  router_group_topk=4,
+  routed_scale=2.5,
+  dense_layers='0',
+  rope_fraction=0.5,
+  seq_len=4096,
+  vocab_size=157184,
+  rope_theta=600000.0,
+  norm_eps=1e-6,
+  qk_norm=True,
+  qkv_bias=False,
+  tie_embeddings=False,
+  attention_mask='block_causal',
+  block_size=32,
+  mask_token_id=156895,
+  eos_token_id=156892,
+  pad_token_id=156892,
+)
+# Parameters: 16,255,643,392 total, 1,432,973,056 active per token (embeddings included): the
+# README's 16B; "A1.4B" active is the model's name, not confirmed in a source read here.
+PRESETS['llada2_mini'] = dict(
+  _LLADA2, num_layers=20, d_model=2048, num_heads=16, ffn_dim=5120, moe_ffn_dim=512
+)
+# Parameters: 102,889,705,216 total, 6,152,277,760 active: the README's 100B; "A6.1B" as above.
+PRESETS['llada2_flash'] = dict(
+  _LLADA2, num_layers=32, d_model=4096, num_heads=32, ffn_dim=9216, moe_ffn_dim=1024
+)
+
 
 def run_key(r: int) -> str:
   """The params key of the r-th run of layers (ModelConfig.layer_runs)."""
@@ -312,6 +353,7 @@ class ModelConfig:
   vocab_size: int  # padded: the number of embedding rows and logits.
   seq_len: int
   rope_theta: float = 10000.0
+  rope_fraction: float = 1.0  # model.rope_fraction: the share of each head's dims RoPE rotates
   rope_scaling: str = ''  # model.rope_scaling: '' or 'TYPE:field=value,...' (layers.rope_inv_freq)
   norm_eps: float = 1e-6
   qk_norm: bool = True  # RMSNorm on q and k per head before RoPE (Qwen3); off for Qwen2 / Llama.
@@ -343,6 +385,11 @@ class ModelConfig:
   moe_ffn_dim: int = 0  # each expert's width (0 = ffn_dim)
   shared_experts: int = 0  # a dense SwiGLU of shared_experts x expert width beside the experts
   router: str = 'softmax_topk'
+  # Group-limited routing (model/moe.py): experts in router_groups groups, a token's experts
+  # chosen among its router_group_topk best groups; routed_scale multiplies the routed weights.
+  router_groups: int = 1
+  router_group_topk: int = 1
+  routed_scale: float = 1.0
   moe_backend: str = 'auto'  # the experts' grouped matmul (kernels/grouped_matmul.py BACKENDS)
   moe_exchange: str = 'gather'  # how tokens reach experts split over mesh.expert (moe.EXCHANGES)
   # Layers of an MoE model whose MLP is the dense one of ffn_dim (model.moe.dense_layers).
@@ -381,6 +428,7 @@ class ModelConfig:
       seq_len=m.seq_len,
       rope_theta=m.rope_theta,
       rope_scaling=m.rope_scaling,
+      rope_fraction=m.rope_fraction,
       norm_eps=m.norm_eps,
       qk_norm=m.qk_norm,
       qkv_bias=m.qkv_bias,
@@ -400,11 +448,19 @@ class ModelConfig:
       moe_ffn_dim=m.moe.ffn_dim,
       shared_experts=m.moe.shared_experts,
       router=m.moe.router,
+      router_groups=m.moe.router_groups,
+      router_group_topk=m.moe.router_group_topk,
+      routed_scale=m.moe.routed_scale,
       moe_backend=m.moe.backend,
       moe_exchange=m.moe.exchange,
       dense_layers=config_lib.dense_layers(m),
       **schedule,
     )
+
+  @property
+  def rope_dim(self) -> int:
+    """Dims of each head RoPE rotates (transformers: int(head_dim * partial_rotary_factor))."""
+    return int(self.head_dim * self.rope_fraction)
 
   @property
   def expert_dim(self) -> int:

@@ -7,10 +7,14 @@ train.peer_watch turns a peer's death into one line.
 
 import os
 
-from dlmjax import cli
-from dlmjax.checkpoint import manager
-from dlmjax.parallel import distributed
-from dlmjax.train import loop, peer_watch
+from dlmjax.train import preemption
+
+preemption.install_early()  # before the heavy imports below: a SIGTERM now stops cleanly too
+
+from dlmjax import cli  # noqa: E402
+from dlmjax.checkpoint import manager  # noqa: E402
+from dlmjax.parallel import distributed  # noqa: E402
+from dlmjax.train import loop, peer_watch  # noqa: E402
 
 
 def main(argv, config):

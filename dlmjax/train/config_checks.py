@@ -4,10 +4,11 @@ loop that reads them (registered with dlmjax.config's validation registry)."""
 from __future__ import annotations
 
 from dlmjax.config import ConfigError, get_key, log_outputs, ramp_steps, registry
+from dlmjax.config import stages as config_stages
 from dlmjax.observability import sinks
 from dlmjax.train import optimizer, sft_rows, stages
 
-registry.choices('stage', stages.BUILDERS)
+config_stages.register(stages.TRAITS)
 registry.choices('train.schedule', optimizer.SCHEDULES)
 registry.choices('sft.too_long', sft_rows.TOO_LONG)
 
@@ -32,6 +33,11 @@ def training(config):
     )
   if t.max_consecutive_skips < 0:
     raise ConfigError(f'train.max_consecutive_skips={t.max_consecutive_skips} must be >= 0.')
+  if t.spike_factor < 0 or t.spike_window < 0 or 0 < t.spike_factor <= 1:
+    raise ConfigError(
+      f'train.spike_factor={t.spike_factor} must be 0 (off) or above 1, and '
+      f'train.spike_window={t.spike_window} >= 0.'
+    )
 
 
 @registry.check

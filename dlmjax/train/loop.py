@@ -17,7 +17,9 @@ from dlmjax.observability import history, plots
 from dlmjax.observability import sinks as sinks_lib
 from dlmjax.parallel import distributed
 from dlmjax.parallel import mesh as mesh_lib
-from dlmjax.train import guards, lora_setup, memory, preemption, reporting, run_lock, stages
+from dlmjax.train import data_fingerprint, divergence, guards, lora_setup, memory, preemption
+from dlmjax.train import reporting
+from dlmjax.train import run_lock, stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 
@@ -47,6 +49,7 @@ def initial_state(config, setup, checkpoints):
   A LoRA run first restores its frozen base from init_from (on resume too), and its state is
   the adapters: from train.lora.init_adapter, or fresh.
   """
+  checkpoints.refuse_if_only_set_aside()
   resuming = checkpoints.latest_step() is not None
   if setup.lora:
     setup.set_base(init_from_lib.restore_params(config, setup, purpose='LoRA base'))
@@ -97,6 +100,13 @@ def train(config) -> dict | None:
       preemption.StopRequest() as stop,
       guards.explain_out_of_memory(),
     ):
+      if stop.signal_name is not None:  # came while the program started: nothing to save yet
+        print(
+          f'{stop.signal_name} before training started: stopping, nothing to checkpoint; the '
+          'same command starts the run.',
+          flush=True,
+        )
+        return None
       return _run(config, stop, cleanup)
   except BaseException:
     if created:
@@ -191,8 +201,10 @@ def _run(config, stop, cleanup) -> dict | None:
   # Data: each process reads the rows its devices hold in the step's batch layout.
   shard, shards = distributed.data_shard(step_fn.batch_sharding, config.train.global_batch_size)
   batches = stage.batches(setup, shard, shards)
-  if data_state is not None:
-    batches.set_state(data_state)
+  dataset = data_fingerprint.fingerprint(config, stage.data_keys)
+  position = data_fingerprint.position_to_resume(data_state, dataset, config)
+  if position is not None:
+    batches.set_state(position)
   reporter = reporting.Reporter(
     config.output_dir,
     total_steps=config.train.steps,
@@ -203,6 +215,9 @@ def _run(config, stop, cleanup) -> dict | None:
     flag_spikes=stage.flag_spikes,
   )
   cleanup.callback(reporter.close)
+  watch = divergence.DivergenceWatch(
+    config.train.spike_factor, config.train.spike_window, check_spikes=stage.flag_spikes
+  )
   evaluator = stage.evaluator(setup) if config.eval.every else None
   # Loop: dispatch step n, then read back step n-1's metrics, so the device never waits on us.
   pending, last_row, saved_step = None, None, None
@@ -210,16 +225,57 @@ def _run(config, stop, cleanup) -> dict | None:
   compile_start = time.time()
   if jax.process_index() == 0 and start < _last_step(config):
     print(f'step {start + 1}: first batch, then compiling the train step...', flush=True)
-  for step in range(start + 1, _last_step(config) + 1):
-    # The params of the step about to run (RL samples its rollouts from them).
-    if stage.carried is not None:  # e.g. RL's refreshed KL reference scores the next rollout
-      stage.carried.hand_over(batches, state[stage.carried.key])
-    local, row = guards.next_batch(batches, setup.model_params(state['params']), config, step)
-    if row is not None:
-      reporter.write_row(row)
-    batch = {
-      k: jax.make_array_from_process_local_data(step_fn.batch_sharding, v) for k, v in local.items()
-    }
+  for step in range(start + 1, _last_step(config) + 2):
+    # The data position after the step dispatched last (a save's), then the next batch.
+    position = data_fingerprint.stamp(batches.get_state(), dataset)
+    if step <= _last_step(config):
+      # The params of the step about to run (RL samples its rollouts from them).
+      if stage.carried is not None:  # e.g. RL's refreshed KL reference scores the next rollout
+        stage.carried.hand_over(batches, state[stage.carried.key])
+      try:
+        local, row = guards.next_batch(batches, setup.model_params(state['params']), config, step)
+      except BaseException:
+        if step - 1 > start and _should_save(config, step - 1):  # a good state, due anyway
+          checkpoints.save(state, position)
+        raise
+      if row is not None:
+        reporter.write_row(row)
+      batch = {
+        k: jax.make_array_from_process_local_data(step_fn.batch_sharding, v)
+        for k, v in local.items()
+      }
+    # Decisions for the step dispatched last, taken just before the next is: a stop saves the
+    # step in flight when the signal came (reading a batch included), never one after it.
+    done = step - 1
+    if done > start:
+      clock.tick(first=done == start + 1)
+      preempted, timed_save, out_of_time = preemption.any_process(
+        [stop.signal_name is not None, clock.save_due(), clock.stop_due(checkpoints.slowest_save_s)]
+      )
+      if preempted or out_of_time or timed_save or _should_save(config, done):
+        checkpoints.save(state, position)
+        saved_step = done
+        clock.last_save = time.time()
+        # The step's row says how long its save held training up (docs/benchmarks.md,
+        # Checkpoints).
+        pending = (done, dict(pending[1], checkpoint_blocked_s=checkpoints.last_blocked_s))
+      if preempted:
+        received = stop.signal_name or 'a stop signal on another process'
+        print(
+          f'{received}: checkpointing step {done} and stopping; the same command resumes from it.',
+          flush=True,
+        )
+        break
+      if out_of_time and done < _last_step(config):
+        left = clock.limit_s - (time.time() - clock.started)
+        print(
+          f'train.max_minutes={config.train.max_minutes:g}: checkpointing step {done} and '
+          f'stopping {left:.0f}s before the limit; the same command resumes from it.',
+          flush=True,
+        )
+        break
+    if step > _last_step(config):
+      break
     if step == start + 1 and jax.process_count() > 1:
       # Compile, then line the processes up: a collective times out (gloo's after 30 s) while
       # another process is still compiling. The call below reuses the compiled step.
@@ -228,7 +284,8 @@ def _run(config, stop, cleanup) -> dict | None:
     state, metrics = step_fn(state, batch)
     if pending is not None:
       last_row = _report(reporter, config, *pending, start) or last_row
-      _stop_if_diverged(config, reporter, checkpoints, state, batches)
+      state = _watch_divergence(config, watch, reporter, checkpoints, setup, state, step)
+      _stop_if_diverged(config, reporter, checkpoints, state, batches, dataset)
     elif step == start + 1:
       jax.block_until_ready(metrics)
       if jax.process_index() == 0:
@@ -239,35 +296,11 @@ def _run(config, stop, cleanup) -> dict | None:
       reporter.write_row(
         evaluator.run(step, setup.model_params(state['params']))
       )  # val_loss / val_reward, ...
-    clock.tick(first=step == start + 1)
-    preempted, timed_save, out_of_time = preemption.any_process(
-      [stop.signal_name is not None, clock.save_due(), clock.stop_due(checkpoints.slowest_save_s)]
-    )
-    if preempted or out_of_time or timed_save or _should_save(config, step):
-      checkpoints.save(state, batches.get_state())
-      saved_step = step
-      clock.last_save = time.time()
-      # The step's row says how long its save held training up (docs/benchmarks.md, Checkpoints).
-      pending = (step, dict(metrics, checkpoint_blocked_s=checkpoints.last_blocked_s))
-    if preempted:
-      received = stop.signal_name or 'a stop signal on another process'
-      print(
-        f'{received}: checkpointing step {step} and stopping; the same command resumes from it.',
-        flush=True,
-      )
-      break
-    if out_of_time and step < _last_step(config):
-      left = clock.limit_s - (time.time() - clock.started)
-      print(
-        f'train.max_minutes={config.train.max_minutes:g}: checkpointing step {step} and '
-        f'stopping {left:.0f}s before the limit; the same command resumes from it.',
-        flush=True,
-      )
-      break
   # Finish.
   if pending is not None:
     last_row = _report(reporter, config, *pending, start, final=True) or last_row
-    _stop_if_diverged(config, reporter, checkpoints, state, batches)
+    _watch_divergence(config, watch, reporter, checkpoints, setup, state, None)
+    _stop_if_diverged(config, reporter, checkpoints, state, batches, dataset)
   checkpoints.close()
   reporter.close()
   _draw_plots(config)
@@ -298,7 +331,45 @@ def _report(reporter, config, step, metrics, start, final=False):
   return reporter.record(step, metrics, write=write, final=final)
 
 
-def _stop_if_diverged(config, reporter, checkpoints, state, batches) -> None:
+def _watch_divergence(config, watch, reporter, checkpoints, setup, state, step_now):
+  """On the first step of a divergence: keeps the last good checkpoint out of rotation and,
+  with train.rollback_on_divergence (and a step still to run: step_now), restores it; the step
+  counter and the data position stay at step_now, so the batches since it are skipped.
+  Returns the state to train on."""
+  step, metrics = reporter.latest
+  reason = watch.observe(step, metrics['loss'], bool(metrics['skipped']))
+  if reason is None:
+    return state
+  checkpoints.wait()
+  good = divergence.last_good_step(checkpoints.all_steps(), step)
+  head = f'step {step} diverged: {reason}'
+  if good is None:
+    _say(f'{head}; no checkpoint before it is known to be good (none kept out of rotation).')
+    return state
+  checkpoints.pin(good)
+  kept = f'{checkpoints.directory}/{good}'
+  if not config.train.rollback_on_divergence or step_now is None:
+    _say(
+      f'{head}; {kept} is kept out of rotation as the last good checkpoint '
+      '(--config.train.rollback_on_divergence=True rolls back to it and skips the data since).'
+    )
+    return state
+  restored, _ = checkpoints.restore(good, setup)
+  watch.forget(step_now)  # step_now ran on the diverged state too
+  reporter.consecutive_skips = 0
+  _say(
+    f'{head}; rolled back to {kept} (kept out of rotation), skipping the data of steps '
+    f'{good + 1}-{step_now}: training goes on at step {step_now + 1}.'
+  )
+  return dict(restored, step=state['step'])
+
+
+def _say(line: str) -> None:
+  if jax.process_index() == 0:
+    print(line, flush=True)
+
+
+def _stop_if_diverged(config, reporter, checkpoints, state, batches, dataset) -> None:
   """After max_consecutive_skips skipped updates: checkpoint the last good state, then stop.
 
   Skipped steps leave params and optimizer untouched, so `state` holds the last good weights.
@@ -306,7 +377,7 @@ def _stop_if_diverged(config, reporter, checkpoints, state, batches) -> None:
   limit = config.train.max_consecutive_skips
   if limit <= 0 or reporter.consecutive_skips < limit:
     return
-  checkpoints.save(state, batches.get_state())
+  checkpoints.save(state, data_fingerprint.stamp(batches.get_state(), dataset))
   checkpoints.close()
   raise NonFiniteError(
     f'{reporter.consecutive_skips} consecutive steps had a non-finite loss or gradient '

@@ -13,6 +13,22 @@ import threading
 import numpy as np
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_early: dict[str, str | None] = {'signal': None}  # a signal received before StopRequest
+
+
+def _record_early(signum, frame) -> None:
+  del frame
+  _early['signal'] = signal.Signals(signum).name
+  signal.signal(signum, signal.SIG_DFL)  # a second one acts as default, as under StopRequest
+
+
+def install_early(signals=SIGNALS) -> None:
+  """Records SIGTERM/SIGINT from the first moment of `python -m dlmjax.train` (before JAX and
+  the model load, seconds in which the default action would kill the process); StopRequest
+  takes the request over."""
+  if threading.current_thread() is threading.main_thread():
+    for sig in signals:
+      signal.signal(sig, _record_early)
 
 
 class StopRequest:
@@ -26,7 +42,12 @@ class StopRequest:
   def __enter__(self) -> StopRequest:
     if threading.current_thread() is threading.main_thread():
       for sig in self._signals:
-        self._previous[sig] = signal.signal(sig, self._handle)
+        previous = signal.signal(sig, self._handle)
+        self._previous[sig] = signal.SIG_DFL if previous is _record_early else previous
+      if _early['signal'] is not None:  # received while the program started
+        self.signal_name, _early['signal'] = _early['signal'], None
+        received = signal.Signals[self.signal_name]
+        signal.signal(received, self._previous[received])  # a second one acts as default
     return self
 
   def __exit__(self, *exc) -> None:

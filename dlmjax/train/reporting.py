@@ -69,6 +69,7 @@ class Reporter:
     self.consecutive_skips = 0
     self.loss_spikes = 0
     self._last_loss = None
+    self.latest: tuple[int, dict] | None = None
     self.tokens_total, self.first_loss, self.final_loss = 0.0, None, None
     self._side = {}  # the latest values of rows written beside the steps' (a rollout's timings)
 
@@ -87,6 +88,7 @@ class Reporter:
     window holds almost no compute: its speed spans the previous row's window too.
     """
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    self.latest = (step, metrics)  # what the divergence watch reads after each record
     timed = step > self._last_step  # steps up to the clock's start ran before it (compilation)
     self.tokens_total += metrics['tokens']
     if not metrics['skipped']:

@@ -43,3 +43,32 @@ def test_only_callbacks_on_the_closed_loop_are_dropped(monkeypatch):
 
   sys.unraisablehook(from_python_report := _report(from_python))
   assert seen == [other, from_python_report]
+
+
+def test_abandoned_reads_of_a_damaged_step_are_dropped_only_after_a_read_failed(monkeypatch):
+  """A failed restore leaves orbax's other reads un-awaited; their `Exception ignored in:
+  <coroutine ...>` reports are dropped once a read failed, and never before."""
+  seen = []
+  monkeypatch.setattr(sys, 'unraisablehook', seen.append)
+  monkeypatch.setattr(manager, '_READ_FAILED', manager.threading.Event())
+  manager._quiet_writes_after_the_loop_closed()
+
+  async def read():
+    pass
+
+  coroutine = read()
+  abandoned = types.SimpleNamespace(
+    exc_type=RuntimeError,
+    exc_value=RuntimeError('x'),
+    exc_traceback=None,
+    err_msg=None,
+    object=coroutine,
+  )
+  sys.unraisablehook(abandoned)
+  assert seen == [abandoned]
+  manager._READ_FAILED.set()
+  sys.unraisablehook(abandoned)
+  other = _report(int, 'x')
+  sys.unraisablehook(other)
+  assert seen == [abandoned, other]
+  coroutine.close()

@@ -461,3 +461,118 @@ def llada_moe_dir(directory, **changes):
   hf = dict(LLADA_MOE_CONFIG, **changes)
   sd = llada_moe_state_dict(hf)
   return write_hf_dir(directory, hf, sd), hf, sd
+
+
+# LLaDA2MoeConfig's fields as dFactory's llada2_mini config.json has them, tiny sizes, every
+# option on: q/k/v bias (use_qkv_bias), QK-norm, RoPE on half of each head, layer 0 dense
+# (first_k_dense_replace), 8 experts in 4 groups of which a token keeps 2, top-2, weights x 2.5,
+# one shared expert; use_bias off (zero attention.dense.bias is accepted, tested apart); theta 1e4
+# so that RoPE turns visibly over 16 tokens; block_size 4 so that the block-causal mask shows.
+LLADA2_CONFIG = dict(
+  architectures=['LLaDA2MoeModelLM'],
+  model_type='llada2_moe',
+  vocab_size=256,
+  hidden_size=64,
+  num_hidden_layers=3,
+  num_attention_heads=4,
+  num_key_value_heads=2,
+  head_dim=16,
+  intermediate_size=96,
+  moe_intermediate_size=16,
+  first_k_dense_replace=1,
+  hidden_act='silu',
+  max_position_embeddings=64,
+  rms_norm_eps=1e-6,
+  use_qkv_bias=True,
+  use_bias=False,
+  norm_head=False,
+  tie_word_embeddings=False,
+  rope_theta=10000.0,
+  rope_scaling=None,
+  partial_rotary_factor=0.5,
+  rotary_dim=8,
+  num_experts=8,
+  num_experts_per_tok=2,
+  num_shared_experts=1,
+  n_group=4,
+  topk_group=2,
+  routed_scaling_factor=2.5,
+  score_function='sigmoid',
+  moe_router_enable_expert_bias=True,
+  norm_topk_prob=True,
+  router_dtype='fp32',
+  use_sliding_window=False,
+  block_size=4,
+  pad_token_id=2,
+  eos_token_id=2,
+  mask_token_id=250,
+)
+# The same family with every option the other way: no q/k/v bias, no QK-norm (SGLang's
+# use_qk_norm=false: no query/key_layernorm tensors), RoPE on every dim, no dense layer, one group
+# (plain top-k), no routed scaling, no shared expert.
+LLADA2_OPTIONS_OFF = dict(
+  use_qkv_bias=False,
+  use_qk_norm=False,
+  partial_rotary_factor=1.0,
+  rotary_dim=16,
+  first_k_dense_replace=0,
+  n_group=1,
+  topk_group=1,
+  routed_scaling_factor=1.0,
+  num_shared_experts=None,
+)
+
+
+def llada2_state_dict(hf: dict, seed: int = 0) -> dict:
+  """LLaDA2MoeModelLM's state dict names and shapes (the per-expert ModuleList of model_type
+  llada2_moe), every tensor random: the expert bias and the router large enough that groups,
+  bias and top-k change which experts tokens take."""
+  g = torch.Generator().manual_seed(seed)
+  d, heads, kv, hd = (
+    hf[k] for k in ('hidden_size', 'num_attention_heads', 'num_key_value_heads', 'head_dim')
+  )
+  experts, f, dense_f = hf['num_experts'], hf['moe_intermediate_size'], hf['intermediate_size']
+  shared = (hf.get('num_shared_experts') or 0) * f
+
+  def rand(*shape, scale=0.2):
+    return scale * torch.randn(*shape, generator=g)
+
+  def mlp(prefix, width):
+    return {
+      prefix + 'gate_proj.weight': rand(width, d),
+      prefix + 'up_proj.weight': rand(width, d),
+      prefix + 'down_proj.weight': rand(d, width),
+    }
+
+  sd = {'model.word_embeddings.weight': rand(hf['vocab_size'], d, scale=1.0)}
+  for i in range(hf['num_hidden_layers']):
+    p = f'model.layers.{i}.'
+    sd[p + 'input_layernorm.weight'] = 1.0 + rand(d, scale=0.1)
+    sd[p + 'post_attention_layernorm.weight'] = 1.0 + rand(d, scale=0.1)
+    sd[p + 'attention.query_key_value.weight'] = rand((heads + 2 * kv) * hd, d)
+    if hf['use_qkv_bias']:
+      sd[p + 'attention.query_key_value.bias'] = rand((heads + 2 * kv) * hd, scale=0.5)
+    if hf.get('use_qk_norm', True):
+      sd[p + 'attention.query_layernorm.weight'] = 1.0 + rand(hd, scale=0.1)
+      sd[p + 'attention.key_layernorm.weight'] = 1.0 + rand(hd, scale=0.1)
+    sd[p + 'attention.dense.weight'] = rand(d, heads * hd)
+    if i < hf['first_k_dense_replace']:
+      sd.update(mlp(p + 'mlp.', dense_f))
+      continue
+    sd[p + 'mlp.gate.weight'] = rand(experts, d, scale=2.0)
+    sd[p + 'mlp.gate.expert_bias'] = rand(experts, scale=0.5)
+    for e in range(experts):
+      sd.update(mlp(p + f'mlp.experts.{e}.', f))
+    if shared:
+      sd.update(mlp(p + 'mlp.shared_experts.', shared))
+  sd['model.norm.weight'] = 1.0 + rand(d, scale=0.1)
+  sd['lm_head.weight'] = rand(hf['vocab_size'], d)
+  return sd
+
+
+def llada2_dir(directory, **changes):
+  """A LLaDA2 directory: config.json, one model.safetensors, a tokenizer.json. Returns
+  (directory, config dict, state dict)."""
+  hf = dict(LLADA2_CONFIG, **changes)
+  sd = llada2_state_dict(hf)
+  return write_hf_dir(directory, hf, sd), hf, sd

@@ -2,7 +2,6 @@
 the previous one restores), a step of another model refused untouched, the restored state
 bitwise the saved one on other meshes, a full disk ending in one error."""
 
-import json
 import os
 import re
 
@@ -72,36 +71,46 @@ def test_restore_on_another_mesh_is_bitwise_the_saved_state(saved, mesh, capsys)
   assert 'warning' not in capsys.readouterr().err
 
 
-def _flip_bytes(directory):
-  """Bit rot in the largest data file of an item (orbax's ocdbt `d/` files hold the arrays)."""
-  files = [os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs if d.endswith('/d')]
-  target = max(files, key=os.path.getsize)
-  with open(target, 'r+b') as f:
-    f.seek(os.path.getsize(target) // 2)
-    chunk = f.read(64)
-    f.seek(os.path.getsize(target) // 2)
-    f.write(bytes(b ^ 0x01 for b in chunk))
-
-
-def _edit_meta(step_dir, **changes):
-  path = os.path.join(step_dir, 'meta', 'metadata')
-  with open(path) as f:
-    meta = json.load(f)
-  meta.update(changes)
-  with open(path, 'w') as f:
-    json.dump(meta, f)
-
-
 @pytest.mark.parametrize(
   'damage, named',
   [
-    (lambda d: _flip_bytes(os.path.join(d, 'params')), 'params/'),
-    (lambda d: _flip_bytes(os.path.join(d, 'opt_state')), 'opt_state/'),
-    (lambda d: _edit_meta(d, data_state={'epoch': 0, 'index': 48}), 'data-iterator state'),
-    (lambda d: _edit_meta(d, step=7), 'step (7)'),
+    (lambda d: tiny_run.flip_bytes(os.path.join(d, 'params')), 'params/'),
+    (lambda d: tiny_run.flip_bytes(os.path.join(d, 'opt_state')), 'opt_state/'),
+    # One line naming the status, the array and the file, not a cut TensorStore repr.
+    (
+      lambda d: tiny_run.truncate_arrays(os.path.join(d, 'params')),
+      'reading the arrays failed: ValueError: OUT_OF_RANGE: Error reading "',
+    ),
+    (lambda d: tiny_run.edit_meta(d, data_state={'epoch': 0, 'index': 48}), 'data-iterator state'),
+    (lambda d: tiny_run.edit_meta(d, step=7), 'step (7)'),
     (lambda d: open(os.path.join(d, 'meta', 'metadata'), 'w').write('{"st'), 'meta: '),
+    # A meta written with checksums that lost them is damaged, not a checkpoint from before.
+    (lambda d: tiny_run.edit_meta(d, drop=['checksums']), 'checksums missing'),
+    (lambda d: tiny_run.edit_meta(d, drop=['checksum_format']), 'checksum_format missing'),
+    (lambda d: tiny_run.edit_meta(d, drop=['meta_checksum']), 'meta_checksum missing'),
+    (lambda d: tiny_run.edit_meta(d, drop=['opt_state_checksums']), 'opt_state_checksums missing'),
+    (
+      lambda d: tiny_run.edit_meta(
+        d, drop=['checksums', 'checksum_format', 'meta_checksum', 'layout']
+      ),
+      'checksums, checksum_format, meta_checksum missing',
+    ),
+    (lambda d: tiny_run.edit_meta(d, checksum_format='none'), "checksum_format 'none'"),
   ],
-  ids=['params', 'opt_state', 'data_state', 'step', 'meta_truncated'],
+  ids=[
+    'params',
+    'opt_state',
+    'params_truncated',
+    'data_state',
+    'step',
+    'meta_truncated',
+    'no_checksums',
+    'no_checksum_format',
+    'no_meta_checksum',
+    'no_opt_state_checksums',
+    'all_but_the_marker',
+    'unknown_format',
+  ],
 )
 def test_damage_to_any_item_sets_the_step_aside_and_the_previous_restores(
   saved, tmp_path, capsys, damage, named
@@ -116,6 +125,38 @@ def test_damage_to_any_item_sets_the_step_aside_and_the_previous_restores(
   (warning,) = capsys.readouterr().err.strip().splitlines()
   assert warning.startswith(f'warning: checkpoint {run_dir}/checkpoints/2: ') and named in warning
   assert sorted(os.listdir(run_dir / 'checkpoints')) == ['1', '2.corrupt']
+
+
+def test_a_checkpoint_from_before_checksums_loads_and_says_so(saved, tmp_path, capsys):
+  run_dir = _copy(saved, tmp_path)
+  step_dir = run_dir / 'checkpoints' / '2'
+  integrity = ['checksums', 'checksum_format', 'meta_checksum', 'opt_state_checksums']
+  tiny_run.edit_meta(str(step_dir), drop=integrity + ['layout', 'format'])
+  checkpoints = manager.RunCheckpoints(str(run_dir))
+  state, _ = checkpoints.restore_latest(_setup(**{'mesh.fsdp': 8}))
+  checkpoints.close()
+  _assert_equal(jax.device_get(state), saved[1][2])
+  out = capsys.readouterr()
+  assert f'checkpoint {step_dir} predates checksums: its arrays load unverified.' in out.out
+  assert 'warning' not in out.err
+
+
+def test_all_set_aside_refuses_instead_of_starting_afresh(saved, tmp_path):
+  run_dir = _copy(saved, tmp_path)
+  for step in ('1', '2'):
+    tiny_run.flip_bytes(str(run_dir / 'checkpoints' / step / 'params'))
+  checkpoints = manager.RunCheckpoints(str(run_dir))
+  with pytest.raises(manager.CheckpointError, match='no usable checkpoint'):
+    checkpoints.restore_latest(_setup(**{'mesh.fsdp': 8}))
+  checkpoints.close()
+  checkpoints = manager.RunCheckpoints(str(run_dir))  # the same command again
+  with pytest.raises(manager.CheckpointError) as e:
+    checkpoints.refuse_if_only_set_aside()
+  checkpoints.close()
+  message = str(e.value)
+  assert f'every checkpoint in {run_dir}/checkpoints was set aside' in message, message
+  assert '1.corrupt, 2.corrupt' in message and 'move the *.corrupt' in message
+  assert '\n' not in message
 
 
 def test_a_step_of_another_model_is_refused_and_left_alone(saved, tmp_path):

@@ -1,5 +1,6 @@
 """A tiny params-only run directory for the conversion, verification and inference tests."""
 
+import json
 import os
 
 import jax
@@ -52,3 +53,32 @@ def assert_same_params(a, b):
   assert [p for p, _ in flat_a] == [p for p, _ in flat_b]
   for (path, x), (_, y) in zip(flat_a, flat_b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=jax.tree_util.keystr(path))
+
+
+def flip_bytes(directory):
+  """Bit rot in the largest data file of an item (orbax's ocdbt `d/` files hold the arrays)."""
+  files = [os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs if d.endswith('/d')]
+  target = max(files, key=os.path.getsize)
+  with open(target, 'r+b') as f:
+    f.seek(os.path.getsize(target) // 2)
+    chunk = f.read(64)
+    f.seek(os.path.getsize(target) // 2)
+    f.write(bytes(b ^ 0x01 for b in chunk))
+
+
+def edit_meta(step_dir, drop=(), **changes):
+  path = os.path.join(step_dir, 'meta', 'metadata')
+  with open(path) as f:
+    meta = json.load(f)
+  meta.update(changes)
+  for key in drop:
+    del meta[key]
+  with open(path, 'w') as f:
+    json.dump(meta, f)
+
+
+def truncate_arrays(directory):
+  """Cuts the largest data file of an item to a third (a copy or write cut short)."""
+  files = [os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs if d.endswith('/d')]
+  target = max(files, key=os.path.getsize)
+  os.truncate(target, os.path.getsize(target) // 3)

@@ -94,6 +94,14 @@ def _corrupt(tmp_path, offset, value):
     (9, struct.pack('<Q', 2), 'index version 2'),
     (17, struct.pack('<B', 9), 'unknown dtype code 9'),
     (34 + 3 * 12 + 3 * 8, struct.pack('<q', 2), 'document index ends at 2'),
+    # Damage inside the arrays (lengths at 34, pointers at 46, document index at 70): each
+    # would change the sample stream from step 1 or fail thousands of samples later.
+    (34, struct.pack('<i', -1), 'sequence 0 has length -1'),
+    (38, struct.pack('<i', 5), r'sequence 2 starts at byte 8, but sequence 1 \(5 tokens'),
+    (54, struct.pack('<q', 100), 'sequence 1 starts at byte 100'),
+    (46, struct.pack('<q', 2), 'sequence 0 starts at byte 2, not 0'),
+    (78, struct.pack('<q', 7), r'document boundary 2 \(2\) is below the one before it \(7\)'),
+    (70, struct.pack('<q', 1), 'document index starts at 1'),
   ],
 )
 def test_corrupt_index_errors(tmp_path, offset, value, message):
@@ -101,6 +109,18 @@ def test_corrupt_index_errors(tmp_path, offset, value, message):
   with pytest.raises(DataError, match=message) as e:
     indexed.IndexedDataset(prefix)
   assert 'd.idx' in str(e.value)
+
+
+def test_index_consistency_check_covers_chunk_boundaries(tmp_path, monkeypatch):
+  """The check runs in chunks: a bad pointer right after a chunk's end is still found."""
+  monkeypatch.setattr(indexed, '_CHECK_CHUNK', 2)
+  prefix = _write(tmp_path / 'd', DOCS * 2)  # 6 sequences: chunks [0, 2), [2, 4), [4, 6)
+  indexed.IndexedDataset(prefix)
+  raw = bytearray(open(prefix + '.idx', 'rb').read())
+  raw[34 + 6 * 4 + 2 * 8 : 34 + 6 * 4 + 3 * 8] = struct.pack('<q', 9)  # sequence 2's pointer
+  open(prefix + '.idx', 'wb').write(bytes(raw))
+  with pytest.raises(DataError, match='sequence 2 starts at byte 9'):
+    indexed.IndexedDataset(prefix)
 
 
 def test_truncated_bin_and_missing_prefix(tmp_path):

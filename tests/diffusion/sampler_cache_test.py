@@ -91,12 +91,15 @@ def test_fresh_block_kv_replace_stale_ones(scan):
     ('causal', dict(cfg_scale=1.5, temperature=0.7, top_p=0.9, remasking='margin')),
     ('causal', dict(threshold=0.3, remasking='random', stop_at_eos=True)),
     ('block_causal', dict(cfg_scale=0.5, threshold=0.3)),
+    # Prompts of 7 tokens at most: the prefill is shorter than a block.
+    ('causal', dict(prompts=tiny_sampler.PROMPTS[:5])),
   ],
 )
 def test_block_cache_is_token_identical_to_none(kind, changes):
   model_config, params = _models(kind)
+  prompts = changes.pop('prompts', tiny_sampler.PROMPTS)
   sampling = dataclasses.replace(tiny_sampler.CACHE_BASE, cache='block', **changes)
-  got, want = tiny_sampler.cached_and_uncached(model_config, params, sampling)
+  got, want = tiny_sampler.cached_and_uncached(model_config, params, sampling, prompts=prompts)
   np.testing.assert_array_equal(got, want)
   assert not (got == tiny_sampler.MASK).any()
 

@@ -5,6 +5,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
+import torch
 from scipy import stats
 
 from dlmjax import model as model_lib
@@ -26,7 +27,8 @@ def tiny():
 
 
 def llada_reference(logits_fn, prompts, s, key=0):
-  """LLaDA generate.py at temperature 0 in numpy, plus the threshold rule: (x, forwards)."""
+  """LLaDA generate.py at temperature 0 in numpy, plus the threshold rule: (x, forwards). With
+  s.mask_in_softmax, LLaDA's own low_confidence score: the softmax keeps MASK's logit."""
   prompt_BP, lengths_B = sampler.pad_prompts(prompts, tiny_sampler.PAD)
   batch, width = prompt_BP.shape
   length = width + s.gen_length
@@ -54,12 +56,12 @@ def llada_reference(logits_fn, prompts, s, key=0):
       else:
         logits = logits_fn(x, seg, pos)
       logits[..., tiny_sampler.VOCAB :] = -np.inf
-      logits[
-        ..., tiny_sampler.MASK
-      ] = -np.inf  # dlmjax never predicts MASK (LLaDA would, untrained).
+      scores = logits.copy()
+      logits[..., tiny_sampler.MASK] = -np.inf  # dlmjax never predicts MASK (LLaDA would).
       x0 = logits.argmax(-1)
       if s.remasking == 'low_confidence':
-        p = np.exp(logits - logits.max(-1, keepdims=True))
+        scored = scores if s.mask_in_softmax else logits
+        p = np.exp(scored - scored.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         x0_p = np.take_along_axis(p, x0[..., None], -1)[..., 0]
       else:
@@ -98,17 +100,88 @@ def test_shifted_model_matches_the_reference_on_shifted_logits(tiny):
   reference loop does on the unshifted model's logits moved right by one, Dream's generate
   (cat([logits[:, :1], logits[:, :-1]], 1)); the same weights unshifted decode differently."""
   model_config, params, logits_fn = tiny
-  s = sampler.SamplingConfig(gen_length=16, steps=6, block_length=8)
-
-  def dream_logits(*a):
-    logits = logits_fn(*a)
-    return np.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
+  s = sampler.SamplingConfig(gen_length=16, steps=6, block_length=8, schedule='linear')
+  dream_logits = _shifted(logits_fn)
 
   shifted = dataclasses.replace(model_config, shift_logits=True)
   expected, _ = llada_reference(dream_logits, tiny_sampler.PROMPTS, s)
   out = tiny_sampler.generate(shifted, params, s)
   np.testing.assert_array_equal(out, expected)
   assert (out != tiny_sampler.generate(model_config, params, s)).any()
+
+
+def _shifted(logits_fn):
+  """Dream's logits: cat([logits[:, :1], logits[:, :-1]], 1) of the unshifted model's."""
+
+  def shifted(*a):
+    logits = logits_fn(*a)
+    return np.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
+
+  return shifted
+
+
+def dream_reference(logits_fn, prompts, steps, gen_length, alg, eps=1e-3):
+  """Dream's diffusion_generate at temperature 0 (alg_temp 0), written out: every step, each
+  masked position's prediction and its confidence by `alg`; int(m * (1 - s / t)) of the batch's
+  mean m masked commit (the last step: all of them), t on torch.linspace(1, eps, steps + 1)."""
+  prompt_BP, lengths_B = sampler.pad_prompts(prompts, tiny_sampler.PAD)
+  batch, width = prompt_BP.shape
+  x = np.concatenate([prompt_BP, np.full((batch, gen_length), tiny_sampler.MASK)], 1)
+  index = np.arange(width + gen_length)[None]
+  offset = (width - lengths_B)[:, None]
+  seg, pos = (index >= offset).astype(np.int32), np.maximum(index - offset, 0)
+  timesteps = torch.linspace(1, eps, steps + 1)
+  for i in range(steps):
+    mask_index = x == tiny_sampler.MASK
+    logits = logits_fn(x, seg, pos)
+    logits[..., tiny_sampler.VOCAB :] = -np.inf
+    logits[..., tiny_sampler.MASK] = -np.inf  # dlmjax never predicts MASK (Dream would, untrained).
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    x0 = probs.argmax(-1)
+    if alg == 'maskgit_plus':
+      confidence = probs.max(-1)
+    else:  # entropy
+      confidence = (probs * np.log(probs + 1e-10)).sum(-1)
+    t, s = timesteps[i], timesteps[i + 1]
+    num_mask_token = torch.tensor(mask_index.sum()) / batch
+    n = int(num_mask_token * (1 - s / t)) if i < steps - 1 else int(num_mask_token)
+    full_confidence = np.where(mask_index, confidence, -np.inf)
+    for j in range(batch):
+      select = np.argsort(-full_confidence[j], kind='stable')[:n]
+      x[j, select] = x0[j, select]
+  return x
+
+
+@pytest.mark.parametrize('alg', ['maskgit_plus', 'entropy'])
+def test_dream_family_decodes_with_dreams_schedule(tiny, alg):
+  """A shifted (Dream-family) model decodes with Dream's schedule by default (schedule auto),
+  token for token as Dream's own loop; LLaDA's even split decodes otherwise."""
+  model_config, params, logits_fn = tiny
+  shifted = dataclasses.replace(model_config, shift_logits=True)
+  s = sampler.SamplingConfig(gen_length=16, steps=8, block_length=16, remasking=alg)
+  out = tiny_sampler.generate(shifted, params, s)
+  np.testing.assert_array_equal(
+    out, dream_reference(_shifted(logits_fn), tiny_sampler.PROMPTS, 8, 16, alg)
+  )
+  linear = tiny_sampler.generate(shifted, params, dataclasses.replace(s, schedule='linear'))
+  assert (out != linear).sum() > 8
+  explicit = tiny_sampler.generate(model_config, params, dataclasses.replace(s, schedule='dream'))
+  np.testing.assert_array_equal(
+    explicit, dream_reference(logits_fn, tiny_sampler.PROMPTS, 8, 16, alg)
+  )
+
+
+def test_mask_in_softmax_scores_as_llada(tiny):
+  """mask_in_softmax: LLaDA's low_confidence, the softmax over the whole vocabulary MASK
+  included, reorders commits against the default (MASK out of the softmax); MASK is still
+  never predicted."""
+  model_config, params, logits_fn = tiny
+  s = dataclasses.replace(tiny_sampler.BASE, mask_in_softmax=True)
+  out = tiny_sampler.generate(model_config, params, s)
+  np.testing.assert_array_equal(out, llada_reference(logits_fn, tiny_sampler.PROMPTS, s)[0])
+  assert (out != tiny_sampler.generate(model_config, params, tiny_sampler.BASE)).any()
+  assert not (out == tiny_sampler.MASK).any()
 
 
 def test_threshold_decoding_matches_reference_and_finishes_early(tiny):

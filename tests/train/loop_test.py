@@ -64,6 +64,60 @@ def test_resume_refuses_a_different_model(straight_run, tmp_path):
     loop.train(_config(tmp_path / 'run', **{'model.d_model': 128, 'train.steps': 20}))
 
 
+def test_resume_on_other_data_is_refused_unless_a_new_phase(straight_run, tmp_path, capsys):
+  """The data position counts samples of the checkpoint's data: other data (here another split
+  and seq_len) are refused naming the keys; data.new_phase restarts the position explicitly."""
+  import shutil  # pylint: disable=import-outside-toplevel
+
+  shutil.copytree(straight_run, tmp_path / 'run')
+  other = {'data.split': '900,90,10', 'model.seq_len': 16}
+  with pytest.raises(checkpoint_lib.CheckpointError) as e:
+    loop.train(_config(tmp_path / 'run', **other))
+  message = str(e.value)
+  assert "data.split: checkpoint '969,30,1', run '900,90,10'; model.seq_len: checkpoint 32" in (
+    message
+  )
+  assert 'data.new_phase=True' in message and '\n' not in message
+  loop.train(_config(tmp_path / 'run', **other, **{'data.new_phase': True, 'train.steps': 22}))
+  assert 'data.new_phase: the data changed (data.split, model.seq_len); the data position ' in (
+    capsys.readouterr().out
+  )
+  _, step_dir, step = checkpoint_lib.resolve_step_dir(str(tmp_path / 'run'))
+  data_state = checkpoint_lib.read_meta(step_dir)['data_state']
+  assert step == 22 and data_state['consumed_samples'] == 2 * 16  # restarted at 0 at step 20
+  assert data_state['dataset']['model.seq_len'] == 16
+  # The same command again (the switch still set, the data now the checkpoint's): a resume.
+  loop.train(_config(tmp_path / 'run', **other, **{'data.new_phase': True, 'train.steps': 22}))
+  assert 'data.new_phase' not in capsys.readouterr().out
+
+
+def test_sigterm_checkpoints_the_step_in_flight_not_one_after(
+  straight_run, tmp_path, monkeypatch, capsys
+):
+  """SIGTERM while the batch of step 5 is read (step 4 in flight): checkpoint 4, whose data
+  position excludes the batch read after the signal, and the resume is exact."""
+  import signal  # pylint: disable=import-outside-toplevel
+
+  from dlmjax.train import guards  # pylint: disable=import-outside-toplevel
+
+  read = guards.next_batch
+
+  def signalled_on_5(batches, params, config, step):
+    if step == 5:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return read(batches, params, config, step)
+
+  monkeypatch.setattr(guards, 'next_batch', signalled_on_5)
+  loop.train(_config(tmp_path))
+  assert 'SIGTERM: checkpointing step 4 and stopping' in capsys.readouterr().out
+  _, step_dir, step = checkpoint_lib.resolve_step_dir(str(tmp_path))
+  assert step == 4
+  assert checkpoint_lib.read_meta(step_dir)['data_state']['consumed_samples'] == 4 * 16
+  monkeypatch.setattr(guards, 'next_batch', read)
+  loop.train(_config(tmp_path))
+  assert _losses(tmp_path) == _losses(straight_run)
+
+
 def test_init_from_starts_a_new_run(straight_run, tmp_path):
   c = _config(tmp_path, **{'train.steps': 2, 'train.warmup_steps': 0, 'train.wsd_decay_steps': 1})
   c.init_from = str(straight_run)
@@ -146,6 +200,55 @@ def test_consecutive_non_finite_steps_stop_with_a_good_checkpoint(tmp_path, monk
   params = checkpoint_lib.restore_params(step_dir, *model_lib.param_placement(c))
   assert step >= 3
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+
+def test_a_divergence_keeps_the_last_good_checkpoint_and_rolls_back(tmp_path, monkeypatch, capsys):
+  """Steps 6 and 7 diverge (non-finite): checkpoint 4, the newest a healthy loss vouched for
+  (step 5's loss ran on its params), stays out of rotation, and with rollback_on_divergence the
+  run restores it at step 7 and trains on at step 8 (the batches of 5-7 skipped)."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.train import stages  # pylint: disable=import-outside-toplevel
+  from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
+
+  pretrain = stages.BUILDERS['pretrain']
+
+  def faulty(config):
+    stage = pretrain(config)
+    return dataclasses.replace(stage, loss=faults.nan_on([5, 6], stage.loss))  # logged steps 6, 7
+
+  monkeypatch.setitem(stages.BUILDERS, 'pretrain', faulty)
+  overrides = {
+    'train.steps': 10,
+    'checkpoint.every': 1,
+    'checkpoint.keep': 3,
+    'train.rollback_on_divergence': True,
+  }
+  c = _config(tmp_path, **overrides)
+  loop.train(c)
+  (line,) = [x for x in capsys.readouterr().out.splitlines() if 'diverged' in x]
+  assert line.startswith('step 6 diverged: the loss nan or the gradient is not finite; ')
+  assert (
+    f'rolled back to {tmp_path}/checkpoints/4 (kept out of rotation), skipping the data of ' in line
+  )
+  assert 'steps 5-7: training goes on at step 8.' in line
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['10', '4', '8', '9', 'pinned.json']
+  # The final state descends from checkpoint 4: Adam counted updates 1-4 and 8-10 (7), where
+  # training on from the skipped steps would count 1-5 and 8-10 (8).
+  setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c))
+  checkpoints = checkpoint_lib.RunCheckpoints(str(tmp_path), read_only=True)
+  state, data_state = checkpoints.restore(10, setup)
+  checkpoints.close()
+  counts = {
+    int(v)
+    for path, v in jax.tree_util.tree_flatten_with_path(jax.device_get(state['opt_state']))[0]
+    if 'count' in jax.tree_util.keystr(path)
+  }
+  assert counts == {7}, counts
+  assert data_state['consumed_samples'] == 10 * 16  # the data position went on past the window
 
 
 def _rows(run_dir):

@@ -100,3 +100,25 @@ def test_console_shows_side_rows_and_the_run_ends_with_a_summary(tmp_path, capsy
   assert f'  tensorboard  tensorboard --logdir {run}/tensorboard' in lines
   assert '  resume       the same command continues from step 2' in lines
   assert lines[-1].endswith(f'to-hf --checkpoint-path {run} --output-dir hf/{tmp_path.name}')
+
+
+def test_divergence_watch_flags_non_finite_steps_and_spikes_over_the_window():
+  from dlmjax.train import divergence  # pylint: disable=import-outside-toplevel
+
+  watch = divergence.DivergenceWatch(factor=2.0, window=3)
+  assert [watch.observe(s, loss, False) for s, loss in enumerate([9.0, 3.0, 3.0], 1)] == [None] * 3
+  assert watch.observe(4, 10.0, False) is None  # 10 < 2 x mean(9, 3, 3) = 10: no spike
+  assert watch.observe(5, 10.0, False) is None  # window (3, 3, 10): mean 5.33, 2x = 10.7
+  reason = watch.observe(6, 30.0, False)  # window (3, 10, 10): mean 7.67, 2x = 15.3
+  assert reason == (
+    'the loss 30.0000 is 3.9x the mean 7.6667 of the last 3 steps (train.spike_factor=2)'
+  )
+  assert watch.observe(7, 40.0, False) is None  # the same divergence goes on
+  assert watch.observe(8, 9.0, False) is None  # healthy again: the divergence ended
+  assert watch.observe(9, float('nan'), True).startswith('the loss nan or the gradient')
+  watch.forget(10)
+  assert watch.observe(10, float('nan'), True) is None  # ran on the discarded state
+  off = divergence.DivergenceWatch(factor=2.0, window=3, check_spikes=False)
+  assert [off.observe(s, loss, False) for s, loss in enumerate([1.0, 1.0, 1.0, 50.0])] == [None] * 4
+  assert divergence.last_good_step([2, 4, 5, 6], diverged_at=6) == 4
+  assert divergence.last_good_step([5, 6], diverged_at=6) is None

@@ -1,9 +1,17 @@
 """The stages: each declares a `base.Stage` (loss, batch source, arrays, metrics, evaluator);
 the step and the loop take it as it is and never ask which stage runs."""
 
+from dlmjax.config.stages import StageTraits
 from dlmjax.train.stages import base, pretrain, rl, sft
 
 BUILDERS = {'pretrain': pretrain.stage, 'sft': sft.stage, 'rl': rl.stage}
+# What the layers below read of a stage (train/config_checks registers these): pre-training
+# renders no chat template; RL's loss is its objective's, not diffusion.objective's.
+TRAITS = {
+  'pretrain': StageTraits(chat_template=False),
+  'sft': StageTraits(),
+  'rl': StageTraits(diffusion_loss=False),
+}
 
 
 def build(config) -> base.Stage:

@@ -104,6 +104,8 @@ class Stage:
   example_batch(rng) -> Batch: a whole global batch of these arrays with real shapes, dtypes and
     plausible values, for benchmarks, profiles and the compiled memory report.
   console_metrics: metrics the console line shows after the loss.
+  data_keys: the config keys that decide which samples the batch source's position counts in
+    (data_fingerprint.py: a resume on other data is refused unless data.new_phase).
   flag_spikes: apply MegaDLMs' 20% loss-spike rule (meaningful for a language-modelling loss; an
     RL surrogate near zero changes sign, SFT's moves with each batch's answer lengths).
   check_inputs() -> None: fails in a second, before any model is built, when a file the stage
@@ -131,6 +133,7 @@ class Stage:
   loss_is_objective: bool = False
   carried: CarriedState | None = None
   resident_param_bytes: float = 0.0
+  data_keys: tuple[str, ...] = ('seed',)
 
   def __post_init__(self):
     if 'tokens' not in self.batch_keys:

@@ -100,6 +100,14 @@ def stage(config) -> base.Stage:
     console_metrics=('masked_ce',),
     flag_spikes=True,
     check_inputs=lambda: check_prefixes(config),
+    data_keys=(
+      'data.source',
+      'data.train_prefixes',
+      'data.valid_prefixes',
+      'data.split',
+      'model.seq_len',
+      'seed',
+    ),
   )
 
 

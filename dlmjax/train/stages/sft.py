@@ -87,6 +87,15 @@ def stage(config) -> base.Stage:
     example_batch=example_batch,
     console_metrics=('masked_ce',),
     check_inputs=lambda: check_train_file(config),
+    data_keys=(
+      'data.source',
+      'sft.train_file',
+      'data.columns',
+      'sft.chat_template',
+      'sft.too_long',
+      'model.seq_len',
+      'seed',
+    ),
   )
 
 

@@ -1,0 +1,48 @@
+"""'block': SDAR's and BD3LM's block K/V cache, exact for causal and block-causal models. One
+forward of the prompt's whole blocks fills the cache (SDAR's prefill), each step runs the current
+block against it, and once a block is committed one more forward of it appends its K/V, which
+every later block attends to and nothing recomputes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from dlmjax.diffusion.cache_modes import base
+from dlmjax.parallel import rules
+
+
+class BlockCache(base.CacheMode):
+  name = 'block'
+  description = 'a K/V cache of the prompt and committed blocks (exact for causal models)'
+
+  def check(self, model_cfg, sampling):
+    base.check_exact(model_cfg, sampling)
+
+  def init(self, canvas, x_BL):
+    shapes = jax.eval_shape(lambda x: canvas.hidden_kv(x)[1], x_BL)
+    kv = tuple(
+      rules.constrain(
+        jnp.zeros(a.shape, a.dtype), (None, rules.BATCH, None, rules.ATTN_HEADS, None)
+      )
+      for a in shapes
+    )
+    if not canvas.prefill:
+      return kv
+    prompt_kv = canvas.hidden_kv(x_BL, canvas.prefill)[1]
+    return tuple(
+      jax.lax.dynamic_update_slice_in_dim(a, new.astype(a.dtype), 0, axis=2)
+      for a, new in zip(kv, prompt_kv)
+    )
+
+  def step(self, canvas, x_BL, kv, start, static_start):
+    return base.Forward(canvas.slice_kv(x_BL, kv, start, canvas.block)[0])
+
+  def store(self, canvas, x_BL, kv, start, more_blocks):
+    def append(x, c):
+      _, fresh, first = canvas.slice_kv(x, c, start, canvas.block)
+      return tuple(
+        jax.lax.dynamic_update_slice_in_dim(a, f, first, axis=2) for a, f in zip(c, fresh)
+      )
+
+    return jax.lax.cond(more_blocks, append, lambda x, c: c, x_BL, kv)
