@@ -73,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--block-length', type=int, default=32)
   parser.add_argument('--tokens-per-step', type=int, default=1, help='steps = max_tokens / this')
   parser.add_argument('--max-batch', type=int, default=0, help='default: the most clients')
+  parser.add_argument(
+    '--cache', default='none', help="the requests' cache mode: none | prefix | dual (cache_modes/)"
+  )
+  parser.add_argument('--threshold', type=float, default=0.0, help='Fast-dLLM parallel commits')
   return parser
 
 
@@ -135,7 +139,7 @@ def _request(url: str, body: dict) -> dict:
 def run_level(url, eng, clients, bodies, time_limit) -> dict:
   """`clients` threads sending their bodies in turn; the measured row."""
   results, errors, deadline = [], [], time.perf_counter() + time_limit
-  busy0, calls0 = eng.busy_s, eng.calls
+  busy0, calls0, rows0, slots0 = eng.busy_s, eng.calls, eng.rows, eng.slots
 
   def client(mine):
     for body in mine:
@@ -166,6 +170,9 @@ def run_level(url, eng, clients, bodies, time_limit) -> dict:
     'latency_p99_s': _percentile(latencies, 99),
     'busy_fraction': round(busy / wall, 3),
     'calls': eng.calls - calls0,
+    # Requests' rows a call (the batching achieved) and the share of its slots that were padding.
+    'rows_per_call': round((eng.rows - rows0) / max(eng.calls - calls0, 1), 2),
+    'padding': round(1 - (eng.rows - rows0) / max(eng.slots - slots0, 1), 3),
     # Time outside the sampler's calls per unit of decode: meaningful with one client.
     'http_overhead': round((sum(latencies) - busy) / busy, 4) if busy and clients == 1 else None,
     'first_error': errors[0] if errors else None,
@@ -188,9 +195,13 @@ def main(argv=None) -> int:
       gen_length=gen,
       steps=gen // args.tokens_per_step,
       block_length=min(args.block_length, gen),
+      cache=args.cache,
+      threshold=args.threshold,
     ).validate()
     model = _load(args)
     max_batch = args.max_batch or max(args.clients)
+    # Powers of two up to max_batch: a call of n rows pads to < 2n, not to the most clients.
+    batches = tuple(sorted({2**i for i in range(max_batch.bit_length())} | {max_batch}))
     widths = tuple(sorted(set(args.prompt_lengths)))
     eng, app = api.build(
       model,
@@ -198,7 +209,7 @@ def main(argv=None) -> int:
       model_name='bench',
       max_batch=max_batch,
       max_queue=max(args.clients) * 2,
-      buckets=engine_lib.Buckets(batch=tuple(sorted(set(args.clients))), width=widths),
+      buckets=engine_lib.Buckets(batch=batches, width=widths),
     )
     rules = api.Server(eng, defaults=defaults, model_name='bench', chat_template='none')
     requests = [rules.settings({'max_tokens': g}) for g in args.gen_lengths]  # as served

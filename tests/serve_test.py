@@ -123,12 +123,17 @@ def test_greedy_text_is_the_same_alone_batched_streamed_and_generated(served, cl
   def one(i):
     results[i] = client.completions.create(model='run', prompt=PROMPTS[i])
 
+  calls = httpx.get(url + '/health').json()['calls']
   threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
   for t in threads:
     t.start()
   for t in threads:
     t.join()
   batched = [r.choices[0].text for r in results]
+  # Batched: a job takes at most gen_length / block_length + 1 chunks (its prompt off the block
+  # grid); 16 jobs at max_batch 16 share each round (a late one adds rounds), not a call each.
+  per_job = SETTINGS['gen_length'] // SETTINGS['block_length'] + 1
+  assert httpx.get(url + '/health').json()['calls'] - calls <= 2 * per_job
   assert batched[:4] == alone
   assert batched == _generate_cli(run, PROMPTS)
   assert all(r.choices[0].finish_reason in ('stop', 'length') for r in results)
@@ -142,7 +147,6 @@ def test_greedy_text_is_the_same_alone_batched_streamed_and_generated(served, cl
 
   listed = client.completions.create(model='run', prompt=PROMPTS[:3], n=2)
   assert [c.text for c in listed.choices] == [t for t in batched[:3] for _ in range(2)]
-  del url
 
 
 def test_chat_uses_the_checkpoint_template(client):
@@ -267,16 +271,19 @@ def test_sigterm_drains_then_exits_0(served):  # last: it stops the module's ser
 
 def test_a_bidirectional_job_is_one_call_with_generates_text(tmp_path):
   """A bidirectional model's block sees the masked blocks after it: the engine decodes its job
-  in one call, whatever block_length is, and the text is generate's."""
+  in one call, whatever block_length is, and the text is generate's. Concurrent jobs share
+  calls: 8 jobs at max_batch 4 take at most ceil(8 / 4) + 1 calls (the first job may start
+  alone), not one call each."""
   model = dlmjax.load_pretrained(_make_run(tmp_path, 'bidirectional'))
   eng = engine.Engine(
-    model, max_batch=4, max_queue=4, buckets=engine.Buckets(batch=(4,), width=(4,))
+    model, max_batch=4, max_queue=8, buckets=engine.Buckets(batch=(1, 2, 4), width=(8,))
   )
   eng.start()
   settings = sampler.SamplingConfig(**SETTINGS)
-  jobs = [engine.Job(prompt=model.tokenizer.encode(p), settings=settings) for p in PROMPTS[:4]]
+  jobs = [engine.Job(prompt=model.tokenizer.encode(p), settings=settings) for p in PROMPTS[:8]]
   for job in jobs:
     eng.submit(job)
   assert eng.drain(timeout=120)
-  assert [j.text for j in jobs] == model.generate(PROMPTS[:4], batch_size=4, **SETTINGS)
-  assert [j.chunks for j in jobs] == [1] * 4
+  assert [j.text for j in jobs] == model.generate(PROMPTS[:8], batch_size=8, **SETTINGS)
+  assert [j.chunks for j in jobs] == [1] * 8
+  assert eng.calls <= 3 and eng.rows == 8 and eng.slots <= 4 * eng.calls

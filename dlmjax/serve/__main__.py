@@ -45,7 +45,10 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--max-batch', type=int, default=16, help='rows decoding at once')
   parser.add_argument('--max-queue', type=int, default=256, help='waiting jobs before 503')
   parser.add_argument(
-    '--batch-buckets', type=_sizes, default=(1, 4, 16, 64), help='batch shapes (<= max-batch)'
+    '--batch-buckets',
+    type=_sizes,
+    default=(1, 2, 4, 8, 16, 32, 64),
+    help='batch shapes (<= max-batch; a call of n rows pads to the next one)',
   )
   parser.add_argument(
     '--width-buckets',

@@ -99,6 +99,8 @@ class Engine:
     self.compiling = False
     self.draining = False
     self.calls = 0
+    self.rows = 0  # requests' rows over every call; rows / calls is the batching achieved
+    self.slots = 0  # rows of the padded batch buckets those calls ran (slots - rows: padding)
     self.busy_s = 0.0
     self.cancelled = 0
     self._lock = threading.Condition()
@@ -144,6 +146,8 @@ class Engine:
         'compiling': self.compiling,
         'draining': self.draining,
         'calls': self.calls,
+        'rows': self.rows,
+        'slots': self.slots,
         'busy_s': round(self.busy_s, 3),
         'cancelled': self.cancelled,
         'compiled': sorted(
@@ -281,6 +285,8 @@ class Engine:
     else:
       self.busy_s += elapsed
     self.calls += 1
+    self.rows += len(prefixes)
+    self.slots += batch
     return out[: len(prefixes), width:]
 
   def warm(self, settings, widths=None) -> None:
