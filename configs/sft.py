@@ -2,6 +2,7 @@
 
     python -m dlmjax.train --config=configs/tiny.py           # pre-train: writes runs/tiny
     python -m dlmjax.train --config=configs/sft.py [--config.init_from=runs/tiny]
+    python -m dlmjax.train --config=configs/sft.py:lora   # LoRA adapters: runs/sft_lora
     python -m dlmjax.summary --config=configs/sft.py:llada_8b --config.train.lora.rank=128 \
       --config.model.seq_len=2048 --config.model.remat=full --config.model.dtype=bfloat16 \
       --devices=1 --device-kind=H100   # what a LoRA SFT of LLaDA-8B needs on one 80 GB GPU
@@ -22,8 +23,9 @@ from dlmjax.model import presets
 
 def get_config(arg=None):
   c = config_lib.defaults()
-  if arg:  # configs/sft.py:PRESET sets the model keys of a preset (e.g. for summary)
-    presets.apply_preset(c.model, arg)
+  names = [a for a in (arg or '').split(',') if a]
+  for preset in [n for n in names if n != 'lora']:  # configs/sft.py:PRESET (e.g. for summary)
+    presets.apply_preset(c.model, preset)
   c.stage = 'sft'
   c.init_from = 'runs/tiny'
   c.output_dir = 'runs/sft'
@@ -37,4 +39,19 @@ def get_config(arg=None):
   c.train.wsd_decay_steps = 10  # LLaDA decays over the final 10% of SFT.
   c.checkpoint.every = 50
   c.log.every = 10
+  if 'lora' in names:  # configs/sft.py:lora[,PRESET]: adapters on the frozen init_from model
+    _lora(c)
   return c
+
+
+def _lora(c):
+  # Its own run directory: the full SFT run above writes runs/sft, which a LoRA run cannot resume.
+  c.output_dir = 'runs/sft_lora'
+  c.train.lora.rank = 16
+  c.train.lora.alpha = 32.0
+  # Adapters start at zero (B = 0) and move the model only through the low-rank product xAB, so
+  # at full fine-tuning's rate they barely move in a short run: measured from a 40-step tiny
+  # base on the 2-core CPU, 20 steps of rank 8 took masked CE 7.69 -> 7.21 at lr 1e-3 and
+  # 7.69 -> 4.35 at 1e-2. Hence 10x the full SFT rate.
+  c.train.lr = 1e-2
+  c.train.min_lr = 1e-3

@@ -127,7 +127,9 @@ def _parser() -> argparse.ArgumentParser:
       help="write only the tokenizer's rows, not the padded embedding",
     )
   from_hf = sub.add_parser('from-hf', help='Hugging Face directory -> orbax run directory')
-  from_hf.add_argument('--hf-dir', required=True)
+  from_hf.add_argument(
+    '--hf-dir', required=True, help='Hugging Face directory or hub id org/name[@revision]'
+  )
   from_torch = sub.add_parser('from-torch', help='PyTorch .pt -> orbax run directory')
   from_torch.add_argument('--input', required=True)
   for p in (from_hf, from_torch):

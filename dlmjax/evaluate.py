@@ -290,7 +290,7 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument(
     '--checkpoint-path',
     required=True,
-    help='run directory (latest step), step directory or Hugging Face directory',
+    help=inference.MODEL_PATH_HELP,
   )
   parser.add_argument('--tokenizer', default='', help="default: the run's or the directory's")
   parser.add_argument('--batch-size', type=int, default=8, help='sequences per forward pass')

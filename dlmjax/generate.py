@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     description=__doc__,
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
-  parser.add_argument('--checkpoint-path', required=True)
+  parser.add_argument('--checkpoint-path', required=True, help=inference.MODEL_PATH_HELP)
   source = parser.add_mutually_exclusive_group(required=True)
   source.add_argument('--prompt', action='append', help='a prompt (repeat for several)')
   source.add_argument('--prompts-file', help='jsonl rows with a "prompt" string')

@@ -31,7 +31,6 @@ import tempfile
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
 from dlmjax import config as config_lib
 from dlmjax import extras
@@ -68,8 +67,7 @@ def _flat(tree) -> dict:
 
 
 def _metadata(item_dir: str) -> dict:
-  meta = ocp.StandardCheckpointer().metadata(item_dir)
-  return _flat(getattr(meta, 'item_metadata', meta))
+  return _flat(manager.item_metadata(item_dir))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -221,10 +221,16 @@ def test_autoclass_on_the_export_gives_our_logits(tmp_path, layout, kind):
   out = str(tmp_path / 'hf')
   assert _to_hf(str(tmp_path / 'run'), out) == 0
   model = _transformers(out, trust_remote_code=True)
-  assert type(model).__name__ == 'Dlmjax' + type(model).__mro__[1].__name__
+  family_class = next(c for c in type(model).__mro__ if not c.__name__.startswith('Dlmjax'))
+  assert type(model).__name__ == {'block_causal': 'DlmjaxBlock'}.get(kind, 'Dlmjax') + (
+    family_class.__name__
+  )
   theirs = _theirs(model, tokens)
   assert _rel(theirs, ours[kind]) <= 1e-4
   for other in set(ours) - {kind}:
     assert _rel(theirs, ours[other]) > 1e-2, other
   if kind != 'block_causal':
     assert _rel(_theirs(_transformers(out), tokens), ours[kind]) <= 1e-4
+  else:  # plain transformers has no block-causal mask: it refuses, naming the flag
+    with pytest.raises(ValueError, match='trust_remote_code=True'):
+      _transformers(out)

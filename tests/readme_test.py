@@ -40,8 +40,10 @@ def _commands():
           if command:
             out.append(command)
           command = []
-        else:
+        elif token.startswith('[') or token.endswith(']'):  # [optional] flags: their words
           command.extend(t for t in token.strip('[]').split() if t)
+        else:  # a quoted argument stays one
+          command.append(token)
   return out
 
 
@@ -133,3 +135,72 @@ def test_paths_the_readme_names_exist():
   placeholders = {'configs/z.py', 'envs/.env'}  # the user's config; the copy `cp` makes
   missing = [p for p in set(named) - placeholders if not os.path.exists(os.path.join(ROOT, p))]
   assert not missing, missing
+
+
+def _train_configs():
+  """(command, config) of each README train command, overrides applied and validated."""
+  out = []
+  for module, args in filter(None, map(_python_module, COMMANDS)):
+    if module != 'dlmjax.train':
+      continue
+    config, _ = config_lib.parse_command_line(args, 'configs/tiny.py', presets.PRESETS)
+    config_lib.validate(config)  # every value a run checks before it starts
+    out.append((' '.join(args), config))
+  return out
+
+
+def test_train_commands_validate_and_never_share_a_run_directory():
+  """Two README train commands of different configs writing one output_dir would make the second
+  refuse to resume, or (a finished run) do nothing: each gets its own directory."""
+  by_dir = {}
+  for command, config in _train_configs():
+    config_json = config.to_json(sort_keys=True)
+    by_dir.setdefault(config.output_dir, {})[config_json] = command
+  shared = {d: sorted(c.values()) for d, c in by_dir.items() if len(c) > 1}
+  assert not shared, shared
+
+
+QUICK_START_RUNS = ('runs/tiny', 'runs/sft', 'runs/sft_lora')  # configs/tiny.py's model
+SAMPLER_COMMANDS = {
+  'dlmjax.generate': 'dlmjax.generate',
+  'dlmjax.evaluate': 'dlmjax.evaluate',
+  'dlmjax.serve': 'dlmjax.serve.__main__',
+}
+
+
+def test_sampling_commands_fit_the_quick_start_model():
+  """generate / evaluate / serve on a quick-start run: the flags parse with the command's own
+  parser, the sampler settings validate, and a short prompt plus gen_length fits its context."""
+  from dlmjax.diffusion import sampler  # pylint: disable=import-outside-toplevel
+
+  seq_len = config_lib.load_file('configs/tiny.py').model.seq_len
+  checked = 0
+  for module, args in filter(None, map(_python_module, COMMANDS)):
+    if module not in SAMPLER_COMMANDS or '--checkpoint-path' not in args:
+      continue
+    if args[args.index('--checkpoint-path') + 1] not in QUICK_START_RUNS:
+      continue
+    parsed = importlib.import_module(SAMPLER_COMMANDS[module])._parser().parse_args(args)
+    if getattr(parsed, 'mode', 'tasks') == 'likelihood':
+      continue
+    settings = sampler.from_arguments(parsed)
+    prompt = 16  # a short prompt's tokens
+    assert prompt + settings.gen_length <= seq_len, (
+      f'{module} {" ".join(args)}: gen_length {settings.gen_length} leaves no room for a prompt '
+      f'in the quick-start model context of {seq_len}; set --gen-length'
+    )
+    checked += 1
+  assert checked >= 3
+
+
+def test_cpu_machines_are_told_to_install_the_cpu_torch_first():
+  """PyPI's Linux torch is the CUDA build: the README gives the CPU index before the extra."""
+  cpu = README.index('pip install torch --index-url https://download.pytorch.org/whl/cpu')
+  assert cpu < README.index('pip install -e ".[torch]"')
+
+
+def test_lora_recipe_has_its_own_directory_and_an_adapter_rate():
+  full, lora = config_lib.load_file('configs/sft.py'), config_lib.load_file('configs/sft.py:lora')
+  assert lora.train.lora.rank > 0 and full.train.lora.rank == 0
+  assert lora.output_dir != full.output_dir and lora.train.lr >= 10 * full.train.lr
+  assert 'configs/sft.py:lora' in README

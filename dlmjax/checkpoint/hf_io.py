@@ -30,6 +30,7 @@ from dlmjax.observability import progress
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_layouts
 from dlmjax.checkpoint import hf_mapping
+from dlmjax.checkpoint import hub
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import safetensors_io
 from dlmjax.data import errors as data_errors
@@ -403,8 +404,10 @@ def _source(hf: dict, path: str) -> dict:
 def checkpoint_from_hf(
   hf_dir: str, output_dir: str, *, config=None, missing_qk_norm: str = 'error'
 ) -> str:
-  """Imports a Hugging Face directory as a params-only run directory; returns the step dir."""
+  """Imports a Hugging Face directory (or hub id) as a params-only run directory; returns the
+  step dir."""
   check_output_dir(output_dir)
+  hf_dir = hub.resolve(hf_dir)
   config, params = load_hf(hf_dir, config=config, missing_qk_norm=missing_qk_norm)
   config.output_dir = os.path.abspath(output_dir)
   return _save(output_dir, config, params, _source(hf_config.read(hf_dir), hf_dir))

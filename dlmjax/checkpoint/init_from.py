@@ -16,6 +16,7 @@ import jax
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_io
+from dlmjax.checkpoint import hub
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.model import lora
 
@@ -25,6 +26,7 @@ _ADOPTED_DATA_KEYS = ('tokenizer', 'cache_dir')  # where the source's tokenizer 
 
 def source_config(path: str):
   """The config the source was trained (or imported) with."""
+  path = hub.resolve(path)
   if not os.path.exists(path):
     raise config_lib.ConfigError(
       f'init_from={path!r} does not exist: train the model first (e.g. python -m dlmjax.train '
@@ -56,7 +58,7 @@ def adopt_source_config(config) -> list[str]:
 def restore_params(config, setup, purpose: str = 'initialising') -> dict:
   """The source's params in the setup's shardings; the architecture must match the config.
   `purpose` names the use in the printed line (the RL reference model restores them again)."""
-  path = config.init_from
+  path = hub.resolve(config.init_from)
   if hf_io.is_hf_dir(path):
     _, params = hf_io.load_hf(path, config=config)  # checks the weights against config
     return jax.device_put(params, model_lib.param_placement(config, setup.mesh)[1])

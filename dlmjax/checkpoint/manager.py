@@ -439,8 +439,24 @@ class RunCheckpoints:
       self._manager.close()
 
 
-def _item_metadata(item_dir: str):
+class _DropItemMetadataNotice(logging.Filter):
+  """A step's checkpoint metadata lives in the step directory (CheckpointManager writes it
+  there), so orbax reading one item's directory on its own (params/) warns that the item has
+  none: true, expected, and noise on every restore and `verify`. Exactly those records drop."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith('Metadata file does not exist')
+
+
+def _quiet_item_metadata_notice() -> None:
+  logger = logging.getLogger('absl')
+  if not any(isinstance(f, _DropItemMetadataNotice) for f in logger.filters):
+    logger.addFilter(_DropItemMetadataNotice())
+
+
+def item_metadata(item_dir: str):
   """The shapes and dtypes orbax recorded for one saved item (a tree of array metadata)."""
+  _quiet_item_metadata_notice()
   metadata = ocp.StandardCheckpointer().metadata(item_dir)
   return getattr(metadata, 'item_metadata', metadata)
 
@@ -451,7 +467,7 @@ def _check_layout(step_dir, meta, arrays) -> None:
   saved = meta.get('layout')
   if saved is None:  # saved before layouts were recorded: orbax's own metadata of each item
     try:
-      saved = _layout({item: _item_metadata(os.path.join(step_dir, item)) for item in arrays})
+      saved = _layout({item: item_metadata(os.path.join(step_dir, item)) for item in arrays})
     except Exception as e:  # pylint: disable=broad-except
       raise DamagedCheckpoint(f'array metadata: {_one_line(e)}') from e
   want = _layout(arrays)
@@ -623,6 +639,7 @@ def restore_params(step_dir: str, shapes, shardings) -> dict:
   if not os.path.isdir(path):
     raise CheckpointError(f'{path} is missing: the checkpoint is incomplete.')
   try:
+    _quiet_item_metadata_notice()
     return ocp.StandardCheckpointer().restore(path, _abstract(shapes, shardings))
   except (ValueError, KeyError) as e:
     raise CheckpointError(

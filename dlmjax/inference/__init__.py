@@ -15,6 +15,7 @@ import numpy as np
 from dlmjax import model as model_lib
 from dlmjax.observability import progress
 from dlmjax.checkpoint import hf_io
+from dlmjax.checkpoint import hub
 from dlmjax.checkpoint import manager
 from dlmjax.data import chat
 from dlmjax.data import run_tokenizer
@@ -184,18 +185,25 @@ class Pretrained:
     return [self.tokenizer.decode(r) for r in rows]
 
 
+MODEL_PATH_HELP = (
+  'run directory (latest step), step directory, Hugging Face directory or hub id '
+  'org/name[@revision]'
+)
+
+
 def load_pretrained(
   path: str, *, dtype: str | None = None, mesh=None, missing_qk_norm: str = 'error'
 ) -> Pretrained:
   """Loads a checkpoint for inference.
 
   Args:
-    path: step directory, run directory (latest step) or Hugging Face directory.
+    path: step directory, run directory (latest step), Hugging Face directory or hub id
+      `org/name[@revision]` (checkpoint/hub.py: the cache first, downloaded when online).
     dtype: compute dtype override ('float32' | 'bfloat16', or 'fp32' | 'bf16'); default: the run's.
     mesh: place params in the mesh's shardings (orbax checkpoints); default: one device.
     missing_qk_norm: for Hugging Face models without QK-norm, see `dlmjax.convert`.
   """
-  path = os.path.abspath(path)
+  path = os.path.abspath(hub.resolve(path))
   if hf_io.is_hf_dir(path):
     config, params = hf_io.load_hf(path, missing_qk_norm=missing_qk_norm)
   else:

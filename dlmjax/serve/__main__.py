@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     description=__doc__,
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
-  parser.add_argument('--checkpoint-path', required=True)
+  parser.add_argument('--checkpoint-path', required=True, help=inference.MODEL_PATH_HELP)
   parser.add_argument('--host', default='127.0.0.1')
   parser.add_argument('--port', type=int, default=8000)
   parser.add_argument('--served-model-name', default='', help='default: the checkpoint dir name')

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import time
@@ -184,7 +185,7 @@ def _run(config, stop, cleanup) -> dict | None:
   if jax.process_index() == 0:
     m = config.mesh
     print(
-      f'{stage.name}: {setup.model_config.num_params():,} parameters on '
+      f'{stage.name}: {_parameter_count(setup)} on '
       f'{jax.device_count()} x {jax.devices()[0].device_kind} (data {m.data} x fsdp {m.fsdp} '
       f'x tensor {m.tensor}); run directory {config.output_dir}',
       flush=True,
@@ -194,6 +195,10 @@ def _run(config, stop, cleanup) -> dict | None:
   checkpoints.warm_up(state)  # the save's checksums compile beside the train step
   checkpoint_lib.write_run_config(config.output_dir, config)
   start = int(jax.device_get(state['step']))
+  if start >= _last_step(config):  # a finished run: say so, and how to go on, not silently exit
+    if jax.process_index() == 0:
+      print(_already_finished(config, start), flush=True)
+    return None
   if jax.process_index() == 0:  # rows the killed run logged past its last checkpoint
     history.drop_rows_after(config.output_dir, start)
   # Step.
@@ -220,7 +225,7 @@ def _run(config, stop, cleanup) -> dict | None:
   )
   evaluator = stage.evaluator(setup) if config.eval.every else None
   # Loop: dispatch step n, then read back step n-1's metrics, so the device never waits on us.
-  pending, last_row, saved_step = None, None, None
+  pending, last_row, saved_step, reported_last = None, None, None, False
   reporter.start(start)
   compile_start = time.time()
   if jax.process_index() == 0 and start < _last_step(config):
@@ -259,6 +264,10 @@ def _run(config, stop, cleanup) -> dict | None:
         # The step's row says how long its save held training up (docs/benchmarks.md,
         # Checkpoints).
         pending = (done, dict(pending[1], checkpoint_blocked_s=checkpoints.last_blocked_s))
+      if (preempted or (out_of_time and done < _last_step(config))) and pending is not None:
+        # The step's own line first, then the line saying training stops after it.
+        last_row = _report(reporter, config, *pending, start, final=True) or last_row
+        reported_last = True
       if preempted:
         received = stop.signal_name or 'a stop signal on another process'
         print(
@@ -298,7 +307,8 @@ def _run(config, stop, cleanup) -> dict | None:
       )  # val_loss / val_reward, ...
   # Finish.
   if pending is not None:
-    last_row = _report(reporter, config, *pending, start, final=True) or last_row
+    if not reported_last:
+      last_row = _report(reporter, config, *pending, start, final=True) or last_row
     _watch_divergence(config, watch, reporter, checkpoints, setup, state, None)
     _stop_if_diverged(config, reporter, checkpoints, state, batches, dataset)
   checkpoints.close()
@@ -313,6 +323,23 @@ def _run(config, stop, cleanup) -> dict | None:
     )
     print(summary, flush=True)
   return last_row
+
+
+def _parameter_count(setup) -> str:
+  """The start line's count: the model's parameters, and for LoRA the adapters it trains."""
+  total = f'{setup.model_config.num_params():,} parameters'
+  if not setup.lora:
+    return total
+  trainable = sum(math.prod(x.shape) for x in jax.tree.leaves(setup.trainable_shapes))
+  return f'{trainable:,} trainable adapter parameters (LoRA) over a frozen base of {total}'
+
+
+def _already_finished(config, step: int) -> str:
+  return (
+    f'{config.output_dir} is already at step {step} of {config.train.steps}: nothing to train. '
+    f'To continue it, raise --config.train.steps (e.g. --config.train.steps={2 * step}); to '
+    'start anew, give a new --config.output_dir.'
+  )
 
 
 def _draw_plots(config) -> None:

@@ -71,7 +71,8 @@ def test_export_config_reads_back_to_the_same_model():
   config = tiny_run.tiny_config(**{'model.tie_embeddings': True, 'model.mask_token_id': 7})
   hf = hf_config.to_hf(config, vocab_rows=256, dtype='bf16')
   assert (hf['model_type'], hf['architectures']) == ('qwen3', ['Qwen3ForCausalLM'])
-  assert (hf['mask_token_id'], hf['attn_mask_type'], hf['torch_dtype']) == (
+  assert 'torch_dtype' not in hf  # transformers 5 names it `dtype` (torch_dtype is deprecated)
+  assert (hf['mask_token_id'], hf['attn_mask_type'], hf['dtype']) == (
     7,
     'bidirectional',
     'bfloat16',

@@ -56,6 +56,18 @@ def test_run_directory_contract(straight_run):
   assert rows[-1]['loss'] < rows[0]['loss']
 
 
+def test_a_finished_run_says_so_and_how_to_go_on(straight_run, tmp_path, capsys):
+  import shutil  # pylint: disable=import-outside-toplevel
+
+  shutil.copytree(straight_run, tmp_path / 'run')
+  capsys.readouterr()
+  assert loop.train(_config(tmp_path / 'run')) is None
+  out = capsys.readouterr().out
+  assert 'is already at step 20 of 20: nothing to train' in out
+  assert '--config.train.steps=40' in out and 'new --config.output_dir' in out
+  assert 'first batch' not in out  # nothing compiled, nothing run
+
+
 def test_resume_refuses_a_different_model(straight_run, tmp_path):
   import shutil  # pylint: disable=import-outside-toplevel
 
@@ -299,7 +311,11 @@ def test_max_minutes_stops_with_a_checkpoint_and_keep_every_keeps_milestones(tmp
     **{'train.max_minutes': 1e-6, 'checkpoint.every': 2, 'checkpoint.keep': 1},
   )
   loop.train(c)
-  assert 'train.max_minutes=1e-06: checkpointing step 1 and stopping' in capsys.readouterr().out
+  lines = capsys.readouterr().out.splitlines()
+  stop = lines.index(next(x for x in lines if 'checkpointing step 1 and stopping' in x))
+  assert lines[stop].startswith('train.max_minutes=1e-06: checkpointing step 1 and stopping')
+  step_line = next(i for i, x in enumerate(lines) if x.startswith('step 1') and 'loss' in x)
+  assert step_line < stop  # the step's own line, then the one saying training stops after it
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['1']
   c = _config(
     tmp_path,

@@ -1,8 +1,11 @@
 """A LoRA run end to end: adapter-only checkpoints, exact resume, a changed base refused, and the
 exports (merged model; PEFT adapter that peft loads onto the exported base) giving its logits."""
 
+import contextlib
+import io
 import json
 import os
+import sys
 
 import jax
 import numpy as np
@@ -55,6 +58,9 @@ def _losses(run_dir):
     return {row['step']: row['loss'] for row in map(json.loads, f)}
 
 
+_PRINTED = {}  # what the fixture's run printed
+
+
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):
   # The base: a params-only run directory (as an import writes) of a fresh init; a trained base
@@ -64,8 +70,21 @@ def runs(tmp_path_factory):
   params = model_lib.init_params(model_lib.ModelConfig.from_config(config), jax.random.key(1))
   manager.save_params_checkpoint(str(base), config, jax.device_get(params))
   straight = tmp_path_factory.mktemp('lora')
-  loop.train(_lora(straight, base))
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    loop.train(_lora(straight, base))
+  sys.stdout.write(printed.getvalue())
+  _PRINTED['start'] = printed.getvalue()
   return base, straight
+
+
+def test_the_start_line_counts_the_adapters_it_trains(runs):
+  _, straight = runs
+  run_dir, step_dir, _ = manager.resolve_step_dir(str(straight))
+  _, adapters, _ = lora_checkpoint.restore(run_dir, step_dir, manager.load_run_config(run_dir))
+  count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(adapters))
+  line = next(x for x in _PRINTED['start'].splitlines() if x.startswith('pretrain: '))
+  assert f': {count:,} trainable adapter parameters (LoRA) over a frozen base of ' in line, line
 
 
 @pytest.mark.slow  # the fixture's LoRA run and two more (~60 s on 2 cores)

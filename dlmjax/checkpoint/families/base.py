@@ -270,6 +270,10 @@ def hub_auto_map(repo: str, **classes: str) -> dict:
   return {name: f'{repo}--{target}' for name, target in classes.items()}
 
 
+# modeling_dlmjax.py's BLOCK_CAUSAL_PREFIX (that file imports torch, so it is not imported here).
+BLOCK_CAUSAL_PREFIX = 'dlmjax_block_'
+
+
 def transformers_write(family: str, hf_class: str, modeling_class: str) -> Callable:
   """config.json of a Qwen3 / Qwen2 / Llama export (the `family`'s transformers class) with
   DiffLM's mask fields.
@@ -282,6 +286,9 @@ def transformers_write(family: str, hf_class: str, modeling_class: str) -> Calla
   is off: a bidirectional model must not decode with a causal KV cache.
   """
 
+  block_class = modeling_class.replace('Dlmjax', 'DlmjaxBlock')
+  block_config_class = block_class.replace('ForCausalLM', 'Config')
+
   def write(config, *, vocab_rows: int, dtype: str) -> dict:
     m = config.model
     hf = qwen_fields(m, vocab_rows=vocab_rows, dtype=dtype)
@@ -293,11 +300,19 @@ def transformers_write(family: str, hf_class: str, modeling_class: str) -> Calla
       rope_parameters=dict(rope_fields(m.rope_scaling), rope_theta=m.rope_theta),
       attention_bias=False,  # Qwen3 / Llama: no biases; Qwen2 has q/k/v biases always.
       is_causal=m.attention_mask == 'causal',
-      dtype=hf['torch_dtype'],
+      dtype=hf.pop('torch_dtype'),  # transformers >= 4.56 writes and reads `dtype` only
       attn_mask_type=m.attention_mask,
     )
     if m.attention_mask == 'block_causal':
       hf['block_size'] = m.block_size
+      # A model_type transformers does not know, its config class in our shipped file: without
+      # trust_remote_code transformers refuses to load it, naming the flag, rather than attend
+      # bidirectionally (its own classes have no block-causal mask).
+      hf['model_type'] = BLOCK_CAUSAL_PREFIX + family
+      hf['auto_map'] = dict(
+        AutoConfig=f'{MODELING_FILE[:-3]}.{block_config_class}',
+        AutoModelForCausalLM=f'{MODELING_FILE[:-3]}.{block_class}',
+      )
     if m.rope_scaling:  # transformers v4 reads the scaling here, v5 from rope_parameters.
       hf['rope_scaling'] = rope_fields(m.rope_scaling)
     return hf

@@ -71,7 +71,7 @@ def write(config, *, vocab_rows: int, dtype: str) -> dict:
     rope_parameters=dict(base.rope_fields(m.rope_scaling), rope_theta=m.rope_theta),
     attention_bias=False,
     is_causal=m.attention_mask == 'causal',
-    dtype=hf['torch_dtype'],
+    dtype=hf.pop('torch_dtype'),  # transformers >= 4.56 writes and reads `dtype` only
     attn_mask_type=m.attention_mask,
     decoder_sparse_step=1,
     mlp_only_layers=list(config_lib.dense_layers(m)),

@@ -17,6 +17,7 @@ names (AttentionInterface, the family classes), so it reads the same in transfor
 import torch
 import torch.nn.functional as F
 import transformers
+from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 
 MASK_KINDS = ('bidirectional', 'causal', 'block_causal')
@@ -101,7 +102,44 @@ class DlmjaxLlamaForCausalLM(LlamaForCausalLM):
     attend_with_mask_kind(self)
 
 
+# A block-causal export's config.json names one of these model_types, which transformers does not
+# know, with auto_map naming the config and model classes here: plain from_pretrained (no
+# trust_remote_code) then refuses, asking for trust_remote_code=True, instead of attending with
+# another mask. transformers pairs a remote model class with its config class by config_class.
+BLOCK_CAUSAL_PREFIX = 'dlmjax_block_'
+
+
+class DlmjaxBlockQwen3Config(Qwen3Config):
+  model_type = BLOCK_CAUSAL_PREFIX + 'qwen3'
+
+
+class DlmjaxBlockQwen2Config(Qwen2Config):
+  model_type = BLOCK_CAUSAL_PREFIX + 'qwen2'
+
+
+class DlmjaxBlockLlamaConfig(LlamaConfig):
+  model_type = BLOCK_CAUSAL_PREFIX + 'llama'
+
+
+class DlmjaxBlockQwen3ForCausalLM(DlmjaxQwen3ForCausalLM):
+  config_class = DlmjaxBlockQwen3Config
+
+
+class DlmjaxBlockQwen2ForCausalLM(DlmjaxQwen2ForCausalLM):
+  config_class = DlmjaxBlockQwen2Config
+
+
+class DlmjaxBlockLlamaForCausalLM(DlmjaxLlamaForCausalLM):
+  config_class = DlmjaxBlockLlamaConfig
+
+
 # model_type -> class, for loaders that pick by config.json (dlmjax.checkpoint.torch_reference).
 CLASSES = dict(
   qwen3=DlmjaxQwen3ForCausalLM, qwen2=DlmjaxQwen2ForCausalLM, llama=DlmjaxLlamaForCausalLM
+)
+CLASSES.update(
+  {
+    c.config_class.model_type: c
+    for c in (DlmjaxBlockQwen3ForCausalLM, DlmjaxBlockQwen2ForCausalLM, DlmjaxBlockLlamaForCausalLM)
+  }
 )
