@@ -7,6 +7,8 @@ export's family, Qwen3, Qwen2 or Llama, loaded through the modeling_dlmjax.py ev
 as a user loads it: AutoModelForCausalLM with trust_remote_code; else
 dlmjax.checkpoint.torch_reference) give our JAX forward's logits on the same random masked
 tokens? MegaDLMs' verify_correctness_dlm.py prints differences without a threshold; we pass or fail.
+A LoRA run's integrity checks are of its adapters; its base is restored and checked against the
+run's record, and parity runs on the merged model (checkpoint/run_model.py).
 Exit 0 when every check passes, 1 otherwise.
 
 Tolerances, relative to max(1, max |logit|) and to max(1, masked CE), with what we measured on
