@@ -1,9 +1,10 @@
-"""python -m benchmarks.linear_ce [--tokens 16384 --vocab 50304 --dim 2048]
+"""python -m benchmarks.linear_ce [--tokens 16384 --vocab 50304 --dim 2048 --token_vocab 50289]
 
 Times forward + backward of the output head + per-token CE, naive (the model's full f32 logits,
 then `token_cross_entropy`) against `linear_cross_entropy`, and prints one JSON line: median ms
 of each, the compiled temporary memory of each, the device's peak memory, and the largest
-difference between the two losses and gradients. On CPU pass small sizes.
+difference between the two losses and gradients; with --token_vocab also the fused version with
+the padded columns masked (masked_over_fused: its cost). On CPU pass small sizes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ _DIM = flags.DEFINE_integer('dim', 2048, 'model dimension')
 _CHUNK = flags.DEFINE_integer('chunk_size', 4096, 'tokens per chunk of the fused version')
 _DTYPE = flags.DEFINE_string('dtype', 'bfloat16', 'hidden-state dtype')
 _ITERS = flags.DEFINE_integer('iters', 20, 'timed calls; the median is reported')
+_TOKEN_VOCAB = flags.DEFINE_integer(
+  'token_vocab',
+  0,
+  "the tokenizer's vocabulary below --vocab (e.g. 50289 of 50304): also time "
+  'the fused version with the padding columns out of the softmax (0: skip)',
+)
 _NAIVE = flags.DEFINE_bool('naive', True, 'also time the naive version (needs ~3 T*V*4 bytes)')
 
 
@@ -63,7 +70,7 @@ def _peak_bytes():
   return None if stats is None else stats.get('peak_bytes_in_use')
 
 
-def run(tokens, vocab, dim, chunk_size, dtype, iters, naive=True) -> dict:
+def run(tokens, vocab, dim, chunk_size, dtype, iters, naive=True, token_vocab=0) -> dict:
   k = jax.random.split(jax.random.key(0), 4)
   hidden_TD = jax.random.normal(k[0], (tokens, dim), jnp.float32).astype(dtype)
   weight_DV = jax.random.normal(k[1], (dim, vocab), jnp.float32) / np.sqrt(dim)
@@ -81,6 +88,13 @@ def run(tokens, vocab, dim, chunk_size, dtype, iters, naive=True) -> dict:
   fused = _step(lambda h, w, t: linear_cross_entropy(h, w, t, chunk_size=chunk_size))
   result['fused_ms'], result['fused_temp_bytes'], fused_out = _time(fused, args, iters)
   result['peak_bytes_after_fused'] = _peak_bytes()
+  if token_vocab:  # the padded rows' -inf column bias (diffusion/loss.py column_bias)
+    bias_V = np.where(np.arange(vocab) < token_vocab, 0.0, -np.inf).astype(np.float32)
+    masked = _step(
+      lambda h, w, t: linear_cross_entropy(h, w, t, chunk_size=chunk_size, bias_V=bias_V)
+    )
+    result['masked_fused_ms'] = _time(masked, args, iters)[0]
+    result['masked_over_fused'] = result['masked_fused_ms'] / result['fused_ms']
   if naive:
     result['naive_ms'], result['naive_temp_bytes'], naive_out = _time(_step(naive_ce), args, iters)
     result['peak_bytes_after_naive'] = _peak_bytes()
@@ -106,6 +120,7 @@ def main(argv):
         jnp.dtype(_DTYPE.value),
         _ITERS.value,
         _NAIVE.value,
+        _TOKEN_VOCAB.value,
       )
     )
   )

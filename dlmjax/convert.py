@@ -11,10 +11,10 @@
 from, else the one the model's options choose (Qwen3 with QK-norm, Qwen2 with q/k/v biases, Llama
 with neither).
 
-A LoRA run (train.lora.rank > 0; its checkpoints hold the adapters) exports to-hf as the merged
-model, W + (alpha / r) A B in every adapted weight; with `--adapter peft` as a PEFT adapter
-directory instead (adapter_config.json + adapter_model.safetensors, PEFT's names for the exported
-layout) beside the base it trained on, exported to OUTPUT_DIR/base (docs/lora.md):
+A LoRA run (train.lora.rank > 0; its checkpoints hold the adapters) exports to-hf and to-torch
+as the merged model, W + (alpha / r) A B in every adapted weight; to-hf with `--adapter peft` as
+a PEFT adapter directory instead (adapter_config.json + adapter_model.safetensors, PEFT's names
+for the exported layout) beside the base it trained on, exported to OUTPUT_DIR/base (docs/lora.md):
 
     python -m dlmjax.convert to-hf --checkpoint-path runs/lora --output-dir hf/lora --adapter peft
 
@@ -36,20 +36,15 @@ from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_layouts
 from dlmjax.checkpoint import hf_mapping
-from dlmjax.checkpoint import lora_checkpoint
 from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import peft_io
+from dlmjax.checkpoint import run_model
 from dlmjax.checkpoint import safetensors_io
-from dlmjax.model import lora, quantize
+from dlmjax.model import quantize
 
 
 # ----------------------------------------------------------------------------------------------
 # LoRA runs
-
-
-def _is_lora_run(checkpoint_path: str) -> bool:
-  run_dir, _, _ = manager.resolve_step_dir(checkpoint_path)
-  return lora.is_lora_run(manager.load_run_config(run_dir))
 
 
 def lora_to_hf(
@@ -62,14 +57,14 @@ def lora_to_hf(
 ) -> str:
   """A LoRA run's step as the merged Hugging Face model (in `layout`), or as a PEFT adapter
   directory with its base exported to output_dir/base in the layout its PEFT names address."""
+  if adapter == 'merged':
+    run = run_model.restore(checkpoint_path)
+    return hf_io.write_hf(output_dir, run.config, run.params, layout=layout, **kwargs)
   run_dir, step_dir, _ = manager.resolve_step_dir(checkpoint_path)
   config = manager.load_run_config(run_dir)
-  cfg, adapters, frozen = lora_checkpoint.restore(run_dir, step_dir, config)
+  cfg, adapters, frozen = run_model.restore_lora(run_dir, step_dir, config)
   plain = config.copy_and_resolve_references()
-  plain.train.lora.rank = 0  # the exported model is a plain one
-  if adapter == 'merged':
-    merged = lora.merge_into_base(lora.combine(adapters, frozen), cfg.lora_spec)
-    return hf_io.write_hf(output_dir, plain, merged, layout=layout, **kwargs)
+  plain.train.lora.rank = 0  # the exported base is a plain model
   family = hf_mapping.export_family(cfg)
   if layout not in (hf_layouts.SOURCE, family):
     raise hf_io.ConvertError(
@@ -153,7 +148,7 @@ def main(argv=None) -> int:
   try:
     if getattr(args, 'output_dir', None):  # before any reading: a file there is refused at once
       hf_io.check_output_dir(args.output_dir)
-    if args.command == 'to-hf' and _is_lora_run(args.checkpoint_path):
+    if args.command == 'to-hf' and run_model.is_lora_run(args.checkpoint_path):
       out = lora_to_hf(
         args.checkpoint_path,
         args.output_dir,
@@ -176,6 +171,11 @@ def main(argv=None) -> int:
         max_shard_size=args.max_shard_size,
         trim_vocab=args.trim_vocab,
         layout=args.layout,
+      )
+    elif args.command == 'to-torch' and run_model.is_lora_run(args.checkpoint_path):
+      run = run_model.restore(args.checkpoint_path)  # merged
+      out = hf_io.write_torch(
+        args.output, run.config, run.params, dtype=args.dtype, trim_vocab=args.trim_vocab
       )
     elif args.command == 'to-torch':
       out = hf_io.torch_from_checkpoint(

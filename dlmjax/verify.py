@@ -7,6 +7,8 @@ export's family, Qwen3, Qwen2 or Llama, loaded through the modeling_dlmjax.py ev
 as a user loads it: AutoModelForCausalLM with trust_remote_code; else
 dlmjax.checkpoint.torch_reference) give our JAX forward's logits on the same random masked
 tokens? MegaDLMs' verify_correctness_dlm.py prints differences without a threshold; we pass or fail.
+A LoRA run's integrity checks are of its adapters; its base is restored and checked against the
+run's record, and parity runs on the merged model (checkpoint/run_model.py).
 Exit 0 when every check passes, 1 otherwise.
 
 Tolerances, relative to max(1, max |logit|) and to max(1, masked CE), with what we measured on
@@ -40,8 +42,11 @@ from dlmjax.checkpoint import families
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_mapping
+from dlmjax.checkpoint import lora_checkpoint
 from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import run_model
 from dlmjax.checkpoint import safetensors_io
+from dlmjax.model import lora
 from dlmjax.parallel import distributed
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.train import state as state_lib
@@ -74,10 +79,16 @@ def _metadata(item_dir: str) -> dict:
 # Integrity
 
 
-def _check_params_metadata(step_dir, cfg) -> Check:
-  expected = {
-    k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in _flat(model_lib.abstract(cfg)[1]).items()
-  }
+def stored_params(config):
+  """The params a step of this run holds, as ShapeDtypeStructs: the whole model, or a LoRA run's
+  adapters alone (its base lives where lora_base.json says)."""
+  cfg = lora.with_adapters(model_lib.ModelConfig.from_config(config), config)
+  shapes = model_lib.abstract(cfg)[1]
+  return lora.split(shapes)[0] if lora.is_lora_run(config) else shapes
+
+
+def _check_params_metadata(step_dir, shapes) -> Check:
+  expected = {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in _flat(shapes).items()}
   try:
     saved = {
       k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in _metadata(f'{step_dir}/params').items()
@@ -114,9 +125,9 @@ def _saved_items(meta, step_dir) -> tuple[str, ...]:
   return ('params',) + tuple(sorted(named - {'params'}))
 
 
-def _check_opt_state(step_dir, cfg, meta) -> Check:
+def _check_opt_state(step_dir, shapes, meta) -> Check:
   """Every param-shaped subtree of the optimizer state (Adam's mu, nu) covers all params."""
-  params = {k: tuple(v.shape) for k, v in _flat(model_lib.abstract(cfg)[1]).items()}
+  params = {k: tuple(v.shape) for k, v in _flat(shapes).items()}
   if not os.path.isdir(f'{step_dir}/opt_state'):
     if 'opt_state' in _saved_items(meta, step_dir):
       return Check(
@@ -165,11 +176,12 @@ def _all_finite(params):
 
 def check_integrity(step_dir: str, config, step: int):
   """(checks, params or None) of a step directory."""
-  cfg = model_lib.ModelConfig.from_config(config)
-  checks = [_check_params_metadata(step_dir, cfg)]
+  shapes = stored_params(config)
+  checks = [_check_params_metadata(step_dir, shapes)]
   if not checks[0].ok:
     return checks, None
-  params = manager.restore_params(step_dir, *model_lib.param_placement(config))
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  params = manager.restore_params(step_dir, shapes, jax.tree.map(lambda _: device, shapes))
   finite = _all_finite(params)
   bad = [k for k, v in _flat(finite).items() if not bool(v)]
   checks.append(
@@ -183,7 +195,7 @@ def check_integrity(step_dir: str, config, step: int):
     return checks + [Check('step metadata', False, str(e))], params
   checks += [
     _check_checksums(meta, params),
-    _check_opt_state(step_dir, cfg, meta),
+    _check_opt_state(step_dir, shapes, meta),
     _check_step_meta(meta, step, _saved_items(meta, step_dir)),
   ]
   if 'opt_state' in _saved_items(meta, step_dir) and checks[-2].ok:
@@ -412,7 +424,17 @@ def verify(
   except Exception as e:  # pylint: disable=broad-except  # any unreadable array is a finding.
     return checks + [Check('params readable', False, f'{type(e).__name__}: {e}')]
   checks += more
-  if params is None or not parity:
+  if params is None:
+    return checks
+  if lora.is_lora_run(config):  # the base it names, joined to the adapters (parity's model)
+    try:
+      run = run_model.restore(step_dir)
+    except (manager.CheckpointError, config_lib.ConfigError) as e:
+      return checks + [Check('LoRA base', False, str(e))]
+    base = lora_checkpoint.recorded_base(run_dir).get('path', config.init_from)
+    checks.append(Check('LoRA base', True, f'{base}, merged with the adapters for parity'))
+    config, params = run.config, run.params
+  if not parity:
     return checks
   if hf_dir is not None:
     checks.append(check_hf_weights(hf_dir, params, config))

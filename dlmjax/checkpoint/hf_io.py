@@ -36,6 +36,7 @@ from dlmjax.checkpoint import safetensors_io
 from dlmjax.data import errors as data_errors
 from dlmjax.data import run_tokenizer
 from dlmjax.data import tokenizer as tokenizer_lib
+from dlmjax.model import lora
 from dlmjax.parallel import distributed
 
 DTYPES = {'fp32': np.dtype(np.float32), 'bf16': np.dtype(ml_dtypes.bfloat16)}
@@ -233,8 +234,14 @@ def _write_tokenizer_config(tokenizer: str, output_dir: str, config) -> None:
 
 
 def _restore(checkpoint_path: str):
+  """A full run's params (a LoRA run's go through checkpoint/run_model.py, as convert does)."""
   run_dir, step_dir, step = manager.resolve_step_dir(checkpoint_path)
   config = manager.load_run_config(run_dir)
+  if lora.is_lora_run(config):
+    raise ConvertError(
+      f'{checkpoint_path} is a LoRA run (adapters over a base): export it with python -m '
+      'dlmjax.convert, which merges them, or read it with checkpoint/run_model.py.'
+    )
   shapes, shardings = model_lib.param_placement(config)
   return config, manager.restore_params(step_dir, shapes, shardings), step
 
@@ -275,6 +282,14 @@ def hf_from_checkpoint(
 def torch_from_checkpoint(
   checkpoint_path: str, output_file: str, *, dtype: str = 'fp32', trim_vocab: bool = False
 ) -> str:
+  """A run directory (latest step) or step directory as a PyTorch file (write_torch)."""
+  config, params, _ = _restore(checkpoint_path)
+  return write_torch(output_file, config, params, dtype=dtype, trim_vocab=trim_vocab)
+
+
+def write_torch(
+  output_file: str, config, params: dict, *, dtype: str = 'fp32', trim_vocab: bool = False
+) -> str:
   """Writes {'state_dict', 'hf_config', 'dlmjax_config', 'format'} with torch.save.
 
   torch.save needs the whole dict in host memory, so the model is on the host once as torch
@@ -282,7 +297,6 @@ def torch_from_checkpoint(
   """
   import torch  # pylint: disable=import-outside-toplevel
 
-  config, params, _ = _restore(checkpoint_path)
   cfg = model_lib.ModelConfig.from_config(config)
   rows = _vocab_rows(config, trim_vocab)
   torch_dtype = {'fp32': torch.float32, 'bf16': torch.bfloat16}[dtype]

@@ -1,24 +1,24 @@
 """`init_from`: start a run from another model, which supplies the architecture and the weights.
 
 The source is a dlmjax run directory (its latest step), a step directory, or a Hugging Face
-directory (read through checkpoint/hf_io.py). Model keys the config leaves at their defaults take
-the source's values, so `configs/sft.py --config.init_from=PATH` needs no model keys; keys the
-config sets keep their values (and the architecture ones must then match the weights). Run-time
-knobs (compute dtype, attention backend, remat, scan, loss chunking) stay the config's own.
+directory (read through checkpoint/hf_io.py); a LoRA run is its merged model, so a run can start
+from one (a LoRA run on it gets fresh adapters over the merged weights; rank 0 fine-tunes them).
+Model keys the config leaves at their defaults take the source's values, so `configs/sft.py
+--config.init_from=PATH` needs no model keys; keys the config sets keep their values (and the
+architecture ones must then match the weights). Run-time knobs (compute dtype, attention
+backend, remat, scan, loss chunking) stay the config's own.
 """
 
 from __future__ import annotations
 
 import os
 
-import jax
 
 from dlmjax import config as config_lib
-from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hub
 from dlmjax.checkpoint import manager as checkpoint_lib
-from dlmjax.model import lora
+from dlmjax.checkpoint import run_model
 
 RUNTIME_MODEL_KEYS = ('dtype', 'attention_backend', 'remat', 'scan_layers', 'loss_chunk_tokens')
 _ADOPTED_DATA_KEYS = ('tokenizer', 'cache_dir')  # where the source's tokenizer lives.
@@ -56,20 +56,7 @@ def adopt_source_config(config) -> list[str]:
 
 
 def restore_params(config, setup, purpose: str = 'initialising') -> dict:
-  """The source's params in the setup's shardings; the architecture must match the config.
-  `purpose` names the use in the printed line (the RL reference model restores them again)."""
-  path = hub.resolve(config.init_from)
-  if hf_io.is_hf_dir(path):
-    _, params = hf_io.load_hf(path, config=config)  # checks the weights against config
-    return jax.device_put(params, model_lib.param_placement(config, setup.mesh)[1])
-  run_dir, step_dir, _ = checkpoint_lib.resolve_step_dir(path)
-  if lora.is_lora_run(checkpoint_lib.load_run_config(run_dir)):
-    raise config_lib.ConfigError(
-      f'init_from={path!r} is a LoRA run (its checkpoints hold adapters only): export it merged '
-      'with python -m dlmjax.convert to-hf and set --config.init_from to that directory.'
-    )
-  checkpoint_lib.check_architecture(checkpoint_lib.load_run_config(run_dir), config)
-  if jax.process_index() == 0:
-    print(f'{purpose} from {step_dir}', flush=True)
-  shapes, shardings = model_lib.param_placement(config, setup.mesh)
-  return checkpoint_lib.restore_params(step_dir, shapes, shardings)
+  """The source's params in the setup's shardings; the architecture must match the config. A
+  LoRA run is its merged model (checkpoint/run_model.py). `purpose` names the use in the printed
+  line (the RL reference model restores them again)."""
+  return run_model.source_params(config, setup.mesh, purpose=purpose)

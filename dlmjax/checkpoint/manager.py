@@ -642,9 +642,44 @@ def restore_params(step_dir: str, shapes, shardings) -> dict:
     _quiet_item_metadata_notice()
     return ocp.StandardCheckpointer().restore(path, _abstract(shapes, shardings))
   except (ValueError, KeyError) as e:
-    raise CheckpointError(
-      f'the params in {path} do not match the model of its config ({e}); was the config edited?'
-    ) from e
+    raise CheckpointError(_params_mismatch(path, shapes, e)) from e
+
+
+ADAPTER_SUFFIXES = ('_lora_a', '_lora_b')  # model/lora.py's names of a LoRA run's arrays
+
+
+def _params_mismatch(path: str, shapes, error) -> str:
+  """One line naming what differs between the saved params and the model asked for: arrays the
+  checkpoint lacks, arrays it has beyond the model, shapes or dtypes that differ (orbax's own
+  message only where its metadata cannot be read)."""
+  try:
+    saved = _layout(item_metadata(path).tree)
+  except Exception:  # pylint: disable=broad-except
+    return f'the params in {path} cannot be read into the model of its config ({_one_line(error)}).'
+  want = _layout(shapes)
+  if saved and all(k.endswith(ADAPTER_SUFFIXES) for k in saved):
+    return (
+      f'the params in {path} are the adapters of a LoRA run, not a whole model: read the run '
+      'through checkpoint/run_model.py (dlmjax.load_pretrained, convert and init_from do), '
+      'which joins them to their base.'
+    )
+  lacks = sorted(set(want) - set(saved))
+  extra = sorted(set(saved) - set(want))
+  shaped = [f'{k} {saved[k]} (model {want[k]})' for k in sorted(set(saved) & set(want))]
+  shaped = [s for s, k in zip(shaped, sorted(set(saved) & set(want))) if saved[k] != want[k]]
+  parts = [
+    f'{label}: {", ".join(items[:3])}{f" and {len(items) - 3} more" if len(items) > 3 else ""}'
+    for label, items in (
+      ('the checkpoint lacks', lacks),
+      ('it holds arrays the model has not', extra),
+      ('shaped otherwise', shaped),
+    )
+    if items
+  ]
+  return (
+    f'the params in {path} are not the model its config describes '
+    f'({"; ".join(parts) or _one_line(error)}).'
+  )
 
 
 def save_params_checkpoint(

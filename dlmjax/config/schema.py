@@ -106,6 +106,10 @@ def defaults() -> ml_collections.ConfigDict:
   # [x_t || x_0], a t per model.block_size block; needs attention_mask=block_causal).
   c.diffusion.objective = 'mdm'
   c.diffusion.varlen_prob = 0.01  # share of micro-batches truncated to a random length.
+  # objective=block's softmax: subs (BD3LM's SUBS, the MASK logit -inf before the log-softmax:
+  # the default, as bd3lm.yaml trains) or plain (CE over the whole vocabulary, MASK included).
+  # mdm and ar keep plain CE (MegaDLMs, LLaDA). docs/block_diffusion.md.
+  c.diffusion.block_parameterization = 'subs'
 
   c.data = ml_collections.ConfigDict()
   # builtin | megatron | tfds:NAME:SPLIT (the `tfds` extra; TFDS_DATA_DIR says where the prepared

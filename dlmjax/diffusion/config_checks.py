@@ -7,6 +7,7 @@ from dlmjax.config import ConfigError, registry
 from dlmjax.diffusion import cache_modes, loss, sampler_settings, schedules
 
 registry.choices('diffusion.objective', loss.OBJECTIVES)
+registry.choices('diffusion.block_parameterization', loss.BLOCK_PARAMETERIZATIONS)
 registry.choices('sampler.cache', cache_modes.MODES)
 registry.choices('sampler.schedule', schedules.SCHEDULES)
 

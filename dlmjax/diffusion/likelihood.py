@@ -103,7 +103,7 @@ def _token_ce(module, noisy_NL, tokens_NL, context_NL, valid_length_N, settings,
   )
   conditional, unconditional = jnp.split(logits.astype(jnp.float32), 2)
   guided = unconditional + (settings.cfg_scale + 1) * (conditional - unconditional)
-  return loss_lib.token_cross_entropy(guided, tokens_NL)
+  return loss_lib.token_cross_entropy(guided, tokens_NL, loss_lib.column_bias(module.cfg))
 
 
 def log_likelihood(

@@ -10,30 +10,69 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dlmjax.diffusion import masking
 from dlmjax.kernels import linear_cross_entropy
 
 
-def token_cross_entropy(logits_BLV, targets_BL):
-  """Per-token CE in float32."""
+def column_bias(cfg, exclude_ids=()):
+  """A float32 [V] constant, 0 on the columns a softmax ranges over and -inf on the rest: the
+  embedding's padding rows (cfg.token_vocab_size up to cfg.vocab_size, Megatron pads to a
+  multiple of 128) and `exclude_ids` (SUBS: MASK). None when nothing is left out. Built in
+  numpy, so each program compiles it in as one constant added to the logits."""
+  real = cfg.token_vocab_size or cfg.vocab_size
+  if real >= cfg.vocab_size and not exclude_ids:
+    return None
+  bias_V = np.zeros((cfg.vocab_size,), np.float32)
+  bias_V[real:] = -np.inf
+  bias_V[list(exclude_ids)] = -np.inf
+  return bias_V
+
+
+# objective=block's softmax: BD3LM's SUBS (MASK left out) or plain CE over the whole vocabulary.
+BLOCK_PARAMETERIZATIONS = ('subs', 'plain')
+
+
+def excluded_ids(config) -> tuple[int, ...]:
+  """Token ids a run's training softmax leaves out: MASK for objective=block under BD3LM's SUBS
+  parameterisation (diffusion.block_parameterization), none otherwise."""
+  d = config.diffusion
+  if d.objective == 'block' and d.get('block_parameterization', 'subs') == 'subs':
+    return (config.model.mask_token_id,)
+  return ()
+
+
+def token_cross_entropy(logits_BLV, targets_BL, bias_V=None):
+  """Per-token CE in float32; bias_V (column_bias) leaves columns out of the softmax."""
   logits_BLV = logits_BLV.astype(jnp.float32)
+  if bias_V is not None:
+    logits_BLV = logits_BLV + bias_V[(None,) * (logits_BLV.ndim - 1)]
   target_logit = jnp.take_along_axis(logits_BLV, targets_BL[..., None], axis=-1)[..., 0]
   return jax.nn.logsumexp(logits_BLV, axis=-1) - target_logit
 
 
 def model_cross_entropy(
-  module, inputs_BL, targets_BL, *, chunk_size: int, token_shards: int = 1, **model_kwargs
+  module,
+  inputs_BL,
+  targets_BL,
+  *,
+  chunk_size: int,
+  token_shards: int = 1,
+  exclude_ids=(),
+  **model_kwargs,
 ):
-  """Per-token CE [B, L] of the model's predictions for `targets` given `inputs`.
+  """Per-token CE [B, L] of the model's predictions for `targets` given `inputs`, over the
+  tokenizer's vocabulary (the padding rows are no tokens) less `exclude_ids` (SUBS: MASK).
 
   chunk_size > 0 fuses the output head with the CE over token chunks (never materialising fp32
   [B*L, V] logits: 1.27x faster and 4.5x less memory on the 1.7B head, docs/benchmarks.md,
   Output head + cross-entropy);
   0 computes the full logits first.
   """
+  bias_V = column_bias(module.cfg, exclude_ids)
   if chunk_size == 0:
-    return token_cross_entropy(module(inputs_BL, **model_kwargs), targets_BL)
+    return token_cross_entropy(module(inputs_BL, **model_kwargs), targets_BL, bias_V)
   hidden_BLD = module.hidden(inputs_BL, **model_kwargs)
   batch, length, dim = hidden_BLD.shape
   ce_T = linear_cross_entropy.linear_cross_entropy(
@@ -42,6 +81,7 @@ def model_cross_entropy(
     targets_BL.reshape(-1),
     chunk_size=chunk_size,
     token_shards=token_shards,
+    bias_V=bias_V,
   )
   return ce_T.reshape(batch, length)
 

@@ -16,11 +16,12 @@ from dlmjax import model as model_lib
 from dlmjax.observability import progress
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hub
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import run_model
 from dlmjax.data import chat
 from dlmjax.data import run_tokenizer
 from dlmjax.diffusion import infill as infill_lib
 from dlmjax.diffusion import sampler
+from dlmjax.model import lora
 from dlmjax.model import programs
 from dlmjax.parallel import rules
 
@@ -35,12 +36,13 @@ DIFFUCODER_PAD_PIECE = '<|dlm_pad|>'
 class Pretrained:
   """Config, params and a jitted forward; `logits` returns the tokenizer's vocabulary."""
 
-  def __init__(self, config, params: dict, source: str = '', mesh=None):
+  def __init__(self, config, params: dict, source: str = '', mesh=None, model_config=None):
+    """model_config: the model `params` are (default: the config's; a LoRA run's adapters)."""
     self.config = config
     self.params = params
     self.source = source
     self.mesh = mesh
-    self.model_config = model_lib.ModelConfig.from_config(config)
+    self.model_config = model_config or model_lib.ModelConfig.from_config(config)
     cfg = self.model_config
     self._forward = programs.jit_program(
       lambda p, tokens: model_lib.merge(cfg, p)(tokens), cfg.matmul_dtype
@@ -192,26 +194,36 @@ MODEL_PATH_HELP = (
 
 
 def load_pretrained(
-  path: str, *, dtype: str | None = None, mesh=None, missing_qk_norm: str = 'error'
+  path: str,
+  *,
+  dtype: str | None = None,
+  mesh=None,
+  missing_qk_norm: str = 'error',
+  merge_lora: bool = True,
 ) -> Pretrained:
   """Loads a checkpoint for inference.
 
   Args:
     path: step directory, run directory (latest step), Hugging Face directory or hub id
-      `org/name[@revision]` (checkpoint/hub.py: the cache first, downloaded when online).
+      `org/name[@revision]` (checkpoint/hub.py: the cache first, downloaded when online). A LoRA
+      run loads as its base with the adapters (checkpoint/run_model.py).
     dtype: compute dtype override ('float32' | 'bfloat16', or 'fp32' | 'bf16'); default: the run's.
     mesh: place params in the mesh's shardings (orbax checkpoints); default: one device.
     missing_qk_norm: for Hugging Face models without QK-norm, see `dlmjax.convert`.
+    merge_lora: a LoRA run merged into its base (a plain float32 model, the default), or kept
+      as the run computes it: the base in its frozen storage (int8/NF4 stays small) and the
+      adapters beside it.
   """
   path = os.path.abspath(hub.resolve(path))
   if hf_io.is_hf_dir(path):
     config, params = hf_io.load_hf(path, missing_qk_norm=missing_qk_norm)
   else:
-    run_dir, step_dir, _ = manager.resolve_step_dir(path)
-    config = manager.load_run_config(run_dir)
-    params = manager.restore_params(step_dir, *model_lib.param_placement(config, mesh))
+    run = run_model.restore(path, mesh, merge_lora=merge_lora)
+    config, params = run.config, run.params
   if dtype is not None:
     config.model.dtype = _DTYPE_NAMES.get(dtype, dtype)
   if config.model.attention_backend == 'cudnn' and jax.default_backend() != 'gpu':
     config.model.attention_backend = 'xla'  # a GPU run's config, loaded on a CPU.
-  return Pretrained(config, params, source=path, mesh=mesh)
+  # After the overrides above; a LoRA run kept unmerged computes with its adapters.
+  model_config = lora.with_adapters(model_lib.ModelConfig.from_config(config), config)
+  return Pretrained(config, params, source=path, mesh=mesh, model_config=model_config)

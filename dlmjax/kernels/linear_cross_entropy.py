@@ -22,8 +22,9 @@ def linear_cross_entropy(
   chunk_size: int = 4096,
   compute_dtype=None,
   token_shards: int = 1,
+  bias_V=None,
 ):
-  """Per-token float32 `logsumexp(h W) - (h W)[target]`, computed chunk by chunk.
+  """Per-token float32 `logsumexp(h W + b) - (h W + b)[target]`, computed chunk by chunk.
 
   Args:
     hidden_TD: final hidden states, bf16 or f32 (flatten [B, L, D] to [B*L, D] first).
@@ -38,6 +39,8 @@ def linear_cross_entropy(
       The backward then keeps one f32 d_W partial per shard, so XLA sums d_W across devices once
       after the loop instead of all-reducing [D, V] once per chunk. Costs token_shards * D * V
       f32 in all, one [D, V] per device when sharded; leave it at 1 on a single device.
+    bias_V: a float32 [V] constant added to every row's logits (0, or -inf on the columns the
+      softmax leaves out: the vocabulary's padding rows, SUBS's MASK); None adds nothing.
 
   Returns:
     ce_T in float32. Gradients reach hidden (in its dtype) and weight (in its dtype, accumulated
@@ -61,7 +64,12 @@ def linear_cross_entropy(
   if pad:  # Padded rows get a zero cotangent from the slice below, so they add nothing to d_W.
     hidden_TD = jnp.pad(hidden_TD, ((0, pad), (0, 0)))
     targets_T = jnp.pad(targets_T, (0, pad))
-  return _fused(hidden_TD, weight_DV, targets_T, num_chunks, dtype, token_shards)[:num_tokens]
+  use_bias = bias_V is not None
+  bias_V = jnp.zeros((weight_DV.shape[1],), jnp.float32) if bias_V is None else bias_V
+  ce_T = _fused(
+    hidden_TD, weight_DV, targets_T, jnp.asarray(bias_V), num_chunks, dtype, token_shards, use_bias
+  )
+  return ce_T[:num_tokens]
 
 
 def _split(x_T, num_chunks):
@@ -81,8 +89,11 @@ def _merge(x_NC):
   return jnp.swapaxes(x_NC, 0, 1).reshape(-1, *x_NC.shape[2:])
 
 
-def _logits(h_CD, w_DV):
-  return jnp.einsum('cd,dv->cv', h_CD.astype(w_DV.dtype), w_DV, preferred_element_type=jnp.float32)
+def _logits(h_CD, w_DV, bias_V, use_bias):
+  logits_CV = jnp.einsum(
+    'cd,dv->cv', h_CD.astype(w_DV.dtype), w_DV, preferred_element_type=jnp.float32
+  )
+  return logits_CV + bias_V[None] if use_bias else logits_CV
 
 
 def _is_target(t_C, vocab):
@@ -91,19 +102,20 @@ def _is_target(t_C, vocab):
   return t_C[:, None] == jax.lax.broadcasted_iota(t_C.dtype, (t_C.shape[0], vocab), 1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _fused(hidden_TD, weight_DV, targets_T, num_chunks, dtype, token_shards):
-  return _fused_fwd(hidden_TD, weight_DV, targets_T, num_chunks, dtype, token_shards)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _fused(hidden_TD, weight_DV, targets_T, bias_V, num_chunks, dtype, token_shards, use_bias):
+  args = (hidden_TD, weight_DV, targets_T, bias_V, num_chunks, dtype, token_shards, use_bias)
+  return _fused_fwd(*args)[0]
 
 
-def _fused_fwd(hidden_TD, weight_DV, targets_T, num_chunks, dtype, token_shards):
+def _fused_fwd(hidden_TD, weight_DV, targets_T, bias_V, num_chunks, dtype, token_shards, use_bias):
   del token_shards  # Only the backward's d_W sum needs it.
   w_DV = weight_DV.astype(dtype)
   vocab = w_DV.shape[1]
 
   def chunk(carry, xs):
     h_CD, t_C = xs
-    logits_CV = _logits(h_CD, w_DV)
+    logits_CV = _logits(h_CD, w_DV, bias_V, use_bias)
     max_C = jnp.max(logits_CV, axis=-1)
     lse_C = max_C + jnp.log(jnp.sum(jnp.exp(logits_CV - max_C[:, None]), axis=-1))
     target_C = jnp.sum(jnp.where(_is_target(t_C, vocab), logits_CV, 0.0), axis=-1)
@@ -111,17 +123,17 @@ def _fused_fwd(hidden_TD, weight_DV, targets_T, num_chunks, dtype, token_shards)
 
   xs = (_split(hidden_TD, num_chunks), _split(targets_T, num_chunks))
   _, (ce_NC, lse_NC) = jax.lax.scan(chunk, None, xs)
-  return _merge(ce_NC), (hidden_TD, weight_DV, targets_T, lse_NC)
+  return _merge(ce_NC), (hidden_TD, weight_DV, targets_T, bias_V, lse_NC)
 
 
-def _fused_bwd(num_chunks, dtype, token_shards, residuals, d_ce_T):
-  hidden_TD, weight_DV, targets_T, lse_NC = residuals
+def _fused_bwd(num_chunks, dtype, token_shards, use_bias, residuals, d_ce_T):
+  hidden_TD, weight_DV, targets_T, bias_V, lse_NC = residuals
   w_DV = weight_DV.astype(dtype)
   dim, vocab = w_DV.shape
 
   def chunk(d_w_GDV, xs):
     h_CD, t_C, lse_C, g_C = xs
-    probs_CV = jnp.exp(_logits(h_CD, w_DV) - lse_C[:, None])
+    probs_CV = jnp.exp(_logits(h_CD, w_DV, bias_V, use_bias) - lse_C[:, None])
     # Cast to the compute dtype so both matmuls run at bf16 rate, as autodiff of the bf16 head
     # would; their sums still accumulate in f32.
     d_logits_CV = ((probs_CV - _is_target(t_C, vocab)) * g_C[:, None]).astype(dtype)
@@ -144,7 +156,8 @@ def _fused_bwd(num_chunks, dtype, token_shards, residuals, d_ce_T):
   )
   zeros_GDV = jnp.zeros((token_shards, dim, vocab), jnp.float32)
   d_w_GDV, d_h_NCD = jax.lax.scan(chunk, zeros_GDV, xs)
-  return _merge(d_h_NCD), jnp.sum(d_w_GDV, axis=0).astype(weight_DV.dtype), None
+  d_w_DV = jnp.sum(d_w_GDV, axis=0).astype(weight_DV.dtype)
+  return _merge(d_h_NCD), d_w_DV, None, jnp.zeros_like(bias_V)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)

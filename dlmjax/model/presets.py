@@ -352,6 +352,9 @@ class ModelConfig:
   ffn_dim: int
   vocab_size: int  # padded: the number of embedding rows and logits.
   seq_len: int
+  # The tokenizer's vocabulary (model.vocab_size); rows from here to vocab_size are padding that
+  # every loss leaves out of its softmax (diffusion/loss.py column_bias). 0: no padding.
+  token_vocab_size: int = 0
   rope_theta: float = 10000.0
   rope_fraction: float = 1.0  # model.rope_fraction: the share of each head's dims RoPE rotates
   rope_scaling: str = ''  # model.rope_scaling: '' or 'TYPE:field=value,...' (layers.rope_inv_freq)
@@ -425,6 +428,7 @@ class ModelConfig:
       head_dim=m.head_dim,
       ffn_dim=m.ffn_dim,
       vocab_size=config_lib.padded_vocab_size(config),
+      token_vocab_size=config.model.vocab_size,
       seq_len=m.seq_len,
       rope_theta=m.rope_theta,
       rope_scaling=m.rope_scaling,

@@ -34,7 +34,7 @@ def module():
       'model.num_kv_heads': 1,
       'model.ffn_dim': 64,
       'model.seq_len': SEQ,
-      'model.vocab_size': 64,
+      'model.vocab_size': VOCAB,
       'model.mask_token_id': MASK,
     }
   )
@@ -42,8 +42,14 @@ def module():
   return model_lib.merge(cfg, model_lib.init_params(cfg, jax.random.key(0)))
 
 
-def numpy_ce(logits, targets):
-  logits = np.asarray(logits, np.float64)
+VOCAB = 64  # the tokenizer's; the embedding pads it to 128 rows, which no softmax includes
+
+
+def numpy_ce(logits, targets, keep=np.arange(VOCAB)):
+  """CE written out over the kept columns: the tokenizer's vocabulary (SUBS: less MASK)."""
+  logits = np.where(
+    np.isin(np.arange(logits.shape[-1]), keep), np.asarray(logits, np.float64), -np.inf
+  )
   top = logits.max(-1, keepdims=True)
   lse = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
   return lse - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
@@ -109,14 +115,18 @@ PACKED = np.array([[1] * 7 + [2] * 9, [1] * 3 + [2] * 13], np.int32)
 
 
 @pytest.mark.parametrize(
-  'chunk_size, packed', [(0, False), (8, False), (0, True)]
-)  # full logits, the fused head + CE, and packed documents (blocks from each one's start)
-def test_block_loss_matches_the_per_block_formula(module, chunk_size, packed):
+  'chunk_size, packed, subs', [(0, False, False), (8, False, True), (0, True, True)]
+)  # full logits, the fused head + CE, packed documents (blocks from each one's start); SUBS:
+# BD3LM's MASK logit at -inf before the log-softmax (the block objective's default)
+def test_block_loss_matches_the_per_block_formula(module, chunk_size, packed, subs):
   rng = np.random.default_rng(1)
   tokens = rng.integers(4, 64, (2, SEQ + 1)).astype(np.int32)
   segments = np.concatenate([PACKED, PACKED[:, -1:]], 1) if packed else None
   ids = jnp.array([5, 9])
-  ce_fn = functools.partial(loss_lib.model_cross_entropy, module, chunk_size=chunk_size)
+  excluded = (MASK,) if subs else ()
+  ce_fn = functools.partial(
+    loss_lib.model_cross_entropy, module, chunk_size=chunk_size, exclude_ids=excluded
+  )
   kw = dict(seed=7, step=3, micro_index=0, example_ids_B=ids, mask_id=MASK, block_size=BLOCK)
   objective, sums = jax.jit(
     lambda t, s: loss_lib.block_loss(ce_fn, t, varlen_prob=0.0, segment_ids=s, **kw)
@@ -139,7 +149,8 @@ def test_block_loss_matches_the_per_block_formula(module, chunk_size, packed):
     logits = packed_per_block_logits(module, noisy, x, PACKED)
   else:
     logits = per_block_logits(module, noisy, x)
-  want = np.sum(numpy_ce(logits, x) * masked / t) / x.size
+  keep = np.setdiff1d(np.arange(VOCAB), excluded)
+  want = np.sum(numpy_ce(logits, x, keep) * masked / t) / x.size
   np.testing.assert_allclose(float(objective), want, rtol=2e-5)
   assert float(sums['loss_den']) == x.size  # real tokens: L per row, not 2L
   assert float(sums['masked_count']) == masked.sum()

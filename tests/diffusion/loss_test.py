@@ -217,3 +217,57 @@ def test_shifted_model_cross_entropy_is_the_formula_on_shifted_logits(chunk_size
   shifted = model_lib.merge(dataclasses.replace(cfg, shift_logits=True), params)
   got = loss_lib.model_cross_entropy(shifted, tokens, targets, chunk_size=chunk_size)
   np.testing.assert_allclose(got, numpy_ce(shifted_logits, np.asarray(targets)), rtol=1e-5)
+
+
+# ---- The softmax over the tokenizer's vocabulary (padding rows out), and BD3LM's SUBS ----
+
+
+def _log_softmax_np(logits, keep):
+  """log p over the kept columns only, written out: z - log sum_{kept} exp z."""
+  z = np.asarray(logits, np.float64)[..., keep]
+  return (
+    z
+    - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    - z.max(-1, keepdims=True)
+  )
+
+
+@pytest.mark.parametrize('chunk_size', [0, 8])
+def test_cross_entropy_leaves_out_padded_rows_and_subs_mask(chunk_size):
+  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
+  from tests.conftest import tiny_test_config  # pylint: disable=import-outside-toplevel
+
+  config = tiny_test_config(**{'model.vocab_size': 200, 'model.mask_token_id': 199})
+  cfg = model_lib.ModelConfig.from_config(config)
+  assert cfg.vocab_size == 256 and cfg.token_vocab_size == 200
+  module = model_lib.merge(cfg, model_lib.init_params(cfg, jax.random.key(0)))
+  rng = np.random.default_rng(0)
+  inputs = jnp.asarray(rng.integers(0, 200, (2, 8)), jnp.int32)
+  targets = jnp.asarray(rng.integers(0, 199, (2, 8)), jnp.int32)
+  logits = np.asarray(module(inputs))
+  rows = np.arange(2)[:, None], np.arange(8)[None, :]
+  for excluded, keep in (((), np.arange(200)), ((199,), np.arange(199))):
+    expected = -_log_softmax_np(logits, keep)[(*rows, np.asarray(targets))]
+    ce = jax.jit(
+      lambda i, t, e=excluded: loss_lib.model_cross_entropy(
+        module, i, t, chunk_size=chunk_size, exclude_ids=e
+      )
+    )(inputs, targets)
+    np.testing.assert_allclose(np.asarray(ce), expected, rtol=1e-5, atol=1e-5)
+  # The padded rows get no gradient through the softmax (the fused head's backward included).
+  grad = jax.grad(
+    lambda m: loss_lib.model_cross_entropy(m, inputs, targets, chunk_size=chunk_size).sum()
+  )(module)
+  head = np.asarray(grad.head_weight_DV())
+  assert np.abs(head[:, 200:]).max() == 0 and np.abs(head[:, :200]).max() > 0
+
+
+def test_block_objective_defaults_to_subs_and_mdm_keeps_plain_ce():
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
+
+  c = config_lib.defaults()
+  assert loss_lib.excluded_ids(c) == ()  # mdm: MegaDLMs' / LLaDA's CE over the whole vocabulary
+  c.diffusion.objective = 'block'
+  assert loss_lib.excluded_ids(c) == (c.model.mask_token_id,)  # bd3lm.yaml: parameterization subs
+  c.diffusion.block_parameterization = 'plain'
+  assert loss_lib.excluded_ids(c) == ()

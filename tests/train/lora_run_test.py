@@ -14,7 +14,7 @@ import pytest
 from dlmjax import config as config_lib
 from dlmjax import convert
 from dlmjax import model as model_lib
-from dlmjax.checkpoint import lora_checkpoint, manager, peft_io
+from dlmjax.checkpoint import lora_checkpoint, manager, peft_io, run_model
 from dlmjax.model import lora
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.train import loop
@@ -96,11 +96,9 @@ def test_lora_checkpoints_hold_adapters_and_resume_exactly(runs, tmp_path):
   loop.train(_lora(tmp_path, base, **{'train.exit_at_step': 2}))
   loop.train(_lora(tmp_path, base))  # resumes from step 2
   assert [_losses(tmp_path)[s] for s in (3, 4)] == [_losses(straight)[s] for s in (3, 4)]
-  # Changed adapters, a LoRA run as init_from, a base that changed since: one line each.
+  # Changed adapters, a base that changed since: one line each.
   with pytest.raises(config_lib.ConfigError, match='train.lora.rank: checkpoint 4, run 8'):
     loop.train(_lora(tmp_path, base, **{'train.lora.rank': 8, 'train.steps': 6}))
-  with pytest.raises(config_lib.ConfigError, match='is a LoRA run'):
-    loop.train(_config(tmp_path / 'from_lora', **{'stage': 'sft', 'init_from': str(straight)}))
   record = os.path.join(tmp_path, lora_checkpoint.BASE_FILE)
   with open(record) as f:
     saved = json.load(f)
@@ -114,7 +112,7 @@ def test_lora_checkpoints_hold_adapters_and_resume_exactly(runs, tmp_path):
 def _our_logits(run_dir, tokens):
   run_dir, step_dir, _ = manager.resolve_step_dir(str(run_dir))
   config = manager.load_run_config(run_dir)
-  cfg, adapters, frozen = lora_checkpoint.restore(run_dir, step_dir, config)
+  cfg, adapters, frozen = run_model.restore_lora(run_dir, step_dir, config)
   adapted = np.asarray(model_lib.merge(cfg, lora.combine(adapters, frozen))(tokens))
   base_cfg = model_lib.ModelConfig.from_config(config)
   plain = np.asarray(model_lib.merge(base_cfg, frozen)(tokens))

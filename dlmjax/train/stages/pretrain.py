@@ -24,7 +24,9 @@ def make_loss(config):
   objective = loss_lib.OBJECTIVES[config.diffusion.objective]
   num_micro = config_lib.num_microbatches(config)
   head = dict(
-    chunk_size=config.model.loss_chunk_tokens, token_shards=config_lib.batch_parallelism(config)
+    chunk_size=config.model.loss_chunk_tokens,
+    token_shards=config_lib.batch_parallelism(config),
+    exclude_ids=loss_lib.excluded_ids(config),
   )
   bound = dict(
     seed=config.seed, mask_id=config.model.mask_token_id, varlen_prob=config.diffusion.varlen_prob

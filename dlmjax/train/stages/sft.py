@@ -23,7 +23,9 @@ def make_loss(config):
   """
   num_micro = config_lib.num_microbatches(config)
   head = dict(
-    chunk_size=config.model.loss_chunk_tokens, token_shards=config_lib.batch_parallelism(config)
+    chunk_size=config.model.loss_chunk_tokens,
+    token_shards=config_lib.batch_parallelism(config),
+    exclude_ids=loss_lib.excluded_ids(config),
   )
   bound = dict(
     seed=config.seed,
