@@ -176,6 +176,7 @@ def test_choice_lists_are_their_owners_tables():
     'model.matmul_dtype': layers.MATMUL_DTYPES,
     'model.remat': transformer.REMAT_POLICIES,
     'diffusion.objective': loss.OBJECTIVES,
+    'diffusion.block_parameterization': loss.BLOCK_PARAMETERIZATIONS,
     'train.schedule': optimizer.SCHEDULES,
     'sft.chat_template': chat.TEMPLATES,
     'sft.too_long': sft_rows.TOO_LONG,
