@@ -115,8 +115,10 @@ def _num_keys(node):
   return sum(_num_keys(v) if isinstance(v, dict) else 1 for v in node.values())
 
 
-def test_the_config_has_fewer_than_150_keys():
-  assert _num_keys(config_lib.defaults().to_dict()) < 150
+def test_the_config_has_fewer_than_160_keys():
+  # A budget, raised only with a stage: 144 keys before preference (VRPO) and distillation
+  # joined the SFT / preference groups; a feature's tuning knobs belong in its code's defaults.
+  assert _num_keys(config_lib.defaults().to_dict()) < 160
 
 
 def test_every_key_has_its_meaning_and_no_comment_cites_an_issue():
