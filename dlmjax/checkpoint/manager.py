@@ -26,6 +26,7 @@ import orbax.checkpoint as ocp
 
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import checksums
+from dlmjax.checkpoint import host_transfer
 from dlmjax.checkpoint import steps as steps_lib
 
 CONFIG_FILE = 'config.json'
@@ -203,12 +204,15 @@ class RunCheckpoints:
     self._save_started: float | None = None
     self._slowest_save_s = 0.0
     self._failed = False
-    self._warm_up: threading.Thread | None = None
+    self._warm_ups: list[threading.Thread] = []
 
   def warm_up(self, state: dict) -> None:
-    """Compiles the save's checksums for arrays like `state`'s in the background, so the first
-    save blocks training no longer than the others (docs/benchmarks.md, Checkpoints)."""
-    self._warm_up = checksums.warm_up(dict(params=state['params'], opt_state=state['opt_state']))
+    """Compiles the save's checksums and makes its device-to-host copies once for arrays like
+    `state`'s in the background, so the first save blocks training no longer than the others
+    (docs/benchmarks.md, Checkpoints)."""
+    tree = dict(params=state['params'], opt_state=state['opt_state'])
+    threads = (checksums.warm_up(tree), host_transfer.warm_up(tree))
+    self._warm_ups = [t for t in threads if t is not None]
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -299,9 +303,9 @@ class RunCheckpoints:
     arrays = {k: v for k, v in state.items() if k != 'step'}  # params, opt_state[, reference]
     jax.block_until_ready(arrays)  # the step itself: not time the save holds training up
     started = time.perf_counter()
-    if self._warm_up is not None:  # a compile still running holds this save up: it counts
-      self._warm_up.join()
-      self._warm_up = None
+    for thread in self._warm_ups:  # a warm-up still running holds this save up: it counts
+      thread.join()
+    self._warm_ups = []
     step = int(jax.device_get(state['step']))
     digests = checksums.to_hex(checksums.dispatch(arrays))
     meta = dict(
@@ -425,8 +429,8 @@ class RunCheckpoints:
     if self._closed:
       return
     self._closed = True
-    if self._warm_up is not None:  # no compile left running into the interpreter's exit
-      self._warm_up.join()
+    for thread in self._warm_ups:  # no warm-up left running into the interpreter's exit
+      thread.join()
     if self._failed:  # the error was raised already; what orbax still holds is that same error
       try:
         self._manager.close()

@@ -266,7 +266,7 @@ def _run(config, stop, cleanup) -> dict | None:
         pending = (done, dict(pending[1], checkpoint_blocked_s=checkpoints.last_blocked_s))
       if (preempted or (out_of_time and done < _last_step(config))) and pending is not None:
         # The step's own line first, then the line saying training stops after it.
-        last_row = _report(reporter, config, *pending, start, final=True) or last_row
+        last_row = _report(reporter, config, *pending, start) or last_row
         reported_last = True
       if preempted:
         received = stop.signal_name or 'a stop signal on another process'
@@ -291,6 +291,7 @@ def _run(config, stop, cleanup) -> dict | None:
       step_fn.compile(state, batch)
       distributed.barrier('first_step_compiled')
     state, metrics = step_fn(state, batch)
+    reporter.watch(step, metrics)
     if pending is not None:
       last_row = _report(reporter, config, *pending, start) or last_row
       state = _watch_divergence(config, watch, reporter, checkpoints, setup, state, step)
@@ -308,7 +309,7 @@ def _run(config, stop, cleanup) -> dict | None:
   # Finish.
   if pending is not None:
     if not reported_last:
-      last_row = _report(reporter, config, *pending, start, final=True) or last_row
+      last_row = _report(reporter, config, *pending, start) or last_row
     _watch_divergence(config, watch, reporter, checkpoints, setup, state, None)
     _stop_if_diverged(config, reporter, checkpoints, state, batches, dataset)
   checkpoints.close()
@@ -351,11 +352,11 @@ def _draw_plots(config) -> None:
     print(f'no plots: {e}', flush=True)
 
 
-def _report(reporter, config, step, metrics, start, final=False):
+def _report(reporter, config, step, metrics, start):
   """Records a step; rows are written every log.every steps, for the run's first step (where
   the loss starts) and for its last."""
   write = step % config.log.every == 0 or step in (start + 1, _last_step(config))
-  return reporter.record(step, metrics, write=write, final=final)
+  return reporter.record(step, metrics, write=write)
 
 
 def _watch_divergence(config, watch, reporter, checkpoints, setup, state, step_now):

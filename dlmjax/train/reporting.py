@@ -13,6 +13,7 @@ from dlmjax.observability import progress
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.observability import plots as plots_lib
 from dlmjax.observability import sinks as sinks_lib
+from dlmjax.train import completion
 
 SPIKE_FRACTION = 0.2  # Megatron's SPIKY_LOSS_PERC
 
@@ -62,8 +63,8 @@ class Reporter:
     self.path = os.path.join(run_dir, 'metrics.jsonl')
     self._last_time = None
     self._last_step = None
-    self._window = None
     self._tokens_since = 0.0
+    self.completion = completion.CompletionTimes()  # the loop watches each dispatched step
     self.started = time.time()
     self.skipped_total = 0
     self.consecutive_skips = 0
@@ -77,16 +78,20 @@ class Reporter:
     """Starts the throughput clock after `step`: a row for it or an earlier step (the first step,
     which includes compilation) reports no tokens/s, MFU or ETA."""
     self._last_time, self._last_step, self._tokens_since = time.time(), step, 0.0
-    self._window = None  # the last timed row's window: (start time, first step before it, tokens)
 
-  def record(self, step: int, metrics: dict, *, write: bool, final: bool = False) -> dict | None:
+  def watch(self, step: int, metrics) -> None:
+    """Times the step just dispatched: its row's window ends when its metrics are ready
+    (train/completion.py), not when the loop gets round to reading them."""
+    self.completion.watch(step, metrics)
+
+  def record(self, step: int, metrics: dict, *, write: bool) -> dict | None:
     """Accumulates tokens; when `write`, returns (and logs) the row for `step`.
 
-    A row's window ends when the loop reads its metrics back, just after dispatching the next
-    step; on a GPU that dispatch returns only near the next step's end (the launch queue is
-    full), so each window runs about a step late. The `final` row has no next step, so its own
-    window holds almost no compute: its speed spans the previous row's window too.
+    A timed row's window runs from the end of the last timed row's step to the end of its own
+    (their completion times when watched, else the time of the read), so tokens/s is the
+    speed of the steps in it, a save's blocked time included in the step after the save.
     """
+    ended = self.completion.pop(step)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     self.latest = (step, metrics)  # what the divergence watch reads after each record
     timed = step > self._last_step  # steps up to the clock's start ran before it (compilation)
@@ -114,17 +119,13 @@ class Reporter:
     self._bar.clear()
     row = dict(step=step, **metrics, skipped_total=self.skipped_total, loss_spikes=self.loss_spikes)
     if timed:
-      now = time.time()
+      now = time.time() if ended is None else ended
       start, since, tokens = self._last_time, self._last_step, self._tokens_since
-      if final and self._window is not None:
-        start, since, earlier = self._window
-        tokens += earlier
       elapsed = max(now - start, 1e-9)
       row['tokens_per_s'] = tokens / elapsed
       row['step_time_s'] = elapsed / (step - since)
       if self.peak_flops:
         row['mfu'] = row['tokens_per_s'] * self.flops_per_token / self.peak_flops
-      self._window = (self._last_time, self._last_step, self._tokens_since)
       self._last_time, self._last_step, self._tokens_since = now, step, 0.0
     row.update(device_memory())
     self.write_row(row)
@@ -144,6 +145,7 @@ class Reporter:
       sink.write(int(row['step']), row)
 
   def close(self) -> None:
+    self.completion.close()
     self._bar.close()
     for sink in self.sinks:
       sink.close()

@@ -56,20 +56,41 @@ def test_the_compiling_step_reports_no_speed(tmp_path, capsys, monkeypatch):
   assert lines[1].endswith('| 33 tok/s | MFU 0.0% | ETA 0m30s')  # 3 s x 10 steps left
 
 
-def test_the_last_row_spans_the_window_before_it(tmp_path, monkeypatch):
-  """Each window closes one step late on a GPU (the next step's dispatch returns near its end), so
-  the run's last row, read with no step behind it, would see ~0 s of compute (the H200 printed
-  MFU 774%): its speed is measured over the previous row's window and its own."""
+def test_rows_are_timed_by_when_their_steps_finished_not_when_they_are_read(tmp_path, monkeypatch):
+  """On a GPU the loop reads a step's metrics back a whole step late (the next dispatch returns
+  near that step's end), and the last row with nothing behind it (the H200 printed 99,840 tok/s
+  for 52k steps). Rows are timed by their steps' completion times instead: every 10 s step reads
+  10 tok/s, the last one too."""
   reporter = reporting.Reporter(str(tmp_path), total_steps=4, flops_per_token=10, peak_tflops=0)
-  # start(1) at 0; rows 2 and 3 read back at 10 and 20; the last row 0.5 s later (its save).
-  clock = iter([0.0, 10.0, 20.0, 20.5])
-  monkeypatch.setattr(reporting.time, 'time', lambda: next(clock))
+  # start(1) at 0; then the reads, a step late: rows 2, 3 at 20 and 30, the last at 30.5.
+  reads = iter([0.0, 20.0, 30.0, 30.5])
+  monkeypatch.setattr(reporting.time, 'time', lambda: next(reads))
+  ended = {2: 10.0, 3: 20.0, 4: 30.0}  # what the waiter saw
+  monkeypatch.setattr(reporter.completion, 'pop', lambda step: ended.get(step))
   reporter.start(1)
   reporter.record(1, _metrics(5.0), write=True)
-  rows = [reporter.record(s, _metrics(4.0), write=True) for s in (2, 3)]
-  last = reporter.record(4, _metrics(3.0), write=True, final=True)
-  assert [r['tokens_per_s'] for r in rows] == [10.0, 10.0]
-  assert last['tokens_per_s'] == 200.0 / 10.5 and last['step_time_s'] == 10.5 / 2
+  rows = [reporter.record(s, _metrics(4.0), write=True) for s in (2, 3, 4)]
+  assert [r['tokens_per_s'] for r in rows] == [10.0, 10.0, 10.0]
+  assert [r['step_time_s'] for r in rows] == [10.0, 10.0, 10.0]
+
+
+def test_completion_times_are_when_the_outputs_became_ready():
+  import jax
+  import jax.numpy as jnp
+
+  from dlmjax.train import completion
+
+  times = completion.CompletionTimes()
+  slow = jax.jit(lambda x: jnp.linalg.matrix_power(x, 64))
+  x = jnp.eye(256) * 1.0001
+  slow(x).block_until_ready()  # compiled
+  before = reporting.time.time()
+  out = slow(x)
+  times.watch(7, out)
+  ready = times.pop(7)
+  assert before <= ready <= reporting.time.time()
+  assert out.is_ready() and times.pop(7) is None  # each step is popped once; unwatched: None
+  times.close()
 
 
 def test_console_shows_side_rows_and_the_run_ends_with_a_summary(tmp_path, capsys):
