@@ -107,8 +107,7 @@ def pair_rows(pairs, tokenizer, *, eos_id: int, canvas: int, too_long: str, log=
   rows_w = sft_rows.padded_rows([w for w, _ in keep], eos_id=eos_id, width=canvas)
   rows_l = sft_rows.padded_rows([lose for _, lose in keep], eos_id=eos_id, width=canvas)
   log(
-    f'preference data: {len(keep)} pairs of {len(pairs)}, the rest longer than the canvas '
-    f'(sft.too_long={too_long})'
+    f'preference data: {len(keep)} of {len(pairs)} pairs fit the canvas (sft.too_long={too_long})'
   )
   return dict(
     chosen=rows_w['tokens'],

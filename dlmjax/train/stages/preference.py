@@ -155,9 +155,10 @@ class PairBatches:
   """The stage's BatchSource: this process's pairs of each global batch, with the reference's
   ELBOs for their draws (mask seed = the row's index in the run's sample sequence)."""
 
-  def __init__(self, config, setup, rows: dict, *, process_index: int, process_count: int):
-    self.config = config
-    self.reference = reference_lib.ReferenceModel(config, setup)
+  def __init__(
+    self, config, setup, reference, rows: dict, *, process_index: int, process_count: int
+  ):
+    self.config, self.reference = config, reference
     self.scorer = Scorer(config, setup, self.reference.model_config)
     gbs = config.train.global_batch_size
     if gbs % process_count:
@@ -185,7 +186,7 @@ class PairBatches:
     ref_w, ref_l = self.scorer(self.reference.params(), batch, reference_stream(self.config))
     batch.update(ref_chosen=np.asarray(ref_w), ref_rejected=np.asarray(ref_l))
     self.step += 1
-    return batch, dict(reference_s=time.time() - start)
+    return batch, dict(step=self.step, reference_s=time.time() - start)
 
   def get_state(self) -> dict:
     return dict(step=self.step)
@@ -198,16 +199,16 @@ class HeldOutPreference:
   """The stage's Evaluator: margin and preference accuracy (margin > 0) on held-out pairs, the
   same draws (config.EVAL_SEED) at every evaluation."""
 
-  def __init__(self, config, setup, rows: dict):
-    self.config, self.rows = config, rows
-    self.reference = reference_lib.ReferenceModel(config, setup)
+  def __init__(self, config, setup, reference, rows: dict):
+    self.config, self.rows, self.reference = config, rows, reference
     self.ref_scorer = Scorer(config, setup, self.reference.model_config)
     self.scorer = Scorer(config, setup, setup.model_config)
     self._ref = None
 
   def batches(self):
-    """The held-out pairs as whole global batches (a remainder smaller than one is left out)."""
-    count, gbs = len(self.rows['chosen']), self.config.train.global_batch_size
+    """The first eval.batches global batches of the held-out pairs (whole batches only)."""
+    gbs = self.config.train.global_batch_size
+    count = min(len(self.rows['chosen']), self.config.eval.batches * gbs)
     for start in range(0, count - gbs + 1, gbs):
       yield dict(
         tokens=self.rows['chosen'][start : start + gbs],
@@ -282,11 +283,14 @@ def build_rows(config, path: str, log=print) -> dict:
 
 def stage(config) -> base.Stage:
   check_config(config)
+  # The batch source and the evaluator share one reference (restored once).
+  reference = functools.cache(lambda setup: reference_lib.ReferenceModel(config, setup))
 
   def batches(setup, process_index, process_count):
     return PairBatches(
       config,
       setup,
+      reference(setup),
       build_rows(config, train_file(config)),
       process_index=process_index,
       process_count=process_count,
@@ -294,7 +298,7 @@ def stage(config) -> base.Stage:
 
   def evaluator(setup):
     rows = build_rows(config, eval_file(config), log=lambda line: print(f'held-out {line}'))
-    return HeldOutPreference(config, setup, rows)
+    return HeldOutPreference(config, setup, reference(setup), rows)
 
   def example_batch(rng):
     """Pairs with a prompt of a quarter of the canvas, the responses after it."""
