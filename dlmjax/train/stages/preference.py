@@ -35,11 +35,6 @@ KEYS = ('tokens', 'rejected', 'prompt_lengths', 'mask_seeds', 'ref_chosen', 'ref
 def check_config(config) -> None:
   """The preference.* keys fit together; one line naming the key to fix."""
   p = config.preference
-  if not config.init_from:
-    raise config_lib.ConfigError(
-      'stage preference aligns a fine-tuned model: set --config.init_from to a dlmjax run or '
-      'step directory (an SFT run) or a Hugging Face directory.'
-    )
   if p.budget < 1:
     raise config_lib.ConfigError(f'preference.budget={p.budget} must be >= 1 masked forward.')
   vrpo.allocation(p.budget, p.n_time, p.optimal_allocation)
@@ -217,29 +212,37 @@ class HeldOutPreference:
         mask_seeds=np.arange(start, start + gbs, dtype=np.int32) + config_lib.EVAL_SEED,
       )
 
-  def margins(self, params) -> np.ndarray:
-    """Each held-out pair's margin under `params` (the reference's ELBOs scored once)."""
+  def margins(self, params) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each held-out pair's margin under `params`, and B(y_w) - B(y_l) under `params` and under
+    the reference (whose ELBOs are scored once)."""
     if self._ref is None:
       stream, reference = reference_stream(self.config), self.reference.params()
       self._ref = [self.ref_scorer(reference, b, stream) for b in self.batches()]
-    out = []
+    margins, gaps, ref_gaps = [], [], []
     for batch, (ref_win, ref_lose) in zip(self.batches(), self._ref):
       win, lose = self.scorer(params, batch, vrpo.POLICY_STREAM)
-      out.append(vrpo.dpo_loss(win, lose, ref_win, ref_lose, beta=1.0)[1])
-    return np.asarray(jnp.concatenate(out))
+      margins.append(vrpo.dpo_loss(win, lose, ref_win, ref_lose, beta=1.0)[1])
+      gaps.append(np.asarray(win) - np.asarray(lose))
+      ref_gaps.append(np.asarray(ref_win) - np.asarray(ref_lose))
+    return np.asarray(jnp.concatenate(margins)), np.concatenate(gaps), np.concatenate(ref_gaps)
 
   def run(self, step: int, params) -> dict:
-    margins = self.margins(params)
+    margins, gaps, ref_gaps = self.margins(params)
     row = dict(
       step=step,
       val_margin=float(margins.mean()),
       val_preference_accuracy=float((margins > 0).mean()),
+      # Whether the model itself ranks chosen above rejected (no reference): the policy's, and
+      # the reference's (the model before alignment).
+      val_elbo_accuracy=float((gaps > 0).mean()),
+      val_reference_elbo_accuracy=float((ref_gaps > 0).mean()),
       val_pairs=len(margins),
     )
     if jax.process_index() == 0:
       print(
         f'step {step}: val_margin {row["val_margin"]:.4f} | val_preference_accuracy '
-        f'{row["val_preference_accuracy"]:.4f} ({row["val_pairs"]} held-out pairs)',
+        f'{row["val_preference_accuracy"]:.4f} | val_elbo_accuracy {row["val_elbo_accuracy"]:.4f} '
+        f'(reference {row["val_reference_elbo_accuracy"]:.4f}; {row["val_pairs"]} held-out pairs)',
         flush=True,
       )
     return row
@@ -341,7 +344,12 @@ def stage(config) -> base.Stage:
 
 
 def check_files(config) -> None:
-  """preference.train_file, when given, exists."""
+  """A run starts from a fine-tuned model, and preference.train_file, when given, exists."""
+  if not config.init_from:
+    raise config_lib.ConfigError(
+      'stage preference aligns a fine-tuned model: set --config.init_from to a dlmjax run or '
+      'step directory (an SFT run) or a Hugging Face directory.'
+    )
   path = config.preference.train_file
   if path and not records.exists(path):
     raise DataError(
