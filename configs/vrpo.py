@@ -5,7 +5,7 @@ built-in preference pairs (a task's worked solution over another problem's).
     python -m dlmjax.train --config=configs/sft.py         # SFT on the task set: runs/sft
     python -m dlmjax.train --config=configs/vrpo.py        # VRPO from runs/sft: runs/vrpo
     python -m dlmjax.train --config=configs/vrpo.py --config.preference.antithetic=False \
-      --config.preference.optimal_allocation=False --config.preference.n_time=1  # no reductions
+      --config.preference.n_time=1  # no reductions
 
 Each step scores every pair's chosen and rejected response under the frozen reference (the SFT
 model) and the policy with preference.budget masked forwards each, and takes DPO's loss on the

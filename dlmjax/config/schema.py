@@ -239,8 +239,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.preference.eval_file = ''  # held-out pairs (eval.every); builtin: the tasks' test split
   c.preference.beta = 0.1  # DPO's beta on the ELBO differences
   c.preference.budget = 8  # n = n_time x n_mask masked forwards per ELBO (policy and reference)
-  c.preference.optimal_allocation = True  # n_time = n, n_mask = 1 (VRPO); False: use n_time
-  c.preference.n_time = 1  # timesteps when not optimal_allocation (n_mask = budget / n_time)
+  # timesteps per ELBO: 0 = VRPO's optimal allocation (n_time = budget, n_mask = 1); K: K
+  # timesteps with budget / K masks each
+  c.preference.n_time = 0
   c.preference.antithetic = True  # reference scored with the policy's timesteps and masks
 
   # Evaluation (README, "Evaluation"; dlmjax/train/evaluation.py): the stage's loss on the

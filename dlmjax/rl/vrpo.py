@@ -30,15 +30,15 @@ POLICY_STREAM, INDEPENDENT_REFERENCE_STREAM = 0, 1
 T_MIN = 1e-3  # t ~ U[T_MIN, 1]: the 1/t weight stays finite
 
 
-def allocation(budget: int, n_time: int, optimal: bool) -> tuple[int, int]:
-  """(n_time, n_mask) spending `budget` masked forwards per ELBO: the optimal allocation (n, 1),
-  or n_time timesteps with budget / n_time masks each."""
-  if optimal:
+def allocation(budget: int, n_time: int) -> tuple[int, int]:
+  """(n_time, n_mask) spending `budget` masked forwards per ELBO: n_time 0 is the optimal
+  allocation (budget, 1); otherwise n_time timesteps with budget / n_time masks each."""
+  if n_time == 0:
     return budget, 1
   if n_time < 1 or budget % n_time:
     raise ValueError(
       f'preference.budget={budget} is not a multiple of preference.n_time={n_time}; set n_time '
-      'to a divisor of the budget, or --config.preference.optimal_allocation=True.'
+      'to a divisor of the budget, or 0 (the optimal allocation).'
     )
   return n_time, budget // n_time
 

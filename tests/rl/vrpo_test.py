@@ -53,10 +53,10 @@ def _elbo(n_time, n_mask):
 
 
 def test_allocation():
-  assert vrpo.allocation(8, 2, optimal=True) == (8, 1)
-  assert vrpo.allocation(8, 2, optimal=False) == (2, 4)
+  assert vrpo.allocation(8, 0) == (8, 1)
+  assert vrpo.allocation(8, 2) == (2, 4)
   with pytest.raises(ValueError, match='not a multiple of preference.n_time'):
-    vrpo.allocation(8, 3, optimal=False)
+    vrpo.allocation(8, 3)
 
 
 def test_elbo_matches_hand_written_masked_forwards(fixed):

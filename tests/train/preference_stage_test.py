@@ -11,7 +11,7 @@ from tests.conftest import tiny_test_config
   [
     ({'preference.budget': 0}, 'preference.budget=0 must be >= 1'),
     (
-      {'preference.optimal_allocation': False, 'preference.n_time': 3},
+      {'preference.n_time': 3},
       'not a multiple of preference.n_time=3',
     ),
     ({'preference.beta': 0.0}, 'preference.beta=0.0 must be > 0'),
@@ -34,7 +34,7 @@ def test_a_run_needs_a_model_to_align():
 def test_the_allocation_and_antithetic_switches_reach_the_estimator():
   config = tiny_test_config(**{'stage': 'preference', 'preference.budget': 6})
   assert preference.settings(config)['n_time'] == 6 and preference.settings(config)['n_mask'] == 1
-  config.preference.optimal_allocation, config.preference.n_time = False, 2
+  config.preference.n_time = 2
   assert (preference.settings(config)['n_time'], preference.settings(config)['n_mask']) == (2, 3)
   assert preference.reference_stream(config) == preference.vrpo.POLICY_STREAM
   config.preference.antithetic = False

@@ -37,7 +37,7 @@ def check_config(config) -> None:
   p = config.preference
   if p.budget < 1:
     raise config_lib.ConfigError(f'preference.budget={p.budget} must be >= 1 masked forward.')
-  vrpo.allocation(p.budget, p.n_time, p.optimal_allocation)
+  vrpo.allocation(p.budget, p.n_time)
   if p.beta <= 0:
     raise config_lib.ConfigError(f'preference.beta={p.beta} must be > 0 (DPO divides by it).')
   if config.model.attention_mask != 'bidirectional' or config.diffusion.objective != 'mdm':
@@ -54,7 +54,7 @@ def check_config(config) -> None:
 def settings(config) -> dict:
   """The ELBO's static settings (one compiled program per distinct set)."""
   p = config.preference
-  n_time, n_mask = vrpo.allocation(p.budget, p.n_time, p.optimal_allocation)
+  n_time, n_mask = vrpo.allocation(p.budget, p.n_time)
   return dict(
     n_time=n_time,
     n_mask=n_mask,
