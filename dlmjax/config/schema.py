@@ -228,9 +228,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.sft.too_long = 'drop'  # rows longer than model.seq_len: truncate | drop | error
 
   # Preference alignment (stage preference, docs/preference.md): VRPO, LLaDA 1.5's DPO over
-  # ELBO estimates (dlmjax/rl/vrpo.py; pairs: dlmjax/train/preference_rows.py; checks and the
-  # stage: dlmjax/train/stages/preference.py). The reference is RL's (rl.reference_dtype,
-  # rl.reference_on_host; LoRA: the base with the adapters off).
+  # ELBO estimates (dlmjax/rl/vrpo.py; pairs: dlmjax/train/preference_rows.py; the stage:
+  # dlmjax/train/stages/preference.py, its checks: dlmjax/train/config_checks.py). The reference
+  # is RL's (rl.reference_dtype, rl.reference_on_host; LoRA: the base with the adapters off).
   c.preference = ml_collections.ConfigDict()
   # jsonl/parquet/hub:NAME rows {"prompt", "chosen", "rejected"} (strings), or chosen / rejected
   # as message lists (UltraFeedback); data.columns renames. '' with data.source=builtin: the

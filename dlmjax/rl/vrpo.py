@@ -23,6 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dlmjax.config import ConfigError
 from dlmjax.diffusion import loss as loss_lib
 
 _VRPO_STREAM = 11  # keeps VRPO's draws apart from the other mask streams
@@ -36,7 +37,7 @@ def allocation(budget: int, n_time: int) -> tuple[int, int]:
   if n_time == 0:
     return budget, 1
   if n_time < 1 or budget % n_time:
-    raise ValueError(
+    raise ConfigError(
       f'preference.budget={budget} is not a multiple of preference.n_time={n_time}; set n_time '
       'to a divisor of the budget, or 0 (the optimal allocation).'
     )

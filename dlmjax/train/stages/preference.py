@@ -32,25 +32,6 @@ from dlmjax.train.stages import base
 KEYS = ('tokens', 'rejected', 'prompt_lengths', 'mask_seeds', 'ref_chosen', 'ref_rejected')
 
 
-def check_config(config) -> None:
-  """The preference.* keys fit together; one line naming the key to fix."""
-  p = config.preference
-  if p.budget < 1:
-    raise config_lib.ConfigError(f'preference.budget={p.budget} must be >= 1 masked forward.')
-  vrpo.allocation(p.budget, p.n_time)
-  if p.beta <= 0:
-    raise config_lib.ConfigError(f'preference.beta={p.beta} must be > 0 (DPO divides by it).')
-  if config.model.attention_mask != 'bidirectional' or config.diffusion.objective != 'mdm':
-    raise config_lib.ConfigError(
-      'stage preference estimates the masked-diffusion ELBO of a bidirectional model; set '
-      '--config.model.attention_mask=bidirectional and --config.diffusion.objective=mdm.'
-    )
-  if config.rl.ref_sync_every:
-    raise config_lib.ConfigError(
-      'stage preference keeps its reference frozen (DPO); set --config.rl.ref_sync_every=0.'
-    )
-
-
 def settings(config) -> dict:
   """The ELBO's static settings (one compiled program per distinct set)."""
   p = config.preference
@@ -285,7 +266,7 @@ def build_rows(config, path: str, log=print) -> dict:
 
 
 def stage(config) -> base.Stage:
-  check_config(config)
+  """The preference stage (its keys are checked with the config: train/config_checks.py)."""
   # The batch source and the evaluator share one reference (restored once).
   reference = functools.cache(lambda setup: reference_lib.ReferenceModel(config, setup))
 
