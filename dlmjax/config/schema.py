@@ -12,7 +12,7 @@ import ml_collections
 def defaults() -> ml_collections.ConfigDict:
   """Every key with its default; the meaning of each beside it (docs by topic in README.md)."""
   c = ml_collections.ConfigDict()
-  c.stage = 'pretrain'  # pretrain | sft | rl: selects the batch source and loss.
+  c.stage = 'pretrain'  # pretrain | sft | rl | preference: selects the batch source and loss.
   c.output_dir = 'runs/default'  # the run directory: checkpoints, config.json, metrics.jsonl.
   c.seed = 1234  # parameter init, masks and data order derive from it.
   c.init_from = ''  # a checkpoint to start from when output_dir has none (fine-tuning stages).
@@ -226,6 +226,23 @@ def defaults() -> ml_collections.ConfigDict:
   c.sft.eval_file = ''  # held-out jsonl for val_loss (eval.every); builtin: the tasks' test split
   c.sft.chat_template = 'plain'  # none | plain | llada | chatml | dream (dlmjax/data/chat.py)
   c.sft.too_long = 'drop'  # rows longer than model.seq_len: truncate | drop | error
+
+  # Preference alignment (stage preference, docs/preference.md): VRPO, LLaDA 1.5's DPO over
+  # ELBO estimates (dlmjax/rl/vrpo.py; pairs: dlmjax/train/preference_rows.py; the stage:
+  # dlmjax/train/stages/preference.py, its checks: dlmjax/train/config_checks.py). The reference
+  # is RL's (rl.reference_dtype, rl.reference_on_host; LoRA: the base with the adapters off).
+  c.preference = ml_collections.ConfigDict()
+  # jsonl/parquet/hub:NAME rows {"prompt", "chosen", "rejected"} (strings), or chosen / rejected
+  # as message lists (UltraFeedback); data.columns renames. '' with data.source=builtin: the
+  # built-in pairs made from dlmjax.tasks (chosen: a worked solution, rejected: a wrong answer).
+  c.preference.train_file = ''
+  c.preference.eval_file = ''  # held-out pairs (eval.every); builtin: the tasks' test split
+  c.preference.beta = 0.1  # DPO's beta on the ELBO differences
+  c.preference.budget = 8  # n = n_time x n_mask masked forwards per ELBO (policy and reference)
+  # timesteps per ELBO: 0 = VRPO's optimal allocation (n_time = budget, n_mask = 1); K: K
+  # timesteps with budget / K masks each
+  c.preference.n_time = 0
+  c.preference.antithetic = True  # reference scored with the policy's timesteps and masks
 
   # Evaluation (README, "Evaluation"; dlmjax/train/evaluation.py): the stage's loss on the
   # held-out ('valid') split, logged as val_loss / val_masked_ce, with masks from a fixed seed and

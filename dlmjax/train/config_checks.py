@@ -1,11 +1,12 @@
-"""The stage, train.*, checkpoint.*, log.*, eval.* and sft.* keys, checked beside the training
-loop that reads them (registered with dlmjax.config's validation registry)."""
+"""The stage, train.*, checkpoint.*, log.*, eval.*, sft.* and preference.* keys, checked beside
+the training loop that reads them (registered with dlmjax.config's validation registry)."""
 
 from __future__ import annotations
 
 from dlmjax.config import ConfigError, get_key, log_outputs, ramp_steps, registry
 from dlmjax.config import stages as config_stages
 from dlmjax.observability import sinks
+from dlmjax.rl import vrpo
 from dlmjax.train import optimizer, sft_rows, stages
 
 config_stages.register(stages.TRAITS)
@@ -73,4 +74,23 @@ def sft_stage(config):
     raise ConfigError(
       'stage sft reads sft.train_file (jsonl), or the built-in instruction set '
       'when data.source=builtin; set --config.sft.train_file=PATH.'
+    )
+
+
+@registry.check(stage='preference')
+def preference_stage(config):
+  p = config.preference
+  if p.budget < 1:
+    raise ConfigError(f'preference.budget={p.budget} must be >= 1 masked forward.')
+  vrpo.allocation(p.budget, p.n_time)  # n_time divides the budget (0: the optimal allocation)
+  if p.beta <= 0:
+    raise ConfigError(f'preference.beta={p.beta} must be > 0 (DPO divides by it).')
+  if config.model.attention_mask != 'bidirectional' or config.diffusion.objective != 'mdm':
+    raise ConfigError(
+      'stage preference estimates the masked-diffusion ELBO of a bidirectional model; set '
+      '--config.model.attention_mask=bidirectional and --config.diffusion.objective=mdm.'
+    )
+  if config.rl.ref_sync_every:
+    raise ConfigError(
+      'stage preference keeps its reference frozen (DPO); set --config.rl.ref_sync_every=0.'
     )

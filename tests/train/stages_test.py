@@ -11,8 +11,8 @@ from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 from tests.conftest import tiny_test_config
 
-# Every stage on the tiny model, with what it needs to validate (RL and SFT start from a model;
-# the path is never read here: neither the batches nor the evaluator are opened).
+# Every stage on the tiny model, with what it needs to validate (RL, SFT and preference start
+# from a model; the path is never read here: neither the batches nor the evaluator are opened).
 _STAGE_CONFIGS = {
   'pretrain': {'diffusion.varlen_prob': 0.0},
   'sft': {'init_from': 'unused'},
@@ -24,6 +24,7 @@ _STAGE_CONFIGS = {
     'sampler.steps': 2,
     'sampler.block_length': 16,
   },
+  'preference': {'init_from': 'unused', 'preference.budget': 2},
 }
 
 
@@ -58,8 +59,9 @@ def test_a_stage_declares_its_batch_and_the_step_sums_its_micro_batches(name):
   assert set(batch) == set(stage.batch_keys)
   assert all(v.shape[0] == 16 for v in batch.values())
   # The console's other names come into the row from outside the step: the reporter's step time
-  # and the rollout's generate / score seconds and code verdict shares (rl/rollout.py).
-  from_outside = {'step_time_s', 'generate_s', 'score_s'}
+  # and the rollout's generate / score seconds and code verdict shares (rl/rollout.py), the
+  # preference batch source's reference-scoring seconds (train/stages/preference.py).
+  from_outside = {'step_time_s', 'generate_s', 'score_s', 'reference_s'}
   from_outside |= {f'code_{verdict}' for verdict in code_exec.VERDICTS}
   assert {'loss', 'tokens', *stage.console_metrics} - from_outside <= set(metrics_whole)
   assert np.isfinite(metrics_whole['loss']) and metrics_whole['skipped'] == 0.0

@@ -2,15 +2,22 @@
 the step and the loop take it as it is and never ask which stage runs."""
 
 from dlmjax.config.stages import StageTraits
-from dlmjax.train.stages import base, pretrain, rl, sft
+from dlmjax.train.stages import base, preference, pretrain, rl, sft
 
-BUILDERS = {'pretrain': pretrain.stage, 'sft': sft.stage, 'rl': rl.stage}
+BUILDERS = {
+  'pretrain': pretrain.stage,
+  'sft': sft.stage,
+  'rl': rl.stage,
+  'preference': preference.stage,
+}
 # What the layers below read of a stage (train/config_checks registers these): pre-training
-# renders no chat template; RL's loss is its objective's, not diffusion.objective's.
+# renders no chat template; RL's loss is its objective's, and preference's VRPO's DPO over
+# ELBO estimates, not diffusion.objective's.
 TRAITS = {
   'pretrain': StageTraits(chat_template=False),
   'sft': StageTraits(),
   'rl': StageTraits(diffusion_loss=False),
+  'preference': StageTraits(diffusion_loss=False),
 }
 
 

@@ -1,0 +1,47 @@
+"""The preference stage's config checks: each bad setting fails in one line naming the key."""
+
+import pytest
+
+from dlmjax import config as config_lib
+from dlmjax.train.stages import preference
+from tests.conftest import tiny_test_config
+
+
+@pytest.mark.parametrize(
+  'overrides, message',
+  [
+    ({'preference.budget': 0}, 'preference.budget=0 must be >= 1'),
+    (
+      {'preference.n_time': 3},
+      'not a multiple of preference.n_time=3',
+    ),
+    ({'preference.beta': 0.0}, 'preference.beta=0.0 must be > 0'),
+    ({'diffusion.objective': 'ar'}, 'diffusion.objective=mdm'),
+    ({'rl.ref_sync_every': 4}, 'rl.ref_sync_every=0'),
+  ],
+)
+def test_bad_settings_name_the_key(overrides, message):
+  config = tiny_test_config(**{'stage': 'preference', **overrides})
+  config_lib.validate(tiny_test_config(stage='preference'))  # the tiny config itself is fine
+  with pytest.raises(config_lib.ConfigError, match=message):
+    config_lib.validate(config)
+  config.stage = 'sft'  # the preference.* keys are checked only where the stage reads them
+  config.init_from = 'runs/sft'
+  if not any(key.startswith(('diffusion.', 'rl.')) for key in overrides):
+    config_lib.validate(config)
+
+
+def test_a_run_needs_a_model_to_align():
+  config = tiny_test_config(**{'stage': 'preference', 'init_from': ''})
+  with pytest.raises(ValueError, match='set --config.init_from'):
+    preference.check_files(config)
+
+
+def test_the_allocation_and_antithetic_switches_reach_the_estimator():
+  config = tiny_test_config(**{'stage': 'preference', 'preference.budget': 6})
+  assert preference.settings(config)['n_time'] == 6 and preference.settings(config)['n_mask'] == 1
+  config.preference.n_time = 2
+  assert (preference.settings(config)['n_time'], preference.settings(config)['n_mask']) == (2, 3)
+  assert preference.reference_stream(config) == preference.vrpo.POLICY_STREAM
+  config.preference.antithetic = False
+  assert preference.reference_stream(config) != preference.vrpo.POLICY_STREAM
