@@ -1,0 +1,142 @@
+"""What a distillation objective declares, and the pieces dParallel and d3LLM share.
+
+Both train the student on the frozen teacher's own completions with a semi-autoregressive mask
+(dParallel, arXiv 2509.26488, `forward_process_semi_ar`; d3LLM, arXiv 2601.07568,
+`forward_process_with_trajectory`): per row one active block of the response is chosen, the
+context before it stays clean, the block is partly masked (how: the objective's `block_mask`), the
+future after it is all MASK and not learnt; a second, complementary pass masks the block's other
+tokens. The losses are token means of CE over the masked block tokens and of the certainty term,
+the entropy of softmax(logits / T) on the masked tokens the student already predicts right.
+An objective is one module of this package; adding one is a module and its line in REGISTRY.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from dlmjax.data.roles import PADDING, RESPONSE
+
+TIME_EPS = 1e-3  # dParallel's p = (1 - eps) t + eps
+
+
+def active_block(key, maskable_L, *, block_size: int):
+  """(active [L] bool, future [L] bool) of one row (dParallel's semi-AR forward process): with P
+  the response's first position, R its length (EOS padding included) and n ~ U{0 .. R // b},
+  the active block is [P + n b, P + n b + b), running to the row's end when n = R // b; the
+  future is every response position after it."""
+  length = maskable_L.shape[0]
+  positions = jnp.arange(length)
+  first = jnp.argmax(maskable_L)  # P (rows are prompt, then response to the end)
+  response = jnp.sum(maskable_L)
+  last_block = response // block_size
+  n = jax.random.randint(key, (), 0, last_block + 1)
+  start = first + n * block_size
+  end = jnp.where(n == last_block, length, start + block_size)
+  active = (positions >= start) & (positions < end) & maskable_L
+  return active, (positions >= end) & maskable_L
+
+
+def masked_mean_ce(logits_BLV, targets_BL, masked_BL):
+  """-(1/|M|) sum_{i in M} log softmax(z_i)[y_i]: a mean over masked tokens, no 1/t weight."""
+  logp = jax.nn.log_softmax(logits_BLV.astype(jnp.float32), axis=-1)
+  ce = -jnp.take_along_axis(logp, targets_BL[..., None], axis=-1)[..., 0]
+  m = masked_BL.astype(jnp.float32)
+  return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def certainty(logits_BLV, targets_BL, masked_BL, *, temperature: float):
+  """dParallel's certainty term: (1/|M_c|) sum_{i in M_c} H(softmax(z_i / T)), M_c the masked
+  tokens whose argmax is the target (a selection without gradient; H has one)."""
+  z = logits_BLV.astype(jnp.float32)
+  q = jax.nn.softmax(z / temperature, axis=-1)
+  entropy = -jnp.sum(q * jnp.log(q + 1e-12), axis=-1)
+  correct = masked_BL & (jnp.argmax(z, axis=-1) == targets_BL)
+  c = jax.lax.stop_gradient(correct.astype(jnp.float32))
+  return jnp.sum(entropy * c) / jnp.maximum(jnp.sum(c), 1.0)
+
+
+class Objective:
+  """One distillation objective (sft.objective).
+
+  name: the sft.objective value. extra_batch_keys: arrays the teacher rows carry beyond tokens and
+  roles. block_mask(key, active_L, arrays_L, settings) -> the primary pass's masked block tokens
+  [L] bool. combine(terms) -> the loss from the two passes' {'ce', 'ce_rev', 'cert',
+  'cert_rev'}."""
+
+  name = ''
+  extra_batch_keys: tuple[str, ...] = ()
+
+  def block_mask(self, key, active_L, arrays_L, settings):
+    raise NotImplementedError
+
+  def combine(self, terms, settings):
+    raise NotImplementedError
+
+  def describe(self, settings) -> str:
+    raise NotImplementedError
+
+
+def pass_masks(objective, keys_B, maskable_BL, arrays_BL, settings):
+  """(primary, complementary, future) [B, L] bool: the two passes' learnt tokens (a partition of
+  the active block) and the fully masked future."""
+
+  def one_row(key, maskable_L, row_arrays):
+    key_block, key_mask = jax.random.split(key)
+    active_L, future_L = active_block(key_block, maskable_L, block_size=settings['block_size'])
+    primary_L = objective.block_mask(key_mask, active_L, row_arrays, settings) & active_L
+    return primary_L, active_L & ~primary_L, future_L
+
+  return jax.vmap(one_row)(keys_B, maskable_BL, arrays_BL)
+
+
+def distill_loss(objective, logits_fn, tokens_BS, roles, *, keys_B, settings, **arrays):
+  """The objective's loss of teacher rows [B, S+1] (the first S are the canvas, as in SFT) and
+  its sums. logits_fn(noisy_BL) -> logits [B, L, V] (the student's forward; a block-causal one
+  reads the clean row as its x_0 stream). Both passes run as one forward of 2B rows."""
+  x_BL = tokens_BS[:, :-1]
+  roles_BL = roles[:, :-1]
+  maskable_BL = (roles_BL == RESPONSE) | (roles_BL == PADDING)
+  arrays_BL = {k: v[:, :-1] for k, v in arrays.items()}
+  mask_id = settings['mask_id']
+
+  primary_BL, reverse_BL, future_BL = pass_masks(
+    objective, keys_B, maskable_BL, arrays_BL, settings
+  )
+  noisy = [jnp.where(m | future_BL, mask_id, x_BL) for m in (primary_BL, reverse_BL)]
+  logits = logits_fn(jnp.concatenate(noisy, axis=0))
+  z1, z2 = jnp.split(logits, 2, axis=0)
+  t = settings['temperature']
+  terms = dict(
+    ce=masked_mean_ce(z1, x_BL, primary_BL),
+    ce_rev=masked_mean_ce(z2, x_BL, reverse_BL),
+    cert=certainty(z1, x_BL, primary_BL, temperature=t),
+    cert_rev=certainty(z2, x_BL, reverse_BL, temperature=t),
+  )
+  loss = objective.combine(terms, settings)
+  batch, length = x_BL.shape
+  masked = jnp.sum(primary_BL) + jnp.sum(reverse_BL)
+  sums = dict(
+    loss_num=loss,
+    loss_den=jnp.float32(1.0),
+    ce_sum=terms['ce'] + terms['ce_rev'],
+    certainty_sum=terms['cert'] + terms['cert_rev'],
+    passes=jnp.float32(2.0),
+    masked_count=masked.astype(jnp.float32),
+    maskable_count=jnp.sum(maskable_BL).astype(jnp.float32),
+    tokens=jnp.float32(batch * length),
+  )
+  return loss, sums
+
+
+def metrics(sums) -> dict:
+  """Step metrics from the micro-batches' sums (each micro-batch's terms are means)."""
+  micro = sums['loss_den']
+  return dict(
+    loss=sums['loss_num'] / micro,
+    masked_ce=sums['ce_sum'] / sums['passes'],
+    certainty=sums['certainty_sum'] / sums['passes'],
+    masked_tokens=sums['masked_count'],
+    response_tokens=sums['maskable_count'],
+    tokens=sums['tokens'],
+  )

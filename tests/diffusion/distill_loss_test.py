@@ -1,0 +1,148 @@
+"""The distillation objectives against their papers' formulas, written out by hand in numpy:
+dParallel's certainty forcing and d3LLM's trajectory-ordered masking (tiny shapes, jitted)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dlmjax.data.roles import PADDING, PROMPT, RESPONSE
+from dlmjax.diffusion import distill
+
+B, S, V, MASK = 3, 14, 9, 8
+BLOCK = 4
+
+
+def _rows():
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, MASK, (B, S + 1)).astype(np.int32)
+  roles = np.full((B, S + 1), RESPONSE, np.int32)
+  for row, prompt in enumerate((2, 3, 5)):
+    roles[row, :prompt] = PROMPT
+  roles[0, 11:] = PADDING
+  steps = rng.permutation(S + 1)[None].repeat(B, 0).astype(np.int32)
+  steps[:, :2] = -1
+  return tokens, roles, steps
+
+
+TABLE = np.random.default_rng(1).normal(size=(V, V)).astype(np.float32) * 3
+
+
+def _logits(noisy_BL):
+  """A student whose logits at i depend on its token and its right neighbour."""
+  right = jnp.roll(noisy_BL, -1, axis=1)
+  return jnp.asarray(TABLE)[noisy_BL] + 0.5 * jnp.asarray(TABLE)[right][..., ::-1]
+
+
+def _settings(**kw):
+  return dict(mask_id=MASK, block_size=BLOCK, temperature=0.5, certainty_weight=2.0) | kw
+
+
+@functools.partial(jax.jit, static_argnames=('name',))
+def _run(name, tokens, roles, steps, key, progress):
+  objective = distill.get(name)
+  settings = _settings(progress=progress)
+  keys = jax.random.split(key, B)
+  extra = {'commit_steps': steps} if name == 'trajectory' else {}
+  loss, _ = distill.base.distill_loss(
+    objective, _logits, tokens, roles, keys_B=keys, settings=settings, **extra
+  )
+  x, r = tokens[:, :-1], roles[:, :-1]
+  masks = distill.base.pass_masks(
+    objective,
+    keys,
+    (r == RESPONSE) | (r == PADDING),
+    {k: v[:, :-1] for k, v in extra.items()},
+    settings,
+  )
+  del x
+  return loss, masks
+
+
+def _log_softmax(z):
+  z = z - z.max(-1, keepdims=True)
+  return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def _hand_terms(tokens, masks):
+  """CE_k = -(1/|M_k|) sum log softmax(z)[y]; H_k = (1/|M_c|) sum_{argmax z = y} H(softmax(z/T))."""
+  x = tokens[:, :-1]
+  primary, reverse, future = (np.asarray(m) for m in masks)
+  out = []
+  for m in (primary, reverse):
+    noisy = np.where(m | future, MASK, x)
+    z = np.asarray(_logits(jnp.asarray(noisy)), np.float64)
+    logp = _log_softmax(z)
+    ce = -sum(logp[b, i, x[b, i]] for b, i in zip(*np.nonzero(m))) / max(m.sum(), 1)
+    q = np.exp(_log_softmax(z / 0.5))
+    h = -(q * np.log(q + 1e-12)).sum(-1)
+    right = m & (z.argmax(-1) == x)
+    cert = (h * right).sum() / max(right.sum(), 1)
+    out += [ce, cert]
+  return out  # ce, cert, ce_rev, cert_rev
+
+
+def _check_block(masks, roles):
+  """The active block is a block_size-aligned span of the response (the last runs to the end),
+  the passes partition it, the future is the response after it, context and prompt are clean."""
+  primary, reverse, future = (np.asarray(m) for m in masks)
+  active = primary | reverse
+  assert not (primary & reverse).any()
+  for b in range(B):
+    response = np.flatnonzero(roles[b, :-1] != PROMPT)
+    first, n_resp = response[0], len(response)
+    span = np.flatnonzero(active[b])
+    assert len(span) > 0 or n_resp % BLOCK == 0
+    if len(span):
+      start = span[0]
+      assert (start - first) % BLOCK == 0
+      n = (start - first) // BLOCK
+      end = S if n == n_resp // BLOCK else start + BLOCK
+      np.testing.assert_array_equal(span, np.arange(start, end))
+      np.testing.assert_array_equal(np.flatnonzero(future[b]), np.arange(end, S))
+
+
+def test_certainty_is_dparallel_formula():
+  tokens, roles, steps = _rows()
+  for seed in range(3):
+    loss, masks = _run('certainty', tokens, roles, steps, jax.random.key(seed), 0.0)
+    _check_block(masks, roles)
+    ce, cert, ce_rev, cert_rev = _hand_terms(tokens, masks)
+    want = ce + ce_rev + 2.0 * (cert + cert_rev)  # LLaDA: beta = entropy_weight = 2
+    np.testing.assert_allclose(float(loss), want, rtol=2e-5)
+
+
+def test_trajectory_masks_the_late_tokens_and_is_d3llm_formula():
+  tokens, roles, steps = _rows()
+  for seed, progress in ((0, 0.0), (1, 0.5), (2, 1.0)):
+    loss, masks = _run('trajectory', tokens, roles, steps, jax.random.key(seed), progress)
+    _check_block(masks, roles)
+    primary, reverse, _ = (np.asarray(m) for m in masks)
+    for b in range(B):
+      block = np.flatnonzero(primary[b] | reverse[b])
+      late = np.flatnonzero(primary[b])
+      order = sorted(block, key=lambda i: (steps[b, i] if steps[b, i] >= 0 else 1 << 30, i))
+      # the masked ones are a tail of the block's commit order (kept = the first k)
+      assert sorted(order[len(block) - len(late) :]) == list(late)
+      if progress == 1.0 and len(block):  # r = 0.8 exactly: k = int(0.2 n)
+        assert len(block) - len(late) == int(np.floor(0.2 * len(block) + 1e-6))
+    ce, cert, ce_rev, _ = _hand_terms(tokens, masks)
+    want = (ce + ce_rev + 2.0 * cert) / 4  # d3LLM LLaDA: certainty on the primary pass only
+    np.testing.assert_allclose(float(loss), want, rtol=2e-5)
+
+
+def test_certainty_gradient_flows_through_the_entropy_only():
+  """The M_c selection carries no gradient; H does: d/dz of the term is finite and nonzero."""
+  z = jnp.asarray(np.random.default_rng(2).normal(size=(1, 4, V)), jnp.float32)
+  y = jnp.argmax(z, -1).astype(jnp.int32)
+  grad = jax.grad(lambda z: distill.base.certainty(z, y, jnp.ones((1, 4), bool), temperature=0.5))(
+    z
+  )
+  assert np.isfinite(np.asarray(grad)).all() and float(jnp.abs(grad).sum()) > 0
+
+
+def test_unknown_objective_names_the_known_ones():
+  with pytest.raises(ValueError, match='certainty'):
+    distill.get('nope')
