@@ -12,7 +12,7 @@ from dlmjax import config as config_lib
 from dlmjax.checkpoint import manager
 from dlmjax.config import registry, schema
 from dlmjax.data import chat
-from dlmjax.diffusion import cache_modes, loss, sampler, schedules
+from dlmjax.diffusion import cache_modes, distill, loss, sampler, schedules
 from dlmjax.kernels import grouped_matmul
 from dlmjax.model import attention, layers, moe, transformer
 from dlmjax.model.presets import PRESETS, ModelConfig
@@ -182,6 +182,7 @@ def test_choice_lists_are_their_owners_tables():
     'train.schedule': optimizer.SCHEDULES,
     'sft.chat_template': chat.TEMPLATES,
     'sft.too_long': sft_rows.TOO_LONG,
+    'sft.objective': distill.OBJECTIVES,
     'sampler.cache': cache_modes.MODES,
     'sampler.schedule': schedules.SCHEDULES,
   }

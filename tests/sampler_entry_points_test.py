@@ -35,6 +35,7 @@ THRESHOLD = dict(
   stop_at_eos=True,
   alg_temp=0.3,
   factor=0.0,
+  entropy_threshold=0.0,
   schedule='dream',
   eps=0.01,
   mask_in_softmax=True,
@@ -44,6 +45,7 @@ FACTOR = {
   'remasking': 'maskgit_plus',
   'threshold': 0.0,
   'factor': 1.5,
+  'entropy_threshold': 0.3,  # dParallel's rule on top of the factor rule's commits
   'cache': 'dual',
   'cache_refresh': 2,
   'schedule': 'linear',

@@ -23,6 +23,7 @@ CHECK_MODULES = (
   'dlmjax.train.config_checks',  # stage, train.*, checkpoint.*, log.*, eval.*
   'dlmjax.rl.config_checks',  # rl.*
   'dlmjax.diffusion.config_checks',  # diffusion.*, sampler.*
+  'dlmjax.diffusion.distill.config_checks',  # sft.objective and the distillation keys
   'dlmjax.parallel.config_checks',  # mesh.*
 )
 # When a check runs: 'values' on the config as given; 'mesh_axes' and then 'mesh' on a copy

@@ -226,6 +226,14 @@ def defaults() -> ml_collections.ConfigDict:
   c.sft.eval_file = ''  # held-out jsonl for val_loss (eval.every); builtin: the tasks' test split
   c.sft.chat_template = 'plain'  # none | plain | llada | chatml | dream (dlmjax/data/chat.py)
   c.sft.too_long = 'drop'  # rows longer than model.seq_len: truncate | drop | error
+  # Distillation (README "Distillation", dlmjax/diffusion/distill/): certainty (dParallel) |
+  # trajectory (d3LLM) trains on the frozen teacher's rows in sft.teacher_file (written by
+  # `python -m dlmjax.distill`) instead of sft.train_file; llada is the plain SFT loss. The
+  # active block is sampler.block_length tokens (the block the student decodes; both papers' 32),
+  # the certainty entropy's temperature both papers' 0.5 (distill/base.py CERTAINTY_TEMPERATURE).
+  c.sft.objective = 'llada'
+  c.sft.teacher_file = ''  # .npz of tokens, roles, commit_steps [rows, model.seq_len + 1]
+  c.sft.certainty_weight = 2.0  # beta of the certainty term: LLaDA's 2 in both papers (Dream: 1)
 
   # Preference alignment (stage preference, docs/preference.md): VRPO, LLaDA 1.5's DPO over
   # ELBO estimates (dlmjax/rl/vrpo.py; pairs: dlmjax/train/preference_rows.py; the stage:
@@ -279,6 +287,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.sampler.alg_temp = 0.0  # > 0: draw the positions from softmax(confidence / alg_temp) (Dream)
   # > 0: also commit the n most confident tokens with (n + 1)(1 - c_n) <= factor (Fast-dLLM).
   c.sampler.factor = 0.0
+  # > 0: also commit every masked token whose entropy is <= this (dParallel's decoding of a
+  # certainty-distilled model, with remasking=entropy: 0.5; README "Distillation").
+  c.sampler.entropy_threshold = 0.0
   c.sampler.cache_refresh = 0  # prefix / dual: also refresh the K/V every k steps (0 = off).
   # Tokens each step commits: linear (LLaDA's even split) | dream (Dream's int(m (1 - s/t)) of
   # the m still masked, t on linspace(1, eps)) | auto (Dream's for shifted-logit, Dream-family

@@ -147,6 +147,12 @@ def factor_accepts(conf_BK, factor: float):
   return (n_BK == 1) | (conf_BK >= 1 - factor / (n_BK + 1))
 
 
+def entropy(logits_BKV):
+  """H = -sum_v p_v log(p_v + 1e-12) of softmax(logits) (dParallel's, un-tempered)."""
+  p = jax.nn.softmax(logits_BKV.astype(jnp.float32), axis=-1)
+  return -jnp.sum(p * jnp.log(p + 1e-12), axis=-1)
+
+
 def commit_step(
   logits_BKV,
   x_BK,
@@ -199,6 +205,8 @@ def commit_step(
     commit_BK = commit_BK | (masked_BK & (conf_BK >= settings.threshold))
   if settings.factor > 0:
     commit_BK = commit_BK | (masked_BK & factor_accepts(conf_BK, settings.factor))
+  if settings.entropy_threshold > 0:  # dParallel's get_transfer_index_entropy
+    commit_BK = commit_BK | (masked_BK & (entropy(scores_BKV) <= settings.entropy_threshold))
   new_BK = jnp.where(commit_BK, x0_BK, x_BK)
   return (new_BK, x0_BK) if with_x0 else new_BK
 

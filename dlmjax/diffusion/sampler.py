@@ -43,6 +43,7 @@ class SamplingConfig:
   stop_at_eos: bool = False  # rows whose text is final stop changing; skip finished work.
   alg_temp: float = 0.0  # > 0: draw the schedule's positions from softmax(conf / alg_temp) (Dream)
   factor: float = 0.0  # > 0: also commit the n most confident with c_n >= 1 - factor/(n+1)
+  entropy_threshold: float = 0.0  # > 0: also commit every masked token with entropy <= it
   schedule: str = 'auto'  # tokens per step: linear (LLaDA) | dream | auto (schedules.py)
   eps: float = 1e-3  # Dream's schedule: times on linspace(1, eps, steps_per_block + 1)
   mask_in_softmax: bool = False  # the orders score a softmax with MASK in it (LLaDA's, Dream's)
@@ -109,6 +110,7 @@ _HELP = {
   'cache_refresh': 'prefix / dual: refresh the K/V every this many steps (0 = at block start)',
   'stop_at_eos': 'rows whose text ended (an EOS, nothing masked before it) stop; skip the rest',
   'alg_temp': "Dream's: draw the positions from softmax(confidence / alg_temp) (0 = top-k)",
+  'entropy_threshold': "dParallel's rule: also commit tokens of entropy <= this (0 = off)",
   'factor': "Fast-dLLM's factor rule: commit the n most confident with (n+1)(1 - c_n) <= f",
   'schedule': "tokens per step: linear (LLaDA's), dream (Dream's), auto (the family's)",
   'eps': "Dream's schedule: linspace(1, eps, steps + 1)",

@@ -49,6 +49,10 @@ def check_sampler_settings(settings, prefix: str = '') -> None:
     raise ConfigError(
       f'{p}alg_temp={settings.alg_temp} must be >= 0 (0 = the most confident, > 0 = drawn).'
     )
+  if not settings.entropy_threshold >= 0:
+    raise ConfigError(
+      f'{p}entropy_threshold={settings.entropy_threshold} must be >= 0 (0 = off; dParallel: 0.5).'
+    )
   if not settings.factor >= 0:
     raise ConfigError(f'{p}factor={settings.factor} must be >= 0 (0 = off; Fast-dLLM uses 1).')
   if settings.threshold > 0 and settings.factor > 0:

@@ -37,6 +37,7 @@ _FILES_OF = {
   'data.train_prefixes': _megatron_files,
   'data.valid_prefixes': _megatron_files,
   'sft.train_file': _record_files,
+  'sft.teacher_file': _record_files,
   'rl.task_data': _record_files,
 }
 

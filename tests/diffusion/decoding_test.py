@@ -242,3 +242,36 @@ def test_per_row_exit_keeps_the_text_of_a_real_model(tiny):
     assert sampler.completions(fast, 6, eos) == sampler.completions(plain, 6, eos)
     froze |= bool((fast != plain).any())
   assert froze  # some row stopped at its EOS while the plain run kept decoding it
+
+
+def test_entropy_threshold_is_dparallels_rule():
+  """remasking=entropy with one scheduled token and entropy_threshold h: dParallel's
+  get_transfer_index_entropy, written out: the lowest-entropy masked token, plus every masked
+  token with H = -sum p log(p + 1e-12) <= h (fp64 softmax)."""
+  rng = np.random.default_rng(5)
+  rows, k = 32, 8
+  logits = rng.normal(0, 1, (rows, k, 6)).astype(np.float32)
+  logits[..., 0] += rng.uniform(0, 9, (rows, k)).astype(np.float32)
+  logits[..., MASK] = -np.inf
+  x_BK = np.where(rng.uniform(size=(rows, k)) < 0.75, MASK, 10).astype(np.int32)
+  settings = sampler.SamplingConfig(remasking='entropy', entropy_threshold=0.5)
+  got = decoding.commit_step(
+    logits,
+    x_BK,
+    np.ones(rows, np.int32),
+    sampler.step_keys(jax.random.key(0), 0, 0),
+    settings,
+    mask_id=MASK,
+  )
+  committed = np.asarray(got) != x_BK
+  p = _np_softmax(logits.astype(np.float64))
+  h = -(p * np.log(p + 1e-12)).sum(-1)
+  sizes = []
+  for b in range(rows):
+    masked = np.flatnonzero(x_BK[b] == MASK)
+    if not len(masked):
+      continue
+    want = {masked[np.argmin(h[b, masked])]} | {i for i in masked if h[b, i] <= 0.5}
+    assert set(np.flatnonzero(committed[b])) == want, b
+    sizes.append(len(want))
+  assert min(sizes) == 1 and max(sizes) > 2  # not trivial

@@ -14,6 +14,16 @@ REGISTRY: dict[str, base.Objective] = {
 }
 
 
+PLAIN = 'llada'  # sft.objective's non-distilling value: LLaDA's SFT loss on sft.train_file
+# The values of sft.objective: the plain SFT loss, then every distillation objective.
+OBJECTIVES = (PLAIN, *REGISTRY)
+
+
+def distills(objective: str) -> bool:
+  """Whether sft.objective trains on the teacher's rows."""
+  return objective != PLAIN
+
+
 def names() -> tuple[str, ...]:
   return tuple(REGISTRY)
 
@@ -22,7 +32,7 @@ def get(name: str) -> base.Objective:
   """The objective called `name`; an unknown one fails in one line naming the known ones."""
   if name not in REGISTRY:
     raise ValueError(
-      f'sft.objective={name!r} is not a distillation objective; known: {names()} (or llada, '
-      'the plain SFT loss); set --config.sft.objective.'
+      f'sft.objective={name!r} is not a distillation objective; known: {names()} (or '
+      f'{PLAIN}, the plain SFT loss); set --config.sft.objective.'
     )
   return REGISTRY[name]

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from dlmjax.data.roles import PADDING, RESPONSE
 
 TIME_EPS = 1e-3  # dParallel's p = (1 - eps) t + eps
+CERTAINTY_TEMPERATURE = 0.5  # T of the certainty entropy: both papers' (a constant of theirs)
 
 
 def active_block(key, maskable_L, *, block_size: int):
@@ -92,8 +93,8 @@ def pass_masks(objective, keys_B, maskable_BL, arrays_BL, settings):
 
 def distill_loss(objective, logits_fn, tokens_BS, roles, *, keys_B, settings, **arrays):
   """The objective's loss of teacher rows [B, S+1] (the first S are the canvas, as in SFT) and
-  its sums. logits_fn(noisy_BL) -> logits [B, L, V] (the student's forward; a block-causal one
-  reads the clean row as its x_0 stream). Both passes run as one forward of 2B rows."""
+  its sums. logits_fn(noisy_BL, clean_BL) -> logits [B, L, V] (the student's forward; a
+  block-causal one reads clean_BL as its x_0 stream). Both passes run as one forward of 2B rows."""
   x_BL = tokens_BS[:, :-1]
   roles_BL = roles[:, :-1]
   maskable_BL = (roles_BL == RESPONSE) | (roles_BL == PADDING)
@@ -104,7 +105,7 @@ def distill_loss(objective, logits_fn, tokens_BS, roles, *, keys_B, settings, **
     objective, keys_B, maskable_BL, arrays_BL, settings
   )
   noisy = [jnp.where(m | future_BL, mask_id, x_BL) for m in (primary_BL, reverse_BL)]
-  logits = logits_fn(jnp.concatenate(noisy, axis=0))
+  logits = logits_fn(jnp.concatenate(noisy, axis=0), jnp.concatenate([x_BL, x_BL], axis=0))
   z1, z2 = jnp.split(logits, 2, axis=0)
   t = settings['temperature']
   terms = dict(

@@ -3,17 +3,63 @@
 from __future__ import annotations
 
 import functools
+import os
 
+import jax.numpy as jnp
 import numpy as np
 
 from dlmjax import config as config_lib
-from dlmjax.data import pipeline, records, roles
+from dlmjax.data import pipeline, records, roles, teacher_rows
 from dlmjax.data.errors import DataError
+from dlmjax.diffusion import distill, masking, sft_loss
 from dlmjax.train import sft_rows as sft_data
 from dlmjax.diffusion import loss as loss_lib
-from dlmjax.diffusion import sft_loss
 from dlmjax.train import evaluation
 from dlmjax.train.stages import base
+
+
+def distills(config) -> bool:
+  """Whether the stage trains on the teacher's rows (an sft.objective other than llada)."""
+  return distill.distills(config.sft.objective)
+
+
+def make_distill_loss(config):
+  """loss(module, tokens, roles=, [commit_steps=], **randomness) -> (objective, sums): the
+  sft.objective's distillation loss (diffusion/distill/) over the micro-batch count; with LoRA the
+  module is the adapted student, so the teacher stays the frozen init. A block-causal model reads
+  the clean row as its x_0 stream (BD3LM's two-stream forward). The softmax ranges over the
+  run's training vocabulary (no padded rows; MASK out under SUBS), as in the SFT loss."""
+  objective = distill.get(config.sft.objective)
+  num_micro = config_lib.num_microbatches(config)
+  two_stream = config.diffusion.objective == 'block'
+  settings = dict(
+    mask_id=config.model.mask_token_id,
+    block_size=config.sampler.block_length,  # the block the student decodes with
+    temperature=distill.base.CERTAINTY_TEMPERATURE,
+    certainty_weight=config.sft.certainty_weight,
+  )
+
+  def fn(module, tokens, *, roles, step, micro_index, example_ids_B, **arrays):
+    del micro_index
+    bias_V = loss_lib.column_bias(module.cfg, loss_lib.excluded_ids(config))
+
+    def logits_fn(noisy_BL, clean_BL):
+      logits = module(noisy_BL, **(dict(clean_BL=clean_BL) if two_stream else {}))
+      return logits if bias_V is None else logits.astype(jnp.float32) + bias_V
+
+    progress = step / max(config.train.steps, 1)  # d3LLM's progressive noise
+    loss, sums = distill.base.distill_loss(
+      objective,
+      logits_fn,
+      tokens,
+      roles,
+      keys_B=masking.example_keys(config.seed, step, example_ids_B),
+      settings=dict(settings, progress=progress),
+      **arrays,
+    )
+    return loss / num_micro, sums
+
+  return fn
 
 
 def make_loss(config):
@@ -47,21 +93,30 @@ def stage(config) -> base.Stage:
   packing = config.data.packing
   # int32 [rows, seq_len + 1] each: tokens, roles (and segment_ids when packed).
   keys = ('tokens', 'roles', 'segment_ids') if packing else ('tokens', 'roles')
+  eval_keys = keys
+  if distills(config):
+    keys = ('tokens', 'roles') + distill.get(config.sft.objective).extra_batch_keys
 
   def batches(setup, process_index, process_count):
     del setup
+    rows = None
+    if distills(config):
+      rows = teacher_rows.read(config.sft.teacher_file, config.model.seq_len + 1)
+      rows = {k: rows[k] for k in keys}
     return base.DataBatches(
-      sft_data.make_batch_iterator(config, process_index=process_index, process_count=process_count)
+      sft_data.make_batch_iterator(
+        config, process_index=process_index, process_count=process_count, rows=rows
+      )
     )
 
   def evaluator(setup):
     """The loss (masks from config.EVAL_SEED) on held-out conversations: sft.eval_file or the
-    built-in test set."""
+    built-in test set; LLaDA's SFT loss whatever sft.objective trains with."""
     return evaluation.LossEvaluator(
       config,
       setup,
       make_loss(evaluation.eval_config(config)),
-      keys,
+      eval_keys,
       sft_loss.metrics,
       lambda process_index, process_count: sft_data.make_eval_batch_iterator(
         config, process_index=process_index, process_count=process_count
@@ -77,24 +132,28 @@ def stage(config) -> base.Stage:
     batch = {'tokens': tokens, 'roles': role_ids}
     if packing:
       batch['segment_ids'] = pipeline.document_segment_ids(tokens, config.model.eos_token_id)
+    if 'commit_steps' in keys:
+      batch['commit_steps'] = rng.permutation(width)[None].repeat(rows, 0).astype(np.int32)
     return batch
 
   return base.Stage(
     name='sft',
-    loss=make_loss(config),
+    loss=make_distill_loss(config) if distills(config) else make_loss(config),
     batch_keys=keys,
-    metrics=sft_loss.metrics,
+    metrics=distill.base.metrics if distills(config) else sft_loss.metrics,
     batches=batches,
     evaluator=evaluator,
     example_batch=example_batch,
     console_metrics=('masked_ce',),
-    check_inputs=lambda: check_train_file(config),
+    check_inputs=lambda: (check_distill(config), check_train_file(config)),
     data_keys=(
       'data.source',
       'sft.train_file',
       'data.columns',
       'sft.chat_template',
       'sft.too_long',
+      'sft.objective',
+      'sft.teacher_file',
       'model.seq_len',
       'seed',
     ),
@@ -108,4 +167,13 @@ def check_train_file(config) -> None:
     raise DataError(
       f'sft.train_file {path!r} is not a file; set --config.sft.train_file '
       'to a jsonl/parquet of {"prompt", "response"} or {"messages": [...]} rows, or hub:NAME.'
+    )
+
+
+def check_distill(config) -> None:
+  """A distilling sft.objective's teacher rows exist (the keys: diffusion/distill/config_checks)."""
+  if distills(config) and not os.path.isfile(config.sft.teacher_file):
+    raise DataError(
+      f'sft.teacher_file {config.sft.teacher_file!r} is not a file; write it with `python -m '
+      'dlmjax.distill --init-from RUN --output FILE.npz`.'
     )
