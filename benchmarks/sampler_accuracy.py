@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def _stage_overrides(config, stage, n) -> None:
+def stage_overrides(config, stage, n) -> None:
   """--STAGE-steps N: the stage shortened to N steps, its schedule (and RL's scoring) with it."""
   if stage == 'rl':
     overrides = {'train.steps': n, 'train.warmup_steps': min(config.train.warmup_steps, n // 2)}
@@ -75,7 +75,7 @@ def _stage_overrides(config, stage, n) -> None:
   config_lib.apply_overrides(config, overrides)
 
 
-def _train_if_needed(config, what: str) -> float:
+def train_if_needed(config, what: str) -> float:
   """Trains `config` unless its output_dir holds its final checkpoint; the wall seconds (nan when
   nothing was trained)."""
   try:
@@ -100,8 +100,8 @@ def _trained(configs, stages, args) -> dict:
   dirs = {}
   for stage in demo.STAGES[: last + 1]:
     if steps[stage]:
-      _stage_overrides(configs[stage], stage, steps[stage])
-    _train_if_needed(configs[stage], stage)
+      stage_overrides(configs[stage], stage, steps[stage])
+    train_if_needed(configs[stage], stage)
     dirs[stage] = configs[stage].output_dir
   return {s: demo.best_checkpoint(d) if s == 'rl' else d for s, d in dirs.items() if s in stages}
 
@@ -143,10 +143,10 @@ def _rl_cache_runs(rl_config, modes, args, base) -> list[dict]:
     config.output_dir = f'{rl_config.output_dir}_cache_{mode}'
     config_lib.apply_overrides(config, {'sampler.cache': mode})
     if args.rl_steps:
-      _stage_overrides(config, 'rl', args.rl_steps)
+      stage_overrides(config, 'rl', args.rl_steps)
     elif mode == rl_config.sampler.cache:
       config.output_dir = rl_config.output_dir  # the RL stage's own run, when trained above
-    wall = _train_if_needed(config, f'rl with sampler.cache={mode}')
+    wall = train_if_needed(config, f'rl with sampler.cache={mode}')
     rows = demo.metric_rows(config.output_dir)
     stepped = [r for r in rows if 'step_time_s' in r]
     rolled = [r for r in rows if 'generate_s' in r]

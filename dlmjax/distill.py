@@ -106,22 +106,28 @@ def build_rows(pretrained, prompt_ids, sampling, *, batch_size: int, seed: int) 
   return rows
 
 
+def encode_prompts(pretrained, prompts, gen_length: int) -> list[list[int]]:
+  """The prompts in the teacher's chat template, as token ids; those too long for the canvas
+  (model.seq_len - gen_length) are left out."""
+  room = pretrained.config.model.seq_len - gen_length
+  template = chat.checkpoint_template(pretrained.config)
+  encoded = pretrained.tokenizer.encode_batch([chat.prompt_text(template, p) for p in prompts])
+  return [list(p) for p in encoded if 0 < len(p) <= room]
+
+
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
     pretrained = inference.load_pretrained(args.init_from)
     config = pretrained.config
     sampling = teacher_sampling(config, args.override)
-    room = config.model.seq_len - sampling.gen_length
-    template = chat.checkpoint_template(config)
-    encoded = pretrained.tokenizer.encode_batch(
-      [chat.prompt_text(template, p) for p in prompts_of(args)]
-    )
-    prompt_ids = [list(p) for p in encoded if 0 < len(p) <= room]
+    prompts = prompts_of(args)
+    prompt_ids = encode_prompts(pretrained, prompts, sampling.gen_length)
     if not prompt_ids:
       raise ValueError(
         f'no prompt fits the canvas: model.seq_len {config.model.seq_len} - gen_length '
-        f'{sampling.gen_length} = {room} tokens; lower --override gen_length=N.'
+        f'{sampling.gen_length} = {config.model.seq_len - sampling.gen_length} tokens; lower '
+        '--override gen_length=N.'
       )
     rows = build_rows(pretrained, prompt_ids, sampling, batch_size=args.batch_size, seed=args.seed)
   except (ValueError, OSError) + cli.user_errors() as e:
@@ -131,7 +137,7 @@ def main(argv=None) -> int:
   done = rows['commit_steps'] >= 0
   steps = [len(np.unique(s[d])) for s, d in zip(rows['commit_steps'], done)]
   print(
-    f'{len(prompt_ids)} teacher rows ({len(encoded) - len(prompt_ids)} prompts too long) -> '
+    f'{len(prompt_ids)} teacher rows ({len(prompts) - len(prompt_ids)} prompts too long) -> '
     f'{args.output}: {sampling.gen_length} tokens in {np.mean(steps):.1f} steps on average '
     f'(cache {sampling.cache}, threshold {sampling.threshold:g})'
   )
