@@ -3,6 +3,8 @@
     python -m dlmjax.train --config=configs/tiny.py           # pre-train: writes runs/tiny
     python -m dlmjax.train --config=configs/sft.py [--config.init_from=runs/tiny]
     python -m dlmjax.train --config=configs/sft.py:lora   # LoRA adapters: runs/sft_lora
+    python -m dlmjax.distill --init-from runs/sft --output runs/teacher_rows.npz   # distillation:
+    python -m dlmjax.train --config=configs/sft.py:certainty   # dParallel -> runs/distill_certainty
     python -m dlmjax.summary --config=configs/sft.py:llada_8b --config.train.lora.rank=128 \
       --config.model.seq_len=2048 --config.model.remat=full --config.model.dtype=bfloat16 \
       --devices=1 --device-kind=H100   # what a LoRA SFT of LLaDA-8B needs on one 80 GB GPU
@@ -24,7 +26,8 @@ from dlmjax.model import presets
 def get_config(arg=None):
   c = config_lib.defaults()
   names = [a for a in (arg or '').split(',') if a]
-  for preset in [n for n in names if n != 'lora']:  # configs/sft.py:PRESET (e.g. for summary)
+  recipes = ('lora', *DISTILL_OBJECTIVES)
+  for preset in [n for n in names if n not in recipes]:  # configs/sft.py:PRESET (for summary)
     presets.apply_preset(c.model, preset)
   c.stage = 'sft'
   c.init_from = 'runs/tiny'
@@ -41,7 +44,28 @@ def get_config(arg=None):
   c.log.every = 10
   if 'lora' in names:  # configs/sft.py:lora[,PRESET]: adapters on the frozen init_from model
     _lora(c)
+  for objective in [n for n in names if n in DISTILL_OBJECTIVES]:
+    _distill(c, objective)
   return c
+
+
+DISTILL_OBJECTIVES = ('certainty', 'trajectory')  # dParallel's, d3LLM's (README "Distillation")
+
+
+def _distill(c, objective):
+  # configs/sft.py:certainty | trajectory: the SFT run distilled on its own decoding (the rows of
+  # `python -m dlmjax.distill --init-from runs/sft --output runs/teacher_rows.npz`).
+  c.init_from = 'runs/sft'
+  c.output_dir = f'runs/distill_{objective}'
+  c.sft.objective = objective
+  c.sft.teacher_file = 'runs/teacher_rows.npz'
+  # A short fine-tune of an already fine-tuned model at a tenth of its rate (dParallel: 2e-5 on
+  # LLaDA-8B, a tenth of LLaDA's SFT rate too).
+  c.train.steps = 50
+  c.train.lr = 1e-4
+  c.train.min_lr = 1e-5
+  c.train.warmup_steps = 5
+  c.train.wsd_decay_steps = 5
 
 
 def _lora(c):
