@@ -13,7 +13,8 @@ Settings: none; Fast-dLLM's threshold at each --thresholds value; dParallel's en
 (remasking=entropy, sampler.entropy_threshold) at each --entropy-thresholds value: a curve of
 accuracy against TPF per model; with --caches none,dual each rule also with the dual cache. Each
 setting is evaluated twice, the second time compiled, for its seconds. Stages already finished
-under --work-dir are reused, so a rerun only evaluates.
+under --work-dir are reused and unfinished ones resume from their last checkpoint, so a run can
+be split over commands (--train-only first) and a rerun only evaluates.
 
   python -m benchmarks.distill --task arithmetic --work-dir /tmp/distill      # GPU: the recipe
   python -m benchmarks.distill --tiny --work-dir /tmp/distill_tiny            # a CPU check
@@ -53,9 +54,11 @@ DISTILL_RECIPE = {  # dParallel's LLaDA recipe at this scale: a short fine-tune 
   'train.min_lr': 1e-5,
   'train.warmup_steps': 20,
   'train.wsd_decay_steps': 40,
-  'checkpoint.every': 0,
   'eval.every': 0,
 }
+# The SFT and distillation runs save this often, so a command cut by a time limit resumes there
+# (the demo saves its short SFT only at the end).
+CHECKPOINT_EVERY = 500
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -80,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--sft-examples', type=int, default=demo.SFT_EXAMPLES)
   parser.add_argument('--override', action='append', default=[], help='[STAGE:]KEY=VALUE')
   parser.add_argument('--tiny', action='store_true', help='2 + 8 + 4 steps, 16 problems (CPU)')
+  parser.add_argument('--train-only', action='store_true', help='train what is missing, stop')
   return parser
 
 
@@ -125,6 +129,8 @@ def stage_configs(args) -> dict:
     configs[f'distill_{objective}'] = c
   for name, config in configs.items():
     stage = 'distill' if name.startswith('distill') else name
+    if stage != 'pretrain':
+      config.checkpoint.every = CHECKPOINT_EVERY
     sampler = {f'sampler.{k}': getattr(base, k) for k in ('gen_length', 'steps', 'block_length')}
     config_lib.apply_overrides(config, sampler)
     mine = [o.split(':', 1)[-1] for o in args.override if o.split(':', 1)[0] in (stage, o)]
@@ -250,6 +256,9 @@ def main(argv=None) -> int:
       sampler_accuracy.stage_overrides(config, 'distill', steps['distill'])
     sampler_accuracy.train_if_needed(config, f'distill ({objective})')
     models[objective] = config.output_dir
+  if args.train_only:
+    print(f'trained: {models}')
+    return 0
   rows = []
   for model, run_dir in models.items():
     none_tps = None
