@@ -124,6 +124,7 @@ def stage_configs(args) -> dict:
       c.model.seq_len = checkpoint_lib.load_run_config(run_dir).model.seq_len
     c.output_dir = os.path.join(args.work_dir, f'distill_{objective}')
     c.sft.objective = objective
+    c.sft.train_file = ''  # it trains on the teacher's rows alone
     c.sft.teacher_file = os.path.join(args.work_dir, 'teacher_rows.npz')
     config_lib.apply_overrides(c, DISTILL_RECIPE)
     configs[f'distill_{objective}'] = c

@@ -78,7 +78,8 @@ def test_a_distilling_objective_needs_its_teacher_rows(teacher, tmp_path):
   with pytest.raises(config_lib.ConfigError, match='data.packing=False'):
     config_lib.validate(c)
   c = _distill_config(root, str(tmp_path / 'missing.npz'))
-  with pytest.raises(DataError, match='python -m dlmjax.distill'):
+  c.sft.train_file = str(tmp_path / 'not_read.jsonl')  # the teacher's rows replace it
+  with pytest.raises(DataError, match="teacher_file .*missing.npz' is not a file"):
     loop.train(c)
 
 

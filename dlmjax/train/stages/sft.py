@@ -145,7 +145,7 @@ def stage(config) -> base.Stage:
     evaluator=evaluator,
     example_batch=example_batch,
     console_metrics=('masked_ce',),
-    check_inputs=lambda: (check_distill(config), check_train_file(config)),
+    check_inputs=lambda: check_distill(config) if distills(config) else check_train_file(config),
     data_keys=(
       'data.source',
       'sft.train_file',
@@ -171,8 +171,9 @@ def check_train_file(config) -> None:
 
 
 def check_distill(config) -> None:
-  """A distilling sft.objective's teacher rows exist (the keys: diffusion/distill/config_checks)."""
-  if distills(config) and not os.path.isfile(config.sft.teacher_file):
+  """A distilling sft.objective's teacher rows exist (it reads them instead of sft.train_file; the
+  keys: diffusion/distill/config_checks)."""
+  if not os.path.isfile(config.sft.teacher_file):
     raise DataError(
       f'sft.teacher_file {config.sft.teacher_file!r} is not a file; write it with `python -m '
       'dlmjax.distill --init-from RUN --output FILE.npz`.'
