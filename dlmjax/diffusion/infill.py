@@ -91,7 +91,7 @@ def make_infill_fn(model_config, sampling, *, mask_id: int, vocab_size: int | No
   check_settings(sampling)
 
   def fn(params, canvas_BL, lengths_B, key):
-    module = model_lib.merge(model_config, model_lib.computed_params(model_config, params))
+    module = model_lib.inference_module(model_config, params)
     return infill(
       module, canvas_BL, lengths_B, sampling, key, mask_id=mask_id, vocab_size=vocab_size
     )

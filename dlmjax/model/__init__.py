@@ -12,11 +12,13 @@ import jax
 from flax import nnx
 
 from dlmjax.model.presets import PRESETS, ModelConfig, apply_preset
-from dlmjax.model.transformer import Transformer, computed_params
+from dlmjax.model.transformer import Transformer, computed_params, inference_config
 from dlmjax.parallel import rules
 
 __all__ = [
   'computed_params',
+  'inference_config',
+  'inference_module',
   'ModelConfig',
   'PRESETS',
   'Transformer',
@@ -68,3 +70,10 @@ def merge(cfg: ModelConfig, params: dict) -> Transformer:
   """The Transformer module holding `params` (cheap: reuses the cached graph definition)."""
   graphdef, _, _ = abstract(cfg)
   return nnx.merge(graphdef, params)
+
+
+def inference_module(cfg: ModelConfig, params: dict, *, fuse: bool = True) -> Transformer:
+  """The module a program running many forwards over the same weights (the sampler's decode)
+  builds once, outside its loop: computed_params in inference_config's layout (weights cast
+  to the compute dtype; with fuse, q / k / v and gate / up each one weight)."""
+  return merge(inference_config(cfg, fuse=fuse), computed_params(cfg, params, fuse=fuse))

@@ -326,7 +326,14 @@ class Attention(nnx.Module):
   qk_norm=False sends q and k straight to RoPE (Qwen2, Llama; the fused norm + RoPE kernel then
   has nothing to fuse). qkv_bias=True adds biases [N or K, H] to the q, k and v projections in
   their output dtype, after the (possibly FP8) matmul, as transformers' Qwen2Attention; o has none.
+
+  fused (ModelConfig.fused_projections, the inference layout): q, k and v are one weight
+  `qkv_proj` [D, N + 2K, H] along the heads (Attention.fuse builds it, and `qkv_proj_bias`, from
+  the trained ones), one matmul then split; their adapters, if any, stay their own.
   """
+
+  FUSED = ('qkv_proj', ('q_proj', 'k_proj', 'v_proj'), -2)  # (name, parts, output axis)
+  _BIASES = ('q_bias', 'k_bias', 'v_bias')
 
   def __init__(
     self,
@@ -349,8 +356,11 @@ class Attention(nnx.Module):
     rope_dim: int = 0,
     lora_spec: lora.Spec | None = None,
     weight_quant: str = 'none',
+    fused: bool = False,
   ):
     kw = dict(num_stacked=num_stacked)
+    self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+    self.fused = fused
     self.rope_theta = rope_theta
     self.rope_scaling = rope_scaling  # model.rope_scaling (layers.rope_inv_freq)
     self.rope_dim = rope_dim  # dims of each head RoPE rotates (0 = all; model.rope_fraction)
@@ -359,21 +369,33 @@ class Attention(nnx.Module):
     self.matmul_dtype = matmul_dtype  # q/k/v/o only: the attention core stays in the compute dtype
     self.lora_spec = lora_spec
     proj = dict(num_stacked=num_stacked, lora_spec=lora_spec, quant=weight_quant)
-    for name, heads, head_axis in (
+    parts = (
       ('q_proj', num_heads, rules.HEADS),
       ('k_proj', num_kv_heads, rules.KV_HEADS),
       ('v_proj', num_kv_heads, rules.KV_HEADS),
-    ):
+    )
+    if fused:  # the heads of all three, one weight; each part's adapter beside it
+      shape = (d_model, num_heads + 2 * num_kv_heads, head_dim)
+      axes = (rules.EMBED, rules.HEADS, rules.HEAD_DIM)
+      fused_proj = dict(proj, lora_spec=None)
       layers.add_projection(
-        self,
-        name,
-        rngs,
-        (d_model, heads, head_dim),
-        (rules.EMBED, head_axis, rules.HEAD_DIM),
-        std=std,
-        contract_ndim=1,
-        **proj,
+        self, 'qkv_proj', rngs, shape, axes, std=std, contract_ndim=1, **fused_proj
       )
+      for name, heads, head_axis in parts:
+        shape, axes = (d_model, heads, head_dim), (rules.EMBED, head_axis, rules.HEAD_DIM)
+        layers.add_adapter_params(self, name, rngs, shape, axes, num_stacked, 1, lora_spec)
+    else:
+      for name, heads, head_axis in parts:
+        layers.add_projection(
+          self,
+          name,
+          rngs,
+          (d_model, heads, head_dim),
+          (rules.EMBED, head_axis, rules.HEAD_DIM),
+          std=std,
+          contract_ndim=1,
+          **proj,
+        )
     layers.add_projection(
       self,
       'o_proj',
@@ -384,7 +406,15 @@ class Attention(nnx.Module):
       contract_ndim=2,
       **proj,
     )
-    if qkv_bias:  # zeros, as nn.Linear's bias is reset by transformers' Qwen2 init.
+    if qkv_bias and fused:
+      self.qkv_proj_bias = layers.stacked_param(
+        rngs,
+        (num_heads + 2 * num_kv_heads, head_dim),
+        (rules.HEADS, rules.HEAD_DIM),
+        zeros=True,
+        **kw,
+      )
+    elif qkv_bias:  # zeros, as nn.Linear's bias is reset by transformers' Qwen2 init.
       for name, heads, axis in (
         ('q_bias', num_heads, rules.HEADS),
         ('k_bias', num_kv_heads, rules.KV_HEADS),
@@ -428,13 +458,7 @@ class Attention(nnx.Module):
     (segment ids and lengths then cover the S keys). A slice shorter than S runs
     cached_slice_attention (pallas and GPU auto: the kernel reading the cache in place).
     """
-    q = self._project('q_proj', 'bld,dnh->blnh', x_BLD)
-    k = self._project('k_proj', 'bld,dkh->blkh', x_BLD)
-    v = self._project('v_proj', 'bld,dkh->blkh', x_BLD)
-    if self.qkv_bias:
-      q = q + self.q_bias.value.astype(q.dtype)[None, None]
-      k = k + self.k_bias.value.astype(k.dtype)[None, None]
-      v = v + self.v_bias.value.astype(v.dtype)[None, None]
+    q, k, v = self._project_qkv(x_BLD)
     q = checkpoint_name(q, 'query_proj')
     k = checkpoint_name(k, 'key_proj')
     v = checkpoint_name(v, 'value_proj')
@@ -461,6 +485,44 @@ class Attention(nnx.Module):
     out = checkpoint_name(rules.constrain(out, heads), 'context')
     out = self._project('o_proj', 'blnh,nhd->bld', out)
     return checkpoint_name(out, 'out_proj'), fresh
+
+  @classmethod
+  def fuse(cls, tree: dict) -> dict:
+    """The module's trained parameter dict in the fused layout: q / k / v weights (and their
+    quantisation scales, layers.fuse_projections) and biases concatenated along the heads."""
+    fused, parts, axis = cls.FUSED
+    out = layers.fuse_projections(tree, parts, fused, axis)
+    if cls._BIASES[0] in tree:
+      out['qkv_proj_bias'] = jnp.concatenate([out.pop(name) for name in cls._BIASES], axis=-2)
+    return out
+
+  def _project_qkv(self, x_BLD):
+    """(q, k, v), biases added: three matmuls, or one over the fused weight."""
+    if not self.fused:
+      q = self._project('q_proj', 'bld,dnh->blnh', x_BLD)
+      k = self._project('k_proj', 'bld,dkh->blkh', x_BLD)
+      v = self._project('v_proj', 'bld,dkh->blkh', x_BLD)
+      if self.qkv_bias:
+        q = q + self.q_bias.value.astype(q.dtype)[None, None]
+        k = k + self.k_bias.value.astype(k.dtype)[None, None]
+        v = v + self.v_bias.value.astype(v.dtype)[None, None]
+      return q, k, v
+    fused, names, axis = self.FUSED
+    heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
+    qkv = layers.project_fused(
+      self,
+      fused,
+      tuple(zip(names, heads)),
+      axis,
+      'bld,dnh->blnh',
+      x_BLD,
+      self.matmul_dtype,
+      self.lora_spec,
+    )
+    if self.qkv_bias:  # after each part's adapter, as the three projections add it
+      biases = jnp.split(self.qkv_proj_bias.value, [heads[0], heads[0] + heads[1]], axis=-2)
+      qkv = [t + b.astype(t.dtype)[None, None] for t, b in zip(qkv, biases)]
+    return tuple(qkv)
 
   def _project(self, name, equation, x):
     w = getattr(self, name).value

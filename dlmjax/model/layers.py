@@ -9,6 +9,7 @@ all layers and the transformer scans over it.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import jax
@@ -60,13 +61,50 @@ def project(equation: str, x, w, matmul_dtype: str, *, scale=None, quant='int8',
     raise ValueError(f'matmul_dtype={matmul_dtype!r} is not one of {MATMUL_DTYPES}.')
   else:
     y = jnp.einsum(equation, x, w.astype(x.dtype))
-  if adapter is not None:
-    a, b, factor, *dropout = adapter
-    down_eq, up_eq = lora.adapter_equations(equation)
-    x_in = lora.drop(x, *dropout[0]) if dropout and dropout[0] is not None else x
-    xa = jnp.einsum(down_eq, x_in, a.astype(x.dtype))
-    y = y + (jnp.einsum(up_eq, xa, b.astype(x.dtype)) * factor).astype(y.dtype)
-  return y
+  return y if adapter is None else add_adapter(equation, x, y, adapter)
+
+
+def add_adapter(equation: str, x, y, adapter):
+  """y plus the LoRA adapter's (alpha / r) (x A) B of project(); adapter as project() takes it."""
+  a, b, factor, *dropout = adapter
+  down_eq, up_eq = lora.adapter_equations(equation)
+  x_in = lora.drop(x, *dropout[0]) if dropout and dropout[0] is not None else x
+  xa = jnp.einsum(down_eq, x_in, a.astype(x.dtype))
+  return y + (jnp.einsum(up_eq, xa, b.astype(x.dtype)) * factor).astype(y.dtype)
+
+
+def project_fused(
+  module, fused: str, parts, axis: int, equation: str, x, matmul_dtype: str, lora_spec
+):
+  """The outputs of the projections `parts` ((name, width) pairs, in order) of x from one matmul
+  over their weights concatenated along output axis `axis` (module.<fused>, as
+  fuse_projections builds it), split again there; each part then adds its own adapter, if any,
+  as project() adds it. The values of one project() per part, up to the matmul's grouping
+  (docs/benchmarks.md, Sampler, fused projections)."""
+  operands = projection_operands(module, fused, None)
+  y = project(equation, x, getattr(module, fused).value, matmul_dtype, **operands)
+  widths = [width for _, width in parts]
+  outs = jnp.split(y, list(itertools.accumulate(widths[:-1])), axis=axis)
+  adapted = []
+  for (name, _), out in zip(parts, outs):
+    adapter = lora_adapter(module, name, lora_spec)
+    adapted.append(out if adapter is None else add_adapter(equation, x, out, adapter))
+  return adapted
+
+
+def fuse_projections(tree: dict, parts, fused: str, axis: int) -> dict:
+  """A module's parameter dict with the weights `parts` (names) and their quantisation scales
+  concatenated along `axis` (their outputs' axis) into `fused` and its scales; everything else,
+  the parts' adapters included, kept as it is. Every scale layout (model/quantize.py) keeps the
+  weight's output axes, so codes and scales concatenate alike."""
+  out = {k: v for k, v in tree.items() if k not in parts}
+  out[fused] = jnp.concatenate([tree[name] for name in parts], axis=axis)
+  for suffix in quantize.SCALE_SUFFIXES.values():
+    if parts[0] + suffix in tree:
+      out[fused + suffix] = jnp.concatenate([tree[n + suffix] for n in parts], axis=axis)
+      for name in parts:
+        out.pop(name + suffix)
+  return out
 
 
 def _last_contracted_axis(equation: str) -> int:
@@ -83,7 +121,7 @@ def add_projection(
   int8 / nf4 / int4 and its LoRA A and B when lora_spec adapts it; `projection_operands` reads
   them."""
   weight = stacked_param(rngs, shape, axes, std=std, num_stacked=num_stacked)
-  full_shape, full_axes = weight.value.shape, weight.get_metadata()['axes']
+  full_axes = weight.get_metadata()['axes']
   lead = 1 if num_stacked else 0
   if quant == 'int8':
     q, scale = quantize.int8(weight.value, tuple(range(lead, lead + contract_ndim)))
@@ -96,13 +134,22 @@ def add_projection(
     suffix = quantize.SCALE_SUFFIXES[quant]
     setattr(module, name + suffix, nnx.Param(scale, axes=full_axes))
   setattr(module, name, weight)
-  if lora_spec is not None and lora_spec.adapts(name):
-    (a_shape, a_axes), (b_shape, b_axes) = lora.adapter_shapes(
-      full_shape, full_axes, contract_ndim, lora_spec.rank, num_stacked
-    )
-    a = lora.init_a(rngs.params(), a_shape, contract_ndim)
-    setattr(module, name + lora.A_SUFFIX, nnx.Param(a, axes=a_axes))
-    setattr(module, name + lora.B_SUFFIX, nnx.Param(jnp.zeros(b_shape, jnp.float32), axes=b_axes))
+  add_adapter_params(module, name, rngs, shape, axes, num_stacked, contract_ndim, lora_spec)
+
+
+def add_adapter_params(module, name, rngs, shape, axes, num_stacked, contract_ndim, lora_spec):
+  """Sets module.<name>_lora_a and _lora_b, the adapter of a weight of this shape and axes (no
+  layers axis), when lora_spec adapts `name`."""
+  if lora_spec is None or not lora_spec.adapts(name):
+    return
+  if num_stacked:
+    shape, axes = (num_stacked, *shape), (rules.LAYERS, *axes)
+  (a_shape, a_axes), (b_shape, b_axes) = lora.adapter_shapes(
+    shape, axes, contract_ndim, lora_spec.rank, num_stacked
+  )
+  a = lora.init_a(rngs.params(), a_shape, contract_ndim)
+  setattr(module, name + lora.A_SUFFIX, nnx.Param(a, axes=a_axes))
+  setattr(module, name + lora.B_SUFFIX, nnx.Param(jnp.zeros(b_shape, jnp.float32), axes=b_axes))
 
 
 def projection_operands(module, name, lora_spec) -> dict:
@@ -113,11 +160,19 @@ def projection_operands(module, name, lora_spec) -> dict:
     scale = getattr(module, name + suffix, None)
     if scale is not None:
       kwargs['scale'], kwargs['quant'] = scale.value, quant
-  if lora_spec is not None and lora_spec.adapts(name):
-    a = getattr(module, name + lora.A_SUFFIX).value
-    b = getattr(module, name + lora.B_SUFFIX).value
-    kwargs['adapter'] = (a, b, lora_spec.factor, lora.projection_dropout(name))
+  adapter = lora_adapter(module, name, lora_spec)
+  if adapter is not None:
+    kwargs['adapter'] = adapter
   return kwargs
+
+
+def lora_adapter(module, name, lora_spec):
+  """project()'s adapter operand of module.<name>, or None when lora_spec does not adapt it."""
+  if lora_spec is None or not lora_spec.adapts(name):
+    return None
+  a = getattr(module, name + lora.A_SUFFIX).value
+  b = getattr(module, name + lora.B_SUFFIX).value
+  return (a, b, lora_spec.factor, lora.projection_dropout(name))
 
 
 class RMSNorm(nnx.Module):
@@ -249,7 +304,13 @@ def rotary_embedding(x_BLNH, positions_BL, theta: float, scaling: str = '', rope
 
 
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """SwiGLU: down(silu(gate(x)) * up(x)).
+
+  fused (ModelConfig.fused_projections, the inference layout): gate and up are one weight
+  `gate_up_proj` [D, 2F] (MLP.fuse builds it from the trained pair), one matmul then split; their
+  adapters, if any, stay their own."""
+
+  FUSED = ('gate_up_proj', ('gate_proj', 'up_proj'), -1)  # (name, parts, output axis)
 
   def __init__(
     self,
@@ -263,16 +324,38 @@ class MLP(nnx.Module):
     matmul_dtype: str = 'compute',
     lora_spec: lora.Spec | None = None,
     weight_quant: str = 'none',
+    fused: bool = False,
   ):
     self.matmul_dtype = matmul_dtype
     self.lora_spec = lora_spec
+    self.ffn_dim = ffn_dim
+    self.fused = fused
     kw = dict(num_stacked=num_stacked, contract_ndim=1, lora_spec=lora_spec, quant=weight_quant)
     in_axes = (rules.EMBED, rules.MLP)
-    for name in ('gate_proj', 'up_proj'):
-      add_projection(self, name, rngs, (d_model, ffn_dim), in_axes, std=std, **kw)
+    if fused:
+      add_projection(
+        self,
+        'gate_up_proj',
+        rngs,
+        (d_model, 2 * ffn_dim),
+        in_axes,
+        std=std,
+        **dict(kw, lora_spec=None),
+      )
+      for name in self.FUSED[1]:
+        add_adapter_params(self, name, rngs, (d_model, ffn_dim), in_axes, num_stacked, 1, lora_spec)
+    else:
+      for name in ('gate_proj', 'up_proj'):
+        add_projection(self, name, rngs, (d_model, ffn_dim), in_axes, std=std, **kw)
     add_projection(
       self, 'down_proj', rngs, (ffn_dim, d_model), (rules.MLP, rules.EMBED), std=out_std, **kw
     )
+
+  @classmethod
+  def fuse(cls, tree: dict) -> dict:
+    """The module's trained parameter dict in the fused layout (fuse_projections)."""
+    fused, parts, axis = cls.FUSED
+    return fuse_projections(tree, parts, fused, axis)
 
   def _project(self, name, equation, x):
     w = getattr(self, name).value
@@ -280,8 +363,17 @@ class MLP(nnx.Module):
     return project(equation, x, w, self.matmul_dtype, **extra)
 
   def __call__(self, x_BLD):
-    gate_BLF = checkpoint_name(self._project('gate_proj', 'bld,df->blf', x_BLD), 'mlp_gate')
-    up_BLF = checkpoint_name(self._project('up_proj', 'bld,df->blf', x_BLD), 'mlp_up')
+    if self.fused:
+      fused, parts, axis = self.FUSED
+      widths = tuple((name, self.ffn_dim) for name in parts)
+      gate_BLF, up_BLF = project_fused(
+        self, fused, widths, axis, 'bld,df->blf', x_BLD, self.matmul_dtype, self.lora_spec
+      )
+    else:
+      gate_BLF = self._project('gate_proj', 'bld,df->blf', x_BLD)
+      up_BLF = self._project('up_proj', 'bld,df->blf', x_BLD)
+    gate_BLF = checkpoint_name(gate_BLF, 'mlp_gate')
+    up_BLF = checkpoint_name(up_BLF, 'mlp_up')
     h_BLF = rules.constrain(
       jax.nn.silu(gate_BLF) * up_BLF, (rules.BATCH, rules.LENGTH, rules.ACT_MLP)
     )

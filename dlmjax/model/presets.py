@@ -397,6 +397,10 @@ class ModelConfig:
   moe_exchange: str = 'gather'  # how tokens reach experts split over mesh.expert (moe.EXCHANGES)
   # Layers of an MoE model whose MLP is the dense one of ffn_dim (model.moe.dense_layers).
   dense_layers: tuple[int, ...] = ()
+  # The inference layout (no config key; transformer.inference_config sets it): q / k / v and
+  # the dense MLP's gate / up each one concatenated weight, as transformer.computed_params
+  # builds them from the trained tree. Training, checkpoints and converters never see it.
+  fused_projections: bool = False
 
   @property
   def lora_spec(self):

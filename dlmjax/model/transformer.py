@@ -9,6 +9,7 @@ are all of one kind has the single `blocks` it always had.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -106,6 +107,7 @@ class Block(nnx.Module):
       qkv_bias=cfg.qkv_bias,
       lora_spec=cfg.lora_spec,
       weight_quant=cfg.weight_quant,
+      fused=cfg.fused_projections,
       **kw,
     )
     self.post_attn_norm = layers.RMSNorm(cfg.d_model, **norm)
@@ -135,6 +137,7 @@ class Block(nnx.Module):
         matmul_dtype=cfg.matmul_dtype,
         lora_spec=cfg.lora_spec,
         weight_quant=cfg.weight_quant,
+        fused=cfg.fused_projections,
         **kw,
       )
 
@@ -249,21 +252,46 @@ def _compute_weights(cfg, params):
   return jax.tree.map(cast, params)
 
 
-def computed_params(cfg, params: dict) -> dict:
+def fusable(cfg) -> bool:
+  """Whether the inference layout may fuse cfg's projections: bf16 / float32 matmuls (an FP8
+  matmul scales each weight as a whole, so a fused one would round its parts differently) and
+  a tree not fused already."""
+  return cfg.matmul_dtype == 'compute' and not cfg.fused_projections
+
+
+def inference_config(cfg, *, fuse: bool = True):
+  """The ModelConfig whose module holds computed_params(cfg, params, fuse=fuse)."""
+  return dataclasses.replace(cfg, fused_projections=True) if fuse and fusable(cfg) else cfg
+
+
+def computed_params(cfg, params: dict, *, fuse: bool = True) -> dict:
   """params as a forward computes with them: each layer's weights through _compute_weights, the
-  embedding and the output head in the compute dtype; the final norm's gain as stored.
+  embedding and the output head in the compute dtype; the final norm's gain as stored. With
+  fuse (and a fusable cfg), also each layer's q / k / v weights concatenated into one, and the
+  dense MLP's gate / up into one (Attention.fuse, MLP.fuse): the tree of inference_config(cfg),
+  whose forward runs one matmul for each group instead of three and two. An MoE's experts keep
+  their own layout.
 
   Every forward casts these values at use (jnp.take(...).astype, head_weight_DV().astype), so a
   program that runs many forwards over the same weights (the sampler's decode) casts once here
   instead of once a step: on an H200 the per-step cast of the 8B's float32 weights took 10 ms of
   a 23 ms decode step (docs/benchmarks.md, Sampler, where a decode step's time goes). The final
-  norm's gain (D values, cast at use as well) stays as stored. The logits are identical.
+  norm's gain (D values, cast at use as well) stays as stored. Cast alone, the logits are
+  identical; fused, they are those of a different matmul grouping (on the CPU in float32 they
+  are bit-equal too; docs/benchmarks.md, Sampler, fused projections). Concatenated here, before
+  the decode loop, the fused weights are written once per generate, not once a step (XLA's dot
+  merger did that per step, model/programs.py).
   """
   if cfg.matmul_dtype != 'compute':
     return params
+  fuse = fuse and fusable(cfg)
   out = dict(params)
-  for key, *_ in cfg.layer_runs():
+  for key, moe_mlp, *_ in cfg.layer_runs():
     out[key] = _compute_weights(cfg, params[key])
+    if fuse:
+      out[key] = dict(out[key], attn=attention.Attention.fuse(out[key]['attn']))
+      if not moe_mlp:
+        out[key]['mlp'] = layers.MLP.fuse(out[key]['mlp'])
   for key in ('embed_tokens', 'lm_head'):
     dtype = getattr(params.get(key), 'dtype', None)  # an adapted head is a dict: left alone
     if dtype is not None and jnp.issubdtype(dtype, jnp.floating):

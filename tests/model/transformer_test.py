@@ -302,12 +302,40 @@ def test_computed_params_give_the_same_logits(tie):
   gain = 1 + 0.37 * jax.random.normal(jax.random.key(2), params['final_norm']['scale'].shape)
   params['final_norm']['scale'] = gain
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
-  cast = model_lib.computed_params(cfg, params)
+  cast = model_lib.computed_params(cfg, params, fuse=False)
   assert cast['blocks']['attn']['q_proj'].dtype == jnp.bfloat16
   assert cast['embed_tokens'].dtype == jnp.bfloat16
   assert cast['final_norm']['scale'].dtype == jnp.float32
   forward = jax.jit(_logits, static_argnums=0)
   np.testing.assert_array_equal(forward(cfg, cast, tokens), forward(cfg, params, tokens))
+
+
+@pytest.mark.parametrize(
+  'options',
+  [
+    dict(qk_norm=False, qkv_bias=True, lora_rank=2, lora_alpha=4.0, lora_targets=('q', 'v', 'up')),
+    dict(num_experts=4, dense_layers=(0,), weight_quant='int8', rope_fraction=0.5),
+  ],
+)
+def test_fused_projections_give_the_unfused_logits(options):
+  """The inference layout (q / k / v and gate / up concatenated once, one matmul each) gives
+  the three-and-two-matmul logits up to float32 rounding of another grouping, with biases,
+  LoRA adapters on some parts, int8 storage, partial RoPE and MoE layers beside dense ones."""
+  cfg = dataclasses.replace(CFG, **options)
+  params = model_lib.init_params(cfg, jax.random.key(0))
+  params = jax.tree.map(
+    lambda x: x + 0.05 if x.dtype == jnp.float32 else x, params
+  )  # nonzero biases and adapters B
+  fused = model_lib.computed_params(cfg, params)
+  attn = fused['blocks']['attn']
+  assert 'qkv_proj' in attn and 'q_proj' not in attn
+  assert attn['qkv_proj'].shape[-2] == CFG.num_heads + 2 * CFG.num_kv_heads
+  assert 'gate_up_proj' in fused['blocks']['mlp']
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+  forward = jax.jit(
+    lambda p, fuse: model_lib.inference_module(cfg, p, fuse=fuse)(tokens), static_argnums=1
+  )
+  np.testing.assert_allclose(forward(params, True), forward(params, False), rtol=0, atol=1e-5)
 
 
 def test_packed_documents_are_isolated_with_restarted_positions():
