@@ -388,9 +388,9 @@ def make_generate_fn(
   and each step's predicted completion [B, steps, gen_length] (decode_blocks)).
 
   fuse_projections: decode with q / k / v and gate / up as one matmul each over weights
-  concatenated once per generate (model.inference_module); off (a benchmark's baseline) or
-  with the heads split over a mesh's tensor axis (the concatenation would mix shards), three
-  and two.
+  concatenated once per generate (model.inference_module; docs/sampling.md, Fused
+  projections); off (a benchmark's baseline), or on a mesh that splits the heads
+  (model.splits_projections), three matmuls and two.
 
   With a mesh, params take their training shardings and the batch splits over the batch axes;
   with several processes each passes the whole (identical) batch and gets a global array back.
@@ -403,11 +403,9 @@ def make_generate_fn(
       model_config, attention_backend='auto' if 'auto' in attention.BACKENDS else 'xla'
     )
 
-  fuse = fuse_projections and (mesh is None or mesh.shape.get('tensor', 1) == 1)
-
   def fn(params, prompt_BP, prompt_lengths_B, key):
     # cast (and fuse) once, not once a step (model.transformer.computed_params)
-    module = model_lib.inference_module(model_config, params, fuse=fuse)
+    module = model_lib.inference_module(model_config, params, fuse=fuse_projections, mesh=mesh)
     tokens, _, steps, *preds = decode_blocks(
       module,
       prompt_BP,

@@ -26,6 +26,7 @@ __all__ = [
   'init_params',
   'abstract',
   'merge',
+  'splits_projections',
   'param_placement',
 ]
 
@@ -72,8 +73,23 @@ def merge(cfg: ModelConfig, params: dict) -> Transformer:
   return nnx.merge(graphdef, params)
 
 
-def inference_module(cfg: ModelConfig, params: dict, *, fuse: bool = True) -> Transformer:
-  """The module a program running many forwards over the same weights (the sampler's decode)
-  builds once, outside its loop: computed_params in inference_config's layout (weights cast
-  to the compute dtype; with fuse, q / k / v and gate / up each one weight)."""
+def inference_module(
+  cfg: ModelConfig, params: dict, *, fuse: bool = True, mesh=None
+) -> Transformer:
+  """The module a program running many forwards over the same weights (every decode: the
+  sampler's generate, serving, RL rollouts, evaluation, infilling) builds once, outside its
+  loop: computed_params in inference_config's layout (weights cast to the compute dtype; with
+  fuse, q / k / v and gate / up each one weight, unless `mesh` splits the heads)."""
+  fuse = fuse and not splits_projections(mesh)
   return merge(inference_config(cfg, fuse=fuse), computed_params(cfg, params, fuse=fuse))
+
+
+def splits_projections(mesh) -> bool:
+  """Whether `mesh` shards the projections' output axes (heads, MLP width: mesh.tensor). A
+  fused weight's shards would then each hold a slice of [q | k | v] other than the heads its
+  attention computes, and the split after the matmul would move them between devices: such a
+  mesh decodes with the trained layout."""
+  if mesh is None:
+    return False
+  names = {a for axis in (rules.HEADS, rules.KV_HEADS, rules.MLP) for a in rules.RULES[axis]}
+  return any(mesh.shape.get(name, 1) > 1 for name in names)

@@ -79,7 +79,10 @@ class MoE(nnx.Module):
     num_stacked: int = 0,
     backend: str = 'auto',
     exchange: str = 'gather',
+    fused: bool = False,
   ):
+    """fused: the shared experts' gate / up as one weight (layers.MLP, the inference layout);
+    the routed experts keep theirs (their grouped matmuls take gate and up apart)."""
     if router not in ROUTERS:
       raise ValueError(f'model.moe.router={router!r} is not one of {ROUTERS}.')
     if exchange not in EXCHANGES:
@@ -116,7 +119,9 @@ class MoE(nnx.Module):
       **kw,
     )
     if shared_ffn_dim:
-      self.shared = layers.MLP(d_model, shared_ffn_dim, std=std, out_std=out_std, rngs=rngs, **kw)
+      self.shared = layers.MLP(
+        d_model, shared_ffn_dim, std=std, out_std=out_std, rngs=rngs, fused=fused, **kw
+      )
 
   def route(self, x_BLD):
     """(expert ids [B, L, k], their weights [B, L, k] float32, this layer's `layer_sums`)."""

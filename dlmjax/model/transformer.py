@@ -124,6 +124,7 @@ class Block(nnx.Module):
         shared_ffn_dim=cfg.shared_experts * cfg.expert_dim,
         backend=cfg.moe_backend,
         exchange=cfg.moe_exchange,
+        fused=cfg.fused_projections,
         std=cfg.init_std,
         out_std=out_std,
         **kw,
@@ -268,19 +269,19 @@ def computed_params(cfg, params: dict, *, fuse: bool = True) -> dict:
   """params as a forward computes with them: each layer's weights through _compute_weights, the
   embedding and the output head in the compute dtype; the final norm's gain as stored. With
   fuse (and a fusable cfg), also each layer's q / k / v weights concatenated into one, and the
-  dense MLP's gate / up into one (Attention.fuse, MLP.fuse): the tree of inference_config(cfg),
-  whose forward runs one matmul for each group instead of three and two. An MoE's experts keep
-  their own layout.
+  dense MLP's (and an MoE's shared experts') gate / up into one (Attention.fuse, MLP.fuse): the
+  tree of inference_config(cfg), whose forward runs one matmul for each group instead of three
+  and two. An MoE's routed experts keep their own layout.
 
   Every forward casts these values at use (jnp.take(...).astype, head_weight_DV().astype), so a
   program that runs many forwards over the same weights (the sampler's decode) casts once here
   instead of once a step: on an H200 the per-step cast of the 8B's float32 weights took 10 ms of
   a 23 ms decode step (docs/benchmarks.md, Sampler, where a decode step's time goes). The final
   norm's gain (D values, cast at use as well) stays as stored. Cast alone, the logits are
-  identical; fused, they are those of a different matmul grouping (on the CPU in float32 they
-  are bit-equal too; docs/benchmarks.md, Sampler, fused projections). Concatenated here, before
-  the decode loop, the fused weights are written once per generate, not once a step (XLA's dot
-  merger did that per step, model/programs.py).
+  identical; fused, they are those of another matmul grouping (float32 on the CPU: within 1e-6;
+  docs/benchmarks.md, Sampler, fused projections). Concatenated here, before the decode loop,
+  the fused weights are written once per generate, not once a step (XLA's dot merger did that
+  per step, model/programs.py).
   """
   if cfg.matmul_dtype != 'compute':
     return params
@@ -290,8 +291,11 @@ def computed_params(cfg, params: dict, *, fuse: bool = True) -> dict:
     out[key] = _compute_weights(cfg, params[key])
     if fuse:
       out[key] = dict(out[key], attn=attention.Attention.fuse(out[key]['attn']))
+      mlp = out[key]['mlp']
       if not moe_mlp:
-        out[key]['mlp'] = layers.MLP.fuse(out[key]['mlp'])
+        out[key]['mlp'] = layers.MLP.fuse(mlp)
+      elif 'shared' in mlp:  # the routed experts' grouped matmuls keep gate and up apart
+        out[key]['mlp'] = dict(mlp, shared=layers.MLP.fuse(mlp['shared']))
   for key in ('embed_tokens', 'lm_head'):
     dtype = getattr(params.get(key), 'dtype', None)  # an adapted head is a dict: left alone
     if dtype is not None and jnp.issubdtype(dtype, jnp.floating):

@@ -313,3 +313,44 @@ def test_gpu_in_place_slices_equal_the_copying_slices(kind, mode, monkeypatch):
     model_config, params, dataclasses.replace(tiny_sampler.CACHE_BASE, cache=mode, cfg_scale=0.5)
   )
   assert not (out == tiny_sampler.MASK).any()
+
+
+@pytest.mark.parametrize('mode', ['none', 'dual'])
+def test_fused_projections_decode_the_unfused_tokens(mode):
+  """generate's inference layout (q / k / v and gate / up one matmul each, over weights fused
+  once per generate) commits the tokens of the trained layout's three and two matmuls, cached
+  slices and q / k / v biases included, and its program has fewer matmuls."""
+  model_config, params = _models('bidirectional', options=(('model.qkv_bias', True),))
+  params = jax.tree.map(lambda x: x + 0.01, params)  # non-zero biases
+  sampling = dataclasses.replace(tiny_sampler.CACHE_BASE, cache=mode)
+  args = (params, *sampler.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD), jax.random.key(0))
+  tokens, matmuls = [], []
+  for fuse in (True, False):
+    fn = sampler.make_generate_fn(
+      model_config,
+      sampling,
+      mask_id=tiny_sampler.MASK,
+      eos_id=tiny_sampler.EOS,
+      pad_id=tiny_sampler.PAD,
+      vocab_size=tiny_sampler.VOCAB,
+      fuse_projections=fuse,
+    )
+    matmuls.append(fn.lower(*args).as_text().count('dot_general'))
+    tokens.append(np.asarray(fn(*args)))
+  np.testing.assert_array_equal(tokens[0], tokens[1])
+  assert not (tokens[0] == tiny_sampler.MASK).any()
+  assert matmuls[0] < matmuls[1]
+
+
+def test_a_mesh_splitting_the_heads_decodes_the_same_tokens_unfused():
+  """Over mesh.tensor the heads are split, so the sampler keeps q / k / v apart there
+  (model.splits_projections); its tokens are the fused one-device decode's."""
+  tensor = mesh_lib.make_mesh(tiny_test_config(**{'mesh.data': 4, 'mesh.tensor': 2}))
+  batch_only = mesh_lib.make_mesh(tiny_test_config(**{'mesh.data': 2, 'mesh.fsdp': 4}))
+  assert model_lib.splits_projections(tensor) and not model_lib.splits_projections(batch_only)
+  model_config, params = _models('bidirectional')
+  sampling = dataclasses.replace(tiny_sampler.CACHE_BASE, cache='dual')
+  np.testing.assert_array_equal(
+    tiny_sampler.generate(model_config, params, sampling, mesh=tensor),
+    tiny_sampler.generate(model_config, params, sampling),
+  )

@@ -313,24 +313,45 @@ def test_computed_params_give_the_same_logits(tie):
 @pytest.mark.parametrize(
   'options',
   [
+    dict(),
+    dict(scan_layers=False),
     dict(qk_norm=False, qkv_bias=True, lora_rank=2, lora_alpha=4.0, lora_targets=('q', 'v', 'up')),
-    dict(num_experts=4, dense_layers=(0,), weight_quant='int8', rope_fraction=0.5),
+    dict(
+      num_experts=4, shared_experts=1, dense_layers=(0,), weight_quant='int8', rope_fraction=0.5
+    ),
+    dict(
+      weight_quant='nf4',
+      lora_rank=2,
+      lora_alpha=4.0,
+      lora_targets=('k', 'gate', 'o'),
+      scan_layers=False,
+    ),
   ],
+  ids=['plain', 'unrolled', 'bias_lora', 'int8_moe_shared', 'nf4_lora_unrolled'],
 )
 def test_fused_projections_give_the_unfused_logits(options):
   """The inference layout (q / k / v and gate / up concatenated once, one matmul each) gives
   the three-and-two-matmul logits up to float32 rounding of another grouping, with biases,
-  LoRA adapters on some parts, int8 storage, partial RoPE and MoE layers beside dense ones."""
+  LoRA adapters on some parts (B non-zero), int8 and nf4 storage, partial RoPE, scanned and
+  unrolled layers, and MoE layers (shared experts fused, routed ones kept) beside dense ones."""
   cfg = dataclasses.replace(CFG, **options)
   params = model_lib.init_params(cfg, jax.random.key(0))
   params = jax.tree.map(
     lambda x: x + 0.05 if x.dtype == jnp.float32 else x, params
-  )  # nonzero biases and adapters B
+  )  # non-zero biases and adapters' B
   fused = model_lib.computed_params(cfg, params)
-  attn = fused['blocks']['attn']
-  assert 'qkv_proj' in attn and 'q_proj' not in attn
-  assert attn['qkv_proj'].shape[-2] == CFG.num_heads + 2 * CFG.num_kv_heads
-  assert 'gate_up_proj' in fused['blocks']['mlp']
+  runs = {key: moe_mlp for key, moe_mlp, *_ in cfg.layer_runs()}
+  for key, moe_mlp in runs.items():
+    attn, mlp = fused[key]['attn'], fused[key]['mlp']
+    assert 'qkv_proj' in attn and 'q_proj' not in attn
+    assert attn['qkv_proj'].shape[-2] == CFG.num_heads + 2 * CFG.num_kv_heads
+    assert ('qkv_proj_bias' in attn) is cfg.qkv_bias
+    dense = mlp['shared'] if moe_mlp else mlp
+    assert 'gate_up_proj' in dense and 'gate_proj' not in dense
+    if moe_mlp:  # the routed experts keep gate and up apart
+      assert 'gate_proj' in mlp and 'up_proj' in mlp
+  if cfg.weight_quant != 'none':
+    assert any(k.startswith('qkv_proj_') and k.endswith('scale') for k in fused['blocks']['attn'])
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
   forward = jax.jit(
     lambda p, fuse: model_lib.inference_module(cfg, p, fuse=fuse)(tokens), static_argnums=1
