@@ -26,6 +26,13 @@ and Fast-dLLM's four rows (none, dual, threshold 0.9, both) at gen 256 and 512, 
 The in-place kernel against the copying slices it replaced (about 4 minutes on one H200):
   python -m benchmarks.sampler_cache --gen-lengths 256 --modes none,dual,prefix --thresholds 0 \
     --slice-attention both --repeats 1 --no-torch
+The fused projections (q / k / v and gate / up one matmul each over weights concatenated once
+per generate, the sampler's default) against the trained layout's three and two, side by side
+in one process, the 8B decode at batch 1 ('step ms' is one sampler step; 'x unfused' and 'same
+as unfused' are the fused row against the unfused row above it; docs/benchmarks.md, Sampler,
+fused projections):
+  python -m benchmarks.sampler_cache --preset llada_8b --batch 1 --gen-lengths 256 \
+    --modes none,dual --thresholds 0 --fuse both --repeats 3 --no-torch
 (defaults: the 1.7B of configs/pretrain_1p7b.py, batch 64, 64-token prompts, block 32).
 On a CPU: python -m benchmarks.sampler_cache --tiny [--gen-lengths 256,512 ...]
 """
@@ -47,9 +54,11 @@ import numpy as np
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.diffusion import sampler
-from dlmjax.model import attention
+from dlmjax.model import attention, presets
 
 MODES = ('none', 'prefix', 'dual')
+# make_generate_fn's fuse_projections for each --fuse
+FUSE = {'on': (True,), 'off': (False,), 'both': (False, True)}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
   parser.add_argument('--config', default='configs/pretrain_1p7b.py', help='model shape')
+  parser.add_argument('--preset', default='', help='a model preset over the config, e.g. llada_8b')
   parser.add_argument('--tiny', action='store_true', help='a CPU-sized model and run')
   parser.add_argument('--batch', type=int, default=64)
   parser.add_argument('--prompt-length', type=int, default=64)
@@ -75,6 +85,13 @@ def _parser() -> argparse.ArgumentParser:
     'stacked cache in place), copy (per-layer cache copies into the slice kernel, the path '
     'before it), xla (dense attention on the copies), both (kernel and copy) or all',
   )
+  parser.add_argument(
+    '--fuse',
+    default='on',
+    choices=tuple(FUSE),
+    help="the sampler's fused q / k / v and gate / up projections: on (its default), off, or "
+    'both (each variant unfused, then fused)',
+  )
   parser.add_argument('--repeats', type=int, default=2)
   parser.add_argument('--no-torch', action='store_true', help='dlmjax only')
   parser.add_argument(
@@ -85,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _model_config(args):
   config = config_lib.load_file(args.config)
+  if args.preset:
+    presets.apply_preset(config.model, args.preset)
   if args.tiny:
     config.model.num_layers, config.model.d_model, config.model.ffn_dim = 2, 64, 128
     config.model.num_heads, config.model.num_kv_heads, config.model.head_dim = 4, 2, 16
@@ -167,7 +186,7 @@ def slice_path(path: str):
     sampler.make_generate_fn.cache_clear()
 
 
-def time_jax(config, model_config, params, sampling, prompt_BP, repeats) -> dict:
+def time_jax(config, model_config, params, sampling, prompt_BP, repeats, fuse=True) -> dict:
   m = config.model
   fn = sampler.make_generate_fn(
     model_config,
@@ -176,6 +195,7 @@ def time_jax(config, model_config, params, sampling, prompt_BP, repeats) -> dict
     eos_id=m.eos_token_id,
     pad_id=m.pad_token_id,
     vocab_size=m.vocab_size,
+    fuse_projections=fuse,
   )
   lengths_B = np.full(prompt_BP.shape[0], prompt_BP.shape[1], np.int32)
   start = time.perf_counter()  # compiled ahead, so no untimed run is needed.
@@ -187,7 +207,13 @@ def time_jax(config, model_config, params, sampling, prompt_BP, repeats) -> dict
     out = jax.block_until_ready(fn(params, prompt_BP, lengths_B, jax.random.key(i)))
     best = min(best, time.perf_counter() - start)
   tokens = prompt_BP.shape[0] * sampling.gen_length
-  return dict(tokens_per_s=tokens / best, seconds=best, first_call_s=first, out=np.asarray(out))
+  return dict(
+    tokens_per_s=tokens / best,
+    seconds=best,
+    step_ms=best / sampling.steps * 1e3,
+    first_call_s=first,
+    out=np.asarray(out),
+  )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,8 +401,12 @@ def _table(rows) -> str:
     'mode',
     'slices',
     'threshold',
+    'fused',
+    'step ms',
     'dlmjax tok/s',
     'x none',
+    'x unfused',
+    'same as unfused',
     'torch tok/s',
     'x none',
     'dlmjax/torch',
@@ -392,8 +422,12 @@ def _table(rows) -> str:
           r['mode'],
           r['slices'],
           r['threshold'],
+          r['fused'],
+          r['jax_step_ms'],
           r['jax_tokens_per_s'],
           r.get('jax_vs_none', '-'),
+          r.get('jax_vs_unfused', '-'),
+          f'{r["same_as_unfused"]:.0%}' if 'same_as_unfused' in r else '-',
           r.get('torch_tokens_per_s', '-'),
           r.get('torch_vs_none', '-'),
           r.get('jax_vs_torch', '-'),
@@ -424,6 +458,7 @@ def main(argv=None) -> int:
         f'--slice-attention {args.slice_attention!r}: kernel, copy, xla, both or all.'
       )
     gens = [int(g) for g in args.gen_lengths.split(',')]
+    fuses = FUSE[args.fuse]
     thresholds = [float(t) for t in args.thresholds.split(',')]
     config, model_config = _model_config(args)
     if model_config.attention_mask != 'bidirectional':
@@ -467,31 +502,40 @@ def main(argv=None) -> int:
     plain = sampler.SamplingConfig(gen_length=gen, steps=gen, block_length=args.block_length)
     base = {}
     variants = [
-      (mode, threshold, path)
+      (mode, threshold, path, fuse)
       for mode in modes
       for threshold in thresholds
       for path in (paths if mode != 'none' else paths[:1])  # none has no slices
+      for fuse in fuses
     ]
-    for mode, threshold, path in variants:
+    for mode, threshold, path, fuse in variants:
       s = dataclasses.replace(plain, cache=mode, threshold=threshold)
       with slice_path(path):
-        jx = time_jax(config, model_config, params, s, prompt_BP, args.repeats)
+        jx = time_jax(config, model_config, params, s, prompt_BP, args.repeats, fuse)
       slices = '-' if mode == 'none' else path
       row = dict(gen=gen, mode=mode, slices=slices, threshold=threshold, device=device)
       row['batch'] = args.batch
       row.update(prompt=args.prompt_length, block=args.block_length, steps=gen)
+      row['fused'] = 'on' if fuse else 'off'
+      row['jax_step_ms'] = round(jx['step_ms'], 2)
       row['jax_tokens_per_s'] = round(jx['tokens_per_s'], 1)
       row['jax_first_call_s'] = round(jx['first_call_s'], 1)
       if mode == 'none':
-        base[('jax', threshold)] = jx
-      first = base.setdefault((mode, threshold), jx)  # the first slice path's tokens
+        base[('jax', threshold, fuse)] = jx
+      first = base.setdefault((mode, threshold, fuse), jx)  # the first slice path's tokens
       if first is not jx:  # the paths differ by rounding only (in bf16 it may flip tokens)
         row['same_as_' + paths[0]] = float(np.mean(jx['out'] == first['out']))
-      ref = base.get(('jax', 0.0), base.get(('jax', threshold)))
+      unfused = base.get((mode, threshold, path, False))
+      if fuse and unfused:  # one matmul grouping against another: in bf16 it may flip tokens
+        row['jax_vs_unfused'] = round(jx['tokens_per_s'] / unfused['tokens_per_s'], 2)
+        row['same_as_unfused'] = float(np.mean(jx['out'] == unfused['out']))
+      if not fuse:
+        base[(mode, threshold, path, False)] = jx
+      ref = base.get(('jax', 0.0, fuse), base.get(('jax', threshold, fuse)))
       if ref:
         row['jax_vs_none'] = round(jx['tokens_per_s'] / ref['tokens_per_s'], 2)
         row['same_as_none'] = float(np.mean(jx['out'] == ref['out']))
-      if peer and path == paths[0]:
+      if peer and path == paths[0] and fuse == fuses[0]:
         pt = peer.time(prompt_torch, s, m.mask_token_id, m.vocab_size, args.repeats)
         if mode == 'none':
           base[('torch', threshold)] = pt

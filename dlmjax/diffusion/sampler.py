@@ -388,7 +388,7 @@ def make_generate_fn(
   and each step's predicted completion [B, steps, gen_length] (decode_blocks)).
 
   fuse_projections: decode with q / k / v and gate / up as one matmul each over weights
-  concatenated once per generate (model.inference_module; docs/sampling.md, Fused
+  concatenated once per generate (model.inference_module; docs/benchmarks.md, Fused
   projections); off (a benchmark's baseline), or on a mesh that splits the heads
   (model.splits_projections), three matmuls and two.
 

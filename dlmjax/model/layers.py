@@ -80,7 +80,7 @@ def project_fused(
   over their weights concatenated along output axis `axis` (module.<fused>, as
   fuse_projections builds it), split again there; each part then adds its own adapter, if any,
   as project() adds it. The values of one project() per part, up to the matmul's grouping
-  (docs/benchmarks.md, Sampler, fused projections)."""
+  (docs/benchmarks.md, Sampler, Fused projections)."""
   operands = projection_operands(module, fused, None)
   y = project(equation, x, getattr(module, fused).value, matmul_dtype, **operands)
   widths = [width for _, width in parts]

@@ -279,7 +279,7 @@ def computed_params(cfg, params: dict, *, fuse: bool = True) -> dict:
   a 23 ms decode step (docs/benchmarks.md, Sampler, where a decode step's time goes). The final
   norm's gain (D values, cast at use as well) stays as stored. Cast alone, the logits are
   identical; fused, they are those of another matmul grouping (float32 on the CPU: within 1e-6;
-  docs/benchmarks.md, Sampler, fused projections). Concatenated here, before the decode loop,
+  docs/benchmarks.md, Sampler, Fused projections). Concatenated here, before the decode loop,
   the fused weights are written once per generate, not once a step (XLA's dot merger did that
   per step, model/programs.py).
   """
