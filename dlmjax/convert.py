@@ -148,6 +148,8 @@ def main(argv=None) -> int:
   try:
     if getattr(args, 'output_dir', None):  # before any reading: a file there is refused at once
       hf_io.check_output_dir(args.output_dir)
+    if args.command in ('to-torch', 'from-torch'):  # a missing torch is named before any reading
+      import torch  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
     if args.command == 'to-hf' and run_model.is_lora_run(args.checkpoint_path):
       out = lora_to_hf(
         args.checkpoint_path,

@@ -102,6 +102,7 @@ def test_loss_equals_eq10_written_out(dce_weight):
   # Eq. 10 by hand: per prompt (L / G) sum_i f_i (-w+ + w-)(x_0|l_i) log pi(x_0|l_i | x_l_i),
   # f_i = 1 / t_i (the masked share of x_l_i's canvas) or 1; the prompts averaged.
   logits = np.asarray(module(batch['tokens'], valid_length_B=batch['lengths']), np.float64)
+  logits = logits[..., :vocab]  # the embedding's padded rows are no tokens: out of the softmax
   logsm = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   per_prompt = np.zeros(rows // group)
   for b in range(rows):

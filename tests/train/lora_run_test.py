@@ -81,7 +81,7 @@ def runs(tmp_path_factory):
 def test_the_start_line_counts_the_adapters_it_trains(runs):
   _, straight = runs
   run_dir, step_dir, _ = manager.resolve_step_dir(str(straight))
-  _, adapters, _ = lora_checkpoint.restore(run_dir, step_dir, manager.load_run_config(run_dir))
+  _, adapters, _ = run_model.restore_lora(run_dir, step_dir, manager.load_run_config(run_dir))
   count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(adapters))
   line = next(x for x in _PRINTED['start'].splitlines() if x.startswith('pretrain: '))
   assert f': {count:,} trainable adapter parameters (LoRA) over a frozen base of ' in line, line
