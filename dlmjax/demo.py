@@ -32,6 +32,7 @@ from dlmjax import evaluate
 from dlmjax import tasks as tasks_lib
 from dlmjax import verify
 from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.data import jsonl
 from dlmjax.diffusion import sampler as sampler_lib
 from dlmjax.train import loop
 
@@ -93,12 +94,7 @@ def write_sft_set(path: str, task: str, num: int = SFT_EXAMPLES, seed: int = 0) 
   """Worked solutions of the task's TRAIN split as SFT rows (the held-out split never enters)."""
   examples = tasks_lib.get_task(task).examples('train', num, seed)
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'w') as f:
-    for e in examples:
-      f.write(json.dumps({'prompt': e.prompt, 'response': e.response}) + '\n')
-  os.replace(tmp, path)
-  return path
+  return jsonl.write_objects(path, [{'prompt': e.prompt, 'response': e.response} for e in examples])
 
 
 # ----------------------------------------------------------------------------------------------

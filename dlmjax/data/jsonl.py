@@ -76,6 +76,17 @@ def read_objects(path: str, error=DataError) -> Iterator[tuple[int, dict]]:
     yield number, record
 
 
+def write_objects(path: str, objects) -> str:
+  """Writes one JSON line per object to a temporary file, then renames it into place: a reader
+  never sees half a file (the built-in SFT rows and preference pairs, the demo's sets)."""
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'w') as f:
+    for obj in objects:
+      f.write(json.dumps(obj) + '\n')
+  os.replace(tmp, path)
+  return path
+
+
 def encode_line(line: bytes, keys: Sequence[str], tokenizer, append_eod: bool):
   """{key: (token ids, sequence lengths)} of one line, or a str saying why it is malformed.
 

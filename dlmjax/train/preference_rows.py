@@ -25,7 +25,7 @@ import os
 import numpy as np
 
 from dlmjax import tasks
-from dlmjax.data import chat, records
+from dlmjax.data import chat, jsonl, records
 from dlmjax.data.errors import DataError
 from dlmjax.train import sft_rows
 
@@ -133,7 +133,7 @@ def ensure_builtin_pairs(cache_dir: str, seed: int = 0, split: str = 'train') ->
   if os.path.isfile(path):
     return path
   os.makedirs(cache_dir, exist_ok=True)
-  lines = []
+  rows = []
   for task in sft_rows.BUILTIN_TASKS:
     examples = tasks.TASKS[task].examples(split, per_task, seed)
     for i, example in enumerate(examples):
@@ -142,10 +142,7 @@ def ensure_builtin_pairs(cache_dir: str, seed: int = 0, split: str = 'train') ->
       )
       if wrong is None:
         continue
-      row = dict(prompt=example.prompt, chosen=example.response, rejected=wrong.response, task=task)
-      lines.append(json.dumps(row))
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'w') as f:
-    f.write('\n'.join(lines) + '\n')
-  os.replace(tmp, path)
-  return path
+      rows.append(
+        dict(prompt=example.prompt, chosen=example.response, rejected=wrong.response, task=task)
+      )
+  return jsonl.write_objects(path, rows)

@@ -20,6 +20,7 @@ import numpy as np
 
 from dlmjax import tasks
 from dlmjax.data import chat
+from dlmjax.data import jsonl
 from dlmjax.data import pipeline
 from dlmjax.data import records
 from dlmjax.data import run_tokenizer
@@ -185,17 +186,12 @@ def ensure_builtin_set(cache_dir: str, seed: int = 0, split: str = 'train') -> s
   if os.path.isfile(path):
     return path
   os.makedirs(cache_dir, exist_ok=True)
-  lines = []
-  for task in BUILTIN_TASKS:
-    for example in tasks.TASKS[task].examples(split, per_task, seed):
-      lines.append(
-        json.dumps({'prompt': example.prompt, 'response': example.response, 'task': task})
-      )
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'w') as f:
-    f.write('\n'.join(lines) + '\n')
-  os.replace(tmp, path)
-  return path
+  rows = [
+    {'prompt': example.prompt, 'response': example.response, 'task': task}
+    for task in BUILTIN_TASKS
+    for example in tasks.TASKS[task].examples(split, per_task, seed)
+  ]
+  return jsonl.write_objects(path, rows)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,7 +249,7 @@ def build_rows(config, log=print, path: str | None = None) -> dict[str, np.ndarr
   return rows
 
 
-class _ReadRows:
+class EpochRows:
   """Batch k -> this process's rows of it; rows are drawn in a fresh permutation per epoch."""
 
   def __init__(
@@ -304,7 +300,7 @@ def make_batch_iterator(
   rows = build_rows(config) if rows is None else rows
   local = global_batch_size // process_count
   batches = grain.MapDataset.range(config.train.steps if steps is None else steps).map(
-    _ReadRows(rows, global_batch_size, local, process_index * local, config.seed)
+    EpochRows(rows, global_batch_size, local, process_index * local, config.seed)
   )
   return pipeline.BatchIterator(
     batches, global_batch_size, config.data.prefetch, config.data.num_workers

@@ -142,9 +142,7 @@ class PairBatches:
         f'train.global_batch_size {gbs} is not divisible by the {process_count} processes.'
       )
     self.local, self.first = gbs // process_count, process_index * (gbs // process_count)
-    self.read = sft_rows._ReadRows(  # pylint: disable=protected-access
-      rows, gbs, self.local, self.first, config.seed
-    )
+    self.read = sft_rows.EpochRows(rows, gbs, self.local, self.first, config.seed)
     self.step = 0
 
   def next(self, params):
