@@ -498,10 +498,13 @@ class Transformer(nnx.Module):
     """The output projection [D, V] (the embedding, transposed, when tied)."""
     return self.embed_tokens.value.T if self.cfg.tie_embeddings else self.lm_head.value
 
-  def logits(self, hidden_BLD):
+  def logits(self, hidden_BLD, dtype=jnp.float32):
+    """The output head's logits in `dtype`: float32 where a softmax or a loss reads them, the
+    compute dtype where a caller only ranks or returns them (an 8B's [16, 512, 126464] logits are
+    4.1 GB in float32)."""
     w_DV = self.head_weight_DV().astype(hidden_BLD.dtype)
-    logits_BLV = jnp.einsum('bld,dv->blv', hidden_BLD, w_DV, preferred_element_type=jnp.float32)
+    logits_BLV = jnp.einsum('bld,dv->blv', hidden_BLD, w_DV, preferred_element_type=dtype)
     return rules.constrain(logits_BLV, (rules.BATCH, rules.LENGTH, rules.ACT_VOCAB))
 
-  def __call__(self, tokens_BL, **kwargs):
-    return self.logits(self.hidden(tokens_BL, **kwargs))
+  def __call__(self, tokens_BL, *, logits_dtype=jnp.float32, **kwargs):
+    return self.logits(self.hidden(tokens_BL, **kwargs), logits_dtype)

@@ -293,6 +293,20 @@ def test_bfloat16_compute_stays_close():
   np.testing.assert_allclose(got, ref, atol=0.05)
 
 
+def test_logits_in_the_compute_dtype_are_the_float32_logits_rounded():
+  """A forward that only returns or ranks logits asks for them in bf16: the same head, rounded
+  once (a head computed in bf16 before accumulating would be further off)."""
+  cfg = dataclasses.replace(CFG, dtype='bfloat16')
+  params = model_lib.init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 128)
+  forward = jax.jit(
+    lambda p, t, dtype: model_lib.merge(cfg, p)(t, logits_dtype=dtype), static_argnums=2
+  )
+  wide, narrow = forward(params, tokens, jnp.float32), forward(params, tokens, jnp.bfloat16)
+  assert narrow.dtype == jnp.bfloat16
+  np.testing.assert_allclose(narrow.astype(np.float32), wide, rtol=2**-8, atol=1e-6)
+
+
 @pytest.mark.parametrize('tie', [True, False])
 def test_computed_params_give_the_same_logits(tie):
   """The sampler casts once (computed_params) what each forward would cast at use: bit-equal
