@@ -259,27 +259,29 @@ class Engine:
       vocab_size=m.vocab_size,
     )
 
-  def shape(self, group: list) -> tuple[int, int, int, int | None]:
+  def shape(self, group: list, length: int | None = None) -> tuple[int, int, int, int | None]:
     """(batch, canvas length, block start, the start if the program needs it static) of a
-    group's call. Every row's current block starts at one position: the longest prefix. A row
-    that sees ahead keeps its tail after it, so the canvas is the longest prefix plus the longest
-    tail (a width bucket); else the canvas ends with the block and the start is the bucket's."""
+    group's call (length: a bucket at least the group's need). Every row's current block starts
+    at one position. A row that sees ahead keeps its tail after the block, so the canvas holds
+    the longest prefix plus the longest tail, and the block starts the longest tail before its
+    end; else the canvas ends with the block, on the model's grid like every prefix."""
     settings = group[0].settings
     block = settings.block_length
     prefixes, tails = zip(*(self.layout(j) for j in group))
     batch = self.buckets.pick(self.buckets.batch, len(group), self.max_batch)
-    start, widths = max(prefixes), self.buckets.width
-    length = self.buckets.pick(widths, start + max(tails), max(widths[-1], start + max(tails)))
-    if not self.sees_ahead(settings):  # the whole prefixes sit on the grid: so does the start.
+    need, widths = max(prefixes) + max(tails), self.buckets.width
+    length = length or self.buckets.pick(widths, need, max(widths[-1], need))
+    if not self.sees_ahead(settings):
       start = (length - block) // self.grid * self.grid
       return batch, start + block, start, start
+    start = length - max(tails)
     mode = cache_modes.get(settings.cache)
     return batch, length, start, start if mode.static_blocks or mode.prefilled else None
 
-  def _call(self, group: list, key, block_index: int) -> list:
+  def _call(self, group: list, key, block_index: int, shape=None) -> list:
     """Each job's window of one block call: int32 [len(group), block_length]."""
     settings = self.block_settings(group[0].settings)
-    batch, length, start, static = self.shape(group)
+    batch, length, start, static = shape or self.shape(group)
     mask = self.model.config.model.mask_token_id
     x_BL = np.full((batch, length), self.pad_id, np.int32)
     bounds = np.zeros((3, batch), np.int32)  # each row's offset, completion start, end
@@ -312,20 +314,19 @@ class Engine:
     self.slots += batch
     return out[: len(group)]
 
-  def warm(self, settings, prompt_lengths=(1,)) -> None:
-    """Compiles the programs jobs with these settings and prompt lengths run, alone or in a
-    batch of like jobs: every batch bucket, every block. Called before traffic: not thread-safe
-    with it."""
-    for length in prompt_lengths:
-      for batch in self.buckets.batch:
-        if batch > self.max_batch:
-          continue
-        job = Job(prompt=[self.pad_id] * length, settings=settings)
-        while len(job.tokens) < settings.gen_length:
-          if (self.block_settings(settings), *self.shape([job] * batch)) not in self.compiled:
-            self._call([job] * batch, self._key, 0)
-          job.tokens += self._kept(job, [self.pad_id] * settings.block_length)
-          job.chunks += 1
+  def warm(self, settings, lengths=()) -> None:
+    """Compiles the programs jobs with these settings run at every batch bucket: at each canvas
+    length of `lengths` (default: a one-token prompt's). A static start (cache prefix on a model
+    that sees ahead) varies with the traffic: those compile on first use. Called before
+    traffic: not thread-safe with it."""
+    job = Job(prompt=[self.pad_id], settings=settings)
+    for batch in self.buckets.batch:
+      if batch <= self.max_batch:
+        group = [job] * batch
+        for length in lengths or (self.shape(group)[1],):
+          shape = self.shape(group, length)
+          if length >= sum(self.layout(job)) and not (self.sees_ahead(settings) and shape[3]):
+            self._call(group, self._key, 0, shape)
 
   def _kept(self, job: Job, window) -> list:
     """The tokens a job keeps of its block's window: the window may open with the end of its
