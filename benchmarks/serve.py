@@ -202,7 +202,10 @@ def main(argv=None) -> int:
     max_batch = args.max_batch or max(args.clients)
     # Powers of two up to max_batch: a call of n rows pads to < 2n, not to the most clients.
     batches = tuple(sorted({2**i for i in range(max_batch.bit_length())} | {max_batch}))
-    widths = tuple(sorted(set(args.prompt_lengths)))
+    # Canvas lengths: powers of two from 64 to the longest prefix + the longest tail a group
+    # of mixed requests can need (a row's current block sits where its batch-mates' do).
+    need = max(args.prompt_lengths) + 2 * max(args.gen_lengths)
+    widths = tuple(2**i for i in range(6, max(7, (need - 1).bit_length() + 1)))
     eng, app = api.build(
       model,
       defaults,
@@ -214,21 +217,16 @@ def main(argv=None) -> int:
     rules = api.Server(eng, defaults=defaults, model_name='bench', chat_template='none')
     requests = [rules.settings({'max_tokens': g}) for g in args.gen_lengths]  # as served
     for settings in requests:
-      eng.check(engine_lib.Job([0] * max(widths), settings))
+      eng.check(engine_lib.Job([0] * max(args.prompt_lengths), settings))
   except (ValueError, DataError, api.APIError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
   start, warmed = time.perf_counter(), set()
   for settings in requests:  # every program the traffic can run, before timing
-    job = engine_lib.Job([0], settings)
-    chunk = eng.chunk_settings(job)
-    if chunk in warmed:
-      continue
-    warmed.add(chunk)
-    cap = model.config.model.seq_len - chunk.gen_length
-    # Block by block a prefix grows through the wider buckets, up to the widest allowed.
-    grown = (cap,) if eng.blockwise(job) else ()
-    eng.warm(settings, tuple(sorted({w for w in widths if w <= cap} | set(grown))))
+    block = eng.block_settings(settings)
+    if block not in warmed:  # requests differing only in max_tokens share their programs
+      warmed.add(block)
+      eng.warm(settings, widths)
   print(
     json.dumps({'compiled': len(eng.compiled), 'compile_s': round(time.perf_counter() - start, 1)}),
     flush=True,
@@ -246,12 +244,13 @@ def main(argv=None) -> int:
   rng = np.random.default_rng(0)
   special = {m.mask_token_id, m.eos_token_id, m.pad_token_id}
   choices = np.array([t for t in range(min(m.vocab_size, 5000)) if t not in special])
-  bounds = [0, *widths]
+  mixes = tuple(sorted(set(args.prompt_lengths)))
+  bounds = [0, *mixes]
   rows = []
   for clients in args.clients:
     bodies = []
     for _ in range(clients * args.requests_per_client):
-      i = rng.integers(len(widths))
+      i = rng.integers(len(mixes))
       length = int(rng.integers(bounds[i] + 1, bounds[i + 1] + 1))
       bodies.append({
         'prompt': rng.choice(choices, length).tolist(),

@@ -1,7 +1,9 @@
-"""python -m dlmjax.serve through real HTTP with the official openai client: a tiny block-causal
-run served on 127.0.0.1 (an ephemeral port) in a subprocess, one server for the whole module."""
+"""python -m dlmjax.serve through real HTTP with the official openai client: a tiny bidirectional
+run served on 127.0.0.1 (an ephemeral port) in a subprocess, one server for the whole module; the
+engine alone for a block-causal run."""
 
 import contextlib
+import dataclasses
 import io
 import json
 import signal
@@ -22,7 +24,7 @@ from dlmjax.diffusion import sampler
 from dlmjax.serve import engine
 from tests.checkpoint import tiny_run
 
-# Blocks of the model's block size: the server decodes block by block (several chunks a request).
+# 4 blocks a request: the server decodes block by block (the block-causal run: its block size).
 SETTINGS = dict(gen_length=16, steps=8, block_length=4)
 FLAGS = ['--gen-length', '16', '--steps', '8', '--block-length', '4']
 PROMPTS = [' '.join(f't{5 + 7 * i + j}' for j in range(1 + i % 6)) for i in range(16)]
@@ -34,7 +36,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _make_run(root, attention='block_causal') -> str:
+def _make_run(root, attention='bidirectional') -> str:
   import tokenizers  # pylint: disable=import-outside-toplevel
 
   tokenizer = tokenizers.Tokenizer(
@@ -58,7 +60,7 @@ def served(tmp_path_factory):
   port = _free_port()
   command = [sys.executable, '-m', 'dlmjax.serve', '--checkpoint-path', run, '--port', str(port)]
   command += FLAGS + ['--max-batch', '16', '--max-queue', '24', '--batch-buckets', '16']
-  command += ['--width-buckets', '16']
+  command += ['--width-buckets', '32,64']
   log = open(str(tmp_path_factory.getbasetemp() / 'serve.log'), 'w+')  # pylint: disable=consider-using-with
   proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
   url = f'http://127.0.0.1:{port}'
@@ -118,10 +120,16 @@ def test_models_and_health(served, client):
 def test_greedy_text_is_the_same_alone_batched_streamed_and_generated(served, client):
   run, url, _, _ = served
   alone = [client.completions.create(model='run', prompt=p).choices[0].text for p in PROMPTS[:4]]
-  results = [None] * len(PROMPTS)
+  results, streamed = [None] * len(PROMPTS), {}
 
   def one(i):
-    results[i] = client.completions.create(model='run', prompt=PROMPTS[i])
+    time.sleep(0.01 * i)  # joins at different times: other requests are blocks into theirs
+    if i % 4 == 1:  # every fourth one streamed from the shared batch
+      chunks = list(client.completions.create(model='run', prompt=PROMPTS[i], stream=True))
+      streamed[i] = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
+      results[i] = chunks[-2]
+    else:
+      results[i] = client.completions.create(model='run', prompt=PROMPTS[i])
 
   calls = httpx.get(url + '/health').json()['calls']
   threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
@@ -129,21 +137,24 @@ def test_greedy_text_is_the_same_alone_batched_streamed_and_generated(served, cl
     t.start()
   for t in threads:
     t.join()
-  batched = [r.choices[0].text for r in results]
-  # Batched: a job takes at most gen_length / block_length + 1 chunks (its prompt off the block
-  # grid); 16 jobs at max_batch 16 share each round (a late one adds rounds), not a call each.
-  per_job = SETTINGS['gen_length'] // SETTINGS['block_length'] + 1
-  assert httpx.get(url + '/health').json()['calls'] - calls <= 2 * per_job
+  texts = {i: ''.join(streamed[i]) for i in streamed}
+  batched = [texts.get(i, r.choices[0].text) for i, r in enumerate(results)]
+  # A job takes gen_length / block_length calls: 16 jobs share rounds (how many depends on when
+  # each joins), fewer calls than one per job and block.
+  per_job = SETTINGS['gen_length'] // SETTINGS['block_length']
+  assert httpx.get(url + '/health').json()['calls'] - calls < len(PROMPTS) * per_job
   assert batched[:4] == alone
   assert batched == _generate_cli(run, PROMPTS)
   assert all(r.choices[0].finish_reason in ('stop', 'length') for r in results)
-  assert results[0].usage.prompt_tokens == 1 and results[0].usage.completion_tokens > 0
+  assert all(len(streamed[i]) > 1 for i in streamed)  # an event per committed block
 
   chunks = list(client.completions.create(model='run', prompt=PROMPTS[5], stream=True))
   texts = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
   assert ''.join(texts) == batched[5]
   assert len(texts) > 1  # one event per committed block, not one at the end
   assert chunks[-2].choices[0].finish_reason in ('stop', 'length')
+  one_result = client.completions.create(model='run', prompt=PROMPTS[0])
+  assert one_result.usage.prompt_tokens == 1 and one_result.usage.completion_tokens > 0
 
   listed = client.completions.create(model='run', prompt=PROMPTS[:3], n=2)
   assert [c.text for c in listed.choices] == [t for t in batched[:3] for _ in range(2)]
@@ -170,7 +181,7 @@ def test_dlm_fields_and_stop(client):
   ids = [int(t[1:]) for t in PROMPTS[3].split()]
   assert client.completions.create(model='run', prompt=ids).choices[0].text == text  # token ids
   fewer = client.completions.create(
-    model='run', prompt=PROMPTS[3], max_tokens=8, extra_body={'steps': 8, 'cache': 'block'}
+    model='run', prompt=PROMPTS[3], max_tokens=8, extra_body={'steps': 8, 'cache': 'dual'}
   )
   assert fewer.choices[0].finish_reason == 'length' and fewer.usage.completion_tokens == 8
 
@@ -269,21 +280,36 @@ def test_sigterm_drains_then_exits_0(served):  # last: it stops the module's ser
   assert any(f['choices'] and f['choices'][0]['finish_reason'] for f in finals)
 
 
-def test_a_bidirectional_job_is_one_call_with_generates_text(tmp_path):
-  """A bidirectional model's block sees the masked blocks after it: the engine decodes its job
-  in one call, whatever block_length is, and the text is generate's. Concurrent jobs share
-  calls: 8 jobs at max_batch 4 take at most ceil(8 / 4) + 1 calls (the first job may start
-  alone), not one call each."""
-  model = dlmjax.load_pretrained(_make_run(tmp_path, 'bidirectional'))
+def test_block_causal_jobs_joining_mid_decode_get_generates_text(tmp_path):
+  """A block-causal model's rows end with their current block (nothing after it is visible),
+  their prompts' ends open their first blocks: jobs that join while others are blocks into
+  theirs, with two max_tokens sharing programs, decode generate's text, block by block."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path, 'block_causal'))
   eng = engine.Engine(
-    model, max_batch=4, max_queue=8, buckets=engine.Buckets(batch=(1, 2, 4), width=(8,))
+    model, max_batch=4, max_queue=8, buckets=engine.Buckets(batch=(1, 2, 4), width=(32,))
   )
   eng.start()
-  settings = sampler.SamplingConfig(**SETTINGS)
-  jobs = [engine.Job(prompt=model.tokenizer.encode(p), settings=settings) for p in PROMPTS[:8]]
-  for job in jobs:
+  long, short = sampler.SamplingConfig(**SETTINGS), sampler.SamplingConfig(**SETTINGS)
+  short = dataclasses.replace(short, gen_length=8, steps=4)
+  settings = [long if i % 2 else short for i in range(8)]
+  jobs = [
+    engine.Job(prompt=model.tokenizer.encode(p), settings=s) for p, s in zip(PROMPTS, settings)
+  ]
+  for i, job in enumerate(jobs):
     eng.submit(job)
+    if i == 2:  # the first three are a block or two in when the rest join
+      for _ in range(200):
+        if eng.calls >= 2:
+          break
+        time.sleep(0.01)
   assert eng.drain(timeout=120)
-  assert [j.text for j in jobs] == model.generate(PROMPTS[:8], batch_size=8, **SETTINGS)
-  assert [j.chunks for j in jobs] == [1] * 8
-  assert eng.calls <= 3 and eng.rows == 8 and eng.slots <= 4 * eng.calls
+  for gen in (8, 16):
+    chosen = [i for i in range(8) if settings[i].gen_length == gen]
+    expected = model.generate(
+      [PROMPTS[i] for i in chosen],
+      batch_size=8,
+      **SETTINGS | {'gen_length': gen, 'steps': gen // 2},
+    )
+    assert [jobs[i].text for i in chosen] == expected
+  assert all(j.chunks > 1 for j in jobs)
+  assert eng.calls < sum(j.chunks for j in jobs) and eng.slots <= 4 * eng.calls

@@ -52,6 +52,7 @@ class Canvas:
 
   @classmethod
   def build(cls, module, prompt_BP, prompt_lengths_B, sampling, *, mask_id, pad_id, vocab_size):
+    """generate's canvas: every row's prompt, then MASK to the canvas end."""
     batch, width = prompt_BP.shape
     block, gen = sampling.block_length, sampling.gen_length
     grid = block_grid(module.cfg)
@@ -63,9 +64,6 @@ class Canvas:
     offset_B1 = start_B1 - lengths_B1  # each row's first real token.
     index_1L = jnp.arange(length)[None]
     real_BL = index_1L >= offset_B1
-    prompt_real_BL = real_BL & (index_1L < start_B1)
-    segment_ids_BL = jnp.broadcast_to(real_BL.astype(jnp.int32), (batch, length))
-    positions_BL = jnp.maximum(index_1L - offset_B1, 0)
     prompt_BP = jnp.asarray(prompt_BP, jnp.int32)
     if width:
       source_BL = jnp.clip(index_1L - offset_B1 + (width - lengths_B1), 0, width - 1)
@@ -73,7 +71,50 @@ class Canvas:
       prompt_tokens_BL = jnp.take_along_axis(prompt_BP, source_BL, 1)
     else:
       prompt_tokens_BL = jnp.full((batch, length), pad_id, jnp.int32)
+    prompt_real_BL = real_BL & (index_1L < start_B1)
     x_BL = jnp.where(prompt_real_BL, prompt_tokens_BL, jnp.where(real_BL, mask_id, pad_id))
+    return cls.of_rows(
+      module,
+      x_BL,
+      offset_B1[:, 0],
+      start_B1[:, 0],
+      jnp.full((batch,), length, jnp.int32),
+      sampling,
+      prefill=prefill,
+      num_blocks=num_blocks,
+      blocks_needed=(jnp.max(start_B1) - prefill + gen + block - 1) // block,
+      mask_id=mask_id,
+      vocab_size=vocab_size,
+    )
+
+  @classmethod
+  def of_rows(
+    cls,
+    module,
+    x_BL,
+    offset_B,
+    start_B,
+    end_B,
+    sampling,
+    *,
+    prefill,
+    num_blocks,
+    blocks_needed,
+    mask_id,
+    vocab_size,
+  ):
+    """A canvas whose rows lie anywhere in it: row b's tokens are x[b, offset_b:end_b] (pads
+    around them), its completion starts at start_b. generate's rows all end at the canvas end;
+    the server's rows are placed so that each one's current block starts at one position
+    (serve/engine.py), whatever its prompt length and block index."""
+    batch, length = x_BL.shape
+    index_1L = jnp.arange(length)[None]
+    offset_B1, start_B1, end_B1 = (
+      jnp.asarray(a, jnp.int32)[:, None] for a in (offset_B, start_B, end_B)
+    )
+    real_BL = (index_1L >= offset_B1) & (index_1L < end_B1)
+    segment_ids_BL = real_BL.astype(jnp.int32)
+    positions_BL = jnp.maximum(index_1L - offset_B1, 0)
     if sampling.cfg_scale > 0:  # the conditional rows, then the unconditional ones.
       segment_ids_BL = jnp.concatenate([segment_ids_BL, segment_ids_BL])
       positions_BL = jnp.concatenate([positions_BL, positions_BL])
@@ -83,18 +124,18 @@ class Canvas:
       mask_id=mask_id,
       vocab_size=vocab_size,
       batch=batch,
-      block=block,
+      block=sampling.block_length,
       prefill=prefill,
       num_blocks=num_blocks,
       length=length,
       lead=int(getattr(module.cfg, 'shift_logits', False)),
       start_B1=start_B1,
-      blocks_needed=(jnp.max(start_B1) - prefill + gen + block - 1) // block,
-      prompt_real_BL=prompt_real_BL,
-      decodable_BL=index_1L >= start_B1,
+      blocks_needed=blocks_needed,
+      prompt_real_BL=real_BL & (index_1L < start_B1),
+      decodable_BL=real_BL & (index_1L >= start_B1),
       segments=segment_ids_BL,
       positions=positions_BL,
-      x_BL=x_BL,
+      x_BL=jnp.asarray(x_BL, jnp.int32),
     )
 
   def block_start(self, block_index):

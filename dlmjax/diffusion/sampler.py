@@ -184,6 +184,84 @@ def completions(out_BL, prompt_width: int, eos_id: int) -> list[list[int]]:
 block_grid = canvas_lib.block_grid  # the sampler's public name (benchmarks, tests).
 
 
+def _finished(canvas, x_BL, eos_id):
+  """Rows frozen by stop_at_eos (decoding.finished_rows), or None."""
+  if not canvas.sampling.stop_at_eos:
+    return None
+  return decoding.finished_rows(x_BL, canvas.start_B1[:, 0], mask_id=canvas.mask_id, eos_id=eos_id)
+
+
+def decode_one_block(
+  canvas, block_index, x_BL, state, buffers, start, static_start, *, mode, key, records, eos_id
+):
+  """(canvas, records' buffers) after the block [start, start + block) is decoded: its
+  steps_per_block steps (fewer once nothing is left to commit), each a forward of the cache
+  mode's and decoding.commit_step. The one block step of every decode: decode_blocks loops it
+  over the blocks, the server's program (make_block_fn) runs it once for rows that each sit at
+  their own block. state is the mode's (init's; refreshing modes refresh their own K/V here)."""
+  sampling, mask_id = canvas.sampling, canvas.mask_id
+  spb = sampling.steps_per_block
+  refresh_every = sampling.cache_refresh or spb
+  schedule = schedules.resolve(sampling.schedule, canvas.module.cfg)
+  decodable_BK = canvas.window(canvas.decodable_BL, start)
+  left_BK = (canvas.window(x_BL, start) == mask_id) & decodable_BK
+  step_count = schedules.counts(schedule, jnp.sum(left_BK, -1), spb, sampling.eps)
+
+  def unfinished(carry):
+    step, x = carry[:2]
+    left_BK = (canvas.window(x, start) == mask_id) & decodable_BK
+    done_B = _finished(canvas, x, eos_id)
+    if done_B is not None:
+      left_BK = left_BK & ~done_B[:, None]
+    return (step < spb) & jnp.any(left_BK)  # with a threshold or factor, a block can end early.
+
+  def commit(step, x, buffers, forward):
+    """One step's commits from its forward, folded into every record."""
+    x_BK = canvas.window(x, start)
+    transfer_B = step_count(step, jnp.sum((x_BK == mask_id) & decodable_BK, -1))
+    x_blk, x0_blk = decoding.commit_step(
+      forward.logits,
+      x_BK,
+      transfer_B,
+      step_keys(key, block_index, step),
+      sampling,
+      mask_id=mask_id,
+      frozen_B=_finished(canvas, x, eos_id),
+      decodable_BK=decodable_BK,
+      with_x0=True,
+    )
+    new_x = jax.lax.dynamic_update_slice_in_dim(x, x_blk, start, axis=1)
+    view = decode_records.StepView(
+      canvas, x, new_x, x0_blk, block_index, block_index * spb + step, start, forward
+    )
+    buffers = tuple(r.update(b, view) for r, b in zip(records, buffers))
+    return step + 1, new_x, buffers
+
+  if mode.refreshing:
+
+    def refreshed(carry):
+      """A refresh step, then the cached steps up to the next refresh: the refresh's K/V are
+      the inner loop's constant, never a carry or a branch's operand, so never copied."""
+      forward, kv = mode.refresh(canvas, carry[1], start)
+
+      def cached(carry):
+        return commit(*carry, mode.step(canvas, carry[1], kv, start, static_start))
+
+      return jax.lax.while_loop(
+        lambda c: (c[0] % refresh_every != 0) & unfinished(c), cached, commit(*carry, forward)
+      )
+
+    _, x_BL, buffers = jax.lax.while_loop(unfinished, refreshed, (jnp.int32(0), x_BL, buffers))
+  else:
+
+    def body(carry):
+      step, x, buffers = carry
+      return commit(step, x, buffers, mode.step(canvas, x, state, start, static_start))
+
+    _, x_BL, buffers = jax.lax.while_loop(unfinished, body, (jnp.int32(0), x_BL, buffers))
+  return x_BL, buffers
+
+
 def generate(module, prompt_BP, prompt_lengths_B, sampling: SamplingConfig, key, **kwargs):
   """Decodes gen_length tokens after each left-padded prompt: int32 [B, P + gen_length]
   (decode_blocks without its count and records)."""
@@ -239,7 +317,7 @@ def decode_blocks(
   if records is None:
     records = ('steps', 'predictions') if with_predictions else ('steps',)
   kept = decode_records.get(records)
-  gen, spb = sampling.gen_length, sampling.steps_per_block
+  gen = sampling.gen_length
   width = prompt_BP.shape[1]
   if mask_id == pad_id:
     raise ValueError(f'pad_id and mask_id are both {mask_id}; pads would be decoded as masks.')
@@ -261,79 +339,20 @@ def decode_blocks(
     pad_id=pad_id,
     vocab_size=vocab_size or module.cfg.vocab_size,
   )
-  refresh_every = sampling.cache_refresh or spb
-  schedule = schedules.resolve(sampling.schedule, module.cfg)
-
-  def finished(x_BL):
-    """Rows frozen by stop_at_eos (decoding.finished_rows), or None."""
-    if not sampling.stop_at_eos:
-      return None
-    return decoding.finished_rows(x_BL, canvas.start_B1[:, 0], mask_id=mask_id, eos_id=eos_id)
+  blocks = dict(mode=mode, key=key, records=kept, eos_id=eos_id)
 
   def go_on(block_index, x_BL):
     """Whether block block_index is decoded: some row still needs it and has not finished."""
     wanted = block_index < canvas.blocks_needed
-    return wanted if not sampling.stop_at_eos else wanted & ~jnp.all(finished(x_BL))
+    if not sampling.stop_at_eos:
+      return wanted
+    return wanted & ~jnp.all(_finished(canvas, x_BL, eos_id))
 
   def decode_block(block_index, x_BL, state, buffers, static_start):
     start = canvas.block_start(block_index)
-    decodable_BK = canvas.window(canvas.decodable_BL, start)
-    left_BK = (canvas.window(x_BL, start) == mask_id) & decodable_BK
-    step_count = schedules.counts(schedule, jnp.sum(left_BK, -1), spb, sampling.eps)
-
-    def unfinished(carry):
-      step, x = carry[:2]
-      left_BK = (canvas.window(x, start) == mask_id) & decodable_BK
-      done_B = finished(x)
-      if done_B is not None:
-        left_BK = left_BK & ~done_B[:, None]
-      return (step < spb) & jnp.any(left_BK)  # with a threshold or factor, a block can end early.
-
-    def commit(step, x, buffers, forward):
-      """One step's commits from its forward, folded into every record."""
-      x_BK = canvas.window(x, start)
-      transfer_B = step_count(step, jnp.sum((x_BK == mask_id) & decodable_BK, -1))
-      x_blk, x0_blk = decoding.commit_step(
-        forward.logits,
-        x_BK,
-        transfer_B,
-        step_keys(key, block_index, step),
-        sampling,
-        mask_id=mask_id,
-        frozen_B=finished(x),
-        decodable_BK=decodable_BK,
-        with_x0=True,
-      )
-      new_x = jax.lax.dynamic_update_slice_in_dim(x, x_blk, start, axis=1)
-      view = decode_records.StepView(
-        canvas, x, new_x, x0_blk, block_index, block_index * spb + step, start, forward
-      )
-      buffers = tuple(r.update(b, view) for r, b in zip(kept, buffers))
-      return step + 1, new_x, buffers
-
-    if mode.refreshing:
-
-      def refreshed(carry):
-        """A refresh step, then the cached steps up to the next refresh: the refresh's K/V are
-        the inner loop's constant, never a carry or a branch's operand, so never copied."""
-        forward, kv = mode.refresh(canvas, carry[1], start)
-
-        def cached(carry):
-          return commit(*carry, mode.step(canvas, carry[1], kv, start, static_start))
-
-        return jax.lax.while_loop(
-          lambda c: (c[0] % refresh_every != 0) & unfinished(c), cached, commit(*carry, forward)
-        )
-
-      carry = (jnp.int32(0), x_BL, buffers)
-      _, x_BL, buffers = jax.lax.while_loop(unfinished, refreshed, carry)
-    else:
-
-      def body(carry):
-        step, x, buffers = carry
-        return commit(step, x, buffers, mode.step(canvas, x, state, start, static_start))
-
-      _, x_BL, buffers = jax.lax.while_loop(unfinished, body, (jnp.int32(0), x_BL, buffers))
+    x_BL, buffers = decode_one_block(
+      canvas, block_index, x_BL, state, buffers, start, static_start, **blocks
+    )
     state = mode.store(canvas, x_BL, state, start, go_on(block_index + 1, x_BL))
     return x_BL, state, buffers
 
@@ -369,6 +388,15 @@ def decode_blocks(
   return (tokens_BW, ran, *outputs)
 
 
+def _decoding_config(model_config):
+  """cuDNN attention cannot exclude pads by segment ids: a cudnn model decodes with 'auto'."""
+  if model_config.attention_backend != 'cudnn':
+    return model_config
+  return dataclasses.replace(
+    model_config, attention_backend='auto' if 'auto' in attention.BACKENDS else 'xla'
+  )
+
+
 @functools.lru_cache(maxsize=32)  # one compilation per setting, shared by every caller.
 def make_generate_fn(
   model_config,
@@ -398,10 +426,7 @@ def make_generate_fn(
   attention (the Pallas kernel on GPU, XLA elsewhere).
   """
   sampling.validate()
-  if model_config.attention_backend == 'cudnn':
-    model_config = dataclasses.replace(
-      model_config, attention_backend='auto' if 'auto' in attention.BACKENDS else 'xla'
-    )
+  model_config = _decoding_config(model_config)
 
   def fn(params, prompt_BP, prompt_lengths_B, key):
     # cast (and fuse) once, not once a step (model.transformer.computed_params)
@@ -461,3 +486,60 @@ def make_generate_fn(
       return jitted(params, prompt_BP, prompt_lengths_B, key)
 
   return sharded
+
+
+@functools.lru_cache(maxsize=64)  # one compilation per (setting, start), shared by every caller.
+def make_block_fn(
+  model_config,
+  sampling: SamplingConfig,
+  *,
+  mask_id: int,
+  eos_id: int,
+  static_start: int | None = None,
+  vocab_size: int | None = None,
+):
+  """jit(fn(params, x_BL, offset_B, start_B, end_B, block_start, key, block_index) -> int32
+  [B, block_length]): one block of rows that each sit at their own block, the server's step
+  (serve/engine.py). Row b's tokens are x[b, offset_b:end_b] (its prompt, its committed blocks,
+  then MASK), its completion starts at start_b, and every row's current block is [block_start,
+  block_start + block_length); the result is that window after decode_one_block, the step
+  decode_blocks loops (sampling: one block's settings, gen_length = block_length).
+
+  static_start: block_start as a Python int, needed by modes whose forward's shape depends on it
+  (static_blocks) and by the block cache (its prefill ends there); the argument is then ignored.
+  The caller lays rows out so that what a row's block attends to is what it attends to in
+  generate's canvas: the same tokens at the same positions, pads excluded.
+  """
+  sampling.validate()
+  model_config = _decoding_config(model_config)
+  mode = cache_modes.get(sampling.cache)
+  mode.check(model_config, sampling)
+  if sampling.num_blocks != 1:
+    raise ValueError('a block program decodes one block: set gen_length = block_length.')
+  if static_start is None and (mode.static_blocks or mode.prefilled):
+    raise ValueError(f'cache {mode.name!r} needs the block start as a Python int: static_start.')
+
+  def fn(params, x_BL, offset_B, start_B, end_B, block_start, key, block_index):
+    module = model_lib.inference_module(model_config, params)
+    canvas = canvas_lib.Canvas.of_rows(
+      module,
+      x_BL,
+      offset_B,
+      start_B,
+      end_B,
+      sampling,
+      prefill=static_start or 0,
+      num_blocks=1,
+      blocks_needed=1,
+      mask_id=mask_id,
+      vocab_size=vocab_size or module.cfg.vocab_size,
+    )
+    start = block_start if static_start is None else static_start
+    state = mode.init(canvas, canvas.x_BL)
+    x_BL, _ = decode_one_block(
+      canvas, block_index, canvas.x_BL, state, (), start, static_start,
+      mode=mode, key=key, records=(), eos_id=eos_id,
+    )  # fmt: skip
+    return canvas.window(x_BL, start)
+
+  return programs.jit_program(fn, model_config.matmul_dtype, decode=True)

@@ -4,7 +4,7 @@ An OpenAI-compatible HTTP server (FastAPI on uvicorn) over the masked-diffusion 
 /v1/models, POST /v1/completions, POST /v1/chat/completions (the checkpoint's chat template),
 GET /health. It loads any checkpoint `python -m dlmjax.generate` loads; the sampler flags are the
 defaults of requests, which may set each one as an extra body field. Concurrent requests are
-batched at block boundaries into fixed (batch, width) buckets (dlmjax/serve/engine.py;
+batched at block boundaries into fixed (batch, canvas length) buckets (dlmjax/serve/engine.py;
 docs/serving.md). SIGTERM stops taking requests, finishes the ones in flight, and exits 0.
 """
 
@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     '--width-buckets',
     type=_sizes,
     default=(64, 128, 256, 512, 1024, 2048, 4096),
-    help='prompt-width shapes (the longest allowed is always one)',
+    help='canvas-length shapes: prefix + the blocks a row still sees (a longer need runs as is)',
   )
   parser.add_argument('--no-warmup', action='store_true', help='compile on first use only')
   parser.add_argument('--drain-timeout', type=float, default=120.0, help='SIGTERM: seconds')

@@ -1,19 +1,17 @@
 """The serving engine: continuous batching of sampler requests at block boundaries.
 
 Requests (Jobs) wait in a bounded queue and join the decoding set while it has a free slot. One
-scheduler thread runs the set chunk by chunk: each round it takes the group of jobs whose chunk
-runs the same compiled program (same chunk settings; a seeded stochastic job is a group of its
-own), pads their prefixes (prompt + tokens committed so far) into a fixed (batch, width) bucket
-and calls the sampler's jitted generate program (sampler.make_generate_fn) once. After the call
-every job takes its chunk, may finish (EOS, a stop string, max_tokens) and leaves; the next round
+scheduler thread runs the set block by block: each round it takes the group of jobs whose block
+runs the same compiled program (same block settings: jobs that differ only in max_tokens share
+one; a seeded stochastic job is a group of its own), lays each job's row out in a fixed (batch,
+canvas length) bucket so that every row's current block starts at one position, and calls the
+sampler's block program (sampler.make_block_fn: the step generate loops) once. After the call
+every job takes its block, may finish (EOS, a stop string, max_tokens) and leaves; the next round
 admits waiting jobs into the freed slots. So requests join and leave between blocks and a
-request's block b decodes beside other requests' blocks.
-
-A chunk is one block where decoding a block from its prefix alone is exactly the whole-canvas
-decode: a causal or block-causal model, whose block cannot see the masked blocks after it (with
-block_length on the model's block grid). A bidirectional model's block sees the masks after it,
-so its chunk is the whole completion (one call, exactly `python -m dlmjax.generate`'s); such jobs
-join and leave at request boundaries. Greedy text is the same either way (tests/serve_test.py).
+request's block b decodes beside other requests' blocks, for every attention kind: a row keeps
+what its block attends to in generate's canvas (a bidirectional row its whole completion, the
+blocks after the current one still MASK; a causal row only up to the block's end), at the same
+positions, pads excluded, so greedy text is generate's (tests/serve_test.py).
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ import time
 import jax
 import numpy as np
 
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import cache_modes, sampler
 
 log = logging.getLogger('dlmjax.serve')
 
@@ -69,7 +67,7 @@ class Job:
 
 @dataclasses.dataclass(frozen=True)
 class Buckets:
-  """The fixed shapes calls are padded to: batch sizes and prompt widths (ascending)."""
+  """The fixed shapes calls are padded to: batch sizes and canvas lengths (ascending)."""
 
   batch: tuple
   width: tuple
@@ -78,7 +76,7 @@ class Buckets:
     for size in sizes:
       if value <= size <= cap:
         return size
-    return cap  # the widest prefix the program allows (prompt width + chunk <= seq_len).
+    return cap
 
 
 class Engine:
@@ -95,7 +93,7 @@ class Engine:
     self.stop_ids = {m.eos_token_id} | ({stop_piece} if stop_piece is not None else set())
     self.waiting = collections.deque()
     self.active = []
-    self.compiled = set()  # (chunk settings, batch, width) already compiled.
+    self.compiled = set()  # (block settings, batch, length, static start) already compiled.
     self.compiling = False
     self.draining = False
     self.calls = 0
@@ -113,6 +111,7 @@ class Engine:
   def check(self, job: Job) -> None:
     """Raises ValueError naming the problem for a job the model cannot decode."""
     job.settings.validate()
+    cache_modes.get(job.settings.cache).check(self.model.model_config, job.settings)
     total = len(job.prompt) + job.settings.gen_length
     if total > self.seq_len:
       raise ValueError(
@@ -151,15 +150,17 @@ class Engine:
         'busy_s': round(self.busy_s, 3),
         'cancelled': self.cancelled,
         'compiled': sorted(
-          f'batch {b} x width {w}, gen {s.gen_length} steps {s.steps}' for s, b, w in self.compiled
+          f'batch {b} x length {n}, block {s.block_length} steps {s.steps} cache {s.cache}'
+          + ('' if at is None else f' at {at}')
+          for s, b, n, at in self.compiled
         ),
       }
 
   # ---- lifecycle ----
 
   def start(self, warmup: sampler.SamplingConfig | None = None) -> None:
-    """Starts the scheduler; with warmup, first compiles that setting's programs for every
-    batch bucket at the narrowest width (requests meanwhile get Compiling)."""
+    """Starts the scheduler; with warmup, first compiles that setting's programs for a one-token
+    prompt (warm; requests meanwhile get Compiling)."""
     self.compiling = warmup is not None
     self._warmup = warmup
     self._thread.start()
@@ -182,34 +183,37 @@ class Engine:
 
   # ---- the scheduler thread ----
 
-  def chunk_settings(self, job: Job) -> sampler.SamplingConfig:
-    """The program a job's next call runs: one block, or its whole (remaining) completion."""
-    s = job.settings
-    if self.blockwise(job):
-      return dataclasses.replace(s, gen_length=s.block_length, steps=s.steps_per_block)
-    return s
+  def block_settings(self, settings: sampler.SamplingConfig) -> sampler.SamplingConfig:
+    """The program every block of a job runs: one block of its settings. Jobs that differ only
+    in max_tokens share it (their rows' ends are the program's inputs)."""
+    return dataclasses.replace(
+      settings, gen_length=settings.block_length, steps=settings.steps_per_block
+    )
 
-  def blockwise(self, job: Job) -> bool:
-    """Whether a job decodes one block a call (see the module docstring)."""
-    s, cfg = job.settings, self.model.model_config
-    if cfg.attention_mask == 'bidirectional' or s.block_length % self.grid:
-      return False
-    # The last call runs a whole block after the prefix: it must fit in the context.
-    keep, done = s.block_length - len(job.prompt) % self.grid, 0
-    while done + keep < s.gen_length:
-      done, keep = done + keep, s.block_length
-    return len(job.prompt) + done + s.block_length <= self.seq_len
+  def sees_ahead(self, settings) -> bool:
+    """Whether a block attends to the masked blocks after it: a bidirectional model, or a
+    block-causal one whose blocks end inside the model's blocks. Such a row's canvas keeps its
+    whole completion; otherwise it ends with the current block (what follows is invisible)."""
+    cfg = self.model.model_config
+    return cfg.attention_mask == 'bidirectional' or settings.block_length % self.grid != 0
 
-  def _keep(self, job: Job) -> int:
-    """Tokens of this call a job keeps: up to the end of the block on the model's grid."""
-    left = job.settings.gen_length - len(job.tokens)
-    if not self.blockwise(job):
-      return left
-    return min(left, job.settings.block_length - (len(job.prompt) + len(job.tokens)) % self.grid)
+  def layout(self, job: Job) -> tuple[int, int]:
+    """(prefix, tail) of a job's row at its current block (job.chunks): the canvas tokens before
+    the block (the prompt's whole model blocks and the blocks done) and from the block on (to the
+    end of generate's canvas if the block sees ahead, else the block)."""
+    s, grid = job.settings, self.grid
+    blocks = -(-(grid - 1 + s.gen_length) // s.block_length) if grid > 1 else s.num_blocks
+    prefix = len(job.prompt) // grid * grid + job.chunks * s.block_length
+    ahead = self.sees_ahead(s)
+    return prefix, (blocks - job.chunks) * s.block_length if ahead else s.block_length
 
   def _group_key(self, job: Job):
-    s = self.chunk_settings(job)
-    return (s, job.seed if stochastic(s) and job.seed is not None else None)
+    """Jobs of one key run one program together: the block settings, a seeded stochastic job's
+    seed, and the phase of its block on the model's grid (non-zero only where blocks end inside
+    the model's blocks: the rows' offsets must all sit on the grid)."""
+    s = self.block_settings(job.settings)
+    seed = job.seed if stochastic(s) and job.seed is not None else None
+    return (s, seed, self.layout(job)[0] % self.grid)
 
   def _run(self) -> None:
     try:
@@ -244,64 +248,101 @@ class Engine:
     key = self._group_key(oldest)
     return [j for j in self.active if self._group_key(j) == key][: self.max_batch]
 
-  def _program(self, settings):
+  def _program(self, settings, static_start):
     m = self.model.config.model
-    return sampler.make_generate_fn(
+    return sampler.make_block_fn(
       self.model.model_config,
       settings,
       mask_id=m.mask_token_id,
       eos_id=m.eos_token_id,
-      pad_id=m.pad_token_id,
+      static_start=static_start,
       vocab_size=m.vocab_size,
     )
 
-  def _shape(self, settings, prefixes) -> tuple[int, int]:
-    batch = self.buckets.pick(self.buckets.batch, len(prefixes), self.max_batch)
-    cap = self.seq_len - settings.gen_length
-    width = self.buckets.pick(self.buckets.width, max(len(p) for p in prefixes), cap)
-    return batch, width
+  def shape(self, group: list, length: int | None = None) -> tuple[int, int, int, int | None]:
+    """(batch, canvas length, block start, the start if the program needs it static) of a
+    group's call (length: a bucket at least the group's need). Every row's current block starts
+    at one position. A row that sees ahead keeps its tail after the block, so the canvas holds
+    the longest prefix plus the longest tail, and the block starts the longest tail before its
+    end; else the canvas ends with the block, on the model's grid like every prefix."""
+    settings = group[0].settings
+    block = settings.block_length
+    prefixes, tails = zip(*(self.layout(j) for j in group))
+    batch = self.buckets.pick(self.buckets.batch, len(group), self.max_batch)
+    need, widths = max(prefixes) + max(tails), self.buckets.width
+    length = length or self.buckets.pick(widths, need, max(widths[-1], need))
+    if not self.sees_ahead(settings):
+      start = (length - block) // self.grid * self.grid
+      return batch, start + block, start, start
+    start = length - max(tails)
+    mode = cache_modes.get(settings.cache)
+    return batch, length, start, start if mode.static_blocks or mode.prefilled else None
 
-  def _call(self, settings, prefixes, seed):
-    """int32 [len(prefixes), gen_length]: the chunk of each prefix, in its bucket's shape."""
-    batch, width = self._shape(settings, prefixes)
-    rows = list(prefixes) + [prefixes[-1]] * (batch - len(prefixes))
-    prompt_BP, lengths_B = sampler.pad_prompts(rows, self.pad_id, width)
-    if seed is None:
-      self._key, key = jax.random.split(self._key)
-    else:
-      key = jax.random.fold_in(jax.random.key(seed), len(prefixes[0]))
-    shape = (settings, batch, width)
-    start = time.perf_counter()
-    out = self._program(settings)(self.model.params, prompt_BP, lengths_B, key)
+  def _call(self, group: list, key, block_index: int, shape=None) -> list:
+    """Each job's window of one block call: int32 [len(group), block_length]."""
+    settings = self.block_settings(group[0].settings)
+    batch, length, start, static = shape or self.shape(group)
+    mask = self.model.config.model.mask_token_id
+    x_BL = np.full((batch, length), self.pad_id, np.int32)
+    bounds = np.zeros((3, batch), np.int32)  # each row's offset, completion start, end
+    for row in range(batch):
+      job = group[min(row, len(group) - 1)]  # padding rows repeat the last job
+      prefix, tail = self.layout(job)
+      tokens = job.prompt + job.tokens
+      offset = start - prefix
+      x_BL[row, offset : offset + len(tokens)] = tokens
+      x_BL[row, offset + len(tokens) : start + tail] = mask
+      bounds[:, row] = offset, offset + len(job.prompt), start + tail
+    shape = (settings, batch, length, static)
+    began = time.perf_counter()
+    out = self._program(settings, static)(
+      self.model.params, x_BL, *bounds, np.int32(start), key, np.int32(block_index)
+    )
     out = np.asarray(jax.device_get(out))
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - began
     if shape not in self.compiled:
       self.compiled.add(shape)
       log.warning(
-        'compiled batch %d x width %d (gen %d, steps %d, block %d, cache %s) in %.1f s',
-        batch, width, settings.gen_length, settings.steps, settings.block_length,
-        settings.cache, elapsed,
+        'compiled batch %d x length %d%s (block %d, steps %d, cache %s) in %.1f s',
+        batch, length, '' if static is None else f' at {static}', settings.block_length,
+        settings.steps, settings.cache, elapsed,
       )  # fmt: skip
     else:
       self.busy_s += elapsed
     self.calls += 1
-    self.rows += len(prefixes)
+    self.rows += len(group)
     self.slots += batch
-    return out[: len(prefixes), width:]
+    return out[: len(group)]
 
-  def warm(self, settings, widths=None) -> None:
-    """Compiles the programs a job with these settings runs: every batch bucket at each width
-    (default: the narrowest bucket). Called before traffic: not thread-safe with it."""
-    chunk = self.chunk_settings(Job(prompt=[self.pad_id], settings=settings))
-    for width in widths or self.buckets.width[:1]:
-      for batch in self.buckets.batch:
-        if batch <= self.max_batch:
-          self._call(chunk, [[self.pad_id] * width] * batch, None)
+  def warm(self, settings, lengths=()) -> None:
+    """Compiles the programs jobs with these settings run at every batch bucket: at each canvas
+    length of `lengths` (default: a one-token prompt's). A static start (cache prefix on a model
+    that sees ahead) varies with the traffic: those compile on first use. Called before
+    traffic: not thread-safe with it."""
+    job = Job(prompt=[self.pad_id], settings=settings)
+    for batch in self.buckets.batch:
+      if batch <= self.max_batch:
+        group = [job] * batch
+        for length in lengths or (self.shape(group)[1],):
+          shape = self.shape(group, length)
+          if length >= sum(self.layout(job)) and not (self.sees_ahead(settings) and shape[3]):
+            self._call(group, self._key, 0, shape)
+
+  def _kept(self, job: Job, window) -> list:
+    """The tokens a job keeps of its block's window: the window may open with the end of its
+    prompt (a block-causal model's first block), and the last block may run past max_tokens."""
+    skip = len(job.prompt) + len(job.tokens) - self.layout(job)[0]
+    keep = min(job.settings.gen_length - len(job.tokens), job.settings.block_length - skip)
+    return list(window[skip : skip + keep])
 
   def _step(self, group: list) -> None:
-    settings, seed = self._group_key(group[0])
+    _, seed, _ = self._group_key(group[0])
+    if seed is None:
+      self._key, key = jax.random.split(self._key)
+    else:
+      key = jax.random.key(seed)
     try:
-      out = self._call(settings, [j.prompt + j.tokens for j in group], seed)
+      out = self._call(group, key, group[0].chunks)
     except Exception as e:  # pylint: disable=broad-except
       log.exception('a decode call failed')
       with self._lock:
@@ -311,7 +352,7 @@ class Engine:
       return
     with self._lock:
       for job, row in zip(group, out):
-        reason = self._take(job, row[: self._keep(job)].tolist())
+        reason = self._take(job, self._kept(job, row.tolist()))
         if reason:
           self._finish(job, reason)
         elif job.on_update:

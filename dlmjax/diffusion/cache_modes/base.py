@@ -28,6 +28,7 @@ class CacheMode:
   description = ''
   static_blocks = False  # the forward's shape depends on the block: the blocks are unrolled.
   refreshing = False  # refresh + cached steps (Fast-dLLM); `step` then gets the refresh's K/V.
+  prefilled = False  # init reads the canvas before canvas.prefill (a Python int) into its state.
 
   def check(self, model_cfg, sampling) -> None:
     """Raises ValueError naming the setting to change where the mode cannot serve this model."""

@@ -15,6 +15,7 @@ from dlmjax.parallel import rules
 class BlockCache(base.CacheMode):
   name = 'block'
   description = 'a K/V cache of the prompt and committed blocks (exact for causal models)'
+  prefilled = True
 
   def check(self, model_cfg, sampling):
     base.check_exact(model_cfg, sampling)
