@@ -74,6 +74,10 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.moe.router_groups = 1
   c.model.moe.router_group_topk = 1
   c.model.moe.routed_scale = 1.0
+  # Block routing (LLaDA2.2; model/moe.py): > 0 gives each diffusion block of model.block_size
+  # positions a pool of this many experts, the best by their best score over the block's tokens,
+  # and each token routes its top-k inside the pool (0 = per-token routing; LLaDA2.2: 48 of 256).
+  c.model.moe.block_experts = 0
   # The experts' grouped matmul (kernels/grouped_matmul.py): xla (ragged_dot) | tokamax | pallas
   # (our Triton kernels) | auto (pallas on GPU, measured fastest: docs/benchmarks.md MoE; else xla).
   c.model.moe.backend = 'auto'
@@ -386,6 +390,7 @@ MODEL_FIELD_KEYS = {
   'router_groups': 'moe.router_groups',
   'router_group_topk': 'moe.router_group_topk',
   'routed_scale': 'moe.routed_scale',
+  'block_experts': 'moe.block_experts',
 }
 # The keys that fix the sample and mask streams: a resume needs them equal too (run-time knobs,
 # backends, remat and the mesh may change).
