@@ -294,6 +294,12 @@ def defaults() -> ml_collections.ConfigDict:
   # > 0: also commit every masked token whose entropy is <= this (dParallel's decoding of a
   # certainty-distilled model, with remasking=entropy: 0.5; README "Distillation").
   c.sampler.entropy_threshold = 0.0
+  # LLaDA2.1's token-to-token editing (diffusion/decoding.py): > 0 replaces a committed token of
+  # the current block by the model's argmax v where v differs and p(v) > edit_threshold (0 = off);
+  # a block then takes up to edit_steps edit-only steps after its masks are filled, stopping at
+  # one that changes nothing. The Q / S modes: sampler_settings.LLADA21_MODES.
+  c.sampler.edit_threshold = 0.0
+  c.sampler.edit_steps = 16
   c.sampler.cache_refresh = 0  # prefix / dual: also refresh the K/V every k steps (0 = off).
   # Tokens each step commits: linear (LLaDA's even split) | dream (Dream's int(m (1 - s/t)) of
   # the m still masked, t on linspace(1, eps)) | auto (Dream's for shifted-logit, Dream-family
