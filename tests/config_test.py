@@ -357,6 +357,7 @@ def test_old_run_configs_still_load():
     router_groups=4,
     router_group_topk=2,
     routed_scale=2.5,
+    block_experts=0,  # a later key: its default
     dense_layers='0',
     backend='xla',
     exchange='all_to_all',

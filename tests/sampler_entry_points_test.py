@@ -36,6 +36,8 @@ THRESHOLD = dict(
   alg_temp=0.3,
   factor=0.0,
   entropy_threshold=0.0,
+  edit_threshold=0.0,
+  edit_steps=16,
   schedule='dream',
   eps=0.01,
   mask_in_softmax=True,
@@ -46,6 +48,8 @@ FACTOR = {
   'threshold': 0.0,
   'factor': 1.5,
   'entropy_threshold': 0.3,  # dParallel's rule on top of the factor rule's commits
+  'edit_threshold': 0.4,  # LLaDA2.1's edits of committed tokens, two edit-only steps a block
+  'edit_steps': 2,
   'cache': 'dual',
   'cache_refresh': 2,
   'schedule': 'linear',

@@ -74,6 +74,10 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.moe.router_groups = 1
   c.model.moe.router_group_topk = 1
   c.model.moe.routed_scale = 1.0
+  # Block routing (LLaDA2.2; model/moe.py): > 0 gives each diffusion block of model.block_size
+  # positions a pool of this many experts, the best by their best score over the block's tokens,
+  # and each token routes its top-k inside the pool (0 = per-token routing; LLaDA2.2: 48 of 256).
+  c.model.moe.block_experts = 0
   # The experts' grouped matmul (kernels/grouped_matmul.py): xla (ragged_dot) | tokamax | pallas
   # (our Triton kernels) | auto (pallas on GPU, measured fastest: docs/benchmarks.md MoE; else xla).
   c.model.moe.backend = 'auto'
@@ -290,6 +294,12 @@ def defaults() -> ml_collections.ConfigDict:
   # > 0: also commit every masked token whose entropy is <= this (dParallel's decoding of a
   # certainty-distilled model, with remasking=entropy: 0.5; README "Distillation").
   c.sampler.entropy_threshold = 0.0
+  # LLaDA2.1's token-to-token editing (diffusion/decoding.py): > 0 replaces a committed token of
+  # the current block by the model's argmax v where v differs and p(v) > edit_threshold (0 = off);
+  # a block then takes up to edit_steps edit-only steps after its masks are filled, stopping at
+  # one that changes nothing. The Q / S modes: sampler_settings.LLADA21_MODES.
+  c.sampler.edit_threshold = 0.0
+  c.sampler.edit_steps = 16
   c.sampler.cache_refresh = 0  # prefix / dual: also refresh the K/V every k steps (0 = off).
   # Tokens each step commits: linear (LLaDA's even split) | dream (Dream's int(m (1 - s/t)) of
   # the m still masked, t on linspace(1, eps)) | auto (Dream's for shifted-logit, Dream-family
@@ -386,6 +396,7 @@ MODEL_FIELD_KEYS = {
   'router_groups': 'moe.router_groups',
   'router_group_topk': 'moe.router_group_topk',
   'routed_scale': 'moe.routed_scale',
+  'block_experts': 'moe.block_experts',
 }
 # The keys that fix the sample and mask streams: a resume needs them equal too (run-time knobs,
 # backends, remat and the mesh may change).

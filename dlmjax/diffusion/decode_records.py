@@ -86,11 +86,13 @@ class StepPredictions(Record):
       sampling.threshold > 0
       or sampling.factor > 0
       or sampling.stop_at_eos
+      or sampling.edit_threshold > 0
       or sampling.steps_per_block > sampling.block_length
     ):
       raise ValueError(
         'per-step predictions (wd1++) need every step to commit a token: set threshold=0, '
-        f'factor=0, stop_at_eos=False and steps_per_block ({sampling.steps_per_block}) <= '
+        f'factor=0, stop_at_eos=False, edit_threshold=0 and steps_per_block '
+        f'({sampling.steps_per_block}) <= '
         f'block_length ({sampling.block_length}).'
       )
 

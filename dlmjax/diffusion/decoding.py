@@ -7,6 +7,13 @@ softmax(confidence / alg_temp) without replacement (Dream), plus those Fast-dLLM
 every one at least `threshold` confident, or the n most confident with c_(n) >= 1 - factor/(n+1).
 Rows whose text is final (finished_rows) can be frozen, so that they stop changing.
 
+LLaDA2.1's token-to-token (T2T) editing (sampler.edit_threshold > 0; llada2_1 report section 2,
+eq. 1-3, as SGLang's JointThreshold runs it): besides the masked positions it commits, each step
+replaces every committed completion token x_i of the block whose argmax v_i differs from it and
+has p(v_i) > edit_threshold (`edit_mask`); once the block's masks are gone a row keeps taking
+edit-only steps until one changes nothing or it took edit_steps of them (`edit_count`). Only the
+current block is edited (no multi-block editing); 0 turns it off (SGLang's 0 edits at any p).
+
 Sources (reference/families_and_decoding.md 2.2 and 2.6): LLaDA generate.py, Dream's
 generation_utils.py (orders maskgit_plus, topk_margin, entropy; alg_temp), Fast-dLLM generate.py
 (threshold, factor). The forward pass that produces the logits is the sampler's (sampler.py).
@@ -208,7 +215,36 @@ def commit_step(
   if settings.entropy_threshold > 0:  # dParallel's get_transfer_index_entropy
     commit_BK = commit_BK | (masked_BK & (entropy(scores_BKV) <= settings.entropy_threshold))
   new_BK = jnp.where(commit_BK, x0_BK, x_BK)
+  if getattr(settings, 'edit_threshold', 0.0) > 0:
+    editable_BK = x_BK != mask_id
+    if decodable_BK is not None:
+      editable_BK = editable_BK & decodable_BK
+    if frozen_B is not None:
+      editable_BK = editable_BK & ~frozen_B[:, None]
+    # The clean softmax without MASK (v is never MASK), whatever mask_in_softmax says.
+    edited_BK, v_BK = edit_mask(logits_BKV, x_BK, editable_BK, settings.edit_threshold)
+    new_BK = jnp.where(edited_BK, v_BK, new_BK)
   return (new_BK, x0_BK) if with_x0 else new_BK
+
+
+def edit_mask(logits_BKV, x_BK, editable_BK, edit_threshold: float):
+  """(bool [B, K], int32 [B, K]): LLaDA2.1's edit set, the editable positions (committed,
+  unfrozen completion tokens) whose argmax v differs from their token and has softmax(logits)[v]
+  > edit_threshold, and v. logits: forbidden tokens at -inf (MASK included)."""
+  v_BK = jnp.argmax(logits_BKV, axis=-1).astype(jnp.int32)
+  top_BK = jnp.take_along_axis(logits_BKV, v_BK[..., None], axis=-1)[..., 0]
+  p_BK = jnp.exp(top_BK - jax.nn.logsumexp(logits_BKV, axis=-1))
+  return editable_BK & (x_BK != v_BK) & (p_BK > edit_threshold), v_BK
+
+
+def edit_count(post_B, masked_B, changed_BK, edit_steps: int):
+  """Each row's edit-only steps after one more step: a step that began with no mask in the
+  block counts one; a row whose step without masks changed nothing, or whose count reached
+  edit_steps, is done (edit_steps + 1: frozen from then on). masked_B: the block held a mask
+  before the step; changed_BK: the positions the step changed."""
+  post_B = jnp.where(masked_B, post_B, post_B + 1)
+  stop_B = ~masked_B & (~jnp.any(changed_BK, -1) | (post_B >= edit_steps))
+  return jnp.where(stop_B, edit_steps + 1, post_B)
 
 
 def finished_rows(x_BL, start, *, mask_id: int, eos_id: int):

@@ -43,6 +43,10 @@ class SamplingConfig:
   stop_at_eos: bool = False  # rows whose text is final stop changing; skip finished work.
   alg_temp: float = 0.0  # > 0: draw the schedule's positions from softmax(conf / alg_temp) (Dream)
   factor: float = 0.0  # > 0: also commit the n most confident with c_n >= 1 - factor/(n+1)
+  # > 0: LLaDA2.1's T2T editing: a committed token of the block becomes the model's argmax v where
+  # p(v) > edit_threshold (decoding.edit_mask); edit_steps: edit-only steps after the masks run out.
+  edit_threshold: float = 0.0
+  edit_steps: int = 16
   entropy_threshold: float = 0.0  # > 0: also commit every masked token with entropy <= it
   schedule: str = 'auto'  # tokens per step: linear (LLaDA) | dream | auto (schedules.py)
   eps: float = 1e-3  # Dream's schedule: times on linspace(1, eps, steps_per_block + 1)
@@ -112,6 +116,8 @@ _HELP = {
   'alg_temp': "Dream's: draw the positions from softmax(confidence / alg_temp) (0 = top-k)",
   'entropy_threshold': "dParallel's rule: also commit tokens of entropy <= this (0 = off)",
   'factor': "Fast-dLLM's factor rule: commit the n most confident with (n+1)(1 - c_n) <= f",
+  'edit_threshold': "LLaDA2.1's T2T: replace a committed token by an argmax this confident",
+  'edit_steps': 'edit-only steps a block may take once its masks are filled (with edit_threshold)',
   'schedule': "tokens per step: linear (LLaDA's), dream (Dream's), auto (the family's)",
   'eps': "Dream's schedule: linspace(1, eps, steps + 1)",
   'mask_in_softmax': 'score the orders with MASK in the softmax, as LLaDA and Dream do',
@@ -202,23 +208,34 @@ def decode_one_block(
   sampling, mask_id = canvas.sampling, canvas.mask_id
   spb = sampling.steps_per_block
   refresh_every = sampling.cache_refresh or spb
+  editing = sampling.edit_threshold > 0  # LLaDA2.1's token-to-token edits (decoding.py)
   schedule = schedules.resolve(sampling.schedule, canvas.module.cfg)
   decodable_BK = canvas.window(canvas.decodable_BL, start)
   left_BK = (canvas.window(x_BL, start) == mask_id) & decodable_BK
   step_count = schedules.counts(schedule, jnp.sum(left_BK, -1), spb, sampling.eps)
 
   def unfinished(carry):
-    step, x = carry[:2]
+    step, x, _, post_B = carry
     left_BK = (canvas.window(x, start) == mask_id) & decodable_BK
     done_B = _finished(canvas, x, eos_id)
     if done_B is not None:
       left_BK = left_BK & ~done_B[:, None]
-    return (step < spb) & jnp.any(left_BK)  # with a threshold or factor, a block can end early.
+    more = (step < spb) & jnp.any(left_BK)  # with a threshold or factor, a block can end early.
+    if editing:  # a row edits on until decoding.edit_done; the masks are gone within spb steps.
+      idle_B = post_B > sampling.edit_steps
+      idle_B = idle_B if done_B is None else idle_B | done_B
+      more = more | ((step < spb + sampling.edit_steps) & ~jnp.all(idle_B))
+    return more
 
-  def commit(step, x, buffers, forward):
-    """One step's commits from its forward, folded into every record."""
+  def commit(step, x, buffers, post_B, forward):
+    """One step's commits (and edits) from its forward, folded into every record."""
     x_BK = canvas.window(x, start)
+    masked_B = jnp.any((x_BK == mask_id) & decodable_BK, -1)
     transfer_B = step_count(step, jnp.sum((x_BK == mask_id) & decodable_BK, -1))
+    frozen_B = _finished(canvas, x, eos_id)
+    if editing:
+      idle_B = post_B > sampling.edit_steps
+      frozen_B = idle_B if frozen_B is None else frozen_B | idle_B
     x_blk, x0_blk = decoding.commit_step(
       forward.logits,
       x_BK,
@@ -226,17 +243,22 @@ def decode_one_block(
       step_keys(key, block_index, step),
       sampling,
       mask_id=mask_id,
-      frozen_B=_finished(canvas, x, eos_id),
+      frozen_B=frozen_B,
       decodable_BK=decodable_BK,
       with_x0=True,
     )
+    if editing:
+      post_B = decoding.edit_count(post_B, masked_B, x_blk != x_BK, sampling.edit_steps)
     new_x = jax.lax.dynamic_update_slice_in_dim(x, x_blk, start, axis=1)
     view = decode_records.StepView(
       canvas, x, new_x, x0_blk, block_index, block_index * spb + step, start, forward
     )
     buffers = tuple(r.update(b, view) for r, b in zip(records, buffers))
-    return step + 1, new_x, buffers
+    return step + 1, new_x, buffers, post_B
 
+  # post_B: each row's edit steps after its block's masks ran out (sampler.edit_steps + 1 once
+  # it stopped editing; decoding.edit_count); unused without sampler.edit_threshold.
+  carry = (jnp.int32(0), x_BL, buffers, jnp.zeros(x_BL.shape[:1], jnp.int32))
   if mode.refreshing:
 
     def refreshed(carry):
@@ -251,14 +273,14 @@ def decode_one_block(
         lambda c: (c[0] % refresh_every != 0) & unfinished(c), cached, commit(*carry, forward)
       )
 
-    _, x_BL, buffers = jax.lax.while_loop(unfinished, refreshed, (jnp.int32(0), x_BL, buffers))
+    _, x_BL, buffers, _ = jax.lax.while_loop(unfinished, refreshed, carry)
   else:
 
     def body(carry):
-      step, x, buffers = carry
-      return commit(step, x, buffers, mode.step(canvas, x, state, start, static_start))
+      step, x, buffers, post_B = carry
+      return commit(step, x, buffers, post_B, mode.step(canvas, x, state, start, static_start))
 
-    _, x_BL, buffers = jax.lax.while_loop(unfinished, body, (jnp.int32(0), x_BL, buffers))
+    _, x_BL, buffers, _ = jax.lax.while_loop(unfinished, body, carry)
   return x_BL, buffers
 
 

@@ -10,6 +10,15 @@ from dlmjax.diffusion.decoding import ORDERS
 from dlmjax.diffusion.schedules import SCHEDULES
 
 _DREAM_ORDERS = {'topk_margin': 'margin', 'origin': 'random'}  # Dream's names that differ
+# LLaDA2.1's two decoding modes as sampler settings (`--config.sampler.KEY` / generate's flags),
+# the values diffusers' LLaDA2 pipeline documents as recommended (docs api/pipelines/llada2,
+# v0.38): Quality M2T 0.7 with edits above 0.5, Speed M2T 0.5 without edits, both 16 edit-only
+# steps. The LLaDA2.1 report gives no numbers and describes S mode as relying on edits
+# (docs/block_diffusion.md, "LLaDA2.1 editing").
+LLADA21_MODES = {
+  'quality': dict(threshold=0.7, edit_threshold=0.5, edit_steps=16),
+  'speed': dict(threshold=0.5, edit_threshold=0.0, edit_steps=16),
+}
 
 
 def check_sampler_settings(settings, prefix: str = '') -> None:
@@ -65,6 +74,13 @@ def check_sampler_settings(settings, prefix: str = '') -> None:
       f'{p}threshold and {p}factor bound a probability, but {p}remasking=entropy scores a '
       'negative entropy; use remasking low_confidence, maskgit_plus or margin with them.'
     )
+  edit, edit_steps = getattr(settings, 'edit_threshold', 0.0), getattr(settings, 'edit_steps', 0)
+  if not 0 <= edit < 1:
+    raise ConfigError(
+      f'{p}edit_threshold={edit} must lie in [0, 1) (0 = no editing; LLaDA2.1 Q mode: 0.5).'
+    )
+  if not isinstance(edit_steps, numbers.Integral) or isinstance(edit_steps, bool) or edit_steps < 0:
+    raise ConfigError(f'{p}edit_steps={edit_steps!r} must be an integer >= 0 (LLaDA2.1: 16).')
   if settings.schedule not in SCHEDULES:
     raise ConfigError(
       f'{p}schedule={settings.schedule!r} is not a schedule; use one of {SCHEDULES}.'

@@ -242,3 +242,9 @@ def _router_groups(e):
     )
   if not e.routed_scale > 0:
     raise ConfigError(f'model.moe.routed_scale={e.routed_scale} must be > 0 (1 = unscaled).')
+  if e.block_experts and not e.experts_per_token <= e.block_experts <= e.num_experts:
+    raise ConfigError(
+      f'model.moe.block_experts={e.block_experts} must lie in [experts_per_token='
+      f'{e.experts_per_token}, num_experts={e.num_experts}] (0 = per-token routing); set '
+      '--config.model.moe.block_experts accordingly.'
+    )

@@ -16,6 +16,16 @@ Routers (model.moe.router):
 Every router's weights are multiplied by model.moe.routed_scale (routed_scaling_factor: LLaDA2's
 2.5).
 
+Block routing (model.moe.block_experts = C > 0; LLaDA2.2's report, section 2.2: "token racing"):
+the tokens of one diffusion block (model.block_size consecutive positions of the forward, as the
+block-causal mask counts them) share a pool of C experts, the C best by their best score over
+the block's tokens (g_j = max_i of the router's selection score); each token then takes its
+top-k among the pool only. A block then touches at most C experts (k x block_size without it),
+which bounds the experts a batch-1 decode step reads. The report leaves open how the pool meets
+group-limited routing and the expert bias; here the admission score is the selection score the
+token's top-k ranks by (biased, and -inf outside the token's kept groups), and a token whose kept
+groups hold fewer than k admitted experts gives its missing choices weight 0.
+
 Dispatch is dropless: every (token, choice) assignment is sorted by expert, the experts run as a
 grouped matmul over their contiguous rows (kernels/grouped_matmul.py), and the outputs go back
 to their tokens, weighted (`dispatch`: `run_experts`, then `combine`). With a mesh the experts
@@ -80,9 +90,12 @@ class MoE(nnx.Module):
     backend: str = 'auto',
     exchange: str = 'gather',
     fused: bool = False,
+    block_experts: int = 0,
+    block_size: int = 0,
   ):
     """fused: the shared experts' gate / up as one weight (layers.MLP, the inference layout);
-    the routed experts keep theirs (their grouped matmuls take gate and up apart)."""
+    the routed experts keep theirs (their grouped matmuls take gate and up apart).
+    block_experts: C of block routing over blocks of block_size positions (0 = token routing)."""
     if router not in ROUTERS:
       raise ValueError(f'model.moe.router={router!r} is not one of {ROUTERS}.')
     if exchange not in EXCHANGES:
@@ -98,7 +111,14 @@ class MoE(nnx.Module):
         f'{num_experts} and '
         f'model.moe.router_group_topk={router_group_topk} be in [1, router_groups].'
       )
+    if block_experts and not (experts_per_token <= block_experts <= num_experts and block_size):
+      raise ValueError(
+        f'model.moe.block_experts={block_experts} must lie in [experts_per_token='
+        f'{experts_per_token}, num_experts={num_experts}] (0 = token routing) with '
+        f'model.block_size > 0 (is {block_size}); change model.moe.block_experts.'
+      )
     self.num_experts, self.top_k, self.router = num_experts, experts_per_token, router
+    self.block_experts, self.block_size = block_experts, block_size
     self.groups, self.group_topk, self.routed_scale = router_groups, router_group_topk, routed_scale
     self.backend, self.exchange = backend, exchange
     kw = dict(num_stacked=num_stacked)
@@ -132,15 +152,19 @@ class MoE(nnx.Module):
       scores_BLE = jax.nn.sigmoid(logits_BLE)
       bias_E = jax.lax.stop_gradient(getattr(self, BIAS).value)
       choice_BLE = _group_limited(scores_BLE + bias_E[None, None, :], self.groups, self.group_topk)
-      _, experts_BLK = jax.lax.top_k(choice_BLE, self.top_k)
-      weights_BLK = jnp.take_along_axis(scores_BLE, experts_BLK, axis=-1)
-      weights_BLK = weights_BLK / jnp.sum(weights_BLK, -1, keepdims=True)
       probs_BLE = scores_BLE / jnp.sum(scores_BLE, -1, keepdims=True)
+      weights_of_BLE = scores_BLE
     else:
       probs_BLE = jax.nn.softmax(logits_BLE, axis=-1)
-      weights_BLK, experts_BLK = jax.lax.top_k(probs_BLE, self.top_k)
-      if self.router == 'softmax_topk':
-        weights_BLK = weights_BLK / jnp.sum(weights_BLK, -1, keepdims=True)
+      choice_BLE = weights_of_BLE = probs_BLE
+    if self.block_experts:
+      choice_BLE = block_pool(choice_BLE, self.block_experts, self.block_size)
+    chosen_BLK, experts_BLK = jax.lax.top_k(choice_BLE, self.top_k)
+    weights_BLK = jnp.take_along_axis(weights_of_BLE, experts_BLK, axis=-1)
+    # Only block routing can leave a token fewer than k candidates (its choice -inf): weight 0.
+    weights_BLK = jnp.where(chosen_BLK > -jnp.inf, weights_BLK, 0.0)
+    if self.router != 'softmax_topk_raw':
+      weights_BLK = weights_BLK / jnp.maximum(jnp.sum(weights_BLK, -1, keepdims=True), 1e-20)
     if self.routed_scale != 1.0:
       weights_BLK = weights_BLK * self.routed_scale
     return experts_BLK, weights_BLK, layer_sums(logits_BLE, probs_BLE, experts_BLK)
@@ -155,6 +179,25 @@ class MoE(nnx.Module):
     if hasattr(self, 'shared'):
       out_BLD = out_BLD + self.shared(x_BLD)
     return out_BLD, stats
+
+
+def block_pool(choice_BLE, pool: int, block_size: int):
+  """choice with every expert outside its block's pool at -inf: the blocks are block_size
+  consecutive positions along L (a last partial block counts as one), and a block's pool is the
+  `pool` experts of the highest best choice over its tokens (LLaDA2.2's block routing)."""
+  batch, length, experts = choice_BLE.shape
+  blocks = -(-length // block_size)
+  padded = jnp.pad(
+    choice_BLE, ((0, 0), (0, blocks * block_size - length), (0, 0)), constant_values=-jnp.inf
+  )
+  best_BNE = jnp.max(padded.reshape(batch, blocks, block_size, experts), axis=2)
+  _, admitted_BNC = jax.lax.top_k(best_BNE, pool)
+  admitted_BNE = jnp.zeros(best_BNE.shape, bool)
+  admitted_BNE = jax.vmap(jax.vmap(lambda row, ids: row.at[ids].set(True)))(
+    admitted_BNE, admitted_BNC
+  )
+  admitted_BLE = jnp.repeat(admitted_BNE, block_size, axis=1)[:, :length]
+  return jnp.where(admitted_BLE, choice_BLE, -jnp.inf)
 
 
 def _group_limited(scores_BLE, groups: int, group_topk: int):

@@ -393,6 +393,7 @@ class ModelConfig:
   router_groups: int = 1
   router_group_topk: int = 1
   routed_scale: float = 1.0
+  block_experts: int = 0  # LLaDA2.2's block routing: a block's pool of experts (0 = off)
   moe_backend: str = 'auto'  # the experts' grouped matmul (kernels/grouped_matmul.py BACKENDS)
   moe_exchange: str = 'gather'  # how tokens reach experts split over mesh.expert (moe.EXCHANGES)
   # Layers of an MoE model whose MLP is the dense one of ffn_dim (model.moe.dense_layers).
@@ -459,6 +460,7 @@ class ModelConfig:
       router_groups=m.moe.router_groups,
       router_group_topk=m.moe.router_group_topk,
       routed_scale=m.moe.routed_scale,
+      block_experts=m.moe.block_experts,
       moe_backend=m.moe.backend,
       moe_exchange=m.moe.exchange,
       dense_layers=config_lib.dense_layers(m),

@@ -125,6 +125,8 @@ class Block(nnx.Module):
         backend=cfg.moe_backend,
         exchange=cfg.moe_exchange,
         fused=cfg.fused_projections,
+        block_experts=cfg.block_experts,
+        block_size=cfg.block_size,
         std=cfg.init_std,
         out_std=out_std,
         **kw,

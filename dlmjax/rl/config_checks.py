@@ -54,6 +54,12 @@ def rl_run(config):
       f'rl.objective={r.objective} has no KL term (it trains without a reference), but '
       f'rl.kl_beta={r.kl_beta}; set --config.rl.kl_beta=0.'
     )
+  if 'steps' in objective.records and config.sampler.edit_threshold > 0:
+    raise ConfigError(
+      f'rl.objective={r.objective} scores each token in the state its commit step saw, but '
+      f'sampler.edit_threshold={config.sampler.edit_threshold} edits tokens after their commit; '
+      'set --config.sampler.edit_threshold=0 for its rollouts.'
+    )
   if r.ref_sync_every < 0 or not 0 < r.ref_sync_alpha <= 1:
     raise ConfigError(
       f'rl.ref_sync_every={r.ref_sync_every} must be >= 0 (0 = never) and '
