@@ -118,6 +118,15 @@ def run_ours(config, params, shape: Shape, tokens, prompt) -> dict:
   )
   inference_tok_s = _forward_tok_s(forward, fused, tokens, shape)
   del fused
+  if not shape.gen:  # --forward-only
+    return dict(
+      forward_tok_s=max(train_tok_s, inference_tok_s),
+      train_forward_tok_s=train_tok_s,
+      inference_forward_tok_s=inference_tok_s,
+      sampler_tok_s=float('nan'),
+      forward_peak_gib=forward_peak,
+      peak_gib=_peak_gib(device),
+    )
   sampling = sampler.SamplingConfig(
     gen_length=shape.gen, steps=shape.steps, block_length=shape.block, temperature=0.0
   )
@@ -220,8 +229,10 @@ def run_peer(model, config, shape: Shape, tokens, prompt, device: str) -> dict:
     forward_peak = torch.cuda.max_memory_allocated() / _GIB if cuda else 0.0
     mask = config.model.mask_token_id
     args = (shape.gen, shape.steps, shape.block, mask)
-    torch_sampler_peer.generate(model, p, *args, max_blocks=1)  # compile the sampler's shape
-    sample_s = best(lambda: torch_sampler_peer.generate(model, p, *args))
+    sample_s = float('nan')  # --forward-only
+    if shape.gen:
+      torch_sampler_peer.generate(model, p, *args, max_blocks=1)  # compile the sampler's shape
+      sample_s = best(lambda: torch_sampler_peer.generate(model, p, *args))
   return dict(
     forward_tok_s=shape.batch * shape.seq / forward_s,
     sampler_tok_s=shape.batch * shape.gen / sample_s,
@@ -314,8 +325,11 @@ def main(argv=None) -> int:
     '--max-rel-err', type=float, default=0.1, help='bf16 logits agreement (LLaDA-8B: 0.059)'
   )
   parser.add_argument('--repeats', type=int, default=0, help='timed runs, best kept (default 2)')
+  parser.add_argument('--forward-only', action='store_true', help='no sampler rows (nan)')
   args = parser.parse_args(argv)
   shape = TINY if args.tiny else FULL
+  if args.forward_only:
+    shape = dataclasses.replace(shape, gen=0)
   if args.repeats:
     shape = dataclasses.replace(shape, repeats=args.repeats)
   device = 'cpu' if args.tiny else 'cuda'
