@@ -87,11 +87,13 @@ def slice_logits(module, tokens, segments, positions, kv, start, size):
   return module.logits(hidden), kv
 
 
-def cached_and_uncached(model_config, params, sampling, prompts=PROMPTS, key=0, mesh=None):
-  """(tokens of `sampling` on the fast path, tokens of the same settings from the plain loop:
-  uncached, unfused projections)."""
+def cached_and_uncached(
+  model_config, params, sampling, prompts=PROMPTS, key=0, mesh=None, plain=True
+):
+  """(tokens of `sampling` on the fast path, tokens of the same settings uncached: the plain
+  loop, unfused projections; plain=False, the fast path's own layout)."""
   none = dataclasses.replace(sampling, cache='none', cache_refresh=0)
   return (
     generate(model_config, params, sampling, key=key, prompts=prompts, mesh=mesh),
-    generate(model_config, params, none, key=key, prompts=prompts, fuse=False),
+    generate(model_config, params, none, key=key, prompts=prompts, fuse=not plain),
   )
