@@ -21,6 +21,7 @@ from tests.diffusion.decode_references import PlainCache, llada_reference
 BASE = tiny_sampler.CACHE_BASE
 DREAM = (('model.shift_logits', True), ('model.qkv_bias', True), ('model.qk_norm', False))
 _ALL = ('q', 'k', 'v', 'o', 'gate', 'up', 'down')
+DUAL_CFG = dataclasses.replace(BASE, cache='dual', cache_refresh=2, cfg_scale=0.5)
 
 
 @functools.lru_cache
@@ -49,7 +50,7 @@ def _reference(model, s):
   'mode,changes,options',
   [
     ('prefix', {}, ()),
-    ('dual', dict(cache_refresh=2, cfg_scale=0.5), ()),  # a mid-block refresh; CFG
+    ('dual', dict(cache_refresh=2, cfg_scale=0.5), ()),  # a mid-block refresh; CFG (DUAL_CFG)
     ('dual', dict(factor=1.0), ()),  # Fast-dLLM's eval setting: dual cache, factor 1
     # Dream-style shifted model: slices start one position early (the reference loop spreads
     # LLaDA's counts; Dream's own schedule is sampler_test's, on the same fast path).
@@ -79,9 +80,9 @@ def test_approximate_caches_decode_fast_dllms_loop(mode, changes, options):
 def test_adapters_and_quantised_bases_decode_the_plain_loops_tokens(quant, targets):
   """Unmerged LoRA adapters on a float32, int8 or NF4 base: the fast path (each part's adapter
   added to its slice of the fused product) decodes the plain model's tokens, dual cache and
-  CFG included; the adapters change them. Merged into the float base, the same tokens."""
+  CFG and a mid-block refresh included; the adapters change them. Merged into the float base, the same tokens."""
   model = _model(adapters=(quant, targets))
-  s = dataclasses.replace(BASE, cache='dual', cfg_scale=0.5)
+  s = DUAL_CFG  # the merged model's program is test_approximate_caches_decode_fast_dllms_loop's
   got = tiny_sampler.generate(*model[:2], s)
   want = _reference(model, s)
   np.testing.assert_array_equal(got, want)
