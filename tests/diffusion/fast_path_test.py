@@ -79,8 +79,9 @@ def test_approximate_caches_decode_fast_dllms_loop(mode, changes, options):
 )
 def test_adapters_and_quantised_bases_decode_the_plain_loops_tokens(quant, targets):
   """Unmerged LoRA adapters on a float32, int8 or NF4 base: the fast path (each part's adapter
-  added to its slice of the fused product) decodes the plain model's tokens, dual cache and
-  CFG and a mid-block refresh included; the adapters change them. Merged into the float base, the same tokens."""
+  added to its slice of the fused product) decodes the plain model's tokens, dual cache, CFG
+  and a mid-block refresh included; the adapters change them. Merged into the float base, the
+  same tokens."""
   model = _model(adapters=(quant, targets))
   s = DUAL_CFG  # the merged model's program is test_approximate_caches_decode_fast_dllms_loop's
   got = tiny_sampler.generate(*model[:2], s)
