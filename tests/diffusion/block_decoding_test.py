@@ -34,12 +34,13 @@ def _block_causal():
 
 @functools.lru_cache
 def _decode_fn(sampling):
-  """The jitted sampler; eos_id is an argument, so one compile serves every EOS of a setting."""
+  """The jitted sampler on the fast path (the inference layout: fused projections, weights cast
+  once); eos_id is an argument, so one compile serves every EOS of a setting."""
   model_config, _ = _block_causal()
 
   @jax.jit
   def fn(params, prompt_BP, lengths_B, key, eos_id):
-    module = model_lib.merge(model_config, params)
+    module = model_lib.inference_module(model_config, params)
     return sampler.decode_blocks(
       module,
       prompt_BP,

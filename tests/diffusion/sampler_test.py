@@ -1,4 +1,5 @@
-"""The sampler against a plain numpy statement of LLaDA's generate loop, driving the same model."""
+"""The sampler against a plain numpy statement of LLaDA's generate loop (decode_references),
+driving the same model."""
 
 import dataclasses
 
@@ -13,6 +14,7 @@ from dlmjax.diffusion import sampler
 from dlmjax.parallel import mesh as mesh_lib
 from tests.conftest import tiny_test_config
 from tests.diffusion import tiny_sampler
+from tests.diffusion.decode_references import llada_reference
 
 
 @pytest.fixture(scope='module')
@@ -24,60 +26,6 @@ def tiny():
     )
   )
   return model_config, params, lambda *a: np.asarray(forward(params, *a), np.float64)
-
-
-def llada_reference(logits_fn, prompts, s, key=0):
-  """LLaDA generate.py at temperature 0 in numpy, plus the threshold rule: (x, forwards). With
-  s.mask_in_softmax, LLaDA's own low_confidence score: the softmax keeps MASK's logit."""
-  prompt_BP, lengths_B = sampler.pad_prompts(prompts, tiny_sampler.PAD)
-  batch, width = prompt_BP.shape
-  length = width + s.gen_length
-  x = np.concatenate([prompt_BP, np.full((batch, s.gen_length), tiny_sampler.MASK)], 1)
-  index = np.arange(length)[None]
-  offset = (width - lengths_B)[:, None]
-  seg, pos = (index >= offset).astype(np.int32), np.maximum(index - offset, 0)
-  prompt_index = (index >= offset) & (index < width)
-  spb, forwards = s.steps_per_block, 0
-  for nb in range(s.num_blocks):
-    lo, hi = width + nb * s.block_length, width + (nb + 1) * s.block_length
-    n = (x[:, lo:hi] == tiny_sampler.MASK).sum(1)
-    transfer = n[:, None] // spb + (np.arange(spb)[None] < (n % spb)[:, None])
-    for i in range(spb):
-      mask_index = (x == tiny_sampler.MASK) & (index >= width)
-      if not mask_index[:, lo:hi].any():
-        break
-      forwards += 1
-      if s.cfg_scale > 0:
-        un_x = np.where(prompt_index, tiny_sampler.MASK, x)
-        both = logits_fn(
-          np.concatenate([x, un_x]), np.concatenate([seg, seg]), np.concatenate([pos, pos])
-        )
-        logits = both[batch:] + (s.cfg_scale + 1) * (both[:batch] - both[batch:])
-      else:
-        logits = logits_fn(x, seg, pos)
-      logits[..., tiny_sampler.VOCAB :] = -np.inf
-      scores = logits.copy()
-      logits[..., tiny_sampler.MASK] = -np.inf  # dlmjax never predicts MASK (LLaDA would).
-      x0 = logits.argmax(-1)
-      if s.remasking == 'low_confidence':
-        scored = scores if s.mask_in_softmax else logits
-        p = np.exp(scored - scored.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        x0_p = np.take_along_axis(p, x0[..., None], -1)[..., 0]
-      else:
-        x0_p = np.zeros((batch, length))
-        remask_key = sampler.step_keys(jax.random.key(key), nb, i)[1]
-        x0_p[:, lo:hi] = jax.random.uniform(remask_key, (batch, s.block_length))
-      x0_p[:, hi:] = -np.inf
-      x0 = np.where(mask_index, x0, x)
-      confidence = np.where(mask_index, x0_p, -np.inf)
-      for j in range(batch):
-        order = np.argsort(-confidence[j], kind='stable')
-        select = list(order[: transfer[j, i]])
-        if s.threshold > 0:
-          select += [q for q in order if confidence[j, q] >= s.threshold]
-        x[j, select] = x0[j, select]
-  return x, forwards
 
 
 @pytest.mark.parametrize(

@@ -37,15 +37,24 @@ def model(**overrides):
 
 
 @functools.lru_cache
-def generate_fn(model_config, sampling, mesh=None, eos_id=EOS):
+def generate_fn(model_config, sampling, mesh=None, eos_id=EOS, fuse=True):
+  """The fast path (fuse: q / k / v and gate / up fused, as every decode runs) or, fuse=False,
+  the trained layout's three and two matmuls: the plain loop exact modes are held to."""
   return sampler.make_generate_fn(
-    model_config, sampling, mask_id=MASK, eos_id=eos_id, pad_id=PAD, vocab_size=VOCAB, mesh=mesh
+    model_config,
+    sampling,
+    mask_id=MASK,
+    eos_id=eos_id,
+    pad_id=PAD,
+    vocab_size=VOCAB,
+    mesh=mesh,
+    fuse_projections=fuse,
   )
 
 
-def generate(model_config, params, sampling, key=0, prompts=PROMPTS, mesh=None):
+def generate(model_config, params, sampling, key=0, prompts=PROMPTS, mesh=None, fuse=True):
   prompt_BP, lengths_B = sampler.pad_prompts(prompts, PAD)
-  fn = generate_fn(model_config, sampling, mesh)
+  fn = generate_fn(model_config, sampling, mesh, fuse=fuse)
   return np.asarray(fn(params, prompt_BP, lengths_B, jax.random.key(key)))
 
 
@@ -78,10 +87,13 @@ def slice_logits(module, tokens, segments, positions, kv, start, size):
   return module.logits(hidden), kv
 
 
-def cached_and_uncached(model_config, params, sampling, prompts=PROMPTS, key=0, mesh=None):
-  """(tokens of `sampling`, tokens of the same settings uncached)."""
+def cached_and_uncached(
+  model_config, params, sampling, prompts=PROMPTS, key=0, mesh=None, plain=True
+):
+  """(tokens of `sampling` on the fast path, tokens of the same settings uncached: the plain
+  loop, unfused projections; plain=False, the fast path's own layout)."""
   none = dataclasses.replace(sampling, cache='none', cache_refresh=0)
   return (
     generate(model_config, params, sampling, key=key, prompts=prompts, mesh=mesh),
-    generate(model_config, params, none, key=key, prompts=prompts),
+    generate(model_config, params, none, key=key, prompts=prompts, fuse=not plain),
   )
