@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 
-import jax.numpy as jnp
 import numpy as np
 
 from dlmjax import config as config_lib
