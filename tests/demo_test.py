@@ -254,3 +254,25 @@ def test_an_early_stop_names_the_step_its_checkpoint_holds(tmp_path, monkeypatch
   monkeypatch.setattr(demo, 'final_loss', lambda run_dir, step=None: (5, 1.0))
   with pytest.raises(InterruptedError, match=r'pretrain stopped with its checkpoint at step 6 of'):
     demo.run_seed(0, str(tmp_path), 'sudoku4')
+
+
+def test_distill_stage_starts_from_the_sft_teacher_on_its_rows(tmp_path):
+  """--distill's stage: the SFT run is the frozen teacher (init_from), its rows the data, the eval
+  sampler's block the distilled block; an unknown objective is one error line."""
+  configs = demo.stage_configs(0, str(tmp_path), 'arithmetic')
+  sampling = demo.eval_sampling(configs['rl'])
+  c = demo.distill_config(configs['sft'], 'trajectory', str(tmp_path), sampling)
+  assert c.init_from == configs['sft'].output_dir
+  assert c.output_dir == str(tmp_path / 'distill_trajectory')
+  assert c.sft.teacher_file == str(tmp_path / 'teacher_rows.npz') and not c.sft.train_file
+  assert (c.sft.objective, c.train.steps) == ('trajectory', demo.DISTILL_RECIPE['train.steps'])
+  assert (c.sampler.block_length, c.sampler.gen_length) == (
+    sampling.block_length,
+    sampling.gen_length,
+  )
+  config_lib.validate(c)
+  assert configs['sft'].sft.objective == 'llada'  # the SFT config is left as it was
+  with pytest.raises(ValueError, match='certainty'):
+    demo.distill_config(configs['sft'], 'nope', str(tmp_path), sampling)
+  assert demo.main(['--distill', 'nope', '--output-dir', str(tmp_path / 'out')]) == 2
+  assert not (tmp_path / 'out').exists()
