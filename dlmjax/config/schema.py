@@ -290,6 +290,10 @@ def defaults() -> ml_collections.ConfigDict:
   # > 0: also commit every masked token whose entropy is <= this (dParallel's decoding of a
   # certainty-distilled model, with remasking=entropy: 0.5; README "Distillation").
   c.sampler.entropy_threshold = 0.0
+  # > 0: d3LLM's entropy-based multi-block decoding (dlmjax/diffusion/multi_block.py, cache
+  # none): the next block opens once the last is this decoded (d3LLM: 0.1); tokens commit by
+  # entropy_threshold (d3LLM: 0.5).
+  c.sampler.block_add_threshold = 0.0
   c.sampler.cache_refresh = 0  # prefix / dual: also refresh the K/V every k steps (0 = off).
   # Tokens each step commits: linear (LLaDA's even split) | dream (Dream's int(m (1 - s/t)) of
   # the m still masked, t on linspace(1, eps)) | auto (Dream's for shifted-logit, Dream-family
