@@ -11,7 +11,9 @@ steps per problem, generated tokens/s, x `none` (the same model's) and x teacher
 
 Settings: none; Fast-dLLM's threshold at each --thresholds value; dParallel's entropy rule
 (remasking=entropy, sampler.entropy_threshold) at each --entropy-thresholds value: a curve of
-accuracy against TPF per model; with --caches none,dual each rule also with the dual cache. Each
+accuracy against TPF per model; with --caches none,dual each rule also with the dual cache; and
+d3LLM's multi-block decoding (sampler.block_add_threshold, uncached) at each
+--block-add-thresholds value with each entropy threshold. Each
 setting is evaluated twice, the second time compiled, for its seconds. Stages already finished
 under --work-dir are reused and unfinished ones resume from their last checkpoint, so a run can
 be split over commands (--train-only first) and a rerun only evaluates.
@@ -58,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--thresholds', default='0.9,0.7,0.5', help="Fast-dLLM's (0.9)")
   parser.add_argument('--entropy-thresholds', default='0.25,0.5,1.0', help="dParallel's (0.5)")
   parser.add_argument('--caches', default='none,dual', help='none and/or dual')
+  parser.add_argument(
+    '--block-add-thresholds', default='0.1', help="d3LLM's multi-block decoding (0.1; '' = off)"
+  )
   parser.add_argument('--eval-num', type=int, default=demo.EVAL_EXAMPLES)
   parser.add_argument('--teacher-rows', type=int, default=4000, help='train problems decoded')
   parser.add_argument('--rows-batch', type=int, default=64, help='problems a teacher batch')
@@ -82,6 +87,7 @@ def settings_of(base, args) -> dict:
     thresholds=_floats(args.thresholds),
     entropy_thresholds=_floats(args.entropy_thresholds),
     caches=[c.strip() for c in args.caches.split(',') if c.strip()],
+    block_add_thresholds=_floats(args.block_add_thresholds),
   )
 
 

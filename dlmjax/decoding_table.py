@@ -1,7 +1,8 @@
 """Trained models against each other per decoding setting: the distillation table.
 
 For each model (a teacher and its distilled students) and each sampler setting (none; Fast-dLLM's
-threshold; dParallel's entropy rule; each with a cache), on the task's held-out problems:
+threshold; dParallel's entropy rule; each with a cache; d3LLM's multi-block decoding), on the
+task's held-out problems:
 accuracy (+- its standard error over the problems), tokens per forward (TPF: generated tokens /
 decoding steps that committed any, from the sampler's commit-step record), steps per problem,
 generated tokens/s, x the same model's `none` and x the teacher's `none`. One module so the demo's
@@ -21,9 +22,12 @@ from dlmjax import inference
 from dlmjax import tasks as tasks_lib
 
 
-def settings_of(base, *, thresholds=(), entropy_thresholds=(), caches=('none',)) -> dict:
+def settings_of(
+  base, *, thresholds=(), entropy_thresholds=(), caches=('none',), block_add_thresholds=()
+) -> dict:
   """{name: SamplingConfig} of every decoding setting, none first: per cache, the cache alone,
-  each threshold and each entropy threshold."""
+  each threshold and each entropy threshold; then d3LLM's multi-block decoding (uncached) at each
+  block_add_threshold with each entropy threshold."""
   out = {'none': dataclasses.replace(base, cache='none')}
   for cache in caches:
     prefix = '' if cache == 'none' else f'{cache}+'
@@ -34,6 +38,11 @@ def settings_of(base, *, thresholds=(), entropy_thresholds=(), caches=('none',))
     for h in entropy_thresholds:
       out[f'{prefix}entropy {h:g}'] = dataclasses.replace(
         base, cache=cache, remasking='entropy', entropy_threshold=h
+      )
+  for a in block_add_thresholds:
+    for h in entropy_thresholds:
+      out[f'multi-block {a:g} entropy {h:g}'] = dataclasses.replace(
+        base, cache='none', entropy_threshold=h, block_add_threshold=a, stop_at_eos=False
       )
   return {name: s.validate() for name, s in out.items()}
 

@@ -61,8 +61,10 @@ DISTILL_RECIPE = {  # dParallel's LLaDA recipe at this scale: a short fine-tune 
   'eval.every': 0,
 }
 # The distill stage's table: Fast-dLLM's threshold and dParallel's entropy rule, with and without
-# the dual cache (benchmarks/distill.py sweeps more).
-DISTILL_SETTINGS = dict(thresholds=(0.9,), entropy_thresholds=(0.5,), caches=('none', 'dual'))
+# the dual cache, and d3LLM's multi-block decoding (benchmarks/distill.py sweeps more).
+DISTILL_SETTINGS = dict(
+  thresholds=(0.9,), entropy_thresholds=(0.5,), caches=('none', 'dual'), block_add_thresholds=(0.1,)
+)
 
 
 def eval_sampling(rl_config):

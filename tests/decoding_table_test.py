@@ -11,7 +11,11 @@ from dlmjax.diffusion import sampler
 def test_settings_are_none_first_then_each_rule_per_cache():
   base = sampler.SamplingConfig(gen_length=16, steps=16, block_length=8)
   settings = decoding_table.settings_of(
-    base, thresholds=(0.9,), entropy_thresholds=(0.5,), caches=('none', 'dual')
+    base,
+    thresholds=(0.9,),
+    entropy_thresholds=(0.5,),
+    caches=('none', 'dual'),
+    block_add_thresholds=(0.1,),
   )
   assert list(settings) == [
     'none',
@@ -20,7 +24,10 @@ def test_settings_are_none_first_then_each_rule_per_cache():
     'dual',
     'dual+threshold 0.9',
     'dual+entropy 0.5',
+    'multi-block 0.1 entropy 0.5',
   ]
+  m = settings['multi-block 0.1 entropy 0.5']
+  assert (m.cache, m.block_add_threshold, m.entropy_threshold) == ('none', 0.1, 0.5)
   s = settings['dual+entropy 0.5']
   assert (s.cache, s.remasking, s.entropy_threshold, s.threshold) == ('dual', 'entropy', 0.5, 0)
   assert settings['none'].cache == 'none' and settings['threshold 0.9'].threshold == 0.9
