@@ -276,3 +276,31 @@ def test_distill_stage_starts_from_the_sft_teacher_on_its_rows(tmp_path):
     demo.distill_config(configs['sft'], 'nope', str(tmp_path), sampling)
   assert demo.main(['--distill', 'nope', '--output-dir', str(tmp_path / 'out')]) == 2
   assert not (tmp_path / 'out').exists()
+
+
+def test_the_distill_stage_chains_rows_training_and_the_table(tmp_path, monkeypatch):
+  """run_distill: the teacher (the seed's SFT run) writes rows before the student trains, the
+  student trains from it, and the table's rows are teacher then student, tagged with the seed."""
+  calls = []
+  monkeypatch.setattr(
+    demo, 'write_teacher_rows', lambda teacher, path, *a, **k: calls.append(('rows', teacher))
+  )
+  monkeypatch.setattr(demo.loop, 'train', lambda config: calls.append(('train', config)))
+  monkeypatch.setattr(demo.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 400))
+
+  def rows(models, task, settings, **kwargs):
+    calls.append(('table', models, list(settings)))
+    return [dict(model=m, setting=s) for m in models for s in settings]
+
+  monkeypatch.setattr(demo, 'decoding_rows', rows)
+  out = demo.run_distill(2, str(tmp_path), 'arithmetic', 'certainty', log=lambda *a: None)
+  sft = str(tmp_path / 'seed2' / 'sft')
+  assert calls[0] == ('rows', sft)
+  assert calls[1][0] == 'train' and calls[1][1].init_from == sft
+  assert calls[1][1].output_dir == str(tmp_path / 'seed2' / 'distill_certainty')
+  assert calls[2][1] == {'teacher': sft, 'certainty': calls[1][1].output_dir}
+  assert calls[2][2][0] == 'none' and 'multi-block 0.1 entropy 0.5' in calls[2][2]
+  assert [(r['model'], r['seed']) for r in out][:1] == [('teacher', 2)] and len(out) == 2 * 7
+  monkeypatch.setattr(demo.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 100))
+  with pytest.raises(InterruptedError, match='distill stopped with its checkpoint at step 100'):
+    demo.run_distill(2, str(tmp_path), 'arithmetic', 'certainty', log=lambda *a: None)
