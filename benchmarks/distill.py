@@ -21,6 +21,13 @@ be split over commands (--train-only first) and a rerun only evaluates.
   python -m benchmarks.distill --task arithmetic --work-dir /tmp/distill      # GPU: the recipe
   python -m benchmarks.distill --tiny --work-dir /tmp/distill_tiny            # a CPU check
 
+On one GPU within a short device budget, split it in two commands on one warm machine (the
+work dir and JAX_COMPILATION_CACHE_DIR under runs/ stay between them): `timeout -s TERM 570 ...
+--train-only` (the trainer checkpoints on the signal; repeat until it prints `trained:`), then the
+same arguments without --train-only and with few settings (each setting compiles two programs,
+the evaluation's and the commit-step record's; the students reuse the teacher's). Every row is
+printed as it is measured, so a cut run keeps the rows it finished.
+
 --override [STAGE:]KEY=VALUE (repeatable; STAGE pretrain, sft or distill) sets a config key in
 every stage or in one, as in the accuracy benchmark (a larger model, the sampler's blocks).
 The last lines: the table, then the issue's numbers: the best student setting whose accuracy is
