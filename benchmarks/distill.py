@@ -11,13 +11,22 @@ steps per problem, generated tokens/s, x `none` (the same model's) and x teacher
 
 Settings: none; Fast-dLLM's threshold at each --thresholds value; dParallel's entropy rule
 (remasking=entropy, sampler.entropy_threshold) at each --entropy-thresholds value: a curve of
-accuracy against TPF per model; with --caches none,dual each rule also with the dual cache. Each
+accuracy against TPF per model; with --caches none,dual each rule also with the dual cache; and
+d3LLM's multi-block decoding (sampler.block_add_threshold, uncached) at each
+--block-add-thresholds value with each entropy threshold. Each
 setting is evaluated twice, the second time compiled, for its seconds. Stages already finished
 under --work-dir are reused and unfinished ones resume from their last checkpoint, so a run can
 be split over commands (--train-only first) and a rerun only evaluates.
 
   python -m benchmarks.distill --task arithmetic --work-dir /tmp/distill      # GPU: the recipe
   python -m benchmarks.distill --tiny --work-dir /tmp/distill_tiny            # a CPU check
+
+On one GPU within a short device budget, split it in two commands on one warm machine (the
+work dir and JAX_COMPILATION_CACHE_DIR under runs/ stay between them): `timeout -s TERM 570 ...
+--train-only` (the trainer checkpoints on the signal; repeat until it prints `trained:`), then the
+same arguments without --train-only and with few settings (each setting compiles two programs,
+the evaluation's and the commit-step record's; the students reuse the teacher's). Every row is
+printed as it is measured, so a cut run keeps the rows it finished.
 
 --override [STAGE:]KEY=VALUE (repeatable; STAGE pretrain, sft or distill) sets a config key in
 every stage or in one, as in the accuracy benchmark (a larger model, the sampler's blocks).
@@ -29,33 +38,17 @@ with the dual cache).
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
-import math
-import os
 import sys
-import time
-
-import numpy as np
 
 from benchmarks import sampler_accuracy
 from dlmjax import config as config_lib
-from dlmjax import demo, inference
-from dlmjax import distill as distill_cli
-from dlmjax import tasks as tasks_lib
+from dlmjax import decoding_table, demo
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.diffusion import distill as distill_objectives
 from dlmjax.model import presets
 
 STAGES = ('pretrain', 'sft', 'distill')
-DISTILL_RECIPE = {  # dParallel's LLaDA recipe at this scale: a short fine-tune of the teacher
-  'train.steps': 400,
-  'train.lr': 1e-4,  # an SFT-ed model distils at a tenth of its SFT rate (dParallel: 2e-5, 8B)
-  'train.min_lr': 1e-5,
-  'train.warmup_steps': 20,
-  'train.wsd_decay_steps': 40,
-  'eval.every': 0,
-}
 # The SFT and distillation runs save this often, so a command cut by a time limit resumes there
 # (the demo saves its short SFT only at the end).
 CHECKPOINT_EVERY = 500
@@ -74,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--thresholds', default='0.9,0.7,0.5', help="Fast-dLLM's (0.9)")
   parser.add_argument('--entropy-thresholds', default='0.25,0.5,1.0', help="dParallel's (0.5)")
   parser.add_argument('--caches', default='none,dual', help='none and/or dual')
+  parser.add_argument(
+    '--block-add-thresholds', default='0.1', help="d3LLM's multi-block decoding (0.1; '' = off)"
+  )
   parser.add_argument('--eval-num', type=int, default=demo.EVAL_EXAMPLES)
   parser.add_argument('--teacher-rows', type=int, default=4000, help='train problems decoded')
   parser.add_argument('--rows-batch', type=int, default=64, help='problems a teacher batch')
@@ -92,20 +88,14 @@ def _floats(text: str) -> list[float]:
 
 
 def settings_of(base, args) -> dict:
-  """{name: SamplingConfig} of every decoding setting, none first."""
-  caches = [c.strip() for c in args.caches.split(',') if c.strip()]
-  out = {'none': dataclasses.replace(base, cache='none')}
-  for cache in caches:
-    prefix = '' if cache == 'none' else f'{cache}+'
-    if cache != 'none':
-      out[cache] = dataclasses.replace(base, cache=cache)
-    for t in _floats(args.thresholds):
-      out[f'{prefix}threshold {t:g}'] = dataclasses.replace(base, cache=cache, threshold=t)
-    for h in _floats(args.entropy_thresholds):
-      out[f'{prefix}entropy {h:g}'] = dataclasses.replace(
-        base, cache=cache, remasking='entropy', entropy_threshold=h
-      )
-  return {name: s.validate() for name, s in out.items()}
+  """{name: SamplingConfig} of every decoding setting, none first (decoding_table.settings_of)."""
+  return decoding_table.settings_of(
+    base,
+    thresholds=_floats(args.thresholds),
+    entropy_thresholds=_floats(args.entropy_thresholds),
+    caches=[c.strip() for c in args.caches.split(',') if c.strip()],
+    block_add_thresholds=_floats(args.block_add_thresholds),
+  )
 
 
 def stage_configs(args) -> dict:
@@ -117,16 +107,10 @@ def stage_configs(args) -> dict:
   configs = {s: configs[s] for s in ('pretrain', 'sft')}
   teacher = args.teacher or configs['sft'].output_dir
   for objective in _objectives(args):
-    c = copy.deepcopy(configs['sft'])
-    c.init_from = teacher
+    c = demo.distill_config(configs['sft'], objective, args.work_dir, base, teacher)
     if args.teacher:  # its canvas, which its rows have (the demo's is sized for the task)
       run_dir = checkpoint_lib.resolve_step_dir(args.teacher)[0]
       c.model.seq_len = checkpoint_lib.load_run_config(run_dir).model.seq_len
-    c.output_dir = os.path.join(args.work_dir, f'distill_{objective}')
-    c.sft.objective = objective
-    c.sft.train_file = ''  # it trains on the teacher's rows alone
-    c.sft.teacher_file = os.path.join(args.work_dir, 'teacher_rows.npz')
-    config_lib.apply_overrides(c, DISTILL_RECIPE)
     configs[f'distill_{objective}'] = c
   for name, config in configs.items():
     stage = 'distill' if name.startswith('distill') else name
@@ -144,85 +128,6 @@ def _objectives(args) -> list[str]:
   for name in names:
     distill_objectives.get(name)  # an unknown one fails naming the known ones
   return names
-
-
-def teacher_rows(teacher: str, path: str, sampling, args) -> None:
-  """The teacher's rows of --teacher-rows train problems (python -m dlmjax.distill)."""
-  if os.path.isfile(path):
-    return
-  print(f'== teacher rows of {teacher} -> {path}', flush=True)
-  overrides = []
-  keys = ('gen_length', 'steps', 'block_length', 'cache', 'threshold', 'factor', 'remasking')
-  for key in keys + ('entropy_threshold', 'stop_at_eos'):
-    overrides += ['--override', f'{key}={getattr(sampling, key)}']
-  argv = ['--init-from', teacher, '--output', path, '--task', args.task]
-  argv += ['--num', str(args.teacher_rows), '--batch-size', str(args.rows_batch)]
-  if distill_cli.main(argv + overrides):
-    raise RuntimeError('python -m dlmjax.distill failed (its error is above)')
-
-
-def steps_and_tpf(run_dir: str, task: str, sampling, num: int) -> tuple[float, float]:
-  """(mean decoding steps per problem, generated tokens per step) of the held-out problems, from
-  the sampler's commit-step record (the evaluation's problems, prompts and decoding key)."""
-  pretrained = inference.load_pretrained(run_dir)
-  examples = tasks_lib.get_task(task).examples('test', num, demo.EVAL_SEED)
-  prompts = distill_cli.encode_prompts(
-    pretrained, [e.prompt for e in examples], sampling.gen_length
-  )
-  rows = distill_cli.build_rows(
-    pretrained, prompts, sampling, batch_size=demo.EVAL_BATCH, seed=demo.EVAL_SEED
-  )
-  steps = rows['commit_steps']
-  per_row = np.array([len(np.unique(s[s >= 0])) for s in steps])
-  return float(per_row.mean()), float((steps >= 0).sum() / max(per_row.sum(), 1))
-
-
-def measure(run_dir: str, task: str, sampling, num: int) -> dict:
-  demo.evaluate_stage(run_dir, task, sampling=sampling, num=num)  # compiles
-  start = time.perf_counter()
-  scores = demo.evaluate_stage(run_dir, task, sampling=sampling, num=num)
-  seconds = time.perf_counter() - start
-  p, n = scores['accuracy'], scores['examples']
-  steps, tpf = steps_and_tpf(run_dir, task, sampling, num)
-  return dict(
-    accuracy=p,
-    accuracy_se=math.sqrt(p * (1 - p) / max(n, 1)),
-    tpf=tpf,
-    steps=steps,
-    tokens_per_s=n * sampling.gen_length / seconds,
-  )
-
-
-def table(rows) -> str:
-  head = ('model', 'setting', 'accuracy', 'TPF', 'steps', 'tokens/s', 'x none', 'x teacher none')
-  lines = [' | '.join(head), ' | '.join('---' for _ in head)]
-  for r in rows:
-    lines.append(
-      f'{r["model"]} | {r["setting"]} | {r["accuracy"]:.3f} +- {r["accuracy_se"]:.3f} | '
-      f'{r["tpf"]:.2f} | {r["steps"]:.1f} | {r["tokens_per_s"]:.1f} | {r["speedup"]:.2f} | '
-      f'{r["vs_teacher"]:.2f}'
-    )
-  return '\n'.join(lines)
-
-
-def verdict(rows) -> str:
-  """The issue's numbers: the student settings within 1 point of the teacher's none."""
-  floor = rows[0]['accuracy'] - 0.01
-  kept = [r for r in rows if r['model'] != 'teacher' and r['accuracy'] >= floor]
-  if not kept:
-    best = max((r for r in rows if r['model'] != 'teacher'), key=lambda r: r['accuracy'])
-    return (
-      f'no student setting within 1 point of the teacher none ({rows[0]["accuracy"]:.3f}); the '
-      f'most accurate: {best["model"]} {best["setting"]} {best["accuracy"]:.3f}'
-    )
-  by_tpf = max(kept, key=lambda r: r['tpf'])
-  by_speed = max(kept, key=lambda r: r['vs_teacher'])
-  return (
-    f'within 1 point of the teacher none ({rows[0]["accuracy"]:.3f}): highest TPF '
-    f'{by_tpf["tpf"]:.2f} ({by_tpf["model"]} {by_tpf["setting"]}, goal >= 4); fastest '
-    f'{by_speed["vs_teacher"]:.2f}x teacher none ({by_speed["model"]} {by_speed["setting"]}, '
-    'goal >= 8 with the dual cache)'
-  )
 
 
 def main(argv=None) -> int:
@@ -252,7 +157,14 @@ def main(argv=None) -> int:
   models = {'teacher': teacher}
   for objective in _objectives(args):
     config = configs[f'distill_{objective}']
-    teacher_rows(teacher, config.sft.teacher_file, base, args)
+    demo.write_teacher_rows(
+      teacher,
+      config.sft.teacher_file,
+      base,
+      args.task,
+      num=args.teacher_rows,
+      batch_size=args.rows_batch,
+    )
     if steps['distill']:
       sampler_accuracy.stage_overrides(config, 'distill', steps['distill'])
     sampler_accuracy.train_if_needed(config, f'distill ({objective})')
@@ -260,23 +172,14 @@ def main(argv=None) -> int:
   if args.train_only:
     print(f'trained: {models}')
     return 0
-  rows = []
-  for model, run_dir in models.items():
-    none_tps = None
-    for name, sampling in settings.items():
-      row = dict(model=model, setting=name, **measure(run_dir, args.task, sampling, args.eval_num))
-      none_tps = none_tps or row['tokens_per_s']
-      row['speedup'] = row['tokens_per_s'] / none_tps
-      row['vs_teacher'] = row['tokens_per_s'] / (rows[0]['tokens_per_s'] if rows else none_tps)
-      print(row, flush=True)
-      rows.append(row)
+  rows = demo.decoding_rows(models, args.task, settings, num=args.eval_num)
   print(
     f'{args.task}: {args.eval_num} held-out problems, greedy, gen {base.gen_length}, block '
     f'{base.block_length}, {base.steps} steps (none: {base.gen_length / base.steps:g} tokens a '
     f'step); teacher {teacher}; students {", ".join(list(models)[1:])}'
   )
-  print(table(rows))
-  print(verdict(rows))
+  print(decoding_table.table(rows))
+  print(decoding_table.verdict(rows))
   return 0
 
 

@@ -2,6 +2,7 @@
 
   python -m dlmjax.demo [--seeds 0,1,2] [--output-dir runs/demo] [--task arithmetic]
                         [--objective d1|espo|spg|wd1|wd1pp|coupled_grpo]
+                        [--distill certainty|trajectory]
 
 Per seed, the three stages run through the normal trainer (`dlmjax.train.loop.train` on
 configs/tiny.py, configs/sft.py and configs/rl.py with configs/demo.py's recipe on top), each
@@ -13,11 +14,18 @@ mean reward, and the RL gain over SFT against the seed-to-seed spread. It is als
 OUTPUT_DIR/results.json (results_<objective>.json for the other objectives). A rerun resumes
 finished or cut stages from their checkpoints; another --objective reuses the seeds' pre-training
 and SFT runs and trains only its own RL stage (OUTPUT/seedN/rl_<objective>).
+
+--distill OBJECTIVE adds a fourth stage per seed: the SFT model (the teacher, frozen) decodes
+TEACHER_ROWS train problems (python -m dlmjax.distill), a student distils from it with
+sft.objective=OBJECTIVE (OUTPUT/seedN/distill_<objective>), and a second table gives teacher vs
+student per decoding setting (dlmjax/decoding_table.py: accuracy, tokens per forward, steps,
+tokens/s, x none), as benchmarks/distill.py does on a larger model.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -28,11 +36,13 @@ import numpy as np
 
 from dlmjax import cli
 from dlmjax import config as config_lib
-from dlmjax import evaluate
+from dlmjax import decoding_table, evaluate
+from dlmjax import distill as distill_cli
 from dlmjax import tasks as tasks_lib
 from dlmjax import verify
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.data import jsonl
+from dlmjax.diffusion import distill as distill_objectives
 from dlmjax.diffusion import sampler as sampler_lib
 from dlmjax.train import loop
 
@@ -41,6 +51,20 @@ SFT_EXAMPLES = 4000  # task training examples written as the SFT set (worked sol
 EVAL_EXAMPLES = 128  # held-out problems per stage and seed (the same ones for every stage)
 EVAL_BATCH = 16
 EVAL_SEED = 0  # held-out set and decoding key: fixed, so stages and seeds see the same problems
+TEACHER_ROWS = 512  # train problems the teacher decodes for the distill stage
+DISTILL_RECIPE = {  # dParallel's LLaDA recipe at this scale: a short fine-tune of the teacher
+  'train.steps': 400,
+  'train.lr': 1e-4,  # an SFT-ed model distils at a tenth of its SFT rate (dParallel: 2e-5, 8B)
+  'train.min_lr': 1e-5,
+  'train.warmup_steps': 20,
+  'train.wsd_decay_steps': 40,
+  'eval.every': 0,
+}
+# The distill stage's table: Fast-dLLM's threshold and dParallel's entropy rule, with and without
+# the dual cache, and d3LLM's multi-block decoding (benchmarks/distill.py sweeps more).
+DISTILL_SETTINGS = dict(
+  thresholds=(0.9,), entropy_thresholds=(0.5,), caches=('none', 'dual'), block_add_thresholds=(0.1,)
+)
 
 
 def eval_sampling(rl_config):
@@ -95,6 +119,71 @@ def write_sft_set(path: str, task: str, num: int = SFT_EXAMPLES, seed: int = 0) 
   examples = tasks_lib.get_task(task).examples('train', num, seed)
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   return jsonl.write_objects(path, [{'prompt': e.prompt, 'response': e.response} for e in examples])
+
+
+def distill_config(sft_config, objective: str, run_dir: str, sampling, teacher: str = ''):
+  """The distill stage of one objective: the SFT config started from the teacher (the SFT run
+  unless `teacher`), trained on its rows (RUN_DIR/teacher_rows.npz) with sft.objective and
+  DISTILL_RECIPE, its sampler the eval sampler (the block it distils is the block it decodes)."""
+  distill_objectives.get(objective)  # an unknown one fails naming the known ones
+  c = copy.deepcopy(sft_config)
+  c.init_from = teacher or sft_config.output_dir
+  c.output_dir = os.path.join(run_dir, f'distill_{objective}')
+  c.sft.objective = objective
+  c.sft.train_file = ''  # it trains on the teacher's rows alone
+  c.sft.teacher_file = os.path.join(run_dir, 'teacher_rows.npz')
+  config_lib.apply_overrides(c, DISTILL_RECIPE)
+  keys = ('gen_length', 'steps', 'block_length')
+  return config_lib.apply_overrides(c, {f'sampler.{k}': getattr(sampling, k) for k in keys})
+
+
+def write_teacher_rows(teacher, path, sampling, task, *, num=TEACHER_ROWS, batch_size=EVAL_BATCH):
+  """The teacher's rows of `num` train problems (python -m dlmjax.distill), unless written."""
+  if os.path.isfile(path):
+    return
+  overrides = []
+  keys = ('gen_length', 'steps', 'block_length', 'cache', 'threshold', 'factor', 'remasking')
+  for key in keys + ('entropy_threshold', 'stop_at_eos'):
+    overrides += ['--override', f'{key}={getattr(sampling, key)}']
+  argv = ['--init-from', teacher, '--output', path, '--task', task]
+  argv += ['--num', str(num), '--batch-size', str(batch_size)]
+  if distill_cli.main(argv + overrides):
+    raise RuntimeError('python -m dlmjax.distill failed (its error is above)')
+
+
+def decoding_rows(models: dict, task, settings, *, num=EVAL_EXAMPLES, log=print) -> list[dict]:
+  """decoding_table's rows of {name: run_dir} (the teacher first) on the held-out problems."""
+
+  def evaluate_fn(run_dir, sampling):
+    return evaluate_stage(run_dir, task, sampling=sampling, num=num)
+
+  def measure_fn(run_dir, sampling):
+    args = (evaluate_fn, run_dir, task, sampling, num)
+    return decoding_table.measure(*args, seed=EVAL_SEED, batch_size=EVAL_BATCH)
+
+  return decoding_table.measure_models(models, settings, measure_fn, log=log)
+
+
+def run_distill(seed: int, output_dir: str, task: str, objective: str, log=print) -> list[dict]:
+  """The fourth stage of one seed (after run_seed): teacher rows, the student, then teacher vs
+  student per DISTILL_SETTINGS; one row per model and setting."""
+  run_dir = os.path.join(output_dir, f'seed{seed}')
+  configs = stage_configs(seed, run_dir, task)
+  sampling = eval_sampling(configs['rl'])
+  config = distill_config(configs['sft'], objective, run_dir, sampling)
+  write_teacher_rows(config.init_from, config.sft.teacher_file, sampling, task)
+  log(f'== seed {seed}: distill ({objective}) -> {config.output_dir}')
+  loop.train(config)
+  saved = checkpoint_lib.resolve_step_dir(config.output_dir)[2]
+  if saved < config.train.steps:
+    raise InterruptedError(
+      f'seed {seed}: distill stopped with its checkpoint at step {saved} of '
+      f'{config.train.steps}; the same command resumes it from there.'
+    )
+  base = dataclasses.replace(sampling, threshold=0.0, factor=0.0)
+  settings = decoding_table.settings_of(base, **DISTILL_SETTINGS)
+  models = {'teacher': config.init_from, objective: config.output_dir}
+  return [dict(row, seed=seed) for row in decoding_rows(models, task, settings, log=log)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,6 +429,12 @@ def _parser() -> argparse.ArgumentParser:
     'noise), sudoku4, countdown3 or countdown4, each with its canvas '
     '(configs/demo.py, TASK_CANVAS)',
   )
+  parser.add_argument(
+    '--distill',
+    default='',
+    help='a fourth stage: distil the SFT model with this sft.objective (certainty | '
+    'trajectory) and table teacher vs student per decoding setting',
+  )
   return parser
 
 
@@ -350,10 +445,14 @@ def main(argv=None) -> int:
     if args.task not in tasks_lib.TASKS:
       raise ValueError(f'--task {args.task!r}: choose one of {sorted(tasks_lib.TASKS)}.')
     stage_configs(seeds[0], args.output_dir, args.task, args.objective)  # refuses bad input
+    if args.distill:
+      distill_objectives.get(args.distill)
     os.makedirs(args.output_dir, exist_ok=True)
-    start, rows = time.time(), []
+    start, rows, distilled = time.time(), [], []
     for seed in seeds:
       rows += run_seed(seed, args.output_dir, args.task, args.objective)
+      if args.distill:
+        distilled += run_distill(seed, args.output_dir, args.task, args.distill)
     summary = aggregate(rows)
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)
@@ -361,6 +460,11 @@ def main(argv=None) -> int:
   wall_s = time.time() - start
   table = format_table(rows, summary)
   print(table)
+  for seed in seeds if distilled else ():
+    mine = [r for r in distilled if r['seed'] == seed]
+    print(f'seed {seed}: distill ({args.distill}), {EVAL_EXAMPLES} held-out problems')
+    print(decoding_table.table(mine))
+    print(decoding_table.verdict(mine))
   print(f'wall time {wall_s / 60:.1f} min for {len(seeds)} seed(s)')
   configs = {
     stage: os.path.relpath(config_spec(stage, args.task, args.objective)) for stage in STAGES
@@ -375,6 +479,7 @@ def main(argv=None) -> int:
     rows=rows,
     summary=summary,
     table=table,
+    distill=dict(objective=args.distill, rows=distilled) if args.distill else None,
   )
   name = 'results.json' if args.objective == 'd1' else f'results_{args.objective}.json'
   with open(os.path.join(args.output_dir, name), 'w') as f:

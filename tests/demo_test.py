@@ -254,3 +254,53 @@ def test_an_early_stop_names_the_step_its_checkpoint_holds(tmp_path, monkeypatch
   monkeypatch.setattr(demo, 'final_loss', lambda run_dir, step=None: (5, 1.0))
   with pytest.raises(InterruptedError, match=r'pretrain stopped with its checkpoint at step 6 of'):
     demo.run_seed(0, str(tmp_path), 'sudoku4')
+
+
+def test_distill_stage_starts_from_the_sft_teacher_on_its_rows(tmp_path):
+  """--distill's stage: the SFT run is the frozen teacher (init_from), its rows the data, the eval
+  sampler's block the distilled block; an unknown objective is one error line."""
+  configs = demo.stage_configs(0, str(tmp_path), 'arithmetic')
+  sampling = demo.eval_sampling(configs['rl'])
+  c = demo.distill_config(configs['sft'], 'trajectory', str(tmp_path), sampling)
+  assert c.init_from == configs['sft'].output_dir
+  assert c.output_dir == str(tmp_path / 'distill_trajectory')
+  assert c.sft.teacher_file == str(tmp_path / 'teacher_rows.npz') and not c.sft.train_file
+  assert (c.sft.objective, c.train.steps) == ('trajectory', demo.DISTILL_RECIPE['train.steps'])
+  assert (c.sampler.block_length, c.sampler.gen_length) == (
+    sampling.block_length,
+    sampling.gen_length,
+  )
+  config_lib.validate(c)
+  assert configs['sft'].sft.objective == 'llada'  # the SFT config is left as it was
+  with pytest.raises(ValueError, match='certainty'):
+    demo.distill_config(configs['sft'], 'nope', str(tmp_path), sampling)
+  assert demo.main(['--distill', 'nope', '--output-dir', str(tmp_path / 'out')]) == 2
+  assert not (tmp_path / 'out').exists()
+
+
+def test_the_distill_stage_chains_rows_training_and_the_table(tmp_path, monkeypatch):
+  """run_distill: the teacher (the seed's SFT run) writes rows before the student trains, the
+  student trains from it, and the table's rows are teacher then student, tagged with the seed."""
+  calls = []
+  monkeypatch.setattr(
+    demo, 'write_teacher_rows', lambda teacher, path, *a, **k: calls.append(('rows', teacher))
+  )
+  monkeypatch.setattr(demo.loop, 'train', lambda config: calls.append(('train', config)))
+  monkeypatch.setattr(demo.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 400))
+
+  def rows(models, task, settings, **kwargs):
+    calls.append(('table', models, list(settings)))
+    return [dict(model=m, setting=s) for m in models for s in settings]
+
+  monkeypatch.setattr(demo, 'decoding_rows', rows)
+  out = demo.run_distill(2, str(tmp_path), 'arithmetic', 'certainty', log=lambda *a: None)
+  sft = str(tmp_path / 'seed2' / 'sft')
+  assert calls[0] == ('rows', sft)
+  assert calls[1][0] == 'train' and calls[1][1].init_from == sft
+  assert calls[1][1].output_dir == str(tmp_path / 'seed2' / 'distill_certainty')
+  assert calls[2][1] == {'teacher': sft, 'certainty': calls[1][1].output_dir}
+  assert calls[2][2][0] == 'none' and 'multi-block 0.1 entropy 0.5' in calls[2][2]
+  assert [(r['model'], r['seed']) for r in out][:1] == [('teacher', 2)] and len(out) == 2 * 7
+  monkeypatch.setattr(demo.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 100))
+  with pytest.raises(InterruptedError, match='distill stopped with its checkpoint at step 100'):
+    demo.run_distill(2, str(tmp_path), 'arithmetic', 'certainty', log=lambda *a: None)

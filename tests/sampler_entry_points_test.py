@@ -38,6 +38,7 @@ THRESHOLD = dict(
   entropy_threshold=0.0,
   edit_threshold=0.0,
   edit_steps=16,
+  block_add_threshold=0.0,
   schedule='dream',
   eps=0.01,
   mask_in_softmax=True,
@@ -57,7 +58,17 @@ FACTOR = {
 # Block decoding of a block-causal model (the RL run's model is one): SDAR's block of 4 and
 # threshold, the block K/V cache, stop at EOS.
 BLOCK = {**THRESHOLD, 'block_length': 4, 'remasking': 'low_confidence', 'cache': 'block'}
-SETTINGS = [THRESHOLD, FACTOR, BLOCK]
+# d3LLM's multi-block decoding: its own loop, uncached, committing by entropy.
+MULTI = {
+  **THRESHOLD,
+  'block_add_threshold': 0.1,
+  'entropy_threshold': 0.5,
+  'threshold': 0.0,
+  'alg_temp': 0.0,
+  'cache': 'none',
+  'stop_at_eos': False,
+}
+SETTINGS = [THRESHOLD, FACTOR, BLOCK, MULTI]
 
 
 def test_the_settings_cover_every_field():

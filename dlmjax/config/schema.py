@@ -300,6 +300,10 @@ def defaults() -> ml_collections.ConfigDict:
   # one that changes nothing. The Q / S modes: sampler_settings.LLADA21_MODES.
   c.sampler.edit_threshold = 0.0
   c.sampler.edit_steps = 16
+  # > 0: d3LLM's entropy-based multi-block decoding (dlmjax/diffusion/multi_block.py, cache
+  # none): the next block opens once the last is this decoded (d3LLM: 0.1); tokens commit by
+  # entropy_threshold (d3LLM: 0.5).
+  c.sampler.block_add_threshold = 0.0
   c.sampler.cache_refresh = 0  # prefix / dual: also refresh the K/V every k steps (0 = off).
   # Tokens each step commits: linear (LLaDA's even split) | dream (Dream's int(m (1 - s/t)) of
   # the m still masked, t on linspace(1, eps)) | auto (Dream's for shifted-logit, Dream-family

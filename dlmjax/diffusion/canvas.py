@@ -151,12 +151,13 @@ class Canvas:
       return x_BL
     return jnp.concatenate([x_BL, jnp.where(self.prompt_real_BL, self.mask_id, x_BL)])
 
-  def guided(self, hidden_BQD, start):
-    """float32 logits [B, block, V] of the block at hidden's row `start`: CFG applied
+  def guided(self, hidden_BQD, start, size=None):
+    """float32 logits [B, size, V] (size: default the block) from hidden's row `start`: CFG applied
     (u + (s + 1)(c - u)), the padded vocabulary rows and MASK at -inf (MASK kept with
     mask_in_softmax: the commit rule scores with it and forbids it itself)."""
     module = self.module
-    logits = module.logits(jax.lax.dynamic_slice_in_dim(hidden_BQD, start, self.block, axis=1))
+    size = self.block if size is None else size
+    logits = module.logits(jax.lax.dynamic_slice_in_dim(hidden_BQD, start, size, axis=1))
     if self.sampling.cfg_scale > 0:
       cond, uncond = logits[: self.batch], logits[self.batch :]
       logits = uncond + (self.sampling.cfg_scale + 1) * (cond - uncond)

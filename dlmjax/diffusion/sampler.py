@@ -17,7 +17,14 @@ import numpy as np
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.diffusion import cache_modes, decode_records, decoding, sampler_settings, schedules
+from dlmjax.diffusion import (
+  cache_modes,
+  decode_records,
+  decoding,
+  multi_block,
+  sampler_settings,
+  schedules,
+)
 from dlmjax.diffusion import canvas as canvas_lib
 from dlmjax.model import attention, programs
 from dlmjax.parallel import distributed, rules
@@ -48,6 +55,7 @@ class SamplingConfig:
   edit_threshold: float = 0.0
   edit_steps: int = 16
   entropy_threshold: float = 0.0  # > 0: also commit every masked token with entropy <= it
+  block_add_threshold: float = 0.0  # > 0: d3LLM's multi-block decoding (multi_block.py)
   schedule: str = 'auto'  # tokens per step: linear (LLaDA) | dream | auto (schedules.py)
   eps: float = 1e-3  # Dream's schedule: times on linspace(1, eps, steps_per_block + 1)
   mask_in_softmax: bool = False  # the orders score a softmax with MASK in it (LLaDA's, Dream's)
@@ -115,6 +123,8 @@ _HELP = {
   'stop_at_eos': 'rows whose text ended (an EOS, nothing masked before it) stop; skip the rest',
   'alg_temp': "Dream's: draw the positions from softmax(confidence / alg_temp) (0 = top-k)",
   'entropy_threshold': "dParallel's rule: also commit tokens of entropy <= this (0 = off)",
+  'block_add_threshold': "d3LLM's multi-block decoding: open the next block once the last is "
+  'this decoded (0 = off; d3LLM 0.1)',
   'factor': "Fast-dLLM's factor rule: commit the n most confident with (n+1)(1 - c_n) <= f",
   'edit_threshold': "LLaDA2.1's T2T: replace a committed token by an argmax this confident",
   'edit_steps': 'edit-only steps a block may take once its masks are filled (with edit_threshold)',
@@ -361,6 +371,12 @@ def decode_blocks(
     pad_id=pad_id,
     vocab_size=vocab_size or module.cfg.vocab_size,
   )
+  if sampling.block_add_threshold > 0:  # d3LLM's multi-block decoding: its own loop
+    for record in kept:
+      if record.name != 'steps':
+        raise ValueError(f'the {record.name!r} record is not kept by multi-block decoding.')
+    x_BL, steps_BL, _ = multi_block.decode(canvas, sampling, key, mask_id=mask_id)
+    return _outputs(canvas, prompt_BP, x_BL, jnp.int32(canvas.num_blocks), kept, [steps_BL])
   blocks = dict(mode=mode, key=key, records=kept, eos_id=eos_id)
 
   def go_on(block_index, x_BL):
@@ -400,11 +416,16 @@ def decode_blocks(
       lambda carry: (carry[0] + 1, *decode_block(carry[0], *carry[1:], None)),
       (ran, x_BL, state, buffers),
     )
-  # Back to the caller's layout: the left-padded prompt, then each row's gen_length tokens.
-  gather_BG = canvas.start_B1 + jnp.arange(gen)[None]
-  completion_BG = jnp.take_along_axis(x_BL, gather_BG, axis=1)
   if sampling.stop_at_eos:  # skipped positions read as EOS, after the end of the text anyway.
-    completion_BG = jnp.where(completion_BG == mask_id, eos_id, completion_BG)
+    x_BL = jnp.where(canvas.decodable_BL & (x_BL == mask_id), eos_id, x_BL)
+  return _outputs(canvas, prompt_BP, x_BL, ran, kept, buffers)
+
+
+def _outputs(canvas, prompt_BP, x_BL, ran, kept, buffers):
+  """Back to the caller's layout: the left-padded prompt, then each row's gen_length tokens;
+  the count, then each record's output."""
+  gather_BG = canvas.start_B1 + jnp.arange(canvas.sampling.gen_length)[None]
+  completion_BG = jnp.take_along_axis(x_BL, gather_BG, axis=1)
   tokens_BW = jnp.concatenate([jnp.asarray(prompt_BP, jnp.int32), completion_BG], axis=1)
   outputs = tuple(r.output(b, canvas, gather_BG) for r, b in zip(kept, buffers))
   return (tokens_BW, ran, *outputs)

@@ -87,9 +87,37 @@ def check_sampler_settings(settings, prefix: str = '') -> None:
     )
   if not 0 < settings.eps < 1:
     raise ConfigError(f"{p}eps={settings.eps} must lie in (0, 1) (Dream's default 1e-3).")
+  _check_multi_block(settings, p)
   refresh, spb = settings.cache_refresh, steps // (gen // block)
   if not isinstance(refresh, numbers.Integral) or refresh < 0 or (refresh and spb % refresh):
     raise ConfigError(
       f'{p}cache_refresh={refresh!r} must be 0 (refresh at block start only) or divide the '
       f'{spb} steps per block ({p}steps / blocks); pick a divisor of {spb}.'
+    )
+
+
+def _check_multi_block(settings, p: str) -> None:
+  """d3LLM's multi-block decoding (block_add_threshold > 0): its own loop and commit rule."""
+  add = settings.block_add_threshold
+  if not 0 <= add <= 1:
+    raise ConfigError(f'{p}block_add_threshold={add} must lie in [0, 1] (0 = off; d3LLM: 0.1).')
+  if add == 0:
+    return
+  if settings.cache != 'none':
+    raise ConfigError(
+      f'{p}block_add_threshold={add} (multi-block decoding) runs the whole canvas each step; '
+      f'set {p}cache=none (this is {settings.cache!r}).'
+    )
+  others = {'threshold': settings.threshold, 'factor': settings.factor}
+  others['alg_temp'] = settings.alg_temp
+  for key, value in others.items():
+    if value > 0:
+      raise ConfigError(
+        f'{p}{key}={value} has no effect under multi-block decoding ({p}block_add_threshold='
+        f'{add}), which commits by entropy ({p}entropy_threshold); set {p}{key}=0.'
+      )
+  if settings.stop_at_eos:
+    raise ConfigError(
+      f'{p}stop_at_eos is not built for multi-block decoding ({p}block_add_threshold={add}); '
+      f'set {p}stop_at_eos=false.'
     )

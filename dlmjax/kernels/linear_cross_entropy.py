@@ -46,6 +46,39 @@ def linear_cross_entropy(
     ce_T in float32. Gradients reach hidden (in its dtype) and weight (in its dtype, accumulated
     in f32); targets get none.
   """
+  args = dict(chunk_size=chunk_size, compute_dtype=compute_dtype, token_shards=token_shards)
+  return _run(hidden_TD, weight_DV, targets_T, bias_V, temperature=None, **args)[0]
+
+
+def linear_cross_entropy_and_entropy(
+  hidden_TD,
+  weight_DV,
+  targets_T,
+  *,
+  temperature: float,
+  chunk_size: int = 4096,
+  compute_dtype=None,
+  token_shards: int = 1,
+  bias_V=None,
+):
+  """linear_cross_entropy's CE, plus what a certainty term needs from the same chunks: each
+  token's entropy of softmax((h W + b) / temperature) and whether its argmax is the target
+  (dParallel's certainty forcing, arXiv 2509.26488: the entropy on correctly predicted tokens).
+
+  Returns:
+    (ce_T, entropy_T, hit_T), float32; hit_T is 1.0 where argmax(h W + b) == target (ties go to
+    the lowest id, as jnp.argmax) and carries no gradient; ce and entropy both do.
+  """
+  if not temperature > 0:
+    raise ValueError(f'temperature {temperature} must be > 0')
+  args = dict(chunk_size=chunk_size, compute_dtype=compute_dtype, token_shards=token_shards)
+  return _run(hidden_TD, weight_DV, targets_T, bias_V, temperature=float(temperature), **args)
+
+
+def _run(
+  hidden_TD, weight_DV, targets_T, bias_V, *, temperature, chunk_size, compute_dtype, token_shards
+):
+  """Checks, pads T to equal chunks, runs the fused op and drops the padding."""
   num_tokens, _ = hidden_TD.shape
   if targets_T.shape != (num_tokens,):
     raise ValueError(f'targets {targets_T.shape} do not match hidden {hidden_TD.shape}')
@@ -66,10 +99,9 @@ def linear_cross_entropy(
     targets_T = jnp.pad(targets_T, (0, pad))
   use_bias = bias_V is not None
   bias_V = jnp.zeros((weight_DV.shape[1],), jnp.float32) if bias_V is None else bias_V
-  ce_T = _fused(
-    hidden_TD, weight_DV, targets_T, jnp.asarray(bias_V), num_chunks, dtype, token_shards, use_bias
-  )
-  return ce_T[:num_tokens]
+  static = (num_chunks, dtype, token_shards, use_bias, temperature)
+  outs = _fused(hidden_TD, weight_DV, targets_T, jnp.asarray(bias_V), *static)
+  return tuple(o[:num_tokens] for o in outs)
 
 
 def _split(x_T, num_chunks):
@@ -102,13 +134,27 @@ def _is_target(t_C, vocab):
   return t_C[:, None] == jax.lax.broadcasted_iota(t_C.dtype, (t_C.shape[0], vocab), 1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _fused(hidden_TD, weight_DV, targets_T, bias_V, num_chunks, dtype, token_shards, use_bias):
+def _tempered(logits_CV, max_C, temperature):
+  """(log q, q, entropy) of q = softmax(logits / temperature); 0 log 0 = 0 on -inf columns."""
+  u_CV = (logits_CV - max_C[:, None]) / temperature
+  log_q_CV = u_CV - jax.nn.logsumexp(u_CV, axis=-1, keepdims=True)
+  q_CV = jnp.exp(log_q_CV)
+  entropy_C = -jnp.sum(jnp.where(q_CV > 0, q_CV * log_q_CV, 0.0), axis=-1)
+  return log_q_CV, q_CV, entropy_C
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _fused(
+  hidden_TD, weight_DV, targets_T, bias_V, num_chunks, dtype, token_shards, use_bias, temperature
+):
+  """(ce_T,), or with a temperature (ce_T, entropy_T, hit_T)."""
   args = (hidden_TD, weight_DV, targets_T, bias_V, num_chunks, dtype, token_shards, use_bias)
-  return _fused_fwd(*args)[0]
+  return _fused_fwd(*args, temperature)[0]
 
 
-def _fused_fwd(hidden_TD, weight_DV, targets_T, bias_V, num_chunks, dtype, token_shards, use_bias):
+def _fused_fwd(
+  hidden_TD, weight_DV, targets_T, bias_V, num_chunks, dtype, token_shards, use_bias, temperature
+):
   del token_shards  # Only the backward's d_W sum needs it.
   w_DV = weight_DV.astype(dtype)
   vocab = w_DV.shape[1]
@@ -119,24 +165,38 @@ def _fused_fwd(hidden_TD, weight_DV, targets_T, bias_V, num_chunks, dtype, token
     max_C = jnp.max(logits_CV, axis=-1)
     lse_C = max_C + jnp.log(jnp.sum(jnp.exp(logits_CV - max_C[:, None]), axis=-1))
     target_C = jnp.sum(jnp.where(_is_target(t_C, vocab), logits_CV, 0.0), axis=-1)
-    return carry, (lse_C - target_C, lse_C)
+    if temperature is None:
+      return carry, ((lse_C - target_C,), lse_C, ())
+    entropy_C = _tempered(logits_CV, max_C, temperature)[2]
+    hit_C = (jnp.argmax(logits_CV, axis=-1) == t_C).astype(jnp.float32)
+    return carry, ((lse_C - target_C, entropy_C, hit_C), lse_C, (entropy_C,))
 
   xs = (_split(hidden_TD, num_chunks), _split(targets_T, num_chunks))
-  _, (ce_NC, lse_NC) = jax.lax.scan(chunk, None, xs)
-  return _merge(ce_NC), (hidden_TD, weight_DV, targets_T, bias_V, lse_NC)
+  _, (outs_NC, lse_NC, extra_NC) = jax.lax.scan(chunk, None, xs)
+  outs = tuple(_merge(o) for o in outs_NC)
+  return outs, (hidden_TD, weight_DV, targets_T, bias_V, lse_NC, extra_NC)
 
 
-def _fused_bwd(num_chunks, dtype, token_shards, use_bias, residuals, d_ce_T):
-  hidden_TD, weight_DV, targets_T, bias_V, lse_NC = residuals
+def _fused_bwd(num_chunks, dtype, token_shards, use_bias, temperature, residuals, d_outs):
+  hidden_TD, weight_DV, targets_T, bias_V, lse_NC, extra_NC = residuals
   w_DV = weight_DV.astype(dtype)
   dim, vocab = w_DV.shape
 
   def chunk(d_w_GDV, xs):
-    h_CD, t_C, lse_C, g_C = xs
-    probs_CV = jnp.exp(_logits(h_CD, w_DV, bias_V, use_bias) - lse_C[:, None])
+    h_CD, t_C, lse_C, g_C, extra_C, g_extra_C = xs
+    logits_CV = _logits(h_CD, w_DV, bias_V, use_bias)
+    probs_CV = jnp.exp(logits_CV - lse_C[:, None])
+    d_logits_CV = (probs_CV - _is_target(t_C, vocab)) * g_C[:, None]
+    if temperature is not None:
+      # dH/dz_v = -q_v (log q_v + H) / T for q = softmax(z / T), H its entropy.
+      (entropy_C,), (g_entropy_C,) = extra_C, g_extra_C
+      max_C = jnp.max(logits_CV, axis=-1)
+      log_q_CV, q_CV, _ = _tempered(logits_CV, max_C, temperature)
+      d_entropy_CV = jnp.where(q_CV > 0, -q_CV * (log_q_CV + entropy_C[:, None]), 0.0)
+      d_logits_CV += d_entropy_CV * (g_entropy_C / temperature)[:, None]
     # Cast to the compute dtype so both matmuls run at bf16 rate, as autodiff of the bf16 head
     # would; their sums still accumulate in f32.
-    d_logits_CV = ((probs_CV - _is_target(t_C, vocab)) * g_C[:, None]).astype(dtype)
+    d_logits_CV = d_logits_CV.astype(dtype)
     d_h_CD = jnp.einsum('cv,dv->cd', d_logits_CV, w_DV, preferred_element_type=jnp.float32)
     # Group g holds the g-th contiguous block of the chunk's rows: one device's tokens.
     h_GCD = h_CD.astype(dtype).reshape(token_shards, -1, dim)
@@ -148,11 +208,16 @@ def _fused_bwd(num_chunks, dtype, token_shards, use_bias, residuals, d_ce_T):
     )
     return d_w_GDV, d_h_CD.astype(hidden_TD.dtype)
 
+  split = functools.partial(_split, num_chunks=num_chunks)
+  # The hit output carries no gradient: its cotangent is dropped.
+  g_extra = () if temperature is None else (split(d_outs[1].astype(jnp.float32)),)
   xs = (
-    _split(hidden_TD, num_chunks),
-    _split(targets_T, num_chunks),
+    split(hidden_TD),
+    split(targets_T),
     lse_NC,
-    _split(d_ce_T.astype(jnp.float32), num_chunks),
+    split(d_outs[0].astype(jnp.float32)),
+    extra_NC,
+    g_extra,
   )
   zeros_GDV = jnp.zeros((token_shards, dim, vocab), jnp.float32)
   d_w_GDV, d_h_NCD = jax.lax.scan(chunk, zeros_GDV, xs)

@@ -37,6 +37,10 @@ def _logits(noisy_BL, clean_BL=None):
   return jnp.asarray(TABLE)[noisy_BL] + 0.5 * jnp.asarray(TABLE)[right][..., ::-1]
 
 
+def _terms(noisy_BL, clean_BL, targets_BL):
+  return distill.base.logit_terms(_logits(noisy_BL, clean_BL), targets_BL, temperature=0.5)
+
+
 def _settings(**kw):
   return dict(mask_id=MASK, block_size=BLOCK, temperature=0.5, certainty_weight=2.0) | kw
 
@@ -48,7 +52,7 @@ def _run(name, tokens, roles, steps, key, progress):
   keys = jax.random.split(key, B)
   extra = {'commit_steps': steps} if name == 'trajectory' else {}
   loss, _ = distill.base.distill_loss(
-    objective, _logits, tokens, roles, keys_B=keys, settings=settings, **extra
+    objective, _terms, tokens, roles, keys_B=keys, settings=settings, **extra
   )
   x, r = tokens[:, :-1], roles[:, :-1]
   masks = distill.base.pass_masks(
@@ -138,10 +142,86 @@ def test_certainty_gradient_flows_through_the_entropy_only():
   """The M_c selection carries no gradient; H does: d/dz of the term is finite and nonzero."""
   z = jnp.asarray(np.random.default_rng(2).normal(size=(1, 4, V)), jnp.float32)
   y = jnp.argmax(z, -1).astype(jnp.int32)
-  grad = jax.grad(lambda z: distill.base.certainty(z, y, jnp.ones((1, 4), bool), temperature=0.5))(
-    z
-  )
+
+  def term(z):
+    _, entropy, hit = distill.base.logit_terms(z, y, temperature=0.5)
+    return distill.base.certainty(entropy, hit, jnp.ones((1, 4), bool))
+
+  grad = jax.grad(term)(z)
   assert np.isfinite(np.asarray(grad)).all() and float(jnp.abs(grad).sum()) > 0
+
+
+class _Student:
+  """A student reduced to what model_terms reads: hidden states (an embedding of the token and
+  its right neighbour) and an output head over V_PADDED rows, the last ones padding."""
+
+  def __init__(self, params):
+    self.embed, self.head = params
+
+  def hidden(self, tokens_BL):
+    return self.embed[tokens_BL] + 0.5 * self.embed[jnp.roll(tokens_BL, -1, axis=1)][..., ::-1]
+
+  def head_weight_DV(self):
+    return self.head
+
+  def __call__(self, tokens_BL):
+    return jnp.einsum('bld,dv->blv', self.hidden(tokens_BL), self.head)
+
+
+V_PADDED, DIM = 16, 8
+
+
+def test_fused_head_loss_equals_the_full_logits_loss(name='certainty'):
+  """model_terms from the fused output head (the SFT loss's, chunk_size > 0) gives the full
+  logits' loss and gradients, the padded vocabulary rows left out of both softmaxes."""
+  rng = np.random.default_rng(5)
+  params = (
+    jnp.asarray(rng.normal(size=(V_PADDED, DIM)), jnp.float32),
+    jnp.asarray(rng.normal(size=(DIM, V_PADDED)), jnp.float32),
+  )
+  bias_V = np.zeros(V_PADDED, np.float32)
+  bias_V[V:] = -np.inf  # rows V.. are the vocabulary's padding
+  tokens, roles, steps = _rows()
+  extra = {'commit_steps': steps} if name == 'trajectory' else {}
+  settings = _settings(progress=0.3)
+  keys = jax.random.split(jax.random.key(4), B)
+  maskable = jnp.asarray((roles[:, :-1] == RESPONSE) | (roles[:, :-1] == PADDING))
+  arrays = {k: v[:, :-1] for k, v in extra.items()}
+  primary, _, future = (
+    np.asarray(m)
+    for m in distill.base.pass_masks(distill.get(name), keys, maskable, arrays, settings)
+  )
+  # The primary pass's targets are the student's own argmax there, so the certainty term counts.
+  noisy = np.where(primary | future, MASK, tokens[:, :-1])
+  guess = np.asarray(_Student(params)(jnp.asarray(noisy)))[..., :V].argmax(-1)
+  tokens = tokens.copy()
+  tokens[:, :-1] = np.where(primary, guess, tokens[:, :-1])
+  assert primary.sum() > 0
+
+  @functools.partial(jax.jit, static_argnums=1)
+  @functools.partial(jax.value_and_grad, has_aux=True)
+  def loss(params, chunk_size):
+    def terms_fn(noisy, clean, targets):
+      return distill.base.model_terms(
+        _Student(params), noisy, targets, temperature=0.5, chunk_size=chunk_size, bias_V=bias_V
+      )
+
+    value, sums = distill.base.distill_loss(
+      distill.get(name), terms_fn, tokens, roles, keys_B=keys, settings=settings, **extra
+    )
+    return value, sums['certainty_sum']
+
+  (full, cert), d_full = loss(params, 0)
+  (fused, cert_fused), d_fused = loss(params, 16)
+  assert float(cert) > 0  # the entropy term is in the loss
+  np.testing.assert_allclose(
+    [float(fused), float(cert_fused)], [float(full), float(cert)], rtol=1e-5
+  )
+  for a, b in zip(d_fused, d_full):
+    a, b = np.asarray(a), np.asarray(b)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max())
+  head = np.asarray(d_fused[1])
+  assert np.abs(head[:, V:]).max() == 0 and np.abs(head[:, :V]).max() > 0
 
 
 def test_unknown_objective_names_the_known_ones():

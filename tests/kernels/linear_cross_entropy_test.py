@@ -10,7 +10,10 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from dlmjax.kernels.linear_cross_entropy import linear_cross_entropy
+from dlmjax.kernels.linear_cross_entropy import (
+  linear_cross_entropy,
+  linear_cross_entropy_and_entropy,
+)
 
 T, D, V = 64, 16, 96
 
@@ -92,6 +95,55 @@ def test_no_gradient_for_targets():
   _, vjp = jax.vjp(lambda h, w, t: linear_cross_entropy(h, w, t, chunk_size=16), h, w, t)
   _, _, d_t = vjp(g)
   assert d_t.dtype == jax.dtypes.float0 and d_t.shape == t.shape
+
+
+def reference_terms(hidden_TD, weight_DV, targets_T, bias_V, temperature):
+  """Full f32 logits z = h W + b: CE, the entropy of softmax(z / T) (0 log 0 = 0), argmax == y."""
+  z_TV = jnp.einsum('td,dv->tv', hidden_TD, weight_DV, preferred_element_type=jnp.float32)
+  z_TV = z_TV + bias_V[None]
+  ce_T = jax.nn.logsumexp(z_TV, axis=-1) - jnp.take_along_axis(z_TV, targets_T[:, None], -1)[:, 0]
+  q_TV = jax.nn.softmax(z_TV / temperature, axis=-1)
+  log_q_TV = jax.nn.log_softmax(z_TV / temperature, axis=-1)
+  entropy_T = -jnp.sum(q_TV * jnp.where(q_TV > 0, log_q_TV, 0.0), axis=-1)  # no nan gradient
+  hit_T = (jnp.argmax(z_TV, axis=-1) == targets_T).astype(jnp.float32)
+  return ce_T, entropy_T, hit_T
+
+
+@pytest.mark.parametrize('chunk_size,temperature', [(T, 0.5), (24, 0.5), (7, 1.3)])
+def test_entropy_and_hits_match_the_full_logits(chunk_size, temperature):
+  """The certainty term's inputs from the fused head (padding columns at -inf, half the targets
+  the argmax): values, and the gradients of g_ce . CE + g_H . H against autodiff of the full
+  logits."""
+  h, w, t, g = inputs(seed=3)
+  bias_V = jnp.zeros((V,), jnp.float32).at[V - 5 :].set(-jnp.inf)
+  z = h @ w + bias_V[None]
+  t = jnp.where(jnp.arange(T) % 2 == 0, jnp.argmax(z, -1), t % (V - 5))
+  g_h = jnp.flip(g) + 0.5
+
+  def run(fn):
+    def loss(h, w):
+      ce, entropy, hit = fn(h, w)
+      return jnp.sum(ce * g) + jnp.sum(entropy * g_h), (ce, entropy, hit)
+
+    return jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(h, w)
+
+  fused = functools.partial(
+    linear_cross_entropy_and_entropy, temperature=temperature, chunk_size=chunk_size, bias_V=bias_V
+  )
+  (_, got), got_grads = run(lambda h, w: fused(h, w, t))
+  (_, want), want_grads = run(lambda h, w: reference_terms(h, w, t, bias_V, temperature))
+  for a, b in zip(got, want):
+    assert_close(a, b, rtol=1e-5, atol_frac=1e-6)
+  # d H / d z = -q (log q + H) / T cancels on peaked rows: both sides are f32, 1e-5 of the largest.
+  for a, b in zip(got_grads, want_grads):
+    assert a.dtype == jnp.float32
+    assert_close(a, b, rtol=1e-5, atol_frac=1e-5)
+  assert 0 < float(got[2].sum()) < T  # both hits and misses
+  assert float(got[1].min()) > 0  # no token is one-hot: every entropy has a gradient
+  ce_only = jax.jit(functools.partial(linear_cross_entropy, chunk_size=chunk_size, bias_V=bias_V))
+  assert_close(ce_only(h, w, t), want[0], rtol=1e-5, atol_frac=1e-6)
+  with pytest.raises(ValueError, match='temperature'):
+    linear_cross_entropy_and_entropy(h, w, t, temperature=0.0)
 
 
 def _big_float_vars(jaxpr, limit):

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from dlmjax.data.roles import PADDING, RESPONSE
+from dlmjax.kernels import linear_cross_entropy
 
 TIME_EPS = 1e-3  # dParallel's p = (1 - eps) t + eps
 CERTAINTY_TEMPERATURE = 0.5  # T of the certainty entropy: both papers' (a constant of theirs)
@@ -38,23 +39,52 @@ def active_block(key, maskable_L, *, block_size: int):
   return active, (positions >= end) & maskable_L
 
 
-def masked_mean_ce(logits_BLV, targets_BL, masked_BL):
-  """-(1/|M|) sum_{i in M} log softmax(z_i)[y_i]: a mean over masked tokens, no 1/t weight."""
-  logp = jax.nn.log_softmax(logits_BLV.astype(jnp.float32), axis=-1)
-  ce = -jnp.take_along_axis(logp, targets_BL[..., None], axis=-1)[..., 0]
-  m = masked_BL.astype(jnp.float32)
-  return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
-
-
-def certainty(logits_BLV, targets_BL, masked_BL, *, temperature: float):
-  """dParallel's certainty term: (1/|M_c|) sum_{i in M_c} H(softmax(z_i / T)), M_c the masked
-  tokens whose argmax is the target (a selection without gradient; H has one)."""
+def logit_terms(logits_BLV, targets_BL, *, temperature: float, bias_V=None):
+  """Per-token (CE, H(softmax(z / T)), argmax z == y) from full logits, the plain formulas:
+  CE = -log softmax(z)[y], H = -sum q log(q + 1e-12) (dParallel's), the hit as float32."""
   z = logits_BLV.astype(jnp.float32)
+  if bias_V is not None:
+    z = z + bias_V[(None,) * (z.ndim - 1)]
+  logp = jax.nn.log_softmax(z, axis=-1)
+  ce = -jnp.take_along_axis(logp, targets_BL[..., None], axis=-1)[..., 0]
   q = jax.nn.softmax(z / temperature, axis=-1)
   entropy = -jnp.sum(q * jnp.log(q + 1e-12), axis=-1)
-  correct = masked_BL & (jnp.argmax(z, axis=-1) == targets_BL)
-  c = jax.lax.stop_gradient(correct.astype(jnp.float32))
-  return jnp.sum(entropy * c) / jnp.maximum(jnp.sum(c), 1.0)
+  return ce, entropy, (jnp.argmax(z, axis=-1) == targets_BL).astype(jnp.float32)
+
+
+def model_terms(
+  module, inputs_BL, targets_BL, *, temperature, chunk_size, token_shards=1, bias_V=None, **kwargs
+):
+  """logit_terms of the student's predictions for `targets` given `inputs`; chunk_size > 0 takes
+  them from the fused output head (kernels/linear_cross_entropy, as the SFT loss does), so the
+  float32 [B, L, V] logits never exist; 0 from the full logits."""
+  if chunk_size == 0:
+    logits = module(inputs_BL, **kwargs)
+    return logit_terms(logits, targets_BL, temperature=temperature, bias_V=bias_V)
+  hidden_BLD = module.hidden(inputs_BL, **kwargs)
+  batch, length, dim = hidden_BLD.shape
+  terms = linear_cross_entropy.linear_cross_entropy_and_entropy(
+    hidden_BLD.reshape(batch * length, dim),
+    module.head_weight_DV(),
+    targets_BL.reshape(-1),
+    temperature=temperature,
+    chunk_size=chunk_size,
+    token_shards=token_shards,
+    bias_V=bias_V,
+  )
+  return tuple(t.reshape(batch, length) for t in terms)
+
+
+def masked_mean(values_BL, masked_BL):
+  """(1/|M|) sum_{i in M} v_i: a mean over masked tokens (dParallel's CE has no 1/t weight)."""
+  m = masked_BL.astype(jnp.float32)
+  return jnp.sum(values_BL * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def certainty(entropy_BL, hit_BL, masked_BL):
+  """dParallel's certainty term: (1/|M_c|) sum_{i in M_c} H_i, M_c the masked tokens whose
+  argmax is the target (a selection without gradient; H has one)."""
+  return masked_mean(entropy_BL, jax.lax.stop_gradient(masked_BL & (hit_BL > 0)))
 
 
 class Objective:
@@ -91,10 +121,11 @@ def pass_masks(objective, keys_B, maskable_BL, arrays_BL, settings):
   return jax.vmap(one_row)(keys_B, maskable_BL, arrays_BL)
 
 
-def distill_loss(objective, logits_fn, tokens_BS, roles, *, keys_B, settings, **arrays):
+def distill_loss(objective, terms_fn, tokens_BS, roles, *, keys_B, settings, **arrays):
   """The objective's loss of teacher rows [B, S+1] (the first S are the canvas, as in SFT) and
-  its sums. logits_fn(noisy_BL, clean_BL) -> logits [B, L, V] (the student's forward; a
-  block-causal one reads clean_BL as its x_0 stream). Both passes run as one forward of 2B rows."""
+  its sums. terms_fn(noisy_BL, clean_BL, targets_BL) -> per-token (CE, entropy, hit) [B, L]
+  (model_terms or logit_terms of the student's forward; a block-causal one reads clean_BL as its
+  x_0 stream). Both passes run as one forward of 2B rows."""
   x_BL = tokens_BS[:, :-1]
   roles_BL = roles[:, :-1]
   maskable_BL = (roles_BL == RESPONSE) | (roles_BL == PADDING)
@@ -105,14 +136,15 @@ def distill_loss(objective, logits_fn, tokens_BS, roles, *, keys_B, settings, **
     objective, keys_B, maskable_BL, arrays_BL, settings
   )
   noisy = [jnp.where(m | future_BL, mask_id, x_BL) for m in (primary_BL, reverse_BL)]
-  logits = logits_fn(jnp.concatenate(noisy, axis=0), jnp.concatenate([x_BL, x_BL], axis=0))
-  z1, z2 = jnp.split(logits, 2, axis=0)
-  t = settings['temperature']
+  clean = jnp.concatenate([x_BL, x_BL], axis=0)
+  ce, entropy, hit = (
+    jnp.split(t, 2, axis=0) for t in terms_fn(jnp.concatenate(noisy, axis=0), clean, clean)
+  )
   terms = dict(
-    ce=masked_mean_ce(z1, x_BL, primary_BL),
-    ce_rev=masked_mean_ce(z2, x_BL, reverse_BL),
-    cert=certainty(z1, x_BL, primary_BL, temperature=t),
-    cert_rev=certainty(z2, x_BL, reverse_BL, temperature=t),
+    ce=masked_mean(ce[0], primary_BL),
+    ce_rev=masked_mean(ce[1], reverse_BL),
+    cert=certainty(entropy[0], hit[0], primary_BL),
+    cert_rev=certainty(entropy[1], hit[1], reverse_BL),
   )
   loss = objective.combine(terms, settings)
   batch, length = x_BL.shape

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 
-import jax.numpy as jnp
 import numpy as np
 
 from dlmjax import config as config_lib
@@ -38,19 +37,24 @@ def make_distill_loss(config):
     temperature=distill.base.CERTAINTY_TEMPERATURE,
     certainty_weight=config.sft.certainty_weight,
   )
+  head = dict(  # the per-token terms from the fused output head where the SFT loss uses it
+    temperature=settings['temperature'],
+    chunk_size=config.model.loss_chunk_tokens,
+    token_shards=config_lib.batch_parallelism(config),
+  )
 
   def fn(module, tokens, *, roles, step, micro_index, example_ids_B, **arrays):
     del micro_index
     bias_V = loss_lib.column_bias(module.cfg, loss_lib.excluded_ids(config))
 
-    def logits_fn(noisy_BL, clean_BL):
-      logits = module(noisy_BL, **(dict(clean_BL=clean_BL) if two_stream else {}))
-      return logits if bias_V is None else logits.astype(jnp.float32) + bias_V
+    def terms_fn(noisy_BL, clean_BL, targets_BL):
+      kwargs = dict(clean_BL=clean_BL) if two_stream else {}
+      return distill.base.model_terms(module, noisy_BL, targets_BL, bias_V=bias_V, **head, **kwargs)
 
     progress = step / max(config.train.steps, 1)  # d3LLM's progressive noise
     loss, sums = distill.base.distill_loss(
       objective,
-      logits_fn,
+      terms_fn,
       tokens,
       roles,
       keys_B=masking.example_keys(config.seed, step, example_ids_B),
