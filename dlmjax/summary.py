@@ -16,6 +16,8 @@ from absl import flags
 from dlmjax import cli
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
+from dlmjax.checkpoint import init_from as init_from_lib
+from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.model import lora
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.parallel import pipeline
@@ -68,9 +70,24 @@ def _experts_lines(cfg) -> list[str]:
   return lines
 
 
+def _adopt_init_from(config) -> list[str]:
+  """A run with init_from (SFT, RL, LoRA) trains the source's model: its model keys replace the
+  ones the config leaves at their defaults, as train does (checkpoint/init_from.py). A source not
+  trained yet is said in a line, and the config's own model keys are described."""
+  if not config.init_from:
+    return []
+  try:
+    adopted = init_from_lib.adopt_source_config(config)
+  except (config_lib.ConfigError, checkpoint_lib.CheckpointError) as e:
+    return [f"model: the config's own keys, not init_from's ({e})"]
+  changed = f' ({", ".join(adopted)})' if adopted else ''
+  return [f'model: the one init_from {config.init_from} holds{changed}']
+
+
 def summarize(config, num_devices: int | None) -> str:
   if num_devices is None:
     num_devices = jax.device_count()
+  source_lines = _adopt_init_from(config)
   schedule_note = config_lib.fit_schedule(config)
   config_lib.fit_to_devices(config, num_devices)
   cfg = model_lib.ModelConfig.from_config(config)
@@ -85,6 +102,7 @@ def summarize(config, num_devices: int | None) -> str:
   flops = cfg.flops_per_token(streams)
   doubled = ', the layers on [x_t || x_0] (2 x seq_len)' if streams == 2 else ''
   lines = [
+    *source_lines,
     f'parameters: {cfg.num_params():,} with the embedding padded to {cfg.vocab_size} rows '
     f'(the count used everywhere); {unpadded:,} with the tokenizer vocab '
     f'{config.model.vocab_size}',

@@ -84,6 +84,8 @@ def test_tiny_batches_fit_every_8_device_mesh():
       'shift it twice: set --config.model.shift_logits=false',
     ),
     ({'data.packing': True, 'model.attention_backend': 'cudnn'}, 'attention_backend=xla'),
+    ({'train.lr': -1.0}, r'train.lr=-1.0 must be > 0'),
+    ({'train.min_lr': -1e-4}, r'train.min_lr=-0.0001 >= 0'),
   ],
 )
 def test_bad_configs_name_the_fix(overrides, message):

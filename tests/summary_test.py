@@ -116,3 +116,25 @@ def test_preset_on_the_command_line_sets_its_fields_and_later_overrides_win():
     config_lib.apply_overrides(config, ['model.preset=llada_9b'], model_lib.PRESETS)
   with pytest.raises(config_lib.ConfigError, match='apply_preset'):  # no table: a file's key
     config_lib.apply_overrides(config, ['model.preset=llada_8b'])
+
+
+def test_an_init_from_config_describes_the_model_it_trains(tmp_path):
+  """configs/sft.py fine-tunes init_from's model: summary counts that model, not the default."""
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax import summary  # pylint: disable=import-outside-toplevel
+
+  source = config_lib.load_file('configs/tiny.py')
+  config_lib.apply_overrides(source, {'model.num_layers': 3, 'model.ffn_dim': 320})
+  (tmp_path / 'checkpoints' / '7' / 'params').mkdir(parents=True)
+  (tmp_path / 'config.json').write_text(source.to_json())
+  config = config_lib.load_file('configs/sft.py')
+  config.init_from = str(tmp_path / 'checkpoints' / '7')
+  text = summary.summarize(config, 1)
+  count = model_lib.ModelConfig.from_config(source).num_params()
+  assert f'parameters: {count:,} with' in text
+  assert 'model.num_layers=3' in text and 'model.ffn_dim=320' in text
+  missing = config_lib.load_file('configs/sft.py')
+  missing.init_from = str(tmp_path / 'none')  # not trained yet: said, the config's model shown
+  text = summary.summarize(missing, 1)
+  assert text.startswith("model: the config's own keys, not init_from's (") and 'none' in text

@@ -27,6 +27,37 @@ from dlmjax.rl import reference as reference_lib
 from dlmjax.rl import sampler as rl_sampler
 
 
+NO_SIGNAL_ROLLOUTS = 3  # consecutive rollouts of equal rewards before the run says so
+
+
+class NoSignalWatch:
+  """Says once per streak, in one line, when every reward of the last NO_SIGNAL_ROLLOUTS rollouts
+  was the same value: every advantage is then zero (r - group mean, and any normalisation of it),
+  so the updates carry only the KL term and the policy learns nothing from the task."""
+
+  def __init__(self, config):
+    self.config, self.streak = config, 0
+
+  def observe(self, rewards) -> str | None:
+    rewards = np.asarray(rewards)
+    equal = rewards.size > 0 and bool(np.all(rewards == rewards.flat[0]))
+    self.streak = self.streak + 1 if equal else 0
+    if self.streak != NO_SIGNAL_ROLLOUTS:
+      return None
+    if self.config.sampler.temperature == 0:  # a group's G completions are then one completion
+      fix = 'set --config.sampler.temperature above 0 (e.g. 0.9) so that completions differ'
+    else:
+      fix = (
+        'start from a model that solves some of the task (init_from a longer SFT run), or '
+        'raise --config.rl.group_size'
+      )
+    return (
+      f'no reward signal: every reward of the last {self.streak} rollouts was '
+      f'{float(rewards.flat[0]):g} (rl.task={self.config.rl.task}), so every advantage is 0 and '
+      f'the policy learns nothing from the task; {fix}.'
+    )
+
+
 class RolloutBatches:
   """The RL stage's BatchSource: `next(params)` -> (this process's rows of the batch, the
   rollout's metrics row or None).
@@ -61,6 +92,7 @@ class RolloutBatches:
     self.served = 0  # batches handed out; rollout = served // inner_updates
     self._batch = None
     self._reward_thread = concurrent.futures.ThreadPoolExecutor(1, 'rewards')
+    self.no_signal = NoSignalWatch(config)
 
   def get_state(self) -> dict:
     return dict(served=self.served)
@@ -155,6 +187,9 @@ class RolloutBatches:
       for seeds_B in seeds
     ]
     score_s = time.time() - start
+    warning = self.no_signal.observe(rewards)
+    if warning is not None and jax.process_index() == 0:
+      print(warning, flush=True)
     row = dict(
       step=self.served + 1,
       rollout=index,

@@ -26,6 +26,11 @@ def training(config):
       f'train.micro_batch_size={t.micro_batch_size}; pick a micro-batch that '
       'divides it (gradients accumulate over global/micro steps).'
     )
+  if not t.lr > 0 or not t.min_lr >= 0:  # a negative rate ascends the loss without a word
+    raise ConfigError(
+      f'train.lr={t.lr} must be > 0 and train.min_lr={t.min_lr} >= 0 (the peak and the floor '
+      'of the schedule); e.g. --config.train.lr=3e-3.'
+    )
   if ramp_steps(t) > t.steps:
     raise ConfigError(
       f'train.warmup_steps + train.wsd_decay_steps = {ramp_steps(t)} exceeds '

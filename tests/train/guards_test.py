@@ -272,6 +272,28 @@ def test_missing_inputs_fail_before_the_run_directory_exists(tmp_path, overrides
   assert not os.path.exists(tmp_path / 'run')
 
 
+@pytest.mark.parametrize(
+  'suffix,message', [('.bin', r'c\.bin has .* bytes'), ('.idx', r'c\.idx is')]
+)
+def test_truncated_data_files_fail_before_the_model_is_built(
+  tmp_path, suffix, message, monkeypatch
+):
+  from dlmjax.data import indexed  # pylint: disable=import-outside-toplevel
+
+  with indexed.IndexedDatasetWriter(str(tmp_path / 'c')) as writer:
+    writer.add_document(np.arange(50))
+  path = tmp_path / f'c{suffix}'
+  path.write_bytes(path.read_bytes()[:-7])
+  built = []
+  monkeypatch.setattr(loop.state_lib, 'TrainSetup', lambda *a: built.append(a))
+  config = _config(
+    tmp_path / 'run', **{'data.source': 'megatron', 'data.train_prefixes': str(tmp_path / 'c')}
+  )
+  with pytest.raises(DataError, match=message):
+    loop.train(config)
+  assert not built and not os.path.exists(tmp_path / 'run')
+
+
 def test_present_inputs_pass(tmp_path):
   from dlmjax.data import indexed  # pylint: disable=import-outside-toplevel
 

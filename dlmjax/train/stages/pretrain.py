@@ -8,7 +8,7 @@ import os
 import jax.numpy as jnp
 
 from dlmjax import config as config_lib
-from dlmjax.data import blend, pipeline
+from dlmjax.data import blend, indexed, pipeline
 from dlmjax.data.errors import DataError
 from dlmjax.diffusion import loss as loss_lib
 from dlmjax.train import evaluation
@@ -114,7 +114,9 @@ def stage(config) -> base.Stage:
 
 
 def check_prefixes(config) -> None:
-  """Megatron data (data.source=megatron): every prefix of the blends has its .idx and .bin."""
+  """Megatron data (data.source=megatron): every prefix of the blends has its .idx and .bin, and
+  they open (header, sizes and offsets checked: a truncated file is named here, in a second,
+  not after the model is built)."""
   data = config.data
   if data.source != 'megatron':
     return
@@ -129,3 +131,4 @@ def check_prefixes(config) -> None:
           'dataset (path without .bin/.idx; `python -m dlmjax.preprocess` writes them) with '
           f'--config.data.{key}.'
         )
+      indexed.IndexedDataset(prefix)  # raises DataError naming a truncated or corrupt file
