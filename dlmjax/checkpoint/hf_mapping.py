@@ -566,7 +566,7 @@ def import_params(
       _set(params, _path(cfg, start, slot)[0], place(stacked))
       del stacked
   _set(params, _FINAL_NORM, place(np.asarray(source.get(naming.final_norm), np.float32)))
-  if not cfg.tie_embeddings:
+  if not cfg.tie_embeddings and not cfg.score_head:  # a reward model: the backbone alone
     head_VD = _vocab_rows(np.asarray(source.get(naming.lm_head), np.float32), cfg.vocab_size)
     _set(params, _LM_HEAD, place(np.ascontiguousarray(head_VD.T)))
   return params

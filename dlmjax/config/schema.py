@@ -12,7 +12,7 @@ import ml_collections
 def defaults() -> ml_collections.ConfigDict:
   """Every key with its default; the meaning of each beside it (docs by topic in README.md)."""
   c = ml_collections.ConfigDict()
-  c.stage = 'pretrain'  # pretrain | sft | rl | preference: selects the batch source and loss.
+  c.stage = 'pretrain'  # pretrain | sft | rl | preference | reward: the batch source and loss.
   c.output_dir = 'runs/default'  # the run directory: checkpoints, config.json, metrics.jsonl.
   c.seed = 1234  # parameter init, masks and data order derive from it.
   c.init_from = ''  # a checkpoint to start from when output_dir has none (fine-tuning stages).
