@@ -11,6 +11,7 @@ padding the pooling skips (and an export's config.json names EOS its pad_token_i
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -54,12 +55,24 @@ class RewardModel:
   the run's mesh, in batches of the rollout's rows, beside the policy's old and reference
   log-probs."""
 
-  def __init__(self, path: str, mesh=None):
+  def __init__(self, path: str, mesh=None, *, policy=None):
+    """policy: the RL run's config, whose token ids the reward model must share."""
+    if not os.path.isdir(path):
+      raise config_lib.ConfigError(
+        f'rl.reward_model={path!r} is not a directory; set it to the run directory of a '
+        '`python -m dlmjax.train --config=configs/reward.py` run.'
+      )
     loaded = run_model.restore(path, mesh)
     if not loaded.model_config.score_head:
       raise config_lib.ConfigError(
         f'rl.reward_model={path!r} is a {loaded.config.stage} run, not a reward model; set it to '
         'the run directory of a `python -m dlmjax.train --config=configs/reward.py` run.'
+      )
+    ids = ('vocab_size', 'eos_token_id')
+    if policy is not None and any(loaded.config.model[k] != policy.model[k] for k in ids):
+      raise config_lib.ConfigError(
+        f'rl.reward_model={path!r} reads other token ids than the policy (model.vocab_size, '
+        'model.eos_token_id differ); train the reward model from the same tokenizer.'
       )
     self.config, self.params, self.mesh = loaded.config, loaded.params, mesh
     self.eos_id = loaded.config.model.eos_token_id
@@ -78,7 +91,14 @@ class RewardModel:
     rows[:, :keep] = tokens[:, :keep]
     return rows
 
-  def __call__(self, rows_BL) -> np.ndarray:
-    """float32 [B] scores of token rows [B, seq_len]."""
-    with rules.activation_mesh(self.mesh):
-      return np.asarray(distributed.to_host(self.program(self.params, rows_BL)), np.float32)
+  def __call__(self, rows_SL, batch_size: int) -> np.ndarray:
+    """float32 [S] scores of token rows [S, seq_len], batch_size rows per forward (one compiled
+    shape: the last batch is padded with copies of the first row)."""
+    out = []
+    for start in range(0, len(rows_SL), batch_size):
+      rows = rows_SL[start : start + batch_size]
+      filled = np.concatenate([rows, np.repeat(rows[:1], batch_size - len(rows), axis=0)])
+      with rules.activation_mesh(self.mesh):
+        scores = distributed.to_host(self.program(self.params, filled))
+      out.append(np.asarray(scores, np.float32)[: len(rows)])
+    return np.concatenate(out)
