@@ -425,7 +425,7 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument(
     '--route',
     default='rl',
-    help='after SFT: rl (the task reward) | vrpo (SFT -> VRPO on the task\'s preference pairs) | '
+    help="after SFT: rl (the task reward) | vrpo (SFT -> VRPO on the task's preference pairs) | "
     'reward (SFT -> a reward model on those pairs -> RL against it)',
   )
   parser.add_argument(

@@ -332,7 +332,9 @@ class Transformer(nnx.Module):
       cfg.d_model, eps=cfg.norm_eps, rngs=rngs, backend=cfg.norm_backend
     )
     if cfg.score_head:  # a reward model: transformers' *ForSequenceClassification `score`
-      self.score = layers.stacked_param(rngs, (cfg.d_model, 1), (rules.EMBED, None), std=cfg.init_std)
+      self.score = layers.stacked_param(
+        rngs, (cfg.d_model, 1), (rules.EMBED, None), std=cfg.init_std
+      )
     elif not cfg.tie_embeddings:
       self.lm_head = layers.stacked_param(
         rngs, (cfg.d_model, cfg.vocab_size), (rules.EMBED, rules.VOCAB), std=cfg.init_std

@@ -149,6 +149,7 @@ class RolloutBatches:
     steps = None
     if 'steps' in objective.batch_keys:
       steps = canvas.steps_right_padded(recorded['steps'], prompt_lengths, tokens.shape[1])
+
     def on_device():
       estimates = self._old_and_reference(params, tokens, prompt_lengths, lengths, seeds, steps)
       if self.reward_model is None:
@@ -158,12 +159,13 @@ class RolloutBatches:
       )
       return estimates, self.reward_model(rows_S, batch_size=rows)
 
-    ((rewards, failures, correct, counters), reward_s), (((old_all, ref_all), learned), logprob_s) = (
-      overlapped(
-        self._reward_thread,
-        lambda: score_texts(self.prompts.task, score_examples, texts),
-        on_device,
-      )
+    (
+      ((rewards, failures, correct, counters), reward_s),
+      (((old_all, ref_all), learned), logprob_s),
+    ) = overlapped(
+      self._reward_thread,
+      lambda: score_texts(self.prompts.task, score_examples, texts),
+      on_device,
     )
     if learned is not None:
       rewards, failures = learned, 0

@@ -94,7 +94,9 @@ class TrainSetup:
         lambda k: lora_setup.freeze(lora.split(model_lib.init_params(base_cfg, k))[1], cfg, config),
         out_shardings=self.frozen_shardings,
       )(jax.random.key(seed))
-      return self.state_from_params(lora_setup.init_adapters(self.trainable_shapes, seed, cfg.init_std))
+      return self.state_from_params(
+        lora_setup.init_adapters(self.trainable_shapes, seed, cfg.init_std)
+      )
 
     def init(key):
       params = model_lib.init_params(self.model_config, key)

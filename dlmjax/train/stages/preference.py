@@ -341,8 +341,8 @@ def check_files(config) -> None:
   """A run starts from a fine-tuned model, and preference.train_file, when given, exists."""
   if not config.init_from:
     raise config_lib.ConfigError(
-      f'stage {config.stage} starts from a fine-tuned model: set --config.init_from to a dlmjax run or '
-      'step directory (an SFT run) or a Hugging Face directory.'
+      f'stage {config.stage} starts from a fine-tuned model: set --config.init_from to a dlmjax '
+      'run or step directory (an SFT run) or a Hugging Face directory.'
     )
   path = config.preference.train_file
   if path and not records.exists(path):
