@@ -15,7 +15,7 @@ from dlmjax import tasks
 from dlmjax.checkpoint import manager
 from dlmjax.diffusion import sampler as sampler_lib
 from dlmjax.parallel import mesh as mesh_lib
-from dlmjax.rl import reward_model, rollout
+from dlmjax.rl import objectives, reward_model, rollout
 from dlmjax.train import stages
 from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
@@ -58,11 +58,15 @@ def test_the_score_reads_the_last_token_that_is_not_padding():
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-class _FixedSampler:
-  """The rollout sampler's interface over one fixed output whose completions all differ."""
+SAMPLER_STEPS = 4
 
-  def __init__(self, pad_id):
-    self.pad_id = pad_id
+
+class _FixedSampler:
+  """The rollout sampler's interface over one fixed output whose completions all differ; with an
+  objective's records, each token's commit step and every step's prediction (the completion)."""
+
+  def __init__(self, pad_id, records=()):
+    self.pad_id, self.records = pad_id, records
 
   def pad(self, token_ids):
     return sampler_lib.pad_prompts(token_ids, self.pad_id, width=PROMPT)
@@ -78,7 +82,13 @@ class _FixedSampler:
       ],
       np.int32,
     )
-    return np.concatenate([prompt_BP, canvas], axis=1)
+    out = np.concatenate([prompt_BP, canvas], axis=1)
+    if not self.records:
+      return out
+    steps = np.tile(np.arange(GEN, dtype=np.int32) % SAMPLER_STEPS, (ROWS, 1))
+    if 'predictions' not in self.records:
+      return out, steps
+    return out, steps, np.repeat(canvas[:, None], SAMPLER_STEPS, axis=1)
 
   def texts(self, out_BW):
     return ['<answer>1+1</answer>'] * len(out_BW)
@@ -96,11 +106,12 @@ def reward_dir(tmp_path_factory):
   return out, cfg, params
 
 
-def _rl_config(reward_path):
+def _rl_config(reward_path, objective='d1'):
   return tiny_test_config(
     **{
       'stage': 'rl',
-      'rl.objective': 'd1',
+      'rl.objective': objective,
+      'sampler.steps': SAMPLER_STEPS,
       'rl.kl_beta': 0.0,
       'rl.reward_model': reward_path,
       'model.seq_len': PROMPT + GEN,
@@ -118,9 +129,9 @@ def _rl_config(reward_path):
   )
 
 
-def test_rl_rewards_are_the_reward_models_scores_and_a_step_trains_on_them(reward_dir):
-  path, reward_cfg, reward_params = reward_dir
-  c = _rl_config(path)
+def _rollout(reward_path, objective):
+  """(config, setup, state, the first batch, its rollout row) of a rollout over _FixedSampler."""
+  c = _rl_config(reward_path, objective)
   setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c, jax.devices()[:1]))
   state = setup.init_state(0)
   task = tasks.get_task('countdown3')
@@ -130,23 +141,40 @@ def test_rl_rewards_are_the_reward_models_scores_and_a_step_trains_on_them(rewar
     ),
     task=task,
   )
-  batches = rollout.RolloutBatches(c, setup, prompts, _FixedSampler(c.model.pad_token_id))
-  batch, row = batches.next(state['params'])
-  # The reward model's own rows, written out: prompt, completion up to its first EOS, EOS to
-  # the reward model's canvas.
+  sampler = _FixedSampler(c.model.pad_token_id, objectives.get(objective).records)
+  batch, row = rollout.RolloutBatches(c, setup, prompts, sampler).next(state['params'])
+  return c, setup, state, batch, row
+
+
+@pytest.fixture(scope='module')
+def direct_scores(reward_dir):
+  """The reward model's scores of its own rows, written out: prompt, completion up to its first
+  EOS, EOS to the reward model's canvas."""
+  _, reward_cfg, reward_params = reward_dir
   completions = [[7, 8], [7, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19], [20]]
   rows = np.full((ROWS, WIDTH), EOS, np.int32)
   for b, completion in enumerate(completions):
     rows[b, : 3 + len(completion)] = [5, 6, 30, *completion]
   module = model_lib.merge(reward_cfg, jax.tree.map(jnp.asarray, reward_params))
-  direct = np.asarray(jax.jit(lambda t: module.scores(t, EOS))(rows))
-  np.testing.assert_allclose(batch['rewards'], direct, rtol=1e-5, atol=1e-6)
-  assert len(set(np.round(direct, 4))) == ROWS and row['rollout_reward_mean'] == pytest.approx(
-    float(direct.mean()), rel=1e-5
-  )
-  # Group advantages from those scores, and a step trains on them.
+  scores = np.asarray(jax.jit(lambda t: module.scores(t, EOS))(rows))
+  assert len(set(np.round(scores, 4))) == ROWS  # the rows' scores differ
+  return scores
+
+
+# Every objective but TraceRL (block-causal models only; it rewards the same completions).
+@pytest.mark.parametrize('objective', ['d1', 'espo', 'spg', 'wd1', 'wd1pp', 'coupled_grpo'])
+def test_rl_rewards_are_the_reward_models_scores(reward_dir, direct_scores, objective):
+  """Whatever rows an objective rewards (wd1++: every step's prediction, here the completion)."""
+  _, _, _, batch, row = _rollout(reward_dir[0], objective)
+  np.testing.assert_allclose(batch['rewards'], direct_scores, rtol=1e-5, atol=1e-6)
+  assert row['rollout_reward_mean'] == pytest.approx(float(direct_scores.mean()), rel=1e-5)
+
+
+def test_an_rl_step_trains_on_the_reward_models_scores(reward_dir, direct_scores):
+  c, setup, state, batch, _ = _rollout(reward_dir[0], 'd1')
+  # Group advantages from those scores (groups of 2), and a step trains on them.
   np.testing.assert_allclose(batch['advantages'][0], -batch['advantages'][1], rtol=1e-5)
-  assert np.sign(batch['advantages'][0]) == np.sign(direct[0] - direct[1])
+  assert np.sign(batch['advantages'][0]) == np.sign(direct_scores[0] - direct_scores[1])
   step = step_lib.CompiledStep(setup, stages.build(c))
   before = jax.device_get(state['params'])  # the step donates the state
   new_state, metrics = step(
