@@ -500,6 +500,11 @@ class Transformer(nnx.Module):
 
   def head_weight_DV(self):
     """The output projection [D, V] (the embedding, transposed, when tied)."""
+    if self.cfg.score_head:
+      raise ValueError(
+        'a reward model (stage reward) has a score head, not token logits: score rows with '
+        'Transformer.scores (dlmjax/rl/reward_model.py; RL reads it through rl.reward_model).'
+      )
     return self.embed_tokens.value.T if self.cfg.tie_embeddings else self.lm_head.value
 
   def logits(self, hidden_BLD):

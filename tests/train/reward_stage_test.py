@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from dlmjax import model as model_lib
+from dlmjax import verify
 from dlmjax.checkpoint import hf_config, hf_io, hf_layouts, manager, run_model
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.rl import reward_model
@@ -132,3 +133,9 @@ def test_lora_trains_the_score_head_whole_beside_the_adapters():
   state, _ = step(state, {k: jax.device_put(v, step.batch_sharding) for k, v in batch.items()})
   after = jax.device_get(state['params'])
   assert np.abs(after['score'] - before['score']).max() > 0
+
+
+def test_verify_checks_a_reward_runs_integrity_and_names_the_parity_it_skips(reward_run):
+  checks = verify.verify(reward_run[1])
+  assert all(c.ok for c in checks), verify.report(checks)
+  assert checks[-1].name == 'logits parity' and 'a reward model has a score' in checks[-1].detail
