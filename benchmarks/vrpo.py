@@ -5,6 +5,7 @@ the 8B LoRA shape's memory and speed.
     python -m benchmarks.vrpo speed --preset qwen3_0p6b --seq 512 --batch 16    # full fine-tuning
     python -m benchmarks.vrpo speed --preset llada_8b --seq 2048 --batch 4 --lora-rank 128
     python -m benchmarks.vrpo speed --tiny                                       # CPU: it runs
+    python -m benchmarks.vrpo speed --preset qwen3_0p6b --seq 512 --batch 16 --stages sft,reward
 
 quality: per seed, one `dlmjax.train --config=configs/vrpo.py` run from an SFT checkpoint. It
 prints the held-out pairs' val_margin, val_preference_accuracy and val_elbo_accuracy after VRPO,
@@ -13,7 +14,8 @@ one JSON line. speed: dlmjax.bench's timing of the real compiled step on random 
 for VRPO at the same model, canvas and batch, plus the reference's scoring that VRPO's batch
 source adds before each step. It prints one JSON line: tokens/s counted as rows x seq_len (a
 VRPO row is a pair, so 2 x seq_len tokens go through the model per row and per ELBO copy), the
-peak memory and the compile time.
+peak memory and the compile time. --stages sft,reward times the reward model's step instead (a
+reward row is a pair too: 2 x seq_len tokens, one clean forward each).
 """
 
 from __future__ import annotations
@@ -91,9 +93,12 @@ def _speed(args) -> dict:
   from dlmjax.train.stages import preference  # pylint: disable=import-outside-toplevel
 
   result = dict(part='speed', preset='tiny' if args.tiny else args.preset, lora=args.lora_rank)
-  for stage in ('sft', 'preference'):
+  stages = args.stages.split(',')
+  for stage in stages:
     config = _config(args, stage)
     result[stage] = bench.run(config, steps=args.steps, warmup=1, matmul=False)
+  if 'preference' not in stages:
+    return result
   # The reference's ELBOs that the batch source scores before each VRPO step.
   config = _config(args, 'preference')
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
@@ -127,6 +132,11 @@ def main(argv=None) -> int:
   parser.add_argument('--budget', type=int, default=8, help='preference.budget')
   parser.add_argument('--remat', default='full')
   parser.add_argument('--steps', type=int, default=5, help='timed steps')
+  parser.add_argument(
+    '--stages',
+    default='sft,preference',
+    help='speed: the stages timed, of sft, preference (VRPO) and reward (the reward model)',
+  )
   args, extra = parser.parse_known_args(argv)
   args.micro = args.micro or args.batch
   print(json.dumps(_quality(args, extra) if args.part == 'quality' else _speed(args)), flush=True)

@@ -1,6 +1,8 @@
-"""The three-stage demo's recipe: overrides of configs/{tiny,sft,rl}.py, minutes per seed on a CPU.
+"""The three-stage demo's recipe: overrides of configs/{tiny,sft,rl,vrpo,reward}.py, minutes per
+seed on a CPU.
 
     python -m dlmjax.demo --seeds 0,1,2 --task arithmetic       # the three stages, per seed
+    python -m dlmjax.demo --route vrpo    # SFT -> VRPO;  --route reward: SFT -> reward model -> RL
     python -m dlmjax.train --config=configs/demo.py:rl,arithmetic,spg \
         --config.init_from=runs/demo/seed0/sft --config.output_dir=runs/rl_spg
 
@@ -13,8 +15,14 @@ docs/benchmarks.md, "Three-stage result" (the trials: docs/history/rl.md).
 import copy
 import os
 
-STAGES = ('pretrain', 'sft', 'rl')
-BASE_CONFIGS = {'pretrain': 'tiny.py', 'sft': 'sft.py', 'rl': 'rl.py'}
+STAGES = ('pretrain', 'sft', 'rl')  # the default route (dlmjax/demo.py ROUTES: vrpo, reward)
+BASE_CONFIGS = {
+  'pretrain': 'tiny.py',
+  'sft': 'sft.py',
+  'rl': 'rl.py',
+  'vrpo': 'vrpo.py',
+  'reward': 'reward.py',
+}
 
 # Per task: (prompt width, generated tokens) of the rollouts and the held-out decoding; their sum
 # is the canvas, every stage's model.seq_len (RoPE has no length-bound weights). From each task's
@@ -62,6 +70,26 @@ STAGE_RECIPE = {
     'checkpoint.every': SELECT_EVERY,
     'checkpoint.keep': RL_STEPS // SELECT_EVERY,
   },
+  # The preference route's stages read the task's pairs (demo.write_pair_sets): a worked
+  # solution over another problem's; held-out pairs from the test split, scored at the end.
+  'vrpo': {
+    'train.steps': 40,
+    'train.global_batch_size': 16,
+    'train.micro_batch_size': 16,
+    'train.lr': 1e-4,
+    'eval.every': 40,
+    'eval.batches': 4,
+    'checkpoint.every': 0,
+  },
+  'reward': {
+    'train.steps': 60,
+    'train.global_batch_size': 16,
+    'train.micro_batch_size': 16,
+    'train.lr': 1e-3,
+    'eval.every': 60,
+    'eval.batches': 8,
+    'checkpoint.every': 0,
+  },
 }
 
 # The RL stage's objective on top of the recipe. SPG trains without a KL term, so it gets lr
@@ -91,6 +119,8 @@ def canvas_overrides(task: str) -> dict:
   return {
     'pretrain': canvas,
     'sft': canvas,
+    'vrpo': canvas,
+    'reward': canvas,
     'rl': {
       **canvas,
       'rl.max_prompt_tokens': prompt,
@@ -118,8 +148,8 @@ def get_config(arg='rl'):
 
   stage, task, objective = (arg.split(',') + ['', ''])[:3]
   task, objective = task or 'sudoku4', objective or 'd1'
-  if stage not in STAGES:
-    raise ValueError(f'configs/demo.py:{arg}: the stage is one of {STAGES}.')
+  if stage not in BASE_CONFIGS:
+    raise ValueError(f'configs/demo.py:{arg}: the stage is one of {tuple(BASE_CONFIGS)}.')
   config = demo.base_config(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), BASE_CONFIGS[stage]),
     recipe(objective, task)[stage],

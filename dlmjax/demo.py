@@ -1,7 +1,7 @@
 """python -m dlmjax.demo: pre-train -> SFT -> RL on the tiny model, each stage scored held-out.
 
   python -m dlmjax.demo [--seeds 0,1,2] [--output-dir runs/demo] [--task arithmetic]
-                        [--objective d1|espo|spg|wd1|wd1pp|coupled_grpo]
+                        [--objective d1|espo|spg|wd1|wd1pp|coupled_grpo] [--route rl|vrpo|reward]
                         [--distill certainty|trajectory]
 
 Per seed, the three stages run through the normal trainer (`dlmjax.train.loop.train` on
@@ -20,6 +20,10 @@ TEACHER_ROWS train problems (python -m dlmjax.distill), a student distils from i
 sft.objective=OBJECTIVE (OUTPUT/seedN/distill_<objective>), and a second table gives teacher vs
 student per decoding setting (dlmjax/decoding_table.py: accuracy, tokens per forward, steps,
 tokens/s, x none), as benchmarks/distill.py does on a larger model.
+
+--route vrpo trains VRPO after SFT on the task's preference pairs (a worked solution over another
+problem's); --route reward trains a reward model on them, then RL against it (rl.reward_model),
+and reports the reward model's held-out pair accuracy before and after (docs/preference.md).
 """
 
 from __future__ import annotations
@@ -44,9 +48,22 @@ from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.data import jsonl
 from dlmjax.diffusion import distill as distill_objectives
 from dlmjax.diffusion import sampler as sampler_lib
-from dlmjax.train import loop
+from dlmjax.train import loop, preference_rows, stages as stages_lib
+from dlmjax.train import state as state_lib
+from dlmjax.checkpoint import run_model
+from dlmjax.parallel import mesh as mesh_lib
 
 STAGES = ('pretrain', 'sft', 'rl')
+# The routes after SFT (--route): RL on the task's reward; VRPO on the task's preference pairs;
+# a reward model on those pairs, then RL against it (rl.reward_model). The reward model is no
+# generator: it has no table row, its held-out pair accuracy before and after training is
+# reported beside the table.
+ROUTES = {
+  'rl': STAGES,
+  'vrpo': ('pretrain', 'sft', 'vrpo'),
+  'reward': ('pretrain', 'sft', 'reward', 'rl'),
+}
+GENERATORS = ('pretrain', 'sft', 'vrpo', 'rl')  # the table's stages, in order
 SFT_EXAMPLES = 4000  # task training examples written as the SFT set (worked solutions)
 EVAL_EXAMPLES = 128  # held-out problems per stage and seed (the same ones for every stage)
 EVAL_BATCH = 16
@@ -90,28 +107,58 @@ def config_spec(stage: str, task: str, objective: str = 'd1') -> str:
   return f'{os.path.join(configs_dir(), "demo.py")}:{stage},{task},{objective}'
 
 
-def stage_configs(seed: int, run_dir: str, task: str, objective: str = 'd1') -> dict:
-  """The three stage configs of one seed (configs/demo.py's recipe): OUTPUT/seedN/{pretrain,sft,
-  rl}, each from the last; another objective's RL stage is OUTPUT/seedN/rl_<objective>."""
+def route_stages(route: str) -> tuple[str, ...]:
+  """The stages of a route (ROUTES), refusing an unknown one in one line."""
+  if route not in ROUTES:
+    raise ValueError(f'--route {route!r}: choose one of {sorted(ROUTES)}.')
+  return ROUTES[route]
+
+
+def stage_configs(
+  seed: int, run_dir: str, task: str, objective: str = 'd1', route: str = 'rl'
+) -> dict:
+  """The stage configs of one seed and route (configs/demo.py's recipe): OUTPUT/seedN/{pretrain,
+  sft, ...}, each after SFT from SFT; another objective's RL stage is OUTPUT/seedN/rl_<objective>,
+  RL against the reward model rl_reward_model[_<objective>] (its rl.reward_model the seed's
+  reward run). The preference stages read the task's pairs (write_pair_sets)."""
   if not os.path.isdir(configs_dir()):
     raise FileNotFoundError(
       f'{configs_dir()} does not exist: the demo builds on the '
       "repository's configs/; run it from a source checkout of dlmjax."
     )
-  names = dict(zip(STAGES, STAGES), rl='rl' if objective == 'd1' else f'rl_{objective}')
+  stages = route_stages(route)
+  rl_name = 'rl' if objective == 'd1' else f'rl_{objective}'
+  if route == 'reward':
+    rl_name = 'rl_reward_model' + ('' if objective == 'd1' else f'_{objective}')
   configs = {}
-  for stage in STAGES:
+  for stage in stages:
     c = config_lib.load_file(config_spec(stage, task, objective))
     c.seed = seed
-    c.output_dir = os.path.join(run_dir, names[stage])
+    c.output_dir = os.path.join(run_dir, rl_name if stage == 'rl' else stage)
     c.log.outputs = ''
     if stage == 'sft':
       c.init_from = configs['pretrain'].output_dir
       c.sft.train_file = os.path.join(run_dir, f'sft_{task}.jsonl')
-    elif stage == 'rl':
+    elif stage != 'pretrain':
       c.init_from = configs['sft'].output_dir
+    if stage in ('vrpo', 'reward'):
+      c.preference.train_file, c.preference.eval_file = pair_files(run_dir, task)
+    if stage == 'rl' and 'reward' in configs:
+      c.rl.reward_model = configs['reward'].output_dir
     configs[stage] = c
   return configs
+
+
+def pair_files(run_dir: str, task: str) -> tuple[str, str]:
+  """(train, held-out) preference pair files of a seed's run directory."""
+  return tuple(os.path.join(run_dir, f'pairs_{task}_{split}.jsonl') for split in ('train', 'test'))
+
+
+def write_pair_sets(run_dir: str, task: str, num: int = SFT_EXAMPLES, seed: int = 0) -> None:
+  """The task's preference pairs: from its train split for training, its test split held out."""
+  for path, split, count in zip(pair_files(run_dir, task), ('train', 'test'), (num, EVAL_EXAMPLES)):
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+    jsonl.write_objects(path, preference_rows.task_pairs(task, split, count, seed))
 
 
 def write_sft_set(path: str, task: str, num: int = SFT_EXAMPLES, seed: int = 0) -> str:
@@ -238,14 +285,35 @@ def verify_stage(run_dir: str) -> tuple[bool, str]:
   return all(c.ok for c in checks), verify.report(checks)
 
 
-def run_seed(seed: int, output_dir: str, task: str, objective: str = 'd1', log=print) -> list[dict]:
-  """Trains the three stages of one seed, then evaluates and verifies each; one row per stage."""
+def reward_model_accuracy(config) -> dict:
+  """A reward run's held-out pair accuracy and mean margin before training (the SFT model with
+  the fresh head the run started from) and after (its last checkpoint)."""
+  setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
+  evaluator = stages_lib.build(config).evaluator(setup)
+  out = {}
+  for when, params in (
+    ('before', run_model.source_params(config, setup.mesh, purpose=None)),
+    ('after', run_model.restore(config.output_dir, setup.mesh).params),
+  ):
+    margins = evaluator.margins(params)
+    out[when] = dict(accuracy=float((margins > 0).mean()), margin=float(margins.mean()))
+  out['pairs'] = len(margins)
+  return out
+
+
+def run_seed(
+  seed: int, output_dir: str, task: str, objective: str = 'd1', log=print, route: str = 'rl'
+) -> list[dict]:
+  """Trains the stages of one seed's route, then evaluates and verifies each generator; one row
+  per generator stage (a reward model's accuracy goes in the last row's `reward_model`)."""
   run_dir = os.path.join(output_dir, f'seed{seed}')
-  configs = stage_configs(seed, run_dir, task, objective)
-  sampling = eval_sampling(configs['rl'])
+  configs = stage_configs(seed, run_dir, task, objective, route)
+  sampling = eval_sampling(stage_configs(seed, run_dir, task, objective)['rl'])
   write_sft_set(configs['sft'].sft.train_file, task)
+  if route != 'rl':
+    write_pair_sets(run_dir, task)
   rows, start = [], time.time()
-  for stage in STAGES:
+  for stage in configs:
     log(f'== seed {seed}: {stage} -> {configs[stage].output_dir}')
     stage_start = time.time()
     loop.train(configs[stage])
@@ -256,6 +324,14 @@ def run_seed(seed: int, output_dir: str, task: str, objective: str = 'd1', log=p
         f'{configs[stage].train.steps}; the same command resumes it from there.'
       )
     rows.append(dict(seed=seed, stage=stage, train_s=time.time() - stage_start))
+  learned = None
+  if 'reward' in configs:
+    learned = reward_model_accuracy(configs['reward'])
+    log(
+      f'seed {seed} reward model: held-out pair accuracy {learned["before"]["accuracy"]:.3f} -> '
+      f'{learned["after"]["accuracy"]:.3f} ({learned["pairs"]} pairs)'
+    )
+    rows = [r for r in rows if r['stage'] != 'reward']
   for row in rows:
     run = configs[row['stage']].output_dir
     stage_start = time.time()
@@ -283,6 +359,8 @@ def run_seed(seed: int, output_dir: str, task: str, objective: str = 'd1', log=p
     if not ok:
       log(report)
   rows[-1]['seed_wall_s'] = time.time() - start
+  if learned is not None:
+    rows[-1]['reward_model'] = learned
   return rows
 
 
@@ -307,7 +385,7 @@ def aggregate(rows: list[dict]) -> dict:
     raise ValueError('no result rows to aggregate.')
   seeds = sorted({r['seed'] for r in rows})
   by = {(r['seed'], r['stage']): r for r in rows}
-  stages = [s for s in STAGES if any(r['stage'] == s for r in rows)]
+  stages = [s for s in GENERATORS if any(r['stage'] == s for r in rows)]
   summary = {}
   for stage in stages:
     missing = [s for s in seeds if (s, stage) not in by]
@@ -320,11 +398,12 @@ def aggregate(rows: list[dict]) -> dict:
     entry['verify'] = all(by[(s, stage)]['verify'] for s in seeds)
     summary[stage] = entry
   gain = {}
-  if 'sft' in summary and 'rl' in summary:
+  final = stages[-1]  # RL's, or VRPO's (the preference route)
+  if 'sft' in summary and final not in ('pretrain', 'sft'):
     for metric in ('accuracy', 'mean_reward'):
-      paired = [by[(s, 'rl')][metric] - by[(s, 'sft')][metric] for s in seeds]
-      spread = max(summary['sft'][metric]['std'], summary['rl'][metric]['std'])
-      delta = summary['rl'][metric]['mean'] - summary['sft'][metric]['mean']
+      paired = [by[(s, final)][metric] - by[(s, 'sft')][metric] for s in seeds]
+      spread = max(summary['sft'][metric]['std'], summary[final][metric]['std'])
+      delta = summary[final][metric]['mean'] - summary['sft'][metric]['mean']
       paired_std = _std(paired)
       paired_t = delta / (paired_std / np.sqrt(len(seeds))) if paired_std > 0 else None
       gain[metric] = dict(
@@ -335,7 +414,8 @@ def aggregate(rows: list[dict]) -> dict:
         paired_t=paired_t,
         beats_noise=bool(delta > spread),
       )
-  return dict(seeds=seeds, stages=summary, rl_gain=gain)
+  # rl_gain: the final stage's gain over SFT (the key is RL's; the preference route's is VRPO's)
+  return dict(seeds=seeds, stages=summary, rl_gain=gain, final_stage=final)
 
 
 def format_table(rows: list[dict], summary: dict) -> str:
@@ -344,7 +424,7 @@ def format_table(rows: list[dict], summary: dict) -> str:
     f'{"mean reward":>15}  verify'
   )
   lines = [head, '-' * len(head)]
-  for r in sorted(rows, key=lambda r: (r['seed'], STAGES.index(r['stage']))):
+  for r in sorted(rows, key=lambda r: (r['seed'], GENERATORS.index(r['stage']))):
     lines.append(
       f'{r["seed"]:>6} {r["stage"]:<9} {r["steps"]:>5} {r["loss"]:>9.4f} '
       f'{r["accuracy"]:>15.3f} {r["mean_reward"]:>15.3f}  '
@@ -370,11 +450,20 @@ def format_table(rows: list[dict], summary: dict) -> str:
   walls = [f'seed {r["seed"]} {r["seed_wall_s"] / 60:.1f} min' for r in rows if 'seed_wall_s' in r]
   if walls:
     lines.append('wall time (train + evaluate + verify): ' + ', '.join(walls))
+  for r in sorted(rows, key=lambda r: r['seed']):
+    if 'reward_model' in r:
+      m = r['reward_model']
+      lines.append(
+        f'reward model (seed {r["seed"]}): held-out pair accuracy {m["before"]["accuracy"]:.3f} '
+        f'before, {m["after"]["accuracy"]:.3f} after (margin {m["before"]["margin"]:+.3f} -> '
+        f'{m["after"]["margin"]:+.3f}, {m["pairs"]} pairs)'
+      )
+  final = summary.get('final_stage', 'rl').upper()
   for metric, g in summary['rl_gain'].items():
     verdict = 'beats' if g['beats_noise'] else 'does NOT beat'
     paired = ', '.join(f'{p:+.3f}' for p in g['paired'])
     lines.append(
-      f'RL gain over SFT in {metric}: {g["gain"]:+.3f} (per seed {paired}); '
+      f'{final} gain over SFT in {metric}: {g["gain"]:+.3f} (per seed {paired}); '
       f'seed-to-seed spread (std) {g["spread"]:.3f}: {verdict} the noise'
     )
     if g.get('paired_t') is not None:
@@ -423,6 +512,12 @@ def _parser() -> argparse.ArgumentParser:
     'own run directory rl_<objective>; pre-training and SFT are shared)',
   )
   parser.add_argument(
+    '--route',
+    default='rl',
+    help="after SFT: rl (the task reward) | vrpo (SFT -> VRPO on the task's preference pairs) | "
+    'reward (SFT -> a reward model on those pairs -> RL against it)',
+  )
+  parser.add_argument(
     '--task',
     default='arithmetic',
     help='arithmetic (where RL beats the '
@@ -444,13 +539,14 @@ def main(argv=None) -> int:
     seeds = parse_seeds(args.seeds)
     if args.task not in tasks_lib.TASKS:
       raise ValueError(f'--task {args.task!r}: choose one of {sorted(tasks_lib.TASKS)}.')
-    stage_configs(seeds[0], args.output_dir, args.task, args.objective)  # refuses bad input
+    # refuses bad input
+    stage_configs(seeds[0], args.output_dir, args.task, args.objective, args.route)
     if args.distill:
       distill_objectives.get(args.distill)
     os.makedirs(args.output_dir, exist_ok=True)
     start, rows, distilled = time.time(), [], []
     for seed in seeds:
-      rows += run_seed(seed, args.output_dir, args.task, args.objective)
+      rows += run_seed(seed, args.output_dir, args.task, args.objective, route=args.route)
       if args.distill:
         distilled += run_distill(seed, args.output_dir, args.task, args.distill)
     summary = aggregate(rows)
@@ -467,11 +563,13 @@ def main(argv=None) -> int:
     print(decoding_table.verdict(mine))
   print(f'wall time {wall_s / 60:.1f} min for {len(seeds)} seed(s)')
   configs = {
-    stage: os.path.relpath(config_spec(stage, args.task, args.objective)) for stage in STAGES
+    stage: os.path.relpath(config_spec(stage, args.task, args.objective))
+    for stage in route_stages(args.route)
   }
   result = dict(
     task=args.task,
     objective=args.objective,
+    route=args.route,
     seeds=seeds,
     configs=configs,
     eval_examples=EVAL_EXAMPLES,
@@ -481,7 +579,8 @@ def main(argv=None) -> int:
     table=table,
     distill=dict(objective=args.distill, rows=distilled) if args.distill else None,
   )
-  name = 'results.json' if args.objective == 'd1' else f'results_{args.objective}.json'
+  tag = args.objective if args.route == 'rl' else f'{args.route}_{args.objective}'
+  name = 'results.json' if tag == 'd1' else f'results_{tag}.json'
   with open(os.path.join(args.output_dir, name), 'w') as f:
     json.dump(result, f, indent=2)
   return 0

@@ -304,3 +304,59 @@ def test_the_distill_stage_chains_rows_training_and_the_table(tmp_path, monkeypa
   monkeypatch.setattr(demo.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 100))
   with pytest.raises(InterruptedError, match='distill stopped with its checkpoint at step 100'):
     demo.run_distill(2, str(tmp_path), 'arithmetic', 'certainty', log=lambda *a: None)
+
+
+@pytest.mark.parametrize('route', ['vrpo', 'reward'])
+def test_the_preference_routes_chain_from_sft_and_validate(tmp_path, route):
+  configs = demo.stage_configs(2, str(tmp_path), 'arithmetic', route=route)
+  plain = demo.stage_configs(2, str(tmp_path), 'arithmetic')
+  assert list(configs) == list(demo.ROUTES[route])
+  assert configs['sft'].output_dir == plain['sft'].output_dir  # one SFT run feeds every route
+  train, held_out = demo.pair_files(str(tmp_path), 'arithmetic')
+  for stage in configs:
+    if stage not in ('pretrain', 'sft'):
+      assert configs[stage].init_from == configs['sft'].output_dir
+      config_lib.validate(configs[stage])
+    if stage in ('vrpo', 'reward'):
+      p = configs[stage].preference
+      assert (p.train_file, p.eval_file) == (train, held_out)
+  if route == 'reward':  # RL from SFT against the reward run, in a directory of its own
+    assert configs['rl'].rl.reward_model == configs['reward'].output_dir
+    assert configs['rl'].output_dir == str(tmp_path / 'rl_reward_model') != plain['rl'].output_dir
+    assert not plain['rl'].rl.reward_model
+  with pytest.raises(ValueError, match="--route 'dpo': choose one of"):
+    demo.stage_configs(2, str(tmp_path), 'arithmetic', route='dpo')
+
+
+def test_pair_sets_train_on_the_train_split_and_hold_out_the_test_split(tmp_path):
+  demo.write_pair_sets(str(tmp_path), 'arithmetic', num=40)
+  train, held_out = [
+    [json.loads(line) for line in open(path)]
+    for path in demo.pair_files(str(tmp_path), 'arithmetic')
+  ]
+  task = tasks_lib.get_task('arithmetic')
+  assert [r['chosen'] for r in train] == [e.response for e in task.examples('train', 40, 0)]
+  assert [r['chosen'] for r in held_out][:5] == [
+    e.response for e in task.examples('test', demo.EVAL_EXAMPLES, 0)[:5]
+  ]
+  assert all(r['chosen'] != r['rejected'] for r in train + held_out)
+  assert not {r['prompt'] for r in train} & {r['prompt'] for r in held_out}
+
+
+def test_the_vrpo_route_table_gives_vrpos_gain_and_the_reward_models_accuracy():
+  rows = []
+  for seed, (sft, vrpo) in enumerate([(0.40, 0.50), (0.42, 0.55)]):
+    for stage, value in (('pretrain', 0.1), ('sft', sft), ('vrpo', vrpo)):
+      rows.append(
+        dict(seed=seed, stage=stage, steps=1, loss=1.0, accuracy=value, mean_reward=value)
+      )
+      rows[-1]['verify'] = True
+  rows[-1]['reward_model'] = dict(
+    before=dict(accuracy=0.5, margin=0.0), after=dict(accuracy=0.9, margin=1.5), pairs=64
+  )
+  summary = demo.aggregate(rows)
+  assert summary['final_stage'] == 'vrpo'
+  assert summary['rl_gain']['accuracy']['gain'] == pytest.approx(0.115)
+  table = demo.format_table(rows, summary)
+  assert 'VRPO gain over SFT in accuracy: +0.115' in table
+  assert 'reward model (seed 1): held-out pair accuracy 0.500 before, 0.900 after' in table

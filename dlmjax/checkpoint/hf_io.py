@@ -152,11 +152,14 @@ def write_hf(
     max_shard_bytes=safetensors_io.parse_size(max_shard_size),
     metadata={'format': 'pt'},
   )
+  hf = chosen.config_json(config, vocab_rows=rows, dtype=dtype)
+  if cfg.score_head:  # a reward model (hf_layouts.choose refused a layout without the class)
+    hf = hf_layouts.sequence_classification_json(chosen, hf, config)
   with open(os.path.join(output_dir, 'config.json'), 'w') as f:
-    json.dump(chosen.config_json(config, vocab_rows=rows, dtype=dtype), f, indent=2)
+    json.dump(hf, f, indent=2)
   with open(os.path.join(output_dir, hf_config.DLMJAX_CONFIG_FILE), 'w') as f:
     f.write(config.to_json(indent=2, sort_keys=True))
-  if chosen.ships_modeling:
+  if chosen.ships_modeling and not cfg.score_head:
     shutil.copy(_MODELING_PATH, os.path.join(output_dir, hf_config.MODELING_FILE))
   if copy_tokenizer:
     _copy_tokenizer(tokenizer, output_dir)

@@ -27,6 +27,7 @@ class Layout:
   cannot_hold(model config) -> why the layout cannot represent that model, or None.
   config_json(config, vocab_rows=, dtype=) -> config.json. ships_modeling: copy our
   modeling_dlmjax.py beside the weights (config.json's auto_map names its class).
+  sequence_classification: the family's transformers class for a reward model, or ''.
   """
 
   name: str
@@ -35,6 +36,7 @@ class Layout:
   cannot_hold: Callable
   config_json: Callable
   ships_modeling: bool = False
+  sequence_classification: str = ''
 
 
 LAYOUTS: dict[str, Layout] = {}
@@ -55,6 +57,7 @@ for _family in families.exporting():
       cannot_hold=_family.cannot_hold,
       config_json=_family.write,
       ships_modeling=_family.ships_modeling,
+      sequence_classification=_family.sequence_classification,
     )
   )
 
@@ -82,12 +85,41 @@ def choose(name: str, model, *, source_family: str | None = None) -> Layout:
     layout = LAYOUTS[name]
   else:
     raise hf_config.HFConfigError(f'--layout={name!r} is not one of {", ".join(choices())}.')
-  why = layout.cannot_hold(model)
+  why = layout.cannot_hold(model) or _cannot_score(layout, model)
   if why is not None:
-    able = [other.name for other in LAYOUTS.values() if other.cannot_hold(model) is None]
+    able = [
+      other.name
+      for other in LAYOUTS.values()
+      if other.cannot_hold(model) is None and _cannot_score(other, model) is None
+    ]
     instead = f'use --layout={able[0]}' if able else 'no layout can hold it'
     raise hf_config.HFConfigError(f'cannot export with --layout={layout.name}: {why}; {instead}.')
   return layout
+
+
+def _cannot_score(layout: Layout, model) -> str | None:
+  """Why a layout cannot hold a reward model (ModelConfig.score_head), or None."""
+  if not getattr(model, 'score_head', False):
+    return None
+  if not layout.sequence_classification:
+    return f'the {layout.name} layout has no sequence-classification class for a reward model'
+  if model.attention_mask == 'block_causal':
+    return f'{layout.sequence_classification} attends causally or bidirectionally, not by block'
+  return None
+
+
+def sequence_classification_json(layout: Layout, hf: dict, config) -> dict:
+  """A reward model's config.json: the layout's, naming its *ForSequenceClassification class
+  with one label; pad_token_id is EOS, the token its rows are padded with
+  (rl/reward_model.py), so transformers pools at the same token as Transformer.scores."""
+  hf = {k: v for k, v in hf.items() if k != 'auto_map'}  # our shipped classes are LMs only
+  return dict(
+    hf,
+    architectures=[layout.sequence_classification],
+    id2label={'0': 'LABEL_0'},
+    label2id={'LABEL_0': 0},
+    pad_token_id=config.model.eos_token_id,
+  )
 
 
 def _options_family(model) -> str:

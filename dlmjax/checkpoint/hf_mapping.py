@@ -69,6 +69,7 @@ _SLOTS = {
   'shared_down': (('blocks', 'mlp', 'shared', 'down_proj'), 'matrix'),
 }
 _EMBED, _FINAL_NORM, _LM_HEAD = ('embed_tokens',), ('final_norm', 'scale'), ('lm_head',)
+SCORE = 'score.weight'  # transformers' *ForSequenceClassification head [num_labels, D]
 _QK_NORM_SLOTS = ('q_norm', 'k_norm')
 _BIAS_SLOTS = ('q_bias', 'k_bias', 'v_bias')
 _DENSE_SLOTS = ('gate', 'up', 'down')
@@ -247,7 +248,9 @@ def export_entries(
         continue
       entries += [(name, shape) for name, shape, _ in _layer_tensors(naming, cfg, i, slots[0])]
   entries.append((naming.final_norm, (cfg.d_model,)))
-  if not cfg.tie_embeddings:  # tied: transformers re-creates lm_head from the embedding.
+  if cfg.score_head:  # a reward model: *ForSequenceClassification's score, no output head
+    entries.append((SCORE, (1, cfg.d_model)))
+  elif not cfg.tie_embeddings:  # tied: transformers re-creates lm_head from the embedding.
     entries.append((naming.lm_head, (vocab_rows, cfg.d_model)))
   return entries
 
@@ -289,7 +292,9 @@ def export_tensors(
         continue
       yield naming.layer_name(i, slot), np.ascontiguousarray(host(slot, i))
   yield naming.final_norm, np.asarray(to_host(_get(params, _FINAL_NORM)), np.float32)
-  if not cfg.tie_embeddings:
+  if cfg.score_head:
+    yield SCORE, np.ascontiguousarray(np.asarray(to_host(params['score']), np.float32).T)
+  elif not cfg.tie_embeddings:
     yield (
       naming.lm_head,
       np.ascontiguousarray(
@@ -566,7 +571,7 @@ def import_params(
       _set(params, _path(cfg, start, slot)[0], place(stacked))
       del stacked
   _set(params, _FINAL_NORM, place(np.asarray(source.get(naming.final_norm), np.float32)))
-  if not cfg.tie_embeddings:
+  if not cfg.tie_embeddings and not cfg.score_head:  # a reward model: the backbone alone
     head_VD = _vocab_rows(np.asarray(source.get(naming.lm_head), np.float32), cfg.vocab_size)
     _set(params, _LM_HEAD, place(np.ascontiguousarray(head_VD.T)))
   return params

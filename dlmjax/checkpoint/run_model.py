@@ -25,7 +25,7 @@ from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hub
 from dlmjax.checkpoint import lora_checkpoint
 from dlmjax.checkpoint import manager
-from dlmjax.model import lora
+from dlmjax.model import lora, score_head
 from dlmjax.parallel import rules
 
 
@@ -80,7 +80,7 @@ def restore_lora(run_dir: str, step_dir: str, config, mesh=None):
   source.init_from = recorded.get('path', config.init_from)
   base = source_params(source, mesh, purpose=None)
   frozen = jax.jit(
-    lambda p: lora.freeze(p, cfg, lora.storage_dtype(config)),
+    lambda p: lora.freeze(lora.split(p)[1], cfg, lora.storage_dtype(config)),
     out_shardings=_shardings(base_shapes, frozen_axes, mesh),
   )(base)
   if recorded and lora_checkpoint.check_base(recorded, source.init_from, frozen) is not None:
@@ -94,16 +94,26 @@ def restore_lora(run_dir: str, step_dir: str, config, mesh=None):
 def source_params(config, mesh=None, purpose: str | None = 'initialising') -> dict:
   """The float params of config.init_from (a Hugging Face directory, a run or a step, a LoRA run
   merged) placed as the config's model in the mesh; the architecture must match the config.
-  `purpose` names the use in the printed line (None: nothing printed)."""
+  `purpose` names the use in the printed line (None: nothing printed).
+
+  A reward model (ModelConfig.score_head) started from a language model gets the backbone and a
+  fresh score head (model/score_head.py)."""
   path = hub.resolve(config.init_from)
+  cfg = model_lib.ModelConfig.from_config(config)
+  shapes, shardings = model_lib.param_placement(config, mesh)
   if hf_io.is_hf_dir(path):
     _, params = hf_io.load_hf(path, config=config)  # checks the weights against config
-    return jax.device_put(params, model_lib.param_placement(config, mesh)[1])
+    if cfg.score_head:  # the import reads the backbone (hf_mapping.import_params)
+      params = score_head.attach(params, cfg, config.seed)
+    return jax.device_put(params, shardings)
   run_dir, step_dir, _ = manager.resolve_step_dir(path)
-  manager.check_architecture(manager.load_run_config(run_dir), config)
+  saved = manager.load_run_config(run_dir)
+  manager.check_architecture(saved, config)
   if purpose is not None and jax.process_index() == 0:
     print(f'{purpose} from {step_dir}', flush=True)
-  shapes, shardings = model_lib.param_placement(config, mesh)
+  if cfg.score_head and not model_lib.ModelConfig.from_config(saved).score_head:
+    language_model = restore(step_dir, mesh).params
+    return jax.device_put(score_head.attach(language_model, cfg, config.seed), shardings)
   if is_lora_run(step_dir):
     return jax.device_put(restore(step_dir, mesh).params, shardings)
   return manager.restore_params(step_dir, shapes, shardings)

@@ -12,7 +12,7 @@ import ml_collections
 def defaults() -> ml_collections.ConfigDict:
   """Every key with its default; the meaning of each beside it (docs by topic in README.md)."""
   c = ml_collections.ConfigDict()
-  c.stage = 'pretrain'  # pretrain | sft | rl | preference: selects the batch source and loss.
+  c.stage = 'pretrain'  # pretrain | sft | rl | preference | reward: the batch source and loss.
   c.output_dir = 'runs/default'  # the run directory: checkpoints, config.json, metrics.jsonl.
   c.seed = 1234  # parameter init, masks and data order derive from it.
   c.init_from = ''  # a checkpoint to start from when output_dir has none (fine-tuning stages).
@@ -326,6 +326,10 @@ def defaults() -> ml_collections.ConfigDict:
   # Code sandbox); where the machine has none the run stops at start-up, unless this is True:
   # then they run behind the audit hook and rlimits alone (no defence against hostile code).
   c.rl.allow_unsandboxed_code = False
+  # A learned reward: a reward run's directory (stage reward, configs/reward.py) whose scores of
+  # the completions are the rewards, in place of rl.task's (which still gives rollout_accuracy
+  # and the held-out val_reward); '' = rl.task's reward. docs/preference.md.
+  c.rl.reward_model = ''
   c.rl.num_prompts = 1024  # training prompts drawn from the task's train split
   c.rl.max_prompt_tokens = 48  # prompt width; longer prompts are dropped
   c.rl.group_size = 4  # G completions per prompt; train.global_batch_size rows per rollout

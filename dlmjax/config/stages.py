@@ -13,6 +13,7 @@ from dlmjax.config.errors import ConfigError
 class StageTraits:
   diffusion_loss: bool = True  # its loss is diffusion.objective's (block: layers on [x_t || x_0])
   chat_template: bool = True  # its rows, and so its checkpoints' prompts, use sft.chat_template
+  score_head: bool = False  # its model ends in a scalar score head, not the output head (reward)
 
 
 _STAGES: dict[str, StageTraits] = {}

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dlmjax import config as config_lib
-from dlmjax.model import quantize
+from dlmjax.model import quantize, score_head
 
 A_SUFFIX, B_SUFFIX = '_lora_a', '_lora_b'
 _RANK_LETTER = 'r'  # the adapter's rank axis in the derived einsum equations
@@ -139,8 +139,14 @@ def init_a(key, shape, contract_ndim: int):
   return jax.random.uniform(key, shape, jnp.float32, -bound, bound)
 
 
+# Heads a LoRA run trains whole beside its adapters: a reward model's score head, new to the
+# model (PEFT keeps a sequence-classification head in modules_to_save for the same reason).
+TRAINED_WHOLE = (score_head.KEY,)
+
+
 def is_adapter(name: str) -> bool:
-  return name.endswith(A_SUFFIX) or name.endswith(B_SUFFIX)
+  """A leaf a LoRA run trains: an adapter, or a head it trains whole (TRAINED_WHOLE)."""
+  return name.endswith(A_SUFFIX) or name.endswith(B_SUFFIX) or name in TRAINED_WHOLE
 
 
 def split(params: dict) -> tuple[dict, dict]:
@@ -208,6 +214,7 @@ def merge_into_base(params: dict, spec: Spec) -> dict:
   adapters, base = split(params)
   base = quantize.dequantize_tree(base)
   base = jax.tree.map(lambda x: np.asarray(x, np.float32), base)
+  base.update({k: np.asarray(adapters[k], np.float32) for k in TRAINED_WHOLE if k in adapters})
   for path, a, b in adapted_weights(adapters):
     node = base
     for key in path[:-1]:

@@ -365,6 +365,9 @@ class ModelConfig:
   shift_logits: bool = False
   init_std: float = 0.02
   tie_embeddings: bool = False
+  # A reward model (the reward stage, StageTraits.score_head): a linear head `score` [D, 1] on
+  # the final hidden state in place of the output head, as transformers' *ForSequenceClassification.
+  score_head: bool = False
   attention_mask: str = 'bidirectional'
   block_size: int = 32
   attention_backend: str = 'xla'
@@ -444,6 +447,7 @@ class ModelConfig:
       shift_logits=m.shift_logits,
       init_std=m.init_std,
       tie_embeddings=m.tie_embeddings,
+      score_head=config_lib.stage_traits(config).score_head,
       attention_mask=m.attention_mask,
       block_size=m.block_size,
       attention_backend=m.attention_backend,
@@ -523,6 +527,8 @@ class ModelConfig:
     moe = self.num_moe_layers
     layers = self.num_layers * (attn + 2 * d) + moe * moe_mlp + (self.num_layers - moe) * dense_mlp
     embed = self.vocab_size * d
+    if self.score_head:  # the score head [D, 1] in place of the output head
+      return layers + embed + 2 * d
     return layers + embed * (1 if self.tie_embeddings else 2) + d
 
   def num_expert_params(self) -> int:

@@ -333,7 +333,11 @@ class Transformer(nnx.Module):
     self.final_norm = layers.RMSNorm(
       cfg.d_model, eps=cfg.norm_eps, rngs=rngs, backend=cfg.norm_backend
     )
-    if not cfg.tie_embeddings:
+    if cfg.score_head:  # a reward model: transformers' *ForSequenceClassification `score`
+      self.score = layers.stacked_param(
+        rngs, (cfg.d_model, 1), (rules.EMBED, None), std=cfg.init_std
+      )
+    elif not cfg.tie_embeddings:
       self.lm_head = layers.stacked_param(
         rngs, (cfg.d_model, cfg.vocab_size), (rules.EMBED, rules.VOCAB), std=cfg.init_std
       )
@@ -498,6 +502,11 @@ class Transformer(nnx.Module):
 
   def head_weight_DV(self):
     """The output projection [D, V] (the embedding, transposed, when tied)."""
+    if self.cfg.score_head:
+      raise ValueError(
+        'a reward model (stage reward) has a score head, not token logits: score rows with '
+        'Transformer.scores (dlmjax/rl/reward_model.py; RL reads it through rl.reward_model).'
+      )
     return self.embed_tokens.value.T if self.cfg.tie_embeddings else self.lm_head.value
 
   def logits(self, hidden_BLD, dtype=jnp.float32):
@@ -507,6 +516,17 @@ class Transformer(nnx.Module):
     w_DV = self.head_weight_DV().astype(hidden_BLD.dtype)
     logits_BLV = jnp.einsum('bld,dv->blv', hidden_BLD, w_DV, preferred_element_type=dtype)
     return rules.constrain(logits_BLV, (rules.BATCH, rules.LENGTH, rules.ACT_VOCAB))
+
+  def scores(self, tokens_BL, pad_id: int, **kwargs):
+    """float32 [B]: the score head on the final hidden state at each row's last token that is
+    not pad_id, transformers' *ForSequenceClassification pooling (the rightmost position whose
+    id differs from config.pad_token_id; position 0 when there is none)."""
+    hidden_BLD = self.hidden(tokens_BL, **kwargs)
+    positions_BL = jnp.arange(tokens_BL.shape[1], dtype=jnp.int32)[None, :]
+    last_B = jnp.argmax(positions_BL * (tokens_BL != pad_id), axis=-1)
+    last_BD = jnp.take_along_axis(hidden_BLD, last_B[:, None, None], axis=1)[:, 0]
+    w_D1 = self.score.value.astype(last_BD.dtype)
+    return jnp.einsum('bd,do->bo', last_BD, w_D1, preferred_element_type=jnp.float32)[:, 0]
 
   def __call__(self, tokens_BL, *, logits_dtype=jnp.float32, **kwargs):
     return self.logits(self.hidden(tokens_BL, **kwargs), logits_dtype)

@@ -24,6 +24,7 @@ from dlmjax.parallel import distributed, rules
 from dlmjax.rl import advantages as advantages_lib
 from dlmjax.rl import canvas, objectives
 from dlmjax.rl import reference as reference_lib
+from dlmjax.rl import reward_model as reward_model_lib
 from dlmjax.rl import sampler as rl_sampler
 
 
@@ -89,6 +90,12 @@ class RolloutBatches:
       self.reference_score_fn = (
         self.score_fn if same else make_score_fn(config, reference.model_config)
       )
+    # rl.reward_model: a reward model scores the completions beside the log-probs.
+    self.reward_model = (
+      reward_model_lib.RewardModel(config.rl.reward_model, setup.mesh, policy=config)
+      if config.rl.reward_model
+      else None
+    )
     self.served = 0  # batches handed out; rollout = served // inner_updates
     self._batch = None
     self._reward_thread = concurrent.futures.ThreadPoolExecutor(1, 'rewards')
@@ -149,7 +156,9 @@ class RolloutBatches:
     generate_s = time.time() - start
     # Score: rewards, advantages, old and reference estimates for every inner iteration. The
     # rewards (for code tasks, sandboxes: seconds of subprocesses) are computed on a host thread
-    # while the accelerator computes the log-probs, which need only the tokens.
+    # while the accelerator computes the log-probs, which need only the tokens; a reward model
+    # (rl.reward_model) scores on the accelerator after them, and the task's host work then
+    # gives the correctness alone.
     start = time.time()
     scored = objective.scored_completions(prompt_BP, out, recorded)
     per_row = len(scored) // rows  # completions scored per row (wd1++: one per step)
@@ -172,13 +181,26 @@ class RolloutBatches:
     steps = None
     if 'steps' in objective.batch_keys:
       steps = canvas.steps_right_padded(recorded['steps'], prompt_lengths, tokens.shape[1])
-    ((rewards, failures, correct, counters), reward_s), ((old_all, ref_all), logprob_s) = (
-      overlapped(
-        self._reward_thread,
-        lambda: score_texts(self.prompts.task, score_examples, texts),
-        lambda: self._old_and_reference(params, tokens, prompt_lengths, lengths, seeds, steps),
+
+    def on_device():
+      estimates = self._old_and_reference(params, tokens, prompt_lengths, lengths, seeds, steps)
+      if self.reward_model is None:
+        return estimates, None
+      rows_S = self.reward_model.rows(
+        scored, np.repeat(prompt_lengths, per_row), r.max_prompt_tokens
       )
+      return estimates, self.reward_model(rows_S, batch_size=rows)
+
+    (
+      ((rewards, failures, correct, counters), reward_s),
+      (((old_all, ref_all), learned), logprob_s),
+    ) = overlapped(
+      self._reward_thread,
+      lambda: score_texts(self.prompts.task, score_examples, texts),
+      on_device,
     )
+    if learned is not None:
+      rewards, failures = learned, 0
     rewards, correct, advantages, per_update, extra = objective.outcomes(
       rewards.reshape(rows, per_row), np.asarray(correct, bool).reshape(rows, per_row), group, r
     )

@@ -66,7 +66,9 @@ def initial_state(config, setup, checkpoints):
     if config.train.lora.init_adapter:
       adapters = peft_io.read_adapter(config.train.lora.init_adapter, config, setup)
     else:
-      adapters = lora_setup.init_adapters(setup.trainable_shapes, config.seed)
+      adapters = lora_setup.init_adapters(
+        setup.trainable_shapes, config.seed, setup.model_config.init_std
+      )
     return setup.state_from_params(adapters), None
   if config.init_from:  # a run/step or Hugging Face directory (init_from.py)
     return setup.state_from_params(init_from_lib.restore_params(config, setup)), None

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import lora_checkpoint
-from dlmjax.model import lora
+from dlmjax.model import lora, score_head
 
 
 def enabled(config) -> bool:
@@ -41,14 +41,17 @@ def freeze(base: dict, cfg, config) -> dict:
   return lora.freeze(base, cfg, lora.storage_dtype(config))
 
 
-def init_adapters(adapter_shapes: dict, seed: int) -> dict:
-  """Fresh adapters: A as PEFT draws it, B zero (the model starts as its base)."""
+def init_adapters(adapter_shapes: dict, seed: int, init_std: float) -> dict:
+  """Fresh adapters: A as PEFT draws it, B zero (the model starts as its base); a reward model's
+  score head as model/score_head.py draws it (N(0, init_std))."""
   key = jax.random.fold_in(jax.random.key(seed), 0x10AA)
   leaves, treedef = jax.tree_util.tree_flatten_with_path(adapter_shapes)
   values = []
   for i, (path, shape) in enumerate(leaves):
     name = str(path[-1].key)
-    if name.endswith(lora.A_SUFFIX):
+    if name == score_head.KEY:
+      values.append(score_head.fresh(seed, shape.shape[0], init_std))
+    elif name.endswith(lora.A_SUFFIX):
       contract = lora.contract_ndim_of(name.removesuffix(lora.A_SUFFIX))
       values.append(lora.init_a(jax.random.fold_in(key, i), shape.shape, contract))
     else:

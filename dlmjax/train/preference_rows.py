@@ -135,14 +135,19 @@ def ensure_builtin_pairs(cache_dir: str, seed: int = 0, split: str = 'train') ->
   os.makedirs(cache_dir, exist_ok=True)
   rows = []
   for task in sft_rows.BUILTIN_TASKS:
-    examples = tasks.TASKS[task].examples(split, per_task, seed)
-    for i, example in enumerate(examples):
-      wrong = next(
-        (o for o in examples[i + 1 :] + examples[:i] if o.answer != example.answer), None
-      )
-      if wrong is None:
-        continue
+    rows += task_pairs(task, split, per_task, seed)
+  return jsonl.write_objects(path, rows)
+
+
+def task_pairs(task: str, split: str, num: int, seed: int = 0) -> list[dict]:
+  """Pair rows of one task's `num` problems of `split`: each worked solution (chosen) beside the
+  next problem's solution with a different answer (rejected)."""
+  examples = tasks.TASKS[task].examples(split, num, seed)
+  rows = []
+  for i, example in enumerate(examples):
+    wrong = next((o for o in examples[i + 1 :] + examples[:i] if o.answer != example.answer), None)
+    if wrong is not None:
       rows.append(
         dict(prompt=example.prompt, chosen=example.response, rejected=wrong.response, task=task)
       )
-  return jsonl.write_objects(path, rows)
+  return rows

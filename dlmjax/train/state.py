@@ -76,10 +76,12 @@ class TrainSetup:
 
   def set_base(self, base: dict) -> None:
     """Holds the frozen base of a LoRA run: float params as init_from restores them (no
-    adapters), converted to train.lora.base_dtype in the frozen shardings."""
+    adapters), converted to train.lora.base_dtype in the frozen shardings; a head the adapters'
+    side trains (a reward model's fresh score head, lora.TRAINED_WHOLE) is not part of it."""
     cfg, config = self.model_config, self.config
     self.frozen = jax.jit(
-      lambda p: lora_setup.freeze(p, cfg, config), out_shardings=self.frozen_shardings
+      lambda p: lora_setup.freeze(lora.split(p)[1], cfg, config),
+      out_shardings=self.frozen_shardings,
     )(base)
 
   def init_state(self, seed: int) -> dict:
@@ -89,10 +91,12 @@ class TrainSetup:
       base_cfg = model_lib.ModelConfig.from_config(self.config, pipeline=True)
       cfg, config = self.model_config, self.config
       self.frozen = jax.jit(
-        lambda k: lora_setup.freeze(model_lib.init_params(base_cfg, k), cfg, config),
+        lambda k: lora_setup.freeze(lora.split(model_lib.init_params(base_cfg, k))[1], cfg, config),
         out_shardings=self.frozen_shardings,
       )(jax.random.key(seed))
-      return self.state_from_params(lora_setup.init_adapters(self.trainable_shapes, seed))
+      return self.state_from_params(
+        lora_setup.init_adapters(self.trainable_shapes, seed, cfg.init_std)
+      )
 
     def init(key):
       params = model_lib.init_params(self.model_config, key)

@@ -11,8 +11,9 @@ from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 from tests.conftest import tiny_test_config
 
-# Every stage on the tiny model, with what it needs to validate (RL, SFT and preference start
-# from a model; the path is never read here: neither the batches nor the evaluator are opened).
+# Every stage on the tiny model, with what it needs to validate (RL, SFT, preference and reward
+# start from a model; the path is never read here: neither the batches nor the evaluator are
+# opened).
 _STAGE_CONFIGS = {
   'pretrain': {'diffusion.varlen_prob': 0.0},
   'sft': {'init_from': 'unused'},
@@ -25,6 +26,7 @@ _STAGE_CONFIGS = {
     'sampler.block_length': 16,
   },
   'preference': {'init_from': 'unused', 'preference.budget': 2},
+  'reward': {'init_from': 'unused'},
 }
 
 

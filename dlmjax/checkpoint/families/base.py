@@ -87,6 +87,8 @@ class Family:
   is (config.json's is_causal is the mask); otherwise transformers parity runs our shipped class.
   reference_mask / reference_shift: what Reference attends with when config.json names no
   attn_mask_type, and whether token i is read from position i-1.
+  sequence_classification: transformers' *ForSequenceClassification class of the family, the
+  layout of a reward model's export (score.weight [1, D] in place of lm_head), or ''.
   """
 
   name: str
@@ -106,6 +108,7 @@ class Family:
   source_parity: bool = True
   reference_mask: str = 'bidirectional'
   reference_shift: bool = False
+  sequence_classification: str = ''  # transformers' class a reward model exports as ('' = none)
 
 
 def names_match(names: list[str], prefix: str) -> bool:

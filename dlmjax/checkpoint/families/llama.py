@@ -27,4 +27,5 @@ FAMILY = base.Family(
   write=write,
   cannot_hold=base.transformers_cannot_hold('llama', qk_norm=False, qkv_bias=False),
   ships_modeling=True,
+  sequence_classification='LlamaForSequenceClassification',
 )

@@ -28,4 +28,5 @@ FAMILY = base.Family(
   write=write,
   cannot_hold=base.transformers_cannot_hold('qwen2', qk_norm=False, qkv_bias=True),
   ships_modeling=True,
+  sequence_classification='Qwen2ForSequenceClassification',
 )

@@ -21,4 +21,5 @@ FAMILY = base.Family(
   write=base.transformers_write('qwen3', 'Qwen3ForCausalLM', 'DlmjaxQwen3ForCausalLM'),
   cannot_hold=base.transformers_cannot_hold('qwen3', qk_norm=True, qkv_bias=False),
   ships_modeling=True,
+  sequence_classification='Qwen3ForSequenceClassification',
 )

@@ -129,13 +129,22 @@ def reference_stream(config) -> int:
 
 class PairBatches:
   """The stage's BatchSource: this process's pairs of each global batch, with the reference's
-  ELBOs for their draws (mask seed = the row's index in the run's sample sequence)."""
+  ELBOs for their draws (mask seed = the row's index in the run's sample sequence). Without a
+  reference (the reward stage), the pairs alone, as `keys` names them."""
 
   def __init__(
-    self, config, setup, reference, rows: dict, *, process_index: int, process_count: int
+    self,
+    config,
+    setup,
+    reference,
+    rows: dict,
+    *,
+    process_index: int,
+    process_count: int,
+    keys: tuple[str, ...] = KEYS,
   ):
-    self.config, self.reference = config, reference
-    self.scorer = Scorer(config, setup, self.reference.model_config)
+    self.config, self.reference, self.keys = config, reference, keys
+    self.scorer = None if reference is None else Scorer(config, setup, reference.model_config)
     gbs = config.train.global_batch_size
     if gbs % process_count:
       raise DataError(
@@ -157,9 +166,11 @@ class PairBatches:
       prompt_lengths=rows['prompt_lengths'],
       mask_seeds=seeds,
     )
+    self.step += 1
+    if self.scorer is None:
+      return {k: batch[k] for k in self.keys}, None
     ref_w, ref_l = self.scorer(self.reference.params(), batch, reference_stream(self.config))
     batch.update(ref_chosen=np.asarray(ref_w), ref_rejected=np.asarray(ref_l))
-    self.step += 1
     return batch, dict(step=self.step, reference_s=time.time() - start)
 
   def get_state(self) -> dict:
@@ -167,6 +178,19 @@ class PairBatches:
 
   def set_state(self, state: dict) -> None:
     self.step = int(state['step'])
+
+
+def held_out_batches(config, rows: dict):
+  """The first eval.batches global batches of held-out pairs (whole batches only)."""
+  gbs = config.train.global_batch_size
+  count = min(len(rows['chosen']), config.eval.batches * gbs)
+  for start in range(0, count - gbs + 1, gbs):
+    yield dict(
+      tokens=rows['chosen'][start : start + gbs],
+      rejected=rows['rejected'][start : start + gbs],
+      prompt_lengths=rows['prompt_lengths'][start : start + gbs],
+      mask_seeds=np.arange(start, start + gbs, dtype=np.int32) + config_lib.EVAL_SEED,
+    )
 
 
 class HeldOutPreference:
@@ -180,16 +204,7 @@ class HeldOutPreference:
     self._ref = None
 
   def batches(self):
-    """The first eval.batches global batches of the held-out pairs (whole batches only)."""
-    gbs = self.config.train.global_batch_size
-    count = min(len(self.rows['chosen']), self.config.eval.batches * gbs)
-    for start in range(0, count - gbs + 1, gbs):
-      yield dict(
-        tokens=self.rows['chosen'][start : start + gbs],
-        rejected=self.rows['rejected'][start : start + gbs],
-        prompt_lengths=self.rows['prompt_lengths'][start : start + gbs],
-        mask_seeds=np.arange(start, start + gbs, dtype=np.int32) + config_lib.EVAL_SEED,
-      )
+    return held_out_batches(self.config, self.rows)
 
   def margins(self, params) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each held-out pair's margin under `params`, and B(y_w) - B(y_l) under `params` and under
@@ -233,7 +248,7 @@ def train_file(config) -> str:
     return config.preference.train_file
   if config.data.source != 'builtin':
     raise DataError(
-      'stage preference reads preference.train_file, or the built-in pairs when '
+      f'stage {config.stage} reads preference.train_file, or the built-in pairs when '
       'data.source=builtin; set --config.preference.train_file=PATH.'
     )
   return preference_rows.ensure_builtin_pairs(pipeline.cache_dir(config))
@@ -245,7 +260,7 @@ def eval_file(config) -> str:
     return config.preference.eval_file
   if config.preference.train_file or config.data.source != 'builtin':
     raise DataError(
-      'eval.every > 0 in stage preference scores held-out pairs: set '
+      f'eval.every > 0 in stage {config.stage} scores held-out pairs: set '
       '--config.preference.eval_file=PATH, or --config.eval.every=0.'
     )
   return preference_rows.ensure_builtin_pairs(pipeline.cache_dir(config), split='test')
@@ -326,8 +341,8 @@ def check_files(config) -> None:
   """A run starts from a fine-tuned model, and preference.train_file, when given, exists."""
   if not config.init_from:
     raise config_lib.ConfigError(
-      'stage preference aligns a fine-tuned model: set --config.init_from to a dlmjax run or '
-      'step directory (an SFT run) or a Hugging Face directory.'
+      f'stage {config.stage} starts from a fine-tuned model: set --config.init_from to a dlmjax '
+      'run or step directory (an SFT run) or a Hugging Face directory.'
     )
   path = config.preference.train_file
   if path and not records.exists(path):

@@ -1,0 +1,141 @@
+"""The reward stage end to end (from a language model, on the built-in pairs, evaluated on the
+held-out ones), LoRA with the score head trained whole, and the export transformers' own
+*ForSequenceClassification class reads to the same scores."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from dlmjax import model as model_lib
+from dlmjax import verify
+from dlmjax.checkpoint import hf_config, hf_io, hf_layouts, manager, run_model
+from dlmjax.parallel import mesh as mesh_lib
+from dlmjax.rl import reward_model
+from dlmjax.train import loop, stages
+from dlmjax.train import state as state_lib
+from dlmjax.train import step as step_lib
+from tests import stage_configs
+from tests.conftest import tiny_test_config
+
+SEQ = 96  # every built-in pair fits
+
+
+@pytest.fixture(scope='module')
+def reward_run(tmp_path_factory):
+  """(config, run dir) of 4 reward steps from a random language model, evaluated at 2 and 4."""
+  init = str(tmp_path_factory.mktemp('init'))
+  c = tiny_test_config(**{'model.seq_len': SEQ, 'output_dir': init})
+  cfg = model_lib.ModelConfig.from_config(c)
+  manager.save_params_checkpoint(init, c, model_lib.init_params(cfg, jax.random.key(0)))
+  out = str(tmp_path_factory.mktemp('reward'))
+  config = stage_configs.with_cache(
+    tiny_test_config(
+      **{
+        'stage': 'reward',
+        'init_from': init,
+        'output_dir': out,
+        'model.seq_len': SEQ,
+        'train.steps': 4,
+        'train.schedule': 'constant',
+        'train.warmup_steps': 0,
+        'train.lr': 1e-3,
+        'eval.every': 2,
+        'eval.batches': 2,
+        'log.outputs': '',
+      }
+    )
+  )
+  loop.train(config)
+  return config, out
+
+
+def test_a_reward_run_trains_a_score_head_and_evaluates_held_out_pairs(reward_run):
+  config, out = reward_run
+  rows = [json.loads(line) for line in open(os.path.join(out, 'metrics.jsonl'))]
+  train = [r for r in rows if 'reward_accuracy' in r]
+  val = [r for r in rows if 'val_reward_accuracy' in r]
+  assert [r['step'] for r in train] == [1, 2, 3, 4]
+  assert all(np.isfinite(r['loss']) and np.isfinite(r['margin']) for r in train)
+  assert [r['step'] for r in val] == [2, 4] and all(r['val_pairs'] == 32 for r in val)
+  setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
+  loaded = run_model.restore(out, setup.mesh)
+  assert loaded.model_config.score_head
+  assert 'score' in loaded.params and 'lm_head' not in loaded.params
+  # The logged held-out numbers are the restored model's scores of those pairs.
+  evaluator = stages.build(config).evaluator(setup)
+  margins = evaluator.margins(loaded.params)
+  assert val[-1]['val_reward_accuracy'] == pytest.approx(float((margins > 0).mean()))
+  assert val[-1]['val_margin'] == pytest.approx(float(margins.mean()), rel=1e-4, abs=1e-6)
+
+
+def test_transformers_sequence_classification_reads_the_export_to_our_scores(reward_run, tmp_path):
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  config, out = reward_run
+  hf_dir = hf_io.hf_from_checkpoint(out, str(tmp_path / 'hf'), dtype='fp32', copy_tokenizer=False)
+  hf = hf_config.read(hf_dir)
+  assert hf['architectures'] == ['Qwen3ForSequenceClassification']
+  assert hf['pad_token_id'] == config.model.eos_token_id
+  assert not os.path.exists(os.path.join(hf_dir, hf_config.MODELING_FILE))
+  loaded = run_model.restore(out)
+  eos = config.model.eos_token_id
+  rows = np.random.default_rng(0).integers(3, 200, size=(3, SEQ)).astype(np.int32)
+  rows[0, 40:] = eos  # padded; an EOS inside a row; no padding at all
+  rows[1, 10], rows[1, 70:] = eos, eos
+  ours = np.asarray(reward_model.score_program(loaded.model_config, eos)(loaded.params, rows))
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(
+    hf_dir, dtype=torch.float32
+  )
+  assert model.config.num_labels == 1
+  with torch.no_grad():
+    theirs = model(torch.tensor(rows, dtype=torch.long)).logits[:, 0].numpy()
+  np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-5)
+
+
+def test_a_layout_without_a_classification_class_is_refused_in_one_line():
+  llada_like = tiny_test_config(**{'stage': 'reward', 'init_from': 'x', 'model.qk_norm': False})
+  cfg = model_lib.ModelConfig.from_config(llada_like)
+  with pytest.raises(
+    hf_config.HFConfigError, match='llada layout has no sequence-classification .*--layout=llama'
+  ):
+    hf_layouts.choose('llada', cfg)
+  block = model_lib.ModelConfig.from_config(
+    tiny_test_config(
+      **{'stage': 'reward', 'init_from': 'x', 'model.attention_mask': 'block_causal'}
+    )
+  )
+  with pytest.raises(hf_config.HFConfigError, match='not by block; no layout can hold it'):
+    hf_layouts.choose('qwen3', block)
+
+
+def test_lora_trains_the_score_head_whole_beside_the_adapters():
+  c = tiny_test_config(
+    **{
+      'stage': 'reward',
+      'init_from': 'unused',
+      'train.lora.rank': 4,
+      'train.lora.alpha': 8.0,
+      'train.schedule': 'constant',
+      'train.warmup_steps': 0,
+    }
+  )
+  setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c, jax.devices()[:1]))
+  assert 'score' in setup.trainable_shapes and 'score' not in setup.frozen_shapes
+  state = setup.init_state(c.seed)
+  before = jax.device_get(state['params'])
+  assert np.abs(before['score']).max() > 0  # a fresh head, drawn (not zero as B is)
+  stage = stages.build(c)
+  step = step_lib.CompiledStep(setup, stage)
+  batch = stage.example_batch(np.random.default_rng(0))
+  state, _ = step(state, {k: jax.device_put(v, step.batch_sharding) for k, v in batch.items()})
+  after = jax.device_get(state['params'])
+  assert np.abs(after['score'] - before['score']).max() > 0
+
+
+def test_verify_checks_a_reward_runs_integrity_and_names_the_parity_it_skips(reward_run):
+  checks = verify.verify(reward_run[1])
+  assert all(c.ok for c in checks), verify.report(checks)
+  assert checks[-1].name == 'logits parity' and 'a reward model has a score' in checks[-1].detail
