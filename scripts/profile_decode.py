@@ -8,9 +8,9 @@ Random weights at the preset's shape, bf16 compute, a 64-token prompt, gen 256, 
 GPU kernels are summed by class (matmul, attention, copies, elementwise and reduction fusions,
 ...) and divided by the number of sampler steps, and the host-side gap (wall time minus GPU busy
 time) is reported beside them. The bound of a step: the larger of the weight bytes over memory
-bandwidth (about 4.8 TB/s on an H200) and the step's matmul FLOPs over bf16 peak (about 790
-TFLOP/s). docs/benchmarks.md, Sampler, "where a decode step's time goes", records its output.
-Reads the trace with jax.profiler.ProfileData (no TensorBoard).
+bandwidth (4.8 TB/s on an H200, 3.35 on an H100) and the step's matmul FLOPs over bf16 peak
+(about 790 TFLOP/s). docs/benchmarks.md, Sampler, "where a decode step's time goes", records
+its output. Reads the trace with jax.profiler.ProfileData (no TensorBoard).
 """
 
 import argparse
@@ -35,7 +35,14 @@ from dlmjax import model as model_lib  # noqa: E402
 from dlmjax.diffusion import sampler  # noqa: E402
 from dlmjax.model import presets  # noqa: E402
 
-BANDWIDTH, PEAK = 4.8e12, 790e12
+# Memory bandwidth by device kind (H200: 4.8 TB/s, H100 80GB HBM3: 3.35 TB/s, the datasheets)
+# and the bf16 matmul rate measured on an H200 (the H100's chip is the same).
+BANDWIDTHS, PEAK = {'H100': 3.35e12, 'H200': 4.8e12}, 790e12
+
+
+def bandwidth() -> float:
+  kind = jax.devices()[0].device_kind
+  return next((bw for name, bw in BANDWIDTHS.items() if name in kind), BANDWIDTHS['H200'])
 
 
 def parse(argv):
@@ -177,7 +184,7 @@ def main(argv=None):
       length = args.prompt + args.gen
       tokens = {'none': length, 'dual': args.block, 'prefix': length // 2}.get(mode, length)
       flops = step_flops(model_config, params, batch, tokens, length)
-      bound = max(weight_bytes / BANDWIDTH, flops / PEAK) * 1e3
+      bound = max(weight_bytes / bandwidth(), flops / PEAK) * 1e3
       row = dict(
         label=args.label or f'{args.param_dtype}/{args.layer_loop}',
         batch=batch,
