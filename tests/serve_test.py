@@ -212,6 +212,13 @@ def test_bad_input_gets_an_openai_error(served, body, status, param):
   assert _error(response)['param'] == param
 
 
+def test_multi_block_decoding_is_refused_not_ignored(served):
+  """The server decodes block by block: d3LLM's multi-block loop would be silently dropped."""
+  body = {'prompt': 't5', 'block_add_threshold': 0.1, 'entropy_threshold': 0.5}
+  response = httpx.post(served[1] + '/v1/completions', json=body)
+  assert response.status_code == 400 and 'block by block' in _error(response)['message']
+
+
 def test_malformed_json_and_unknown_routes(served):
   response = httpx.post(
     served[1] + '/v1/completions', content=b'{"prompt": ', headers={'content-type': 'json'}

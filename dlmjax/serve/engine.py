@@ -111,6 +111,12 @@ class Engine:
   def check(self, job: Job) -> None:
     """Raises ValueError naming the problem for a job the model cannot decode."""
     job.settings.validate()
+    if job.settings.block_add_threshold > 0:
+      raise ValueError(
+        'block_add_threshold (multi-block decoding) decodes several blocks at once in a loop of '
+        'its own; the server decodes block by block. Leave it 0 here, or use python -m '
+        'dlmjax.generate --block-add-threshold.'
+      )
     cache_modes.get(job.settings.cache).check(self.model.model_config, job.settings)
     total = len(job.prompt) + job.settings.gen_length
     if total > self.seq_len:
