@@ -133,6 +133,7 @@ class Engine:
     self.busy_s = 0.0
     self._device_free = 0.0  # when the device finished the last collected call
     self.cancelled = 0
+    self.carried = 0  # rows whose last block the device kept for their next call (pipelining)
     self._lock = threading.Condition()
     self._stopped = False
     self._key = jax.random.key(0)
@@ -181,6 +182,7 @@ class Engine:
         'slots': self.slots,
         'busy_s': round(self.busy_s, 3),
         'cancelled': self.cancelled,
+        'carried': self.carried,
         'compiled': sorted(
           f'batch {b} x length {n}, block {s.block_length} steps {s.steps} cache {s.cache}'
           + ('' if at is None else f' at {at}')
@@ -368,6 +370,7 @@ class Engine:
       return None
     for job in group:
       job.inflight += 1
+    self.carried += int((carried_B[: len(group)] >= 0).sum())
     self.calls += 1
     self.rows += len(group)
     self.slots += batch
