@@ -6,9 +6,10 @@ back to back, each --requests-per-client of them, until done or --time-limit. Pr
 max_tokens are drawn from the --prompt-lengths and --gen-lengths mixes (a prompt's length is
 uniform between the previous mix value and its own). Every program is compiled before timing.
 One JSON line per client count: generated tok/s, time to first block and latency (p50 / p99),
-the engine's busy fraction (time inside the sampler's calls over wall time: the GPU is idle
-outside them) and, at one client, the HTTP path's overhead over decode time. Then the goals:
-16 clients >= 8x one client's tok/s, p99 latency < 3x one client's, HTTP overhead < 5%.
+the engine's busy fraction (the device's time in the sampler's calls over wall time: calls
+are pipelined, each counted from the later of its dispatch and the previous call's end) and,
+at one client, the HTTP path's overhead over decode time. Then the goals: 16 clients >= 8x one
+client's tok/s, p99 latency < 3x one client's, HTTP overhead < 5%.
 
 The clients only ever connect to the server this process starts on 127.0.0.1. Random weights
 (--config) have no tokenizer: prompts are token ids, texts are the ids written out. The GPU

@@ -320,3 +320,30 @@ def test_block_causal_jobs_joining_mid_decode_get_generates_text(tmp_path):
     assert [jobs[i].text for i in chosen] == expected
   assert all(j.chunks > 1 for j in jobs)
   assert eng.calls < sum(j.chunks for j in jobs) and eng.slots <= 4 * eng.calls
+
+
+def test_pipelined_calls_carry_blocks_on_the_device_and_drop_a_stopped_jobs_next(tmp_path):
+  """The next block is dispatched before the current one's tokens are taken: continuing rows
+  take their last block from the device (generate's text), and a job a stop string ends keeps
+  nothing of the block already dispatched for it."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path))
+  eng = engine.Engine(
+    model, max_batch=2, max_queue=4, buckets=engine.Buckets(batch=(1, 2), width=(32,))
+  )
+  expected = model.generate(PROMPTS[:6], batch_size=6, **SETTINGS)
+  long = next(i for i, t in enumerate(expected) if len(model.tokenizer.encode(t)) >= 12)
+  other = (long + 1) % 6
+  stop = model.tokenizer.decode(model.tokenizer.encode(expected[long])[:6])  # in block 2 of 4
+  settings = sampler.SamplingConfig(**SETTINGS)
+  jobs = [
+    engine.Job(prompt=model.tokenizer.encode(PROMPTS[other]), settings=settings),
+    engine.Job(prompt=model.tokenizer.encode(PROMPTS[long]), settings=settings, stop=(stop,)),
+  ]
+  for job in jobs:
+    eng.submit(job)
+  eng.start()
+  assert eng.drain(timeout=120)
+  assert jobs[0].text == expected[other] and jobs[0].finish_reason in ('stop', 'length')
+  assert (jobs[1].text, jobs[1].finish_reason, jobs[1].chunks) == ('', 'stop', 2)
+  assert eng.carried >= 3 and eng.rows > sum(j.chunks for j in jobs)  # block 3 was in flight
+  assert all(j.inflight == 0 for j in jobs) and 0 < eng.busy_s

@@ -12,6 +12,11 @@ request's block b decodes beside other requests' blocks, for every attention kin
 what its block attends to in generate's canvas (a bidirectional row its whole completion, the
 blocks after the current one still MASK; a causal row only up to the block's end), at the same
 positions, pads excluded, so greedy text is generate's (tests/serve_test.py).
+
+The calls are pipelined (JAX's asynchronous dispatch): the next block's call is dispatched before
+the current one's tokens are downloaded, its rows that continue taking their last block from the
+device (carry), so the device works while the host streams, schedules and lays out; a row whose
+last block turns out to end its job (EOS, a stop string) is dropped from the next call's output.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import threading
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from dlmjax.diffusion import cache_modes, sampler
@@ -61,6 +67,7 @@ class Job:
   error: str | None = None
   text: str = ''
   chunks: int = 0
+  inflight: int = 0  # blocks dispatched whose tokens are not taken yet (0 or 1)
   cancelled: bool = False
   created: float = dataclasses.field(default_factory=time.monotonic)
 
@@ -77,6 +84,30 @@ class Buckets:
       if value <= size <= cap:
         return size
     return cap
+
+
+@dataclasses.dataclass
+class Call:
+  """A dispatched block call: its jobs (row order), the device output, its (settings, batch,
+  length, static start), when it began and was dispatched, and whether its shape was compiled."""
+
+  group: list
+  out: object
+  shape: tuple
+  began: float
+  dispatched: float
+  compiled: bool
+
+
+@jax.jit
+def _carry(x_BL, last_CK, carried_B, start):
+  """x with each carried row's last block (row carried_B[b] of the previous call's output,
+  -1 for none) written where the row's prefix ends: the K tokens before the block start."""
+  width = last_CK.shape[1]
+  taken_BK = jnp.take(last_CK, jnp.maximum(carried_B, 0), axis=0)
+  laid_BK = jax.lax.dynamic_slice_in_dim(x_BL, start - width, width, axis=1)
+  block_BK = jnp.where(carried_B[:, None] >= 0, taken_BK, laid_BK)
+  return jax.lax.dynamic_update_slice_in_dim(x_BL, block_BK, start - width, axis=1)
 
 
 class Engine:
@@ -100,7 +131,9 @@ class Engine:
     self.rows = 0  # requests' rows over every call; rows / calls is the batching achieved
     self.slots = 0  # rows of the padded batch buckets those calls ran (slots - rows: padding)
     self.busy_s = 0.0
+    self._device_free = 0.0  # when the device finished the last collected call
     self.cancelled = 0
+    self.carried = 0  # rows whose last block the device kept for their next call (pipelining)
     self._lock = threading.Condition()
     self._stopped = False
     self._key = jax.random.key(0)
@@ -155,6 +188,7 @@ class Engine:
         'slots': self.slots,
         'busy_s': round(self.busy_s, 3),
         'cancelled': self.cancelled,
+        'carried': self.carried,
         'compiled': sorted(
           f'batch {b} x length {n}, block {s.block_length} steps {s.steps} cache {s.cache}'
           + ('' if at is None else f' at {at}')
@@ -203,15 +237,29 @@ class Engine:
     cfg = self.model.model_config
     return cfg.attention_mask == 'bidirectional' or settings.block_length % self.grid != 0
 
-  def layout(self, job: Job) -> tuple[int, int]:
-    """(prefix, tail) of a job's row at its current block (job.chunks): the canvas tokens before
-    the block (the prompt's whole model blocks and the blocks done) and from the block on (to the
-    end of generate's canvas if the block sees ahead, else the block)."""
+  def layout(self, job: Job, chunk: int | None = None) -> tuple[int, int]:
+    """(prefix, tail) of a job's row at block `chunk` (default: the next one to dispatch): the
+    canvas tokens before the block (the prompt's whole model blocks and the blocks before it)
+    and from the block on (to the end of generate's canvas if the block sees ahead, else the
+    block)."""
     s, grid = job.settings, self.grid
+    chunk = self.chunk(job) if chunk is None else chunk
     blocks = -(-(grid - 1 + s.gen_length) // s.block_length) if grid > 1 else s.num_blocks
-    prefix = len(job.prompt) // grid * grid + job.chunks * s.block_length
+    prefix = len(job.prompt) // grid * grid + chunk * s.block_length
     ahead = self.sees_ahead(s)
-    return prefix, (blocks - job.chunks) * s.block_length if ahead else s.block_length
+    return prefix, (blocks - chunk) * s.block_length if ahead else s.block_length
+
+  @staticmethod
+  def chunk(job: Job) -> int:
+    """The block a job's next call decodes."""
+    return job.chunks + job.inflight
+
+  def wants_block(self, job: Job) -> bool:
+    """Whether a job's blocks dispatched so far leave max_tokens short (an EOS or stop string in
+    the block in flight is seen only once it is taken). The first block keeps the tokens after
+    the prompt's last whole model block."""
+    done = self.chunk(job) * job.settings.block_length - len(job.prompt) % self.grid
+    return job.inflight == 0 or done < job.settings.gen_length
 
   def _group_key(self, job: Job):
     """Jobs of one key run one program together: the block settings, a seeded stochastic job's
@@ -228,16 +276,21 @@ class Engine:
     finally:
       with self._lock:
         self.compiling = False
+    pending = None  # the call dispatched last, its tokens not taken yet
     while True:
       with self._lock:
         self._admit()
         if self._stopped:
           return
-        if not self.active:
+        ready = [j for j in self.active if self.wants_block(j)]
+        if not ready and pending is None:
           self._lock.wait(timeout=0.5)
           continue
-        group = self._next_group()
-      self._step(group)
+        group = self._next_group(ready) if ready else None
+      following = self._dispatch(group, pending) if group else None
+      if pending is not None:
+        self._collect(pending)
+      pending = following
 
   def _admit(self) -> None:
     for job in [j for j in self.active if j.cancelled]:
@@ -248,11 +301,11 @@ class Engine:
     while self.waiting and len(self.active) < self.max_batch:
       self.active.append(self.waiting.popleft())
 
-  def _next_group(self) -> list:
-    """The jobs sharing the oldest active job's program (first come, first served)."""
-    oldest = min(self.active, key=lambda j: j.created)
+  def _next_group(self, jobs: list) -> list:
+    """The jobs sharing the oldest job's program (first come, first served)."""
+    oldest = min(jobs, key=lambda j: j.created)
     key = self._group_key(oldest)
-    return [j for j in self.active if self._group_key(j) == key][: self.max_batch]
+    return [j for j in jobs if self._group_key(j) == key][: self.max_batch]
 
   def _program(self, settings, static_start):
     m = self.model.config.model
@@ -284,47 +337,103 @@ class Engine:
     mode = cache_modes.get(settings.cache)
     return batch, length, start, start if mode.static_blocks or mode.prefilled else None
 
-  def _call(self, group: list, key, block_index: int, shape=None) -> list:
-    """Each job's window of one block call: int32 [len(group), block_length]."""
+  def _dispatch(self, group: list, pending=None, key=None, shape=None):
+    """Dispatches one block call of a group (asynchronously: nothing waits for the device): the
+    Call, or None if it failed at once (its jobs then end with the error). A job whose last
+    block is in `pending` (the call before, not taken yet) takes it from the device."""
     settings = self.block_settings(group[0].settings)
+    if key is None:
+      _, seed, _ = self._group_key(group[0])
+      if seed is None:
+        self._key, key = jax.random.split(self._key)
+      else:
+        key = jax.random.key(seed)
     batch, length, start, static = shape or self.shape(group)
     mask = self.model.config.model.mask_token_id
     x_BL = np.full((batch, length), self.pad_id, np.int32)
     bounds = np.zeros((3, batch), np.int32)  # each row's offset, completion start, end
+    rows = {id(job): row for row, job in enumerate(pending.group)} if pending else {}
+    carried_B = np.full((batch,), -1, np.int32)  # the row of `pending` a row's last block is in
     for row in range(batch):
       job = group[min(row, len(group) - 1)]  # padding rows repeat the last job
       prefix, tail = self.layout(job)
-      tokens = job.prompt + job.tokens
+      tokens = job.prompt + job.tokens  # without the block in flight: carried below
       offset = start - prefix
       x_BL[row, offset : offset + len(tokens)] = tokens
       x_BL[row, offset + len(tokens) : start + tail] = mask
       bounds[:, row] = offset, offset + len(job.prompt), start + tail
+      carried_B[row] = rows.get(id(job), -1)
     shape = (settings, batch, length, static)
     began = time.perf_counter()
-    out = self._program(settings, static)(
-      self.model.params, x_BL, *bounds, np.int32(start), key, np.int32(block_index)
-    )
-    out = np.asarray(jax.device_get(out))
-    elapsed = time.perf_counter() - began
-    if shape not in self.compiled:
-      self.compiled.add(shape)
-      log.warning(
-        'compiled batch %d x length %d%s (block %d, steps %d, cache %s) in %.1f s',
-        batch, length, '' if static is None else f' at {static}', settings.block_length,
-        settings.steps, settings.cache, elapsed,
-      )  # fmt: skip
-    else:
-      self.busy_s += elapsed
+    try:
+      if (carried_B >= 0).any():
+        x_BL = _carry(x_BL, pending.out, carried_B, np.int32(start))
+      out = self._program(settings, static)(
+        self.model.params, x_BL, *bounds, np.int32(start), key, np.int32(self.chunk(group[0]))
+      )
+    except Exception as e:  # pylint: disable=broad-except
+      self._fail(group, e)
+      return None
+    for job in group:
+      job.inflight += 1
+    self.carried += int((carried_B[: len(group)] >= 0).sum())
     self.calls += 1
     self.rows += len(group)
     self.slots += batch
-    return out[: len(group)]
+    return Call(group, out, shape, began, time.perf_counter(), compiled=shape in self.compiled)
+
+  def _collect(self, call) -> None:
+    """Waits for a dispatched call and gives each of its jobs its block (a job that ended
+    after the dispatch drops its own)."""
+    out = self._wait(call)
+    with self._lock:
+      for job, row in zip(call.group, [] if out is None else out):
+        job.inflight -= 1
+        if job.finish_reason is not None:  # it ended (EOS, stop, cancelled) after the dispatch
+          continue
+        reason = self._take(job, self._kept(job, row.tolist()))
+        if reason:
+          self._finish(job, reason)
+        elif job.on_update:
+          job.on_update(job)
+
+  def _wait(self, call):
+    """A call's output (numpy, or None if it failed: its jobs end with the error), accounting
+    the device's time: from the later of the call's dispatch and the previous call's end (the
+    device runs calls in order) to its end; a first call of its shape logs its compilation."""
+    try:
+      out = np.asarray(jax.device_get(call.out))
+    except Exception as e:  # pylint: disable=broad-except
+      self._fail(call.group, e)
+      return None
+    done = time.perf_counter()
+    settings, batch, length, static = call.shape
+    if call.compiled:
+      self.busy_s += done - max(call.dispatched, self._device_free)
+    else:
+      self.compiled.add(call.shape)
+      log.warning(
+        'compiled batch %d x length %d%s (block %d, steps %d, cache %s) in %.1f s',
+        batch, length, '' if static is None else f' at {static}', settings.block_length,
+        settings.steps, settings.cache, done - call.began,
+      )  # fmt: skip
+    self._device_free = done
+    return out
+
+  def _fail(self, group: list, e: Exception) -> None:
+    log.exception('a decode call failed')
+    with self._lock:
+      for job in group:
+        if job.finish_reason is None:
+          job.error = f'the decode failed: {type(e).__name__}: {e}'
+          self._finish(job, 'error')
 
   def warm(self, settings, lengths=()) -> None:
     """Compiles the programs jobs with these settings run at every batch bucket: at each canvas
-    length of `lengths` (default: a one-token prompt's). A static start (cache prefix on a model
-    that sees ahead) varies with the traffic: those compile on first use. Called before
-    traffic: not thread-safe with it."""
+    length of `lengths` (default: a one-token prompt's), and the carry of a continuing row's
+    block into the next call. A static start (cache prefix on a model that sees ahead) varies
+    with the traffic: those compile on first use. Called before traffic: not thread-safe with
+    it."""
     job = Job(prompt=[self.pad_id], settings=settings)
     for batch in self.buckets.batch:
       if batch <= self.max_batch:
@@ -332,37 +441,19 @@ class Engine:
         for length in lengths or (self.shape(group)[1],):
           shape = self.shape(group, length)
           if length >= sum(self.layout(job)) and not (self.sees_ahead(settings) and shape[3]):
-            self._call(group, self._key, 0, shape)
+            call = self._dispatch(group, key=self._key, shape=shape)
+            job.inflight = 0
+            if call is not None and self._wait(call) is not None:
+              block = np.zeros((batch, settings.block_length), np.int32)
+              x_BL, none_B = np.zeros(shape[:2], np.int32), np.zeros(batch, np.int32)
+              _carry(x_BL, jax.device_put(block), none_B, np.int32(shape[2]))
 
   def _kept(self, job: Job, window) -> list:
     """The tokens a job keeps of its block's window: the window may open with the end of its
     prompt (a block-causal model's first block), and the last block may run past max_tokens."""
-    skip = len(job.prompt) + len(job.tokens) - self.layout(job)[0]
+    skip = len(job.prompt) + len(job.tokens) - self.layout(job, job.chunks)[0]
     keep = min(job.settings.gen_length - len(job.tokens), job.settings.block_length - skip)
     return list(window[skip : skip + keep])
-
-  def _step(self, group: list) -> None:
-    _, seed, _ = self._group_key(group[0])
-    if seed is None:
-      self._key, key = jax.random.split(self._key)
-    else:
-      key = jax.random.key(seed)
-    try:
-      out = self._call(group, key, group[0].chunks)
-    except Exception as e:  # pylint: disable=broad-except
-      log.exception('a decode call failed')
-      with self._lock:
-        for job in group:
-          job.error = f'the decode failed: {type(e).__name__}: {e}'
-          self._finish(job, 'error')
-      return
-    with self._lock:
-      for job, row in zip(group, out):
-        reason = self._take(job, self._kept(job, row.tolist()))
-        if reason:
-          self._finish(job, reason)
-        elif job.on_update:
-          job.on_update(job)
 
   def _take(self, job: Job, new: list) -> str | None:
     """Appends a call's kept tokens to a job: the finish reason if it ended, else None."""
