@@ -18,17 +18,17 @@ from dlmjax.train import guards, loop
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..'))
 HEAVY = ('jax', 'flax', 'orbax', 'grain', 'optax')
 
-# Runs `python -m dlmjax.train` in-process for each command line (each ends at its error) and
+# Runs `python -m MODULE ARGS` in-process for each command line (each ends at its error) and
 # reports the exit codes, the error lines and which heavy packages were imported by then.
 _PROBE = """
 import contextlib, io, json, runpy, sys
 results = []
-for args in json.loads(sys.argv[1]):
-  sys.argv = ['dlmjax.train', *args]
+for module, *args in json.loads(sys.argv[1]):
+  sys.argv = [module, *args]
   err = io.StringIO()
   try:
     with contextlib.redirect_stderr(err):
-      runpy.run_module('dlmjax.train', run_name='__main__', alter_sys=True)
+      runpy.run_module(module, run_name='__main__', alter_sys=True)
     code = 0
   except SystemExit as e:
     code = e.code
@@ -38,18 +38,19 @@ print(json.dumps({'results': results, 'heavy': [m for m in %r if m in sys.module
 
 
 def test_a_bad_command_line_is_refused_before_the_heavy_imports():
-  cases = {
-    'train.nope is not a config key': ['--config.train.nope=1'],
-    "train.lr='fast'": ['--config.train.lr=fast'],
-    "model.preset='tiny9' is not a preset": ['--config.model.preset=tiny9'],
-    'configs/nope.py: it does not exist': ['--config=configs/nope.py'],
-    'rl.gen_length is now sampler.gen_length': [
-      '--config=configs/rl.py',
-      '--config.rl.gen_length=9',
-    ],
-  }
+  cases = [  # (command line, what its one error line says)
+    (['dlmjax.train', '--config.train.nope=1'], 'train.nope is not a config key'),
+    (['dlmjax.train', '--config.train.lr=fast'], "train.lr='fast'"),
+    (['dlmjax.train', '--config.model.preset=tiny9'], "model.preset='tiny9' is not a preset"),
+    (['dlmjax.train', '--config=configs/nope.py'], 'configs/nope.py: it does not exist'),
+    (
+      ['dlmjax.train', '--config=configs/rl.py', '--config.rl.gen_length=9'],
+      'rl.gen_length is now sampler.gen_length',
+    ),
+    (['dlmjax.summary', '--config.model.seq_len=long'], "model.seq_len='long'"),
+  ]
   out = subprocess.run(
-    [sys.executable, '-c', _PROBE, json.dumps(list(cases.values()))],
+    [sys.executable, '-c', _PROBE, json.dumps([command for command, _ in cases])],
     cwd=REPO,
     env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS='cpu'),
     capture_output=True,
@@ -58,7 +59,8 @@ def test_a_bad_command_line_is_refused_before_the_heavy_imports():
   )
   assert out.returncode == 0, out.stderr
   report = json.loads(out.stdout.strip().splitlines()[-1])
-  for expected, (code, error) in zip(cases, report['results']):
+  assert len(report['results']) == len(cases)
+  for (_, expected), (code, error) in zip(cases, report['results']):
     assert code == 2 and error.startswith('error: ') and expected in error, (expected, error)
     assert len(error.splitlines()) == 1, error
   assert report['heavy'] == [], f'imported before the config was checked: {report["heavy"]}'
