@@ -13,7 +13,7 @@ from SDAR (JetAstra/SDAR README and training yamls): block size 4 in continued p
 Qwen3's 151,936), learning rate 1e-5 with a 3% linear warmup and then constant. Fast-dLLM v2
 adapts Qwen2.5-7B-Instruct with ~1B tokens and block 32, but predicts each masked token from the
 position before it (token shift), which this objective does not do. A Qwen2 or Llama source
-works the same way with that model's preset (presets.apply_preset) in place of qwen3_1p7b.
+works the same way with that model's preset (config_lib.apply_preset) in place of qwen3_1p7b.
 
 `:smoke` is the same recipe on the tiny model and the built-in corpus, adapting the AR run that
     python -m dlmjax.train --config=configs/tiny.py --config.diffusion.objective=ar \
@@ -22,14 +22,13 @@ writes (benchmarks/block_adapt.py runs the whole comparison on CPU).
 """
 
 from dlmjax import config as config_lib
-from dlmjax.model import presets
 
 SDAR_MASK_TOKEN_ID = 151669
 
 
 def get_config(arg=None):
   c = config_lib.defaults()
-  presets.apply_preset(c.model, 'qwen3_1p7b')  # Qwen/Qwen3-1.7B; init_from supplies the weights.
+  config_lib.apply_preset(c.model, 'qwen3_1p7b')  # Qwen/Qwen3-1.7B; init_from supplies the weights.
   c.stage = 'pretrain'
   c.init_from = 'Qwen3-1.7B'  # a Hugging Face directory (or a dlmjax run) of the AR model
   c.output_dir = 'runs/adapt_block_qwen3'
@@ -58,7 +57,7 @@ def get_config(arg=None):
   c.checkpoint.every = 1000
   c.log.every = 20
   if arg == 'smoke':
-    presets.apply_preset(c.model, 'tiny')
+    config_lib.apply_preset(c.model, 'tiny')
     c.init_from = 'runs/tiny_ar'
     c.output_dir = 'runs/adapt_block_tiny'
     c.data.source = 'builtin'

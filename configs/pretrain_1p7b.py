@@ -12,12 +12,11 @@ GPU on 8 GPUs is 32. `:smoke` shrinks it to a CPU-sized model for a dry run of t
 """
 
 from dlmjax import config as config_lib
-from dlmjax.model import presets
 
 
 def get_config(arg=None):
   c = config_lib.defaults()
-  presets.apply_preset(c.model, '1p7b')
+  config_lib.apply_preset(c.model, '1p7b')
   c.output_dir = 'runs/pretrain_1p7b'
   c.data.source = 'megatron'
   c.model.dtype = 'bfloat16'
@@ -47,7 +46,7 @@ def get_config(arg=None):
   c.checkpoint.every = 19_073
   c.log.every = 50
   if arg == 'smoke':
-    presets.apply_preset(c.model, 'tiny')
+    config_lib.apply_preset(c.model, 'tiny')
     c.model.dtype = 'float32'
     c.model.attention_backend = 'xla'
     c.model.remat = 'none'

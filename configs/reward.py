@@ -14,14 +14,13 @@ configs/reward.py:PRESET[,lora] sets a preset's model keys (the GPU runs of docs
 """
 
 from dlmjax import config as config_lib
-from dlmjax.model import presets
 
 
 def get_config(arg=None):
   c = config_lib.defaults()
   names = [a for a in (arg or '').split(',') if a]
   for preset in [n for n in names if n != 'lora']:
-    presets.apply_preset(c.model, preset)
+    config_lib.apply_preset(c.model, preset)
   c.stage = 'reward'
   c.init_from = 'runs/sft'
   c.output_dir = 'runs/reward'

@@ -20,7 +20,6 @@ step 30 (the run was stopped there).
 """
 
 from dlmjax import config as config_lib
-from dlmjax.model import presets
 
 
 def get_config(arg=None):
@@ -28,7 +27,7 @@ def get_config(arg=None):
   names = [a for a in (arg or '').split(',') if a]
   recipes = ('lora', *DISTILL_OBJECTIVES)
   for preset in [n for n in names if n not in recipes]:  # configs/sft.py:PRESET (for summary)
-    presets.apply_preset(c.model, preset)
+    config_lib.apply_preset(c.model, preset)
   c.stage = 'sft'
   c.init_from = 'runs/tiny'
   c.output_dir = 'runs/sft'

@@ -11,13 +11,12 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8.
 """
 
 from dlmjax import config as config_lib
-from dlmjax.model import presets
 
 
 def get_config(arg=None):
   del arg
   c = config_lib.defaults()
-  presets.apply_preset(c.model, 'tiny')
+  config_lib.apply_preset(c.model, 'tiny')
   c.output_dir = 'runs/tiny'
   c.train.steps = 120
   c.train.global_batch_size = 32

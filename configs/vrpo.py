@@ -14,13 +14,12 @@ pairs' val_margin / val_preference_accuracy every eval.every steps (docs/prefere
 """
 
 from dlmjax import config as config_lib
-from dlmjax.model import presets
 
 
 def get_config(arg=None):
   c = config_lib.defaults()
   if arg:  # configs/vrpo.py:PRESET sets the model keys of a preset (benchmarks/vrpo.py)
-    presets.apply_preset(c.model, arg)
+    config_lib.apply_preset(c.model, arg)
   c.stage = 'preference'
   c.init_from = 'runs/sft'
   c.output_dir = 'runs/vrpo'

@@ -7,22 +7,15 @@ import sys
 from absl import app, flags, logging
 
 from dlmjax import config as config_lib
-from dlmjax.checkpoint import manager
-from dlmjax.data import errors as data_errors
-from dlmjax.model import presets
-from dlmjax.train import guards
-from dlmjax.train import loop
+
+# Only the config layer above: a command line reads and checks its config before importing jax
+# and the model (check_command_line), so a config error comes in about a second.
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-  """Errors caused by the user's input: reported as `error: <message>` with exit code 2."""
-  return (
-    config_lib.ConfigError,
-    manager.CheckpointError,
-    data_errors.DataError,
-    loop.NonFiniteError,
-    guards.ResourceError,
-  )
+  """Errors caused by the user's input (config, data, checkpoint, non-finite loss, room):
+  reported as `error: <message>` with exit code 2. Each subclasses config.UserError."""
+  return (config_lib.UserError,)
 
 
 def fail(message: str) -> None:
@@ -30,11 +23,28 @@ def fail(message: str) -> None:
   sys.exit(2)
 
 
+def read_config(argv, config_file: str):
+  """(config, the other arguments) of a command line (config.parse_command_line, with the preset
+  table); a config error ends the program with one `error:` line."""
+  try:
+    return config_lib.parse_command_line(argv, config_file, config_lib.PRESETS)
+  except config_lib.ConfigError as e:
+    fail(str(e))
+
+
+def check_command_line(config_file: str) -> None:
+  """Reads sys.argv's config (the file and its overrides) and refuses an error in it at once: an
+  entry point calls this before its heavy imports (jax, the model, the data pipeline: seconds),
+  so an unknown key, a bad value type or a missing file is one line in about a second. `run`
+  reads the same command line again (milliseconds) and validates the rest."""
+  read_config(sys.argv, config_file)
+
+
 def run(main, config_file: str | None = None) -> None:
   """app.run(main) with readable errors for bad flags and for user errors raised by main.
 
   With config_file, the command line's --config=FILE[:ARG] (default config_file) and
-  --config.KEY=VALUE overrides (and --config.model.preset=NAME: a model/presets.py preset's
+  --config.KEY=VALUE overrides (and --config.model.preset=NAME: a config/presets.py preset's
   fields) are read by config.parse_command_line and main is called as
   main(argv, config); absl parses the other flags.
   """
@@ -42,10 +52,7 @@ def run(main, config_file: str | None = None) -> None:
 
   def parse_flags(argv):
     if config_file is not None:
-      try:
-        loaded['config'], argv = config_lib.parse_command_line(argv, config_file, presets.PRESETS)
-      except config_lib.ConfigError as e:
-        fail(str(e))
+      loaded['config'], argv = read_config(argv, config_file)
     try:
       return flags.FLAGS(argv)
     except flags.Error as e:

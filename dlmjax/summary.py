@@ -8,23 +8,28 @@ own memory analysis.
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from absl import flags
-
 from dlmjax import cli
-from dlmjax import config as config_lib
-from dlmjax import model as model_lib
-from dlmjax.checkpoint import init_from as init_from_lib
-from dlmjax.checkpoint import manager as checkpoint_lib
-from dlmjax.model import lora
-from dlmjax.parallel import mesh as mesh_lib
-from dlmjax.parallel import pipeline
-from dlmjax.train import memory
-from dlmjax.train import stages
-from dlmjax.train import state as state_lib
-from dlmjax.train import step as step_lib
+
+CONFIG_FILE = 'configs/tiny.py'  # without --config
+if __name__ == '__main__':  # a config error in about a second, before jax and the model load
+  cli.check_command_line(CONFIG_FILE)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import flags  # noqa: E402
+
+from dlmjax import config as config_lib  # noqa: E402
+from dlmjax import model as model_lib  # noqa: E402
+from dlmjax.checkpoint import init_from as init_from_lib  # noqa: E402
+from dlmjax.checkpoint import manager as checkpoint_lib  # noqa: E402
+from dlmjax.model import lora  # noqa: E402
+from dlmjax.parallel import mesh as mesh_lib  # noqa: E402
+from dlmjax.parallel import pipeline  # noqa: E402
+from dlmjax.train import memory  # noqa: E402
+from dlmjax.train import stages  # noqa: E402
+from dlmjax.train import state as state_lib  # noqa: E402
+from dlmjax.train import step as step_lib  # noqa: E402
 
 _DEVICES = flags.DEFINE_integer(
   'devices', 0, 'validate the mesh for this many devices (default: the devices present)'
@@ -206,4 +211,4 @@ def main(argv, config):
 
 
 if __name__ == '__main__':
-  cli.run(main, config_file='configs/tiny.py')
+  cli.run(main, config_file=CONFIG_FILE)

@@ -50,7 +50,7 @@ def test_bad_input_is_one_line(args, message):
   assert 'Traceback' not in result.stderr
 
 
-# Every preset's published parameter count (the sources are in dlmjax/model/presets.py beside each
+# Every preset's published parameter count (the sources are in dlmjax/config/presets.py beside each
 # entry): the embedding as the checkpoint stores it, a tied head counted once.
 PUBLISHED = {
   '1p7b': 1_732_895_744,  # MegaDLMs 1.7B, vocab padded to 50304 (test_pretrain_1p7b_counts)

@@ -51,7 +51,7 @@ COMMIT_DELAY_ENV = 'DLMJAX_TEST_COMMIT_DELAY'
 DISK_FULL_ENV = 'DLMJAX_TEST_DISK_FULL'
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(config_lib.UserError, RuntimeError):
   """A checkpoint that is missing, incomplete or incompatible; the message names the fix."""
 
 

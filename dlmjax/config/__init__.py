@@ -27,7 +27,7 @@ from dlmjax.config.derived import (
   resolve_mesh,
   set_model_fields,
 )
-from dlmjax.config.errors import ConfigError
+from dlmjax.config.errors import ConfigError, UserError
 from dlmjax.config.keys import get_key
 from dlmjax.config.loading import (
   PRESET_OVERRIDE,
@@ -37,6 +37,7 @@ from dlmjax.config.loading import (
   parse_command_line,
 )
 from dlmjax.config.migration import REMOVED, RENAMED, from_dict, old_key_message
+from dlmjax.config.presets import PRESETS, apply_preset
 from dlmjax.config.registry import fit_to_devices, registered_choices, validate
 from dlmjax.config.stages import StageTraits, attention_streams, stage_traits
 from dlmjax.config.schema import (
@@ -55,13 +56,16 @@ __all__ = [
   'MESH_AXES',
   'MODEL_FIELD_KEYS',
   'PRESET_OVERRIDE',
+  'PRESETS',
   'REMOVED',
   'RENAMED',
   'ROPE_SCALING_FIELDS',
   'STREAM_KEYS',
   'StageTraits',
+  'UserError',
   'VOCAB_MULTIPLE',
   'apply_overrides',
+  'apply_preset',
   'attention_streams',
   'batch_parallelism',
   'check_keys',

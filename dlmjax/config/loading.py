@@ -58,8 +58,9 @@ def apply_overrides(config, overrides, presets: dict | None = None) -> ml_collec
   `overrides` is a dict {dotted key: value} (values as they are, or strings parsed as the
   default's type) or a list of "dotted.key=value" / "--config.dotted.key=value" strings. An old
   key fails naming the new one; an unknown key fails naming the group's keys. With `presets`
-  (dlmjax.model.presets.PRESETS, which the command lines pass: this layer cannot import it),
-  model.preset=NAME sets every field of that preset where it stands, so later overrides win.
+  (config/presets.py's PRESETS, which the command lines pass; a library caller's overrides
+  name a preset only when it passes them too), model.preset=NAME sets every field of that
+  preset where it stands, so later overrides win.
   """
   if not isinstance(overrides, dict):
     pairs = {}

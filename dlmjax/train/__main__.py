@@ -7,11 +7,15 @@ train.peer_watch turns a peer's death into one line.
 
 import os
 
+from dlmjax import cli
 from dlmjax.train import preemption
 
-preemption.install_early()  # before the heavy imports below: a SIGTERM now stops cleanly too
+CONFIG_FILE = 'configs/tiny.py'  # without --config
 
-from dlmjax import cli  # noqa: E402
+preemption.install_early()  # before the heavy imports below: a SIGTERM now stops cleanly too
+if __name__ == '__main__':  # a config error in about a second, before jax and the model load
+  cli.check_command_line(CONFIG_FILE)
+
 from dlmjax.checkpoint import manager  # noqa: E402
 from dlmjax.parallel import distributed  # noqa: E402
 from dlmjax.train import loop, peer_watch  # noqa: E402
@@ -30,4 +34,4 @@ def main(argv, config):
 
 
 if __name__ == '__main__':
-  cli.run(main, config_file='configs/tiny.py')
+  cli.run(main, config_file=CONFIG_FILE)

@@ -16,6 +16,7 @@ import shutil
 import jax
 import numpy as np
 
+from dlmjax.config import UserError
 from dlmjax.data.errors import DataError
 from dlmjax.train import stages
 
@@ -23,7 +24,7 @@ from dlmjax.train import stages
 _CHECKPOINT_MARGIN = 1.1
 
 
-class ResourceError(RuntimeError):
+class ResourceError(UserError, RuntimeError):
   """Not enough disk or device memory for the run as configured; the message names the knobs."""
 
 

@@ -25,7 +25,7 @@ from dlmjax.train import state as state_lib
 from dlmjax.train import step as step_lib
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(config_lib.UserError, RuntimeError):
   """Too many consecutive steps had a non-finite loss or gradient."""
 
 
