@@ -2,6 +2,7 @@
 block-cached decoding against its weight-read bound (docs/benchmarks.md, MoE; issue: LLaDA2.x).
 
     python -m benchmarks.llada2_lora --peer-code DIR  # GPU: dlmjax, then the peer
+    python -m benchmarks.llada2_lora --peer-code DIR --only peer  # the peer alone (or dlmjax)
     python -m benchmarks.llada2_lora                  # GPU: dlmjax alone
     python -m benchmarks.llada2_lora --decode         # GPU: decode tok/s, grouped-matmul times
     python -m benchmarks.llada2_lora --tiny [--decode]  # CPU: a 2-layer LLaDA2, proves it runs
@@ -360,6 +361,8 @@ def sft_table(rows, args) -> str:
     lines.append(f'dlmjax / peer speed {ok[0]["tokens_per_s"] / ok[1]["tokens_per_s"]:.2f}x')
   if not args.peer_code:
     lines.append('peer not run: give --peer-code DIR (a clone of inclusionAI/dFactory)')
+  elif args.only != 'both':
+    lines.append(f'--only {args.only}: one side ran')
   return '\n'.join(lines)
 
 
@@ -550,6 +553,9 @@ def main(argv=None) -> int:
   parser.add_argument('--tiny', action='store_true', help='a 2-layer LLaDA2 on CPU')
   parser.add_argument('--decode', action='store_true', help='decode and grouped-matmul timings')
   parser.add_argument('--peer-code', default='', help='a clone of dFactory (models/llada2_moe/)')
+  parser.add_argument(
+    '--only', choices=('both', 'dlmjax', 'peer'), default='both', help='the SFT side(s) to run'
+  )
   parser.add_argument('--micro-batch', type=int, default=4, help='SFT rows per step')
   parser.add_argument('--steps', type=int, default=3, help='timed SFT steps')
   parser.add_argument('--warmup', type=int, default=1, help='untimed SFT steps')
@@ -566,7 +572,10 @@ def main(argv=None) -> int:
     return 0
   if args.peer_code:
     _peer_folder(args.peer_code)  # a wrong folder fails here, in one line, before any run
-  parts = ['jax_sft'] + (['torch_sft'] if args.peer_code else [])
+  if args.only == 'peer' and not args.peer_code:
+    raise SystemExit('--only peer needs --peer-code DIR (a clone of inclusionAI/dFactory)')
+  parts = [] if args.only == 'peer' else ['jax_sft']
+  parts += ['torch_sft'] if args.peer_code and args.only != 'dlmjax' else []
   rows = [_run_part(part, args) for part in parts]
   for r in rows:
     print(json.dumps(r), flush=True)

@@ -28,6 +28,8 @@ def test_tiny_sft_runs_dlmjax_alone_and_says_the_peer_did_not_run(capsys):
 def test_a_folder_without_the_family_code_is_refused_in_one_line(tmp_path):
   with pytest.raises(SystemExit, match='no modeling_llada2_moe.py'):
     llada2_lora.main(['--tiny', '--peer-code', str(tmp_path)])
+  with pytest.raises(SystemExit, match='--only peer needs --peer-code'):
+    llada2_lora.main(['--tiny', '--only', 'peer'])
 
 
 def test_tiny_decode_reports_forwards_bound_and_block_routing(capsys):
