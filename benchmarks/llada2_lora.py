@@ -44,9 +44,9 @@ passes the threshold, so each forward commits one token: the bound is per forwar
 bound of reading every weight: a 32-token block routes to up to 256 of 256 experts. Then the
 grouped matmuls of one MoE layer (gate, up, down of kernels/grouped_matmul.py, model.moe.backend)
 at batch-1 decode (one block of 32 tokens, top-8), routed by the mini's router with token routing
-and with model.moe.block_experts=48 (LLaDA2.2's C), in ms beside the experts each runs and the
-experts given a non-zero weight (block routing leaves a token whose kept groups hold fewer than k
-pool experts a weight-0 choice outside the pool, which the grouped matmul still runs).
+and with model.moe.block_experts=48 (LLaDA2.2's C), in ms beside the experts each runs and those
+given a non-zero weight (a token short of k pool experts has weight-0 choices; they run its
+block's first pool expert, model/moe.py pool_first).
 """
 
 from __future__ import annotations
@@ -518,8 +518,7 @@ def grouped_matmul_rows(args) -> list:
       dict(
         block_experts=pool,
         experts_touched=int(np.unique(np.asarray(experts_A)).size),
-        # Block routing leaves a token short of k pool experts a weight-0 choice (docs/moe.md);
-        # the grouped matmul still runs it, so it counts above and not here.
+        # A token short of k pool experts has weight-0 choices (docs/moe.md): run, not weighted.
         experts_weighted=int(np.unique(np.asarray(experts_BLK)[np.asarray(weights_BLK) > 0]).size),
         grouped_matmul_ms=round(ms, 4),
       )

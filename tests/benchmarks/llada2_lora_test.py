@@ -42,7 +42,8 @@ def test_tiny_decode_reports_forwards_bound_and_block_routing(capsys):
   assert all(r['forwards'] == 16 and r['tokens_per_s'] > 0 for r in decodes)
   token, block = [r for r in rows if 'block_experts' in r]
   assert (token['block_experts'], block['block_experts']) == (0, 4)
-  assert block['experts_weighted'] <= 4 < token['experts_weighted']
+  assert block['experts_touched'] <= 4 < token['experts_weighted'] <= token['experts_touched']
+  assert block['experts_weighted'] <= block['experts_touched']
 
 
 def test_peer_mask_is_bd3lm_two_stream_mask():
