@@ -36,8 +36,9 @@ torch.cuda.max_memory_allocated. Correctness first: finite losses; the peer's ba
 unchanged and its adapters moved after a step.
 
 --decode: mini-shape generation with the block cache (sampler.cache=block) and LLaDA2's
-threshold 0.95, gen 256 after a 64-token prompt, blocks of 32, 32 steps a block, at batch 1 and 16:
-generated tok/s, the forwards the threshold loop ran, and the step's time against its bound,
+threshold 0.95, gen 256 after a 64-token prompt, blocks of 32, 32 steps a block, at batch 1 and 16
+with token routing and at batch 1 with model.moe.block_experts=48 (the same weights): generated
+tok/s, the forwards the threshold loop ran, and the step's time against its bound,
 the active weights (num_params(active=True) less the embedding's gather, bf16) read once per
 forward over memory bandwidth (4.8 TB/s H200, 3.35 TB/s H100). With random weights nothing
 passes the threshold, so each forward commits one token: the bound is per forward. Beside it the
@@ -52,6 +53,7 @@ block's first pool expert, model/moe.py pool_first).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import math
@@ -430,27 +432,34 @@ def decode_rows(args) -> list:
   bound_ms = 2 * active / _bandwidth() * 1e3
   every_ms = 2 * every / _bandwidth() * 1e3
 
-  def decode(params, prompt_BP, lengths_B, key):
-    tokens, _, steps = sampler.decode_blocks(
-      model_lib.merge(model_config, params),
-      prompt_BP,
-      lengths_B,
-      sampling,
-      key,
-      mask_id=m.mask_token_id,
-      eos_id=m.eos_token_id,
-      pad_id=m.pad_token_id,
-      vocab_size=m.vocab_size,
-    )
-    return tokens, steps
+  def decode_fn(pool):
+    cfg = dataclasses.replace(model_config, block_experts=pool)
+
+    def decode(params, prompt_BP, lengths_B, key):
+      tokens, _, steps = sampler.decode_blocks(
+        model_lib.merge(cfg, params),
+        prompt_BP,
+        lengths_B,
+        sampling,
+        key,
+        mask_id=m.mask_token_id,
+        eos_id=m.eos_token_id,
+        pad_id=m.pad_token_id,
+        vocab_size=m.vocab_size,
+      )
+      return tokens, steps
+
+    return jax.jit(decode)
 
   rows = []
   rng = np.random.default_rng(0)
-  for batch in (1, 2) if args.tiny else (1, 16):
+  pool = 4 if args.tiny else BLOCK_EXPERTS
+  # (batch, block_experts): batch 1 and 16 routed per token, and batch 1 with block routing.
+  for batch, pool in ((1, 0), (2, 0), (1, pool)) if args.tiny else ((1, 0), (16, 0), (1, pool)):
     prompt_BP = rng.integers(0, m.mask_token_id, (batch, prompt)).astype(np.int32)
     lengths_B = np.full(batch, prompt, np.int32)
     call = (params, prompt_BP, lengths_B, jax.random.key(0))
-    compiled = jax.jit(decode).lower(*call).compile()
+    compiled = decode_fn(pool).lower(*call).compile()
     jax.block_until_ready(compiled(*call))
     start = time.perf_counter()
     tokens, steps = jax.block_until_ready(compiled(*call))
@@ -462,6 +471,7 @@ def decode_rows(args) -> list:
     rows.append(
       dict(
         batch=batch,
+        block_experts=pool,
         tokens_per_s=round(batch * gen / seconds, 1),
         forwards=forwards,
         step_ms=round(step_ms, 3),
@@ -529,12 +539,13 @@ def grouped_matmul_rows(args) -> list:
 def decode_table(decodes, matmuls) -> str:
   lines = [
     'decode, block cache, threshold 0.95 (random weights: one token a forward):',
-    f'{"batch":>5} {"tok/s":>9} {"forwards":>8} {"step ms":>8} {"bound ms":>8} {"% bound":>7} '
-    f'{"all-weights ms":>14}',
+    f'{"batch":>5} {"block_experts":>13} {"tok/s":>9} {"forwards":>8} {"step ms":>8} '
+    f'{"bound ms":>8} {"% bound":>7} {"all-weights ms":>14}',
   ]
   for r in decodes:
     lines.append(
-      f'{r["batch"]:>5} {r["tokens_per_s"]:>9} {r["forwards"]:>8} {r["step_ms"]:>8} '
+      f'{r["batch"]:>5} {r["block_experts"]:>13} {r["tokens_per_s"]:>9} {r["forwards"]:>8} '
+      f'{r["step_ms"]:>8} '
       f'{r["bound_ms"]:>8} {r["pct_bound"]:>7} {r["every_weight_ms"]:>14}'
     )
   lines.append('grouped matmuls of one MoE layer at batch-1 decode (one block):')

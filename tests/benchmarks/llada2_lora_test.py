@@ -36,11 +36,11 @@ def test_tiny_decode_reports_forwards_bound_and_block_routing(capsys):
   assert llada2_lora.main(['--tiny', '--decode']) == 0
   rows = _json_rows(capsys.readouterr().out)
   decodes = [r for r in rows if 'batch' in r]
-  assert [r['batch'] for r in decodes] == [1, 2]
+  assert [(r['batch'], r['block_experts']) for r in decodes] == [(1, 0), (2, 0), (1, 4)]
   # 16 tokens in blocks of 8 at 8 steps a block: random weights pass no 0.95 threshold, so one
   # token commits per forward, 16 forwards.
   assert all(r['forwards'] == 16 and r['tokens_per_s'] > 0 for r in decodes)
-  token, block = [r for r in rows if 'block_experts' in r]
+  token, block = [r for r in rows if 'experts_touched' in r]
   assert (token['block_experts'], block['block_experts']) == (0, 4)
   assert block['experts_touched'] <= 4 < token['experts_weighted'] <= token['experts_touched']
   assert block['experts_weighted'] <= block['experts_touched']
