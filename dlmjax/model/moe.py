@@ -24,7 +24,8 @@ top-k among the pool only. A block then touches at most C experts (k x block_siz
 which bounds the experts a batch-1 decode step reads. The report leaves open how the pool meets
 group-limited routing and the expert bias; here the admission score is the selection score the
 token's top-k ranks by (biased, and -inf outside the token's kept groups), and a token whose kept
-groups hold fewer than k admitted experts gives its missing choices weight 0.
+groups hold fewer than k admitted experts gives its missing choices weight 0 and its block's
+first pool expert (`pool_first`), so the grouped matmul runs no expert outside the pool.
 
 Dispatch is dropless: every (token, choice) assignment is sorted by expert, the experts run as a
 grouped matmul over their contiguous rows (kernels/grouped_matmul.py), and the outputs go back
@@ -162,7 +163,10 @@ class MoE(nnx.Module):
     chosen_BLK, experts_BLK = jax.lax.top_k(choice_BLE, self.top_k)
     weights_BLK = jnp.take_along_axis(weights_of_BLE, experts_BLK, axis=-1)
     # Only block routing can leave a token fewer than k candidates (its choice -inf): weight 0.
-    weights_BLK = jnp.where(chosen_BLK > -jnp.inf, weights_BLK, 0.0)
+    valid_BLK = chosen_BLK > -jnp.inf
+    weights_BLK = jnp.where(valid_BLK, weights_BLK, 0.0)
+    if self.block_experts:  # ... and its block's best expert, so that it runs no expert outside
+      experts_BLK = jnp.where(valid_BLK, experts_BLK, pool_first(choice_BLE, self.block_size))
     if self.router != 'softmax_topk_raw':
       weights_BLK = weights_BLK / jnp.maximum(jnp.sum(weights_BLK, -1, keepdims=True), 1e-20)
     if self.routed_scale != 1.0:
@@ -185,12 +189,8 @@ def block_pool(choice_BLE, pool: int, block_size: int):
   """choice with every expert outside its block's pool at -inf: the blocks are block_size
   consecutive positions along L (a last partial block counts as one), and a block's pool is the
   `pool` experts of the highest best choice over its tokens (LLaDA2.2's block routing)."""
-  batch, length, experts = choice_BLE.shape
-  blocks = -(-length // block_size)
-  padded = jnp.pad(
-    choice_BLE, ((0, 0), (0, blocks * block_size - length), (0, 0)), constant_values=-jnp.inf
-  )
-  best_BNE = jnp.max(padded.reshape(batch, blocks, block_size, experts), axis=2)
+  length = choice_BLE.shape[1]
+  best_BNE = _block_best(choice_BLE, block_size)
   _, admitted_BNC = jax.lax.top_k(best_BNE, pool)
   admitted_BNE = jnp.zeros(best_BNE.shape, bool)
   admitted_BNE = jax.vmap(jax.vmap(lambda row, ids: row.at[ids].set(True)))(
@@ -198,6 +198,24 @@ def block_pool(choice_BLE, pool: int, block_size: int):
   )
   admitted_BLE = jnp.repeat(admitted_BNE, block_size, axis=1)[:, :length]
   return jnp.where(admitted_BLE, choice_BLE, -jnp.inf)
+
+
+def _block_best(choice_BLE, block_size: int):
+  """[B, blocks, E]: each expert's best choice over each block's positions."""
+  batch, length, experts = choice_BLE.shape
+  blocks = -(-length // block_size)
+  padded = jnp.pad(
+    choice_BLE, ((0, 0), (0, blocks * block_size - length), (0, 0)), constant_values=-jnp.inf
+  )
+  return jnp.max(padded.reshape(batch, blocks, block_size, experts), axis=2)
+
+
+def pool_first(pooled_BLE, block_size: int):
+  """int32 [B, L, 1]: the first expert of each position's block pool (from the pooled choice).
+  A token's weight-0 choices point at it: an expert outside the pool would cost the grouped
+  matmul a read of its weights for nothing."""
+  best_BN = jnp.argmax(_block_best(pooled_BLE, block_size), axis=-1).astype(jnp.int32)
+  return jnp.repeat(best_BN, block_size, axis=1)[:, : pooled_BLE.shape[1], None]
 
 
 def _group_limited(scores_BLE, groups: int, group_topk: int):

@@ -87,20 +87,22 @@ def estimate_bytes_per_device(config) -> dict[str, float]:
   context = mesh.get('context', 1)  # the axis exists once context parallelism lands
   shards = mesh.fsdp * mesh.tensor * mesh.pipeline * context
   per_param = 20 if config_lib.num_microbatches(config) > 1 else 16
+  # Routed experts are split over `expert` too (model/moe.py), in the frozen base of a LoRA run
+  # as well (its shardings come from the same logical axes; LoRA never adapts them).
+  experts = cfg.num_expert_params()
+  elsewhere = experts * (1 - 1 / mesh.expert)  # the experts other expert groups hold
   if config.train.lora.rank > 0:
     lora_cfg = lora.with_adapters(cfg, config)
     base_dtype = jnp.dtype(lora.storage_dtype(config))
-    base = lora.base_bytes(lora_cfg, base_dtype.itemsize)
+    base = lora.base_bytes(lora_cfg, base_dtype.itemsize) - elsewhere * base_dtype.itemsize
     if jnp.dtype(cfg.dtype).itemsize > base_dtype.itemsize:  # the step's compute-dtype copy
-      base += cfg.num_params() * jnp.dtype(cfg.dtype).itemsize
+      base += (cfg.num_params() - elsewhere) * jnp.dtype(cfg.dtype).itemsize
     state = (base + per_param * lora.num_adapter_params(lora_cfg)) / shards
   else:
-    # Routed experts are split over `expert` too (model/moe.py).
-    experts = cfg.num_expert_params()
-    state = per_param * (cfg.num_params() - experts + experts / mesh.expert) / shards
+    state = per_param * (cfg.num_params() - elsewhere) / shards
     resident = stages.build(config).resident_param_bytes  # e.g. RL's KL reference, not trained
     if resident:
-      state += resident * (cfg.num_params() - experts + experts / mesh.expert) / shards
+      state += resident * (cfg.num_params() - elsewhere) / shards
   rows = config.train.micro_batch_size / config_lib.batch_parallelism(config)
   tokens = rows * cfg.seq_len / context
   streams = config_lib.attention_streams(config)  # block diffusion: layers on [x_t || x_0]

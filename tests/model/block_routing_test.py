@@ -99,6 +99,23 @@ def test_block_routing_matches_the_written_out_rule(router, groups, group_topk):
   assert np.any(np.any(token_routed[:, :BLOCK] > 0, axis=1).sum(-1) > 3)
 
 
+def test_dispatch_runs_only_the_pool():
+  """Every (token, choice) the grouped matmul runs, weight-0 choices included, is in its
+  block's pool: a token whose kept groups hold fewer than k pool experts must not send its empty
+  choices to experts outside (their weights would be read for nothing)."""
+  x = jax.random.normal(jax.random.key(3), (2, 10, D))
+  layer = _layer('sigmoid_bias', 3, 4, 2)
+  graphdef, state = nnx.split(layer)
+  experts, weights, _ = jax.jit(lambda s, x: nnx.merge(graphdef, s).route(x))(state, x)
+  experts, weights = np.asarray(experts), np.asarray(weights)
+  assert np.any(weights == 0)  # the case this guards: some token has an empty choice
+  pool = _reference_weights(layer, x, 3) > 0
+  for first in range(0, 10, BLOCK):
+    for b in range(2):
+      admitted = set(np.flatnonzero(pool[b, first : first + BLOCK].any(0)))
+      assert set(experts[b, first : first + BLOCK].ravel()) <= admitted
+
+
 def test_a_pool_of_every_expert_is_token_routing_and_the_layer_runs_the_pool():
   x = jax.random.normal(jax.random.key(4), (1, 8, D))
   full, token = _layer('sigmoid_bias', E, 4, 2), _layer('sigmoid_bias', 0, 4, 2)

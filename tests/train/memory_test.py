@@ -178,3 +178,29 @@ def test_summary_fails_fast_with_exit_2():
   result = subprocess.run(args[:-2], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr
   assert 'memory check: fits' in result.stdout
+
+
+def test_lora_base_splits_routed_experts_over_the_expert_axis():
+  """A LoRA run's frozen base is sharded as the full model's params are: the routed experts over
+  mesh.expert (LLaDA2.0-mini: 19 MoE layers x 256 experts x 3 x 2048 x 512, bf16)."""
+
+  def state(expert):
+    c = config_lib.load_file(os.path.join(ROOT, 'configs', 'sft.py') + ':llada2_mini')
+    config_lib.apply_overrides(
+      c,
+      {
+        'init_from': 'random-weights',
+        'model.dtype': 'bfloat16',
+        'train.lora.rank': 64,
+        'train.lora.base_dtype': 'bfloat16',
+        'train.micro_batch_size': 8,
+        'train.global_batch_size': 8,
+        'mesh.fsdp': 8 // expert,
+        'mesh.expert': expert,
+      },
+    )
+    config_lib.fit_to_devices(c, 8)
+    return memory.estimate_bytes_per_device(c)['state'] * (8 // expert)  # undo the fsdp split
+
+  routed = 19 * 256 * 3 * 2048 * 512
+  assert state(1) - state(8) == pytest.approx(2 * routed * 7 / 8)
