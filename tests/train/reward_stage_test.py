@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from dlmjax import generate, inference
 from dlmjax import model as model_lib
 from dlmjax import verify
 from dlmjax.checkpoint import hf_config, hf_io, hf_layouts, manager, run_model
@@ -139,3 +140,23 @@ def test_verify_checks_a_reward_runs_integrity_and_names_the_parity_it_skips(rew
   checks = verify.verify(reward_run[1])
   assert all(c.ok for c in checks), verify.report(checks)
   assert checks[-1].name == 'logits parity' and 'a reward model has a score' in checks[-1].detail
+
+
+def test_a_reward_run_refuses_to_generate_and_to_start_a_language_model(reward_run, capsys):
+  """No token head: generate, infill, logits and the CLI say so in one line; and a language-model
+  stage cannot start from it."""
+  _, out = reward_run
+  model = inference.load_pretrained(out)
+  for use in (lambda: model.generate('1+1'), lambda: model.infill('a <mask:2> b')):
+    with pytest.raises(ValueError, match='is a reward model .*no token head.*rl.reward_model'):
+      use()
+  with pytest.raises(ValueError, match='no token logits'):
+    model.logits(np.zeros((1, 4), np.int32))
+  assert generate.main(['--checkpoint-path', out, '--prompt', '1+1']) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and 'is a reward model (a score head, no token head)' in err
+  sft = tiny_test_config(**{'stage': 'sft', 'init_from': out, 'model.seq_len': SEQ})
+  with pytest.raises(
+    manager.CheckpointError, match='is a reward model .*stage=sft run cannot start from it'
+  ):
+    run_model.source_params(sft)
