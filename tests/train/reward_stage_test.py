@@ -9,15 +9,15 @@ import jax
 import numpy as np
 import pytest
 
-from dlmjax import generate, inference
+from dlmjax import convert, generate, inference
 from dlmjax import model as model_lib
 from dlmjax import verify
-from dlmjax.checkpoint import hf_config, hf_io, hf_layouts, manager, run_model
+from dlmjax.checkpoint import hf_config, hf_io, hf_layouts, manager, peft_io, run_model
+from dlmjax.model import lora, score_head
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.rl import reward_model
 from dlmjax.train import loop, stages
 from dlmjax.train import state as state_lib
-from dlmjax.train import step as step_lib
 from tests import stage_configs
 from tests.conftest import tiny_test_config
 
@@ -112,28 +112,76 @@ def test_a_layout_without_a_classification_class_is_refused_in_one_line():
     hf_layouts.choose('qwen3', block)
 
 
-def test_lora_trains_the_score_head_whole_beside_the_adapters():
-  c = tiny_test_config(
-    **{
-      'stage': 'reward',
-      'init_from': 'unused',
-      'train.lora.rank': 4,
-      'train.lora.alpha': 8.0,
-      'train.schedule': 'constant',
-      'train.warmup_steps': 0,
-    }
+@pytest.fixture(scope='module')
+def lora_reward_run(reward_run, tmp_path_factory):
+  """(config, run dir) of one LoRA reward step over reward_run's language model."""
+  config, _ = reward_run
+  c = config.copy_and_resolve_references()
+  c.output_dir = str(tmp_path_factory.mktemp('lora_reward'))
+  c.train.steps, c.eval.every = 1, 0
+  c.train.lora.rank, c.train.lora.alpha, c.train.lora.base_dtype = 4, 8.0, 'float32'
+  c.train.lora.targets = 'q,v,up'
+  loop.train(c)
+  return c, c.output_dir
+
+
+def test_lora_trains_the_score_head_whole_beside_the_adapters(lora_reward_run):
+  c, out = lora_reward_run
+  run_dir, step_dir, _ = manager.resolve_step_dir(out)
+  _, adapters, frozen = run_model.restore_lora(run_dir, step_dir, c)
+  assert 'score' in adapters and 'score' not in frozen  # trained, saved with the adapters
+  fresh = np.asarray(score_head.fresh(c.seed, c.model.d_model, c.model.init_std))
+  assert np.abs(fresh).max() > 0  # a drawn head (not zero as B is), and the step moved it
+  assert np.abs(np.asarray(adapters['score']) - fresh).max() > 0
+  b = jax.device_get(adapters['blocks']['attn']['q_proj' + lora.B_SUFFIX])
+  assert np.abs(b).max() > 0  # the adapters trained beside it
+
+
+def test_a_lora_reward_runs_peft_export_holds_the_score_head(lora_reward_run, tmp_path):
+  """PEFT's sequence-classification layout: the head in modules_to_save; PEFT over the exported
+  base scores as the run does, and the base alone is the run at step 0 (B = 0, the fresh head)."""
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  peft = pytest.importorskip('peft')
+  c, out = lora_reward_run
+  peft_dir = str(tmp_path / 'peft')
+  assert convert.main(['to-hf', '--checkpoint-path', out, '--output-dir', peft_dir,
+                       '--dtype', 'fp32', '--adapter', 'peft']) == 0  # fmt: skip
+  with open(os.path.join(peft_dir, peft_io.CONFIG_FILE)) as f:
+    adapter_config = json.load(f)
+  assert adapter_config['task_type'] == 'SEQ_CLS' and adapter_config['modules_to_save'] == ['score']
+  eos = c.model.eos_token_id
+  rows = np.random.default_rng(0).integers(3, 200, size=(2, SEQ)).astype(np.int32)
+  rows[0, 50:] = eos
+  loaded = run_model.restore(out)  # merged: the adapters and the trained head
+  ours = np.asarray(reward_model.score_program(loaded.model_config, eos)(loaded.params, rows))
+  base_dir = os.path.join(peft_dir, 'base')
+  run_dir, step_dir, _ = manager.resolve_step_dir(out)
+  _, _, frozen = run_model.restore_lora(run_dir, step_dir, c)
+  start = score_head.attach(jax.device_get(frozen), loaded.model_config, c.seed)
+  at_start = np.asarray(reward_model.score_program(loaded.model_config, eos)(start, rows))
+  assert np.abs(ours - at_start).max() > 1e-3  # the step moved the scores
+  load = transformers.AutoModelForSequenceClassification.from_pretrained
+  with torch.no_grad():
+    base = load(base_dir, dtype=torch.float32).eval()
+    np.testing.assert_allclose(
+      base(torch.tensor(rows, dtype=torch.long)).logits[:, 0].numpy(),
+      at_start,
+      rtol=1e-4,
+      atol=1e-5,
+    )
+    model = peft.PeftModel.from_pretrained(base, peft_dir).eval()
+    theirs = model(torch.tensor(rows, dtype=torch.long)).logits[:, 0].numpy()
+  np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-5)
+  # And back in as train.lora.init_adapter: the same adapters, the trained head among them.
+  again = c.copy_and_resolve_references()
+  again.train.lora.init_adapter = peft_dir
+  setup = state_lib.TrainSetup(again, mesh_lib.make_mesh(again))
+  back = jax.device_get(peft_io.read_adapter(peft_dir, again, setup))
+  _, adapters, _ = run_model.restore_lora(run_dir, step_dir, c)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7), back, jax.device_get(adapters)
   )
-  setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c, jax.devices()[:1]))
-  assert 'score' in setup.trainable_shapes and 'score' not in setup.frozen_shapes
-  state = setup.init_state(c.seed)
-  before = jax.device_get(state['params'])
-  assert np.abs(before['score']).max() > 0  # a fresh head, drawn (not zero as B is)
-  stage = stages.build(c)
-  step = step_lib.CompiledStep(setup, stage)
-  batch = stage.example_batch(np.random.default_rng(0))
-  state, _ = step(state, {k: jax.device_put(v, step.batch_sharding) for k, v in batch.items()})
-  after = jax.device_get(state['params'])
-  assert np.abs(after['score'] - before['score']).max() > 0
 
 
 def test_verify_checks_a_reward_runs_integrity_and_names_the_parity_it_skips(reward_run):
