@@ -103,7 +103,7 @@ def source_params(config, mesh=None, purpose: str | None = 'initialising') -> di
   shapes, shardings = model_lib.param_placement(config, mesh)
   if hf_io.is_hf_dir(path):
     _, params = hf_io.load_hf(path, config=config)  # checks the weights against config
-    if cfg.score_head:  # the import reads the backbone (hf_mapping.import_params)
+    if cfg.score_head and score_head.KEY not in params:  # a language model: a fresh head
       params = score_head.attach(params, cfg, config.seed)
     return jax.device_put(params, shardings)
   run_dir, step_dir, _ = manager.resolve_step_dir(path)

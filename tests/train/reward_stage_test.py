@@ -208,3 +208,72 @@ def test_a_reward_run_refuses_to_generate_and_to_start_a_language_model(reward_r
     manager.CheckpointError, match='is a reward model .*stage=sft run cannot start from it'
   ):
     run_model.source_params(sft)
+
+
+def _transformers_reward_model(path, **overrides):
+  """A Qwen3ForSequenceClassification made by transformers alone (no dlmjax files, causal as
+  transformers' class is), the tiny model's shape, saved to `path`."""
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  m = tiny_test_config().model
+  fields = dict(
+    vocab_size=m.vocab_size,
+    hidden_size=m.d_model,
+    intermediate_size=m.ffn_dim,
+    num_hidden_layers=m.num_layers,
+    num_attention_heads=m.num_heads,
+    num_key_value_heads=m.num_kv_heads,
+    head_dim=m.head_dim,
+    rms_norm_eps=m.norm_eps,
+    rope_theta=m.rope_theta,
+    max_position_embeddings=SEQ,
+    tie_word_embeddings=False,
+    eos_token_id=m.eos_token_id,
+    pad_token_id=m.eos_token_id,
+    num_labels=1,
+  )
+  hf = transformers.Qwen3Config(**{**fields, **overrides})
+  torch.manual_seed(0)
+  model = transformers.Qwen3ForSequenceClassification(hf).eval()
+  with torch.no_grad():  # a head far from zero, so the scores differ row by row
+    model.score.weight.normal_(0.0, 1.0)
+  model.save_pretrained(path)
+  return model
+
+
+def test_a_transformers_sequence_classification_model_imports_as_a_reward_model(tmp_path):
+  """Read as ours (causal, its head): the same scores as transformers; init_from keeps its head;
+  rl.reward_model can point at the directory. Where it cannot score the same, one line."""
+  torch = pytest.importorskip('torch')
+  hf_dir = str(tmp_path / 'rm')
+  model = _transformers_reward_model(hf_dir)
+  eos = tiny_test_config().model.eos_token_id
+  rows = np.random.default_rng(0).integers(3, 200, size=(3, SEQ)).astype(np.int32)
+  rows[0, 40:], rows[1, 10], rows[1, 70:] = eos, eos, eos
+  with torch.no_grad():
+    theirs = model(torch.tensor(rows, dtype=torch.long)).logits[:, 0].numpy()
+  config, params = hf_io.load_hf(hf_dir)
+  assert config.stage == 'reward' and config.model.attention_mask == 'causal'
+  cfg = model_lib.ModelConfig.from_config(config)
+  ours = np.asarray(reward_model.score_program(cfg, eos)(params, rows))
+  np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+  # init_from for the reward stage keeps the head (a language model gets a fresh one).
+  reward = tiny_test_config(**{'stage': 'reward', 'init_from': hf_dir, 'model.seq_len': SEQ})
+  reward.model.attention_mask = 'causal'
+  start = run_model.source_params(reward)
+  np.testing.assert_array_equal(np.asarray(start['score']), np.asarray(params['score']))
+  # RL against it: rl.reward_model names the directory.
+  rl = tiny_test_config(**{'stage': 'rl', 'rl.reward_model': hf_dir, 'init_from': 'x'})
+  scorer = reward_model.RewardModel(hf_dir, policy=rl)
+  np.testing.assert_allclose(scorer(rows, batch_size=2), theirs, rtol=1e-4, atol=1e-5)
+  # Refused in one line: a language-model stage; two labels; pooling at a pad other than EOS.
+  sft = tiny_test_config(**{'stage': 'sft', 'init_from': hf_dir, 'model.seq_len': SEQ})
+  sft.model.attention_mask = 'causal'
+  with pytest.raises(hf_config.HFConfigError, match='stage=sft run cannot start from it'):
+    run_model.source_params(sft)
+  _transformers_reward_model(str(tmp_path / 'two'), num_labels=2)
+  with pytest.raises(hf_config.HFConfigError, match='with 2 labels; a reward model has one'):
+    hf_io.load_hf(str(tmp_path / 'two'))
+  _transformers_reward_model(str(tmp_path / 'pad'), **{'pad_token_id': 0})
+  with pytest.raises(hf_config.HFConfigError, match='not pad_token_id=0, dlmjax at the last'):
+    reward_model.RewardModel(str(tmp_path / 'pad'), policy=rl)
