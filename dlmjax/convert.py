@@ -40,7 +40,7 @@ from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import peft_io
 from dlmjax.checkpoint import run_model
 from dlmjax.checkpoint import safetensors_io
-from dlmjax.model import quantize
+from dlmjax.model import quantize, score_head
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,7 +72,10 @@ def lora_to_hf(
       'export the merged model (--adapter merged) in that layout.'
     )
   base_dir = os.path.join(output_dir, 'base')
-  hf_io.write_hf(base_dir, plain, quantize.dequantize_tree(frozen), layout=family, **kwargs)
+  base = quantize.dequantize_tree(frozen)
+  if cfg.score_head:  # a reward model's base: the head the run started with (its seed's draw)
+    base = score_head.attach(base, cfg, config.seed)
+  hf_io.write_hf(base_dir, plain, base, layout=family, **kwargs)
   return peft_io.write_adapter(
     output_dir,
     adapters,

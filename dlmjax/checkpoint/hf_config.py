@@ -101,6 +101,45 @@ def config_from_hf(hf: dict, base=None):
   return config
 
 
+def is_sequence_classification(hf: dict) -> bool:
+  """A transformers *ForSequenceClassification checkpoint (`score.weight`, no output head)."""
+  return any(str(a).endswith('ForSequenceClassification') for a in hf.get('architectures') or [])
+
+
+def as_reward_model(hf: dict, config, hf_dir: str, *, derived: bool) -> None:
+  """A *ForSequenceClassification import as dlmjax's reward model (stage reward), refused in one
+  line where it cannot compute the same scores. Transformers pools at the last token that is not
+  pad_token_id; dlmjax's reward rows are EOS-padded and pooled at the last token that is not EOS
+  (rl/reward_model.py), so pad_token_id must be EOS. A derived config (no --config) takes the
+  mask transformers' class attends with: config.json's attn_mask_type, else is_causal (causal
+  when absent, as transformers reads it)."""
+  arch = (hf.get('architectures') or ['?'])[0]
+  labels = hf.get('num_labels') or len(hf.get('id2label') or {}) or 2  # transformers' default
+  if labels != 1:
+    raise HFConfigError(
+      f'{hf_dir} is a {arch} with {labels} labels; a reward model has one score: use a '
+      'checkpoint trained with num_labels=1.'
+    )
+  pad, eos = hf.get('pad_token_id'), config.model.eos_token_id
+  if pad != eos:
+    raise HFConfigError(
+      f'{hf_dir} pools its score at the last token that is not pad_token_id={pad}, dlmjax at the '
+      f'last that is not EOS ({eos}), so the scores would differ; use a reward model padded with '
+      'EOS (pad_token_id = eos_token_id, as `convert to-hf` of a reward run writes).'
+    )
+  if not derived:
+    if not config_lib.stage_traits(config).score_head:
+      raise HFConfigError(
+        f'{hf_dir} is a reward model ({arch}: a score head, no token head): a '
+        f'stage={config.stage} run cannot start from it; set --config.init_from to a language '
+        'model.'
+      )
+    return
+  config.stage = 'reward'
+  if 'attn_mask_type' not in hf:
+    config.model.attention_mask = 'bidirectional' if hf.get('is_causal') is False else 'causal'
+
+
 def check_matches(hf: dict, config, *, missing_qk_norm: str = 'error') -> None:
   """Raises HFConfigError listing every model dimension where `config` and the checkpoint differ
   (missing_qk_norm='ones' lets a QK-norm config take a checkpoint without QK-norm)."""

@@ -366,6 +366,8 @@ def hf_dir_config(hf_dir: str, config=None, *, missing_qk_norm: str = 'error'):
       saved_json = f.read()
   given = config is not None
   config = _resolve_config(hf, config, saved_json, missing_qk_norm)
+  if hf_config.is_sequence_classification(hf):  # a reward model (its score head is read too)
+    hf_config.as_reward_model(hf, config, hf_dir, derived=not given)
   if not given and not os.path.exists(config.data.tokenizer):
     _point_at_tokenizer(config, hf_dir)
   return hf, config

@@ -469,6 +469,8 @@ def check_source(
   source = _unfused(source, naming, cfg)
   expected = _expected(naming, cfg)
   present = set(source.keys())
+  if cfg.score_head and SCORE in present:  # a *ForSequenceClassification: no output head
+    expected = [n for n in expected if n != naming.lm_head]
   missing = [n for n in expected if n not in present]
   if missing:
     raise MappingError(
@@ -476,6 +478,13 @@ def check_source(
       f'{_listing(missing)}. Is it complete, and is the architecture right?'
     )
   allowed = set(expected) | set(_zero_bias_names(naming, cfg))
+  if cfg.score_head:  # a reward model reads a *ForSequenceClassification's head
+    allowed.add(SCORE)
+    if SCORE in present and tuple(source.shape(SCORE)) != (1, cfg.d_model):
+      raise MappingError(
+        f'{SCORE} is {tuple(source.shape(SCORE))}, a reward model needs (1, {cfg.d_model}): one '
+        'label over the hidden state.'
+      )
   if cfg.tie_embeddings:
     allowed.add(naming.lm_head)  # some exporters write the tied head too; it is the embedding.
   unexpected = sorted(n for n in present - allowed if not re.fullmatch(naming.ignored, n))
@@ -492,7 +501,7 @@ def check_source(
       "the config's vocabulary."
     )
   want = {naming.embed: (rows, cfg.d_model), naming.final_norm: (cfg.d_model,)}
-  if not cfg.tie_embeddings:
+  if naming.lm_head in expected:
     want[naming.lm_head] = (rows, cfg.d_model)
   for i in range(cfg.num_layers):
     for slot in _source_slots(naming, cfg, i):
@@ -571,6 +580,8 @@ def import_params(
       _set(params, _path(cfg, start, slot)[0], place(stacked))
       del stacked
   _set(params, _FINAL_NORM, place(np.asarray(source.get(naming.final_norm), np.float32)))
+  if cfg.score_head and SCORE in source:  # a reward model's head [1, D] as ours [D, 1]
+    params['score'] = place(np.ascontiguousarray(np.asarray(source.get(SCORE), np.float32).T))
   if not cfg.tie_embeddings and not cfg.score_head:  # a reward model: the backbone alone
     head_VD = _vocab_rows(np.asarray(source.get(naming.lm_head), np.float32), cfg.vocab_size)
     _set(params, _LM_HEAD, place(np.ascontiguousarray(head_VD.T)))

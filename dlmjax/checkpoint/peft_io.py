@@ -19,11 +19,12 @@ import numpy as np
 
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import hf_mapping, safetensors_io
-from dlmjax.model import lora
+from dlmjax.model import lora, score_head
 
 CONFIG_FILE = 'adapter_config.json'
 WEIGHTS_FILE = 'adapter_model.safetensors'
 _PREFIX = 'base_model.model.'
+_SCORE_MODULE = hf_mapping.SCORE.removesuffix('.weight')  # a reward model's head (SEQ_CLS)
 # Our adapted weights (train.lora.targets) and the hf_mapping slot of each.
 _WEIGHTS = {
   'q': ('attn', 'q_proj'),
@@ -63,10 +64,17 @@ def write_adapter(
   output_dir: str, adapters: dict, cfg, *, base_model: str = '', dropout: float = 0.0
 ) -> str:
   """A PEFT adapter directory for the model `convert to-hf` exports (its family's names);
-  dropout is the run's train.lora.dropout, so PEFT continues the training as it ran."""
+  dropout is the run's train.lora.dropout, so PEFT continues the training as it ran.
+
+  A reward model's score head, trained whole, goes where PEFT saves a sequence-classification
+  head (task_type SEQ_CLS, modules_to_save ['score']): `base_model.model.score.weight` [1, D],
+  which PEFT loads over the base's head (ModulesToSaveWrapper)."""
   family = hf_mapping.export_family(cfg)
   naming = hf_mapping.NAMINGS[family]
   tensors = list(adapter_tensors(adapters, cfg, family))
+  if cfg.score_head:
+    score = np.asarray(jax.device_get(adapters[score_head.KEY]), np.float32).T
+    tensors.append((_PREFIX + hf_mapping.SCORE, np.ascontiguousarray(score)))
   entries = [(name, t.shape, np.dtype(np.float32)) for name, t in tensors]
   safetensors_io.write_model(
     output_dir,
@@ -79,7 +87,7 @@ def write_adapter(
   modules = [naming.layer_keys[t].split('.')[-2] for t in cfg.lora_targets]
   peft_config = dict(
     peft_type='LORA',
-    task_type=None,
+    task_type='SEQ_CLS' if cfg.score_head else None,
     base_model_name_or_path=base_model,
     inference_mode=True,
     r=cfg.lora_rank,
@@ -91,7 +99,7 @@ def write_adapter(
     use_rslora=False,
     use_dora=False,
     init_lora_weights=True,
-    modules_to_save=None,
+    modules_to_save=[_SCORE_MODULE] if cfg.score_head else None,
   )
   with open(os.path.join(output_dir, CONFIG_FILE), 'w') as f:
     json.dump(peft_config, f, indent=2)
@@ -104,7 +112,9 @@ def _fail(path: str, problem: str, fix: str):
 
 def read_adapter(path: str, config, setup) -> dict:
   """The adapters of a PEFT directory in the setup's trainable shardings, checked against the
-  run's rank, alpha, targets and model shapes (any family hf_mapping names, LLaDA's included)."""
+  run's rank, alpha, targets and model shapes (any family hf_mapping names, LLaDA's included).
+  A reward run takes the adapter's score head (modules_to_save), else draws a fresh one as
+  init_adapters does."""
   cfg = setup.model_config
   if len(cfg.layer_runs()) > 1:
     _fail(
@@ -135,8 +145,11 @@ def read_adapter(path: str, config, setup) -> dict:
       for target in _WEIGHTS:
         if target in naming.layer_keys:  # an MoE family's MLP has no dense gate / up / down
           index[_PREFIX + _module(naming, i, target)] = (target, i)
-  found = {}  # (target, layer, 'A'|'B') -> array
+  found, out = {}, {}  # found: (target, layer, 'A'|'B') -> array
   for name in reader.keys():
+    if cfg.score_head and name == _PREFIX + hf_mapping.SCORE:  # a SEQ_CLS adapter's head
+      out[score_head.KEY] = _score(path, reader.get(name), setup)
+      continue
     module, _, kind = name.rpartition('.lora_')
     if kind not in ('A.weight', 'B.weight') or module not in index:
       _fail(
@@ -153,7 +166,9 @@ def read_adapter(path: str, config, setup) -> dict:
       f'adapts {",".join(targets) or "nothing"}, the run {",".join(cfg.lora_targets)}',
       f'set --config.train.lora.targets={",".join(targets)}',
     )
-  out = {}
+  if cfg.score_head and score_head.KEY not in out:  # a language model's adapter: a fresh head
+    fresh = score_head.fresh(config.seed, cfg.d_model, cfg.init_std)
+    out[score_head.KEY] = jax.device_put(fresh, setup.trainable_shardings[score_head.KEY])
   for (parent, weight), shardings in _weights(setup):
     target = next(t for t, w in _WEIGHTS.items() if w == (parent, weight))
     for suffix, kind in ((lora.A_SUFFIX, 'A'), (lora.B_SUFFIX, 'B')):
@@ -180,6 +195,19 @@ def read_adapter(path: str, config, setup) -> dict:
         np.stack(layers), shardings[suffix]
       )
   return out
+
+
+def _score(path: str, weight, setup):
+  """A reward model's head [D, 1] from PEFT's `score.weight` [1, D]."""
+  want = setup.trainable_shapes[score_head.KEY].shape
+  if tuple(weight.shape) != want[::-1]:
+    _fail(
+      path,
+      f'holds a score head of shape {tuple(weight.shape)}, this reward model needs {want[::-1]}',
+      'use an adapter of this model (one label, the same width)',
+    )
+  value = np.asarray(weight, np.float32).T
+  return jax.device_put(value, setup.trainable_shardings[score_head.KEY])
 
 
 def _weights(setup):

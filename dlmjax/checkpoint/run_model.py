@@ -103,11 +103,17 @@ def source_params(config, mesh=None, purpose: str | None = 'initialising') -> di
   shapes, shardings = model_lib.param_placement(config, mesh)
   if hf_io.is_hf_dir(path):
     _, params = hf_io.load_hf(path, config=config)  # checks the weights against config
-    if cfg.score_head:  # the import reads the backbone (hf_mapping.import_params)
+    if cfg.score_head and score_head.KEY not in params:  # a language model: a fresh head
       params = score_head.attach(params, cfg, config.seed)
     return jax.device_put(params, shardings)
   run_dir, step_dir, _ = manager.resolve_step_dir(path)
   saved = manager.load_run_config(run_dir)
+  if model_lib.ModelConfig.from_config(saved).score_head and not cfg.score_head:
+    raise manager.CheckpointError(
+      f'init_from={config.init_from!r} is a reward model (a score head, no token head): a '
+      f'stage={config.stage} run cannot start from it; set --config.init_from to the language '
+      f'model it was trained from ({saved.init_from or "its init_from"}).'
+    )
   manager.check_architecture(saved, config)
   if purpose is not None and jax.process_index() == 0:
     print(f'{purpose} from {step_dir}', flush=True)

@@ -48,6 +48,15 @@ class Pretrained:
       lambda p, tokens: model_lib.merge(cfg, p)(tokens), cfg.matmul_dtype
     )
 
+  def _check_token_head(self, use: str) -> None:
+    """A reward model (stage reward) ends in a score head: no token logits to return or sample."""
+    if self.model_config.score_head:
+      raise ValueError(
+        f'{self.source or "this checkpoint"} is a reward model (a score head, no token head), so '
+        f"it has no {use}; use it as RL's reward (--config.rl.reward_model), or load the "
+        'language model it was trained from.'
+      )
+
   @property
   def vocab_size(self) -> int:
     """The tokenizer's vocabulary (config.model.vocab_size), the last axis of `logits`."""
@@ -59,6 +68,7 @@ class Pretrained:
     The embedding's padding rows (Megatron pads to a multiple of 128) are cut off: they are never
     real tokens. One compilation per distinct (B, L).
     """
+    self._check_token_head('token logits')
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
       raise ValueError(
@@ -92,6 +102,7 @@ class Pretrained:
     `sampling` holds SamplingConfig fields. Prompts run batch_size at a time, left-padded to the
     longest prompt; the last batch is filled up so one compilation serves every batch.
     """
+    self._check_token_head('tokens to generate')
     settings = sampler.SamplingConfig.from_values(**sampling).validate()
     m = self.config.model
     if batch_size < 1:
@@ -142,6 +153,7 @@ class Pretrained:
     raw text) and the completion ends at the first EOS, or before DiffuCoder's padding piece
     (DIFFUCODER_PAD_PIECE) where the tokenizer has it. `sampling` holds SamplingConfig fields.
     """
+    self._check_token_head('tokens to generate')
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     template = self.chat_template if chat_template is None else chat_template
     if template != 'none':
@@ -157,6 +169,7 @@ class Pretrained:
     self, token_lists, *, seed: int = 0, batch_size: int = 8, **sampling
   ) -> list[list[int]]:
     """Each token list with its MASK ids decoded (dlmjax/diffusion/infill.py), the rest kept."""
+    self._check_token_head('tokens to infill')
     settings = sampler.SamplingConfig.from_values(**sampling).validate()
     m = self.config.model
     if self.mesh is not None:
@@ -180,6 +193,7 @@ class Pretrained:
 
   def infill(self, templates, *, seed: int = 0, batch_size: int = 8, **sampling) -> list[str]:
     """Each template's text with its <mask:N> holes filled (raw text: no chat template)."""
+    self._check_token_head('tokens to infill')
     templates = [templates] if isinstance(templates, str) else list(templates)
     mask_id = self.config.model.mask_token_id
     ids = [infill_lib.template_tokens(t, self.tokenizer.encode, mask_id) for t in templates]

@@ -59,9 +59,10 @@ def refresh(new_step, reference, params, *, every: int, alpha: float):
 
 
 class ReferenceModel:
-  """params() and the model_config to run them with."""
+  """params() and the model_config to run them with. `role` names what the reference is for in
+  the line printed when it is restored (VRPO's is no KL term's)."""
 
-  def __init__(self, config, setup):
+  def __init__(self, config, setup, *, role: str = 'frozen KL reference model'):
     self._state_reference = None
     if synced(config):  # the train state's, handed over before each rollout (use)
       self.model_config, self._setup, self.on_host = setup.model_config, None, False
@@ -75,7 +76,7 @@ class ReferenceModel:
     self.model_config, self._setup = setup.model_config, None
     self.on_host, self.shardings = config.rl.reference_on_host, setup.param_shardings
     dtype = jnp.dtype(config.rl.reference_dtype)
-    params = init_from.restore_params(config, setup, purpose='frozen KL reference model')
+    params = init_from.restore_params(config, setup, purpose=role)
     params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p))(params)
     self._params = jax.tree.map(distributed.to_host, params) if self.on_host else params
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.checkpoint import run_model
+from dlmjax.checkpoint import hf_io, hub, run_model
 from dlmjax.model import programs
 from dlmjax.parallel import distributed, rules
 from dlmjax.rl import canvas
@@ -50,6 +50,16 @@ def score_program(model_config, pad_id: int):
   return programs.jit_program(fn, model_config.matmul_dtype)
 
 
+def _load(path: str, mesh):
+  """(config, params on the mesh) of a run or step directory, or of a Hugging Face directory
+  (a *ForSequenceClassification imports as a reward model: checkpoint/hf_config.py)."""
+  if hf_io.is_hf_dir(path):
+    config, params = hf_io.load_hf(path)
+    return config, jax.device_put(params, model_lib.param_placement(config, mesh)[1])
+  loaded = run_model.restore(path, mesh)
+  return loaded.config, loaded.params
+
+
 class RewardModel:
   """A reward run's model (rl.reward_model: its run or step directory) scoring RL completions on
   the run's mesh, in batches of the rollout's rows, beside the policy's old and reference
@@ -57,27 +67,29 @@ class RewardModel:
 
   def __init__(self, path: str, mesh=None, *, policy=None):
     """policy: the RL run's config, whose token ids the reward model must share."""
-    if not os.path.isdir(path):
+    if not os.path.isdir(hub.resolve(path)):
       raise config_lib.ConfigError(
         f'rl.reward_model={path!r} is not a directory; set it to the run directory of a '
-        '`python -m dlmjax.train --config=configs/reward.py` run.'
+        '`python -m dlmjax.train --config=configs/reward.py` run, or a Hugging Face '
+        '*ForSequenceClassification directory.'
       )
-    loaded = run_model.restore(path, mesh)
-    if not loaded.model_config.score_head:
+    config, params = _load(hub.resolve(path), mesh)
+    if not model_lib.ModelConfig.from_config(config).score_head:
       raise config_lib.ConfigError(
-        f'rl.reward_model={path!r} is a {loaded.config.stage} run, not a reward model; set it to '
-        'the run directory of a `python -m dlmjax.train --config=configs/reward.py` run.'
+        f'rl.reward_model={path!r} is a {config.stage} model, not a reward model; set it to '
+        'the run directory of a `python -m dlmjax.train --config=configs/reward.py` run, or a '
+        'Hugging Face *ForSequenceClassification directory.'
       )
     ids = ('vocab_size', 'eos_token_id')
-    if policy is not None and any(loaded.config.model[k] != policy.model[k] for k in ids):
+    if policy is not None and any(config.model[k] != policy.model[k] for k in ids):
       raise config_lib.ConfigError(
         f'rl.reward_model={path!r} reads other token ids than the policy (model.vocab_size, '
         'model.eos_token_id differ); train the reward model from the same tokenizer.'
       )
-    self.config, self.params, self.mesh = loaded.config, loaded.params, mesh
-    self.eos_id = loaded.config.model.eos_token_id
-    self.width = loaded.config.model.seq_len
-    self.program = score_program(loaded.model_config, self.eos_id)
+    self.config, self.params, self.mesh = config, params, mesh
+    self.eos_id = config.model.eos_token_id
+    self.width = config.model.seq_len
+    self.program = score_program(model_lib.ModelConfig.from_config(config), self.eos_id)
 
   def rows(self, out_BW, prompt_lengths_B, prompt_width: int):
     """The sampler's rows (left-padded prompt + completion) as the reward model's training rows:

@@ -65,8 +65,8 @@ class _FixedSampler:
   """The rollout sampler's interface over one fixed output whose completions all differ; with an
   objective's records, each token's commit step and every step's prediction (the completion)."""
 
-  def __init__(self, pad_id, records=()):
-    self.pad_id, self.records = pad_id, records
+  def __init__(self, pad_id, records=(), one_a_step=False):
+    self.pad_id, self.records, self.one_a_step = pad_id, records, one_a_step
 
   def pad(self, token_ids):
     return sampler_lib.pad_prompts(token_ids, self.pad_id, width=PROMPT)
@@ -85,7 +85,9 @@ class _FixedSampler:
     out = np.concatenate([prompt_BP, canvas], axis=1)
     if not self.records:
       return out
-    steps = np.tile(np.arange(GEN, dtype=np.int32) % SAMPLER_STEPS, (ROWS, 1))
+    # TraceRL decodes one model block after another, a token a step (sampler.steps = GEN).
+    steps = np.arange(GEN, dtype=np.int32) % (GEN if self.one_a_step else SAMPLER_STEPS)
+    steps = np.tile(steps, (ROWS, 1))
     if 'predictions' not in self.records:
       return out, steps
     return out, steps, np.repeat(canvas[:, None], SAMPLER_STEPS, axis=1)
@@ -107,11 +109,14 @@ def reward_dir(tmp_path_factory):
 
 
 def _rl_config(reward_path, objective='d1'):
+  # TraceRL's policy is block-causal, decoded one model block at a time (the reward model is not).
+  trace = objective == 'trace'
+  block = {'model.attention_mask': 'block_causal', 'model.block_size': 4} if trace else {}
   return tiny_test_config(
     **{
       'stage': 'rl',
       'rl.objective': objective,
-      'sampler.steps': SAMPLER_STEPS,
+      'sampler.steps': GEN if trace else SAMPLER_STEPS,
       'rl.kl_beta': 0.0,
       'rl.reward_model': reward_path,
       'model.seq_len': PROMPT + GEN,
@@ -120,11 +125,12 @@ def _rl_config(reward_path, objective='d1'):
       'rl.group_size': 2,
       'rl.max_prompt_tokens': PROMPT,
       'sampler.gen_length': GEN,
-      'sampler.block_length': GEN,
+      'sampler.block_length': 4 if trace else GEN,
       'rl.inner_updates': 1,
       'train.schedule': 'constant',
       'train.warmup_steps': 0,
       'init_from': 'unused: the params are made here',
+      **block,
     }
   )
 
@@ -141,7 +147,8 @@ def _rollout(reward_path, objective):
     ),
     task=task,
   )
-  sampler = _FixedSampler(c.model.pad_token_id, objectives.get(objective).records)
+  records = objectives.get(objective).records
+  sampler = _FixedSampler(c.model.pad_token_id, records, one_a_step=objective == 'trace')
   batch, row = rollout.RolloutBatches(c, setup, prompts, sampler).next(state['params'])
   return c, setup, state, batch, row
 
@@ -161,8 +168,9 @@ def direct_scores(reward_dir):
   return scores
 
 
-# Every objective but TraceRL (block-causal models only; it rewards the same completions).
-@pytest.mark.parametrize('objective', ['d1', 'espo', 'spg', 'wd1', 'wd1pp', 'coupled_grpo'])
+@pytest.mark.parametrize(
+  'objective', ['d1', 'espo', 'spg', 'wd1', 'wd1pp', 'coupled_grpo', 'trace']
+)
 def test_rl_rewards_are_the_reward_models_scores(reward_dir, direct_scores, objective):
   """Whatever rows an objective rewards (wd1++: every step's prediction, here the completion)."""
   _, _, _, batch, row = _rollout(reward_dir[0], objective)
@@ -170,8 +178,9 @@ def test_rl_rewards_are_the_reward_models_scores(reward_dir, direct_scores, obje
   assert row['rollout_reward_mean'] == pytest.approx(float(direct_scores.mean()), rel=1e-5)
 
 
-def test_an_rl_step_trains_on_the_reward_models_scores(reward_dir, direct_scores):
-  c, setup, state, batch, _ = _rollout(reward_dir[0], 'd1')
+@pytest.mark.parametrize('objective', ['d1', 'trace'])  # TraceRL: a block-causal policy
+def test_an_rl_step_trains_on_the_reward_models_scores(reward_dir, direct_scores, objective):
+  c, setup, state, batch, _ = _rollout(reward_dir[0], objective)
   # Group advantages from those scores (groups of 2), and a step trains on them.
   np.testing.assert_allclose(batch['advantages'][0], -batch['advantages'][1], rtol=1e-5)
   assert np.sign(batch['advantages'][0]) == np.sign(direct_scores[0] - direct_scores[1])

@@ -1,9 +1,17 @@
-"""The preference stage's config checks: each bad setting fails in one line naming the key."""
+"""The preference stage's config checks: each bad setting fails in one line naming the key; the
+reference's start line."""
 
+import jax
 import pytest
 
 from dlmjax import config as config_lib
+from dlmjax import model as model_lib
+from dlmjax.checkpoint import manager
+from dlmjax.parallel import mesh as mesh_lib
+from dlmjax.train import stages
+from dlmjax.train import state as state_lib
 from dlmjax.train.stages import preference
+from tests import stage_configs
 from tests.conftest import tiny_test_config
 
 
@@ -45,3 +53,18 @@ def test_the_allocation_and_antithetic_switches_reach_the_estimator():
   assert preference.reference_stream(config) == preference.vrpo.POLICY_STREAM
   config.preference.antithetic = False
   assert preference.reference_stream(config) != preference.vrpo.POLICY_STREAM
+
+
+def test_the_start_line_names_vrpos_reference_not_a_kl_term(tmp_path, capsys):
+  """The line printed when the reference is restored says what VRPO uses it for."""
+  init = str(tmp_path / 'init')
+  c = tiny_test_config(**{'model.seq_len': 96, 'output_dir': init})
+  params = model_lib.init_params(model_lib.ModelConfig.from_config(c), jax.random.key(0))
+  manager.save_params_checkpoint(init, c, params)
+  config = stage_configs.with_cache(
+    tiny_test_config(**{'stage': 'preference', 'init_from': init, 'model.seq_len': 96})
+  )
+  setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
+  stages.build(config).evaluator(setup)
+  out = capsys.readouterr().out
+  assert 'frozen VRPO reference model (B_ref in the DPO loss) from' in out and 'KL' not in out

@@ -122,6 +122,10 @@ class Scorer:
       return distributed.to_host(out)
 
 
+# The start line's name for the reference: the B_ref of each ELBO in the DPO loss, not a KL term.
+REFERENCE_ROLE = 'frozen VRPO reference model (B_ref in the DPO loss)'
+
+
 def reference_stream(config) -> int:
   """Antithetic sampling: the reference draws the policy's timesteps and masks."""
   return vrpo.POLICY_STREAM if config.preference.antithetic else vrpo.INDEPENDENT_REFERENCE_STREAM
@@ -281,7 +285,9 @@ def build_rows(config, path: str, log=print) -> dict:
 def stage(config) -> base.Stage:
   """The preference stage (its keys are checked with the config: train/config_checks.py)."""
   # The batch source and the evaluator share one reference (restored once).
-  reference = functools.cache(lambda setup: reference_lib.ReferenceModel(config, setup))
+  reference = functools.cache(
+    lambda setup: reference_lib.ReferenceModel(config, setup, role=REFERENCE_ROLE)
+  )
 
   def batches(setup, process_index, process_count):
     return PairBatches(
