@@ -76,7 +76,8 @@ class RewardModel:
     config, params = _load(hub.resolve(path), mesh)
     if not model_lib.ModelConfig.from_config(config).score_head:
       raise config_lib.ConfigError(
-        f'rl.reward_model={path!r} is a {config.stage} model, not a reward model; set it to '
+        f'rl.reward_model={path!r} is a language model (a token head, no score head), not a '
+        'reward model; set it to '
         'the run directory of a `python -m dlmjax.train --config=configs/reward.py` run, or a '
         'Hugging Face *ForSequenceClassification directory.'
       )
