@@ -73,27 +73,37 @@ def make_loss(config):
     loss_B, margin_B = vrpo.dpo_loss(
       chosen_B, rejected_B, arrays['ref_chosen'], arrays['ref_rejected'], beta=p.beta
     )
-    width = arrays['tokens'].shape[1]
-    sums = dict(
-      loss_sum=jnp.sum(loss_B),
-      margin_sum=jnp.sum(margin_B),
-      correct_sum=jnp.sum((margin_B > 0).astype(jnp.float32)),
-      rows=jnp.float32(loss_B.shape[0]),
-      tokens=jnp.sum(2.0 * (width - arrays['prompt_lengths'])).astype(jnp.float32),
-    )
-    return jnp.sum(loss_B) / global_rows, sums
+    return jnp.sum(loss_B) / global_rows, pair_sums(loss_B, margin_B, arrays)
 
   return fn
 
 
-def metrics(sums) -> dict:
-  rows = jnp.maximum(sums['rows'], 1.0)
+def pair_sums(loss_B, margin_B, arrays) -> dict:
+  """A micro-batch's sums of a loss over pairs (this stage's and the reward stage's): losses,
+  margins, pairs ranked right, rows, and the tokens scored (both sides' completions)."""
+  width = arrays['tokens'].shape[1]
   return dict(
-    loss=sums['loss_sum'] / rows,
-    margin=sums['margin_sum'] / rows,
-    preference_accuracy=sums['correct_sum'] / rows,
-    tokens=sums['tokens'],
+    loss_sum=jnp.sum(loss_B),
+    margin_sum=jnp.sum(margin_B),
+    correct_sum=jnp.sum((margin_B > 0).astype(jnp.float32)),
+    rows=jnp.float32(loss_B.shape[0]),
+    tokens=jnp.sum(2.0 * (width - arrays['prompt_lengths'])).astype(jnp.float32),
   )
+
+
+def pair_metrics(sums, accuracy: str) -> dict:
+  """The step's metrics from pair_sums; `accuracy` names the share of pairs ranked right."""
+  rows = jnp.maximum(sums['rows'], 1.0)
+  return {
+    'loss': sums['loss_sum'] / rows,
+    'margin': sums['margin_sum'] / rows,
+    accuracy: sums['correct_sum'] / rows,
+    'tokens': sums['tokens'],
+  }
+
+
+def metrics(sums) -> dict:
+  return pair_metrics(sums, 'preference_accuracy')
 
 
 @functools.lru_cache(maxsize=8)  # one compilation per model and estimator, whatever the seed

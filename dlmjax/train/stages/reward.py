@@ -35,27 +35,13 @@ def make_loss(config):
       module, arrays['tokens'], arrays['rejected'], pad_id
     )
     loss_B, margin_B = reward_model.bradley_terry(chosen_B, rejected_B)
-    width = arrays['tokens'].shape[1]
-    sums = dict(
-      loss_sum=jnp.sum(loss_B),
-      margin_sum=jnp.sum(margin_B),
-      correct_sum=jnp.sum((margin_B > 0).astype(jnp.float32)),
-      rows=jnp.float32(loss_B.shape[0]),
-      tokens=jnp.sum(2.0 * (width - arrays['prompt_lengths'])).astype(jnp.float32),
-    )
-    return jnp.sum(loss_B) / global_rows, sums
+    return jnp.sum(loss_B) / global_rows, preference.pair_sums(loss_B, margin_B, arrays)
 
   return fn
 
 
 def metrics(sums) -> dict:
-  rows = jnp.maximum(sums['rows'], 1.0)
-  return dict(
-    loss=sums['loss_sum'] / rows,
-    margin=sums['margin_sum'] / rows,
-    reward_accuracy=sums['correct_sum'] / rows,
-    tokens=sums['tokens'],
-  )
+  return preference.pair_metrics(sums, 'reward_accuracy')
 
 
 @functools.lru_cache(maxsize=8)
