@@ -81,7 +81,10 @@ def _bwrap_argv(bwrap: str, as_root: bool, read_paths, scratch_bytes: int) -> li
       argv += ['--symlink', os.readlink(top), top]
     elif os.path.isdir(top):
       argv += ['--ro-bind', top, top]
-  bound, made = [], set()
+  # The scratch first: a read path under /tmp (a checkout or an interpreter there) is bound
+  # into it after, not hidden beneath it.
+  argv += ['--size', str(scratch_bytes), '--perms', '1777', '--tmpfs', SCRATCH]
+  bound, made = [], {SCRATCH}
   for path in sorted({'/usr', *(os.path.realpath(p) for p in read_paths)}, key=len):
     if any(path == b or path.startswith(b.rstrip('/') + '/') for b in (*bound, *_TOP_LEVEL)):
       continue  # inside a directory already there
@@ -98,7 +101,7 @@ def _bwrap_argv(bwrap: str, as_root: bool, read_paths, scratch_bytes: int) -> li
   for path in _LOADER_FILES:
     argv += ['--ro-bind-try', path, path]
   argv += ['--proc', '/proc', '--dev', '/dev']
-  argv += ['--size', str(scratch_bytes), '--perms', '1777', '--tmpfs', SCRATCH, '--chdir', SCRATCH]
+  argv += ['--chdir', SCRATCH]
   return argv
 
 

@@ -98,6 +98,22 @@ def test_a_machine_with_bubblewrap_has_the_boundary():
   assert ce.boundary()[0] is not None, ce.boundary()[1]
 
 
+def test_a_checkout_under_tmp_still_runs_behind_the_boundary(monkeypatch):
+  """The boundary's private /tmp must not hide the child's own script when the checkout (or the
+  interpreter) lives under the host's /tmp: a clone in /tmp once had no boundary at all."""
+  if ce.boundary()[0] is None:
+    pytest.skip(ce.boundary()[1])
+  here = os.path.join('/tmp', f'dlmjax_checkout_{os.getpid()}')
+  os.makedirs(here, exist_ok=True)
+  try:
+    child = shutil.copy(ce._CHILD, os.path.join(here, 'sandbox_child.py'))
+    monkeypatch.setattr(ce, '_CHILD', child)
+    outcome = ce.run_program(ce.Program('x = 1\n', ('assert x == 1',)), LIMITS)
+    assert (outcome.status, outcome.reward) == ('ok', 1.0), outcome
+  finally:
+    shutil.rmtree(here)
+
+
 @pytest.mark.refuses_without_boundary
 def test_no_boundary_refuses_unless_opted_in(monkeypatch, capsys):
   monkeypatch.setattr(ce, 'boundary', lambda: (None, 'code sandbox: NO operating-system boundary'))
