@@ -69,8 +69,8 @@ def _experts_lines(cfg) -> list[str]:
   if cfg.dense_layers:
     lines.insert(
       1,
-      f'dense layers: {",".join(map(str, cfg.dense_layers))} of {cfg.num_layers} (an MLP of '
-      f'ffn_dim {cfg.ffn_dim}); {cfg.num_moe_layers} MoE layers',
+      f'dense layers (indices): {",".join(map(str, cfg.dense_layers))} of {cfg.num_layers} '
+      f'layers (an MLP of ffn_dim {cfg.ffn_dim}); {cfg.num_moe_layers} MoE layers',
     )
   return lines
 

@@ -169,7 +169,7 @@ def test_counts_summary_and_memory_treat_dense_layers_as_dense():
   assert sum(np.prod(s.shape) for s in jax.tree.leaves(shapes)) == cfg.num_params()
   text = summary.summarize(config, 1)
   assert 'experts: 4 per MoE layer of width 16' in text
-  assert 'dense layers: 0,2,3 of 5 (an MLP of ffn_dim 32); 2 MoE layers' in text
+  assert 'dense layers (indices): 0,2,3 of 5 layers (an MLP of ffn_dim 32); 2 MoE layers' in text
   assert f'active parameters per token: {cfg.num_params(active=True):,}' in text
 
   def activations(**overrides):
