@@ -2,6 +2,7 @@
 
     python scripts/profile_decode.py --preset llada_8b --batches 1,16 --modes dual,none \
         [--param-dtype float32|bfloat16] [--layer-loop scan|unrolled] [--steps-per-token 1]
+    python scripts/profile_decode.py --preset llada_8b --param-dtype bfloat16 --forward 16x512
 
 Random weights at the preset's shape, bf16 compute, a 64-token prompt, gen 256, block 32. Each
 (batch, mode) decode is compiled ahead, run once untimed, then timed and traced once; the trace's
@@ -58,6 +59,12 @@ def parse(argv):
   p.add_argument('--layer-loop', default='scan', choices=('scan', 'unrolled'))
   p.add_argument(
     '--scan-unroll', type=int, default=1, help='probe: the layer scan unrolled by this factor'
+  )
+  p.add_argument(
+    '--forward',
+    default='',
+    help='BxL: profile one forward of B rows of L tokens instead (the inference program: fused '
+    'layout made once, decode compiler options, bf16 logits), e.g. 16x512 (benchmarks.family_8b)',
   )
   p.add_argument('--label', default='')
   p.add_argument('--no-trace', action='store_true')
@@ -146,6 +153,38 @@ def trace_classes(run, steps):
   return by_class, by_kernel, calls, span
 
 
+def profile_forward(args, model_config, params) -> int:
+  """One forward of B x L tokens as an inference program, timed and split by kernel class."""
+  from dlmjax.model import programs  # pylint: disable=import-outside-toplevel
+
+  batch, length = (int(n) for n in args.forward.lower().split('x'))
+  fused_config = model_lib.inference_config(model_config)
+  fused = jax.jit(lambda p: model_lib.computed_params(model_config, p))(params)
+  forward = programs.jit_program(
+    lambda p, t: model_lib.merge(fused_config, p)(t, logits_dtype=jnp.bfloat16),
+    model_config.matmul_dtype,
+    decode=True,
+  )
+  tokens = np.random.default_rng(0).integers(10, 1000, (batch, length)).astype(np.int32)
+  compiled = forward.lower(fused, tokens).compile()
+  jax.block_until_ready(compiled(fused, tokens))
+  start = time.perf_counter()
+  jax.block_until_ready(compiled(fused, tokens))
+  wall = (time.perf_counter() - start) * 1e3
+  flops = step_flops(model_config, params, batch, length, length)
+  row = dict(forward=args.forward, ms=round(wall, 2), tok_s=round(batch * length / wall * 1e3))
+  row['pct_peak'] = round(100 * flops / PEAK / wall * 1e3, 1)
+  if not args.no_trace:
+    by_class, by_kernel, calls, span = trace_classes(lambda: compiled(fused, tokens), 1)
+    row['gaps_ms'] = round(max(span - sum(by_class.values()), 0.0), 2)
+    row['classes'] = {k: round(v, 2) for k, v in by_class.most_common()}
+    hlo = compiled.as_text()
+    for name, ms in by_kernel.most_common(14):
+      print(f'  {ms:8.3f} {calls[name]:7.1f}x  {name}  <- {origin(hlo, name)}')
+  print(json.dumps(row), flush=True)
+  return 0
+
+
 def main(argv=None):
   args = parse(argv)
   config, model_config = build(args)
@@ -155,6 +194,8 @@ def main(argv=None):
   params = jax.jit(model_lib.init_params, static_argnums=0)(model_config, jax.random.key(0))
   if args.param_dtype == 'bfloat16':
     params = jax.jit(lambda p: jax.tree.map(lambda a: a.astype(jnp.bfloat16), p))(params)
+  if args.forward:
+    return profile_forward(args, model_config, params)
   weight_bytes = sum(p.size * 2 for p in jax.tree.leaves(params)) - m.vocab_size * m.d_model * 2
   rng = np.random.default_rng(0)
   rows = []
