@@ -611,6 +611,8 @@ def make_prefix_fn(model_config):
   def fn(params, tokens_1S):
     module = model_lib.inference_module(model_config, params)
     positions = jnp.broadcast_to(jnp.arange(tokens_1S.shape[1]), tokens_1S.shape)
-    return module.hidden_kv(tokens_1S, positions_BL=positions, segment_ids_BL=jnp.ones_like(positions))[1]
+    return module.hidden_kv(
+      tokens_1S, positions_BL=positions, segment_ids_BL=jnp.ones_like(positions)
+    )[1]
 
   return programs.jit_program(fn, model_config.matmul_dtype, decode=True)

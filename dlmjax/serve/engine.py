@@ -391,7 +391,7 @@ class Engine:
   def _stored_prefix(self, group: list, start: int):
     """(token ids, K/V, prefill window) of the longest stored prefix every job of a group starts
     with, if prefilling after it saves work (the window: a power of two, at least each row's
-    tokens after the prefix), else None."""
+    tokens after the prefix and the prefix unit), else None."""
     if not self.prefixes or not self.reuses(group[0].settings):
       return None
     found = [k for k in self.prefixes if all(self._starts(j.prompt, k) for j in group)]
@@ -399,7 +399,7 @@ class Engine:
       return None
     tokens = max(found, key=len)
     need = max(self.layout(j)[0] for j in group) - len(tokens)
-    window = 1 << max(need - 1, 0).bit_length()
+    window = max(1 << max(need - 1, 0).bit_length(), self.prefix_unit)  # few programs
     if window >= start:
       return None
     self.prefixes.move_to_end(tokens)
