@@ -36,7 +36,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _make_run(root, attention='bidirectional') -> str:
+def _make_run(root, attention='bidirectional', **overrides) -> str:
   import tokenizers  # pylint: disable=import-outside-toplevel
 
   tokenizer = tokenizers.Tokenizer(
@@ -48,6 +48,7 @@ def _make_run(root, attention='bidirectional') -> str:
     'data.tokenizer': str(root / 'tokenizer.json'),
     'model.attention_mask': attention,
     'model.block_size': 4,
+    **overrides,
   }
   tiny_run.make_run(root / 'run', **overrides)
   return str(root / 'run')
@@ -347,3 +348,31 @@ def test_pipelined_calls_carry_blocks_on_the_device_and_drop_a_stopped_jobs_next
   assert (jobs[1].text, jobs[1].finish_reason, jobs[1].chunks) == ('', 'stop', 2)
   assert eng.carried >= 3 and eng.rows > sum(j.chunks for j in jobs)  # block 3 was in flight
   assert all(j.inflight == 0 for j in jobs) and 0 < eng.busy_s
+
+
+@pytest.mark.parametrize('attention', ['causal', 'block_causal'])
+def test_a_shared_system_prompt_is_prefilled_once_and_reused_exactly(tmp_path, attention):
+  """With the block cache on a causal or block-causal model, the engine stores the K/V of the
+  prefix two prompts share and later calls prefill only what follows it in each row: the text
+  is generate's, and the reuse happened (a wrong placement of the stored K/V changes the text)."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path, attention, **{'model.seq_len': 64}))
+  system = ' '.join(f't{100 + 3 * j % 150}' for j in range(21))  # 21 tokens: one 16-token unit
+  prompts = [f'{system} {p}' for p in PROMPTS[:5]]
+  settings = sampler.SamplingConfig(**SETTINGS, cache='block')
+  expected = model.generate(prompts, batch_size=5, **SETTINGS, cache='block')
+  eng = engine.Engine(
+    model,
+    max_batch=4,
+    max_queue=8,
+    buckets=engine.Buckets(batch=(1, 2, 4), width=(64,)),
+    prefix_cache=2,
+  )
+  jobs = [engine.Job(prompt=model.tokenizer.encode(p), settings=settings) for p in prompts]
+  for job in jobs:
+    eng.submit(job)
+  eng.start()
+  assert eng.drain(timeout=120)
+  assert [j.text for j in jobs] == expected
+  stats = eng.stats()
+  assert stats['prefixes'] == 1 and list(eng.prefixes) == [tuple(jobs[0].prompt[:16])]
+  assert stats['prefix_rows'] == eng.rows and stats['prefill_skipped'] > 0

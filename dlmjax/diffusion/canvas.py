@@ -42,6 +42,7 @@ class Canvas:
   num_blocks: int
   length: int
   lead: int  # 1 for a shifted model (Dream): a slice starts one position early (see slice_kv).
+  offset_B1: jax.Array  # each row's first real token (its position 0).
   start_B1: jax.Array  # each row's completion starts here.
   blocks_needed: jax.Array  # the blocks some row's gen_length tokens reach.
   prompt_real_BL: jax.Array
@@ -129,6 +130,7 @@ class Canvas:
       num_blocks=num_blocks,
       length=length,
       lead=int(getattr(module.cfg, 'shift_logits', False)),
+      offset_B1=offset_B1,
       start_B1=start_B1,
       blocks_needed=blocks_needed,
       prompt_real_BL=real_BL & (index_1L < start_B1),
@@ -197,12 +199,16 @@ class Canvas:
     kv's place inside the forward, kv itself is left as it is."""
     total = min(size + self.lead, self.length)
     first = jnp.maximum(start - self.lead, 0)
-    window = lambda a: jax.lax.dynamic_slice_in_dim(a, first, total, axis=1)  # noqa: E731
-    hidden, fresh = self.module.hidden_kv(
+    hidden, fresh = self.slice_hidden_kv(x_BL, kv, first, total)
+    return self.guided(hidden, start - first), fresh, first
+
+  def slice_hidden_kv(self, x_BL, kv, first, size):
+    """(hidden, fresh K/V) of the canvas slice [first, first + size) against kv (kv unchanged)."""
+    window = lambda a: jax.lax.dynamic_slice_in_dim(a, first, size, axis=1)  # noqa: E731
+    return self.module.hidden_kv(
       window(self.model_tokens(x_BL)),
       positions_BL=window(self.positions),
       segment_ids_BL=self.segments,
       kv_cache=kv,
       cache_start=first,
     )
-    return self.guided(hidden, start - first), fresh, first

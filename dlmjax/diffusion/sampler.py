@@ -540,6 +540,7 @@ def make_block_fn(
   eos_id: int,
   static_start: int | None = None,
   vocab_size: int | None = None,
+  reuse_window: int | None = None,
 ):
   """jit(fn(params, x_BL, offset_B, start_B, end_B, block_start, key, block_index) -> int32
   [B, block_length]): one block of rows that each sit at their own block, the server's step
@@ -552,6 +553,10 @@ def make_block_fn(
   (static_blocks) and by the block cache (its prefill ends there); the argument is then ignored.
   The caller lays rows out so that what a row's block attends to is what it attends to in
   generate's canvas: the same tokens at the same positions, pads excluded.
+
+  reuse_window (a mode that reuses_prefix, without CFG): fn takes one more argument, the K/V of
+  a prefix every row starts with (make_prefix_fn's), and prefills only the last reuse_window
+  positions before static_start; every row's tokens after its stored prefix must lie there.
   """
   sampling.validate()
   model_config = _decoding_config(model_config)
@@ -561,8 +566,13 @@ def make_block_fn(
     raise ValueError('a block program decodes one block: set gen_length = block_length.')
   if static_start is None and (mode.static_blocks or mode.prefilled):
     raise ValueError(f'cache {mode.name!r} needs the block start as a Python int: static_start.')
+  if reuse_window is not None and not (mode.reuses_prefix and 0 < reuse_window <= static_start):
+    raise ValueError(
+      f'reuse_window={reuse_window} needs a cache that reuses a stored prefix (this is '
+      f'{mode.name!r}) and 0 < reuse_window <= static_start ({static_start}).'
+    )
 
-  def fn(params, x_BL, offset_B, start_B, end_B, block_start, key, block_index):
+  def fn(params, x_BL, offset_B, start_B, end_B, block_start, key, block_index, *stored):
     module = model_lib.inference_module(model_config, params)
     canvas = canvas_lib.Canvas.of_rows(
       module,
@@ -578,11 +588,31 @@ def make_block_fn(
       vocab_size=vocab_size or module.cfg.vocab_size,
     )
     start = block_start if static_start is None else static_start
-    state = mode.init(canvas, canvas.x_BL)
+    if reuse_window is None:
+      state = mode.init(canvas, canvas.x_BL)
+    else:
+      state = mode.init(canvas, canvas.x_BL, reused=(stored[0], reuse_window))
     x_BL, _ = decode_one_block(
       canvas, block_index, canvas.x_BL, state, (), start, static_start,
       mode=mode, key=key, records=(), eos_id=eos_id,
     )  # fmt: skip
     return canvas.window(x_BL, start)
+
+  return programs.jit_program(fn, model_config.matmul_dtype, decode=True)
+
+
+@functools.lru_cache(maxsize=8)
+def make_prefix_fn(model_config):
+  """jit(fn(params, tokens_1S) -> every layer's K/V (k, v) [layers, 1, S, K, H] of S tokens at
+  positions 0..S-1): a prefix that make_block_fn's reuse_window reads in every row starting with
+  it. Exact on a causal model, and on a block-causal one for S on its block grid."""
+  model_config = _decoding_config(model_config)
+
+  def fn(params, tokens_1S):
+    module = model_lib.inference_module(model_config, params)
+    positions = jnp.broadcast_to(jnp.arange(tokens_1S.shape[1]), tokens_1S.shape)
+    return module.hidden_kv(
+      tokens_1S, positions_BL=positions, segment_ids_BL=jnp.ones_like(positions)
+    )[1]
 
   return programs.jit_program(fn, model_config.matmul_dtype, decode=True)

@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     default=(64, 128, 256, 512, 1024, 2048, 4096),
     help='canvas-length shapes: prefix + the blocks a row still sees (a longer need runs as is)',
   )
+  parser.add_argument(
+    '--prefix-cache',
+    type=int,
+    default=4,
+    help='shared prompt prefixes kept on the device (cache block, causal / block-causal; 0 = off)',
+  )
   parser.add_argument('--no-warmup', action='store_true', help='compile on first use only')
   parser.add_argument('--drain-timeout', type=float, default=120.0, help='SIGTERM: seconds')
   sampler.add_arguments(parser)
@@ -78,8 +84,8 @@ def main(argv=None) -> int:
   name = args.served_model_name or args.checkpoint_path.rstrip('/').split('/')[-1]
   try:
     defaults = sampler.from_arguments(args)
-    if args.max_batch < 1 or args.max_queue < 0:
-      raise ValueError('--max-batch must be >= 1 and --max-queue >= 0.')
+    if args.max_batch < 1 or args.max_queue < 0 or args.prefix_cache < 0:
+      raise ValueError('--max-batch must be >= 1, --max-queue and --prefix-cache >= 0.')
     model = inference.load_pretrained(args.checkpoint_path, dtype=args.dtype)
     eng, app = api.build(
       model,
@@ -89,6 +95,7 @@ def main(argv=None) -> int:
       max_batch=args.max_batch,
       max_queue=args.max_queue,
       buckets=engine_lib.Buckets(batch=args.batch_buckets, width=args.width_buckets),
+      prefix_cache=args.prefix_cache,
     )
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)

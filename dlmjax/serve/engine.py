@@ -17,6 +17,12 @@ The calls are pipelined (JAX's asynchronous dispatch): the next block's call is 
 the current one's tokens are downloaded, its rows that continue taking their last block from the
 device (carry), so the device works while the host streams, schedules and lays out; a row whose
 last block turns out to end its job (EOS, a stop string) is dropped from the next call's output.
+
+Prefix reuse (prefix_cache entries): on a causal or block-causal model with the block cache, the
+engine stores on the device the K/V of the longest whole-unit prefix two prompts share (a system
+prompt), in a small LRU; a call whose rows all start with a stored prefix places it in each row
+and prefills only what follows it (sampler.make_block_fn's reuse_window): exact, since a prefix's
+K/V depend only on the tokens before it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import threading
 import time
 
@@ -110,10 +117,22 @@ def _carry(x_BL, last_CK, carried_B, start):
   return jax.lax.dynamic_update_slice_in_dim(x_BL, block_BK, start - width, axis=1)
 
 
+PREFIX_UNIT = 16  # stored prefixes are whole multiples of this (and of the model's block grid)
+
+
 class Engine:
   """The scheduler thread around a Pretrained model (dlmjax/inference.py)."""
 
-  def __init__(self, model, *, max_batch: int, max_queue: int, buckets: Buckets, stop_piece=None):
+  def __init__(
+    self,
+    model,
+    *,
+    max_batch: int,
+    max_queue: int,
+    buckets: Buckets,
+    stop_piece=None,
+    prefix_cache: int = 0,
+  ):
     self.model = model
     self.max_batch = max_batch
     self.max_queue = max_queue
@@ -134,6 +153,13 @@ class Engine:
     self._device_free = 0.0  # when the device finished the last collected call
     self.cancelled = 0
     self.carried = 0  # rows whose last block the device kept for their next call (pipelining)
+    # Prefix reuse: up to prefix_cache stored prefixes (token ids -> K/V on the device), LRU.
+    self.prefix_cache = prefix_cache
+    self.prefix_unit = math.lcm(PREFIX_UNIT, self.grid)
+    self.prefixes = collections.OrderedDict()
+    self._recent = collections.deque(maxlen=8)  # recent prompts, to find a shared prefix
+    self.prefix_rows = 0  # rows whose prefill started after a stored prefix
+    self.prefill_skipped = 0  # canvas positions (over bucket rows) those calls did not prefill
     self._lock = threading.Condition()
     self._stopped = False
     self._key = jax.random.key(0)
@@ -189,10 +215,14 @@ class Engine:
         'busy_s': round(self.busy_s, 3),
         'cancelled': self.cancelled,
         'carried': self.carried,
+        'prefixes': len(self.prefixes),
+        'prefix_rows': self.prefix_rows,
+        'prefill_skipped': self.prefill_skipped,
         'compiled': sorted(
           f'batch {b} x length {n}, block {s.block_length} steps {s.steps} cache {s.cache}'
           + ('' if at is None else f' at {at}')
-          for s, b, n, at in self.compiled
+          + ('' if w is None else f' after a stored prefix, prefill {w}')
+          for s, b, n, at, w in self.compiled
         ),
       }
 
@@ -299,7 +329,9 @@ class Engine:
       self.waiting.remove(job)
       self._finish(job, 'cancelled', active=False)
     while self.waiting and len(self.active) < self.max_batch:
-      self.active.append(self.waiting.popleft())
+      job = self.waiting.popleft()
+      self.active.append(job)
+      self._remember(job)
 
   def _next_group(self, jobs: list) -> list:
     """The jobs sharing the oldest job's program (first come, first served)."""
@@ -307,7 +339,7 @@ class Engine:
     key = self._group_key(oldest)
     return [j for j in jobs if self._group_key(j) == key][: self.max_batch]
 
-  def _program(self, settings, static_start):
+  def _program(self, settings, static_start, reuse_window=None):
     m = self.model.config.model
     return sampler.make_block_fn(
       self.model.model_config,
@@ -316,7 +348,62 @@ class Engine:
       eos_id=m.eos_token_id,
       static_start=static_start,
       vocab_size=m.vocab_size,
+      reuse_window=reuse_window,
     )
+
+  def reuses(self, settings) -> bool:
+    """Whether rows of these settings can start from a stored prefix: the mode keeps exact K/V
+    (the block cache on a causal / block-causal model), no CFG (its unconditional rows' prompts
+    are MASK), and the row ends with its block."""
+    mode = cache_modes.get(settings.cache)
+    return (
+      self.prefix_cache > 0
+      and mode.reuses_prefix
+      and settings.cfg_scale <= 0
+      and not self.sees_ahead(settings)
+    )
+
+  def _remember(self, job: Job) -> None:
+    """Stores the K/V of the longest prefix (whole units, within the prompts' whole model
+    blocks) that a new job's prompt shares with a recent one, unless a stored prefix that long
+    already covers it (called with the lock held, in the scheduler thread)."""
+    if not self.reuses(job.settings):
+      return
+    prompt, unit = job.prompt, self.prefix_unit
+    shared = 0
+    for other in self._recent:
+      n = min(len(prompt), len(other)) // self.grid * self.grid
+      same = next((i for i in range(n) if prompt[i] != other[i]), n)
+      shared = max(shared, same // unit * unit)
+    self._recent.append(list(prompt))
+    if shared < unit or any(len(k) >= shared and self._starts(prompt, k) for k in self.prefixes):
+      return
+    tokens = tuple(prompt[:shared])
+    fn = sampler.make_prefix_fn(self.model.model_config)
+    self.prefixes[tokens] = fn(self.model.params, np.asarray([tokens], np.int32))
+    while len(self.prefixes) > self.prefix_cache:
+      self.prefixes.popitem(last=False)
+
+  @staticmethod
+  def _starts(prompt, prefix) -> bool:
+    return len(prompt) >= len(prefix) and tuple(prompt[: len(prefix)]) == prefix
+
+  def _stored_prefix(self, group: list, start: int):
+    """(token ids, K/V, prefill window) of the longest stored prefix every job of a group starts
+    with, if prefilling after it saves work (the window: a power of two, at least each row's
+    tokens after the prefix and the prefix unit), else None."""
+    if not self.prefixes or not self.reuses(group[0].settings):
+      return None
+    found = [k for k in self.prefixes if all(self._starts(j.prompt, k) for j in group)]
+    if not found:
+      return None
+    tokens = max(found, key=len)
+    need = max(self.layout(j)[0] for j in group) - len(tokens)
+    window = max(1 << max(need - 1, 0).bit_length(), self.prefix_unit)  # few programs
+    if window >= start:
+      return None
+    self.prefixes.move_to_end(tokens)
+    return tokens, self.prefixes[tokens], window
 
   def shape(self, group: list, length: int | None = None) -> tuple[int, int, int, int | None]:
     """(batch, canvas length, block start, the start if the program needs it static) of a
@@ -363,13 +450,21 @@ class Engine:
       x_BL[row, offset + len(tokens) : start + tail] = mask
       bounds[:, row] = offset, offset + len(job.prompt), start + tail
       carried_B[row] = rows.get(id(job), -1)
-    shape = (settings, batch, length, static)
+    stored = self._stored_prefix(group, start) if static is not None else None
+    window = None if stored is None else stored[2]
+    shape = (settings, batch, length, static, window)
     began = time.perf_counter()
     try:
       if (carried_B >= 0).any():
         x_BL = _carry(x_BL, pending.out, carried_B, np.int32(start))
-      out = self._program(settings, static)(
-        self.model.params, x_BL, *bounds, np.int32(start), key, np.int32(self.chunk(group[0]))
+      out = self._program(settings, static, window)(
+        self.model.params,
+        x_BL,
+        *bounds,
+        np.int32(start),
+        key,
+        np.int32(self.chunk(group[0])),
+        *(() if stored is None else (stored[1],)),
       )
     except Exception as e:  # pylint: disable=broad-except
       self._fail(group, e)
@@ -377,6 +472,9 @@ class Engine:
     for job in group:
       job.inflight += 1
     self.carried += int((carried_B[: len(group)] >= 0).sum())
+    if stored is not None:
+      self.prefix_rows += len(group)
+      self.prefill_skipped += batch * (static - window)
     self.calls += 1
     self.rows += len(group)
     self.slots += batch
@@ -407,15 +505,16 @@ class Engine:
       self._fail(call.group, e)
       return None
     done = time.perf_counter()
-    settings, batch, length, static = call.shape
+    settings, batch, length, static, window = call.shape
     if call.compiled:
       self.busy_s += done - max(call.dispatched, self._device_free)
     else:
       self.compiled.add(call.shape)
       log.warning(
-        'compiled batch %d x length %d%s (block %d, steps %d, cache %s) in %.1f s',
-        batch, length, '' if static is None else f' at {static}', settings.block_length,
-        settings.steps, settings.cache, done - call.began,
+        'compiled batch %d x length %d%s%s (block %d, steps %d, cache %s) in %.1f s',
+        batch, length, '' if static is None else f' at {static}',
+        '' if window is None else f' after a stored prefix, prefill {window}',
+        settings.block_length, settings.steps, settings.cache, done - call.began,
       )  # fmt: skip
     self._device_free = done
     return out

@@ -29,12 +29,16 @@ class CacheMode:
   static_blocks = False  # the forward's shape depends on the block: the blocks are unrolled.
   refreshing = False  # refresh + cached steps (Fast-dLLM); `step` then gets the refresh's K/V.
   prefilled = False  # init reads the canvas before canvas.prefill (a Python int) into its state.
+  reuses_prefix = False  # init can start from a stored prefix's K/V (init's `reused`).
 
   def check(self, model_cfg, sampling) -> None:
     """Raises ValueError naming the setting to change where the mode cannot serve this model."""
 
-  def init(self, canvas, x_BL):
-    """The state carried over the blocks."""
+  def init(self, canvas, x_BL, reused=None):
+    """The state carried over the blocks. reused (reuses_prefix modes only): (K/V [layers, 1, S,
+    K, H] of S tokens every row's prompt starts with, window): the state is then built from those
+    K/V, placed at each row's start, and a forward of only the last `window` positions before
+    canvas.prefill (a serving engine's shared system prompt: serve/engine.py)."""
     return None
 
   def refresh(self, canvas, x_BL, start):

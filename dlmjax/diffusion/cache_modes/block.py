@@ -1,7 +1,11 @@
 """'block': SDAR's and BD3LM's block K/V cache, exact for causal and block-causal models. One
 forward of the prompt's whole blocks fills the cache (SDAR's prefill), each step runs the current
 block against it, and once a block is committed one more forward of it appends its K/V, which
-every later block attends to and nothing recomputes."""
+every later block attends to and nothing recomputes.
+
+A prefix's K/V depend only on the tokens before it (on the model's block grid), so a stored
+prefix that every row starts with is exact in any row: init places it at each row's first token
+and prefills only the positions after it (reused)."""
 
 from __future__ import annotations
 
@@ -16,11 +20,12 @@ class BlockCache(base.CacheMode):
   name = 'block'
   description = 'a K/V cache of the prompt and committed blocks (exact for causal models)'
   prefilled = True
+  reuses_prefix = True
 
   def check(self, model_cfg, sampling):
     base.check_exact(model_cfg, sampling)
 
-  def init(self, canvas, x_BL):
+  def init(self, canvas, x_BL, reused=None):
     shapes = jax.eval_shape(lambda x: canvas.hidden_kv(x)[1], x_BL)
     kv = tuple(
       rules.constrain(
@@ -30,10 +35,28 @@ class BlockCache(base.CacheMode):
     )
     if not canvas.prefill:
       return kv
-    prompt_kv = canvas.hidden_kv(x_BL, canvas.prefill)[1]
+    if reused is None:
+      prompt_kv = canvas.hidden_kv(x_BL, canvas.prefill)[1]
+      return tuple(
+        jax.lax.dynamic_update_slice_in_dim(a, new.astype(a.dtype), 0, axis=2)
+        for a, new in zip(kv, prompt_kv)
+      )
+    stored, window = reused
+    if canvas.sampling.cfg_scale > 0:
+      raise ValueError('a stored prefix holds the conditional rows only: reuse it without CFG.')
+
+    def place(a_LSKH, offset, new_LSKH):  # one row: the stored prefix from its first token
+      return jax.lax.dynamic_update_slice_in_dim(a_LSKH, new_LSKH.astype(a_LSKH.dtype), offset, 1)
+
+    kv = tuple(
+      jax.vmap(place, in_axes=(1, 0, None), out_axes=1)(a, canvas.offset_B1[:, 0], new[:, 0])
+      for a, new in zip(kv, stored)
+    )
+    first = canvas.prefill - window  # every row's tokens after its stored prefix are past this
+    _, fresh = canvas.slice_hidden_kv(x_BL, kv, first, window)
     return tuple(
-      jax.lax.dynamic_update_slice_in_dim(a, new.astype(a.dtype), 0, axis=2)
-      for a, new in zip(kv, prompt_kv)
+      jax.lax.dynamic_update_slice_in_dim(a, f.astype(a.dtype), first, axis=2)
+      for a, f in zip(kv, fresh)
     )
 
   def step(self, canvas, x_BL, kv, start, static_start):
