@@ -75,7 +75,10 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--tokens-per-step', type=int, default=1, help='steps = max_tokens / this')
   parser.add_argument('--max-batch', type=int, default=0, help='default: the most clients')
   parser.add_argument(
-    '--cache', default='none', help="the requests' cache mode: none | prefix | dual (cache_modes/)"
+    '--cache',
+    default='none',
+    help="the requests' cache mode, one of the sampler's (dlmjax/diffusion/cache_modes/): none, "
+    'prefix, dual (bidirectional); block, truncate (causal / block-causal)',
   )
   parser.add_argument('--threshold', type=float, default=0.0, help='Fast-dLLM parallel commits')
   parser.add_argument(
