@@ -4,10 +4,10 @@
 
 Needs no download and no GPU: the first run builds the corpus and a 4096-piece SentencePiece
 tokenizer from the Python installation (cached in ~/.cache/dlmjax). On a 2-core CPU it trains its
-360 steps in about 5 minutes (4 min 31 s measured with one other job on the cores); the loss falls
-from ~8.3 (uniform over 4096) through the unigram plateau (~6.2, steps 20-160) to about 5.4, and
-samples show Python's words and indentation.
-The tiny preset narrowed to d_model 128: at equal wall time it takes 3x the steps of the d_model
+360 steps in 3-5 minutes (3 min 21 s measured on nearly free cores, 4 min 31 s shared); the
+loss falls from ~8.3 (uniform over 4096) through the unigram plateau (~6.2, steps 20-160) to about
+5.4, and samples show Python's words and indentation.
+The tiny preset narrowed to d_model 128: at equal wall time it takes 2.3x the steps of the d_model
 256 preset, and the plateau is left by steps, not by width or learning rate (docs/benchmarks.md
 "Tiny config on the CPU"). Batch sizes divide by 8, so any 8-device data/fsdp mesh works (tensor
 at most 2, the head count), e.g. --config.mesh.fsdp=8 with
