@@ -145,6 +145,10 @@ def test_stage_configs_chain_and_validate(tmp_path):
         node = node[part]
       assert node == value, key
   config_lib.validate(configs['rl'])  # the recipe is a valid RL config
+  # The demo's documented results are on the tiny preset's shape, which configs/tiny.py narrows.
+  shape = ('num_layers', 'd_model', 'num_heads', 'num_kv_heads', 'head_dim', 'ffn_dim')
+  tiny = config_lib.PRESETS['tiny']
+  assert {k: configs['pretrain'].model[k] for k in shape} == {k: tiny[k] for k in shape}
   r = configs['rl'].rl
   assert r.max_prompt_tokens + configs['rl'].sampler.gen_length <= configs['rl'].model.seq_len
   with pytest.raises(config_lib.ConfigError, match='rl.nope is not a config key'):
