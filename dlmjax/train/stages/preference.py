@@ -314,12 +314,9 @@ def stage(config) -> base.Stage:
     return HeldOutPreference(config, setup, reference(setup), rows)
 
   def example_batch(rng):
-    """Pairs with a prompt of a quarter of the canvas, the responses after it."""
-    rows, width = config.train.global_batch_size, config.model.seq_len
+    rows = config.train.global_batch_size
     return dict(
-      tokens=base.random_tokens(config, rng, (rows, width)),
-      rejected=base.random_tokens(config, rng, (rows, width)),
-      prompt_lengths=np.full((rows,), width // 4, np.int32),
+      example_pairs(config, rng),
       mask_seeds=np.arange(rows, dtype=np.int32),
       ref_chosen=rng.standard_normal(rows).astype(np.float32),
       ref_rejected=rng.standard_normal(rows).astype(np.float32),
@@ -341,15 +338,29 @@ def stage(config) -> base.Stage:
       if config.train.lora.rank or config.rl.reference_on_host
       else float(jnp.dtype(config.rl.reference_dtype).itemsize)
     ),
-    data_keys=(
-      'data.source',
-      'preference.train_file',
-      'data.columns',
-      'sft.chat_template',
-      'sft.too_long',
-      'model.seq_len',
-      'seed',
-    ),
+    data_keys=PAIR_DATA_KEYS,
+  )
+
+
+# A run's data identity on preference pairs (this stage's and the reward stage's).
+PAIR_DATA_KEYS = (
+  'data.source',
+  'preference.train_file',
+  'data.columns',
+  'sft.chat_template',
+  'sft.too_long',
+  'model.seq_len',
+  'seed',
+)
+
+
+def example_pairs(config, rng) -> dict:
+  """A global batch of random pairs: a prompt of a quarter of the canvas, the responses after."""
+  rows, width = config.train.global_batch_size, config.model.seq_len
+  return dict(
+    tokens=base.random_tokens(config, rng, (rows, width)),
+    rejected=base.random_tokens(config, rng, (rows, width)),
+    prompt_lengths=np.full((rows,), width // 4, np.int32),
   )
 
 

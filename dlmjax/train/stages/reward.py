@@ -107,14 +107,6 @@ def stage(config) -> base.Stage:
     rows = preference.build_rows(config, path, log=lambda line: print(f'held-out {line}'))
     return HeldOutRewards(config, setup, rows)
 
-  def example_batch(rng):
-    rows, width = config.train.global_batch_size, config.model.seq_len
-    return dict(
-      tokens=base.random_tokens(config, rng, (rows, width)),
-      rejected=base.random_tokens(config, rng, (rows, width)),
-      prompt_lengths=np.full((rows,), width // 4, np.int32),
-    )
-
   return base.Stage(
     name='reward',
     loss=make_loss(config),
@@ -122,17 +114,9 @@ def stage(config) -> base.Stage:
     metrics=metrics,
     batches=batches,
     evaluator=evaluator,
-    example_batch=example_batch,
+    example_batch=lambda rng: preference.example_pairs(config, rng),
     console_metrics=('margin', 'reward_accuracy'),
     check_inputs=lambda: preference.check_files(config),
     loss_is_objective=True,
-    data_keys=(
-      'data.source',
-      'preference.train_file',
-      'data.columns',
-      'sft.chat_template',
-      'sft.too_long',
-      'model.seq_len',
-      'seed',
-    ),
+    data_keys=preference.PAIR_DATA_KEYS,
   )
