@@ -63,8 +63,14 @@ def test_a_bad_command_line_is_refused_before_the_heavy_imports():
       'preference.budget=8 is not a multiple of preference.n_time=3',
     ),
     # With init_from the choices are checked at once (the rest after its model keys are adopted).
-    (['dlmjax.train', '--config=configs/rl.py', '--config.rl.objective=nope'], "rl.objective='nope'"),
-    (['dlmjax.train', '--config=configs/sft.py', '--config.sft.objective=nope'], "sft.objective='no"),
+    (
+      ['dlmjax.train', '--config=configs/rl.py', '--config.rl.objective=nope'],
+      "rl.objective='nope'",
+    ),
+    (
+      ['dlmjax.train', '--config=configs/sft.py', '--config.sft.objective=nope'],
+      "sft.objective='no",
+    ),
   ]
   out = subprocess.run(
     [sys.executable, '-c', _PROBE, json.dumps([command for command, _ in cases])],

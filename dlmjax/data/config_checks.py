@@ -23,8 +23,7 @@ def data_source(config):
       )
   elif value not in SOURCES:
     raise ConfigError(
-      f'data.source={value!r} is not one of {SOURCES}; set '
-      '--config.data.source=<one of them>.'
+      f'data.source={value!r} is not one of {SOURCES}; set --config.data.source=<one of them>.'
     )
 
 

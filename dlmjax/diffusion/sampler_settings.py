@@ -52,7 +52,10 @@ def check_sampler_settings(settings, prefix: str = '') -> None:
     hint = (
       f" (Dream's {order} is closest to {_DREAM_ORDERS[order]!r})" if order in _DREAM_ORDERS else ''
     )
-    raise ConfigError(f'{p}remasking={order!r} is not a decoding order{hint}; use one of {choices.REMASKING_ORDERS}.')
+    raise ConfigError(
+      f'{p}remasking={order!r} is not a decoding order{hint}; use one of '
+      f'{choices.REMASKING_ORDERS}.'
+    )
   if not settings.alg_temp >= 0:
     raise ConfigError(
       f'{p}alg_temp={settings.alg_temp} must be >= 0 (0 = the most confident, > 0 = drawn).'
@@ -82,7 +85,8 @@ def check_sampler_settings(settings, prefix: str = '') -> None:
     raise ConfigError(f'{p}edit_steps={edit_steps!r} must be an integer >= 0 (LLaDA2.1: 16).')
   if settings.schedule not in choices.SAMPLER_SCHEDULES:
     raise ConfigError(
-      f'{p}schedule={settings.schedule!r} is not a schedule; use one of {choices.SAMPLER_SCHEDULES}.'
+      f'{p}schedule={settings.schedule!r} is not a schedule; use one of '
+      f'{choices.SAMPLER_SCHEDULES}.'
     )
   if not 0 < settings.eps < 1:
     raise ConfigError(f"{p}eps={settings.eps} must lie in (0, 1) (Dream's default 1e-3).")
