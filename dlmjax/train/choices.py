@@ -2,7 +2,7 @@
 dispatch on them (stages/, optimizer, sft_rows): jax-free, so a config is checked before jax
 loads. stages.BUILDERS (a function table) is tied to STAGES by tests/config_test.py."""
 
-from dlmjax.config.stages import StageTraits
+from dlmjax.config import StageTraits
 
 # The stages and what the layers below read of each (train/config_checks registers these):
 # pre-training renders no chat template; RL's loss is its objective's, and preference's VRPO's
