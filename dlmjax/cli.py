@@ -35,9 +35,14 @@ def read_config(argv, config_file: str):
 def check_command_line(config_file: str) -> None:
   """Reads sys.argv's config (the file and its overrides) and refuses an error in it at once: an
   entry point calls this before its heavy imports (jax, the model, the data pipeline: seconds),
-  so an unknown key, a bad value type or a missing file is one line in about a second. `run`
-  reads the same command line again (milliseconds) and validates the rest."""
-  read_config(sys.argv, config_file)
+  so an unknown key, a bad value or a missing file is one line in a fraction of a second
+  (config.validate_early says which checks wait for the devices or init_from's model). `run`
+  reads the same command line again (milliseconds) and validates it again in full."""
+  config, _ = read_config(sys.argv, config_file)
+  try:
+    config_lib.validate_early(config)
+  except config_lib.ConfigError as e:
+    fail(str(e))
 
 
 def run(main, config_file: str | None = None) -> None:

@@ -1,6 +1,6 @@
-"""The command lines' shared plumbing (dlmjax/cli.py): a config error is one line, refused before
-jax, flax, orbax or grain are imported (seconds saved on every typo); every user error is one
-`error:` line."""
+"""The command lines' shared plumbing (dlmjax/cli.py): a config error, key or value, is one line,
+refused before jax, flax, optax, orbax or grain are imported (seconds saved on every typo); every
+user error is one `error:` line."""
 
 import json
 import os
@@ -48,6 +48,29 @@ def test_a_bad_command_line_is_refused_before_the_heavy_imports():
       'rl.gen_length is now sampler.gen_length',
     ),
     (['dlmjax.summary', '--config.model.seq_len=long'], "model.seq_len='long'"),
+    # Values, one per check group and registry: refused by config.validate_early, still before jax.
+    (['dlmjax.train', '--config.train.lr=-1'], 'train.lr=-1.0 must be > 0'),
+    (['dlmjax.summary', '--config.train.lr=-1'], 'train.lr=-1.0 must be > 0'),
+    (['dlmjax.train', '--config.model.attention_backend=nope'], "model.attention_backend='nope'"),
+    (['dlmjax.train', '--config.model.num_kv_heads=3'], 'not a multiple of model.num_kv_heads=3'),
+    (['dlmjax.train', '--config.sampler.cache=nope'], "sampler.cache='nope' is not one of"),
+    (['dlmjax.train', '--config.diffusion.objective=nope'], "diffusion.objective='nope'"),
+    (['dlmjax.train', '--config.log.outputs=nope'], "names 'nope'"),
+    (['dlmjax.train', '--config.data.source=nope'], "data.source='nope'"),
+    (['dlmjax.train', '--config.mesh.data=3'], 'mesh.data x mesh.fsdp x mesh.expert = 3'),
+    (
+      ['dlmjax.train', '--config.stage=preference', '--config.preference.n_time=3'],
+      'preference.budget=8 is not a multiple of preference.n_time=3',
+    ),
+    # With init_from the choices are checked at once (the rest after its model keys are adopted).
+    (
+      ['dlmjax.train', '--config=configs/rl.py', '--config.rl.objective=nope'],
+      "rl.objective='nope'",
+    ),
+    (
+      ['dlmjax.train', '--config=configs/sft.py', '--config.sft.objective=nope'],
+      "sft.objective='no",
+    ),
   ]
   out = subprocess.run(
     [sys.executable, '-c', _PROBE, json.dumps([command for command, _ in cases])],
@@ -71,6 +94,10 @@ def test_a_bad_command_line_is_refused_before_the_heavy_imports():
   [
     ['--config=configs/sft.py'],  # init_from: its model keys are adopted later, not refused here
     ['--config.model.preset=tiny_moe', '--config.train.steps=3', '--verbosity=1'],
+    ['--config.train.steps=5'],  # shorter than warmup + anneal: the run fits the schedule to it
+    # 100 + sampler.gen_length 64 exceed the default model.seq_len 128, not init_from's own, which
+    # the run adopts before it checks the values.
+    ['--config=configs/rl.py', '--config.rl.max_prompt_tokens=100'],
   ],
 )
 def test_a_good_command_line_passes_the_early_check(argv, monkeypatch):

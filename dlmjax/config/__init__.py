@@ -38,7 +38,7 @@ from dlmjax.config.loading import (
 )
 from dlmjax.config.migration import REMOVED, RENAMED, from_dict, old_key_message
 from dlmjax.config.presets import PRESETS, apply_preset
-from dlmjax.config.registry import fit_to_devices, registered_choices, validate
+from dlmjax.config.registry import fit_to_devices, registered_choices, validate, validate_early
 from dlmjax.config.stages import StageTraits, attention_streams, stage_traits
 from dlmjax.config.schema import (
   ARCHITECTURE_KEYS,
@@ -95,4 +95,5 @@ __all__ = [
   'set_model_fields',
   'stage_traits',
   'validate',
+  'validate_early',
 ]

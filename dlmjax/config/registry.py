@@ -4,7 +4,10 @@ its code and registers the checks and choice lists here; `validate` runs them al
 The schema sits at the bottom of the import graph, below the features it is checked by, so it
 cannot import them: it names their check modules (CHECK_MODULES, in the order their errors are
 reported) and imports them by name the first time a config is validated. Each module registers
-on import; tests/config_test.py checks that the list holds every `config_checks` module.
+on import; tests/config_test.py checks that the list holds every `config_checks` module. A check
+module imports no jax (nor flax, optax, orbax, grain): it reads the choice lists from its
+package's jax-free `choices` module or a registry of references (config/lazy.py), so that
+`validate_early` refuses a bad config in a fraction of a second (tests/cli_test.py checks it).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import importlib
 
 import ml_collections
 
-from dlmjax.config.derived import MESH_AXES, resolve_mesh
+from dlmjax.config.derived import MESH_AXES, fit_schedule, resolve_mesh
 from dlmjax.config.errors import ConfigError
 from dlmjax.config.keys import get_key
 
@@ -73,11 +76,7 @@ def validate(config, num_devices: int | None = None) -> None:
 
   With num_devices, a -1 mesh axis is checked as resolved for that many devices.
   """
-  load()
-  for key, names in _CHOICES.items():
-    value = get_key(config, key)
-    if value not in names:
-      raise ConfigError(f'{key}={value!r} is not one of {names}; set --config.{key}=<one of them>.')
+  _check_choices(config)
   for f, stage in _CHECKS['values']:
     if stage in (None, config.stage):
       f(config)
@@ -96,6 +95,31 @@ def validate(config, num_devices: int | None = None) -> None:
         f(resolved, num_devices)
       else:
         f(resolved)
+
+
+def validate_early(config) -> None:
+  """What a command line refuses before it imports jax and builds anything (its first step):
+  validate, on a copy whose schedule is fitted to train.steps as the run fits it.
+
+  Two kinds of check wait for the run, and only these: what needs the device count (the mesh's
+  product against the devices present, fit_to_devices), and, when init_from is set, every check
+  but the choice lists: the run first adopts the source's model keys (checkpoint/init_from.py),
+  which needs the checkpoint readers, while a value outside its choices stays wrong whatever is
+  adopted."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  fit_schedule(config)
+  if config.init_from:
+    _check_choices(config)
+  else:
+    validate(config)
+
+
+def _check_choices(config) -> None:
+  load()
+  for key, names in _CHOICES.items():
+    value = get_key(config, key)
+    if value not in names:
+      raise ConfigError(f'{key}={value!r} is not one of {names}; set --config.{key}=<one of them>.')
 
 
 def fit_to_devices(config, num_devices: int) -> None:

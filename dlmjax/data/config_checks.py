@@ -4,8 +4,11 @@ dlmjax.config's validation registry)."""
 from __future__ import annotations
 
 from dlmjax.config import ConfigError, registry
-from dlmjax.data import chat, pipeline, tfds_source
+from dlmjax.data import chat, tfds_source
 
+# data.source: the built-in corpus, a Megatron blend, or a TFDS dataset (its name and split), as
+# data/pipeline.py reads them.
+SOURCES = ('builtin', 'megatron', f'{tfds_source.PREFIX}NAME:SPLIT')
 registry.choices('sft.chat_template', chat.TEMPLATES)
 
 
@@ -18,10 +21,9 @@ def data_source(config):
         f'data.source={value!r} is not tfds:NAME:SPLIT; set e.g. '
         '--config.data.source=tfds:lm1b:train.'
       )
-  elif value not in pipeline.SOURCES:
+  elif value not in SOURCES:
     raise ConfigError(
-      f'data.source={value!r} is not one of {pipeline.SOURCES}; set '
-      '--config.data.source=<one of them>.'
+      f'data.source={value!r} is not one of {SOURCES}; set --config.data.source=<one of them>.'
     )
 
 

@@ -19,9 +19,6 @@ from dlmjax.data import builtin
 from dlmjax.data import tfds_source
 from dlmjax.data.errors import DataError
 
-# data.source: the built-in corpus, a Megatron blend, or a TFDS dataset (its name and split).
-SOURCES = ('builtin', 'megatron', f'{tfds_source.PREFIX}NAME:SPLIT')
-
 
 def cache_dir(config) -> str:
   """data.cache_dir, '' meaning ~/.cache/dlmjax."""

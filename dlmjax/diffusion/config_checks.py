@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 from dlmjax.config import ConfigError, registry
-from dlmjax.diffusion import cache_modes, loss, sampler_settings, schedules
+from dlmjax.diffusion import cache_modes, choices, sampler_settings
 
-registry.choices('diffusion.objective', loss.OBJECTIVES)
-registry.choices('diffusion.block_parameterization', loss.BLOCK_PARAMETERIZATIONS)
+registry.choices('diffusion.objective', choices.OBJECTIVES)
+registry.choices('diffusion.block_parameterization', choices.BLOCK_PARAMETERIZATIONS)
 registry.choices('sampler.cache', cache_modes.MODES)
-registry.choices('sampler.schedule', schedules.SCHEDULES)
+registry.choices('sampler.schedule', choices.SAMPLER_SCHEDULES)
 
 
 @registry.check

@@ -24,11 +24,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dlmjax.diffusion import choices
 
-# low_confidence: LLaDA's softmax(logits)[x0] (the clean, un-tempered distribution); random: U(0, 1)
-# (LLaDA); maskgit_plus, margin (Dream's topk_margin), entropy: Dream's, on the distribution x0 is
-# drawn from (see sampling_probs).
-ORDERS = ('low_confidence', 'random', 'entropy', 'margin', 'maskgit_plus')  # sampler.remasking
+
+ORDERS = choices.REMASKING_ORDERS  # sampler.remasking (diffusion/choices.py says what each is)
 ENTROPY_EPS = 1e-10  # Dream's: log(p + eps), so that filtered-out tokens (p = 0) add 0.
 
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dlmjax.diffusion import masking
+from dlmjax.diffusion import choices, masking
 from dlmjax.kernels import linear_cross_entropy
 
 
@@ -30,8 +30,7 @@ def column_bias(cfg, exclude_ids=()):
   return bias_V
 
 
-# objective=block's softmax: BD3LM's SUBS (MASK left out) or plain CE over the whole vocabulary.
-BLOCK_PARAMETERIZATIONS = ('subs', 'plain')
+BLOCK_PARAMETERIZATIONS = choices.BLOCK_PARAMETERIZATIONS  # objective=block's softmax
 
 
 def excluded_ids(config) -> tuple[int, ...]:

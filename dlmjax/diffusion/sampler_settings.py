@@ -6,8 +6,7 @@ from __future__ import annotations
 import numbers
 
 from dlmjax.config import ConfigError
-from dlmjax.diffusion.decoding import ORDERS
-from dlmjax.diffusion.schedules import SCHEDULES
+from dlmjax.diffusion import choices
 
 _DREAM_ORDERS = {'topk_margin': 'margin', 'origin': 'random'}  # Dream's names that differ
 # LLaDA2.1's two decoding modes as sampler settings (`--config.sampler.KEY` / generate's flags),
@@ -49,11 +48,14 @@ def check_sampler_settings(settings, prefix: str = '') -> None:
   if not 0 <= settings.threshold <= 1:
     raise ConfigError(f'{p}threshold={settings.threshold} must lie in [0, 1] (0 = off).')
   order = settings.remasking
-  if order not in ORDERS:
+  if order not in choices.REMASKING_ORDERS:
     hint = (
       f" (Dream's {order} is closest to {_DREAM_ORDERS[order]!r})" if order in _DREAM_ORDERS else ''
     )
-    raise ConfigError(f'{p}remasking={order!r} is not a decoding order{hint}; use one of {ORDERS}.')
+    raise ConfigError(
+      f'{p}remasking={order!r} is not a decoding order{hint}; use one of '
+      f'{choices.REMASKING_ORDERS}.'
+    )
   if not settings.alg_temp >= 0:
     raise ConfigError(
       f'{p}alg_temp={settings.alg_temp} must be >= 0 (0 = the most confident, > 0 = drawn).'
@@ -81,9 +83,10 @@ def check_sampler_settings(settings, prefix: str = '') -> None:
     )
   if not isinstance(edit_steps, numbers.Integral) or isinstance(edit_steps, bool) or edit_steps < 0:
     raise ConfigError(f'{p}edit_steps={edit_steps!r} must be an integer >= 0 (LLaDA2.1: 16).')
-  if settings.schedule not in SCHEDULES:
+  if settings.schedule not in choices.SAMPLER_SCHEDULES:
     raise ConfigError(
-      f'{p}schedule={settings.schedule!r} is not a schedule; use one of {SCHEDULES}.'
+      f'{p}schedule={settings.schedule!r} is not a schedule; use one of '
+      f'{choices.SAMPLER_SCHEDULES}.'
     )
   if not 0 < settings.eps < 1:
     raise ConfigError(f"{p}eps={settings.eps} must lie in (0, 1) (Dream's default 1e-3).")

@@ -14,8 +14,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from dlmjax.diffusion import choices
 
-SCHEDULES = ('auto', 'linear', 'dream')  # sampler.schedule
+
+SCHEDULES = choices.SAMPLER_SCHEDULES  # sampler.schedule
 
 
 def resolve(name: str, model_cfg) -> str:

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 
 from dlmjax import config as config_lib
-from dlmjax.kernels import grouped_matmul_pallas
+from dlmjax.kernels import choices, grouped_matmul_pallas
 
-BACKENDS = ('auto', 'xla', 'tokamax', 'pallas')  # model.moe.backend
+BACKENDS = choices.GROUPED_MATMUL_BACKENDS  # model.moe.backend
 
 
 @functools.cache

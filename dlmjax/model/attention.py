@@ -18,10 +18,10 @@ from jax.ad_checkpoint import checkpoint_name
 
 from dlmjax.kernels import flash_attention
 from dlmjax.kernels import flash_attention_mgpu
-from dlmjax.model import layers, lora
+from dlmjax.model import choices, layers, lora
 from dlmjax.parallel import rules
 
-MASKS = ('bidirectional', 'causal', 'block_causal')  # model.attention_mask
+MASKS = choices.ATTENTION_MASKS  # model.attention_mask
 MASK_KINDS = (*MASKS, 'two_stream')
 # two_stream is not a model.attention_mask: the block-diffusion objective runs a block_causal model
 # on [x_t || x_0] with it (Transformer.hidden's clean_BL; docs/block_diffusion.md).

@@ -1,6 +1,6 @@
 """The model.* keys, LoRA's train.lora.* and the MoE keys on the resolved mesh, checked beside
-the model that reads them (registered with dlmjax.config's validation registry); each choice
-list is its owner's table."""
+the model that reads them (registered with dlmjax.config's validation registry); the choice
+lists are model/choices.py's, jax-free like this module, so a config is checked before jax loads."""
 
 from __future__ import annotations
 
@@ -12,19 +12,18 @@ from dlmjax.config import (
   projection_widths,
   registry,
 )
-from dlmjax.kernels import grouped_matmul
-from dlmjax.model import attention, layers, moe, transformer
-from dlmjax.model import lora as lora_lib
+from dlmjax.kernels import choices as kernel_choices
+from dlmjax.model import choices
 
-registry.choices('model.attention_mask', attention.MASKS)
-registry.choices('model.attention_backend', attention.BACKENDS)
-registry.choices('model.norm_backend', layers.NORM_BACKENDS)
-registry.choices('model.dtype', layers.COMPUTE_DTYPES)
-registry.choices('model.matmul_dtype', layers.MATMUL_DTYPES)
-registry.choices('model.remat', transformer.REMAT_POLICIES)
-registry.choices('model.moe.router', moe.ROUTERS)
-registry.choices('model.moe.backend', grouped_matmul.BACKENDS)
-registry.choices('model.moe.exchange', moe.EXCHANGES)
+registry.choices('model.attention_mask', choices.ATTENTION_MASKS)
+registry.choices('model.attention_backend', choices.ATTENTION_BACKENDS)
+registry.choices('model.norm_backend', choices.NORM_BACKENDS)
+registry.choices('model.dtype', choices.COMPUTE_DTYPES)
+registry.choices('model.matmul_dtype', choices.MATMUL_DTYPES)
+registry.choices('model.remat', choices.REMAT_POLICIES)
+registry.choices('model.moe.router', choices.MOE_ROUTERS)
+registry.choices('model.moe.backend', kernel_choices.GROUPED_MATMUL_BACKENDS)
+registry.choices('model.moe.exchange', choices.MOE_EXCHANGES)
 
 
 @registry.check
@@ -116,9 +115,9 @@ def lora_adapters(config):
       'train.lora.rank > 0 trains adapters on a frozen base model: set --config.init_from to '
       'a dlmjax run, step or Hugging Face directory (or train.lora.rank=0 to train every weight).'
     )
-  if lora.base_dtype not in lora_lib.BASE_DTYPES:
+  if lora.base_dtype not in choices.LORA_BASE_DTYPES:
     raise ConfigError(
-      f'train.lora.base_dtype={lora.base_dtype!r} is not one of {lora_lib.BASE_DTYPES}.'
+      f'train.lora.base_dtype={lora.base_dtype!r} is not one of {choices.LORA_BASE_DTYPES}.'
     )
   if lora.base_dtype in ('nf4', 'int4'):
     # 4-bit codes pack two per byte in blocks of 64 (or the whole axis, when shorter) along each

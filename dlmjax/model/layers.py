@@ -19,12 +19,12 @@ from jax.ad_checkpoint import checkpoint_name
 
 from dlmjax import config as config_lib
 from dlmjax.kernels import rms_norm as rms_norm_kernel
-from dlmjax.model import fp8, lora, quantize
+from dlmjax.model import choices, fp8, lora, quantize
 from dlmjax.parallel import rules
 
-COMPUTE_DTYPES = ('float32', 'bfloat16')  # model.dtype: the activations' dtype (params: float32)
-MATMUL_DTYPES = ('compute', 'fp8')  # model.matmul_dtype: the projections' operand precision.
-NORM_BACKENDS = ('xla', 'pallas', 'auto')  # model.norm_backend (RMSNorm)
+COMPUTE_DTYPES = choices.COMPUTE_DTYPES  # model.dtype
+MATMUL_DTYPES = choices.MATMUL_DTYPES  # model.matmul_dtype
+NORM_BACKENDS = choices.NORM_BACKENDS  # model.norm_backend
 
 
 def stacked_param(

@@ -31,12 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from dlmjax import config as config_lib
-from dlmjax.model import quantize, score_head
+from dlmjax.model import choices, quantize, score_head
 
 A_SUFFIX, B_SUFFIX = '_lora_a', '_lora_b'
 _RANK_LETTER = 'r'  # the adapter's rank axis in the derived einsum equations
 # train.lora.base_dtype: the frozen base in a float dtype, or quantised (model/quantize.py).
-BASE_DTYPES = ('bfloat16', 'float32', *(kind for kind in quantize.KINDS if kind != 'none'))
+BASE_DTYPES = choices.LORA_BASE_DTYPES  # train.lora.base_dtype
 PROJECTIONS = ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj')
 _DROPOUT_STREAM = 0x10AD  # keeps the adapters' dropout keys apart from the masking streams
 

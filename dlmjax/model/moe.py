@@ -60,12 +60,12 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from dlmjax.kernels import grouped_matmul as gmm
-from dlmjax.model import layers
+from dlmjax.model import choices, layers
 from dlmjax.parallel import rules
 
-ROUTERS = ('softmax_topk', 'softmax_topk_raw', 'sigmoid_bias')
+ROUTERS = choices.MOE_ROUTERS
 BIAS = 'router_bias'  # the sigmoid_bias router's selection bias, a param with no gradient.
-EXCHANGES = ('gather', 'all_to_all')  # model.moe.exchange: how tokens reach sharded experts
+EXCHANGES = choices.MOE_EXCHANGES  # model.moe.exchange
 
 
 class MoE(nnx.Module):

@@ -29,7 +29,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-KINDS = ('none', 'int8', 'nf4', 'int4')  # ModelConfig.weight_quant
+from dlmjax.model import choices
+
+KINDS = choices.WEIGHT_QUANT  # ModelConfig.weight_quant
 SCALE_SUFFIXES = {'int8': '_scale', 'nf4': '_nf4_scale', 'int4': '_int4_scale'}
 SCALE_SUFFIX = SCALE_SUFFIXES['int8']
 BLOCK = 64  # inputs per 4-bit absmax block (QLoRA's and bitsandbytes' default)

@@ -12,10 +12,10 @@ import os
 import jax
 
 from dlmjax import config as config_lib
-from dlmjax.observability import tensorboard
+from dlmjax.observability import choices, tensorboard
 
 TENSORBOARD_DIR = 'tensorboard'
-OUTPUTS = ('tensorboard', 'wandb', 'plots')  # log.outputs: where rows go besides metrics.jsonl
+OUTPUTS = choices.OUTPUTS  # log.outputs
 
 
 class TensorBoardSink:

@@ -4,7 +4,7 @@ validation registry); they apply to stage rl only."""
 from __future__ import annotations
 
 from dlmjax.config import ConfigError, registry
-from dlmjax.rl import objectives, prompts, reference
+from dlmjax.rl import choices, objectives
 
 
 def objective_names() -> tuple[str, ...]:
@@ -13,8 +13,8 @@ def objective_names() -> tuple[str, ...]:
 
 
 registry.choices('rl.objective', objective_names())
-registry.choices('rl.eval_split', prompts.HELD_OUT_SPLITS)
-registry.choices('rl.reference_dtype', reference.DTYPES)
+registry.choices('rl.eval_split', choices.HELD_OUT_SPLITS)
+registry.choices('rl.reference_dtype', choices.REFERENCE_DTYPES)
 
 
 @registry.check(stage='rl')

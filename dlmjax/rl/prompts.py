@@ -11,8 +11,9 @@ import dataclasses
 
 from dlmjax.checkpoint import init_from
 from dlmjax.data import chat
+from dlmjax.rl import choices
 
-HELD_OUT_SPLITS = ('test', 'valid')  # rl.eval_split: the test split, or unused train problems
+HELD_OUT_SPLITS = choices.HELD_OUT_SPLITS  # rl.eval_split
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,9 +21,10 @@ import jax.numpy as jnp
 
 from dlmjax.checkpoint import init_from
 from dlmjax.parallel import distributed
+from dlmjax.rl import choices
 
 
-DTYPES = ('float32', 'bfloat16')  # rl.reference_dtype: bfloat16 halves the reference's memory
+DTYPES = choices.REFERENCE_DTYPES  # rl.reference_dtype
 
 
 def needed(config) -> bool:

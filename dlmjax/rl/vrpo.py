@@ -23,25 +23,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dlmjax.config import ConfigError
 from dlmjax.diffusion import loss as loss_lib
 
 _VRPO_STREAM = 11  # keeps VRPO's draws apart from the other mask streams
 POLICY_STREAM, INDEPENDENT_REFERENCE_STREAM = 0, 1
 T_MIN = 1e-3  # t ~ U[T_MIN, 1]: the 1/t weight stays finite
-
-
-def allocation(budget: int, n_time: int) -> tuple[int, int]:
-  """(n_time, n_mask) spending `budget` masked forwards per ELBO: n_time 0 is the optimal
-  allocation (budget, 1); otherwise n_time timesteps with budget / n_time masks each."""
-  if n_time == 0:
-    return budget, 1
-  if n_time < 1 or budget % n_time:
-    raise ConfigError(
-      f'preference.budget={budget} is not a multiple of preference.n_time={n_time}; set n_time '
-      'to a divisor of the budget, or 0 (the optimal allocation).'
-    )
-  return n_time, budget // n_time
 
 
 def draws(key, length: int, n_time: int, n_mask: int):

@@ -1,17 +1,18 @@
 """The stage, train.*, checkpoint.*, log.*, eval.*, sft.* and preference.* keys, checked beside
-the training loop that reads them (registered with dlmjax.config's validation registry)."""
+the training loop that reads them (registered with dlmjax.config's validation registry); like
+every config_checks module it imports no jax, so a config is checked before jax loads."""
 
 from __future__ import annotations
 
 from dlmjax.config import ConfigError, get_key, log_outputs, ramp_steps, registry
 from dlmjax.config import stages as config_stages
-from dlmjax.observability import sinks
-from dlmjax.rl import vrpo
-from dlmjax.train import optimizer, sft_rows, stages
+from dlmjax.observability import choices as log_choices
+from dlmjax.rl import budget
+from dlmjax.train import choices
 
-config_stages.register(stages.TRAITS)
-registry.choices('train.schedule', optimizer.SCHEDULES)
-registry.choices('sft.too_long', sft_rows.TOO_LONG)
+config_stages.register(choices.STAGES)
+registry.choices('train.schedule', choices.SCHEDULES)
+registry.choices('sft.too_long', choices.TOO_LONG)
 
 
 @registry.check
@@ -60,10 +61,10 @@ def saving_logging_and_evaluation(config):
       f'eval.every={config.eval.every} must be >= 0 and eval.batches={config.eval.batches} >= 1.'
     )
   for name in log_outputs(config):
-    if name not in sinks.OUTPUTS:
+    if name not in log_choices.OUTPUTS:
       raise ConfigError(
         f'log.outputs={config.log.outputs!r} names {name!r}; use a '
-        f"comma-separated subset of {sinks.OUTPUTS} (or '' for none)."
+        f"comma-separated subset of {log_choices.OUTPUTS} (or '' for none)."
       )
 
 
@@ -87,7 +88,7 @@ def preference_stage(config):
   p = config.preference
   if p.budget < 1:
     raise ConfigError(f'preference.budget={p.budget} must be >= 1 masked forward.')
-  vrpo.allocation(p.budget, p.n_time)  # n_time divides the budget (0: the optimal allocation)
+  budget.allocation(p.budget, p.n_time)  # n_time divides the budget (0: the optimal allocation)
   if p.beta <= 0:
     raise ConfigError(f'preference.beta={p.beta} must be > 0 (DPO divides by it).')
   if config.model.attention_mask != 'bidirectional' or config.diffusion.objective != 'mdm':

@@ -9,13 +9,13 @@ import jax.numpy as jnp
 import optax
 
 from dlmjax.parallel import rules
+from dlmjax.train import choices
 
 # AdamW's beta1 and epsilon: every recipe and peer here uses these (Megatron's defaults); b2 is
 # train.b2.
 ADAM_B1, ADAM_EPS = 0.9, 1e-8
-# train.schedule's warmup-stable-decay shapes: the anneal of each (MegaDLMs' --lr-wsd-decay-style).
-WSD_STYLES = {'wsd': 'exponential', 'wsd_linear': 'linear', 'wsd_cosine': 'cosine'}
-SCHEDULES = (*WSD_STYLES, 'cosine', 'constant')  # train.schedule
+WSD_STYLES = choices.WSD_STYLES  # train.schedule's warmup-stable-decay shapes
+SCHEDULES = choices.SCHEDULES  # train.schedule
 
 
 def _anneal(progress, style):

@@ -26,8 +26,9 @@ from dlmjax.data import records
 from dlmjax.data import run_tokenizer
 from dlmjax.data.errors import DataError
 from dlmjax.data.roles import PADDING, PROMPT, RESPONSE
+from dlmjax.train import choices
 
-TOO_LONG = ('truncate', 'drop', 'error')  # sft.too_long: rows longer than the canvas
+TOO_LONG = choices.TOO_LONG  # sft.too_long
 BUILTIN_TASKS = ('countdown3', 'countdown4', 'sudoku4', 'arithmetic')
 BUILTIN_EXAMPLES_PER_TASK = 1000
 BUILTIN_VERSION = 1  # bump when the built-in set's rows change.

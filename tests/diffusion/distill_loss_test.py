@@ -10,6 +10,7 @@ import pytest
 
 from dlmjax.data.roles import PADDING, PROMPT, RESPONSE
 from dlmjax.diffusion import distill
+from dlmjax.diffusion.distill import base as distill_base
 
 B, S, V, MASK = 3, 14, 9, 8
 BLOCK = 4
@@ -38,7 +39,7 @@ def _logits(noisy_BL, clean_BL=None):
 
 
 def _terms(noisy_BL, clean_BL, targets_BL):
-  return distill.base.logit_terms(_logits(noisy_BL, clean_BL), targets_BL, temperature=0.5)
+  return distill_base.logit_terms(_logits(noisy_BL, clean_BL), targets_BL, temperature=0.5)
 
 
 def _settings(**kw):
@@ -51,11 +52,11 @@ def _run(name, tokens, roles, steps, key, progress):
   settings = _settings(progress=progress)
   keys = jax.random.split(key, B)
   extra = {'commit_steps': steps} if name == 'trajectory' else {}
-  loss, _ = distill.base.distill_loss(
+  loss, _ = distill_base.distill_loss(
     objective, _terms, tokens, roles, keys_B=keys, settings=settings, **extra
   )
   x, r = tokens[:, :-1], roles[:, :-1]
-  masks = distill.base.pass_masks(
+  masks = distill_base.pass_masks(
     objective,
     keys,
     (r == RESPONSE) | (r == PADDING),
@@ -144,8 +145,8 @@ def test_certainty_gradient_flows_through_the_entropy_only():
   y = jnp.argmax(z, -1).astype(jnp.int32)
 
   def term(z):
-    _, entropy, hit = distill.base.logit_terms(z, y, temperature=0.5)
-    return distill.base.certainty(entropy, hit, jnp.ones((1, 4), bool))
+    _, entropy, hit = distill_base.logit_terms(z, y, temperature=0.5)
+    return distill_base.certainty(entropy, hit, jnp.ones((1, 4), bool))
 
   grad = jax.grad(term)(z)
   assert np.isfinite(np.asarray(grad)).all() and float(jnp.abs(grad).sum()) > 0
@@ -189,7 +190,7 @@ def test_fused_head_loss_equals_the_full_logits_loss(name='certainty'):
   arrays = {k: v[:, :-1] for k, v in extra.items()}
   primary, _, future = (
     np.asarray(m)
-    for m in distill.base.pass_masks(distill.get(name), keys, maskable, arrays, settings)
+    for m in distill_base.pass_masks(distill.get(name), keys, maskable, arrays, settings)
   )
   # The primary pass's targets are the student's own argmax there, so the certainty term counts.
   noisy = np.where(primary | future, MASK, tokens[:, :-1])
@@ -202,11 +203,11 @@ def test_fused_head_loss_equals_the_full_logits_loss(name='certainty'):
   @functools.partial(jax.value_and_grad, has_aux=True)
   def loss(params, chunk_size):
     def terms_fn(noisy, clean, targets):
-      return distill.base.model_terms(
+      return distill_base.model_terms(
         _Student(params), noisy, targets, temperature=0.5, chunk_size=chunk_size, bias_V=bias_V
       )
 
-    value, sums = distill.base.distill_loss(
+    value, sums = distill_base.distill_loss(
       distill.get(name), terms_fn, tokens, roles, keys_B=keys, settings=settings, **extra
     )
     return value, sums['certainty_sum']

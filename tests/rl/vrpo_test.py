@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from dlmjax import model as model_lib
-from dlmjax.rl import vrpo
+from dlmjax.rl import budget, vrpo
 from tests.conftest import tiny_test_config
 
 _CFG = model_lib.ModelConfig.from_config(tiny_test_config(**{'model.seq_len': 12}))
@@ -53,10 +53,10 @@ def _elbo(n_time, n_mask):
 
 
 def test_allocation():
-  assert vrpo.allocation(8, 0) == (8, 1)
-  assert vrpo.allocation(8, 2) == (2, 4)
+  assert budget.allocation(8, 0) == (8, 1)
+  assert budget.allocation(8, 2) == (2, 4)
   with pytest.raises(ValueError, match='not a multiple of preference.n_time'):
-    vrpo.allocation(8, 3)
+    budget.allocation(8, 3)
 
 
 def test_elbo_matches_hand_written_masked_forwards(fixed):

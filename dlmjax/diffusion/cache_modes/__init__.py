@@ -3,27 +3,28 @@
 'none': the whole canvas every step. 'truncate': the canvas up to the current block's end, exact
 only where nothing sees past it. 'prefix' and 'dual': Fast-dLLM's approximate K/V caches for any
 attention. 'block': an exact cache of the prompt and committed blocks for causal and block-causal
-models. A new mode is one module here and its entry in MODES.
+models. A new mode is one module here and its entry in MODES, which names its class by reference
+(imported when a sampler uses it: the names are checked before jax loads).
 """
 
 from __future__ import annotations
 
-from dlmjax.diffusion.cache_modes import base, block, dual, none, prefix, truncate
+import functools
 
-MODES: dict[str, base.CacheMode] = {
-  mode.name: mode
-  for mode in (
-    none.NoCache(),
-    truncate.Truncate(),
-    prefix.PrefixCache(),
-    dual.DualCache(),
-    block.BlockCache(),
-  )
+from dlmjax.config import lazy
+
+MODES: dict[str, str] = {
+  'none': 'dlmjax.diffusion.cache_modes.none:NoCache',
+  'truncate': 'dlmjax.diffusion.cache_modes.truncate:Truncate',
+  'prefix': 'dlmjax.diffusion.cache_modes.prefix:PrefixCache',
+  'dual': 'dlmjax.diffusion.cache_modes.dual:DualCache',
+  'block': 'dlmjax.diffusion.cache_modes.block:BlockCache',
 }
 
 
-def get(name: str) -> base.CacheMode:
-  """The mode called name; an unknown name fails naming the known ones."""
+@functools.cache
+def get(name: str):
+  """The mode (a base.CacheMode) called name; an unknown name fails naming the known ones."""
   if name not in MODES:
     raise ValueError(f'unknown cache {name!r}; known: {tuple(MODES)}.')
-  return MODES[name]
+  return lazy.load(MODES[name])()

@@ -2,15 +2,19 @@
 
 Each module declares one `base.Objective`: how the active block is masked, the arrays the teacher
 rows carry for it, and how the two passes' CE and certainty terms combine. Adding an objective is
-one new module and its line in REGISTRY.
+one new module and its line in REGISTRY, which names it by reference (imported when a run uses
+it: the names are checked before jax loads).
 """
 
 from __future__ import annotations
 
-from dlmjax.diffusion.distill import base, certainty, trajectory
+import functools
 
-REGISTRY: dict[str, base.Objective] = {
-  o.name: o for o in (certainty.OBJECTIVE, trajectory.OBJECTIVE)
+from dlmjax.config import lazy
+
+REGISTRY: dict[str, str] = {
+  'certainty': 'dlmjax.diffusion.distill.certainty:OBJECTIVE',
+  'trajectory': 'dlmjax.diffusion.distill.trajectory:OBJECTIVE',
 }
 
 
@@ -28,11 +32,13 @@ def names() -> tuple[str, ...]:
   return tuple(REGISTRY)
 
 
-def get(name: str) -> base.Objective:
-  """The objective called `name`; an unknown one fails in one line naming the known ones."""
+@functools.cache
+def get(name: str):
+  """The objective (a base.Objective) called `name`; an unknown one fails in one line naming the
+  known ones."""
   if name not in REGISTRY:
     raise ValueError(
       f'sft.objective={name!r} is not a distillation objective; known: {names()} (or '
       f'{PLAIN}, the plain SFT loss); set --config.sft.objective.'
     )
-  return REGISTRY[name]
+  return lazy.load(REGISTRY[name])

@@ -3,24 +3,19 @@
 Each module declares one `base.Objective`: what the rollout records, the batch's arrays, the
 advantages, the loss weights, its one estimator (for the loss and for the old / reference
 scores), the loss, the config keys it reads, what it scores after the first EOS and its
-description. Adding an objective is one new module and its line in REGISTRY.
+description. Adding an objective is one new module and its line in REGISTRY, which names it by
+reference (imported when a run uses it: the names are checked before jax loads).
 """
 
 from __future__ import annotations
 
-from dlmjax.rl.objectives import base, coupled_grpo, d1, espo, spg, trace, wd1, wd1pp
+import functools
 
-REGISTRY: dict[str, base.Objective] = {
-  o.name: o
-  for o in (
-    d1.OBJECTIVE,
-    espo.OBJECTIVE,
-    spg.OBJECTIVE,
-    wd1.OBJECTIVE,
-    wd1pp.OBJECTIVE,
-    coupled_grpo.OBJECTIVE,
-    trace.OBJECTIVE,
-  )
+from dlmjax.config import lazy
+
+REGISTRY: dict[str, str] = {
+  name: f'dlmjax.rl.objectives.{name}:OBJECTIVE'
+  for name in ('d1', 'espo', 'spg', 'wd1', 'wd1pp', 'coupled_grpo', 'trace')
 }
 
 
@@ -29,14 +24,16 @@ def names() -> tuple[str, ...]:
   return tuple(REGISTRY)
 
 
-def get(name: str) -> base.Objective:
-  """The objective called `name`; an unknown name fails in one line listing the known ones."""
+@functools.cache
+def get(name: str):
+  """The objective (a base.Objective) called `name`; an unknown name fails in one line listing
+  the known ones."""
   if name not in REGISTRY:
     raise ValueError(f'rl.objective={name!r} is not one of {names()}; set --config.rl.objective.')
-  return REGISTRY[name]
+  return lazy.load(REGISTRY[name])
 
 
-def of(config) -> base.Objective:
+def of(config):
   """The run's objective (config.rl.objective)."""
   return get(config.rl.objective)
 

@@ -25,7 +25,7 @@ from dlmjax.data.errors import DataError
 from dlmjax.model import programs
 from dlmjax.parallel import distributed, rules
 from dlmjax.rl import reference as reference_lib
-from dlmjax.rl import vrpo
+from dlmjax.rl import budget, vrpo
 from dlmjax.train import preference_rows, sft_rows
 from dlmjax.train.stages import base
 
@@ -35,7 +35,7 @@ KEYS = ('tokens', 'rejected', 'prompt_lengths', 'mask_seeds', 'ref_chosen', 'ref
 def settings(config) -> dict:
   """The ELBO's static settings (one compiled program per distinct set)."""
   p = config.preference
-  n_time, n_mask = vrpo.allocation(p.budget, p.n_time)
+  n_time, n_mask = budget.allocation(p.budget, p.n_time)
   return dict(
     n_time=n_time,
     n_mask=n_mask,

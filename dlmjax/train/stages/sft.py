@@ -11,6 +11,7 @@ from dlmjax import config as config_lib
 from dlmjax.data import pipeline, records, roles, teacher_rows
 from dlmjax.data.errors import DataError
 from dlmjax.diffusion import distill, masking, sft_loss
+from dlmjax.diffusion.distill import base as distill_base
 from dlmjax.train import sft_rows as sft_data
 from dlmjax.diffusion import loss as loss_lib
 from dlmjax.train import evaluation
@@ -34,7 +35,7 @@ def make_distill_loss(config):
   settings = dict(
     mask_id=config.model.mask_token_id,
     block_size=config.sampler.block_length,  # the block the student decodes with
-    temperature=distill.base.CERTAINTY_TEMPERATURE,
+    temperature=distill_base.CERTAINTY_TEMPERATURE,
     certainty_weight=config.sft.certainty_weight,
   )
   head = dict(  # the per-token terms from the fused output head where the SFT loss uses it
@@ -49,10 +50,10 @@ def make_distill_loss(config):
 
     def terms_fn(noisy_BL, clean_BL, targets_BL):
       kwargs = dict(clean_BL=clean_BL) if two_stream else {}
-      return distill.base.model_terms(module, noisy_BL, targets_BL, bias_V=bias_V, **head, **kwargs)
+      return distill_base.model_terms(module, noisy_BL, targets_BL, bias_V=bias_V, **head, **kwargs)
 
     progress = step / max(config.train.steps, 1)  # d3LLM's progressive noise
-    loss, sums = distill.base.distill_loss(
+    loss, sums = distill_base.distill_loss(
       objective,
       terms_fn,
       tokens,
@@ -144,7 +145,7 @@ def stage(config) -> base.Stage:
     name='sft',
     loss=make_distill_loss(config) if distills(config) else make_loss(config),
     batch_keys=keys,
-    metrics=distill.base.metrics if distills(config) else sft_loss.metrics,
+    metrics=distill_base.metrics if distills(config) else sft_loss.metrics,
     batches=batches,
     evaluator=evaluator,
     example_batch=example_batch,
