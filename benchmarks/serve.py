@@ -88,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     help='tokens of one shared prefix every prompt starts with (prefix reuse: cache block)',
   )
   parser.add_argument('--prefix-cache', type=int, default=4, help='stored prefixes (0 = off)')
+  parser.add_argument(
+    '--blocks-per-call',
+    type=int,
+    default=4,
+    help="blocks a lone group decodes a call (the server's flag; 1 = block by block)",
+  )
   return parser
 
 
@@ -227,6 +233,7 @@ def main(argv=None) -> int:
       max_queue=max(args.clients) * 2,
       buckets=engine_lib.Buckets(batch=batches, width=widths),
       prefix_cache=args.prefix_cache,
+      blocks_per_call=args.blocks_per_call,
     )
     rules = api.Server(eng, defaults=defaults, model_name='bench', chat_template='none')
     requests = [rules.settings({'max_tokens': g}) for g in args.gen_lengths]  # as served
