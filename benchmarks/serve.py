@@ -157,7 +157,7 @@ def run_level(url, eng, clients, bodies, time_limit) -> dict:
   """`clients` threads sending their bodies in turn; the measured row."""
   results, errors, deadline = [], [], time.perf_counter() + time_limit
   busy0, calls0, rows0, slots0 = eng.busy_s, eng.calls, eng.rows, eng.slots
-  reused0 = eng.prefix_rows
+  reused0, blocks0 = eng.prefix_rows, eng.blocks
 
   def client(mine):
     for body in mine:
@@ -191,6 +191,8 @@ def run_level(url, eng, clients, bodies, time_limit) -> dict:
     # Requests' rows a call (the batching achieved) and the share of its slots that were padding.
     'rows_per_call': round((eng.rows - rows0) / max(eng.calls - calls0, 1), 2),
     'padding': round(1 - (eng.rows - rows0) / max(eng.slots - slots0, 1), 3),
+    # Blocks a call decoded (a lone group decodes up to --blocks-per-call in one call).
+    'blocks_per_call': round((eng.blocks - blocks0) / max(eng.calls - calls0, 1), 2),
     'prefix_rows': eng.prefix_rows - reused0,  # rows prefilled after a stored system prompt
     # Time outside the sampler's calls per unit of decode: meaningful with one client.
     'http_overhead': round((sum(latencies) - busy) / busy, 4) if busy and clients == 1 else None,

@@ -162,6 +162,7 @@ class Engine:
     self.calls = 0
     self.rows = 0  # requests' rows over every call; rows / calls is the batching achieved
     self.slots = 0  # rows of the padded batch buckets those calls ran (slots - rows: padding)
+    self.blocks = 0  # blocks those calls decoded (blocks / calls: blocks a call, blocks_per_call)
     self.busy_s = 0.0
     self._device_free = 0.0  # when the device finished the last collected call
     self.cancelled = 0
@@ -225,6 +226,7 @@ class Engine:
         'calls': self.calls,
         'rows': self.rows,
         'slots': self.slots,
+        'blocks': self.blocks,
         'busy_s': round(self.busy_s, 3),
         'cancelled': self.cancelled,
         'carried': self.carried,
@@ -516,6 +518,7 @@ class Engine:
     self.calls += 1
     self.rows += len(group)
     self.slots += batch
+    self.blocks += max(counts)
     return Call(
       group, counts, out, shape, began, time.perf_counter(), compiled=shape in self.compiled
     )
