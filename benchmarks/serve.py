@@ -88,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     help='tokens of one shared prefix every prompt starts with (prefix reuse: cache block)',
   )
   parser.add_argument('--prefix-cache', type=int, default=4, help='stored prefixes (0 = off)')
+  parser.add_argument(
+    '--blocks-per-call',
+    type=int,
+    default=4,
+    help="blocks a lone group decodes a call (the server's flag; 1 = block by block)",
+  )
   return parser
 
 
@@ -151,7 +157,7 @@ def run_level(url, eng, clients, bodies, time_limit) -> dict:
   """`clients` threads sending their bodies in turn; the measured row."""
   results, errors, deadline = [], [], time.perf_counter() + time_limit
   busy0, calls0, rows0, slots0 = eng.busy_s, eng.calls, eng.rows, eng.slots
-  reused0 = eng.prefix_rows
+  reused0, blocks0 = eng.prefix_rows, eng.blocks
 
   def client(mine):
     for body in mine:
@@ -185,6 +191,8 @@ def run_level(url, eng, clients, bodies, time_limit) -> dict:
     # Requests' rows a call (the batching achieved) and the share of its slots that were padding.
     'rows_per_call': round((eng.rows - rows0) / max(eng.calls - calls0, 1), 2),
     'padding': round(1 - (eng.rows - rows0) / max(eng.slots - slots0, 1), 3),
+    # Blocks a call decoded (a lone group decodes up to --blocks-per-call in one call).
+    'blocks_per_call': round((eng.blocks - blocks0) / max(eng.calls - calls0, 1), 2),
     'prefix_rows': eng.prefix_rows - reused0,  # rows prefilled after a stored system prompt
     # Time outside the sampler's calls per unit of decode: meaningful with one client.
     'http_overhead': round((sum(latencies) - busy) / busy, 4) if busy and clients == 1 else None,
@@ -227,6 +235,7 @@ def main(argv=None) -> int:
       max_queue=max(args.clients) * 2,
       buckets=engine_lib.Buckets(batch=batches, width=widths),
       prefix_cache=args.prefix_cache,
+      blocks_per_call=args.blocks_per_call,
     )
     rules = api.Server(eng, defaults=defaults, model_name='bench', chat_template='none')
     requests = [rules.settings({'max_tokens': g}) for g in args.gen_lengths]  # as served

@@ -61,7 +61,7 @@ def served(tmp_path_factory):
   port = _free_port()
   command = [sys.executable, '-m', 'dlmjax.serve', '--checkpoint-path', run, '--port', str(port)]
   command += FLAGS + ['--max-batch', '16', '--max-queue', '24', '--batch-buckets', '16']
-  command += ['--width-buckets', '32,64']
+  command += ['--width-buckets', '32,64', '--blocks-per-call', '4']
   log = open(str(tmp_path_factory.getbasetemp() / 'serve.log'), 'w+')  # pylint: disable=consider-using-with
   proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
   url = f'http://127.0.0.1:{port}'
@@ -120,7 +120,10 @@ def test_models_and_health(served, client):
 
 def test_greedy_text_is_the_same_alone_batched_streamed_and_generated(served, client):
   run, url, _, _ = served
+  calls = httpx.get(url + '/health').json()['calls']
   alone = [client.completions.create(model='run', prompt=p).choices[0].text for p in PROMPTS[:4]]
+  # Alone, a job's first block is a call, its other three one more (--blocks-per-call 4).
+  assert httpx.get(url + '/health').json()['calls'] - calls == 2 * 4
   results, streamed = [None] * len(PROMPTS), {}
 
   def one(i):
@@ -152,7 +155,8 @@ def test_greedy_text_is_the_same_alone_batched_streamed_and_generated(served, cl
   chunks = list(client.completions.create(model='run', prompt=PROMPTS[5], stream=True))
   texts = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
   assert ''.join(texts) == batched[5]
-  assert len(texts) > 1  # one event per committed block, not one at the end
+  # One event per committed block, the three decoded in one call too, not one at the end.
+  assert len(texts) == -(-chunks[-1].usage.completion_tokens // SETTINGS['block_length']) > 1
   assert chunks[-2].choices[0].finish_reason in ('stop', 'length')
   one_result = client.completions.create(model='run', prompt=PROMPTS[0])
   assert one_result.usage.prompt_tokens == 1 and one_result.usage.completion_tokens > 0
@@ -290,11 +294,16 @@ def test_sigterm_drains_then_exits_0(served):  # last: it stops the module's ser
 
 def test_block_causal_jobs_joining_mid_decode_get_generates_text(tmp_path):
   """A block-causal model's rows end with their current block (nothing after it is visible),
-  their prompts' ends open their first blocks: jobs that join while others are blocks into
-  theirs, with two max_tokens sharing programs, decode generate's text, block by block."""
+  or with their last block of a multi-block call, their prompts' ends open their first blocks:
+  jobs that join while others are blocks into theirs, with two max_tokens sharing programs,
+  decode generate's text, one block a call while some wait, up to 3 when none does."""
   model = dlmjax.load_pretrained(_make_run(tmp_path, 'block_causal'))
   eng = engine.Engine(
-    model, max_batch=4, max_queue=8, buckets=engine.Buckets(batch=(1, 2, 4), width=(32,))
+    model,
+    max_batch=4,
+    max_queue=8,
+    buckets=engine.Buckets(batch=(1, 2, 4), width=(32,)),
+    blocks_per_call=3,
   )
   eng.start()
   long, short = sampler.SamplingConfig(**SETTINGS), sampler.SamplingConfig(**SETTINGS)
@@ -321,6 +330,7 @@ def test_block_causal_jobs_joining_mid_decode_get_generates_text(tmp_path):
     assert [jobs[i].text for i in chosen] == expected
   assert all(j.chunks > 1 for j in jobs)
   assert eng.calls < sum(j.chunks for j in jobs) and eng.slots <= 4 * eng.calls
+  assert eng.blocks > eng.calls  # some calls decoded several blocks
 
 
 def test_pipelined_calls_carry_blocks_on_the_device_and_drop_a_stopped_jobs_next(tmp_path):
@@ -354,7 +364,8 @@ def test_pipelined_calls_carry_blocks_on_the_device_and_drop_a_stopped_jobs_next
 def test_a_shared_system_prompt_is_prefilled_once_and_reused_exactly(tmp_path, attention):
   """With the block cache on a causal or block-causal model, the engine stores the K/V of the
   prefix two prompts share and later calls prefill only what follows it in each row: the text
-  is generate's, and the reuse happened (a wrong placement of the stored K/V changes the text)."""
+  is generate's, and the reuse happened (a wrong placement of the stored K/V changes the text).
+  Calls of up to 2 blocks: the cache appends each block's K/V for the next inside the call."""
   model = dlmjax.load_pretrained(_make_run(tmp_path, attention, **{'model.seq_len': 64}))
   system = ' '.join(f't{100 + 3 * j % 150}' for j in range(21))  # 21 tokens: one 16-token unit
   prompts = [f'{system} {p}' for p in PROMPTS[:5]]
@@ -366,6 +377,7 @@ def test_a_shared_system_prompt_is_prefilled_once_and_reused_exactly(tmp_path, a
     max_queue=8,
     buckets=engine.Buckets(batch=(1, 2, 4), width=(64,)),
     prefix_cache=2,
+    blocks_per_call=2,
   )
   jobs = [engine.Job(prompt=model.tokenizer.encode(p), settings=settings) for p in prompts]
   for job in jobs:
@@ -376,3 +388,69 @@ def test_a_shared_system_prompt_is_prefilled_once_and_reused_exactly(tmp_path, a
   stats = eng.stats()
   assert stats['prefixes'] == 1 and list(eng.prefixes) == [tuple(jobs[0].prompt[:16])]
   assert stats['prefix_rows'] == eng.rows and stats['prefill_skipped'] > 0
+  assert stats['blocks'] > stats['calls']
+
+
+def test_a_lone_groups_multi_block_calls_end_jobs_mid_call_and_admit_a_late_job_next_call(tmp_path):
+  """With blocks_per_call 4, jobs past their first block decode up to 4 blocks a call while
+  nothing waits: a job whose stop string or EOS falls inside such a call keeps generate's text
+  up to it and nothing after, and a job that arrives while a multi-block call runs joins the
+  very next call (one block, beside the others) and decodes generate's text."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path))
+  settings = sampler.SamplingConfig(gen_length=24, steps=12, block_length=4)  # 6 blocks
+  prompts = [PROMPTS[0], PROMPTS[9], PROMPTS[10], PROMPTS[2]]  # the last one arrives late
+  expected = [model.tokenizer.encode(t) for t in model.generate(prompts, **vars(settings))]
+  decode = model.tokenizer.decode
+  # Job 1 stops at a stop string, job 2 at an EOS-like piece (the engine's stop ids, as EOS),
+  # each first complete in one of blocks 1-3: inside the call of blocks 1-4, not its last.
+  stop, piece = 't185 t252', 41
+  stop_block = next(b for b in range(6) if stop in decode(expected[1][: 4 * b + 4]))
+  piece_block = expected[2].index(piece) // 4
+  assert 1 <= stop_block < 4 and 1 <= piece_block < 4, 'the premise: ends inside call 2'
+  cut = [e[: e.index(piece)] if piece in e else e for e in expected]
+  eng = engine.Engine(
+    model,
+    max_batch=4,
+    max_queue=4,
+    buckets=engine.Buckets(batch=(1, 2, 4), width=(64,)),
+    stop_piece=piece,
+    blocks_per_call=4,
+  )
+  late = engine.Job(prompt=model.tokenizer.encode(prompts[3]), settings=settings)
+  joined = []
+
+  def arrive(job):  # at job 0's first block taken: the multi-block call is already running
+    if not joined:
+      joined.append(eng.calls)
+      eng.submit(late)
+
+  stops = [(), (stop,), ()]
+  jobs = [
+    engine.Job(prompt=model.tokenizer.encode(p), settings=settings, stop=s, on_update=arrive)
+    for p, s in zip(prompts, stops)
+  ]
+  calls, dispatch = [], eng._dispatch  # pylint: disable=protected-access
+
+  def recorded(group, *args, **kwargs):  # each call's rows: (job, its blocks)
+    call = dispatch(group, *args, **kwargs)
+    calls.append([((jobs + [late]).index(j), n) for j, n in zip(call.group, call.blocks)])
+    return call
+
+  eng._dispatch = recorded  # pylint: disable=protected-access
+  for job in jobs:
+    eng.submit(job)
+  eng.start()
+  for _ in range(1200):  # the late job is submitted by the engine's thread: drain after it
+    if late.finish_reason is not None:
+      break
+    time.sleep(0.05)
+  assert eng.drain(timeout=60)
+  assert (jobs[0].text, late.text) == (decode(cut[0]), decode(cut[3]))
+  text = decode(cut[1])
+  assert (jobs[1].text, jobs[1].finish_reason) == (text[: text.find(stop)], 'stop')
+  assert (jobs[2].text, jobs[2].finish_reason) == (decode(cut[2]), 'stop')
+  # Each took its blocks up to the one it ended in, nothing of the call's later blocks.
+  assert (jobs[1].chunks, jobs[2].chunks) == (stop_block + 1, piece_block + 1)
+  assert calls[:2] == [[(0, 1), (1, 1), (2, 1)], [(0, 4), (1, 4), (2, 4)]]
+  assert joined == [2] and calls[2] == [(0, 1), (1, 1), (2, 1), (3, 1)]  # the next call
+  assert calls[3:] == [[(3, 4)], [(3, 1)]] and eng.blocks == 1 + 4 + 1 + 4 + 1

@@ -38,7 +38,9 @@ class Canvas:
   vocab_size: int
   batch: int
   block: int
-  prefill: int  # the prompt's whole blocks end here in every row.
+  # The prompt's whole blocks end here in every row (the server's: where every row's prefix
+  # ends); a Python int, except in a server call whose mode needs no static start.
+  prefill: int
   num_blocks: int
   length: int
   lead: int  # 1 for a shifted model (Dream): a slice starts one position early (see slice_kv).

@@ -212,9 +212,9 @@ def decode_one_block(
 ):
   """(canvas, records' buffers) after the block [start, start + block) is decoded: its
   steps_per_block steps (fewer once nothing is left to commit), each a forward of the cache
-  mode's and decoding.commit_step. The one block step of every decode: decode_blocks loops it
-  over the blocks, the server's program (make_block_fn) runs it once for rows that each sit at
-  their own block. state is the mode's (init's; refreshing modes refresh their own K/V here)."""
+  mode's and decoding.commit_step. The one block step of every decode: decode_canvas_blocks
+  loops it, for generate's whole completion and for the server's calls (rows that each sit at
+  their own block). state is the mode's (init's; refreshing modes refresh their own K/V here)."""
   sampling, mask_id = canvas.sampling, canvas.mask_id
   spb = sampling.steps_per_block
   refresh_every = sampling.cache_refresh or spb
@@ -292,6 +292,57 @@ def decode_one_block(
 
     _, x_BL, buffers, _ = jax.lax.while_loop(unfinished, body, carry)
   return x_BL, buffers
+
+
+def decode_canvas_blocks(
+  canvas, x_BL, state, buffers, *, mode, key, records, eos_id, first_index=0
+):
+  """(blocks decoded, canvas, state, records' buffers) after the canvas's blocks b = 0, 1, ...
+  (starting at canvas.block_start(b)) while b < canvas.num_blocks and some row needs block b
+  (b < canvas.blocks_needed; with stop_at_eos, until every row's text has ended): each block
+  decode_one_block, then the mode's store. The block loop of every decode: decode_blocks runs it
+  over a whole completion, the server's program (make_block_fn) over the blocks of one call.
+  first_index: the blocks' index in their decode (the step keys' and records' block index).
+
+  One while loop; a mode whose forward's shape depends on the block (static_blocks: truncate,
+  prefix) unrolls the blocks instead, each under a cond, its start a Python int (canvas.prefill
+  is one for such modes)."""
+  blocks = dict(mode=mode, key=key, records=records, eos_id=eos_id)
+
+  def go_on(block_index, x_BL):
+    """Whether block block_index is decoded: some row still needs it and has not finished."""
+    wanted = block_index < canvas.blocks_needed
+    if not canvas.sampling.stop_at_eos:
+      return wanted
+    return wanted & ~jnp.all(_finished(canvas, x_BL, eos_id))
+
+  def decode_block(block_index, x_BL, state, buffers, static_start):
+    start = canvas.block_start(block_index)
+    x_BL, buffers = decode_one_block(
+      canvas, first_index + block_index, x_BL, state, buffers, start, static_start, **blocks
+    )
+    state = mode.store(canvas, x_BL, state, start, go_on(block_index + 1, x_BL))
+    return x_BL, state, buffers
+
+  ran = jnp.int32(0)
+  if mode.static_blocks:  # one unrolled loop iteration per block, its start a Python int.
+    for b in range(canvas.num_blocks):
+      decoded = go_on(b, x_BL)
+      x_BL, state, buffers = jax.lax.cond(
+        decoded,
+        lambda x, s, r, b=b: decode_block(b, x, s, r, canvas.block_start(b)),
+        lambda x, s, r: (x, s, r),
+        x_BL,
+        state,
+        buffers,
+      )
+      ran = ran + decoded.astype(jnp.int32)
+    return ran, x_BL, state, buffers
+  return jax.lax.while_loop(
+    lambda carry: (carry[0] < canvas.num_blocks) & go_on(carry[0], carry[1]),
+    lambda carry: (carry[0] + 1, *decode_block(carry[0], *carry[1:], None)),
+    (ran, x_BL, state, buffers),
+  )
 
 
 def generate(module, prompt_BP, prompt_lengths_B, sampling: SamplingConfig, key, **kwargs):
@@ -377,45 +428,12 @@ def decode_blocks(
         raise ValueError(f'the {record.name!r} record is not kept by multi-block decoding.')
     x_BL, steps_BL, _ = multi_block.decode(canvas, sampling, key, mask_id=mask_id)
     return _outputs(canvas, prompt_BP, x_BL, jnp.int32(canvas.num_blocks), kept, [steps_BL])
-  blocks = dict(mode=mode, key=key, records=kept, eos_id=eos_id)
-
-  def go_on(block_index, x_BL):
-    """Whether block block_index is decoded: some row still needs it and has not finished."""
-    wanted = block_index < canvas.blocks_needed
-    if not sampling.stop_at_eos:
-      return wanted
-    return wanted & ~jnp.all(_finished(canvas, x_BL, eos_id))
-
-  def decode_block(block_index, x_BL, state, buffers, static_start):
-    start = canvas.block_start(block_index)
-    x_BL, buffers = decode_one_block(
-      canvas, block_index, x_BL, state, buffers, start, static_start, **blocks
-    )
-    state = mode.store(canvas, x_BL, state, start, go_on(block_index + 1, x_BL))
-    return x_BL, state, buffers
-
   x_BL = canvas.x_BL
   state = mode.init(canvas, x_BL)
   buffers = tuple(r.init(canvas) for r in kept)
-  ran = jnp.int32(0)
-  if mode.static_blocks:  # one unrolled loop iteration per block, its start a Python int.
-    for b in range(canvas.num_blocks):
-      decoded = go_on(b, x_BL)
-      x_BL, state, buffers = jax.lax.cond(
-        decoded,
-        lambda x, s, r, b=b: decode_block(b, x, s, r, canvas.block_start(b)),
-        lambda x, s, r: (x, s, r),
-        x_BL,
-        state,
-        buffers,
-      )
-      ran = ran + decoded.astype(jnp.int32)
-  else:
-    ran, x_BL, state, buffers = jax.lax.while_loop(
-      lambda carry: (carry[0] < canvas.num_blocks) & go_on(carry[0], carry[1]),
-      lambda carry: (carry[0] + 1, *decode_block(carry[0], *carry[1:], None)),
-      (ran, x_BL, state, buffers),
-    )
+  ran, x_BL, _, buffers = decode_canvas_blocks(
+    canvas, x_BL, state, buffers, mode=mode, key=key, records=kept, eos_id=eos_id
+  )
   if sampling.stop_at_eos:  # skipped positions read as EOS, after the end of the text anyway.
     x_BL = jnp.where(canvas.decodable_BL & (x_BL == mask_id), eos_id, x_BL)
   return _outputs(canvas, prompt_BP, x_BL, ran, kept, buffers)
@@ -541,18 +559,23 @@ def make_block_fn(
   static_start: int | None = None,
   vocab_size: int | None = None,
   reuse_window: int | None = None,
+  max_blocks: int = 1,
 ):
-  """jit(fn(params, x_BL, offset_B, start_B, end_B, block_start, key, block_index) -> int32
-  [B, block_length]): one block of rows that each sit at their own block, the server's step
-  (serve/engine.py). Row b's tokens are x[b, offset_b:end_b] (its prompt, its committed blocks,
-  then MASK), its completion starts at start_b, and every row's current block is [block_start,
-  block_start + block_length); the result is that window after decode_one_block, the step
-  decode_blocks loops (sampling: one block's settings, gen_length = block_length).
+  """jit(fn(params, x_BL, offset_B, start_B, end_B, block_start, key, block_index, blocks) ->
+  int32 [B, max_blocks * block_length]): the next `blocks` (1 to max_blocks, traced) blocks of
+  rows that each sit at their own block, the server's call (serve/engine.py). Row b's tokens are
+  x[b, offset_b:end_b] (its prompt, its committed blocks, then MASK), its completion starts at
+  start_b, and every row's current block is [block_start, block_start + block_length), the next
+  ones follow it; the result is the canvas from block_start after decode_canvas_blocks, the loop
+  decode_blocks runs (sampling: one block's settings, gen_length = block_length; block_index:
+  the first block's index in the decode). A row ending before a block has nothing to decode
+  there; what the output holds past the canvas end is meaningless.
 
   static_start: block_start as a Python int, needed by modes whose forward's shape depends on it
-  (static_blocks) and by the block cache (its prefill ends there); the argument is then ignored.
-  The caller lays rows out so that what a row's block attends to is what it attends to in
-  generate's canvas: the same tokens at the same positions, pads excluded.
+  (static_blocks: these unroll as many of max_blocks as fit in the canvas) and by the block cache
+  (its prefill ends there); the argument is then ignored. The caller lays rows out so that what a
+  row's block attends to is what it attends to in generate's canvas: the same tokens at the same
+  positions, pads excluded.
 
   reuse_window (a mode that reuses_prefix, without CFG): fn takes one more argument, the K/V of
   a prefix every row starts with (make_prefix_fn's), and prefills only the last reuse_window
@@ -563,7 +586,9 @@ def make_block_fn(
   mode = cache_modes.get(sampling.cache)
   mode.check(model_config, sampling)
   if sampling.num_blocks != 1:
-    raise ValueError('a block program decodes one block: set gen_length = block_length.')
+    raise ValueError("a block program runs one block's settings: set gen_length = block_length.")
+  if max_blocks < 1:
+    raise ValueError(f'max_blocks={max_blocks}: a call decodes at least one block.')
   if static_start is None and (mode.static_blocks or mode.prefilled):
     raise ValueError(f'cache {mode.name!r} needs the block start as a Python int: static_start.')
   if reuse_window is not None and not (mode.reuses_prefix and 0 < reuse_window <= static_start):
@@ -571,9 +596,14 @@ def make_block_fn(
       f'reuse_window={reuse_window} needs a cache that reuses a stored prefix (this is '
       f'{mode.name!r}) and 0 < reuse_window <= static_start ({static_start}).'
     )
+  block = sampling.block_length
 
-  def fn(params, x_BL, offset_B, start_B, end_B, block_start, key, block_index, *stored):
+  def fn(params, x_BL, offset_B, start_B, end_B, block_start, key, block_index, blocks, *stored):
     module = model_lib.inference_module(model_config, params)
+    start = block_start if static_start is None else static_start
+    unrolled = max_blocks
+    if mode.static_blocks:  # each block's forward must lie inside the canvas
+      unrolled = max(1, min(max_blocks, (x_BL.shape[1] - static_start) // block))
     canvas = canvas_lib.Canvas.of_rows(
       module,
       x_BL,
@@ -581,22 +611,23 @@ def make_block_fn(
       start_B,
       end_B,
       sampling,
-      prefill=static_start or 0,
-      num_blocks=1,
-      blocks_needed=1,
+      prefill=start,  # where every row's prefix ends: a Python int wherever the mode needs one
+      num_blocks=unrolled,
+      blocks_needed=blocks,
       mask_id=mask_id,
       vocab_size=vocab_size or module.cfg.vocab_size,
     )
-    start = block_start if static_start is None else static_start
     if reuse_window is None:
       state = mode.init(canvas, canvas.x_BL)
     else:
       state = mode.init(canvas, canvas.x_BL, reused=(stored[0], reuse_window))
-    x_BL, _ = decode_one_block(
-      canvas, block_index, canvas.x_BL, state, (), start, static_start,
-      mode=mode, key=key, records=(), eos_id=eos_id,
+    _, x_BL, _, _ = decode_canvas_blocks(
+      canvas, canvas.x_BL, state, (), mode=mode, key=key, records=(), eos_id=eos_id,
+      first_index=block_index,
     )  # fmt: skip
-    return canvas.window(x_BL, start)
+    # Padded, so the window never clamps back into the canvas when fewer blocks fit in it.
+    x_BW = jnp.pad(x_BL, ((0, 0), (0, max_blocks * block)))
+    return jax.lax.dynamic_slice_in_dim(x_BW, start, max_blocks * block, axis=1)
 
   return programs.jit_program(fn, model_config.matmul_dtype, decode=True)
 

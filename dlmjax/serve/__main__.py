@@ -62,6 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     default=4,
     help='shared prompt prefixes kept on the device (cache block, causal / block-causal; 0 = off)',
   )
+  parser.add_argument(
+    '--blocks-per-call',
+    type=int,
+    default=4,
+    help='blocks a lone group decodes in one device call when nothing waits (1 = block by '
+    'block; more: less host time per block, later joins: docs/serving.md)',
+  )
   parser.add_argument('--no-warmup', action='store_true', help='compile on first use only')
   parser.add_argument('--drain-timeout', type=float, default=120.0, help='SIGTERM: seconds')
   sampler.add_arguments(parser)
@@ -84,8 +91,10 @@ def main(argv=None) -> int:
   name = args.served_model_name or args.checkpoint_path.rstrip('/').split('/')[-1]
   try:
     defaults = sampler.from_arguments(args)
-    if args.max_batch < 1 or args.max_queue < 0 or args.prefix_cache < 0:
-      raise ValueError('--max-batch must be >= 1, --max-queue and --prefix-cache >= 0.')
+    if min(args.max_batch, args.blocks_per_call) < 1 or min(args.max_queue, args.prefix_cache) < 0:
+      raise ValueError(
+        '--max-batch and --blocks-per-call must be >= 1, --max-queue and --prefix-cache >= 0.'
+      )
     model = inference.load_pretrained(args.checkpoint_path, dtype=args.dtype)
     eng, app = api.build(
       model,
@@ -96,6 +105,7 @@ def main(argv=None) -> int:
       max_queue=args.max_queue,
       buckets=engine_lib.Buckets(batch=args.batch_buckets, width=args.width_buckets),
       prefix_cache=args.prefix_cache,
+      blocks_per_call=args.blocks_per_call,
     )
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)
@@ -108,8 +118,10 @@ def main(argv=None) -> int:
     timeout_graceful_shutdown=args.drain_timeout,
   )
   log.warning(
-    'serving %s as %r on http://%s:%d (batch buckets %s, width buckets %s)',
+    'serving %s as %r on http://%s:%d (batch buckets %s, width buckets %s, up to %d blocks a '
+    'call)',
     args.checkpoint_path, name, args.host, args.port, eng.buckets.batch, eng.buckets.width,
+    args.blocks_per_call,
   )  # fmt: skip
   api.DrainingServer(config, eng, warmup=None if args.no_warmup else defaults).run()
   drained = eng.drain(timeout=args.drain_timeout)

@@ -323,7 +323,7 @@ class Server:
 
 
 def build(model, defaults, *, model_name, chat_template=None, max_batch=16, max_queue=256,
-          buckets=None, prefix_cache=0):  # fmt: skip
+          buckets=None, prefix_cache=0, blocks_per_call=1):  # fmt: skip
   """(engine, ASGI app) serving a Pretrained model (dlmjax/inference.py); start the engine with
   engine.start(warmup) once the app listens."""
   buckets = buckets or engine_lib.Buckets(batch=(max_batch,), width=(64,))
@@ -335,6 +335,7 @@ def build(model, defaults, *, model_name, chat_template=None, max_batch=16, max_
     buckets=engine_lib.Buckets(batch=batch, width=buckets.width),
     stop_piece=model.tokenizer.piece_id(inference.DIFFUCODER_PAD_PIECE),
     prefix_cache=prefix_cache,
+    blocks_per_call=blocks_per_call,
   )
   eng.check(engine_lib.Job(prompt=[0], settings=defaults))
   template = chat_template or model.chat_template

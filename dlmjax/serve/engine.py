@@ -14,9 +14,14 @@ blocks after the current one still MASK; a causal row only up to the block's end
 positions, pads excluded, so greedy text is generate's (tests/serve_test.py).
 
 The calls are pipelined (JAX's asynchronous dispatch): the next block's call is dispatched before
-the current one's tokens are downloaded, its rows that continue taking their last block from the
+the current one's tokens are downloaded, its rows that continue taking their last blocks from the
 device (carry), so the device works while the host streams, schedules and lays out; a row whose
 last block turns out to end its job (EOS, a stop string) is dropped from the next call's output.
+
+A lone group (nothing waiting, no other group ready, none of its jobs at its first block) decodes
+up to blocks_per_call blocks in one call (make_block_fn's loop over its blocks, each row to its
+own end), so one client pays one host round trip per that many blocks; its blocks are then taken
+one by one, each streamed and checked for EOS and stop strings as a block of its own.
 
 Prefix reuse (prefix_cache entries): on a causal or block-causal model with the block cache, the
 engine stores on the device the K/V of the longest whole-unit prefix two prompts share (a system
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import math
 import threading
@@ -74,7 +80,7 @@ class Job:
   error: str | None = None
   text: str = ''
   chunks: int = 0
-  inflight: int = 0  # blocks dispatched whose tokens are not taken yet (0 or 1)
+  inflight: int = 0  # blocks dispatched whose tokens are not taken yet
   cancelled: bool = False
   created: float = dataclasses.field(default_factory=time.monotonic)
 
@@ -95,10 +101,12 @@ class Buckets:
 
 @dataclasses.dataclass
 class Call:
-  """A dispatched block call: its jobs (row order), the device output, its (settings, batch,
-  length, static start), when it began and was dispatched, and whether its shape was compiled."""
+  """A dispatched call: its jobs (row order), the blocks each decodes, the device output, its
+  (settings, batch, length, static start, prefill window), when it began and was dispatched,
+  and whether its shape was compiled."""
 
   group: list
+  blocks: list
   out: object
   shape: tuple
   began: float
@@ -107,14 +115,15 @@ class Call:
 
 
 @jax.jit
-def _carry(x_BL, last_CK, carried_B, start):
-  """x with each carried row's last block (row carried_B[b] of the previous call's output,
-  -1 for none) written where the row's prefix ends: the K tokens before the block start."""
-  width = last_CK.shape[1]
-  taken_BK = jnp.take(last_CK, jnp.maximum(carried_B, 0), axis=0)
-  laid_BK = jax.lax.dynamic_slice_in_dim(x_BL, start - width, width, axis=1)
-  block_BK = jnp.where(carried_B[:, None] >= 0, taken_BK, laid_BK)
-  return jax.lax.dynamic_update_slice_in_dim(x_BL, block_BK, start - width, axis=1)
+def _carry(x_BL, last_CW, carried_B, count_B, start):
+  """x with each carried row's last blocks (the first count_B[b] tokens of row carried_B[b] of
+  the previous call's output, -1 for none) written where the row's prefix ends: the count_B[b]
+  tokens before the block start."""
+  index_BL = jnp.arange(x_BL.shape[1])[None] - (start - count_B[:, None])
+  inside_BL = (index_BL >= 0) & (index_BL < count_B[:, None]) & (carried_B[:, None] >= 0)
+  rows_BW = jnp.take(last_CW, jnp.maximum(carried_B, 0), axis=0)
+  taken_BL = jnp.take_along_axis(rows_BW, jnp.clip(index_BL, 0, last_CW.shape[1] - 1), axis=1)
+  return jnp.where(inside_BL, taken_BL, x_BL)
 
 
 PREFIX_UNIT = 16  # stored prefixes are whole multiples of this (and of the model's block grid)
@@ -132,8 +141,12 @@ class Engine:
     buckets: Buckets,
     stop_piece=None,
     prefix_cache: int = 0,
+    blocks_per_call: int = 1,
   ):
+    if blocks_per_call < 1:
+      raise ValueError(f'blocks_per_call={blocks_per_call}: a call decodes at least one block.')
     self.model = model
+    self.blocks_per_call = blocks_per_call
     self.max_batch = max_batch
     self.max_queue = max_queue
     self.buckets = buckets
@@ -149,6 +162,7 @@ class Engine:
     self.calls = 0
     self.rows = 0  # requests' rows over every call; rows / calls is the batching achieved
     self.slots = 0  # rows of the padded batch buckets those calls ran (slots - rows: padding)
+    self.blocks = 0  # blocks those calls decoded (blocks / calls: blocks a call, blocks_per_call)
     self.busy_s = 0.0
     self._device_free = 0.0  # when the device finished the last collected call
     self.cancelled = 0
@@ -212,12 +226,14 @@ class Engine:
         'calls': self.calls,
         'rows': self.rows,
         'slots': self.slots,
+        'blocks': self.blocks,
         'busy_s': round(self.busy_s, 3),
         'cancelled': self.cancelled,
         'carried': self.carried,
         'prefixes': len(self.prefixes),
         'prefix_rows': self.prefix_rows,
         'prefill_skipped': self.prefill_skipped,
+        'blocks_per_call': self.blocks_per_call,
         'compiled': sorted(
           f'batch {b} x length {n}, block {s.block_length} steps {s.steps} cache {s.cache}'
           + ('' if at is None else f' at {at}')
@@ -267,29 +283,41 @@ class Engine:
     cfg = self.model.model_config
     return cfg.attention_mask == 'bidirectional' or settings.block_length % self.grid != 0
 
-  def layout(self, job: Job, chunk: int | None = None) -> tuple[int, int]:
-    """(prefix, tail) of a job's row at block `chunk` (default: the next one to dispatch): the
-    canvas tokens before the block (the prompt's whole model blocks and the blocks before it)
-    and from the block on (to the end of generate's canvas if the block sees ahead, else the
-    block)."""
+  def layout(self, job: Job, chunk: int | None = None, blocks: int = 1) -> tuple[int, int]:
+    """(prefix, tail) of a job's row at block `chunk` (default: the next one to dispatch),
+    decoding `blocks` blocks: the canvas tokens before the block (the prompt's whole model
+    blocks and the blocks before it) and from the block on (to the end of generate's canvas if
+    the block sees ahead, else the blocks it decodes)."""
     s, grid = job.settings, self.grid
     chunk = self.chunk(job) if chunk is None else chunk
-    blocks = -(-(grid - 1 + s.gen_length) // s.block_length) if grid > 1 else s.num_blocks
+    total = -(-(grid - 1 + s.gen_length) // s.block_length) if grid > 1 else s.num_blocks
     prefix = len(job.prompt) // grid * grid + chunk * s.block_length
     ahead = self.sees_ahead(s)
-    return prefix, (blocks - chunk) * s.block_length if ahead else s.block_length
+    return prefix, (total - chunk if ahead else blocks) * s.block_length
 
   @staticmethod
   def chunk(job: Job) -> int:
     """The block a job's next call decodes."""
     return job.chunks + job.inflight
 
-  def wants_block(self, job: Job) -> bool:
-    """Whether a job's blocks dispatched so far leave max_tokens short (an EOS or stop string in
-    the block in flight is seen only once it is taken). The first block keeps the tokens after
+  def blocks_left(self, job: Job) -> int:
+    """The blocks a job's max_tokens still needs after those dispatched (an EOS or stop string
+    in a block in flight is seen only once it is taken). The first block keeps the tokens after
     the prompt's last whole model block."""
-    done = self.chunk(job) * job.settings.block_length - len(job.prompt) % self.grid
-    return job.inflight == 0 or done < job.settings.gen_length
+    s = job.settings
+    return -(-(s.gen_length + len(job.prompt) % self.grid) // s.block_length) - self.chunk(job)
+
+  def wants_block(self, job: Job) -> bool:
+    return job.inflight == 0 or self.blocks_left(job) > 0
+
+  def call_blocks(self, group: list, ready: list) -> int:
+    """How many blocks a group's call decodes: up to blocks_per_call (as many as its jobs still
+    need) for a lone group, nothing waiting and no other group ready, whose jobs are all past
+    their first block (so a new job's first text comes after one block); else 1, so that a
+    waiting job or another group gets the next call."""
+    if self.waiting or len(group) < len(ready) or any(self.chunk(j) == 0 for j in group):
+      return 1
+    return max(1, min(self.blocks_per_call, max(self.blocks_left(j) for j in group)))
 
   def _group_key(self, job: Job):
     """Jobs of one key run one program together: the block settings, a seeded stochastic job's
@@ -317,7 +345,8 @@ class Engine:
           self._lock.wait(timeout=0.5)
           continue
         group = self._next_group(ready) if ready else None
-      following = self._dispatch(group, pending) if group else None
+        blocks = self.call_blocks(group, ready) if group else 0
+      following = self._dispatch(group, pending, blocks=blocks) if group else None
       if pending is not None:
         self._collect(pending)
       pending = following
@@ -349,6 +378,7 @@ class Engine:
       static_start=static_start,
       vocab_size=m.vocab_size,
       reuse_window=reuse_window,
+      max_blocks=self.blocks_per_call,
     )
 
   def reuses(self, settings) -> bool:
@@ -405,29 +435,34 @@ class Engine:
     self.prefixes.move_to_end(tokens)
     return tokens, self.prefixes[tokens], window
 
-  def shape(self, group: list, length: int | None = None) -> tuple[int, int, int, int | None]:
+  def shape(self, group: list, length: int | None = None, blocks: int = 1):
     """(batch, canvas length, block start, the start if the program needs it static) of a
-    group's call (length: a bucket at least the group's need). Every row's current block starts
-    at one position. A row that sees ahead keeps its tail after the block, so the canvas holds
-    the longest prefix plus the longest tail, and the block starts the longest tail before its
-    end; else the canvas ends with the block, on the model's grid like every prefix."""
+    group's call of `blocks` blocks (length: a bucket at least the group's need). Every row's
+    current block starts at one position. A row that sees ahead keeps its tail after the block,
+    so the canvas holds the longest prefix plus the longest tail, and the block starts the
+    longest tail before its end; else the canvas ends with the call's blocks, on the model's
+    grid like every prefix: the same for 1 block and for blocks_per_call (one call of several
+    blocks is laid out for blocks_per_call, rows ending with their own last block), so such a
+    group's calls run two programs per bucket, not one per count."""
     settings = group[0].settings
     block = settings.block_length
-    prefixes, tails = zip(*(self.layout(j) for j in group))
+    span = 1 if blocks == 1 else self.blocks_per_call
+    prefixes, tails = zip(*(self.layout(j, blocks=span) for j in group))
     batch = self.buckets.pick(self.buckets.batch, len(group), self.max_batch)
     need, widths = max(prefixes) + max(tails), self.buckets.width
     length = length or self.buckets.pick(widths, need, max(widths[-1], need))
     if not self.sees_ahead(settings):
-      start = (length - block) // self.grid * self.grid
-      return batch, start + block, start, start
+      start = (length - span * block) // self.grid * self.grid
+      return batch, start + span * block, start, start
     start = length - max(tails)
     mode = cache_modes.get(settings.cache)
     return batch, length, start, start if mode.static_blocks or mode.prefilled else None
 
-  def _dispatch(self, group: list, pending=None, key=None, shape=None):
-    """Dispatches one block call of a group (asynchronously: nothing waits for the device): the
-    Call, or None if it failed at once (its jobs then end with the error). A job whose last
-    block is in `pending` (the call before, not taken yet) takes it from the device."""
+  def _dispatch(self, group: list, pending=None, key=None, shape=None, blocks=1):
+    """Dispatches a call of a group decoding up to `blocks` blocks, each job as many as it needs
+    (asynchronously: nothing waits for the device): the Call, or None if it failed at once (its
+    jobs then end with the error). A job whose last blocks are in `pending` (the call before,
+    not taken yet) takes them from the device."""
     settings = self.block_settings(group[0].settings)
     if key is None:
       _, seed, _ = self._group_key(group[0])
@@ -435,28 +470,32 @@ class Engine:
         self._key, key = jax.random.split(self._key)
       else:
         key = jax.random.key(seed)
-    batch, length, start, static = shape or self.shape(group)
+    batch, length, start, static = shape or self.shape(group, blocks=blocks)
     mask = self.model.config.model.mask_token_id
+    block = settings.block_length
     x_BL = np.full((batch, length), self.pad_id, np.int32)
     bounds = np.zeros((3, batch), np.int32)  # each row's offset, completion start, end
     rows = {id(job): row for row, job in enumerate(pending.group)} if pending else {}
-    carried_B = np.full((batch,), -1, np.int32)  # the row of `pending` a row's last block is in
+    carried_B = np.full((batch,), -1, np.int32)  # the row of `pending` a row's last blocks are in
+    count_B = np.zeros((batch,), np.int32)  # how many tokens of it: its blocks in flight
+    counts = [max(1, min(blocks, self.blocks_left(job))) for job in group]
     for row in range(batch):
       job = group[min(row, len(group) - 1)]  # padding rows repeat the last job
-      prefix, tail = self.layout(job)
-      tokens = job.prompt + job.tokens  # without the block in flight: carried below
+      prefix, tail = self.layout(job, blocks=counts[min(row, len(group) - 1)])
+      tokens = job.prompt + job.tokens  # without the blocks in flight: carried below
       offset = start - prefix
       x_BL[row, offset : offset + len(tokens)] = tokens
       x_BL[row, offset + len(tokens) : start + tail] = mask
       bounds[:, row] = offset, offset + len(job.prompt), start + tail
       carried_B[row] = rows.get(id(job), -1)
+      count_B[row] = job.inflight * block
     stored = self._stored_prefix(group, start) if static is not None else None
     window = None if stored is None else stored[2]
     shape = (settings, batch, length, static, window)
     began = time.perf_counter()
     try:
       if (carried_B >= 0).any():
-        x_BL = _carry(x_BL, pending.out, carried_B, np.int32(start))
+        x_BL = _carry(x_BL, pending.out, carried_B, count_B, np.int32(start))
       out = self._program(settings, static, window)(
         self.model.params,
         x_BL,
@@ -464,13 +503,14 @@ class Engine:
         np.int32(start),
         key,
         np.int32(self.chunk(group[0])),
+        np.int32(max(counts)),
         *(() if stored is None else (stored[1],)),
       )
     except Exception as e:  # pylint: disable=broad-except
       self._fail(group, e)
       return None
-    for job in group:
-      job.inflight += 1
+    for job, count in zip(group, counts):
+      job.inflight += count
     self.carried += int((carried_B[: len(group)] >= 0).sum())
     if stored is not None:
       self.prefix_rows += len(group)
@@ -478,22 +518,30 @@ class Engine:
     self.calls += 1
     self.rows += len(group)
     self.slots += batch
-    return Call(group, out, shape, began, time.perf_counter(), compiled=shape in self.compiled)
+    self.blocks += max(counts)
+    return Call(
+      group, counts, out, shape, began, time.perf_counter(), compiled=shape in self.compiled
+    )
 
   def _collect(self, call) -> None:
-    """Waits for a dispatched call and gives each of its jobs its block (a job that ended
-    after the dispatch drops its own)."""
+    """Waits for a dispatched call and gives each of its jobs its blocks one by one, each an
+    update of its own (a job that ended before a block, or was cancelled, drops the rest)."""
     out = self._wait(call)
+    block = call.group[0].settings.block_length
     with self._lock:
-      for job, row in zip(call.group, [] if out is None else out):
-        job.inflight -= 1
-        if job.finish_reason is not None:  # it ended (EOS, stop, cancelled) after the dispatch
-          continue
-        reason = self._take(job, self._kept(job, row.tolist()))
-        if reason:
-          self._finish(job, reason)
-        elif job.on_update:
-          job.on_update(job)
+      for job, count, row in zip(call.group, call.blocks, [] if out is None else out):
+        job.inflight -= count
+        for k in range(count):
+          if job.finish_reason is not None:  # it ended (EOS, stop, cancelled) before this block
+            break
+          if job.cancelled:
+            self._finish(job, 'cancelled')
+            break
+          reason = self._take(job, self._kept(job, row[k * block : (k + 1) * block].tolist()))
+          if reason:
+            self._finish(job, reason)
+          elif job.on_update:
+            job.on_update(job)
 
   def _wait(self, call):
     """A call's output (numpy, or None if it failed: its jobs end with the error), accounting
@@ -511,10 +559,12 @@ class Engine:
     else:
       self.compiled.add(call.shape)
       log.warning(
-        'compiled batch %d x length %d%s%s (block %d, steps %d, cache %s) in %.1f s',
+        'compiled batch %d x length %d%s%s (block %d, steps %d, cache %s, up to %d blocks a '
+        'call) in %.1f s',
         batch, length, '' if static is None else f' at {static}',
         '' if window is None else f' after a stored prefix, prefill {window}',
-        settings.block_length, settings.steps, settings.cache, done - call.began,
+        settings.block_length, settings.steps, settings.cache, self.blocks_per_call,
+        done - call.began,
       )  # fmt: skip
     self._device_free = done
     return out
@@ -529,23 +579,27 @@ class Engine:
 
   def warm(self, settings, lengths=()) -> None:
     """Compiles the programs jobs with these settings run at every batch bucket: at each canvas
-    length of `lengths` (default: a one-token prompt's), and the carry of a continuing row's
-    block into the next call. A static start (cache prefix on a model that sees ahead) varies
-    with the traffic: those compile on first use. Called before traffic: not thread-safe with
-    it."""
+    length of `lengths` (default: a one-token prompt's), for one block and, where the layout
+    differs (a row that does not see ahead), for blocks_per_call, and the carry of a continuing
+    row's blocks into the next call. A static start (cache prefix on a model that sees ahead)
+    varies with the traffic: those compile on first use. Called before traffic: not thread-safe
+    with it."""
     job = Job(prompt=[self.pad_id], settings=settings)
+    spans = {1} if self.sees_ahead(settings) else {1, self.blocks_per_call}
+    width = self.blocks_per_call * settings.block_length
     for batch in self.buckets.batch:
       if batch <= self.max_batch:
         group = [job] * batch
-        for length in lengths or (self.shape(group)[1],):
-          shape = self.shape(group, length)
-          if length >= sum(self.layout(job)) and not (self.sees_ahead(settings) and shape[3]):
-            call = self._dispatch(group, key=self._key, shape=shape)
+        for length, span in itertools.product(lengths or (self.shape(group)[1],), spans):
+          shape = self.shape(group, length, span)
+          fits = length >= sum(self.layout(job, blocks=span))
+          if fits and not (self.sees_ahead(settings) and shape[3]):
+            call = self._dispatch(group, key=self._key, shape=shape, blocks=span)
             job.inflight = 0
             if call is not None and self._wait(call) is not None:
-              block = np.zeros((batch, settings.block_length), np.int32)
-              x_BL, none_B = np.zeros(shape[:2], np.int32), np.zeros(batch, np.int32)
-              _carry(x_BL, jax.device_put(block), none_B, np.int32(shape[2]))
+              x_BL, none_B = np.zeros(shape[:2], np.int32), np.full(batch, -1, np.int32)
+              out = jax.device_put(np.zeros((batch, width), np.int32))
+              _carry(x_BL, out, none_B, np.zeros(batch, np.int32), np.int32(shape[2]))
 
   def _kept(self, job: Job, window) -> list:
     """The tokens a job keeps of its block's window: the window may open with the end of its
