@@ -279,3 +279,28 @@ if __name__ == '__main__':  # prints the edges between layers (what the tests ch
           f'{_name(_layer(m)):>16} {m} -> {t} [{_name(_layer(t))}] {w}'
           f'{" (function)" if inner else ""}'
         )
+
+
+def test_lazy_registry_references_stay_in_their_registrys_package():
+  """A registry that names its members by 'module:ATTR' (config/lazy.py) imports them at run time,
+  out of the import graph's sight above: each reference must name a module inside the registry's
+  own package (so its layer is the registry's) that exists and defines ATTR."""
+  import importlib  # pylint: disable=import-outside-toplevel
+
+  graph, _ = import_graph()
+  registries = [
+    m for m, edges in graph.items() if any(t == 'dlmjax.config.lazy' for t, *_ in edges)
+  ]
+  assert registries, 'no registry imports dlmjax.config.lazy any more: drop this test'
+  for registry in registries:
+    module_ = importlib.import_module(registry)
+    tables = [
+      t
+      for t in vars(module_).values()
+      if isinstance(t, dict) and t and all(isinstance(v, str) and ':' in v for v in t.values())
+    ]
+    assert tables, f'{registry} imports config.lazy but holds no table of references'
+    for name, reference in (item for table in tables for item in table.items()):
+      module, _, attribute = reference.partition(':')
+      assert module.startswith(registry + '.'), f'{registry}[{name!r}] = {reference!r}'
+      assert hasattr(importlib.import_module(module), attribute), f'{reference!r} is missing'
