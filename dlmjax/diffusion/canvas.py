@@ -109,7 +109,7 @@ class Canvas:
     """A canvas whose rows lie anywhere in it: row b's tokens are x[b, offset_b:end_b] (pads
     around them), its completion starts at start_b. generate's rows all end at the canvas end;
     the server's rows are placed so that each one's current block starts at one position
-    (serve/engine.py), whatever its prompt length and block index."""
+    (serve/layout.py), whatever its prompt length and block index."""
     batch, length = x_BL.shape
     index_1L = jnp.arange(length)[None]
     offset_B1, start_B1, end_B1 = (

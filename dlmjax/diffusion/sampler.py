@@ -563,7 +563,7 @@ def make_block_fn(
 ):
   """jit(fn(params, x_BL, offset_B, start_B, end_B, block_start, key, block_index, blocks) ->
   int32 [B, max_blocks * block_length]): the next `blocks` (1 to max_blocks, traced) blocks of
-  rows that each sit at their own block, the server's call (serve/engine.py). Row b's tokens are
+  rows that each sit at their own block, the server's call (serve/layout.py). Row b's tokens are
   x[b, offset_b:end_b] (its prompt, its committed blocks, then MASK), its completion starts at
   start_b, and every row's current block is [block_start, block_start + block_length), the next
   ones follow it; the result is the canvas from block_start after decode_canvas_blocks, the loop

@@ -1,1 +1,1 @@
-"""The OpenAI-compatible server (python -m dlmjax.serve): engine, HTTP API, command line."""
+"""The OpenAI-compatible server (python -m dlmjax.serve): engine, layout, HTTP API, command line."""

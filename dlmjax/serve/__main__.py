@@ -4,8 +4,9 @@ An OpenAI-compatible HTTP server (FastAPI on uvicorn) over the masked-diffusion 
 /v1/models, POST /v1/completions, POST /v1/chat/completions (the checkpoint's chat template),
 GET /health. It loads any checkpoint `python -m dlmjax.generate` loads; the sampler flags are the
 defaults of requests, which may set each one as an extra body field. Concurrent requests are
-batched at block boundaries into fixed (batch, canvas length) buckets (dlmjax/serve/engine.py;
-docs/serving.md). SIGTERM stops taking requests, finishes the ones in flight, and exits 0.
+batched at block boundaries into fixed (batch, canvas length) buckets (dlmjax/serve/engine.py
+and layout.py; docs/serving.md). SIGTERM stops taking requests, finishes the ones in flight, and
+exits 0.
 """
 
 from __future__ import annotations

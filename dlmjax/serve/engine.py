@@ -3,31 +3,23 @@
 Requests (Jobs) wait in a bounded queue and join the decoding set while it has a free slot. One
 scheduler thread runs the set block by block: each round it takes the group of jobs whose block
 runs the same compiled program (same block settings: jobs that differ only in max_tokens share
-one; a seeded stochastic job is a group of its own), lays each job's row out in a fixed (batch,
-canvas length) bucket so that every row's current block starts at one position, and calls the
-sampler's block program (sampler.make_block_fn: the step generate loops) once. After the call
-every job takes its block, may finish (EOS, a stop string, max_tokens) and leaves; the next round
-admits waiting jobs into the freed slots. So requests join and leave between blocks and a
-request's block b decodes beside other requests' blocks, for every attention kind: a row keeps
-what its block attends to in generate's canvas (a bidirectional row its whole completion, the
-blocks after the current one still MASK; a causal row only up to the block's end), at the same
-positions, pads excluded, so greedy text is generate's (tests/serve_test.py).
+one; a seeded stochastic job is a group of its own), lays their rows out in a fixed (batch, canvas
+length) bucket (layout.py: every row's current block at one position, generate's canvas around
+it) and calls the sampler's block program (sampler.make_block_fn: the step generate loops) once.
+After the call every job takes its block, may finish (EOS, a stop string, max_tokens) and leaves;
+the next round admits waiting jobs into the freed slots. So requests join and leave between
+blocks and a request's block b decodes beside other requests' blocks.
 
 The calls are pipelined (JAX's asynchronous dispatch): the next block's call is dispatched before
 the current one's tokens are downloaded, its rows that continue taking their last blocks from the
-device (carry), so the device works while the host streams, schedules and lays out; a row whose
-last block turns out to end its job (EOS, a stop string) is dropped from the next call's output.
+device (layout.carry), so the device works while the host streams, schedules and lays out; a row
+whose last block turns out to end its job (EOS, a stop string) is dropped from the next call's
+output.
 
 A lone group (nothing waiting, no other group ready, none of its jobs at its first block) decodes
 up to blocks_per_call blocks in one call (make_block_fn's loop over its blocks, each row to its
 own end), so one client pays one host round trip per that many blocks; its blocks are then taken
 one by one, each streamed and checked for EOS and stop strings as a block of its own.
-
-Prefix reuse (prefix_cache entries): on a causal or block-causal model with the block cache, the
-engine stores on the device the K/V of the longest whole-unit prefix two prompts share (a system
-prompt), in a small LRU; a call whose rows all start with a stored prefix places it in each row
-and prefills only what follows it (sampler.make_block_fn's reuse_window): exact, since a prefix's
-K/V depend only on the tokens before it.
 """
 
 from __future__ import annotations
@@ -36,15 +28,16 @@ import collections
 import dataclasses
 import itertools
 import logging
-import math
 import threading
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dlmjax.diffusion import cache_modes, sampler
+from dlmjax.serve import layout as layout_lib
+
+Buckets = layout_lib.Buckets  # the engine's argument, named where the engine is made
 
 log = logging.getLogger('dlmjax.serve')
 
@@ -85,20 +78,6 @@ class Job:
   created: float = dataclasses.field(default_factory=time.monotonic)
 
 
-@dataclasses.dataclass(frozen=True)
-class Buckets:
-  """The fixed shapes calls are padded to: batch sizes and canvas lengths (ascending)."""
-
-  batch: tuple
-  width: tuple
-
-  def pick(self, sizes, value: int, cap: int) -> int:
-    for size in sizes:
-      if value <= size <= cap:
-        return size
-    return cap
-
-
 @dataclasses.dataclass
 class Call:
   """A dispatched call: its jobs (row order), the blocks each decodes, the device output, its
@@ -112,21 +91,6 @@ class Call:
   began: float
   dispatched: float
   compiled: bool
-
-
-@jax.jit
-def _carry(x_BL, last_CW, carried_B, count_B, start):
-  """x with each carried row's last blocks (the first count_B[b] tokens of row carried_B[b] of
-  the previous call's output, -1 for none) written where the row's prefix ends: the count_B[b]
-  tokens before the block start."""
-  index_BL = jnp.arange(x_BL.shape[1])[None] - (start - count_B[:, None])
-  inside_BL = (index_BL >= 0) & (index_BL < count_B[:, None]) & (carried_B[:, None] >= 0)
-  rows_BW = jnp.take(last_CW, jnp.maximum(carried_B, 0), axis=0)
-  taken_BL = jnp.take_along_axis(rows_BW, jnp.clip(index_BL, 0, last_CW.shape[1] - 1), axis=1)
-  return jnp.where(inside_BL, taken_BL, x_BL)
-
-
-PREFIX_UNIT = 16  # stored prefixes are whole multiples of this (and of the model's block grid)
 
 
 class Engine:
@@ -152,7 +116,14 @@ class Engine:
     self.buckets = buckets
     m = model.config.model
     self.seq_len, self.eos_id, self.pad_id = m.seq_len, m.eos_token_id, m.pad_token_id
-    self.grid = sampler.block_grid(model.model_config)
+    self.layout = layout_lib.Layout(
+      model.model_config,
+      buckets=buckets,
+      max_batch=max_batch,
+      blocks_per_call=blocks_per_call,
+      pad_id=m.pad_token_id,
+      mask_id=m.mask_token_id,
+    )
     self.stop_ids = {m.eos_token_id} | ({stop_piece} if stop_piece is not None else set())
     self.waiting = collections.deque()
     self.active = []
@@ -167,11 +138,7 @@ class Engine:
     self._device_free = 0.0  # when the device finished the last collected call
     self.cancelled = 0
     self.carried = 0  # rows whose last block the device kept for their next call (pipelining)
-    # Prefix reuse: up to prefix_cache stored prefixes (token ids -> K/V on the device), LRU.
-    self.prefix_cache = prefix_cache
-    self.prefix_unit = math.lcm(PREFIX_UNIT, self.grid)
-    self.prefixes = collections.OrderedDict()
-    self._recent = collections.deque(maxlen=8)  # recent prompts, to find a shared prefix
+    self.prefixes = layout_lib.Prefixes(model, self.layout, prefix_cache)
     self.prefix_rows = 0  # rows whose prefill started after a stored prefix
     self.prefill_skipped = 0  # canvas positions (over bucket rows) those calls did not prefill
     self._lock = threading.Condition()
@@ -276,48 +243,17 @@ class Engine:
       settings, gen_length=settings.block_length, steps=settings.steps_per_block
     )
 
-  def sees_ahead(self, settings) -> bool:
-    """Whether a block attends to the masked blocks after it: a bidirectional model, or a
-    block-causal one whose blocks end inside the model's blocks. Such a row's canvas keeps its
-    whole completion; otherwise it ends with the current block (what follows is invisible)."""
-    cfg = self.model.model_config
-    return cfg.attention_mask == 'bidirectional' or settings.block_length % self.grid != 0
-
-  def layout(self, job: Job, chunk: int | None = None, blocks: int = 1) -> tuple[int, int]:
-    """(prefix, tail) of a job's row at block `chunk` (default: the next one to dispatch),
-    decoding `blocks` blocks: the canvas tokens before the block (the prompt's whole model
-    blocks and the blocks before it) and from the block on (to the end of generate's canvas if
-    the block sees ahead, else the blocks it decodes)."""
-    s, grid = job.settings, self.grid
-    chunk = self.chunk(job) if chunk is None else chunk
-    total = -(-(grid - 1 + s.gen_length) // s.block_length) if grid > 1 else s.num_blocks
-    prefix = len(job.prompt) // grid * grid + chunk * s.block_length
-    ahead = self.sees_ahead(s)
-    return prefix, (total - chunk if ahead else blocks) * s.block_length
-
-  @staticmethod
-  def chunk(job: Job) -> int:
-    """The block a job's next call decodes."""
-    return job.chunks + job.inflight
-
-  def blocks_left(self, job: Job) -> int:
-    """The blocks a job's max_tokens still needs after those dispatched (an EOS or stop string
-    in a block in flight is seen only once it is taken). The first block keeps the tokens after
-    the prompt's last whole model block."""
-    s = job.settings
-    return -(-(s.gen_length + len(job.prompt) % self.grid) // s.block_length) - self.chunk(job)
-
   def wants_block(self, job: Job) -> bool:
-    return job.inflight == 0 or self.blocks_left(job) > 0
+    return job.inflight == 0 or self.layout.blocks_left(job) > 0
 
   def call_blocks(self, group: list, ready: list) -> int:
     """How many blocks a group's call decodes: up to blocks_per_call (as many as its jobs still
     need) for a lone group, nothing waiting and no other group ready, whose jobs are all past
     their first block (so a new job's first text comes after one block); else 1, so that a
     waiting job or another group gets the next call."""
-    if self.waiting or len(group) < len(ready) or any(self.chunk(j) == 0 for j in group):
+    if self.waiting or len(group) < len(ready) or any(self.layout.chunk(j) == 0 for j in group):
       return 1
-    return max(1, min(self.blocks_per_call, max(self.blocks_left(j) for j in group)))
+    return max(1, min(self.blocks_per_call, max(self.layout.blocks_left(j) for j in group)))
 
   def _group_key(self, job: Job):
     """Jobs of one key run one program together: the block settings, a seeded stochastic job's
@@ -325,7 +261,7 @@ class Engine:
     the model's blocks: the rows' offsets must all sit on the grid)."""
     s = self.block_settings(job.settings)
     seed = job.seed if stochastic(s) and job.seed is not None else None
-    return (s, seed, self.layout(job)[0] % self.grid)
+    return (s, seed, self.layout.row(job)[0] % self.layout.grid)
 
   def _run(self) -> None:
     try:
@@ -360,7 +296,7 @@ class Engine:
     while self.waiting and len(self.active) < self.max_batch:
       job = self.waiting.popleft()
       self.active.append(job)
-      self._remember(job)
+      self.prefixes.remember(job)
 
   def _next_group(self, jobs: list) -> list:
     """The jobs sharing the oldest job's program (first come, first served)."""
@@ -381,83 +317,6 @@ class Engine:
       max_blocks=self.blocks_per_call,
     )
 
-  def reuses(self, settings) -> bool:
-    """Whether rows of these settings can start from a stored prefix: the mode keeps exact K/V
-    (the block cache on a causal / block-causal model), no CFG (its unconditional rows' prompts
-    are MASK), and the row ends with its block."""
-    mode = cache_modes.get(settings.cache)
-    return (
-      self.prefix_cache > 0
-      and mode.reuses_prefix
-      and settings.cfg_scale <= 0
-      and not self.sees_ahead(settings)
-    )
-
-  def _remember(self, job: Job) -> None:
-    """Stores the K/V of the longest prefix (whole units, within the prompts' whole model
-    blocks) that a new job's prompt shares with a recent one, unless a stored prefix that long
-    already covers it (called with the lock held, in the scheduler thread)."""
-    if not self.reuses(job.settings):
-      return
-    prompt, unit = job.prompt, self.prefix_unit
-    shared = 0
-    for other in self._recent:
-      n = min(len(prompt), len(other)) // self.grid * self.grid
-      same = next((i for i in range(n) if prompt[i] != other[i]), n)
-      shared = max(shared, same // unit * unit)
-    self._recent.append(list(prompt))
-    if shared < unit or any(len(k) >= shared and self._starts(prompt, k) for k in self.prefixes):
-      return
-    tokens = tuple(prompt[:shared])
-    fn = sampler.make_prefix_fn(self.model.model_config)
-    self.prefixes[tokens] = fn(self.model.params, np.asarray([tokens], np.int32))
-    while len(self.prefixes) > self.prefix_cache:
-      self.prefixes.popitem(last=False)
-
-  @staticmethod
-  def _starts(prompt, prefix) -> bool:
-    return len(prompt) >= len(prefix) and tuple(prompt[: len(prefix)]) == prefix
-
-  def _stored_prefix(self, group: list, start: int):
-    """(token ids, K/V, prefill window) of the longest stored prefix every job of a group starts
-    with, if prefilling after it saves work (the window: a power of two, at least each row's
-    tokens after the prefix and the prefix unit), else None."""
-    if not self.prefixes or not self.reuses(group[0].settings):
-      return None
-    found = [k for k in self.prefixes if all(self._starts(j.prompt, k) for j in group)]
-    if not found:
-      return None
-    tokens = max(found, key=len)
-    need = max(self.layout(j)[0] for j in group) - len(tokens)
-    window = max(1 << max(need - 1, 0).bit_length(), self.prefix_unit)  # few programs
-    if window >= start:
-      return None
-    self.prefixes.move_to_end(tokens)
-    return tokens, self.prefixes[tokens], window
-
-  def shape(self, group: list, length: int | None = None, blocks: int = 1):
-    """(batch, canvas length, block start, the start if the program needs it static) of a
-    group's call of `blocks` blocks (length: a bucket at least the group's need). Every row's
-    current block starts at one position. A row that sees ahead keeps its tail after the block,
-    so the canvas holds the longest prefix plus the longest tail, and the block starts the
-    longest tail before its end; else the canvas ends with the call's blocks, on the model's
-    grid like every prefix: the same for 1 block and for blocks_per_call (one call of several
-    blocks is laid out for blocks_per_call, rows ending with their own last block), so such a
-    group's calls run two programs per bucket, not one per count."""
-    settings = group[0].settings
-    block = settings.block_length
-    span = 1 if blocks == 1 else self.blocks_per_call
-    prefixes, tails = zip(*(self.layout(j, blocks=span) for j in group))
-    batch = self.buckets.pick(self.buckets.batch, len(group), self.max_batch)
-    need, widths = max(prefixes) + max(tails), self.buckets.width
-    length = length or self.buckets.pick(widths, need, max(widths[-1], need))
-    if not self.sees_ahead(settings):
-      start = (length - span * block) // self.grid * self.grid
-      return batch, start + span * block, start, start
-    start = length - max(tails)
-    mode = cache_modes.get(settings.cache)
-    return batch, length, start, start if mode.static_blocks or mode.prefilled else None
-
   def _dispatch(self, group: list, pending=None, key=None, shape=None, blocks=1):
     """Dispatches a call of a group decoding up to `blocks` blocks, each job as many as it needs
     (asynchronously: nothing waits for the device): the Call, or None if it failed at once (its
@@ -470,39 +329,25 @@ class Engine:
         self._key, key = jax.random.split(self._key)
       else:
         key = jax.random.key(seed)
-    batch, length, start, static = shape or self.shape(group, blocks=blocks)
-    mask = self.model.config.model.mask_token_id
-    block = settings.block_length
-    x_BL = np.full((batch, length), self.pad_id, np.int32)
-    bounds = np.zeros((3, batch), np.int32)  # each row's offset, completion start, end
-    rows = {id(job): row for row, job in enumerate(pending.group)} if pending else {}
-    carried_B = np.full((batch,), -1, np.int32)  # the row of `pending` a row's last blocks are in
-    count_B = np.zeros((batch,), np.int32)  # how many tokens of it: its blocks in flight
-    counts = [max(1, min(blocks, self.blocks_left(job))) for job in group]
-    for row in range(batch):
-      job = group[min(row, len(group) - 1)]  # padding rows repeat the last job
-      prefix, tail = self.layout(job, blocks=counts[min(row, len(group) - 1)])
-      tokens = job.prompt + job.tokens  # without the blocks in flight: carried below
-      offset = start - prefix
-      x_BL[row, offset : offset + len(tokens)] = tokens
-      x_BL[row, offset + len(tokens) : start + tail] = mask
-      bounds[:, row] = offset, offset + len(job.prompt), start + tail
-      carried_B[row] = rows.get(id(job), -1)
-      count_B[row] = job.inflight * block
-    stored = self._stored_prefix(group, start) if static is not None else None
+    batch, length, start, static = shape or self.layout.shape(group, blocks=blocks)
+    counts = [max(1, min(blocks, self.layout.blocks_left(job))) for job in group]
+    x_BL, bounds, carried_B, count_B = self.layout.fill(
+      group, counts, (batch, length, start), pending.group if pending else None
+    )
+    stored = self.prefixes.find(group, start) if static is not None else None
     window = None if stored is None else stored[2]
     shape = (settings, batch, length, static, window)
     began = time.perf_counter()
     try:
       if (carried_B >= 0).any():
-        x_BL = _carry(x_BL, pending.out, carried_B, count_B, np.int32(start))
+        x_BL = layout_lib.carry(x_BL, pending.out, carried_B, count_B, np.int32(start))
       out = self._program(settings, static, window)(
         self.model.params,
         x_BL,
         *bounds,
         np.int32(start),
         key,
-        np.int32(self.chunk(group[0])),
+        np.int32(self.layout.chunk(group[0])),
         np.int32(max(counts)),
         *(() if stored is None else (stored[1],)),
       )
@@ -537,7 +382,8 @@ class Engine:
           if job.cancelled:
             self._finish(job, 'cancelled')
             break
-          reason = self._take(job, self._kept(job, row[k * block : (k + 1) * block].tolist()))
+          window = row[k * block : (k + 1) * block].tolist()
+          reason = self._take(job, self.layout.kept(job, window))
           if reason:
             self._finish(job, reason)
           elif job.on_update:
@@ -585,28 +431,22 @@ class Engine:
     varies with the traffic: those compile on first use. Called before traffic: not thread-safe
     with it."""
     job = Job(prompt=[self.pad_id], settings=settings)
-    spans = {1} if self.sees_ahead(settings) else {1, self.blocks_per_call}
+    ahead = self.layout.sees_ahead(settings)
+    spans = {1} if ahead else {1, self.blocks_per_call}
     width = self.blocks_per_call * settings.block_length
     for batch in self.buckets.batch:
       if batch <= self.max_batch:
         group = [job] * batch
-        for length, span in itertools.product(lengths or (self.shape(group)[1],), spans):
-          shape = self.shape(group, length, span)
-          fits = length >= sum(self.layout(job, blocks=span))
-          if fits and not (self.sees_ahead(settings) and shape[3]):
+        for length, span in itertools.product(lengths or (self.layout.shape(group)[1],), spans):
+          shape = self.layout.shape(group, length, span)
+          fits = length >= sum(self.layout.row(job, blocks=span))
+          if fits and not (ahead and shape[3]):
             call = self._dispatch(group, key=self._key, shape=shape, blocks=span)
             job.inflight = 0
             if call is not None and self._wait(call) is not None:
               x_BL, none_B = np.zeros(shape[:2], np.int32), np.full(batch, -1, np.int32)
               out = jax.device_put(np.zeros((batch, width), np.int32))
-              _carry(x_BL, out, none_B, np.zeros(batch, np.int32), np.int32(shape[2]))
-
-  def _kept(self, job: Job, window) -> list:
-    """The tokens a job keeps of its block's window: the window may open with the end of its
-    prompt (a block-causal model's first block), and the last block may run past max_tokens."""
-    skip = len(job.prompt) + len(job.tokens) - self.layout(job, job.chunks)[0]
-    keep = min(job.settings.gen_length - len(job.tokens), job.settings.block_length - skip)
-    return list(window[skip : skip + keep])
+              layout_lib.carry(x_BL, out, none_B, np.zeros(batch, np.int32), np.int32(shape[2]))
 
   def _take(self, job: Job, new: list) -> str | None:
     """Appends a call's kept tokens to a job: the finish reason if it ended, else None."""

@@ -38,7 +38,7 @@ class CacheMode:
     """The state carried over the blocks. reused (reuses_prefix modes only): (K/V [layers, 1, S,
     K, H] of S tokens every row's prompt starts with, window): the state is then built from those
     K/V, placed at each row's start, and a forward of only the last `window` positions before
-    canvas.prefill (a serving engine's shared system prompt: serve/engine.py)."""
+    canvas.prefill (a serving engine's shared system prompt: serve/layout.py)."""
     return None
 
   def refresh(self, canvas, x_BL, start):
