@@ -18,7 +18,7 @@ import os
 import grain
 import numpy as np
 
-from dlmjax import tasks
+from dlmjax import tasks as tasks_lib
 from dlmjax.data import chat
 from dlmjax.data import jsonl
 from dlmjax.data import pipeline
@@ -33,6 +33,9 @@ BUILTIN_TASKS = ('countdown3', 'countdown4', 'sudoku4', 'arithmetic')
 BUILTIN_EXAMPLES_PER_TASK = 1000
 BUILTIN_VERSION = 1  # bump when the built-in set's rows change.
 BUILTIN_HELD_OUT_PER_TASK = 64  # test-split problems per task for the validation loss
+# sft.train_file='builtin:sudoku4[,arithmetic...]': the built-in rows of those tasks alone (a small
+# model learns one task in minutes where the four together take far longer).
+BUILTIN_PREFIX = 'builtin:'
 
 
 @dataclasses.dataclass
@@ -174,14 +177,30 @@ def packed_rows(encoded, *, eos_id: int, width: int, canvas: int) -> dict[str, n
 # The built-in instruction set
 
 
-def ensure_builtin_set(cache_dir: str, seed: int = 0, split: str = 'train') -> str:
-  """The jsonl of the built-in set: worked solutions of dlmjax.tasks' problems of `split`
-  ('train' for training, 'test' for the validation loss; the tasks split by solution).
+def builtin_tasks(path: str) -> tuple[str, ...] | None:
+  """The tasks a 'builtin:TASK[,TASK]' train file names; None for any other path."""
+  if not path.startswith(BUILTIN_PREFIX):
+    return None
+  names = tuple(name for name in path[len(BUILTIN_PREFIX) :].split(',') if name)
+  unknown = [name for name in names if name not in BUILTIN_TASKS]
+  if unknown or not names:
+    raise DataError(
+      f'sft.train_file {path!r} names no built-in task{" " + ", ".join(unknown) if unknown else ""}'
+      f'; write {BUILTIN_PREFIX}TASK[,TASK] with tasks from {", ".join(BUILTIN_TASKS)}.'
+    )
+  return names
+
+
+def ensure_builtin_set(
+  cache_dir: str, seed: int = 0, split: str = 'train', tasks: tuple[str, ...] = BUILTIN_TASKS
+) -> str:
+  """The jsonl of the built-in set: worked solutions of `tasks`' problems of `split` ('train'
+  for training, 'test' for the validation loss; the tasks split by solution).
 
   Generated once, offline, into the cache (temporary file, then an atomic rename).
   """
   per_task = BUILTIN_EXAMPLES_PER_TASK if split == 'train' else BUILTIN_HELD_OUT_PER_TASK
-  key = [BUILTIN_VERSION, BUILTIN_TASKS, per_task, seed] + ([] if split == 'train' else [split])
+  key = [BUILTIN_VERSION, list(tasks), per_task, seed] + ([] if split == 'train' else [split])
   digest = hashlib.md5(json.dumps(key).encode()).hexdigest()[:10]
   path = os.path.join(cache_dir, f'sft-builtin-v{BUILTIN_VERSION}-{digest}.jsonl')
   if os.path.isfile(path):
@@ -189,8 +208,8 @@ def ensure_builtin_set(cache_dir: str, seed: int = 0, split: str = 'train') -> s
   os.makedirs(cache_dir, exist_ok=True)
   rows = [
     {'prompt': example.prompt, 'response': example.response, 'task': task}
-    for task in BUILTIN_TASKS
-    for example in tasks.TASKS[task].examples(split, per_task, seed)
+    for task in tasks
+    for example in tasks_lib.TASKS[task].examples(split, per_task, seed)
   ]
   return jsonl.write_objects(path, rows)
 
@@ -200,7 +219,11 @@ def ensure_builtin_set(cache_dir: str, seed: int = 0, split: str = 'train') -> s
 
 
 def train_file(config) -> str:
-  """sft.train_file, or the built-in set (data.source=builtin)."""
+  """sft.train_file, the built-in rows of the tasks it names (builtin:TASK,...), or the whole
+  built-in set (data.source=builtin)."""
+  named = builtin_tasks(config.sft.train_file)
+  if named:
+    return ensure_builtin_set(pipeline.cache_dir(config), tasks=named)
   if config.sft.train_file:
     return config.sft.train_file
   if config.data.source != 'builtin':
@@ -215,6 +238,9 @@ def eval_file(config) -> str:
   """sft.eval_file, or the built-in set's held-out problems (data.source=builtin)."""
   if config.sft.eval_file:
     return config.sft.eval_file
+  named = builtin_tasks(config.sft.train_file)
+  if named:
+    return ensure_builtin_set(pipeline.cache_dir(config), split='test', tasks=named)
   if config.sft.train_file or config.data.source != 'builtin':
     raise DataError(
       'eval.every > 0 in stage sft scores a held-out set: set '

@@ -188,3 +188,23 @@ def test_build_rows_with_the_builtin_tokenizer(tmp_path):
   rows = sft.build_rows(config, log=logged.append)
   assert rows['tokens'].shape == (1, 33) and '1 dropped' in logged[0]
   assert rows['tokens'].max() < config.model.vocab_size
+
+
+def test_builtin_train_file_names_the_tasks_it_trains_on(tmp_path, monkeypatch):
+  monkeypatch.setattr(sft, 'BUILTIN_EXAMPLES_PER_TASK', 4)
+  monkeypatch.setattr(sft, 'BUILTIN_HELD_OUT_PER_TASK', 3)
+  config = tiny_test_config(**{'stage': 'sft', 'data.cache_dir': str(tmp_path)})
+  config.sft.train_file = 'builtin:sudoku4,arithmetic'
+  train = [json.loads(line) for line in open(sft.train_file(config))]
+  test = [json.loads(line) for line in open(sft.eval_file(config))]
+  assert [r['task'] for r in train] == ['sudoku4'] * 4 + ['arithmetic'] * 4
+  assert [r['task'] for r in test] == ['sudoku4'] * 3 + ['arithmetic'] * 3
+  assert not {r['prompt'] for r in train} & {r['prompt'] for r in test}
+  # The same rows as the whole set's, and the whole set keeps its cache file.
+  whole = [json.loads(line) for line in open(sft.ensure_builtin_set(str(tmp_path)))]
+  assert [r for r in whole if r['task'] in ('sudoku4', 'arithmetic')] == train
+  assert len(os.listdir(tmp_path)) == 3
+  for bad in ('builtin:sudoku9', 'builtin:'):
+    config.sft.train_file = bad
+    with pytest.raises(DataError, match='builtin:TASK.*countdown3, countdown4, sudoku4'):
+      sft.train_file(config)

@@ -261,6 +261,7 @@ def test_a_dataset_empty_after_filtering_names_the_file(tmp_path, documents, mes
     ),
     ({'data.tokenizer': '{tmp}/tok.json'}, r"data.tokenizer '.*tok.json' is not a file; set"),
     ({'stage': 'sft', 'sft.train_file': '{tmp}/sft.jsonl'}, 'sft.train_file .* is not a file'),
+    ({'stage': 'sft', 'sft.train_file': 'builtin:sudoku9'}, "'builtin:sudoku9' names no built-in"),
     ({'stage': 'rl', 'rl.task': 'gsm8k', 'rl.task_data': '{tmp}/g.jsonl'}, 'rl.task_data names'),
   ],
 )

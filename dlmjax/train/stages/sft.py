@@ -166,12 +166,15 @@ def stage(config) -> base.Stage:
 
 
 def check_train_file(config) -> None:
-  """sft.train_file, when given, exists."""
+  """sft.train_file, when given, exists (or names built-in tasks)."""
   path = config.sft.train_file
+  if sft_data.builtin_tasks(path):
+    return
   if path and not records.exists(path):
     raise DataError(
       f'sft.train_file {path!r} is not a file; set --config.sft.train_file '
-      'to a jsonl/parquet of {"prompt", "response"} or {"messages": [...]} rows, or hub:NAME.'
+      'to a jsonl/parquet of {"prompt", "response"} or {"messages": [...]} rows, hub:NAME '
+      f'or {sft_data.BUILTIN_PREFIX}TASK.'
     )
 
 
