@@ -7,8 +7,8 @@ seed on a CPU.
         --config.init_from=runs/demo/seed0/sft --config.output_dir=runs/rl_spg
 
 `python -m dlmjax.demo` chains the stages (each from the previous one's checkpoint); get_config
-gives one stage alone, as "STAGE[,TASK[,OBJECTIVE]]" (an SFT stage alone reads the built-in set
-of every task unless --config.sft.train_file is given). The result and how each value was chosen:
+gives one stage alone, as "STAGE[,TASK[,OBJECTIVE]]" (an SFT stage alone reads the built-in rows
+of its task unless --config.sft.train_file is given). The result and how each value was chosen:
 docs/benchmarks.md, "Three-stage result" (the trials: docs/history/rl.md).
 """
 
@@ -162,4 +162,6 @@ def get_config(arg='rl'):
   )
   if stage == 'rl':
     config.rl.task = task
+  if stage == 'sft':  # the task's own built-in rows (configs/sft.py reads sudoku4's)
+    config.sft.train_file = f'builtin:{task}'
   return config
