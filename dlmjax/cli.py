@@ -7,9 +7,13 @@ import sys
 from absl import app, flags, logging
 
 from dlmjax import config as config_lib
+from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint import init_from
+from dlmjax.checkpoint import run_dir
 
-# Only the config layer above: a command line reads and checks its config before importing jax
-# and the model (check_command_line), so a config error comes in about a second.
+# Only the config layer and init_from's jax-free readers above: a command line reads and checks
+# its config before importing jax and the model (check_command_line), so a config error comes in
+# a fraction of a second.
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -32,17 +36,27 @@ def read_config(argv, config_file: str):
     fail(str(e))
 
 
-def check_command_line(config_file: str) -> None:
+def check_command_line(config_file: str, *, source_required: bool = True) -> None:
   """Reads sys.argv's config (the file and its overrides) and refuses an error in it at once: an
   entry point calls this before its heavy imports (jax, the model, the data pipeline: seconds),
   so an unknown key, a bad value or a missing file is one line in a fraction of a second
-  (config.validate_early says which checks wait for the devices or init_from's model). `run`
-  reads the same command line again (milliseconds) and validates it again in full."""
+  (config.validate_early: all but the device count, init_from's model keys adopted first, so a
+  missing or unreadable source is refused here too; with source_required=False, as summary
+  describes a config whose source is not trained yet, it is checked with its own model keys).
+  `run` reads the same command line again (milliseconds) and validates it again in full."""
   config, _ = read_config(sys.argv, config_file)
+  adopt = init_from.adopt_source_config if source_required else _adopt_if_readable
   try:
-    config_lib.validate_early(config)
-  except config_lib.ConfigError as e:
+    config_lib.validate_early(config, adopt)
+  except (*user_errors(), hf_config.HFConfigError) as e:
     fail(str(e))
+
+
+def _adopt_if_readable(config) -> None:
+  try:
+    init_from.adopt_source_config(config)
+  except (config_lib.ConfigError, run_dir.CheckpointError):
+    pass  # not trained yet: the config's own model keys are checked
 
 
 def run(main, config_file: str | None = None) -> None:

@@ -12,7 +12,7 @@ from dlmjax import cli
 
 CONFIG_FILE = 'configs/tiny.py'  # without --config
 if __name__ == '__main__':  # a config error in about a second, before jax and the model load
-  cli.check_command_line(CONFIG_FILE)
+  cli.check_command_line(CONFIG_FILE, source_required=False)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

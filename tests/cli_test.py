@@ -11,7 +11,7 @@ import pytest
 
 from dlmjax import cli
 from dlmjax import config as config_lib
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import hf_config, manager
 from dlmjax.data import errors as data_errors
 from dlmjax.train import guards, loop
 
@@ -37,7 +37,26 @@ print(json.dumps({'results': results, 'heavy': [m for m in %r if m in sys.module
 """ % (HEAVY,)
 
 
-def test_a_bad_command_line_is_refused_before_the_heavy_imports():
+def _sources(directory, seq_len: int) -> tuple[str, str]:
+  """(run dir, Hugging Face dir) of a model whose model.seq_len is seq_len: only the files the
+  config readers open (config.json, a committed step's params/ and an empty model.safetensors)."""
+  source = config_lib.defaults()
+  source.model.seq_len = seq_len
+  run, hf = directory / f'run{seq_len}', directory / f'hf{seq_len}'
+  (run / 'checkpoints' / '3' / 'params').mkdir(parents=True)
+  (run / 'config.json').write_text(source.to_json())
+  hf.mkdir()
+  rows = source.model.vocab_size
+  (hf / 'config.json').write_text(
+    json.dumps(hf_config.to_hf(source, vocab_rows=rows, dtype='fp32'))
+  )
+  (hf / 'model.safetensors').touch()
+  return str(run), str(hf)
+
+
+def test_a_bad_command_line_is_refused_before_the_heavy_imports(tmp_path):
+  run, hf = _sources(tmp_path, seq_len=128)
+  sft = ['dlmjax.train', '--config=configs/sft.py']
   cases = [  # (command line, what its one error line says)
     (['dlmjax.train', '--config.train.nope=1'], 'train.nope is not a config key'),
     (['dlmjax.train', '--config.train.lr=fast'], "train.lr='fast'"),
@@ -62,7 +81,16 @@ def test_a_bad_command_line_is_refused_before_the_heavy_imports():
       ['dlmjax.train', '--config.stage=preference', '--config.preference.n_time=3'],
       'preference.budget=8 is not a multiple of preference.n_time=3',
     ),
-    # With init_from the choices are checked at once (the rest after its model keys are adopted).
+    # With init_from the choices are checked first, the rest after the source's model keys are
+    # adopted (read from a run or a Hugging Face directory without jax).
+    (sft + [f'--config.init_from={run}', '--config.train.lr=-1'], 'train.lr=-1.0 must be > 0'),
+    (sft + [f'--config.init_from={hf}', '--config.train.lr=-1'], 'train.lr=-1.0 must be > 0'),
+    (sft + [f'--config.init_from={tmp_path}/none'], "/none' does not exist: train the model"),
+    (  # valid with a longer source (test_a_good_command_line_passes_the_early_check)
+      ['dlmjax.train', '--config=configs/rl.py', f'--config.init_from={hf}']
+      + ['--config.rl.max_prompt_tokens=100'],
+      'rl.max_prompt_tokens + sampler.gen_length = 164 exceed model.seq_len=128',
+    ),
     (
       ['dlmjax.train', '--config=configs/rl.py', '--config.rl.objective=nope'],
       "rl.objective='nope'",
@@ -92,18 +120,32 @@ def test_a_bad_command_line_is_refused_before_the_heavy_imports():
 @pytest.mark.parametrize(
   'argv',
   [
-    ['--config=configs/sft.py'],  # init_from: its model keys are adopted later, not refused here
+    ['--config=configs/sft.py', '--config.init_from={run}'],
+    ['--config=configs/sft.py', '--config.init_from={hf}'],
     ['--config.model.preset=tiny_moe', '--config.train.steps=3', '--verbosity=1'],
     ['--config.train.steps=5'],  # shorter than warmup + anneal: the run fits the schedule to it
-    # 100 + sampler.gen_length 64 exceed the default model.seq_len 128, not init_from's own, which
-    # the run adopts before it checks the values.
-    ['--config=configs/rl.py', '--config.rl.max_prompt_tokens=100'],
+    # 100 + sampler.gen_length 64 exceed the default model.seq_len 128, not the source's 256,
+    # which the early check adopts (as the run does) before it checks the values.
+    ['--config=configs/rl.py', '--config.init_from={run}', '--config.rl.max_prompt_tokens=100'],
+    ['--config=configs/rl.py', '--config.init_from={hf}', '--config.rl.max_prompt_tokens=100'],
   ],
 )
-def test_a_good_command_line_passes_the_early_check(argv, monkeypatch):
+def test_a_good_command_line_passes_the_early_check(argv, monkeypatch, tmp_path):
+  run, hf = _sources(tmp_path, seq_len=256)
   monkeypatch.chdir(REPO)
-  monkeypatch.setattr(sys, 'argv', ['dlmjax.train', *argv])
+  monkeypatch.setattr(sys, 'argv', ['dlmjax.train', *(a.format(run=run, hf=hf) for a in argv)])
   cli.check_command_line('configs/tiny.py')  # returns; a refusal would exit
+
+
+def test_summary_checks_a_config_whose_source_is_not_trained_yet(monkeypatch, tmp_path):
+  """summary describes such a config with its own model keys (summary.py), so it checks those."""
+  monkeypatch.chdir(REPO)
+  argv = ['--config=configs/sft.py', f'--config.init_from={tmp_path}/none']
+  monkeypatch.setattr(sys, 'argv', ['dlmjax.summary', *argv])
+  cli.check_command_line('configs/tiny.py', source_required=False)
+  monkeypatch.setattr(sys, 'argv', ['dlmjax.summary', *argv, '--config.train.lr=-1'])
+  with pytest.raises(SystemExit):
+    cli.check_command_line('configs/tiny.py', source_required=False)
 
 
 def test_every_error_the_command_lines_report_is_a_user_error():

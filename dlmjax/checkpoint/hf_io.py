@@ -28,6 +28,7 @@ from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.observability import progress
 from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint import hf_dir as hf_dir_lib
 from dlmjax.checkpoint import hf_layouts
 from dlmjax.checkpoint import hf_mapping
 from dlmjax.checkpoint import hub
@@ -52,6 +53,9 @@ TOKENIZER_FILES = (
   'added_tokens.json',
   'generation_config.json',
 )
+# A Hugging Face directory's config is read without jax (checkpoint/hf_dir.py); named here too.
+is_hf_dir = hf_dir_lib.is_hf_dir
+hf_dir_config = hf_dir_lib.hf_dir_config
 
 
 class ConvertError(RuntimeError):
@@ -60,18 +64,6 @@ class ConvertError(RuntimeError):
 
 def _vocab_rows(config, trim_vocab: bool) -> int:
   return config.model.vocab_size if trim_vocab else config_lib.padded_vocab_size(config)
-
-
-def is_hf_dir(path: str) -> bool:
-  """A Hugging Face model directory: safetensors weights and no dlmjax checkpoints/."""
-  return (
-    os.path.isdir(path)
-    and not os.path.isdir(os.path.join(path, manager.CHECKPOINT_DIR))
-    and any(
-      os.path.exists(os.path.join(path, n))
-      for n in (safetensors_io.SINGLE_FILE, safetensors_io.INDEX_FILE)
-    )
-  )
 
 
 def check_tokenizer_vocab(tokenizer: str | None, vocab_size: int, what: str) -> None:
@@ -325,22 +317,6 @@ def write_torch(
 # Import
 
 
-def _resolve_config(hf: dict, config, saved_json: str | None, missing_qk_norm: str = 'error'):
-  """The config of an import: --config (checked against the weights), else the exporter's
-  dlmjax config, else one derived from the Hugging Face config (a family without QK-norm into a
-  QK-norm model when missing_qk_norm='ones')."""
-  if config is not None:
-    hf_config.check_matches(hf, config, missing_qk_norm=missing_qk_norm)
-    return config
-  base = None
-  if saved_json is not None:
-    base = config_lib.from_dict(json.loads(saved_json))
-  config = hf_config.config_from_hf(hf, base)
-  if missing_qk_norm == 'ones':
-    config.model.qk_norm = True
-  return config
-
-
 def params_from_source(source, hf: dict, config, *, missing_qk_norm: str = 'error') -> dict:
   """Our params, each array moved to the default device as soon as it is built."""
   arch = hf_config.detect_architecture(hf)
@@ -355,30 +331,12 @@ def params_from_source(source, hf: dict, config, *, missing_qk_norm: str = 'erro
   )
 
 
-def hf_dir_config(hf_dir: str, config=None, *, missing_qk_norm: str = 'error'):
-  """The config of a Hugging Face directory (checked against `config` when given): what
-  load_hf uses, without reading the weights (init_from adopts its model keys)."""
-  hf = hf_config.read(hf_dir)
-  saved_path = os.path.join(hf_dir, hf_config.DLMJAX_CONFIG_FILE)
-  saved_json = None
-  if os.path.exists(saved_path):
-    with open(saved_path) as f:
-      saved_json = f.read()
-  given = config is not None
-  config = _resolve_config(hf, config, saved_json, missing_qk_norm)
-  if hf_config.is_sequence_classification(hf):  # a reward model (its score head is read too)
-    hf_config.as_reward_model(hf, config, hf_dir, derived=not given)
-  if not given and not os.path.exists(config.data.tokenizer):
-    _point_at_tokenizer(config, hf_dir)
-  return hf, config
-
-
 def load_hf(hf_dir: str, *, config=None, missing_qk_norm: str = 'error'):
   """(config, params on the first local device) of a Hugging Face directory we can read."""
   hf, config = hf_dir_config(hf_dir, config, missing_qk_norm=missing_qk_norm)
   config_lib.validate(config)
   arch = hf_config.detect_architecture(hf)
-  shipped = _shipped_tokenizer(hf_dir)
+  shipped = hf_dir_lib.shipped_tokenizer(hf_dir)
   check_tokenizer_vocab(
     shipped,
     hf_config.embedding_rows(hf, arch),
@@ -391,22 +349,6 @@ def load_hf(hf_dir: str, *, config=None, missing_qk_norm: str = 'error'):
     check_tokenizer_vocab(tokenizer, config.model.vocab_size, 'model.vocab_size')
   source = safetensors_io.SafetensorsReader(hf_dir)
   return config, params_from_source(source, hf, config, missing_qk_norm=missing_qk_norm)
-
-
-def _shipped_tokenizer(hf_dir: str) -> str | None:
-  """The tokenizer in a Hugging Face directory, as data.tokenizer would name it, or None."""
-  if os.path.exists(os.path.join(hf_dir, 'tokenizer.json')):
-    return os.path.abspath(hf_dir)
-  if os.path.exists(os.path.join(hf_dir, 'tokenizer.model')):
-    return os.path.abspath(os.path.join(hf_dir, 'tokenizer.model'))
-  return None
-
-
-def _point_at_tokenizer(config, hf_dir: str) -> None:
-  """data.tokenizer -> the tokenizer shipped in the Hugging Face directory, if there is one."""
-  shipped = _shipped_tokenizer(hf_dir)
-  if shipped is not None:
-    config.data.tokenizer = shipped
 
 
 def _save(output_dir: str, config, params: dict, source: dict) -> str:
@@ -460,7 +402,7 @@ def checkpoint_from_torch(
     raise ConvertError(
       f'{input_file} is neither a dlmjax .pt ({TORCH_FORMAT}) nor a state dict of tensors.'
     )
-  config = _resolve_config(hf, config, saved_json, missing_qk_norm)
+  config = hf_dir_lib.resolve_config(hf, config, saved_json, missing_qk_norm)
   check_tokenizer_vocab(run_tokenizer.find(config), config.model.vocab_size, 'model.vocab_size')
   config.output_dir = os.path.abspath(output_dir)
   source = hf_mapping.DictSource(state_dict, to_numpy=lambda t: t.float().numpy())

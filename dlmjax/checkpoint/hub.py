@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import run_dir
 
 # huggingface_hub's repo id rules: org and name of letters, digits, '-', '_', '.'; the revision
 # is a branch, tag or commit.
@@ -25,7 +25,7 @@ _IGNORED = ['*.bin', '*.pt', '*.pth', '*.gguf', '*.onnx', '*.msgpack', '*.h5', '
 _TRUE = ('1', 'ON', 'YES', 'TRUE')
 
 
-class HubError(manager.CheckpointError):
+class HubError(run_dir.CheckpointError):
   """A hub id that cannot be resolved: the message names the id and the cache."""
 
 

@@ -7,18 +7,20 @@ Model keys the config leaves at their defaults take the source's values, so `con
 --config.init_from=PATH` needs no model keys; keys the config sets keep their values (and the
 architecture ones must then match the weights). Run-time knobs (compute dtype, attention
 backend, remat, scan, loss chunking) stay the config's own.
+
+Only the source's files are read here, without JAX (checkpoint/run_dir.py, hf_dir.py), so a
+command line adopts on a copy and checks the whole config before its heavy imports
+(config.validate_early); the weights are checkpoint/run_model.py's (source_params).
 """
 
 from __future__ import annotations
 
 import os
 
-
 from dlmjax import config as config_lib
-from dlmjax.checkpoint import hf_io
+from dlmjax.checkpoint import hf_dir
 from dlmjax.checkpoint import hub
-from dlmjax.checkpoint import manager as checkpoint_lib
-from dlmjax.checkpoint import run_model
+from dlmjax.checkpoint import run_dir
 
 RUNTIME_MODEL_KEYS = ('dtype', 'attention_backend', 'remat', 'scan_layers', 'loss_chunk_tokens')
 _ADOPTED_DATA_KEYS = ('tokenizer', 'cache_dir')  # where the source's tokenizer lives.
@@ -33,10 +35,9 @@ def source_config(path: str):
       '--config=configs/tiny.py writes runs/tiny) or set --config.init_from to a run, step or '
       'Hugging Face directory.'
     )
-  if hf_io.is_hf_dir(path):
-    return hf_io.hf_dir_config(path)[1]
-  run_dir, _, _ = checkpoint_lib.resolve_step_dir(path)
-  return checkpoint_lib.load_run_config(run_dir)
+  if hf_dir.is_hf_dir(path):
+    return hf_dir.hf_dir_config(path)[1]
+  return run_dir.load_run_config(run_dir.resolve_step_dir(path)[0])
 
 
 def adopt_source_config(config) -> list[str]:
@@ -53,10 +54,3 @@ def adopt_source_config(config) -> list[str]:
       config[group][key] = source
       changed.append(f'{group}.{key}={source!r}')
   return changed
-
-
-def restore_params(config, setup, purpose: str = 'initialising') -> dict:
-  """The source's params in the setup's shardings; the architecture must match the config. A
-  LoRA run is its merged model (checkpoint/run_model.py). `purpose` names the use in the printed
-  line (the RL reference model restores them again)."""
-  return run_model.source_params(config, setup.mesh, purpose=purpose)

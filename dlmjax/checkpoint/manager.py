@@ -21,16 +21,20 @@ import threading
 import time
 
 import jax
-import ml_collections
 import orbax.checkpoint as ocp
 
 from dlmjax import config as config_lib
 from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import host_transfer
-from dlmjax.checkpoint import steps as steps_lib
+from dlmjax.checkpoint import run_dir as run_dir_lib
 
-CONFIG_FILE = 'config.json'
-CHECKPOINT_DIR = 'checkpoints'
+# A run directory's layout, its saved config and the step a path names are read without orbax
+# (checkpoint/run_dir.py); they are named here too for the readers of checkpoints.
+CONFIG_FILE = run_dir_lib.CONFIG_FILE
+CHECKPOINT_DIR = run_dir_lib.CHECKPOINT_DIR
+CheckpointError = run_dir_lib.CheckpointError
+load_run_config = run_dir_lib.load_run_config
+resolve_step_dir = run_dir_lib.resolve_step_dir
 _ITEMS = ('params', 'opt_state', 'reference', 'meta')  # reference: RL's refreshed KL reference
 # Keys that must match between a checkpoint and the run resuming from it: those the config
 # declares as fixing the parameters' shapes (init_from compares only these) or the sample/mask
@@ -49,10 +53,6 @@ PINNED_FILE = 'pinned.json'
 COMMIT_DELAY_ENV = 'DLMJAX_TEST_COMMIT_DELAY'
 # Test hook, "STEP": the save of that step fails as on a full disk (ENOSPC), after writing.
 DISK_FULL_ENV = 'DLMJAX_TEST_DISK_FULL'
-
-
-class CheckpointError(config_lib.UserError, RuntimeError):
-  """A checkpoint that is missing, incomplete or incompatible; the message names the fix."""
 
 
 class DiskFullError(CheckpointError):
@@ -593,38 +593,6 @@ def write_run_config(run_dir: str, config) -> None:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, CONFIG_FILE), 'w') as f:
       f.write(config.to_json(indent=2, sort_keys=True))
-
-
-def load_run_config(run_dir: str) -> ml_collections.ConfigDict:
-  path = os.path.join(run_dir, CONFIG_FILE)
-  if not os.path.exists(path):
-    raise CheckpointError(f'{path} is missing: {run_dir} is not a dlmjax run directory.')
-  with open(path) as f:
-    return config_lib.from_dict(json.load(f))
-
-
-def resolve_step_dir(path: str) -> tuple[str, str, int]:
-  """(run_dir, step_dir, step) for a run directory (its latest step) or a step directory."""
-  path = os.path.abspath(path)
-  if not os.path.isdir(path):
-    raise CheckpointError(f'checkpoint path {path} does not exist.')
-  if os.path.exists(os.path.join(path, CONFIG_FILE)):
-    steps = steps_lib.committed_steps(os.path.join(path, CHECKPOINT_DIR))
-    if not steps:
-      raise CheckpointError(
-        f'run directory {path} has no complete checkpoint under {CHECKPOINT_DIR}/.'
-      )
-    return path, os.path.join(path, CHECKPOINT_DIR, str(steps[-1])), steps[-1]
-  parent = os.path.dirname(path)
-  name = os.path.basename(path)
-  if name.isdigit() and os.path.basename(parent) == CHECKPOINT_DIR:
-    if not os.path.isdir(os.path.join(path, 'params')):
-      raise CheckpointError(f'{path} has no params item: the checkpoint is incomplete.')
-    return os.path.dirname(parent), path, int(name)
-  raise CheckpointError(
-    f'{path} is neither a run directory (with {CONFIG_FILE}) nor a '
-    f'checkpoint step directory (<run>/{CHECKPOINT_DIR}/<step>).'
-  )
 
 
 def read_meta(step_dir: str) -> dict:

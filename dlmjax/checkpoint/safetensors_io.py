@@ -18,8 +18,11 @@ import struct
 import ml_dtypes
 import numpy as np
 
-SINGLE_FILE = 'model.safetensors'
-INDEX_FILE = 'model.safetensors.index.json'
+from dlmjax.checkpoint import hf_dir
+
+# transformers' names of the weights files (a Hugging Face directory is recognised by them)
+SINGLE_FILE = hf_dir.SINGLE_FILE
+INDEX_FILE = hf_dir.INDEX_FILE
 _DTYPES = {
   'F64': np.dtype(np.float64),
   'F32': np.dtype(np.float32),

@@ -97,21 +97,22 @@ def validate(config, num_devices: int | None = None) -> None:
         f(resolved)
 
 
-def validate_early(config) -> None:
+def validate_early(config, adopt_source) -> None:
   """What a command line refuses before it imports jax and builds anything (its first step):
-  validate, on a copy whose schedule is fitted to train.steps as the run fits it.
+  validate, on a copy whose schedule is fitted to train.steps as the run fits it and, when
+  init_from is set, whose model keys are adopted from the source by `adopt_source`
+  (checkpoint/init_from.py's adopt_source_config, the run's own: it reads the source's files
+  without jax; this layer cannot import it). The choice lists are checked before the source is
+  read, since a value outside them stays wrong whatever is adopted.
 
-  Two kinds of check wait for the run, and only these: what needs the device count (the mesh's
-  product against the devices present, fit_to_devices), and, when init_from is set, every check
-  but the choice lists: the run first adopts the source's model keys (checkpoint/init_from.py),
-  which needs the checkpoint readers, while a value outside its choices stays wrong whatever is
-  adopted."""
+  Only what needs the device count waits for the run (the mesh's product against the devices
+  present, fit_to_devices)."""
   config = ml_collections.ConfigDict(config.to_dict())
   fit_schedule(config)
   if config.init_from:
     _check_choices(config)
-  else:
-    validate(config)
+    adopt_source(config)
+  validate(config)
 
 
 def _check_choices(config) -> None:

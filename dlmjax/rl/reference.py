@@ -19,7 +19,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from dlmjax.checkpoint import init_from
+from dlmjax.checkpoint import run_model
 from dlmjax.parallel import distributed
 from dlmjax.rl import choices
 
@@ -77,7 +77,7 @@ class ReferenceModel:
     self.model_config, self._setup = setup.model_config, None
     self.on_host, self.shardings = config.rl.reference_on_host, setup.param_shardings
     dtype = jnp.dtype(config.rl.reference_dtype)
-    params = init_from.restore_params(config, setup, purpose=role)
+    params = run_model.source_params(config, setup.mesh, purpose=role)
     params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p))(params)
     self._params = jax.tree.map(distributed.to_host, params) if self.on_host else params
 

@@ -14,6 +14,7 @@ from dlmjax import config as config_lib
 from dlmjax.checkpoint import init_from as init_from_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.checkpoint import peft_io
+from dlmjax.checkpoint import run_model
 from dlmjax.observability import history, plots
 from dlmjax.observability import sinks as sinks_lib
 from dlmjax.parallel import distributed
@@ -53,7 +54,7 @@ def initial_state(config, setup, checkpoints):
   checkpoints.refuse_if_only_set_aside()
   resuming = checkpoints.latest_step() is not None
   if setup.lora:
-    setup.set_base(init_from_lib.restore_params(config, setup, purpose='LoRA base'))
+    setup.set_base(run_model.source_params(config, setup.mesh, purpose='LoRA base'))
     lora_setup.record_or_check_base(
       config.output_dir, config.init_from, setup.frozen, resuming=resuming
     )
@@ -71,7 +72,9 @@ def initial_state(config, setup, checkpoints):
       )
     return setup.state_from_params(adapters), None
   if config.init_from:  # a run/step or Hugging Face directory (init_from.py)
-    return setup.state_from_params(init_from_lib.restore_params(config, setup)), None
+    return setup.state_from_params(
+      run_model.source_params(config, setup.mesh, purpose='initialising')
+    ), None
   return setup.init_state(config.seed), None
 
 

@@ -92,6 +92,7 @@ def test_init_from_a_hugging_face_export_adopts_its_model_and_weights(tmp_path, 
   from dlmjax.checkpoint import hf_io  # pylint: disable=import-outside-toplevel
   from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.checkpoint import init_from as init_from_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.checkpoint import run_model  # pylint: disable=import-outside-toplevel
   from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
   from tests.checkpoint import tiny_run  # pylint: disable=import-outside-toplevel
 
@@ -105,7 +106,7 @@ def test_init_from_a_hugging_face_export_adopts_its_model_and_weights(tmp_path, 
     assert 'model.d_model=64' in adopted and 'model.vocab_size=256' in adopted
     assert c.model.dtype == 'bfloat16'  # run-time knobs stay the config's
     setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c))
-    restored = init_from_lib.restore_params(c, setup)
+    restored = run_model.source_params(c, setup.mesh, purpose=None)
     tiny_run.assert_same_params(jax.device_get(restored), params)
     embedding = restored['embed_tokens']
     assert embedding.sharding == setup.param_shardings['embed_tokens']
