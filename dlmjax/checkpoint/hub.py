@@ -56,12 +56,14 @@ def resolve(path: str) -> str:
   if parsed is None or os.path.isdir(path.split('/')[0]):
     return path  # not a hub id, or a missing path under a local directory (runs/...)
   repo_id, revision = parsed
+  # Neither a local directory nor (yet) a hub snapshot: a run not trained yet reads like an id.
+  what = f'{path!r} is no local directory (if it names a run, train that run first) '
   try:
     import huggingface_hub  # pylint: disable=import-outside-toplevel
     from huggingface_hub import errors  # pylint: disable=import-outside-toplevel
   except ImportError as e:
     raise HubError(
-      f'{path!r} is no local path, and reading it from the Hugging Face Hub needs '
+      f'{what}and reading it from the Hugging Face Hub needs '
       'huggingface_hub: pip install -e ".[torch]" (or pip install huggingface_hub).'
     ) from e
   cache = cache_dir()
@@ -73,7 +75,7 @@ def resolve(path: str) -> str:
     pass  # not in the cache (or only part of it)
   if offline():
     raise HubError(
-      f'{path!r} is no local path and not in the Hugging Face cache {cache} (HF_HUB_OFFLINE is '
+      f'{what}and not in the Hugging Face cache {cache} (HF_HUB_OFFLINE is '
       f'set, so nothing is downloaded): download it where there is a network '
       f'(huggingface-cli download {repo_id}), or name a local directory.'
     )
@@ -83,7 +85,7 @@ def resolve(path: str) -> str:
     )
   except Exception as e:  # noqa: BLE001  (network, auth, unknown repo: all end the same way)
     raise HubError(
-      f'{path!r} is no local path and could not be downloaded from the Hugging Face Hub into '
+      f'{what}and could not be downloaded from the Hugging Face Hub into '
       f'{cache} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}); check the id, '
       'the network and HF_TOKEN for gated models, or name a local directory.'
     ) from e
