@@ -89,7 +89,7 @@ def test_a_bad_command_line_is_refused_before_the_heavy_imports(tmp_path):
     (  # valid with a longer source (test_a_good_command_line_passes_the_early_check)
       ['dlmjax.train', '--config=configs/rl.py', f'--config.init_from={hf}']
       + ['--config.rl.max_prompt_tokens=100'],
-      'rl.max_prompt_tokens + sampler.gen_length = 164 exceed model.seq_len=128',
+      'rl.max_prompt_tokens + sampler.gen_length = 132 exceed model.seq_len=128',
     ),
     (
       ['dlmjax.train', '--config=configs/rl.py', '--config.rl.objective=nope'],
