@@ -124,8 +124,8 @@ def test_a_bad_command_line_is_refused_before_the_heavy_imports(tmp_path):
     ['--config=configs/sft.py', '--config.init_from={hf}'],
     ['--config.model.preset=tiny_moe', '--config.train.steps=3', '--verbosity=1'],
     ['--config.train.steps=5'],  # shorter than warmup + anneal: the run fits the schedule to it
-    # 100 + sampler.gen_length 32 (configs/rl.py) exceed the default model.seq_len 128, not the source's 256,
-    # which the early check adopts (as the run does) before it checks the values.
+    # 100 + sampler.gen_length 32 (configs/rl.py) exceed the default model.seq_len 128, not the
+    # source's 256, which the early check adopts (as the run does) before it checks the values.
     ['--config=configs/rl.py', '--config.init_from={run}', '--config.rl.max_prompt_tokens=100'],
     ['--config=configs/rl.py', '--config.init_from={hf}', '--config.rl.max_prompt_tokens=100'],
   ],
