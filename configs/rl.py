@@ -1,7 +1,7 @@
 """RL from verifiable rewards (diffu-GRPO, d1) on a built-in task, from a fine-tuned model.
 
     python -m dlmjax.train --config=configs/tiny.py        # pre-train: runs/tiny
-    python -m dlmjax.train --config=configs/sft.py --config.model.seq_len=80   # SFT on sudoku4: runs/sft
+    python -m dlmjax.train --config=configs/sft.py --config.model.seq_len=80   # SFT: runs/sft
     python -m dlmjax.train --config=configs/rl.py --config.init_from=runs/sft
     python -m dlmjax.train --config=configs/rl.py:espo     # ESPO instead of d1
     python -m dlmjax.train --config=configs/rl.py:spg      # SPG (ELBO / EUBO mixture)
