@@ -10,11 +10,14 @@ After the call every job takes its block, may finish (EOS, a stop string, max_to
 the next round admits waiting jobs into the freed slots. So requests join and leave between
 blocks and a request's block b decodes beside other requests' blocks.
 
-The calls are pipelined (JAX's asynchronous dispatch): the next block's call is dispatched before
-the current one's tokens are downloaded, its rows that continue taking their last blocks from the
-device (layout.carry), so the device works while the host streams, schedules and lays out; a row
-whose last block turns out to end its job (EOS, a stop string) is dropped from the next call's
-output.
+The calls are pipelined: the next block's call is dispatched before the current one's tokens are
+downloaded, its rows that continue taking their last blocks from the device (layout.carry), so the
+device works while the host streams, schedules and lays out; a row whose last block turns out to
+end its job (EOS, a stop string) is dropped from the next call's output. Calls are dispatched from
+a thread of their own, since dispatch is not always asynchronous: XLA:GPU runs a while loop whose
+trip count is data-dependent (the sampler's step and block loops) by reading its predicate on the
+host each iteration, so the call returns only once the device is done; from the scheduler's
+thread that would hold the current block's tokens until the next call had run.
 
 A lone group (nothing waiting, no other group ready, none of its jobs at its first block) decodes
 up to blocks_per_call blocks in one call (make_block_fn's loop over its blocks, each row to its
@@ -25,6 +28,7 @@ one by one, each streamed and checked for EOS and stop strings as a block of its
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
@@ -80,16 +84,15 @@ class Job:
 
 @dataclasses.dataclass
 class Call:
-  """A dispatched call: its jobs (row order), the blocks each decodes, the device output, its
-  (settings, batch, length, static start, prefill window), when it began and was dispatched,
-  and whether its shape was compiled."""
+  """A dispatched call: its jobs (row order), the blocks each decodes, the future of its launch
+  on the dispatch thread (the device output, when the program was called and when that call
+  returned), its (settings, batch, length, static start, prefill window), and whether its shape
+  was compiled."""
 
   group: list
   blocks: list
-  out: object
+  launch: concurrent.futures.Future
   shape: tuple
-  began: float
-  dispatched: float
   compiled: bool
 
 
@@ -135,6 +138,7 @@ class Engine:
     self.slots = 0  # rows of the padded batch buckets those calls ran (slots - rows: padding)
     self.blocks = 0  # blocks those calls decoded (blocks / calls: blocks a call, blocks_per_call)
     self.busy_s = 0.0
+    self.dispatch_s = 0.0  # host time inside the program calls: ~busy_s where dispatch blocks
     self._device_free = 0.0  # when the device finished the last collected call
     self.cancelled = 0
     self.carried = 0  # rows whose last block the device kept for their next call (pipelining)
@@ -145,6 +149,7 @@ class Engine:
     self._stopped = False
     self._key = jax.random.key(0)
     self._thread = threading.Thread(target=self._run, name='dlmjax-serve-engine', daemon=True)
+    self._launcher = concurrent.futures.ThreadPoolExecutor(1, 'dlmjax-serve-dispatch')
 
   # ---- the request side (any thread) ----
 
@@ -195,6 +200,7 @@ class Engine:
         'slots': self.slots,
         'blocks': self.blocks,
         'busy_s': round(self.busy_s, 3),
+        'dispatch_s': round(self.dispatch_s, 3),
         'cancelled': self.cancelled,
         'carried': self.carried,
         'prefixes': len(self.prefixes),
@@ -275,6 +281,7 @@ class Engine:
       with self._lock:
         self._admit()
         if self._stopped:
+          self._launcher.shutdown(wait=False)
           return
         ready = [j for j in self.active if self.wants_block(j)]
         if not ready and pending is None:
@@ -317,18 +324,17 @@ class Engine:
       max_blocks=self.blocks_per_call,
     )
 
-  def _dispatch(self, group: list, pending=None, key=None, shape=None, blocks=1):
-    """Dispatches a call of a group decoding up to `blocks` blocks, each job as many as it needs
-    (asynchronously: nothing waits for the device): the Call, or None if it failed at once (its
-    jobs then end with the error). A job whose last blocks are in `pending` (the call before,
-    not taken yet) takes them from the device."""
+  def _dispatch(self, group: list, pending=None, shape=None, blocks=1):
+    """Dispatches a call of a group decoding up to `blocks` blocks, each job as many as it needs:
+    the Call, its launch queued on the dispatch thread (nothing here waits for the device; a
+    failed launch ends its jobs with the error when the call is collected). A job whose last
+    blocks are in `pending` (the call before, not taken yet) takes them from the device."""
     settings = self.block_settings(group[0].settings)
-    if key is None:
-      _, seed, _ = self._group_key(group[0])
-      if seed is None:
-        self._key, key = jax.random.split(self._key)
-      else:
-        key = jax.random.key(seed)
+    _, seed, _ = self._group_key(group[0])
+    if seed is None:
+      self._key, key = jax.random.split(self._key)
+    else:
+      key = jax.random.key(seed)
     batch, length, start, static = shape or self.layout.shape(group, blocks=blocks)
     counts = [max(1, min(blocks, self.layout.blocks_left(job))) for job in group]
     x_BL, bounds, carried_B, count_B = self.layout.fill(
@@ -337,23 +343,25 @@ class Engine:
     stored = self.prefixes.find(group, start) if static is not None else None
     window = None if stored is None else stored[2]
     shape = (settings, batch, length, static, window)
-    began = time.perf_counter()
-    try:
-      if (carried_B >= 0).any():
-        x_BL = layout_lib.carry(x_BL, pending.out, carried_B, count_B, np.int32(start))
-      out = self._program(settings, static, window)(
-        self.model.params,
-        x_BL,
-        *bounds,
-        np.int32(start),
-        key,
-        np.int32(self.layout.chunk(group[0])),
-        np.int32(max(counts)),
-        *(() if stored is None else (stored[1],)),
-      )
-    except Exception as e:  # pylint: disable=broad-except
-      self._fail(group, e)
-      return None
+    previous = pending.launch if (carried_B >= 0).any() else None
+    args = (
+      *bounds,
+      np.int32(start),
+      key,
+      np.int32(self.layout.chunk(group[0])),
+      np.int32(max(counts)),
+      *(() if stored is None else (stored[1],)),
+    )
+
+    def launch():
+      """(device output, when the call began, when dispatching it returned)."""
+      began = time.perf_counter()
+      x = x_BL
+      if previous is not None:  # launched before this one on this thread: its output exists
+        x = layout_lib.carry(x, previous.result()[0], carried_B, count_B, np.int32(start))
+      out = self._program(settings, static, window)(self.model.params, x, *args)
+      return out, began, time.perf_counter()
+
     for job, count in zip(group, counts):
       job.inflight += count
     self.carried += int((carried_B[: len(group)] >= 0).sum())
@@ -364,9 +372,7 @@ class Engine:
     self.rows += len(group)
     self.slots += batch
     self.blocks += max(counts)
-    return Call(
-      group, counts, out, shape, began, time.perf_counter(), compiled=shape in self.compiled
-    )
+    return Call(group, counts, self._launcher.submit(launch), shape, shape in self.compiled)
 
   def _collect(self, call) -> None:
     """Waits for a dispatched call and gives each of its jobs its blocks one by one, each an
@@ -391,17 +397,19 @@ class Engine:
 
   def _wait(self, call):
     """A call's output (numpy, or None if it failed: its jobs end with the error), accounting
-    the device's time: from the later of the call's dispatch and the previous call's end (the
+    the device's time: from the later of the call's launch and the previous call's end (the
     device runs calls in order) to its end; a first call of its shape logs its compilation."""
     try:
-      out = np.asarray(jax.device_get(call.out))
+      out, began, returned = call.launch.result()
+      out = np.asarray(jax.device_get(out))
     except Exception as e:  # pylint: disable=broad-except
       self._fail(call.group, e)
       return None
     done = time.perf_counter()
     settings, batch, length, static, window = call.shape
     if call.compiled:
-      self.busy_s += done - max(call.dispatched, self._device_free)
+      self.busy_s += done - max(began, self._device_free)
+      self.dispatch_s += returned - began
     else:
       self.compiled.add(call.shape)
       log.warning(
@@ -410,7 +418,7 @@ class Engine:
         batch, length, '' if static is None else f' at {static}',
         '' if window is None else f' after a stored prefix, prefill {window}',
         settings.block_length, settings.steps, settings.cache, self.blocks_per_call,
-        done - call.began,
+        done - began,
       )  # fmt: skip
     self._device_free = done
     return out
@@ -427,7 +435,8 @@ class Engine:
     """Compiles the programs jobs with these settings run at every batch bucket: at each canvas
     length of `lengths` (default: a one-token prompt's), for one block and, where the layout
     differs (a row that does not see ahead), for blocks_per_call, and the carry of a continuing
-    row's blocks into the next call. A static start (cache prefix on a model that sees ahead)
+    row's blocks into the next call (and the calls' key split: nothing compiles under the first
+    request). A static start (cache prefix on a model that sees ahead)
     varies with the traffic: those compile on first use. Called before traffic: not thread-safe
     with it."""
     job = Job(prompt=[self.pad_id], settings=settings)
@@ -441,9 +450,9 @@ class Engine:
           shape = self.layout.shape(group, length, span)
           fits = length >= sum(self.layout.row(job, blocks=span))
           if fits and not (ahead and shape[3]):
-            call = self._dispatch(group, key=self._key, shape=shape, blocks=span)
+            call = self._dispatch(group, shape=shape, blocks=span)
             job.inflight = 0
-            if call is not None and self._wait(call) is not None:
+            if self._wait(call) is not None:
               x_BL, none_B = np.zeros(shape[:2], np.int32), np.full(batch, -1, np.int32)
               out = jax.device_put(np.zeros((batch, width), np.int32))
               layout_lib.carry(x_BL, out, none_B, np.zeros(batch, np.int32), np.int32(shape[2]))
