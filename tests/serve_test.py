@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import logging
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import threading
 import time
 
 import httpx
+import jax
 import openai
 import pytest
 
@@ -454,3 +456,56 @@ def test_a_lone_groups_multi_block_calls_end_jobs_mid_call_and_admit_a_late_job_
   assert calls[:2] == [[(0, 1), (1, 1), (2, 1)], [(0, 4), (1, 4), (2, 4)]]
   assert joined == [2] and calls[2] == [(0, 1), (1, 1), (2, 1), (3, 1)]  # the next call
   assert calls[3:] == [[(3, 4)], [(3, 1)]] and eng.blocks == 1 + 4 + 1 + 4 + 1
+
+
+def test_a_blocking_dispatch_holds_back_neither_a_lone_jobs_first_block_nor_busy_time(
+  tmp_path, caplog
+):
+  """Where a call's dispatch returns only once the device is done (XLA:GPU reads a
+  data-dependent while loop's predicate on the host), a lone job's first block is still streamed
+  while its next call (4 blocks) runs, and busy_s counts each call's device time; after warm,
+  nothing compiles under the job."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path))
+  settings = sampler.SamplingConfig(gen_length=24, steps=12, block_length=4)  # calls: 1, 4, 1
+  eng = engine.Engine(
+    model,
+    max_batch=1,
+    max_queue=1,
+    buckets=engine.Buckets(batch=(1,), width=(64,)),
+    blocks_per_call=4,
+  )
+  eng.warm(settings)
+  warm_calls, warm_busy, warm_dispatch = eng.calls, eng.busy_s, eng.dispatch_s
+  streamed, device_s, program = threading.Event(), 0.05, eng._program  # pylint: disable=protected-access
+  launched, first_block_before_call_2 = [], []
+
+  def blocking(*key):  # a device whose dispatch returns when the call is done
+    fn = program(*key)
+
+    def call(*args):
+      launched.append(None)
+      if len(launched) == 2:  # the 4-block call is "running"
+        first_block_before_call_2.append(streamed.wait(timeout=5))
+      out = fn(*args)
+      out.block_until_ready()
+      time.sleep(device_s)
+      return out
+
+    return call
+
+  eng._program = blocking  # pylint: disable=protected-access
+  job = engine.Job(
+    prompt=model.tokenizer.encode(PROMPTS[3]), settings=settings, on_update=lambda j: streamed.set()
+  )
+  caplog.set_level(logging.WARNING)
+  jax.config.update('jax_log_compiles', True)
+  try:
+    eng.submit(job)
+    eng.start()
+    assert eng.drain(timeout=60)
+  finally:
+    jax.config.update('jax_log_compiles', False)
+  assert job.finish_reason == 'length' and (eng.calls - warm_calls, job.chunks) == (3, 6)
+  assert first_block_before_call_2 == [True]
+  assert eng.busy_s - warm_busy >= 3 * device_s and eng.dispatch_s - warm_dispatch >= 3 * device_s
+  assert not [r.getMessage() for r in caplog.records if 'Compiling' in r.getMessage()]

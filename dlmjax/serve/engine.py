@@ -434,15 +434,14 @@ class Engine:
   def warm(self, settings, lengths=()) -> None:
     """Compiles the programs jobs with these settings run at every batch bucket: at each canvas
     length of `lengths` (default: a one-token prompt's), for one block and, where the layout
-    differs (a row that does not see ahead), for blocks_per_call, and the carry of a continuing
-    row's blocks into the next call (and the calls' key split: nothing compiles under the first
-    request). A static start (cache prefix on a model that sees ahead)
+    differs (a row that does not see ahead), for blocks_per_call, each for a new row and for a
+    continuing one (its blocks carried from the last call), and the calls' key split: nothing
+    compiles under the first request. A static start (cache prefix on a model that sees ahead)
     varies with the traffic: those compile on first use. Called before traffic: not thread-safe
     with it."""
     job = Job(prompt=[self.pad_id], settings=settings)
     ahead = self.layout.sees_ahead(settings)
     spans = {1} if ahead else {1, self.blocks_per_call}
-    width = self.blocks_per_call * settings.block_length
     for batch in self.buckets.batch:
       if batch <= self.max_batch:
         group = [job] * batch
@@ -453,9 +452,11 @@ class Engine:
             call = self._dispatch(group, shape=shape, blocks=span)
             job.inflight = 0
             if self._wait(call) is not None:
-              x_BL, none_B = np.zeros(shape[:2], np.int32), np.full(batch, -1, np.int32)
-              out = jax.device_put(np.zeros((batch, width), np.int32))
-              layout_lib.carry(x_BL, out, none_B, np.zeros(batch, np.int32), np.int32(shape[2]))
+              # A continuing row's call: the program then takes carry's device array, not
+              # numpy, a program of its own where the params are committed (a loaded model's).
+              carried = self._dispatch(group, call, shape=shape, blocks=span)
+              job.inflight = 0
+              self._wait(carried)
 
   def _take(self, job: Job, new: list) -> str | None:
     """Appends a call's kept tokens to a job: the finish reason if it ended, else None."""
