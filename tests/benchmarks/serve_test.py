@@ -9,10 +9,12 @@ from tests.checkpoint import tiny_run
 def test_load_test_runs_bounded_requests_on_loopback(tmp_path, capsys):
   tiny_run.make_run(tmp_path / 'run')  # no tokenizer: prompts are token ids
   args = ['--checkpoint-path', str(tmp_path / 'run'), '--clients', '1', '--prompt-lengths', '4']
-  args += ['--gen-lengths', '8', '--block-length', '8', '--requests-per-client', '2']
+  args += ['--gen-lengths', '16', '--block-length', '8', '--requests-per-client', '2']
   assert serve.main(args) == 0
   lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
   assert lines[0]['compiled'] == 1  # one bucket, compiled before timing
   row = lines[1]
   assert row['clients'] == 1 and row['requests'] == 2 and row['errors'] == 0
-  assert row['generated_tok_s'] > 0 and row['calls'] == 2 and row['http_overhead'] is not None
+  assert row['generated_tok_s'] > 0 and row['calls'] == 4 and row['http_overhead'] is not None
+  # Nothing compiles while timed, the second block's call (carried from the first) included.
+  assert row['compiled_while_timed'] == 0 and row['dispatch_blocking'] is not None
