@@ -7,8 +7,11 @@ max_tokens are drawn from the --prompt-lengths and --gen-lengths mixes (a prompt
 uniform between the previous mix value and its own). Every program is compiled before timing.
 One JSON line per client count: generated tok/s, time to first block and latency (p50 / p99),
 the engine's busy fraction (the device's time in the sampler's calls over wall time: calls
-are pipelined, each counted from the later of its dispatch and the previous call's end) and,
-at one client, the HTTP path's overhead over decode time. Then the goals: 16 clients >= 8x one
+are pipelined, each counted from the later of its launch and the previous call's end), the
+host's time inside the calls over their device time (dispatch_blocking), the compilations in
+the timed window and, at one client, the HTTP path's overhead over decode time (summed request
+latencies over busy time, less one; each client keeps one connection and its gap between
+requests is not counted). Then the goals: 16 clients >= 8x one
 client's tok/s, p99 latency < 3x one client's, HTTP overhead < 5%.
 
 The clients only ever connect to the server this process starts on 127.0.0.1. Random weights
