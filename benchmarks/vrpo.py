@@ -97,6 +97,8 @@ def _speed(args) -> dict:
   for stage in stages:
     config = _config(args, stage)
     result[stage] = bench.run(config, steps=args.steps, warmup=1, matmul=False)
+    # On stderr as it comes: a later stage failing (out of memory) keeps this one's figures.
+    print(json.dumps({stage: result[stage]}), file=sys.stderr, flush=True)
   if 'preference' not in stages:
     return result
   # The reference's ELBOs that the batch source scores before each VRPO step.

@@ -2,6 +2,8 @@
 reference's start line."""
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from dlmjax import config as config_lib
@@ -68,3 +70,34 @@ def test_the_start_line_names_vrpos_reference_not_a_kl_term(tmp_path, capsys):
   stages.build(config).evaluator(setup)
   out = capsys.readouterr().out
   assert 'frozen VRPO reference model (B_ref in the DPO loss) from' in out and 'KL' not in out
+
+
+def test_the_reference_is_scored_a_micro_batch_at_a_time_with_the_whole_batchs_values():
+  """The batch source's Scorer runs its program on micro-batch slices of the rows (the training
+  step's activation size), and each row's draws are its own (its mask seed), so the slices give
+  what one call over the whole batch gives."""
+  config = tiny_test_config(
+    **{
+      'stage': 'preference',
+      'preference.budget': 2,
+      'train.global_batch_size': 4,
+      'train.micro_batch_size': 2,
+    }
+  )
+  cfg = model_lib.ModelConfig.from_config(config)
+  setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config, jax.devices()[:1]))
+  params = model_lib.init_params(cfg, jax.random.key(0))
+  scorer = preference.Scorer(config, setup, cfg)
+  program, rows = scorer.program, []
+
+  def spy(params, tokens, *args):
+    rows.append(len(tokens))
+    return program(params, tokens, *args)
+
+  scorer.program = spy
+  batch = preference.stage(config).example_batch(np.random.default_rng(0))
+  got = scorer(params, batch, preference.vrpo.POLICY_STREAM)
+  assert len(batch['tokens']) == 4 and rows == [2, 2]
+  keys = preference.vrpo.row_keys(config.seed, jnp.asarray(batch['mask_seeds']), 0)
+  whole = program(params, batch['tokens'], batch['rejected'], batch['prompt_lengths'], keys)
+  np.testing.assert_allclose(got, np.asarray(whole), rtol=1e-6, atol=1e-6)

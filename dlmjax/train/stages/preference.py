@@ -119,17 +119,34 @@ def _score_program(model_config, settings_items):
 
 
 class Scorer:
-  """The pairs' ELBOs under given params (no gradients) on the run's mesh."""
+  """The pairs' ELBOs under given params (no gradients) on the run's mesh, a micro-batch of
+  rows at a time: each row's draws are its own (its mask seed), so the slices score what the
+  whole batch would, in the training step's activation memory (the whole batch at once, 2 x
+  budget copies of every row, outgrew an 80 GB GPU at the 8B shape: docs/preference.md)."""
 
   def __init__(self, config, setup, model_config):
     self.config, self.setup = config, setup
     self.program = _score_program(model_config, tuple(sorted(settings(config).items())))
+    self.rows = max(1, config.train.micro_batch_size // jax.process_count())
 
   def __call__(self, params, batch, stream: int):
     keys = vrpo.row_keys(self.config.seed, jnp.asarray(batch['mask_seeds']), stream)
+    count = len(batch['tokens'])
+    size = self.rows if count % self.rows == 0 else count
+    parts = []
     with rules.activation_mesh(self.setup.mesh):
-      out = self.program(params, batch['tokens'], batch['rejected'], batch['prompt_lengths'], keys)
-      return distributed.to_host(out)
+      for start in range(0, count, size):
+        rows = slice(start, start + size)
+        parts.append(
+          self.program(
+            params,
+            batch['tokens'][rows],
+            batch['rejected'][rows],
+            batch['prompt_lengths'][rows],
+            keys[rows],
+          )
+        )
+      return distributed.to_host(jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts))
 
 
 # The start line's name for the reference: the B_ref of each ELBO in the DPO loss, not a KL term.
