@@ -419,7 +419,6 @@ def decode_rows(args) -> list:
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
 
-  from dlmjax import model as model_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.diffusion import sampler  # pylint: disable=import-outside-toplevel
 
   model_config, params, m = _decode_setup(args.tiny)
@@ -433,23 +432,17 @@ def decode_rows(args) -> list:
   every_ms = 2 * every / _bandwidth() * 1e3
 
   def decode_fn(pool):
-    cfg = dataclasses.replace(model_config, block_experts=pool)
-
-    def decode(params, prompt_BP, lengths_B, key):
-      tokens, _, steps = sampler.decode_blocks(
-        model_lib.merge(cfg, params),
-        prompt_BP,
-        lengths_B,
-        sampling,
-        key,
-        mask_id=m.mask_token_id,
-        eos_id=m.eos_token_id,
-        pad_id=m.pad_token_id,
-        vocab_size=m.vocab_size,
-      )
-      return tokens, steps
-
-    return jax.jit(decode)
+    """The program generate runs (sampler.make_generate_fn: weights cast and fused once, the
+    decode compiler options of model/programs.py), block routing with `pool` experts."""
+    return sampler.make_generate_fn(
+      dataclasses.replace(model_config, block_experts=pool),
+      sampling,
+      mask_id=m.mask_token_id,
+      eos_id=m.eos_token_id,
+      pad_id=m.pad_token_id,
+      vocab_size=m.vocab_size,
+      with_steps=True,
+    )
 
   rows = []
   rng = np.random.default_rng(0)
