@@ -11,9 +11,10 @@ bidirectional SDPA (is_causal off, no mask) under torch.compile, running LLaDA's
 compute one function before their speeds compare (max |dlogit| / max |logit| printed).
 
 Both sides hold bf16 weights. The peer runs first and frees its memory (torch's cache is
-emptied) before JAX allocates, and JAX does not preallocate, so each peak is its own. With
-`--forward-only --rounds N` the peer stays and the two forwards alternate N times in the process
-(each keeps its best round): a ratio under the same clocks and heat, not a memory figure.
+emptied); then ours runs in a child process that never loads torch (`--own-process parent`, the
+default: beside torch in one process our 8B forward ran at 0.84x its speed alone), and JAX does
+not preallocate, so each peak is its own. With `--own-process '' --forward-only --rounds N` the
+peer stays and the two forwards alternate N times in this process (each keeps its best round).
 On the H200 (docs/benchmarks.md, "8B families"), one model per command (each takes minutes):
     python -m benchmarks.family_8b --models llada_8b
     python -m benchmarks.family_8b --models dream_7b
@@ -29,6 +30,8 @@ os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')  # before JAX st
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -258,8 +261,26 @@ def logits_error(config, params, model, tokens, device: str) -> float:
 # ----------------------------------------------------------------------------------------------
 
 
-def bench(name: str, shape: Shape, *, tiny: bool, device: str, compile_model: bool) -> list[dict]:
-  import torch  # pylint: disable=import-outside-toplevel
+def _ours_in_own_process(name: str, shape: Shape, *, tiny: bool) -> dict:
+  """run_ours's figures from a child process that never loads torch (the same weights: the
+  same key draws them). Beside torch in one process our 8B forward ran 0.84x as fast as alone
+  (docs/benchmarks.md, 8B families)."""
+  cmd = [sys.executable, '-m', 'benchmarks.family_8b', '--models', name, '--own-process', 'child']
+  cmd += ['--repeats', str(shape.repeats)] + (['--tiny'] if tiny else [])
+  cmd += [] if shape.gen else ['--forward-only']
+  out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+  row = json.loads(out.strip().splitlines()[-1])
+  row.pop('model')
+  return row
+
+
+def bench(
+  name: str, shape: Shape, *, tiny: bool, device: str, compile_model: bool, own_process: str = ''
+) -> list[dict]:
+  """own_process: '' both sides in this process; 'parent' ours from a child process;
+  'child' ours only (the child's part)."""
+  if own_process != 'child':
+    import torch  # pylint: disable=import-outside-toplevel
 
   config = model_config(name, tiny)
   cfg = model_lib.ModelConfig.from_config(config)
@@ -275,6 +296,8 @@ def bench(name: str, shape: Shape, *, tiny: bool, device: str, compile_model: bo
   tokens = jnp.asarray(rng.choice(choices, (shape.batch, shape.seq)), jnp.int32)
   prompt = jnp.asarray(rng.choice(choices, (shape.batch, shape.prompt)), jnp.int32)
 
+  if own_process == 'child':  # ours alone: this process never loads torch
+    return [dict(model=name, **run_ours(config, params, shape, tokens, prompt))]
   peer = torch_peer(config, params, device=device, compile_model=compile_model)
   error = logits_error(config, params, peer, tokens[:2, :128], device)
   theirs = run_peer(peer, config, shape, tokens, prompt, device)
@@ -282,7 +305,11 @@ def bench(name: str, shape: Shape, *, tiny: bool, device: str, compile_model: bo
     del peer
     if device == 'cuda':
       torch.cuda.empty_cache()
-  ours = run_ours(config, params, shape, tokens, prompt)
+  if own_process == 'parent':
+    del params
+    ours = _ours_in_own_process(name, shape, tiny=tiny)
+  else:
+    ours = run_ours(config, params, shape, tokens, prompt)
   for _ in range(1, 1 if shape.gen else shape.rounds):
     # Forward only, side by side: the two alternate in one process, so clocks, heat and the
     # other side's allocations weigh on both; each side keeps its best round.
@@ -349,6 +376,12 @@ def main(argv=None) -> int:
   parser.add_argument('--repeats', type=int, default=0, help='timed runs, best kept (default 2)')
   parser.add_argument('--forward-only', action='store_true', help='no sampler rows (nan)')
   parser.add_argument(
+    '--own-process',
+    choices=('', 'parent', 'child'),
+    default='parent',
+    help="ours timed in a child process that never loads torch (default; '' both in this one)",
+  )
+  parser.add_argument(
     '--rounds',
     type=int,
     default=1,
@@ -363,14 +396,24 @@ def main(argv=None) -> int:
   if args.rounds > 1:
     if not args.forward_only:
       parser.error('--rounds needs --forward-only (the sampler rows run once)')
+    if args.own_process:
+      parser.error("--rounds alternates both sides in one process: give --own-process ''")
     shape = dataclasses.replace(shape, rounds=args.rounds)
   device = 'cpu' if args.tiny else 'cuda'
   rows = []
   try:
     for name in [n.strip() for n in args.models.split(',') if n.strip()]:
       rows += bench(
-        name, shape, tiny=args.tiny, device=device, compile_model=not (args.tiny or args.no_compile)
+        name,
+        shape,
+        tiny=args.tiny,
+        device=device,
+        compile_model=not (args.tiny or args.no_compile),
+        own_process=args.own_process,
       )
+      if args.own_process == 'child':
+        print(json.dumps(rows[-1]), flush=True)
+        return 0
       print(rows[-2], rows[-1], sep='\n', flush=True)
       if rows[-1]['rel_err'] > args.max_rel_err:
         raise ValueError(
