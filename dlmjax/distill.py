@@ -230,7 +230,7 @@ def main(argv=None) -> int:
   done = rows['commit_steps'] >= 0
   steps = [len(np.unique(s[d])) for s, d in zip(rows['commit_steps'], done)]
   judged = '' if correct is None else f', {int(correct.sum())} judged correct'
-  judged += f' after up to {args.retries} retries' if args.retries else ''
+  judged += f' after --retries {args.retries}' if args.retries else ''
   print(
     f'kept {len(steps)} of {len(prompt_ids)} decoded teacher rows (--keep {args.keep}{judged}; '
     f'{len(prompts) - len(prompt_ids)} prompts too long) -> {args.output}: '
