@@ -28,6 +28,12 @@ same arguments without --train-only and with few settings (each setting compiles
 the evaluation's and the commit-step record's; the students reuse the teacher's). Every row is
 printed as it is measured, so a cut run keeps the rows it finished.
 
+--keep correct distils only the teacher's rows that the task judges correct (dParallel; default
+all, as d3LLM), --retries N decodes a wrong one again at a rising temperature (d3LLM: 4); the
+rows and students of each choice get their own names under --work-dir (teacher_rows_correct.npz,
+distill_certainty_correct). A teacher with no correct row leaves nothing to distil: the run stops
+with that line (as the tiny CPU run's teacher, trained 8 steps, does).
+
 --override [STAGE:]KEY=VALUE (repeatable; STAGE pretrain, sft or distill) sets a config key in
 every stage or in one, as in the accuracy benchmark (a larger model, the sampler's blocks).
 The last lines: the table, then the issue's numbers: the best student setting whose accuracy is
@@ -41,9 +47,12 @@ import argparse
 import dataclasses
 import sys
 
+import numpy as np
+
 from benchmarks import sampler_accuracy
 from dlmjax import config as config_lib
 from dlmjax import decoding_table, demo
+from dlmjax import distill as distill_cli
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.diffusion import distill as distill_objectives
 from dlmjax.model import presets
@@ -73,6 +82,14 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--eval-num', type=int, default=demo.EVAL_EXAMPLES)
   parser.add_argument('--teacher-rows', type=int, default=4000, help='train problems decoded')
   parser.add_argument('--rows-batch', type=int, default=64, help='problems a teacher batch')
+  parser.add_argument('--keep', choices=distill_cli.KEEP, default='all', help='rows distilled')
+  parser.add_argument(
+    '--retries',
+    type=int,
+    default=0,
+    choices=range(len(distill_cli.RETRY_TEMPERATURES) + 1),
+    help='tries more for a wrong row (d3LLM: 4)',
+  )
   parser.add_argument('--pretrain-steps', type=int)
   parser.add_argument('--sft-steps', type=int)
   parser.add_argument('--distill-steps', type=int)
@@ -98,6 +115,13 @@ def settings_of(base, args) -> dict:
   )
 
 
+def rows_suffix(args) -> str:
+  """'' for every row on one try (the names of earlier runs), else what --keep and --retries
+  chose, so that rows and students of another choice are not reused."""
+  suffix = '' if args.keep == 'all' else f'_{args.keep}'
+  return suffix + (f'_retries{args.retries}' if args.retries else '')
+
+
 def stage_configs(args) -> dict:
   """The demo's pretrain and SFT configs (the teacher's recipe, as the accuracy benchmark's) and
   one distillation config per objective, --override applied; the sampler of every stage is the
@@ -111,6 +135,9 @@ def stage_configs(args) -> dict:
     if args.teacher:  # its canvas, which its rows have (the demo's is sized for the task)
       run_dir = checkpoint_lib.resolve_step_dir(args.teacher)[0]
       c.model.seq_len = checkpoint_lib.load_run_config(run_dir).model.seq_len
+    suffix = rows_suffix(args)
+    c.sft.teacher_file = c.sft.teacher_file.replace('.npz', f'{suffix}.npz')
+    c.output_dir += suffix
     configs[f'distill_{objective}'] = c
   for name, config in configs.items():
     stage = 'distill' if name.startswith('distill') else name
@@ -121,6 +148,16 @@ def stage_configs(args) -> dict:
     mine = [o.split(':', 1)[-1] for o in args.override if o.split(':', 1)[0] in (stage, o)]
     config_lib.apply_overrides(config, mine, presets=presets.PRESETS)
   return configs
+
+
+def rows_kept(args, configs) -> str:
+  """Which teacher rows the students distilled, for the table's header."""
+  path = configs[f'distill_{_objectives(args)[0]}'].sft.teacher_file
+  with np.load(path) as f:
+    count = f['tokens'].shape[0]
+  which = 'every teacher row' if args.keep == 'all' else "the teacher's correct rows"
+  retries = f' --retries {args.retries}' if args.retries else ''
+  return f'{which} (--keep {args.keep}{retries}: {count} of {args.teacher_rows} train problems)'
 
 
 def _objectives(args) -> list[str]:
@@ -157,14 +194,20 @@ def main(argv=None) -> int:
   models = {'teacher': teacher}
   for objective in _objectives(args):
     config = configs[f'distill_{objective}']
-    demo.write_teacher_rows(
-      teacher,
-      config.sft.teacher_file,
-      base,
-      args.task,
-      num=args.teacher_rows,
-      batch_size=args.rows_batch,
-    )
+    try:
+      demo.write_teacher_rows(
+        teacher,
+        config.sft.teacher_file,
+        base,
+        args.task,
+        num=args.teacher_rows,
+        batch_size=args.rows_batch,
+        keep=args.keep,
+        retries=args.retries,
+      )
+    except RuntimeError as e:  # its reason is printed above it (none correct, a bad flag)
+      print(f'error: no student to distil: {e}', file=sys.stderr)
+      return 2
     if steps['distill']:
       sampler_accuracy.stage_overrides(config, 'distill', steps['distill'])
     sampler_accuracy.train_if_needed(config, f'distill ({objective})')
@@ -176,7 +219,8 @@ def main(argv=None) -> int:
   print(
     f'{args.task}: {args.eval_num} held-out problems, greedy, gen {base.gen_length}, block '
     f'{base.block_length}, {base.steps} steps (none: {base.gen_length / base.steps:g} tokens a '
-    f'step); teacher {teacher}; students {", ".join(list(models)[1:])}'
+    f'step); teacher {teacher}; students {", ".join(list(models)[1:])} on '
+    f'{rows_kept(args, configs)}'
   )
   print(decoding_table.table(rows))
   print(decoding_table.verdict(rows))

@@ -52,7 +52,7 @@ def steps_and_tpf(run_dir, task, sampling, num, *, seed, batch_size) -> tuple[fl
   the sampler's commit-step record (the evaluation's problems, prompts and decoding key)."""
   pretrained = inference.load_pretrained(run_dir)
   examples = tasks_lib.get_task(task).examples('test', num, seed)
-  prompts = distill_cli.encode_prompts(
+  prompts, _ = distill_cli.encode_prompts(
     pretrained, [e.prompt for e in examples], sampling.gen_length
   )
   rows = distill_cli.build_rows(pretrained, prompts, sampling, batch_size=batch_size, seed=seed)

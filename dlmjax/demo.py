@@ -184,8 +184,11 @@ def distill_config(sft_config, objective: str, run_dir: str, sampling, teacher: 
   return config_lib.apply_overrides(c, {f'sampler.{k}': getattr(sampling, k) for k in keys})
 
 
-def write_teacher_rows(teacher, path, sampling, task, *, num=TEACHER_ROWS, batch_size=EVAL_BATCH):
-  """The teacher's rows of `num` train problems (python -m dlmjax.distill), unless written."""
+def write_teacher_rows(
+  teacher, path, sampling, task, *, num=TEACHER_ROWS, batch_size=EVAL_BATCH, keep='all', retries=0
+):
+  """The teacher's rows of `num` train problems (python -m dlmjax.distill, its --keep and
+  --retries), unless written."""
   if os.path.isfile(path):
     return
   overrides = []
@@ -194,8 +197,9 @@ def write_teacher_rows(teacher, path, sampling, task, *, num=TEACHER_ROWS, batch
     overrides += ['--override', f'{key}={getattr(sampling, key)}']
   argv = ['--init-from', teacher, '--output', path, '--task', task]
   argv += ['--num', str(num), '--batch-size', str(batch_size)]
+  argv += ['--keep', keep, '--retries', str(retries)]
   if distill_cli.main(argv + overrides):
-    raise RuntimeError('python -m dlmjax.distill failed (its error is above)')
+    raise RuntimeError(f'no teacher rows in {path}: python -m dlmjax.distill failed (above).')
 
 
 def decoding_rows(models: dict, task, settings, *, num=EVAL_EXAMPLES, log=print) -> list[dict]:

@@ -1,7 +1,7 @@
 """python -m dlmjax.distill: the frozen teacher's rows for distillation (sft.objective).
 
   python -m dlmjax.distill --init-from runs/demo/seed0/sft --task arithmetic --num 512 \
-      --output runs/demo/seed0/teacher.npz [--steps N] [--threshold T] [--cache dual]
+      --output runs/demo/seed0/teacher.npz [--keep all|correct] [--retries N] [--override K=V]
 
 The teacher (the checkpoint the student starts from) decodes prompts with dlmjax's own sampler,
 greedy, its run's sampler settings unless overridden, recording the step that committed each
@@ -12,6 +12,12 @@ are the task's TRAIN split (the held-out split never enters), or the "prompt" of
 --prompts FILE.jsonl; they get the teacher's chat template, and ones too long for the canvas
 (model.seq_len - gen_length) are skipped. Generated once, ahead of training: cheaper than
 decoding inside every step, and the rows are fixed for every seed and objective.
+
+Which rows to keep (--keep): `all` (d3LLM trains on every row, its is_correct filter commented
+out) or `correct`, the rows whose completion the task judges correct (dParallel keeps the
+teacher's correct answers): distilling a weak teacher's wrong answers teaches them with
+certainty. --retries N decodes a wrong answer again at d3LLM's rising temperatures (0.1 .. 0.4)
+and keeps the last try.
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ from dlmjax.data import chat, teacher_rows
 from dlmjax.data.roles import PADDING, PROMPT, RESPONSE
 from dlmjax.diffusion import sampler as sampler_lib
 
+KEEP = ('all', 'correct')
+# d3LLM's regeneration: up to 5 tries, at temperature 0.0 then these, until the answer matches.
+RETRY_TEMPERATURES = (0.1, 0.2, 0.3, 0.4)
+
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
@@ -45,17 +55,32 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--batch-size', type=int, default=32)
   parser.add_argument('--override', action='append', default=[], help='sampler KEY=VALUE')
+  parser.add_argument('--keep', choices=KEEP, default='all', help='rows kept (default all)')
+  parser.add_argument(
+    '--retries',
+    type=int,
+    default=0,
+    choices=range(len(RETRY_TEMPERATURES) + 1),
+    help='decode a wrong answer again at temperature 0.1, 0.2, ... (d3LLM: 4)',
+  )
   return parser
 
 
-def prompts_of(args) -> list[str]:
+def prompts_of(args) -> tuple[list[str], list | None]:
+  """(prompts, the task's examples behind them, None for --prompts rows: no answer to judge)."""
   if args.prompts:
+    if args.keep != 'all' or args.retries:
+      raise ValueError(
+        '--prompts rows carry no answer to judge, so --keep correct and --retries need a '
+        '--task instead; drop --prompts or use --keep all --retries 0.'
+      )
     with open(args.prompts) as f:
       rows = [json.loads(line) for line in f if line.strip()]
-    return [r['prompt'] for r in rows][: args.num]
+    return [r['prompt'] for r in rows][: args.num], None
   if args.task not in tasks_lib.TASKS:
     raise ValueError(f'--task {args.task!r}: choose one of {sorted(tasks_lib.TASKS)}.')
-  return [e.prompt for e in tasks_lib.get_task(args.task).examples('train', args.num, args.seed)]
+  examples = tasks_lib.get_task(args.task).examples('train', args.num, args.seed)
+  return [e.prompt for e in examples], examples
 
 
 def teacher_sampling(config, overrides):
@@ -106,13 +131,79 @@ def build_rows(pretrained, prompt_ids, sampling, *, batch_size: int, seed: int) 
   return rows
 
 
-def encode_prompts(pretrained, prompts, gen_length: int) -> list[list[int]]:
-  """The prompts in the teacher's chat template, as token ids; those too long for the canvas
-  (model.seq_len - gen_length) are left out."""
+def encode_prompts(pretrained, prompts, gen_length: int) -> tuple[list[list[int]], list[int]]:
+  """(token ids, their indices in `prompts`): the prompts in the teacher's chat template, those
+  too long for the canvas (model.seq_len - gen_length) left out."""
   room = pretrained.config.model.seq_len - gen_length
   template = chat.checkpoint_template(pretrained.config)
   encoded = pretrained.tokenizer.encode_batch([chat.prompt_text(template, p) for p in prompts])
-  return [list(p) for p in encoded if 0 < len(p) <= room]
+  kept = [i for i, p in enumerate(encoded) if 0 < len(p) <= room]
+  return [list(encoded[i]) for i in kept], kept
+
+
+def judge(rows, examples, task, decode, eos_id: int) -> np.ndarray:
+  """bool [rows]: whether the task judges each row's completion (its RESPONSE tokens up to the
+  first EOS, as text) correct, as held-out accuracy does."""
+  texts = []
+  for tokens, roles in zip(rows['tokens'], rows['roles']):
+    completion = tokens[roles == RESPONSE]
+    eos = np.flatnonzero(completion == eos_id)
+    texts.append(decode(completion[: eos[0] if len(eos) else len(completion)].tolist()))
+  return np.array(task.judge(examples, texts)[1], bool)
+
+
+def decode_judged(decode_fn, judge_fn, num: int, *, retries: int) -> tuple[dict, np.ndarray]:
+  """(rows, correct [num]) of `num` problems: decode_fn(indices, attempt) -> rows decodes them
+  (attempt 0 greedy, attempt k at RETRY_TEMPERATURES[k - 1]), judge_fn(rows, indices) -> bool
+  judges them; the wrong ones are decoded again up to `retries` times, the last try kept."""
+  everyone = np.arange(num)
+  rows = decode_fn(everyone, 0)
+  correct = judge_fn(rows, everyone)
+  for attempt in range(1, retries + 1):
+    wrong = np.flatnonzero(~correct)
+    if not len(wrong):
+      break
+    retry = decode_fn(wrong, attempt)
+    for key in rows:
+      rows[key][wrong] = retry[key]
+    correct[wrong] = judge_fn(retry, wrong)
+  return rows, correct
+
+
+def teacher_rows_of(pretrained, prompt_ids, examples, sampling, args) -> tuple[dict, np.ndarray]:
+  """(rows, correct or None without a task) of every prompt, --retries applied."""
+  m = pretrained.config.model
+
+  def decode_fn(indices, attempt):
+    retry = sampling
+    if attempt:
+      retry = dataclasses.replace(sampling, temperature=RETRY_TEMPERATURES[attempt - 1])
+    ids = [prompt_ids[i] for i in indices]
+    seed = args.seed + attempt
+    return build_rows(pretrained, ids, retry.validate(), batch_size=args.batch_size, seed=seed)
+
+  if examples is None:
+    return decode_fn(range(len(prompt_ids)), 0), None
+  task = tasks_lib.get_task(args.task)
+
+  def judge_fn(rows, indices):
+    judged = [examples[i] for i in indices]
+    return judge(rows, judged, task, pretrained.tokenizer.decode, m.eos_token_id)
+
+  return decode_judged(decode_fn, judge_fn, len(prompt_ids), retries=args.retries)
+
+
+def kept_rows(rows, correct, keep: str, task: str) -> dict:
+  """The rows --keep keeps; none left is an error naming the fixes."""
+  if keep == 'all':
+    return rows
+  if not correct.any():
+    raise ValueError(
+      f'--keep correct: the teacher answered none of its {len(correct)} {task} problems '
+      'correctly, so no row is left; decode more (--num), distil a better teacher, or use '
+      '--keep all.'
+    )
+  return {k: v[correct] for k, v in rows.items()}
 
 
 def main(argv=None) -> int:
@@ -121,24 +212,29 @@ def main(argv=None) -> int:
     pretrained = inference.load_pretrained(args.init_from)
     config = pretrained.config
     sampling = teacher_sampling(config, args.override)
-    prompts = prompts_of(args)
-    prompt_ids = encode_prompts(pretrained, prompts, sampling.gen_length)
+    prompts, examples = prompts_of(args)
+    prompt_ids, fitting = encode_prompts(pretrained, prompts, sampling.gen_length)
+    examples = None if examples is None else [examples[i] for i in fitting]
     if not prompt_ids:
       raise ValueError(
         f'no prompt fits the canvas: model.seq_len {config.model.seq_len} - gen_length '
         f'{sampling.gen_length} = {config.model.seq_len - sampling.gen_length} tokens; lower '
         '--override gen_length=N.'
       )
-    rows = build_rows(pretrained, prompt_ids, sampling, batch_size=args.batch_size, seed=args.seed)
+    decoded, correct = teacher_rows_of(pretrained, prompt_ids, examples, sampling, args)
+    rows = kept_rows(decoded, correct, args.keep, args.task)
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
   teacher_rows.write(args.output, rows)
   done = rows['commit_steps'] >= 0
   steps = [len(np.unique(s[d])) for s, d in zip(rows['commit_steps'], done)]
+  judged = '' if correct is None else f', {int(correct.sum())} judged correct'
+  judged += f' after --retries {args.retries}' if args.retries else ''
   print(
-    f'{len(prompt_ids)} teacher rows ({len(prompts) - len(prompt_ids)} prompts too long) -> '
-    f'{args.output}: {sampling.gen_length} tokens in {np.mean(steps):.1f} steps on average '
+    f'kept {len(steps)} of {len(prompt_ids)} decoded teacher rows (--keep {args.keep}{judged}; '
+    f'{len(prompts) - len(prompt_ids)} prompts too long) -> {args.output}: '
+    f'{sampling.gen_length} tokens in {np.mean(steps):.1f} steps on average '
     f'(cache {sampling.cache}, threshold {sampling.threshold:g})'
   )
   return 0
