@@ -100,10 +100,8 @@ def train_if_needed(config, what: str) -> float:
   loop.train(config)
   saved = _saved_step(config)
   if saved < config.train.steps:
-    where = f'with its checkpoint at step {saved}' if saved >= 0 else 'before its first checkpoint'
-    raise InterruptedError(
-      f'{what} stopped {where} of {config.train.steps} steps; the same command resumes it.'
-    )
+    where = f'at step {saved} of {config.train.steps}' if saved >= 0 else 'before its first step'
+    raise InterruptedError(f'{what} stopped {where}; the same command resumes it from there.')
   return time.perf_counter() - start
 
 

@@ -77,16 +77,21 @@ TINY_RECIPE = {
     'train.global_batch_size': 8,
     'train.micro_batch_size': 8,
   },
-  'pretrain': {'train.steps': 2, 'train.warmup_steps': 1, 'train.wsd_decay_steps': 1},
-  'sft': {'train.steps': 3, 'train.warmup_steps': 1, 'train.wsd_decay_steps': 1},
-  'vrpo': {'train.steps': 2, 'eval.every': 2, 'eval.batches': 1, 'log.every': 1},
+  'pretrain': {'train.steps': 1, 'train.warmup_steps': 0, 'train.wsd_decay_steps': 1},
+  'sft': {'train.steps': 2, 'train.warmup_steps': 1, 'train.wsd_decay_steps': 1},
+  'vrpo': {'train.steps': 2, 'eval.every': 2, 'eval.batches': 1, 'preference.budget': 2},
 }
 TINY_SFT_EXAMPLES = 64
 # Adapters start at zero and move the model only through their low-rank product, so they train
 # at 10x full fine-tuning's rate, alpha 2 x rank (configs/sft.py's LoRA recipe and its measure).
 LORA_LR_FACTOR = 10.0
-QUALITY_KEYS = ('val_reference_elbo_accuracy', 'val_elbo_accuracy', 'val_margin')
-QUALITY_KEYS += ('val_preference_accuracy',)
+# Before (the SFT model, VRPO's reference), then after.
+QUALITY_KEYS = (
+  'val_reference_elbo_accuracy',
+  'val_elbo_accuracy',
+  'val_margin',
+  'val_preference_accuracy',
+)
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -112,32 +117,32 @@ def quality_configs(args) -> dict:
 
   from benchmarks import sampler_accuracy  # pylint: disable=import-outside-toplevel
 
-  recipe = TINY_RECIPE if args.tiny else GPU_RECIPE
   if not args.tiny and args.preset not in presets.PRESETS:
     raise ValueError(f'--preset {args.preset!r}: choose one of {sorted(presets.PRESETS)}.')
-  stages = demo.stage_configs(0, args.work_dir, args.task, route='vrpo')
-  configs = {} if args.init_from else {s: stages[s] for s in ('pretrain', 'sft')}
-  init_from = args.init_from or stages['sft'].output_dir
-  for rank in _ints(args.lora_ranks, '--lora-ranks'):
-    for seed in demo.parse_seeds(args.seeds):
-      c = copy.deepcopy(stages['vrpo'])
-      c.seed, c.init_from = seed, init_from
-      c.output_dir = os.path.join(args.work_dir, f'vrpo_{variant_name(rank)}', f'seed{seed}')
-      configs[f'{variant_name(rank)}/seed{seed}'] = c
-  for name, c in configs.items():
-    stage = 'vrpo' if '/' in name else name
+  recipe = TINY_RECIPE if args.tiny else GPU_RECIPE
+
+  def stage_config(c, stage: str):
     if not args.tiny:
       shape = {k: v for k, v in presets.PRESETS[args.preset].items() if k not in TOKENIZER_FIELDS}
       config_lib.set_model_fields(c.model, shape)
     for keys in (recipe[''], recipe[stage], sampler_accuracy.overrides_of(args.override, stage)):
       config_lib.apply_overrides(c, keys, presets=presets.PRESETS)
-    if stage == 'vrpo':
-      variant = name.split('/')[0]
-      rank = int(variant[len('lora') :]) if variant != 'full' else 0
+    return c
+
+  stages = demo.stage_configs(0, args.work_dir, args.task, route='vrpo')
+  configs = {} if args.init_from else {s: stage_config(stages[s], s) for s in ('pretrain', 'sft')}
+  for rank in _ints(args.lora_ranks, '--lora-ranks'):
+    variant = variant_name(rank)
+    for seed in demo.parse_seeds(args.seeds):
+      c = stage_config(copy.deepcopy(stages['vrpo']), 'vrpo')
+      c.seed, c.init_from = seed, args.init_from or stages['sft'].output_dir
+      c.output_dir = os.path.join(args.work_dir, f'vrpo_{variant}', f'seed{seed}')
       if rank:
         c.train.lora.rank, c.train.lora.alpha = rank, 2.0 * rank
         c.train.lr, c.train.min_lr = LORA_LR_FACTOR * c.train.lr, LORA_LR_FACTOR * c.train.min_lr
       config_lib.apply_overrides(c, sampler_accuracy.overrides_of(args.override, variant))
+      configs[f'{variant}/seed{seed}'] = c
+  for c in configs.values():
     config_lib.validate(c)
   return configs
 
