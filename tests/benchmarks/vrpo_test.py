@@ -108,6 +108,7 @@ def test_the_gpu_recipe_is_the_presets_shape_in_the_builtin_tokenizer():
     )
     assert config.model.vocab_size == 4096 and config.model.mask_token_id == 3
     assert config.model.seq_len == 80 and config.model.dtype == 'bfloat16'
+    assert config.checkpoint.keep == 1  # five 5.3 GB runs share a 64 GB disk
   assert configs['sft'].train.steps == 700 and configs['pretrain'].train.steps == 40
   assert configs['full/seed2'].train.lr == vrpo.GPU_RECIPE['vrpo']['train.lr']  # lora16's only
   plain = vrpo.quality_configs(_args(lora_ranks='0,16', seeds='0'))
