@@ -145,7 +145,7 @@ def stage_configs(args) -> dict:
       config.checkpoint.every = CHECKPOINT_EVERY
     sampler = {f'sampler.{k}': getattr(base, k) for k in ('gen_length', 'steps', 'block_length')}
     config_lib.apply_overrides(config, sampler)
-    mine = [o.split(':', 1)[-1] for o in args.override if o.split(':', 1)[0] in (stage, o)]
+    mine = sampler_accuracy.overrides_of(args.override, stage)
     config_lib.apply_overrides(config, mine, presets=presets.PRESETS)
   return configs
 

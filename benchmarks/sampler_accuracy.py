@@ -75,18 +75,33 @@ def stage_overrides(config, stage, n) -> None:
   config_lib.apply_overrides(config, overrides)
 
 
+def overrides_of(overrides: list[str], stage: str) -> list[str]:
+  """The --override [STAGE:]KEY=VALUE items that apply to `stage` (no STAGE: every stage), as
+  KEY=VALUE."""
+  return [o.split(':', 1)[-1] for o in overrides if o.split(':', 1)[0] in (stage, o)]
+
+
+def _saved_step(config) -> int:
+  try:
+    return checkpoint_lib.resolve_step_dir(config.output_dir)[2]
+  except checkpoint_lib.CheckpointError:
+    return -1
+
+
 def train_if_needed(config, what: str) -> float:
   """Trains `config` unless its output_dir holds its final checkpoint; the wall seconds (nan when
-  nothing was trained)."""
-  try:
-    saved = checkpoint_lib.resolve_step_dir(config.output_dir)[2]
-  except checkpoint_lib.CheckpointError:
-    saved = -1
-  if saved >= config.train.steps:
+  nothing was trained). A run stopped early by a signal (a time limit's SIGTERM: the trainer
+  checkpoints the step in flight) raises InterruptedError, so the next stage never starts from
+  an unfinished one."""
+  if _saved_step(config) >= config.train.steps:
     return float('nan')
   print(f'== training {what} -> {config.output_dir}', flush=True)
   start = time.perf_counter()
   loop.train(config)
+  saved = _saved_step(config)
+  if saved < config.train.steps:
+    where = f'at step {saved} of {config.train.steps}' if saved >= 0 else 'before its first step'
+    raise InterruptedError(f'{what} stopped {where}; the same command resumes it from there.')
   return time.perf_counter() - start
 
 
@@ -194,8 +209,7 @@ def main(argv=None) -> int:
     return 2
   configs = demo.stage_configs(0, args.work_dir, args.task)
   for stage, config in configs.items():
-    mine = [o.split(':', 1)[-1] for o in args.override if o.split(':', 1)[0] in (stage, o)]
-    config_lib.apply_overrides(config, mine, presets=presets.PRESETS)
+    config_lib.apply_overrides(config, overrides_of(args.override, stage), presets=presets.PRESETS)
   base = demo.eval_sampling(configs['rl'])
   dirs = _trained(copy.deepcopy(configs), stages, args)
   rows = []

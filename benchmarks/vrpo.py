@@ -1,16 +1,30 @@
 """VRPO's GPU table (docs/preference.md): quality over seeds, the step's speed beside SFT's, and
 the 8B LoRA shape's memory and speed.
 
-    python -m benchmarks.vrpo quality --init-from runs/sft_0p6b --seeds 0,1,2 [-- --config.x=y]
+    python -m benchmarks.vrpo quality --work-dir runs/vrpo_quality --seeds 0,1,2 --lora-ranks 0,16
+    python -m benchmarks.vrpo quality --tiny --work-dir /tmp/vrpo_quality_tiny     # CPU: it runs
     python -m benchmarks.vrpo speed --preset qwen3_0p6b --seq 512 --batch 16    # full fine-tuning
     python -m benchmarks.vrpo speed --preset llada_8b --seq 2048 --batch 4 --lora-rank 128
     python -m benchmarks.vrpo speed --tiny                                       # CPU: it runs
     python -m benchmarks.vrpo speed --preset qwen3_0p6b --seq 512 --batch 16 --stages sft,reward
 
-quality: per seed, one `dlmjax.train --config=configs/vrpo.py` run from an SFT checkpoint. It
-prints the held-out pairs' val_margin, val_preference_accuracy and val_elbo_accuracy after VRPO,
-with val_reference_elbo_accuracy (the SFT model) as "before", and the mean +- std over seeds, as
-one JSON line. speed: dlmjax.bench's timing of the real compiled step on random pairs, for SFT and
+quality: the demo's preference route (dlmjax/demo.py, configs/demo.py; --task, arithmetic by
+default) at --preset's shape: pre-training on the built-in corpus, SFT on the task's worked train
+problems, then VRPO on the task's pairs (a worked solution over another problem's, the generator
+of the built-in pairs: preference_rows.task_pairs) per --lora-ranks variant (0: full fine-tuning)
+and --seeds seed, each from the one SFT model. A preset gives the shape only: the tokenizer
+(vocabulary and special ids) stays the built-in one, which the offline data is written in.
+--init-from RUN skips the first two stages and starts VRPO from RUN (of the same shape). Stages
+finished under --work-dir are skipped and a stopped one (a time limit's SIGTERM: the trainer
+checkpoints its step) resumes, so one command can be repeated until it prints the table. Per
+variant the table gives the held-out pairs' figures, mean +- std (ddof 1) over seeds: before
+(val_reference_elbo_accuracy: the SFT model ranks chosen above rejected) and after VRPO
+(val_elbo_accuracy, val_margin, val_preference_accuracy); then one JSON line with every seed's.
+--override [STAGE:]KEY=VALUE (repeatable; STAGE pretrain, sft, vrpo or a variant: full,
+lora16, ...) sets a config key in every stage or in one. --tiny: a 2-layer model, a few steps
+of each, on the CPU.
+
+speed: dlmjax.bench's timing of the real compiled step on random pairs, for SFT and
 for VRPO at the same model, canvas and batch, plus the reference's scoring that VRPO's batch
 source adds before each step. It prints one JSON line: tokens/s counted as rows x seq_len (a
 VRPO row is a pair, so 2 x seq_len tokens go through the model per row and per ELBO copy), the
@@ -21,39 +35,181 @@ reward row is a pair too: 2 x seq_len tokens, one clean forward each).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
 
+# The model fields a preset may not set here: the tokenizer's (the built-in data's ids) and the
+# canvas (the task's, configs/demo.py TASK_CANVAS).
+TOKENIZER_FIELDS = ('vocab_size', 'mask_token_id', 'eos_token_id', 'pad_token_id', 'seq_len')
+# On top of the demo's preference route, at a preset's shape on one GPU. The demo's rates are
+# for its 5.5M model: a 28-layer model takes GPT-3's rate for its size (3e-4 at 350M-760M), and
+# VRPO a tenth of the demo's; SFT sees each of its problems about once (at 4,000 problems a
+# longer SFT overfits: docs/benchmarks.md, sampler accuracy), in batches that fill the GPU more.
+GPU_RECIPE = {
+  # Each run saves its last step only (and the step a stop signal cut); keep 1 lets the disk check
+  # count two 5.3 GB checkpoints a run, not four, on a 64 GB disk holding five such runs.
+  '': {'model.dtype': 'bfloat16', 'checkpoint.keep': 1},
+  'pretrain': {'train.lr': 3e-4, 'train.min_lr': 3e-5, 'train.micro_batch_size': 32},
+  'sft': {
+    'train.steps': 600,
+    'train.global_batch_size': 64,
+    'train.micro_batch_size': 64,
+    'train.lr': 3e-4,
+    'train.min_lr': 3e-5,
+    'train.warmup_steps': 20,
+    'train.wsd_decay_steps': 60,
+  },
+  'vrpo': {'train.lr': 1e-5, 'eval.batches': 8},  # 128 held-out pairs
+}
+GPU_SFT_EXAMPLES = 40_000
+# --tiny: the test suite's 2-layer shape (tests/conftest.py), a few steps of each stage.
+TINY_RECIPE = {
+  '': {
+    'model.num_layers': 2,
+    'model.d_model': 64,
+    'model.num_heads': 4,
+    'model.num_kv_heads': 2,
+    'model.head_dim': 16,
+    'model.ffn_dim': 128,
+    'train.global_batch_size': 8,
+    'train.micro_batch_size': 8,
+  },
+  'pretrain': {'train.steps': 1, 'train.warmup_steps': 0, 'train.wsd_decay_steps': 1},
+  'sft': {'train.steps': 2, 'train.warmup_steps': 1, 'train.wsd_decay_steps': 1},
+  'vrpo': {'train.steps': 2, 'eval.every': 2, 'eval.batches': 1, 'preference.budget': 2},
+}
+TINY_SFT_EXAMPLES = 64
+# Adapters start at zero and move the model only through their low-rank product, so they train
+# at 10x full fine-tuning's rate, alpha 2 x rank (configs/sft.py's LoRA recipe and its measure).
+LORA_LR_FACTOR = 10.0
+# Before (the SFT model, VRPO's reference), then after.
+QUALITY_KEYS = (
+  'val_reference_elbo_accuracy',
+  'val_elbo_accuracy',
+  'val_margin',
+  'val_preference_accuracy',
+)
 
-def _quality(args, extra) -> dict:
-  rows = []
-  for seed in [int(s) for s in args.seeds.split(',')]:
-    out = os.path.join(args.output_dir, f'seed{seed}')
-    cmd = [
-      sys.executable,
-      '-m',
-      'dlmjax.train',
-      f'--config={args.config}',
-      f'--config.init_from={args.init_from}',
-      f'--config.seed={seed}',
-      f'--config.output_dir={out}',
-      *extra,
-    ]
-    subprocess.run(cmd, check=True)
-    with open(os.path.join(out, 'metrics.jsonl')) as f:
-      evals = [r for r in map(json.loads, f) if 'val_margin' in r]
-    rows.append(dict(seed=seed, **evals[-1]))
-  keys = ('val_margin', 'val_preference_accuracy', 'val_elbo_accuracy')
+
+def _ints(text: str, flag: str) -> list[int]:
+  try:
+    values = [int(v) for v in text.split(',') if v.strip()]
+  except ValueError:
+    values = []
+  if not values or len(set(values)) != len(values) or min(values) < 0:
+    raise ValueError(f'{flag} {text!r}: give distinct non-negative integers, e.g. {flag} 0,16.')
+  return values
+
+
+def variant_name(rank: int) -> str:
+  return 'full' if rank == 0 else f'lora{rank}'
+
+
+def quality_configs(args) -> dict:
+  """{name: config} in training order: pretrain and sft (unless --init-from), then one VRPO
+  config per variant and seed ('full/seed0', 'lora16/seed0', ...), each from the SFT run."""
+  from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax import demo  # pylint: disable=import-outside-toplevel
+  from dlmjax.model import presets  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import sampler_accuracy  # pylint: disable=import-outside-toplevel
+
+  if not args.tiny and args.preset not in presets.PRESETS:
+    raise ValueError(f'--preset {args.preset!r}: choose one of {sorted(presets.PRESETS)}.')
+  recipe = TINY_RECIPE if args.tiny else GPU_RECIPE
+
+  def stage_config(c, stage: str):
+    if not args.tiny:
+      shape = {k: v for k, v in presets.PRESETS[args.preset].items() if k not in TOKENIZER_FIELDS}
+      config_lib.set_model_fields(c.model, shape)
+    for keys in (recipe[''], recipe[stage], sampler_accuracy.overrides_of(args.override, stage)):
+      config_lib.apply_overrides(c, keys, presets=presets.PRESETS)
+    return c
+
+  stages = demo.stage_configs(0, args.work_dir, args.task, route='vrpo')
+  configs = {} if args.init_from else {s: stage_config(stages[s], s) for s in ('pretrain', 'sft')}
+  for rank in _ints(args.lora_ranks, '--lora-ranks'):
+    variant = variant_name(rank)
+    for seed in demo.parse_seeds(args.seeds):
+      c = stage_config(copy.deepcopy(stages['vrpo']), 'vrpo')
+      c.seed, c.init_from = seed, args.init_from or stages['sft'].output_dir
+      c.output_dir = os.path.join(args.work_dir, f'vrpo_{variant}', f'seed{seed}')
+      if rank:
+        c.train.lora.rank, c.train.lora.alpha = rank, 2.0 * rank
+        c.train.lr, c.train.min_lr = LORA_LR_FACTOR * c.train.lr, LORA_LR_FACTOR * c.train.min_lr
+      config_lib.apply_overrides(c, sampler_accuracy.overrides_of(args.override, variant))
+      configs[f'{variant}/seed{seed}'] = c
+  for c in configs.values():
+    config_lib.validate(c)
+  return configs
+
+
+def _compile_once(work_dir: str) -> None:
+  """Seeds (and a resumed command) compile the same programs: a persistent compilation cache
+  under the work dir loads them after the first (JAX_COMPILATION_CACHE_DIR, if set, wins)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  if not (os.environ.get('JAX_COMPILATION_CACHE_DIR') or jax.config.jax_compilation_cache_dir):
+    jax.config.update('jax_compilation_cache_dir', os.path.join(work_dir, 'jax_cache'))
+
+
+def _quality(args) -> dict:
+  from dlmjax import demo  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import sampler_accuracy  # pylint: disable=import-outside-toplevel
+
+  configs = quality_configs(args)  # bad input fails here, before anything trains
+  _compile_once(args.work_dir)
+  if not args.init_from:
+    examples = args.sft_examples or (TINY_SFT_EXAMPLES if args.tiny else GPU_SFT_EXAMPLES)
+    demo.write_sft_set(configs['sft'].sft.train_file, args.task, num=examples)
+  demo.write_pair_sets(args.work_dir, args.task)
+  variants = {}
+  for name, config in configs.items():
+    sampler_accuracy.train_if_needed(config, name)
+    if '/' not in name:
+      continue
+    evals = [r for r in demo.metric_rows(config.output_dir) if 'val_margin' in r]
+    row = dict(seed=config.seed, step=evals[-1]['step'], **{k: evals[-1][k] for k in QUALITY_KEYS})
+    print(json.dumps(dict(run=name, **row)), flush=True)
+    variants.setdefault(name.split('/')[0], []).append(row)
   summary = {
-    k: dict(mean=float(np.mean([r[k] for r in rows])), std=float(np.std([r[k] for r in rows])))
-    for k in (*keys, 'val_reference_elbo_accuracy')
+    variant: {k: _mean_std([r[k] for r in rows]) for k in QUALITY_KEYS}
+    for variant, rows in variants.items()
   }
-  return dict(part='quality', init_from=args.init_from, per_seed=rows, summary=summary)
+  print(quality_table(summary), flush=True)
+  return dict(
+    part='quality',
+    task=args.task,
+    preset='tiny' if args.tiny else args.preset,
+    init_from=args.init_from or configs['sft'].output_dir,
+    per_seed=variants,
+    summary=summary,
+  )
+
+
+def _mean_std(values) -> dict:
+  """Mean and the sample standard deviation (ddof 1: the spread a new seed would show)."""
+  std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+  return dict(mean=float(np.mean(values)), std=std, n=len(values))
+
+
+def quality_table(summary: dict) -> str:
+  """Markdown: per variant, before (the SFT model) and after VRPO, mean +- std over seeds."""
+  lines = [
+    '| variant | seeds | before: ELBO accuracy (SFT) | after: ELBO accuracy | margin | '
+    'preference accuracy |',
+    '| --- | ---: | ---: | ---: | ---: | ---: |',
+  ]
+  for variant, stats in summary.items():
+    cells = [f'{stats[k]["mean"]:.3f} +- {stats[k]["std"]:.3f}' for k in QUALITY_KEYS]
+    lines.append(f'| {variant} | {stats[QUALITY_KEYS[0]]["n"]} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
 
 
 def _config(args, stage: str):
@@ -119,14 +275,21 @@ def _speed(args) -> dict:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m benchmarks.vrpo', description=__doc__)
+  parser = argparse.ArgumentParser(
+    prog='python -m benchmarks.vrpo',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   parser.add_argument('part', choices=('quality', 'speed'))
-  parser.add_argument('--init-from', default='runs/sft', help='quality: the SFT run')
-  parser.add_argument('--seeds', default='0,1,2')
-  parser.add_argument('--config', default='configs/vrpo.py')
-  parser.add_argument('--output-dir', default='runs/bench_vrpo')
-  parser.add_argument('--tiny', action='store_true', help='speed: a 2-layer model on CPU')
-  parser.add_argument('--preset', default='qwen3_0p6b')
+  parser.add_argument('--init-from', default='', help='quality: an SFT run (default: train one)')
+  parser.add_argument('--work-dir', default='runs/vrpo_quality', help='quality: every run')
+  parser.add_argument('--task', default='arithmetic', help="quality: the demo's task")
+  parser.add_argument('--seeds', default='0,1,2', help='quality: one VRPO run per seed')
+  parser.add_argument('--lora-ranks', default='0,16', help='quality: 0 is full fine-tuning')
+  parser.add_argument('--sft-examples', type=int, help='quality: worked train problems for SFT')
+  parser.add_argument('--override', action='append', default=[], help='quality: [STAGE:]KEY=VALUE')
+  parser.add_argument('--tiny', action='store_true', help='a 2-layer model on the CPU')
+  parser.add_argument('--preset', default='qwen3_0p6b', help="the model's shape")
   parser.add_argument('--seq', type=int, default=64)
   parser.add_argument('--batch', type=int, default=8, help='rows (pairs) per step')
   parser.add_argument('--micro', type=int, default=0, help='rows per micro-batch (0: --batch)')
@@ -139,9 +302,22 @@ def main(argv=None) -> int:
     default='sft,preference',
     help='speed: the stages timed, of sft, preference (VRPO) and reward (the reward model)',
   )
-  args, extra = parser.parse_known_args(argv)
+  args = parser.parse_args(argv)
   args.micro = args.micro or args.batch
-  print(json.dumps(_quality(args, extra) if args.part == 'quality' else _speed(args)), flush=True)
+  if args.part == 'speed':
+    print(json.dumps(_speed(args)), flush=True)
+    return 0
+  from dlmjax import cli  # pylint: disable=import-outside-toplevel
+
+  try:
+    result = _quality(args)
+  except InterruptedError as e:  # a time limit's SIGTERM: the stage checkpointed its step
+    print(f'stopped: {e}', file=sys.stderr)
+    return 3
+  except (ValueError, OSError) + cli.user_errors() as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  print(json.dumps(result), flush=True)
   return 0
 
 
