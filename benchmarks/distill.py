@@ -167,7 +167,7 @@ def _objectives(args) -> list[str]:
   return names
 
 
-def main(argv=None) -> int:
+def _main(argv=None) -> int:
   args = _parser().parse_args(argv)
   if args.tiny:
     args.pretrain_steps, args.sft_steps, args.distill_steps = 2, 8, 4
@@ -225,6 +225,14 @@ def main(argv=None) -> int:
   print(decoding_table.table(rows))
   print(decoding_table.verdict(rows))
   return 0
+
+
+def main(argv=None) -> int:
+  try:
+    return _main(argv)
+  except InterruptedError as e:  # a time limit's SIGTERM: the stage checkpointed its step
+    print(f'stopped: {e}', file=sys.stderr)
+    return 3
 
 
 if __name__ == '__main__':

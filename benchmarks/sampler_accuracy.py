@@ -193,7 +193,7 @@ def _rl_cache_table(runs) -> str:
   return '\n'.join(lines)
 
 
-def main(argv=None) -> int:
+def _main(argv=None) -> int:
   args = _parser().parse_args(argv)
   if args.tiny:
     args.pretrain_steps, args.sft_steps, args.rl_steps = 2, 8, 2
@@ -236,6 +236,14 @@ def main(argv=None) -> int:
   if modes:
     print(_rl_cache_table(_rl_cache_runs(configs['rl'], modes, args, base)))
   return 0
+
+
+def main(argv=None) -> int:
+  try:
+    return _main(argv)
+  except InterruptedError as e:  # a time limit's SIGTERM: the stage checkpointed its step
+    print(f'stopped: {e}', file=sys.stderr)
+    return 3
 
 
 if __name__ == '__main__':

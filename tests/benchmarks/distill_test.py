@@ -32,3 +32,19 @@ def test_a_teacher_with_no_row_kept_stops_the_run_in_one_line(tmp_path, monkeypa
   assert calls == [(str(tmp_path / 'teacher_rows_correct_retries1.npz'), 'correct', 1)]
   err = capsys.readouterr().err.strip()
   assert err.startswith('error: no student to distil: no teacher rows in') and '\n' not in err
+
+
+def test_a_stage_cut_by_a_time_limit_stops_the_chain_in_one_line(tmp_path, monkeypatch, capsys):
+  """A SIGTERM'd stage (checkpointed) must not hand its unfinished run to the next stage: the
+  chain stops with exit 3 and one line saying the same command resumes it."""
+  monkeypatch.setattr(demo, 'write_sft_set', lambda *a, **k: None)
+
+  def cut(config, what):
+    raise InterruptedError(
+      f'{what} stopped at step 1 of 2; the same command resumes it from there.'
+    )
+
+  monkeypatch.setattr(bench.sampler_accuracy, 'train_if_needed', cut)
+  assert bench.main(['--tiny', '--work-dir', str(tmp_path)]) == 3
+  err = capsys.readouterr().err.strip()
+  assert err.startswith('stopped: pretrain stopped at step 1') and '\n' not in err
