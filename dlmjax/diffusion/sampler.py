@@ -560,9 +560,10 @@ def make_block_fn(
   vocab_size: int | None = None,
   reuse_window: int | None = None,
   max_blocks: int = 1,
+  out_rows: int = 0,
 ):
   """jit(fn(params, x_BL, offset_B, start_B, end_B, block_start, key, block_index, blocks) ->
-  int32 [B, max_blocks * block_length]): the next `blocks` (1 to max_blocks, traced) blocks of
+  int32 [max(B, out_rows), max_blocks * block_length]): the next `blocks` (1 to max_blocks, traced) blocks of
   rows that each sit at their own block, the server's call (serve/layout.py). Row b's tokens are
   x[b, offset_b:end_b] (its prompt, its committed blocks, then MASK), its completion starts at
   start_b, and every row's current block is [block_start, block_start + block_length), the next
@@ -580,6 +581,9 @@ def make_block_fn(
   reuse_window (a mode that reuses_prefix, without CFG): fn takes one more argument, the K/V of
   a prefix every row starts with (make_prefix_fn's), and prefills only the last reuse_window
   positions before static_start; every row's tokens after its stored prefix must lie there.
+
+  out_rows: the output padded to that many rows (the server's next call takes its carried rows
+  from it, so one carry program serves every pair of batch sizes).
   """
   sampling.validate()
   model_config = _decoding_config(model_config)
@@ -626,7 +630,7 @@ def make_block_fn(
       first_index=block_index,
     )  # fmt: skip
     # Padded, so the window never clamps back into the canvas when fewer blocks fit in it.
-    x_BW = jnp.pad(x_BL, ((0, 0), (0, max_blocks * block)))
+    x_BW = jnp.pad(x_BL, ((0, max(out_rows - x_BL.shape[0], 0)), (0, max_blocks * block)))
     return jax.lax.dynamic_slice_in_dim(x_BW, start, max_blocks * block, axis=1)
 
   return programs.jit_program(fn, model_config.matmul_dtype, decode=True)

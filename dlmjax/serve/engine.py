@@ -322,6 +322,7 @@ class Engine:
       vocab_size=m.vocab_size,
       reuse_window=reuse_window,
       max_blocks=self.blocks_per_call,
+      out_rows=self.max_batch,  # carry's input: one program a call shape, not a pair of calls'
     )
 
   def _dispatch(self, group: list, pending=None, shape=None, blocks=1):
