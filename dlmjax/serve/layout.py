@@ -51,7 +51,8 @@ class Buckets:
 def carry(x_BL, last_CW, carried_B, count_B, start):
   """x with each carried row's last blocks (the first count_B[b] tokens of row carried_B[b] of
   the previous call's output, -1 for none) written where the row's prefix ends: the count_B[b]
-  tokens before the block start."""
+  tokens before the block start. The output has max_batch rows whatever that call's batch, so
+  each call shape has one carry program."""
   index_BL = jnp.arange(x_BL.shape[1])[None] - (start - count_B[:, None])
   inside_BL = (index_BL >= 0) & (index_BL < count_B[:, None]) & (carried_B[:, None] >= 0)
   rows_BW = jnp.take(last_CW, jnp.maximum(carried_B, 0), axis=0)
