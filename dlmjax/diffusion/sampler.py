@@ -573,14 +573,15 @@ def make_block_fn(
   there; what the output holds past the canvas end is meaningless.
 
   static_start: block_start as a Python int, needed by modes whose forward's shape depends on it
-  (static_blocks: these unroll as many of max_blocks as fit in the canvas) and by the block cache
-  (its prefill ends there); the argument is then ignored. The caller lays rows out so that what a
+  (static_blocks: these unroll as many of max_blocks as fit in the canvas); the argument is then
+  ignored. The block cache takes either: without it, its prefill runs to the canvas's last block
+  (cache_modes/block.py), so one program serves every block start of a canvas length. The caller lays rows out so that what a
   row's block attends to is what it attends to in generate's canvas: the same tokens at the same
   positions, pads excluded.
 
   reuse_window (a mode that reuses_prefix, without CFG): fn takes one more argument, the K/V of
   a prefix every row starts with (make_prefix_fn's), and prefills only the last reuse_window
-  positions before static_start; every row's tokens after its stored prefix must lie there.
+  positions before the block start; every row's tokens after its stored prefix must lie there.
 
   out_rows: the output padded to that many rows (the server's next call takes its carried rows
   from it, so one carry program serves every pair of batch sizes).
@@ -593,12 +594,14 @@ def make_block_fn(
     raise ValueError("a block program runs one block's settings: set gen_length = block_length.")
   if max_blocks < 1:
     raise ValueError(f'max_blocks={max_blocks}: a call decodes at least one block.')
-  if static_start is None and (mode.static_blocks or mode.prefilled):
+  if static_start is None and mode.static_blocks:
     raise ValueError(f'cache {mode.name!r} needs the block start as a Python int: static_start.')
-  if reuse_window is not None and not (mode.reuses_prefix and 0 < reuse_window <= static_start):
+  if reuse_window is not None and not (
+    mode.reuses_prefix and 0 < reuse_window <= (static_start or reuse_window)
+  ):
     raise ValueError(
       f'reuse_window={reuse_window} needs a cache that reuses a stored prefix (this is '
-      f'{mode.name!r}) and 0 < reuse_window <= static_start ({static_start}).'
+      f'{mode.name!r}) and 0 < reuse_window <= the block start ({static_start}).'
     )
   block = sampling.block_length
 

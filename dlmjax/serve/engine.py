@@ -341,7 +341,7 @@ class Engine:
     x_BL, bounds, carried_B, count_B = self.layout.fill(
       group, counts, (batch, length, start), pending.group if pending else None
     )
-    stored = self.prefixes.find(group, start) if static is not None else None
+    stored = self.prefixes.find(group, start)
     window = None if stored is None else stored[2]
     shape = (settings, batch, length, static, window)
     previous = pending.launch if (carried_B >= 0).any() else None
@@ -368,7 +368,7 @@ class Engine:
     self.carried += int((carried_B[: len(group)] >= 0).sum())
     if stored is not None:
       self.prefix_rows += len(group)
-      self.prefill_skipped += batch * (static - window)
+      self.prefill_skipped += batch * (start - window)
     self.calls += 1
     self.rows += len(group)
     self.slots += batch

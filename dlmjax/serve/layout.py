@@ -106,14 +106,15 @@ class Layout:
     return -(-(s.gen_length + len(job.prompt) % self.grid) // s.block_length) - self.chunk(job)
 
   def shape(self, group: list, length: int | None = None, blocks: int = 1):
-    """(batch, canvas length, block start, the start if the program needs it static) of a
+    """(batch, canvas length, block start, the start if the program needs it static: a mode
+    whose forward's shape depends on the block, sampler.make_block_fn) of a
     group's call of `blocks` blocks (length: a bucket at least the group's need). Every row's
     current block starts at one position. A row that sees ahead keeps its tail after the block,
     so the canvas holds the longest prefix plus the longest tail, and the block starts the
     longest tail before its end; else the canvas ends with the call's blocks, on the model's
     grid like every prefix: the same for 1 block and for blocks_per_call (one call of several
     blocks is laid out for blocks_per_call, rows ending with their own last block), so such a
-    group's calls run two programs per bucket, not one per count."""
+    group's calls run one program per bucket (two where the start is static), not one per count."""
     settings = group[0].settings
     block = settings.block_length
     span = 1 if blocks == 1 else self.blocks_per_call
@@ -121,12 +122,12 @@ class Layout:
     batch = self.buckets.pick(self.buckets.batch, len(group), self.max_batch)
     need, widths = max(prefixes) + max(tails), self.buckets.width
     length = length or self.buckets.pick(widths, need, max(widths[-1], need))
+    static = cache_modes.get(settings.cache).static_blocks
     if not self.sees_ahead(settings):
       start = (length - span * block) // self.grid * self.grid
-      return batch, start + span * block, start, start
+      return batch, start + span * block, start, start if static else None
     start = length - max(tails)
-    mode = cache_modes.get(settings.cache)
-    return batch, length, start, start if mode.static_blocks or mode.prefilled else None
+    return batch, length, start, start if static else None
 
   def fill(self, group: list, counts: list, shape: tuple, pending: list | None = None):
     """A call's host inputs for a group decoding counts[i] blocks each, in a call of `shape`:
