@@ -432,15 +432,17 @@ class Engine:
           job.error = f'the decode failed: {type(e).__name__}: {e}'
           self._finish(job, 'error')
 
-  def warm(self, settings, lengths=()) -> None:
+  def warm(self, settings, lengths=(), prompt: int = 1) -> None:
     """Compiles the programs jobs with these settings run at every batch bucket: at each canvas
-    length of `lengths` (default: a one-token prompt's), for one block and, where the layout
-    differs (a row that does not see ahead), for blocks_per_call, each for a new row and for a
-    continuing one (its blocks carried from the last call), and the calls' key split: nothing
-    compiles under the first request. A static start (cache prefix on a model that sees ahead)
-    varies with the traffic: those compile on first use. Called before traffic: not thread-safe
-    with it."""
-    job = Job(prompt=[self.pad_id], settings=settings)
+    length of `lengths` (default: a `prompt`-token prompt's) that such a prompt's row fits (the
+    shortest prompt and max_tokens traffic sends: a longer row never runs a shorter canvas), for
+    one block and, where the layout differs (a row that does not see ahead), for
+    blocks_per_call, each for a new row and for a continuing one (its blocks carried from the
+    last call), and the calls' key split: nothing compiles under the first request. A static
+    start (cache prefix on a model that sees ahead) and a stored prefix's prefill window vary
+    with the traffic: those compile on first use. Called before traffic: not thread-safe with
+    it."""
+    job = Job(prompt=[self.pad_id] * prompt, settings=settings)
     ahead = self.layout.sees_ahead(settings)
     spans = {1} if ahead else {1, self.blocks_per_call}
     for batch in self.buckets.batch:
