@@ -563,21 +563,21 @@ def make_block_fn(
   out_rows: int = 0,
 ):
   """jit(fn(params, x_BL, offset_B, start_B, end_B, block_start, key, block_index, blocks) ->
-  int32 [max(B, out_rows), max_blocks * block_length]): the next `blocks` (1 to max_blocks, traced) blocks of
-  rows that each sit at their own block, the server's call (serve/layout.py). Row b's tokens are
-  x[b, offset_b:end_b] (its prompt, its committed blocks, then MASK), its completion starts at
-  start_b, and every row's current block is [block_start, block_start + block_length), the next
-  ones follow it; the result is the canvas from block_start after decode_canvas_blocks, the loop
-  decode_blocks runs (sampling: one block's settings, gen_length = block_length; block_index:
-  the first block's index in the decode). A row ending before a block has nothing to decode
-  there; what the output holds past the canvas end is meaningless.
+  int32 [max(B, out_rows), max_blocks * block_length]): the next `blocks` (1 to max_blocks,
+  traced) blocks of rows that each sit at their own block, the server's call (serve/layout.py).
+  Row b's tokens are x[b, offset_b:end_b] (its prompt, its committed blocks, then MASK), its
+  completion starts at start_b, and every row's current block is [block_start, block_start +
+  block_length), the next ones follow it; the result is the canvas from block_start after
+  decode_canvas_blocks, the loop decode_blocks runs (sampling: one block's settings, gen_length
+  = block_length; block_index: the first block's index in the decode). A row ending before a
+  block has nothing to decode there; what the output holds past the canvas end is meaningless.
 
   static_start: block_start as a Python int, needed by modes whose forward's shape depends on it
   (static_blocks: these unroll as many of max_blocks as fit in the canvas); the argument is then
-  ignored. The block cache takes either: without it, its prefill runs to the canvas's last block
-  (cache_modes/block.py), so one program serves every block start of a canvas length. The caller lays rows out so that what a
-  row's block attends to is what it attends to in generate's canvas: the same tokens at the same
-  positions, pads excluded.
+  ignored. The block cache takes either: without it, its prefill runs to the canvas's last
+  block (cache_modes/block.py), so one program serves every block start of a canvas length. The
+  caller lays rows out so that what a row's block attends to is what it attends to in
+  generate's canvas: the same tokens at the same positions, pads excluded.
 
   reuse_window (a mode that reuses_prefix, without CFG): fn takes one more argument, the K/V of
   a prefix every row starts with (make_prefix_fn's), and prefills only the last reuse_window
