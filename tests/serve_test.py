@@ -380,7 +380,7 @@ def test_a_shared_system_prompt_is_prefilled_once_and_reused_exactly(tmp_path, a
     model,
     max_batch=4,
     max_queue=8,
-    buckets=engine.Buckets(batch=(1, 2, 4), width=(64,)),
+    buckets=engine.Buckets(batch=(1, 2, 4), width=(40, 64)),
     prefix_cache=2,
     blocks_per_call=2,
   )

@@ -581,7 +581,8 @@ def make_block_fn(
 
   reuse_window (a mode that reuses_prefix, without CFG): fn takes one more argument, the K/V of
   a prefix every row starts with (make_prefix_fn's), and prefills only the last reuse_window
-  positions before the block start; every row's tokens after its stored prefix must lie there.
+  positions of the prefill (before static_start, else before the canvas's last block); every
+  row's tokens after its stored prefix must lie there.
 
   out_rows: the output padded to that many rows (the server's next call takes its carried rows
   from it, so one carry program serves every pair of batch sizes).

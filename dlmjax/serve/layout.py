@@ -206,22 +206,20 @@ class Prefixes(collections.OrderedDict):
     while len(self) > self.size:
       self.popitem(last=False)
 
-  def find(self, group: list, start: int):
+  def find(self, group: list, prefill: int):
     """(token ids, K/V, prefill window) of the longest stored prefix every job of a group starts
-    with, if prefilling after it saves work (the window: a power of two, at least each row's
-    tokens after the prefix and the prefix unit), else None."""
+    with, if any, for a call whose prefill (the block cache's: to the canvas's last block) is
+    `prefill` positions. The window is what follows the prefix there: every row's prefix starts
+    at or after canvas position 0, so each row's tokens after it lie in the window, and it is
+    one length per (canvas length, stored prefix): one program, which warm-up can compile."""
     if not self or not self.reuses(group[0].settings):
       return None
     found = [k for k in self if all(_starts(j.prompt, k) for j in group)]
-    if not found:
+    if not found or prefill <= len(max(found, key=len)):
       return None
     tokens = max(found, key=len)
-    need = max(self.layout.row(j)[0] for j in group) - len(tokens)
-    window = max(1 << max(need - 1, 0).bit_length(), self.unit)  # few programs
-    if window >= start:
-      return None
     self.move_to_end(tokens)
-    return tokens, self[tokens], window
+    return tokens, self[tokens], prefill - len(tokens)
 
 
 def _starts(prompt, prefix) -> bool:

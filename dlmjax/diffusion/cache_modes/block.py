@@ -57,7 +57,7 @@ class BlockCache(base.CacheMode):
       jax.vmap(place, in_axes=(1, 0, None), out_axes=1)(a, canvas.offset_B1[:, 0], new[:, 0])
       for a, new in zip(kv, stored)
     )
-    first = canvas.prefill - window  # every row's tokens after its stored prefix are past this
+    first = view - window  # every row's tokens after its stored prefix are past this
     _, fresh = canvas.slice_hidden_kv(x_BL, kv, first, window)
     return tuple(
       jax.lax.dynamic_update_slice_in_dim(a, f.astype(a.dtype), first, axis=2)
