@@ -598,7 +598,9 @@ def make_block_fn(
   if static_start is None and mode.static_blocks:
     raise ValueError(f'cache {mode.name!r} needs the block start as a Python int: static_start.')
   if reuse_window is not None and not (
-    mode.reuses_prefix and 0 < reuse_window <= (static_start or reuse_window)
+    mode.reuses_prefix
+    and 0 < reuse_window
+    and (static_start is None or reuse_window <= static_start)
   ):
     raise ValueError(
       f'reuse_window={reuse_window} needs a cache that reuses a stored prefix (this is '

@@ -215,9 +215,9 @@ class Prefixes(collections.OrderedDict):
     if not self or not self.reuses(group[0].settings):
       return None
     found = [k for k in self if all(_starts(j.prompt, k) for j in group)]
-    if not found or prefill <= len(max(found, key=len)):
+    tokens = max(found, key=len, default=())
+    if not tokens or prefill <= len(tokens):
       return None
-    tokens = max(found, key=len)
     self.move_to_end(tokens)
     return tokens, self[tokens], prefill - len(tokens)
 
