@@ -512,3 +512,21 @@ def test_a_blocking_dispatch_holds_back_neither_a_lone_jobs_first_block_nor_busy
   assert first_block_before_call_2 == [True]
   assert eng.busy_s - warm_busy >= 3 * device_s and eng.dispatch_s - warm_dispatch >= 3 * device_s
   assert not [r.getMessage() for r in caplog.records if 'Compiling' in r.getMessage()]
+
+
+def test_warm_skips_canvas_lengths_the_shortest_row_never_runs(tmp_path):
+  """warm(prompt=P) compiles only the canvas lengths a row of a P-token prompt fits: a longer
+  row never runs a shorter canvas (a 20-token prompt and 16 tokens: not the 32 bucket)."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path))
+  eng = engine.Engine(
+    model, max_batch=2, max_queue=2, buckets=engine.Buckets(batch=(1, 2), width=(32, 64))
+  )
+  dispatched = []
+  eng._dispatch = lambda group, *_, shape, **__: dispatched.append(shape[:2])  # pylint: disable=protected-access
+  eng._wait = lambda call: None  # pylint: disable=protected-access
+  settings = sampler.SamplingConfig(**SETTINGS)
+  eng.warm(settings, (32, 64), prompt=20)
+  assert dispatched == [(1, 64), (2, 64)]
+  dispatched.clear()
+  eng.warm(settings, (32, 64), prompt=1)
+  assert dispatched == [(1, 32), (1, 64), (2, 32), (2, 64)]
