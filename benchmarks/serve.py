@@ -262,12 +262,21 @@ def main(argv=None) -> int:
   except (ValueError, DataError, api.APIError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
+  m = model.config.model
+  rng = np.random.default_rng(0)
+  special = {m.mask_token_id, m.eos_token_id, m.pad_token_id}
+  choices = np.array([t for t in range(min(m.vocab_size, 5000)) if t not in special])
+  system = rng.choice(choices, args.system_prompt).tolist()
   start, warmed = time.perf_counter(), set()
-  for settings in requests:  # every program the traffic can run, before timing
+  for tail in choices[:2]:  # the shared system prompt stored, as two requests would store it
+    eng.prefixes.remember(engine_lib.Job(system + [int(tail)], requests[0]))
+  # Every program the traffic can run, before timing: requests differing only in max_tokens
+  # share their programs, warmed for the shortest row (canvas lengths no row needs are skipped).
+  for settings in sorted(requests, key=lambda s: s.gen_length):
     block = eng.block_settings(settings)
-    if block not in warmed:  # requests differing only in max_tokens share their programs
+    if block not in warmed:
       warmed.add(block)
-      eng.warm(settings, widths)
+      eng.warm(settings, widths, prompt=args.system_prompt + 1)
   print(
     json.dumps({'compiled': len(eng.compiled), 'compile_s': round(time.perf_counter() - start, 1)}),
     flush=True,
@@ -281,18 +290,10 @@ def main(argv=None) -> int:
   thread.start()
   while not server.started:
     time.sleep(0.05)
-  m = model.config.model
-  rng = np.random.default_rng(0)
-  special = {m.mask_token_id, m.eos_token_id, m.pad_token_id}
-  choices = np.array([t for t in range(min(m.vocab_size, 5000)) if t not in special])
   mixes = tuple(sorted(set(args.prompt_lengths)))
   bounds = [0, *mixes]
-  system = rng.choice(choices, args.system_prompt).tolist()
   rows = []
-  # Programs after a stored prefix compile on first use (their prefill window follows the
-  # traffic): with a system prompt, one untimed round of the largest client count first.
-  levels = ([max(args.clients)] if args.system_prompt else []) + list(args.clients)
-  for level, clients in enumerate(levels):
+  for clients in args.clients:
     bodies = []
     for _ in range(clients * args.requests_per_client):
       i = rng.integers(len(mixes))
@@ -304,9 +305,6 @@ def main(argv=None) -> int:
       })  # fmt: skip
     row = run_level(url, eng, clients, bodies, args.time_limit)
     row['device'] = jax.devices()[0].device_kind
-    if level < len(levels) - len(args.clients):
-      print(json.dumps({'warmup': row}), flush=True)
-      continue
     rows.append(row)
     print(json.dumps(row), flush=True)
   server.should_exit = True

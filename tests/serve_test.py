@@ -294,11 +294,14 @@ def test_sigterm_drains_then_exits_0(served):  # last: it stops the module's ser
   assert any(f['choices'] and f['choices'][0]['finish_reason'] for f in finals)
 
 
-def test_block_causal_jobs_joining_mid_decode_get_generates_text(tmp_path):
+@pytest.mark.parametrize('cache', ['none', 'block'])
+def test_block_causal_jobs_joining_mid_decode_get_generates_text(tmp_path, cache):
   """A block-causal model's rows end with their current block (nothing after it is visible),
   or with their last block of a multi-block call, their prompts' ends open their first blocks:
   jobs that join while others are blocks into theirs, with two max_tokens sharing programs,
-  decode generate's text, one block a call while some wait, up to 3 when none does."""
+  decode generate's text, one block a call while some wait, up to 3 when none does. The block
+  start is a runtime argument (the block cache prefills to the canvas's last block): one
+  program a bucket serves both."""
   model = dlmjax.load_pretrained(_make_run(tmp_path, 'block_causal'))
   eng = engine.Engine(
     model,
@@ -308,8 +311,8 @@ def test_block_causal_jobs_joining_mid_decode_get_generates_text(tmp_path):
     blocks_per_call=3,
   )
   eng.start()
-  long, short = sampler.SamplingConfig(**SETTINGS), sampler.SamplingConfig(**SETTINGS)
-  short = dataclasses.replace(short, gen_length=8, steps=4)
+  long = sampler.SamplingConfig(**SETTINGS, cache=cache)
+  short = dataclasses.replace(long, gen_length=8, steps=4)
   settings = [long if i % 2 else short for i in range(8)]
   jobs = [
     engine.Job(prompt=model.tokenizer.encode(p), settings=s) for p, s in zip(PROMPTS, settings)
@@ -327,10 +330,10 @@ def test_block_causal_jobs_joining_mid_decode_get_generates_text(tmp_path):
     expected = model.generate(
       [PROMPTS[i] for i in chosen],
       batch_size=8,
-      **SETTINGS | {'gen_length': gen, 'steps': gen // 2},
+      **SETTINGS | {'gen_length': gen, 'steps': gen // 2, 'cache': cache},
     )
     assert [jobs[i].text for i in chosen] == expected
-  assert all(j.chunks > 1 for j in jobs)
+  assert all(j.chunks > 1 for j in jobs) and len(eng.compiled) <= 3  # one a batch bucket
   assert eng.calls < sum(j.chunks for j in jobs) and eng.slots <= 4 * eng.calls
   assert eng.blocks > eng.calls  # some calls decoded several blocks
 
@@ -377,7 +380,7 @@ def test_a_shared_system_prompt_is_prefilled_once_and_reused_exactly(tmp_path, a
     model,
     max_batch=4,
     max_queue=8,
-    buckets=engine.Buckets(batch=(1, 2, 4), width=(64,)),
+    buckets=engine.Buckets(batch=(1, 2, 4), width=(40, 64)),
     prefix_cache=2,
     blocks_per_call=2,
   )
@@ -509,3 +512,21 @@ def test_a_blocking_dispatch_holds_back_neither_a_lone_jobs_first_block_nor_busy
   assert first_block_before_call_2 == [True]
   assert eng.busy_s - warm_busy >= 3 * device_s and eng.dispatch_s - warm_dispatch >= 3 * device_s
   assert not [r.getMessage() for r in caplog.records if 'Compiling' in r.getMessage()]
+
+
+def test_warm_skips_canvas_lengths_the_shortest_row_never_runs(tmp_path):
+  """warm(prompt=P) compiles only the canvas lengths a row of a P-token prompt fits: a longer
+  row never runs a shorter canvas (a 20-token prompt and 16 tokens: not the 32 bucket)."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path))
+  eng = engine.Engine(
+    model, max_batch=2, max_queue=2, buckets=engine.Buckets(batch=(1, 2), width=(32, 64))
+  )
+  dispatched = []
+  eng._dispatch = lambda group, *_, shape, **__: dispatched.append(shape[:2])  # pylint: disable=protected-access
+  eng._wait = lambda call: None  # pylint: disable=protected-access
+  settings = sampler.SamplingConfig(**SETTINGS)
+  eng.warm(settings, (32, 64), prompt=20)
+  assert dispatched == [(1, 64), (2, 64)]
+  dispatched.clear()
+  eng.warm(settings, (32, 64), prompt=1)
+  assert dispatched == [(1, 32), (1, 64), (2, 32), (2, 64)]

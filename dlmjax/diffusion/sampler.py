@@ -560,26 +560,32 @@ def make_block_fn(
   vocab_size: int | None = None,
   reuse_window: int | None = None,
   max_blocks: int = 1,
+  out_rows: int = 0,
 ):
   """jit(fn(params, x_BL, offset_B, start_B, end_B, block_start, key, block_index, blocks) ->
-  int32 [B, max_blocks * block_length]): the next `blocks` (1 to max_blocks, traced) blocks of
-  rows that each sit at their own block, the server's call (serve/layout.py). Row b's tokens are
-  x[b, offset_b:end_b] (its prompt, its committed blocks, then MASK), its completion starts at
-  start_b, and every row's current block is [block_start, block_start + block_length), the next
-  ones follow it; the result is the canvas from block_start after decode_canvas_blocks, the loop
-  decode_blocks runs (sampling: one block's settings, gen_length = block_length; block_index:
-  the first block's index in the decode). A row ending before a block has nothing to decode
-  there; what the output holds past the canvas end is meaningless.
+  int32 [max(B, out_rows), max_blocks * block_length]): the next `blocks` (1 to max_blocks,
+  traced) blocks of rows that each sit at their own block, the server's call (serve/layout.py).
+  Row b's tokens are x[b, offset_b:end_b] (its prompt, its committed blocks, then MASK), its
+  completion starts at start_b, and every row's current block is [block_start, block_start +
+  block_length), the next ones follow it; the result is the canvas from block_start after
+  decode_canvas_blocks, the loop decode_blocks runs (sampling: one block's settings, gen_length
+  = block_length; block_index: the first block's index in the decode). A row ending before a
+  block has nothing to decode there; what the output holds past the canvas end is meaningless.
 
   static_start: block_start as a Python int, needed by modes whose forward's shape depends on it
-  (static_blocks: these unroll as many of max_blocks as fit in the canvas) and by the block cache
-  (its prefill ends there); the argument is then ignored. The caller lays rows out so that what a
-  row's block attends to is what it attends to in generate's canvas: the same tokens at the same
-  positions, pads excluded.
+  (static_blocks: these unroll as many of max_blocks as fit in the canvas); the argument is then
+  ignored. The block cache takes either: without it, its prefill runs to the canvas's last
+  block (cache_modes/block.py), so one program serves every block start of a canvas length. The
+  caller lays rows out so that what a row's block attends to is what it attends to in
+  generate's canvas: the same tokens at the same positions, pads excluded.
 
   reuse_window (a mode that reuses_prefix, without CFG): fn takes one more argument, the K/V of
   a prefix every row starts with (make_prefix_fn's), and prefills only the last reuse_window
-  positions before static_start; every row's tokens after its stored prefix must lie there.
+  positions of the prefill (before static_start, else before the canvas's last block); every
+  row's tokens after its stored prefix must lie there.
+
+  out_rows: the output padded to that many rows (the server's next call takes its carried rows
+  from it, so one carry program serves every pair of batch sizes).
   """
   sampling.validate()
   model_config = _decoding_config(model_config)
@@ -589,12 +595,16 @@ def make_block_fn(
     raise ValueError("a block program runs one block's settings: set gen_length = block_length.")
   if max_blocks < 1:
     raise ValueError(f'max_blocks={max_blocks}: a call decodes at least one block.')
-  if static_start is None and (mode.static_blocks or mode.prefilled):
+  if static_start is None and mode.static_blocks:
     raise ValueError(f'cache {mode.name!r} needs the block start as a Python int: static_start.')
-  if reuse_window is not None and not (mode.reuses_prefix and 0 < reuse_window <= static_start):
+  if reuse_window is not None and not (
+    mode.reuses_prefix
+    and 0 < reuse_window
+    and (static_start is None or reuse_window <= static_start)
+  ):
     raise ValueError(
       f'reuse_window={reuse_window} needs a cache that reuses a stored prefix (this is '
-      f'{mode.name!r}) and 0 < reuse_window <= static_start ({static_start}).'
+      f'{mode.name!r}) and 0 < reuse_window <= the block start ({static_start}).'
     )
   block = sampling.block_length
 
@@ -626,7 +636,7 @@ def make_block_fn(
       first_index=block_index,
     )  # fmt: skip
     # Padded, so the window never clamps back into the canvas when fewer blocks fit in it.
-    x_BW = jnp.pad(x_BL, ((0, 0), (0, max_blocks * block)))
+    x_BW = jnp.pad(x_BL, ((0, max(out_rows - x_BL.shape[0], 0)), (0, max_blocks * block)))
     return jax.lax.dynamic_slice_in_dim(x_BW, start, max_blocks * block, axis=1)
 
   return programs.jit_program(fn, model_config.matmul_dtype, decode=True)

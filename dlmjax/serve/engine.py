@@ -322,6 +322,7 @@ class Engine:
       vocab_size=m.vocab_size,
       reuse_window=reuse_window,
       max_blocks=self.blocks_per_call,
+      out_rows=self.max_batch,  # carry's input: one program a call shape, not a pair of calls'
     )
 
   def _dispatch(self, group: list, pending=None, shape=None, blocks=1):
@@ -340,7 +341,7 @@ class Engine:
     x_BL, bounds, carried_B, count_B = self.layout.fill(
       group, counts, (batch, length, start), pending.group if pending else None
     )
-    stored = self.prefixes.find(group, start) if static is not None else None
+    stored = self.prefixes.find(group, length - settings.block_length)
     window = None if stored is None else stored[2]
     shape = (settings, batch, length, static, window)
     previous = pending.launch if (carried_B >= 0).any() else None
@@ -367,7 +368,7 @@ class Engine:
     self.carried += int((carried_B[: len(group)] >= 0).sum())
     if stored is not None:
       self.prefix_rows += len(group)
-      self.prefill_skipped += batch * (static - window)
+      self.prefill_skipped += batch * len(stored[0])
     self.calls += 1
     self.rows += len(group)
     self.slots += batch
@@ -431,18 +432,22 @@ class Engine:
           job.error = f'the decode failed: {type(e).__name__}: {e}'
           self._finish(job, 'error')
 
-  def warm(self, settings, lengths=()) -> None:
+  def warm(self, settings, lengths=(), prompt: int = 1) -> None:
     """Compiles the programs jobs with these settings run at every batch bucket: at each canvas
-    length of `lengths` (default: a one-token prompt's), for one block and, where the layout
-    differs (a row that does not see ahead), for blocks_per_call, each for a new row and for a
-    continuing one (its blocks carried from the last call), and the calls' key split: nothing
-    compiles under the first request. A static start (cache prefix on a model that sees ahead)
-    varies with the traffic: those compile on first use. Called before traffic: not thread-safe
-    with it."""
-    job = Job(prompt=[self.pad_id], settings=settings)
+    length of `lengths` (default: a `prompt`-token prompt's) that such a prompt's row fits (the
+    shortest prompt and max_tokens traffic sends: a longer row never runs a shorter canvas), for
+    one block and, where the layout differs (a row that does not see ahead), for
+    blocks_per_call, each for a new row and for a continuing one (its blocks carried from the
+    last call), and the calls' key split: nothing compiles under the first request. Each again
+    after each stored prefix (a system prompt the caller had the engine remember), for rows
+    that start with it. A static start (cache prefix on a model that sees ahead) varies with
+    the traffic: those compile on first use. Called before traffic: not thread-safe with it."""
+    pad = self.pad_id
+    prompts = [[pad] * prompt] + [[*k, *[pad] * max(prompt - len(k), 1)] for k in self.prefixes]
     ahead = self.layout.sees_ahead(settings)
     spans = {1} if ahead else {1, self.blocks_per_call}
-    for batch in self.buckets.batch:
+    for tokens, batch in itertools.product(prompts, self.buckets.batch):
+      job = Job(prompt=tokens, settings=settings)
       if batch <= self.max_batch:
         group = [job] * batch
         for length, span in itertools.product(lengths or (self.layout.shape(group)[1],), spans):

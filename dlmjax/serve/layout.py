@@ -51,7 +51,8 @@ class Buckets:
 def carry(x_BL, last_CW, carried_B, count_B, start):
   """x with each carried row's last blocks (the first count_B[b] tokens of row carried_B[b] of
   the previous call's output, -1 for none) written where the row's prefix ends: the count_B[b]
-  tokens before the block start."""
+  tokens before the block start. The output has max_batch rows whatever that call's batch, so
+  each call shape has one carry program."""
   index_BL = jnp.arange(x_BL.shape[1])[None] - (start - count_B[:, None])
   inside_BL = (index_BL >= 0) & (index_BL < count_B[:, None]) & (carried_B[:, None] >= 0)
   rows_BW = jnp.take(last_CW, jnp.maximum(carried_B, 0), axis=0)
@@ -105,14 +106,15 @@ class Layout:
     return -(-(s.gen_length + len(job.prompt) % self.grid) // s.block_length) - self.chunk(job)
 
   def shape(self, group: list, length: int | None = None, blocks: int = 1):
-    """(batch, canvas length, block start, the start if the program needs it static) of a
+    """(batch, canvas length, block start, the start if the program needs it static: a mode
+    whose forward's shape depends on the block, sampler.make_block_fn) of a
     group's call of `blocks` blocks (length: a bucket at least the group's need). Every row's
     current block starts at one position. A row that sees ahead keeps its tail after the block,
     so the canvas holds the longest prefix plus the longest tail, and the block starts the
     longest tail before its end; else the canvas ends with the call's blocks, on the model's
     grid like every prefix: the same for 1 block and for blocks_per_call (one call of several
     blocks is laid out for blocks_per_call, rows ending with their own last block), so such a
-    group's calls run two programs per bucket, not one per count."""
+    group's calls run one program per bucket (two where the start is static), not one per count."""
     settings = group[0].settings
     block = settings.block_length
     span = 1 if blocks == 1 else self.blocks_per_call
@@ -120,12 +122,12 @@ class Layout:
     batch = self.buckets.pick(self.buckets.batch, len(group), self.max_batch)
     need, widths = max(prefixes) + max(tails), self.buckets.width
     length = length or self.buckets.pick(widths, need, max(widths[-1], need))
+    static = cache_modes.get(settings.cache).static_blocks
     if not self.sees_ahead(settings):
       start = (length - span * block) // self.grid * self.grid
-      return batch, start + span * block, start, start
+      return batch, start + span * block, start, start if static else None
     start = length - max(tails)
-    mode = cache_modes.get(settings.cache)
-    return batch, length, start, start if mode.static_blocks or mode.prefilled else None
+    return batch, length, start, start if static else None
 
   def fill(self, group: list, counts: list, shape: tuple, pending: list | None = None):
     """A call's host inputs for a group decoding counts[i] blocks each, in a call of `shape`:
@@ -204,22 +206,20 @@ class Prefixes(collections.OrderedDict):
     while len(self) > self.size:
       self.popitem(last=False)
 
-  def find(self, group: list, start: int):
+  def find(self, group: list, prefill: int):
     """(token ids, K/V, prefill window) of the longest stored prefix every job of a group starts
-    with, if prefilling after it saves work (the window: a power of two, at least each row's
-    tokens after the prefix and the prefix unit), else None."""
+    with, if any, for a call whose prefill (the block cache's: to the canvas's last block) is
+    `prefill` positions. The window is what follows the prefix there: every row's prefix starts
+    at or after canvas position 0, so each row's tokens after it lie in the window, and it is
+    one length per (canvas length, stored prefix): one program, which warm-up can compile."""
     if not self or not self.reuses(group[0].settings):
       return None
     found = [k for k in self if all(_starts(j.prompt, k) for j in group)]
-    if not found:
-      return None
-    tokens = max(found, key=len)
-    need = max(self.layout.row(j)[0] for j in group) - len(tokens)
-    window = max(1 << max(need - 1, 0).bit_length(), self.unit)  # few programs
-    if window >= start:
+    tokens = max(found, key=len, default=())
+    if not tokens or prefill <= len(tokens):
       return None
     self.move_to_end(tokens)
-    return tokens, self[tokens], window
+    return tokens, self[tokens], prefill - len(tokens)
 
 
 def _starts(prompt, prefix) -> bool:

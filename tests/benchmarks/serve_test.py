@@ -18,3 +18,31 @@ def test_load_test_runs_bounded_requests_on_loopback(tmp_path, capsys):
   assert row['generated_tok_s'] > 0 and row['calls'] == 4 and row['http_overhead'] is not None
   # Nothing compiles while timed, the second block's call (carried from the first) included.
   assert row['compiled_while_timed'] == 0 and row['dispatch_blocking'] is not None
+
+
+def test_several_clients_compile_nothing_after_warm_up(tmp_path, capsys):
+  """Mixed prompts and max_tokens from 4 clients: calls of every batch bucket follow each other,
+  a continuing row's blocks carried from a call of another batch size; warm-up compiled all."""
+  tiny_run.make_run(tmp_path / 'run', **{'model.seq_len': 128})
+  args = ['--checkpoint-path', str(tmp_path / 'run'), '--clients', '4', '--cache', 'dual']
+  args += ['--prompt-lengths', '4,12', '--gen-lengths', '8,40', '--block-length', '8']
+  assert serve.main(args + ['--requests-per-client', '2']) == 0
+  lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  row = lines[1]
+  assert row['requests'] == 8 and row['errors'] == 0 and row['rows_per_call'] > 1
+  assert row['compiled_while_timed'] == 0, row
+
+
+def test_a_stored_system_prompts_programs_are_warmed_too(tmp_path, capsys):
+  """Rows after a stored system prompt (a block-causal model, the block cache) run programs of
+  their own: warm-up compiles them, the prompt stored first, so nothing compiles while timed."""
+  overrides = {'model.seq_len': 64, 'model.attention_mask': 'block_causal', 'model.block_size': 4}
+  tiny_run.make_run(tmp_path / 'run', **overrides)
+  args = ['--checkpoint-path', str(tmp_path / 'run'), '--clients', '2', '--cache', 'block']
+  args += ['--prompt-lengths', '4,12', '--gen-lengths', '8,16', '--block-length', '8']
+  assert serve.main(args + ['--system-prompt', '16', '--requests-per-client', '2']) == 0
+  lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  assert lines[0]['compiled'] == 4  # batch 1 and 2, canvas 64, with and without the prefix
+  row = lines[1]
+  assert row['requests'] == 4 and row['errors'] == 0 and row['prefix_rows'] > 0
+  assert row['compiled_while_timed'] == 0, row

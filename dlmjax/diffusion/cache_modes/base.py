@@ -28,7 +28,7 @@ class CacheMode:
   description = ''
   static_blocks = False  # the forward's shape depends on the block: the blocks are unrolled.
   refreshing = False  # refresh + cached steps (Fast-dLLM); `step` then gets the refresh's K/V.
-  prefilled = False  # init reads the canvas before canvas.prefill (a Python int) into its state.
+  prefilled = False  # init reads the canvas before canvas.prefill into its state.
   reuses_prefix = False  # init can start from a stored prefix's K/V (init's `reused`).
 
   def check(self, model_cfg, sampling) -> None:

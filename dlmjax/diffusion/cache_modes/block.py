@@ -33,10 +33,15 @@ class BlockCache(base.CacheMode):
       )
       for a in shapes
     )
-    if not canvas.prefill:
+    # A server call's prefill may be traced (its block start a runtime argument: one program
+    # per call shape): prefill then runs to the last block's start, a static length; the K/V
+    # past the block start are masked from the block (causal / block-causal attention) and each
+    # committed block overwrites its own (store), so every block attends to exact K/V only.
+    view = canvas.prefill if isinstance(canvas.prefill, int) else canvas.length - canvas.block
+    if not view:
       return kv
     if reused is None:
-      prompt_kv = canvas.hidden_kv(x_BL, canvas.prefill)[1]
+      prompt_kv = canvas.hidden_kv(x_BL, view)[1]
       return tuple(
         jax.lax.dynamic_update_slice_in_dim(a, new.astype(a.dtype), 0, axis=2)
         for a, new in zip(kv, prompt_kv)
@@ -52,7 +57,7 @@ class BlockCache(base.CacheMode):
       jax.vmap(place, in_axes=(1, 0, None), out_axes=1)(a, canvas.offset_B1[:, 0], new[:, 0])
       for a, new in zip(kv, stored)
     )
-    first = canvas.prefill - window  # every row's tokens after its stored prefix are past this
+    first = view - window  # every row's tokens after its stored prefix are past this
     _, fresh = canvas.slice_hidden_kv(x_BL, kv, first, window)
     return tuple(
       jax.lax.dynamic_update_slice_in_dim(a, f.astype(a.dtype), first, axis=2)
