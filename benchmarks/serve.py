@@ -11,8 +11,12 @@ are pipelined, each counted from the later of its launch and the previous call's
 host's time inside the calls over their device time (dispatch_blocking), the compilations in
 the timed window and, at one client, the HTTP path's overhead over decode time (summed request
 latencies over busy time, less one; each client keeps one connection and its gap between
-requests is not counted). Then the goals: 16 clients >= 8x one
-client's tok/s, p99 latency < 3x one client's, HTTP overhead < 5%.
+requests is not counted). After each client count, its ceiling: the canvas its calls ran most,
+one block call of the engine's warmed program timed directly (no HTTP, no scheduler) at batch 1
+and at that count's batch (at most --max-batch), best of 3; ceiling_x = rows x t_1 / t_B is the
+throughput multiple the device itself gives that many rows over one, which no scheduler can
+beat. Then the goals: 16 clients >= 8x one client's tok/s (beside it the 16-row ceiling and the
+share of it reached, throughput_vs_ceiling), p99 latency < 3x one client's, HTTP overhead < 5%.
 
 The clients only ever connect to the server this process starts on 127.0.0.1. Random weights
 (--config) have no tokenizer: prompts are token ids, texts are the ids written out. The GPU
@@ -24,6 +28,7 @@ table (docs/serving.md) comes from:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import sys
@@ -36,6 +41,8 @@ import numpy as np
 
 from dlmjax.data.errors import DataError
 from dlmjax.diffusion import sampler
+
+REPEATS = 3  # timed block calls per ceiling measurement, the best kept
 
 
 class IdText:
@@ -156,16 +163,27 @@ def _request(client: httpx.Client, body: dict) -> dict:
   return {'first_s': first, 'latency_s': time.perf_counter() - start, 'tokens': tokens}
 
 
+@contextlib.contextmanager
+def _compilations():
+  """The list of every XLA compilation's seconds inside the block, the engine's or any jit's."""
+  compiles = []
+
+  def compiled(event, seconds, **_):
+    if event == '/jax/core/compile/backend_compile_duration':
+      compiles.append(seconds)
+
+  jax.monitoring.register_event_duration_secs_listener(compiled)
+  try:
+    yield compiles
+  finally:
+    jax.monitoring.unregister_event_duration_listener(compiled)
+
+
 def run_level(url, eng, clients, bodies, time_limit) -> dict:
   """`clients` threads sending their bodies in turn; the measured row."""
   results, errors, deadline = [], [], time.perf_counter() + time_limit
   busy0, calls0, rows0, slots0 = eng.busy_s, eng.calls, eng.rows, eng.slots
   reused0, blocks0, dispatch0 = eng.prefix_rows, eng.blocks, eng.dispatch_s
-  compiles = []  # every XLA compilation while timed, the engine's programs or any other jit
-
-  def compiled(event, seconds, **_):
-    if event == '/jax/core/compile/backend_compile_duration':
-      compiles.append(seconds)
 
   def client(mine):
     # One connection a client, as a real client keeps: a new httpx.Client per request builds
@@ -179,15 +197,14 @@ def run_level(url, eng, clients, bodies, time_limit) -> dict:
         except (RuntimeError, httpx.HTTPError) as e:
           errors.append(str(e))
 
-  jax.monitoring.register_event_duration_secs_listener(compiled)
-  start = time.perf_counter()
-  threads = [threading.Thread(target=client, args=(bodies[i::clients],)) for i in range(clients)]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
-  wall = time.perf_counter() - start
-  jax.monitoring.unregister_event_duration_listener(compiled)
+  with _compilations() as compiles:
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(bodies[i::clients],)) for i in range(clients)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    wall = time.perf_counter() - start
   busy = eng.busy_s - busy0
   latencies = [r['latency_s'] for r in results]
   firsts = [r['first_s'] for r in results if r['first_s'] is not None]
@@ -215,6 +232,29 @@ def run_level(url, eng, clients, bodies, time_limit) -> dict:
     # Time outside the sampler's calls per unit of decode: meaningful with one client.
     'http_overhead': round((sum(latencies) - busy) / busy, 4) if busy and clients == 1 else None,
     'first_error': errors[0] if errors else None,
+  }
+
+
+def ceiling(eng, canvases, clients, prompt, memo) -> dict:
+  """What the device allows at this level, with no scheduler or HTTP: the canvas its calls ran
+  most (`canvases`: calls per (block settings, length)), one block call timed at batch 1 and at
+  the batch bucket of min(clients, max_batch) rows, best of REPEATS; ceiling_x = rows x t_1 / t_B
+  is the throughput multiple those rows can give over one. memo keeps t_1 per canvas."""
+  (settings, length), _ = canvases.most_common(1)[0]
+  rows = min(clients, eng.max_batch)
+  batch = eng.buckets.pick(eng.buckets.batch, rows, eng.max_batch)
+  with _compilations() as compiles:
+    if (settings, length) not in memo:
+      memo[settings, length] = eng.time_block(settings, 1, length, prompt, REPEATS)
+    one = memo[settings, length]
+    many = one if batch == 1 else eng.time_block(settings, batch, length, prompt, REPEATS)
+  return {
+    'ceiling_x': round(rows * one / many, 2),
+    'ceiling_canvas': f'batch {batch} x length {length}',
+    'block_call_1_s': round(one, 5),
+    'block_call_s': round(many, 5),
+    # Compilations in the ceiling's calls (0: they ran the programs warm-up compiled).
+    'ceiling_compiled': len(compiles),
   }
 
 
@@ -292,7 +332,7 @@ def main(argv=None) -> int:
     time.sleep(0.05)
   mixes = tuple(sorted(set(args.prompt_lengths)))
   bounds = [0, *mixes]
-  rows = []
+  rows, memo = [], {}
   for clients in args.clients:
     bodies = []
     for _ in range(clients * args.requests_per_client):
@@ -303,7 +343,11 @@ def main(argv=None) -> int:
         'max_tokens': int(rng.choice(args.gen_lengths)),
         'stream': True,
       })  # fmt: skip
+    canvases = eng.canvases.copy()
     row = run_level(url, eng, clients, bodies, args.time_limit)
+    if row['calls']:  # the server is idle between levels: the device is the ceiling's alone
+      prompt = system + [int(choices[0])]  # starts with the stored system prompt, as traffic
+      row.update(ceiling(eng, eng.canvases - canvases, clients, prompt, memo))
     row['device'] = jax.devices()[0].device_kind
     rows.append(row)
     print(json.dumps(row), flush=True)
@@ -317,6 +361,9 @@ def main(argv=None) -> int:
       'p99_16_over_1': round(by[16]['latency_p99_s'] / by[1]['latency_p99_s'], 2),
       'http_overhead_1': by[1]['http_overhead'],
     }
+    if 'ceiling_x' in by[16]:  # the device's own multiple at 16 rows, and the share reached
+      goals['ceiling_16'] = by[16]['ceiling_x']
+      goals['throughput_vs_ceiling'] = round(goals['throughput_16_over_1'] / goals['ceiling_16'], 2)
     goals['met'] = (
       goals['throughput_16_over_1'] >= 8
       and goals['p99_16_over_1'] < 3

@@ -137,6 +137,7 @@ class Engine:
     self.rows = 0  # requests' rows over every call; rows / calls is the batching achieved
     self.slots = 0  # rows of the padded batch buckets those calls ran (slots - rows: padding)
     self.blocks = 0  # blocks those calls decoded (blocks / calls: blocks a call, blocks_per_call)
+    self.canvases = collections.Counter()  # calls per (block settings, canvas length) run
     self.busy_s = 0.0
     self.dispatch_s = 0.0  # host time inside the program calls: ~busy_s where dispatch blocks
     self._device_free = 0.0  # when the device finished the last collected call
@@ -341,18 +342,9 @@ class Engine:
     x_BL, bounds, carried_B, count_B = self.layout.fill(
       group, counts, (batch, length, start), pending.group if pending else None
     )
-    stored = self.prefixes.find(group, length - settings.block_length)
-    window = None if stored is None else stored[2]
-    shape = (settings, batch, length, static, window)
+    program, args, stored = self._inputs(group, (batch, length, start, static), bounds, counts, key)
+    shape = (settings, batch, length, static, None if stored is None else stored[2])
     previous = pending.launch if (carried_B >= 0).any() else None
-    args = (
-      *bounds,
-      np.int32(start),
-      key,
-      np.int32(self.layout.chunk(group[0])),
-      np.int32(max(counts)),
-      *(() if stored is None else (stored[1],)),
-    )
 
     def launch():
       """(device output, when the call began, when dispatching it returned)."""
@@ -360,7 +352,7 @@ class Engine:
       x = x_BL
       if previous is not None:  # launched before this one on this thread: its output exists
         x = layout_lib.carry(x, previous.result()[0], carried_B, count_B, np.int32(start))
-      out = self._program(settings, static, window)(self.model.params, x, *args)
+      out = program(self.model.params, x, *args)
       return out, began, time.perf_counter()
 
     for job, count in zip(group, counts):
@@ -373,7 +365,41 @@ class Engine:
     self.rows += len(group)
     self.slots += batch
     self.blocks += max(counts)
+    self.canvases[settings, length] += 1
     return Call(group, counts, self._launcher.submit(launch), shape, shape in self.compiled)
+
+  def _inputs(self, group: list, shape: tuple, bounds, counts: list, key):
+    """A group's call's program and its arguments after (params, x_BL), and the stored prefix
+    its rows start from (None: none)."""
+    settings = self.block_settings(group[0].settings)
+    _, length, start, static = shape
+    stored = self.prefixes.find(group, length - settings.block_length)
+    args = (
+      *bounds,
+      np.int32(start),
+      key,
+      np.int32(self.layout.chunk(group[0])),
+      np.int32(max(counts)),
+      *(() if stored is None else (stored[1],)),
+    )
+    return self._program(settings, static, None if stored is None else stored[2]), args, stored
+
+  def time_block(self, settings, batch: int, length: int, prompt: list, repeats: int = 3):
+    """Best seconds over `repeats` of one block call of `batch` new rows (a `prompt`, these
+    settings) at canvas `length`, run directly, not scheduled: the device's cost of a block at
+    that batch, with no host work overlapped (the load test's ceiling, benchmarks/serve.py). The
+    program is the one traffic runs (warm compiled it); no counter moves. Not thread-safe with
+    traffic."""
+    group = [Job(prompt=list(prompt), settings=settings)] * batch
+    shape = self.layout.shape(group, length)
+    x_BL, bounds, _, _ = self.layout.fill(group, [1] * batch, shape[:3])
+    program, args, _ = self._inputs(group, shape, bounds, [1], self._key)
+    best = float('inf')
+    for _ in range(repeats):
+      began = time.perf_counter()
+      jax.block_until_ready(program(self.model.params, x_BL, *args))
+      best = min(best, time.perf_counter() - began)
+    return best
 
   def _collect(self, call) -> None:
     """Waits for a dispatched call and gives each of its jobs its blocks one by one, each an

@@ -18,6 +18,9 @@ def test_load_test_runs_bounded_requests_on_loopback(tmp_path, capsys):
   assert row['generated_tok_s'] > 0 and row['calls'] == 4 and row['http_overhead'] is not None
   # Nothing compiles while timed, the second block's call (carried from the first) included.
   assert row['compiled_while_timed'] == 0 and row['dispatch_blocking'] is not None
+  # The ceiling: one client's level is its own baseline (the batch-1 call timed once, reused).
+  assert row['ceiling_x'] == 1 and row['block_call_s'] == row['block_call_1_s'] > 0
+  assert row['ceiling_canvas'] == 'batch 1 x length 64' and row['ceiling_compiled'] == 0
 
 
 def test_several_clients_compile_nothing_after_warm_up(tmp_path, capsys):
@@ -31,6 +34,10 @@ def test_several_clients_compile_nothing_after_warm_up(tmp_path, capsys):
   row = lines[1]
   assert row['requests'] == 8 and row['errors'] == 0 and row['rows_per_call'] > 1
   assert row['compiled_while_timed'] == 0, row
+  # The ceiling timed warm-up's batch-4 program (nothing compiled) on its own, and 4 rows in one
+  # call give at most 4x one row's throughput: a 4-row call costs no less than a 1-row one.
+  assert row['ceiling_compiled'] == 0 and row['ceiling_canvas'].startswith('batch 4 x '), row
+  assert row['block_call_s'] >= row['block_call_1_s'] > 0 and 0 < row['ceiling_x'] <= 4, row
 
 
 def test_a_stored_system_prompts_programs_are_warmed_too(tmp_path, capsys):
@@ -46,3 +53,4 @@ def test_a_stored_system_prompts_programs_are_warmed_too(tmp_path, capsys):
   row = lines[1]
   assert row['requests'] == 4 and row['errors'] == 0 and row['prefix_rows'] > 0
   assert row['compiled_while_timed'] == 0, row
+  assert row['ceiling_compiled'] == 0, row  # its rows start with the stored prompt, as warmed
