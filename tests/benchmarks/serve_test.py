@@ -32,12 +32,15 @@ def test_several_clients_compile_nothing_after_warm_up(tmp_path, capsys):
   assert serve.main(args + ['--requests-per-client', '2']) == 0
   lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
   row = lines[1]
-  assert row['requests'] == 8 and row['errors'] == 0 and row['rows_per_call'] > 1
+  # (Whether the 4 clients' requests share calls is up to the threads' timing: not asserted.)
+  assert row['requests'] == 8 and row['errors'] == 0
   assert row['compiled_while_timed'] == 0, row
-  # The ceiling timed warm-up's batch-4 program (nothing compiled) on its own, and 4 rows in one
-  # call give at most 4x one row's throughput: a 4-row call costs no less than a 1-row one.
+  # The ceiling timed warm-up's batch-4 program (nothing compiled) on its own. Its figures are
+  # timings (compared on a GPU, not in a test): here only that both calls ran.
   assert row['ceiling_compiled'] == 0 and row['ceiling_canvas'].startswith('batch 4 x '), row
-  assert row['block_call_s'] >= row['block_call_1_s'] > 0 and 0 < row['ceiling_x'] <= 4, row
+  assert row['block_call_s'] > 0 and row['block_call_1_s'] > 0, row
+  ceiling = 4 * row['block_call_1_s'] / row['block_call_s']  # rows x t_1 / t_B
+  assert abs(row['ceiling_x'] - ceiling) <= 0.01 * ceiling + 0.01, row
 
 
 def test_a_stored_system_prompts_programs_are_warmed_too(tmp_path, capsys):
