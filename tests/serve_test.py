@@ -530,3 +530,51 @@ def test_warm_skips_canvas_lengths_the_shortest_row_never_runs(tmp_path):
   dispatched.clear()
   eng.warm(settings, (32, 64), prompt=1)
   assert dispatched == [(1, 32), (1, 64), (2, 32), (2, 64)]
+
+
+def test_idle_warm_up_compiles_every_width_bucket_between_requests_never_beside_one(
+  tmp_path, caplog
+):
+  """After the start-up warm-up (a one-token prompt's canvas, 32), the idle scheduler compiles
+  the other width bucket's calls (64) one at a time: a request arriving during the first waits
+  for it, decodes generate's text with no warm-up call beside it, and the warm-up then resumes;
+  afterwards a prompt that needs the 64 canvas compiles nothing."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path, **{'model.seq_len': 64}))
+  short, long = PROMPTS[3], ' '.join(PROMPTS[10:15])  # canvases 32 and 64 (17 + 16 tokens)
+  expected = model.generate([short, long], batch_size=2, **SETTINGS)
+  settings = sampler.SamplingConfig(**SETTINGS)
+  eng = engine.Engine(
+    model, max_batch=1, max_queue=2, buckets=engine.Buckets(batch=(1,), width=(32, 64))
+  )
+  jobs = [engine.Job(prompt=model.tokenizer.encode(p), settings=settings) for p in (short, long)]
+  kinds, dispatch = [], eng._dispatch  # pylint: disable=protected-access
+
+  def recorded(group, *args, **kwargs):  # each call: its kind and whether a job was decoding
+    if group[0] in jobs:
+      kinds.append('job')
+    else:
+      kinds.append('start-up' if eng.compiling else 'idle')
+      assert not eng.active and kinds.count('job') % 4 == 0, 'a warm-up call beside a job'
+      if kinds.count('idle') == 1:  # a request arrives while the first idle call compiles
+        eng.submit(jobs[0])
+    return dispatch(group, *args, **kwargs)
+
+  eng._dispatch = recorded  # pylint: disable=protected-access
+  eng.start(warmup=settings)
+  for _ in range(1200):
+    if eng.stats()['warmed'] == eng.stats()['to_warm'] and jobs[0].finish_reason:
+      break
+    time.sleep(0.05)
+  assert (eng.stats()['warmed'], eng.stats()['to_warm']) == (4, 4)
+  # A new row's call and a continuing row's at each bucket; the job's 4 blocks between idle's.
+  assert kinds == ['start-up'] * 2 + ['idle'] + ['job'] * 4 + ['idle']
+  assert {(b, n) for _, b, n, _, _ in eng.compiled} == {(1, 32), (1, 64)}
+  caplog.set_level(logging.WARNING)
+  jax.config.update('jax_log_compiles', True)
+  try:
+    eng.submit(jobs[1])
+    assert eng.drain(timeout=60)
+  finally:
+    jax.config.update('jax_log_compiles', False)
+  assert [j.text for j in jobs] == expected
+  assert not [r.getMessage() for r in caplog.records if 'Compiling' in r.getMessage()]

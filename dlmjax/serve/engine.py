@@ -132,6 +132,11 @@ class Engine:
     self.active = []
     self.compiled = set()  # (block settings, batch, length, static start) already compiled.
     self.compiling = False
+    self._warming = collections.deque()  # warm-up calls not run yet (warm_units)
+    self._warm_last = None  # the last new-row warm-up call, which its continuing row carries
+    self.warmed = 0
+    self.to_warm = 0
+    self._startup = 0  # how many of them run before requests are taken
     self.draining = False
     self.calls = 0
     self.rows = 0  # requests' rows over every call; rows / calls is the batching achieved
@@ -195,6 +200,8 @@ class Engine:
         'waiting': len(self.waiting),
         'decoding': len(self.active),
         'compiling': self.compiling,
+        'warmed': self.warmed,
+        'to_warm': self.to_warm,
         'draining': self.draining,
         'calls': self.calls,
         'rows': self.rows,
@@ -220,9 +227,18 @@ class Engine:
 
   def start(self, warmup: sampler.SamplingConfig | None = None) -> None:
     """Starts the scheduler; with warmup, first compiles that setting's programs for a one-token
-    prompt (warm; requests meanwhile get Compiling)."""
+    prompt (warm; requests meanwhile get Compiling), then, only while no job waits or decodes,
+    one call at a time, the rest of every width bucket's (a request arriving meanwhile waits
+    for at most the one compilation under way)."""
     self.compiling = warmup is not None
-    self._warmup = warmup
+    if warmup is not None:
+      first = self.warm_units(warmup)
+      seen = {self._unit_key(u) for u in first}
+      rest = [
+        u for u in self.warm_units(warmup, self.buckets.width) if self._unit_key(u) not in seen
+      ]
+      self._warming.extend(first + rest)
+      self.to_warm, self._startup = len(first) + len(rest), len(first)
     self._thread.start()
 
   def stop_taking(self) -> None:
@@ -272,8 +288,8 @@ class Engine:
 
   def _run(self) -> None:
     try:
-      if self._warmup is not None:
-        self.warm(self._warmup)
+      for _ in range(self._startup):
+        self._warm_next()
     finally:
       with self._lock:
         self.compiling = False
@@ -285,15 +301,34 @@ class Engine:
           self._launcher.shutdown(wait=False)
           return
         ready = [j for j in self.active if self.wants_block(j)]
-        if not ready and pending is None:
+        # Idle (no job waits or decodes, nothing in flight): the next warm-up call, if any.
+        idle = not ready and pending is None
+        if idle and not (self._warming and not self.draining):
           self._lock.wait(timeout=0.5)
           continue
         group = self._next_group(ready) if ready else None
         blocks = self.call_blocks(group, ready) if group else 0
+      if idle:
+        self._warm_idle()
+        continue
       following = self._dispatch(group, pending, blocks=blocks) if group else None
       if pending is not None:
         self._collect(pending)
       pending = following
+
+  def _warm_idle(self) -> None:
+    """The next warm-up call, from the idle scheduler (a failure ends the warm-up, not the
+    server: the rest compile on first use); logs when the last is done."""
+    try:
+      self._warm_next()
+    except Exception:  # pylint: disable=broad-except
+      log.exception('warm-up stopped; the remaining programs compile on first use')
+      self._warming.clear()
+    if not self._warming:
+      log.warning(
+        'warm-up done: %d of %d calls of the default settings, every width bucket (%d while idle)',
+        self.warmed, self.to_warm, self.warmed - self._startup,
+      )  # fmt: skip
 
   def _admit(self) -> None:
     for job in [j for j in self.active if j.cancelled]:
@@ -459,19 +494,27 @@ class Engine:
           self._finish(job, 'error')
 
   def warm(self, settings, lengths=(), prompt: int = 1) -> None:
-    """Compiles the programs jobs with these settings run at every batch bucket: at each canvas
-    length of `lengths` (default: a `prompt`-token prompt's) that such a prompt's row fits (the
-    shortest prompt and max_tokens traffic sends: a longer row never runs a shorter canvas), for
-    one block and, where the layout differs (a row that does not see ahead), for
-    blocks_per_call, each for a new row and for a continuing one (its blocks carried from the
-    last call), and the calls' key split: nothing compiles under the first request. Each again
-    after each stored prefix (a system prompt the caller had the engine remember), for rows
-    that start with it. A static start (cache prefix on a model that sees ahead) varies with
-    the traffic: those compile on first use. Called before traffic: not thread-safe with it."""
+    """Compiles the programs jobs with these settings run (warm_units), now: not thread-safe
+    with traffic (the engine's own warm-up runs them from its scheduler thread)."""
+    for unit in self.warm_units(settings, lengths, prompt):
+      self._warm_unit(unit)
+
+  def warm_units(self, settings, lengths=(), prompt: int = 1) -> list:
+    """The calls (group, shape, blocks, carried) that compile the programs jobs with these
+    settings run at every batch bucket: at each canvas length of `lengths` (default: a
+    `prompt`-token prompt's) that such a prompt's row fits (the shortest prompt and max_tokens
+    traffic sends: a longer row never runs a shorter canvas), for one block and, where the
+    layout differs (a row that does not see ahead), for blocks_per_call, each for a new row and
+    then for a continuing one (carried: its blocks taken from the new row's call), and the
+    calls' key split: nothing compiles under the first request. Each again after each stored
+    prefix (a system prompt the caller had the engine remember), for rows that start with it.
+    A static start (cache prefix on a model that sees ahead) varies with the traffic: those
+    compile on first use."""
     pad = self.pad_id
     prompts = [[pad] * prompt] + [[*k, *[pad] * max(prompt - len(k), 1)] for k in self.prefixes]
     ahead = self.layout.sees_ahead(settings)
     spans = {1} if ahead else {1, self.blocks_per_call}
+    units = []
     for tokens, batch in itertools.product(prompts, self.buckets.batch):
       job = Job(prompt=tokens, settings=settings)
       if batch <= self.max_batch:
@@ -480,14 +523,31 @@ class Engine:
           shape = self.layout.shape(group, length, span)
           fits = length >= sum(self.layout.row(job, blocks=span))
           if fits and not (ahead and shape[3]):
-            call = self._dispatch(group, shape=shape, blocks=span)
-            job.inflight = 0
-            if self._wait(call) is not None:
-              # A continuing row's call: the program then takes carry's device array, not
-              # numpy, a program of its own where the params are committed (a loaded model's).
-              carried = self._dispatch(group, call, shape=shape, blocks=span)
-              job.inflight = 0
-              self._wait(carried)
+            units += [(group, shape, span, False), (group, shape, span, True)]
+    return units
+
+  @staticmethod
+  def _unit_key(unit) -> tuple:
+    group, shape, span, carried = unit
+    return tuple(group[0].prompt), shape, span, carried
+
+  def _warm_next(self) -> None:
+    self._warm_unit(self._warming.popleft())
+    self.warmed += 1
+
+  def _warm_unit(self, unit) -> None:
+    """Runs one warm-up call and waits for it. A continuing row's call carries the blocks of
+    its new row's call (kept from the unit before; skipped if that failed): the program then
+    takes carry's device array, not numpy, a program of its own where the params are committed
+    (a loaded model's)."""
+    group, shape, span, carried = unit
+    last = self._warm_last
+    if carried and (last is None or last.group is not group):
+      return
+    call = self._dispatch(group, last if carried else None, shape=shape, blocks=span)
+    group[0].inflight = 0
+    ok = self._wait(call) is not None
+    self._warm_last = call if ok and not carried else None
 
   def _take(self, job: Job, new: list) -> str | None:
     """Appends a call's kept tokens to a job: the finish reason if it ended, else None."""
