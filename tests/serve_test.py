@@ -75,8 +75,9 @@ def served(tmp_path_factory):
     except httpx.TransportError:
       assert proc.poll() is None, open(log.name).read()
       time.sleep(0.05)
-  for _ in range(600):  # until the warm-up compilation is done
-    if httpx.get(f'{url}/health').status_code == 200:
+  for _ in range(600):  # until the warm-up is done, the idle one too (calls are counted)
+    health = httpx.get(f'{url}/health')
+    if health.status_code == 200 and health.json()['warmed'] == health.json()['to_warm']:
       break
     time.sleep(0.2)
   yield run, url, proc, first
@@ -118,6 +119,12 @@ def test_models_and_health(served, client):
   assert [m.id for m in client.models.list().data] == ['run']
   health = httpx.get(served[1] + '/health').json()
   assert health['status'] == 'ok' and health['compiled']  # the buckets compiled, logged
+  # Both width buckets: the one-token prompt's (32) at start-up, the other (64) while idle.
+  assert health['warmed'] == health['to_warm'] == 4
+  assert {c.split(',')[0] for c in health['compiled']} == {
+    'batch 16 x length 32',
+    'batch 16 x length 64',
+  }
 
 
 def test_greedy_text_is_the_same_alone_batched_streamed_and_generated(served, client):
