@@ -8,6 +8,7 @@ in another precision; a decode program would copy every layer's weights each ste
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from dlmjax.model import fp8
 
@@ -38,3 +39,17 @@ def jit_program(fn, matmul_dtype: str, *, decode: bool = False, **jit_kwargs):
   and, for a decode program (decode=True), those that let it read weights in place."""
   options = compiler_options(matmul_dtype, decode=decode)
   return jax.jit(fn, compiler_options=options or None, **jit_kwargs)
+
+
+def as_float32_params(params: dict, matmul_dtype: str) -> dict:
+  """params in any float dtype (a bfloat16 reference, a LoRA base) as a program computes with
+  the training step's float32 master params. With matmuls in the compute dtype the forward casts
+  every float it reads to that dtype first (transformer.computed_params says where), so they
+  stay as stored: an upcast would change no value, yet on the GPU it wrote a float32 copy of
+  every weight before the forward (45 GiB of the 8B VRPO reference's scoring, docs/preference.md).
+  FP8 matmuls quantise from float32: there every float leaf is upcast."""
+  if matmul_dtype == 'compute':
+    return params
+  return jax.tree.map(
+    lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+  )

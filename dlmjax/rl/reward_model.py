@@ -42,9 +42,7 @@ def score_program(model_config, pad_id: int):
   """jitted (params, tokens [B, L]) -> scores [B] float32, params in any float dtype."""
 
   def fn(params, tokens):
-    params = jax.tree.map(
-      lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
-    )
+    params = programs.as_float32_params(params, model_config.matmul_dtype)
     return model_lib.merge(model_config, params).scores(tokens, pad_id)
 
   return programs.jit_program(fn, model_config.matmul_dtype)

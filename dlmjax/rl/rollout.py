@@ -14,7 +14,6 @@ import random
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dlmjax import model as model_lib
@@ -363,9 +362,7 @@ def _score_program(model_config, name, settings):
   objective = objectives.get(name)
 
   def fn(params, tokens, prompt_lengths, lengths, mask_seeds, steps=None, *, seed_key):
-    params = jax.tree.map(
-      lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
-    )
+    params = programs.as_float32_params(params, model_config.matmul_dtype)
     arrays = dict(
       tokens=tokens,
       prompt_lengths=prompt_lengths,

@@ -109,9 +109,7 @@ def metrics(sums) -> dict:
 @functools.lru_cache(maxsize=8)  # one compilation per model and estimator, whatever the seed
 def _score_program(model_config, settings_items):
   def fn(params, chosen, rejected, prompt_lengths, keys):
-    params = jax.tree.map(
-      lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
-    )
+    params = programs.as_float32_params(params, model_config.matmul_dtype)
     module = model_lib.merge(model_config, params)
     return pair_elbos(module, chosen, rejected, prompt_lengths, keys, dict(settings_items))
 
