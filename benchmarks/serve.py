@@ -316,7 +316,7 @@ def main(argv=None) -> int:
     block = eng.block_settings(settings)
     if block not in warmed:
       warmed.add(block)
-      eng.warm(settings, widths, prompt=args.system_prompt + 1)
+      eng.warmup.run(settings, widths, prompt=args.system_prompt + 1)
   print(
     json.dumps({'compiled': len(eng.compiled), 'compile_s': round(time.perf_counter() - start, 1)}),
     flush=True,
