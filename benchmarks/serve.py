@@ -311,12 +311,13 @@ def main(argv=None) -> int:
   for tail in choices[:2]:  # the shared system prompt stored, as two requests would store it
     eng.prefixes.remember(engine_lib.Job(system + [int(tail)], requests[0]))
   # Every program the traffic can run, before timing: requests differing only in max_tokens
-  # share their programs, warmed for the shortest row (canvas lengths no row needs are skipped).
+  # share their programs, warmed for the shortest row (canvas lengths no row needs are skipped);
+  # with a stored system prompt every row starts with it, so only its programs are warmed.
   for settings in sorted(requests, key=lambda s: s.gen_length):
     block = eng.block_settings(settings)
     if block not in warmed:
       warmed.add(block)
-      eng.warmup.run(settings, widths, prompt=args.system_prompt + 1)
+      eng.warmup.run(settings, widths, args.system_prompt + 1, prefixed=args.system_prompt > 0)
   print(
     json.dumps({'compiled': len(eng.compiled), 'compile_s': round(time.perf_counter() - start, 1)}),
     flush=True,

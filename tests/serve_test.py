@@ -539,6 +539,27 @@ def test_warm_skips_canvas_lengths_the_shortest_row_never_runs(tmp_path):
   assert dispatched == [(1, 32), (1, 64), (2, 32), (2, 64)]
 
 
+def test_warm_up_for_jobs_that_all_start_with_a_stored_prefix_skips_the_bare_rows(tmp_path):
+  """warm(prefixed=True) (every job starts with a stored prefix: the load test's system prompt)
+  plans only the calls of rows after a stored prefix; with none stored, the bare prompt's."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path, 'block_causal'))
+  eng = engine.Engine(
+    model, max_batch=2, max_queue=2, buckets=engine.Buckets(batch=(1, 2), width=(64,))
+  )
+  settings = sampler.SamplingConfig(**SETTINGS, cache='block')
+
+  def prompts(prefixed):
+    units = eng.warmup.units(settings, prompt=17, prefixed=prefixed)
+    return {tuple(group[0].prompt) for group, *_ in units}
+
+  pad = model.config.model.pad_token_id
+  assert prompts(True) == prompts(False) == {(pad,) * 17}
+  system = tuple(range(5, 21))
+  eng.prefixes[system] = None  # a stored prefix; planning reads its tokens only
+  assert prompts(False) == {(pad,) * 17, (*system, pad)}
+  assert prompts(True) == {(*system, pad)}
+
+
 def test_idle_warm_up_compiles_every_width_bucket_between_requests_never_beside_one(
   tmp_path, caplog
 ):

@@ -37,13 +37,13 @@ class Warmup:
     self.queue.extend(first + rest)
     self.total, self.startup = len(first) + len(rest), len(first)
 
-  def run(self, settings, lengths=(), prompt: int = 1) -> None:
+  def run(self, settings, lengths=(), prompt: int = 1, prefixed: bool = False) -> None:
     """Compiles the programs jobs with these settings run (units), now: not thread-safe with
     traffic (the engine's own warm-up runs from its scheduler thread)."""
-    for unit in self.units(settings, lengths, prompt):
+    for unit in self.units(settings, lengths, prompt, prefixed):
       self._run(unit)
 
-  def units(self, settings, lengths=(), prompt: int = 1) -> list:
+  def units(self, settings, lengths=(), prompt: int = 1, prefixed: bool = False) -> list:
     """The calls (group, shape, blocks, carried) that compile the programs jobs with these
     settings run at every batch bucket: at each canvas length of `lengths` (default: a
     `prompt`-token prompt's) that such a prompt's row fits (the shortest prompt and max_tokens
@@ -51,12 +51,16 @@ class Warmup:
     layout differs (a row that does not see ahead), for blocks_per_call, each for a new row and
     then for a continuing one (carried: its blocks taken from the new row's call), and the
     calls' key split: nothing compiles under the first request. Each again after each stored
-    prefix (a system prompt the caller had the engine remember), for rows that start with it.
+    prefix (a system prompt the caller had the engine remember), for rows that start with it;
+    `prefixed`: only those, where the caller knows every job starts with a stored prefix (the
+    load test's --system-prompt; a server learns its prefixes from traffic, so it cannot), as no
+    such job runs the programs of a row without one.
     A static start (cache prefix on a model that sees ahead) varies with the traffic: those
     compile on first use."""
     eng = self.engine
     pad, layout = eng.pad_id, eng.layout
-    prompts = [[pad] * prompt] + [[*k, *[pad] * max(prompt - len(k), 1)] for k in eng.prefixes]
+    bare = [] if prefixed and eng.prefixes else [[pad] * prompt]
+    prompts = bare + [[*k, *[pad] * max(prompt - len(k), 1)] for k in eng.prefixes]
     ahead = layout.sees_ahead(settings)
     spans = {1} if ahead else {1, eng.blocks_per_call}
     units = []

@@ -45,14 +45,15 @@ def test_several_clients_compile_nothing_after_warm_up(tmp_path, capsys):
 
 def test_a_stored_system_prompts_programs_are_warmed_too(tmp_path, capsys):
   """Rows after a stored system prompt (a block-causal model, the block cache) run programs of
-  their own: warm-up compiles them, the prompt stored first, so nothing compiles while timed."""
+  their own: warm-up compiles them, the prompt stored first, so nothing compiles while timed;
+  and only them, since every request starts with it (no row runs the prefix-less programs)."""
   overrides = {'model.seq_len': 64, 'model.attention_mask': 'block_causal', 'model.block_size': 4}
   tiny_run.make_run(tmp_path / 'run', **overrides)
   args = ['--checkpoint-path', str(tmp_path / 'run'), '--clients', '2', '--cache', 'block']
   args += ['--prompt-lengths', '4,12', '--gen-lengths', '8,16', '--block-length', '8']
   assert serve.main(args + ['--system-prompt', '16', '--requests-per-client', '2']) == 0
   lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-  assert lines[0]['compiled'] == 4  # batch 1 and 2, canvas 64, with and without the prefix
+  assert lines[0]['compiled'] == 2  # batch 1 and 2, canvas 64, after the prefix only
   row = lines[1]
   assert row['requests'] == 4 and row['errors'] == 0 and row['prefix_rows'] > 0
   assert row['compiled_while_timed'] == 0, row
