@@ -19,10 +19,19 @@ beat. Then the goals: 16 clients >= 8x one client's tok/s (beside it the 16-row 
 share of it reached, throughput_vs_ceiling), p99 latency < 3x one client's, HTTP overhead < 5%.
 
 The clients only ever connect to the server this process starts on 127.0.0.1. Random weights
-(--config) have no tokenizer: prompts are token ids, texts are the ids written out. The GPU
-table (docs/serving.md) comes from:
-  python -m benchmarks.serve --config configs/pretrain_1p7b.py --dtype bf16
-  python -m benchmarks.serve --config configs/pretrain_1p7b.py --preset llada_8b --dtype bf16
+(--config) have no tokenizer: prompts are token ids, texts are the ids written out; their
+params are float32 (32 GB at the 8B shape), computed in --dtype. The GPU table
+(docs/serving.md) comes from these, each sized to end within about 280 s on one H100 (an
+estimate; compilation included: 14 and 12 programs, canvases 256 and 512):
+  python -m benchmarks.serve --config configs/pretrain_1p7b.py --dtype bf16 --cache dual \
+      --clients 1,4,16,64 --max-batch 64 --requests-per-client 2 --prompt-lengths 64,256 \
+      --gen-lengths 128 --time-limit 30
+  python -m benchmarks.serve --config configs/pretrain_1p7b.py --preset llada_8b --dtype bf16 \
+      --cache dual --clients 1,4,16,64 --max-batch 32 --requests-per-client 2 \
+      --prompt-lengths 64,256 --gen-lengths 128 --time-limit 30
+At the 8B shape 32 rows' blocks (1,024 tokens, about 16 TFLOP a step) already outlast the read
+of the weights, so more rows a call would add the dual cache's K/V (0.5 MiB a canvas position)
+and compilations rather than throughput (an estimate); 64 clients then queue for the slots.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import httpx
 import jax
 import numpy as np
 
+from dlmjax import cli
 from dlmjax.data.errors import DataError
 from dlmjax.diffusion import sampler
 
@@ -74,8 +84,12 @@ def _parser() -> argparse.ArgumentParser:
   source = parser.add_mutually_exclusive_group(required=True)
   source.add_argument('--checkpoint-path', help='run, step or Hugging Face directory')
   source.add_argument('--config', help='config file (random weights)')
-  parser.add_argument('--preset', default='', help='a model preset over the config, e.g. llada_8b')
-  parser.add_argument('--dtype', default=None, help="fp32 | bf16 (default: the config's)")
+  parser.add_argument(
+    '--preset', default='', help="a model shape over --config's (random weights), e.g. llada_8b"
+  )
+  parser.add_argument(
+    '--dtype', choices=('fp32', 'bf16'), default=None, help="compute dtype (default: the model's)"
+  )
   parser.add_argument('--clients', type=_sizes, default=[1, 4, 16, 64])
   parser.add_argument('--requests-per-client', type=int, default=4)
   parser.add_argument('--time-limit', type=float, default=120.0, help='seconds per client count')
@@ -83,7 +97,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--gen-lengths', type=_sizes, default=[128, 256])
   parser.add_argument('--block-length', type=int, default=32)
   parser.add_argument('--tokens-per-step', type=int, default=1, help='steps = max_tokens / this')
-  parser.add_argument('--max-batch', type=int, default=0, help='default: the most clients')
+  parser.add_argument(
+    '--max-batch', type=int, default=0, help='rows a call (default: the most clients; 8B: above)'
+  )
   parser.add_argument(
     '--cache',
     default='none',
@@ -107,23 +123,32 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def _load(args):
+def random_config(args):
+  """The config of the random-weight model (--config, then --preset's shape, --dtype; XLA's
+  attention off a GPU), validated: what _load initialises, which a test builds abstractly."""
   # pylint: disable=import-outside-toplevel
   from dlmjax import config as config_lib
+
+  config = config_lib.load_file(args.config)
+  if args.preset:
+    config_lib.apply_preset(config.model, args.preset)
+  if args.dtype:
+    config.model.dtype = {'fp32': 'float32', 'bf16': 'bfloat16'}[args.dtype]
+  if config.model.attention_backend != 'xla' and jax.default_backend() != 'gpu':
+    config.model.attention_backend = 'xla'
+  config_lib.validate(config)
+  return config
+
+
+def _load(args):
+  # pylint: disable=import-outside-toplevel
   from dlmjax import inference
   from dlmjax import model as model_lib
-  from dlmjax.model import presets
 
   if args.checkpoint_path:
     model = inference.load_pretrained(args.checkpoint_path, dtype=args.dtype)
   else:
-    config = config_lib.load_file(args.config)
-    if args.preset:
-      presets.apply_preset(config.model, args.preset)
-    if args.dtype:
-      config.model.dtype = {'fp32': 'float32', 'bf16': 'bfloat16'}.get(args.dtype, args.dtype)
-    if config.model.attention_backend != 'xla' and jax.default_backend() != 'gpu':
-      config.model.attention_backend = 'xla'
+    config = random_config(args)
     model_config = model_lib.ModelConfig.from_config(config)
     params = jax.jit(model_lib.init_params, static_argnums=0)(model_config, jax.random.key(0))
     model = inference.Pretrained(config, params, source='')
@@ -269,6 +294,10 @@ def main(argv=None) -> int:
   try:
     if min(args.clients + args.prompt_lengths + args.gen_lengths) < 1:
       raise ValueError('--clients, --prompt-lengths and --gen-lengths must be positive.')
+    if args.preset and args.checkpoint_path:
+      raise ValueError(
+        '--preset shapes random weights (--config); a checkpoint has its own shape: drop one.'
+      )
     gen = max(args.gen_lengths)
     defaults = sampler.SamplingConfig(
       gen_length=gen,
@@ -299,7 +328,7 @@ def main(argv=None) -> int:
     requests = [rules.settings({'max_tokens': g}) for g in args.gen_lengths]  # as served
     for settings in requests:
       eng.check(engine_lib.Job([0] * (args.system_prompt + max(args.prompt_lengths)), settings))
-  except (ValueError, DataError, api.APIError) as e:
+  except (ValueError, api.APIError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
   m = model.config.model
@@ -311,12 +340,13 @@ def main(argv=None) -> int:
   for tail in choices[:2]:  # the shared system prompt stored, as two requests would store it
     eng.prefixes.remember(engine_lib.Job(system + [int(tail)], requests[0]))
   # Every program the traffic can run, before timing: requests differing only in max_tokens
-  # share their programs, warmed for the shortest row (canvas lengths no row needs are skipped).
+  # share their programs, warmed for the shortest row (canvas lengths no row needs are skipped);
+  # with a stored system prompt every row starts with it, so only its programs are warmed.
   for settings in sorted(requests, key=lambda s: s.gen_length):
     block = eng.block_settings(settings)
     if block not in warmed:
       warmed.add(block)
-      eng.warm(settings, widths, prompt=args.system_prompt + 1)
+      eng.warmup.run(settings, widths, args.system_prompt + 1, prefixed=args.system_prompt > 0)
   print(
     json.dumps({'compiled': len(eng.compiled), 'compile_s': round(time.perf_counter() - start, 1)}),
     flush=True,

@@ -441,14 +441,14 @@ def test_a_lone_groups_multi_block_calls_end_jobs_mid_call_and_admit_a_late_job_
     engine.Job(prompt=model.tokenizer.encode(p), settings=settings, stop=s, on_update=arrive)
     for p, s in zip(prompts, stops)
   ]
-  calls, dispatch = [], eng._dispatch  # pylint: disable=protected-access
+  calls, dispatch = [], eng.dispatch
 
   def recorded(group, *args, **kwargs):  # each call's rows: (job, its blocks)
     call = dispatch(group, *args, **kwargs)
     calls.append([((jobs + [late]).index(j), n) for j, n in zip(call.group, call.blocks)])
     return call
 
-  eng._dispatch = recorded  # pylint: disable=protected-access
+  eng.dispatch = recorded
   for job in jobs:
     eng.submit(job)
   eng.start()
@@ -484,7 +484,7 @@ def test_a_blocking_dispatch_holds_back_neither_a_lone_jobs_first_block_nor_busy
     buckets=engine.Buckets(batch=(1,), width=(64,)),
     blocks_per_call=4,
   )
-  eng.warm(settings)
+  eng.warmup.run(settings)
   warm_calls, warm_busy, warm_dispatch = eng.calls, eng.busy_s, eng.dispatch_s
   streamed, device_s, program = threading.Event(), 0.05, eng._program  # pylint: disable=protected-access
   launched, first_block_before_call_2 = [], []
@@ -529,14 +529,35 @@ def test_warm_skips_canvas_lengths_the_shortest_row_never_runs(tmp_path):
     model, max_batch=2, max_queue=2, buckets=engine.Buckets(batch=(1, 2), width=(32, 64))
   )
   dispatched = []
-  eng._dispatch = lambda group, *_, shape, **__: dispatched.append(shape[:2])  # pylint: disable=protected-access
-  eng._wait = lambda call: None  # pylint: disable=protected-access
+  eng.dispatch = lambda group, *_, shape, **__: dispatched.append(shape[:2])
+  eng.wait = lambda call: None
   settings = sampler.SamplingConfig(**SETTINGS)
-  eng.warm(settings, (32, 64), prompt=20)
+  eng.warmup.run(settings, (32, 64), prompt=20)
   assert dispatched == [(1, 64), (2, 64)]
   dispatched.clear()
-  eng.warm(settings, (32, 64), prompt=1)
+  eng.warmup.run(settings, (32, 64), prompt=1)
   assert dispatched == [(1, 32), (1, 64), (2, 32), (2, 64)]
+
+
+def test_warm_up_for_jobs_that_all_start_with_a_stored_prefix_skips_the_bare_rows(tmp_path):
+  """warm(prefixed=True) (every job starts with a stored prefix: the load test's system prompt)
+  plans only the calls of rows after a stored prefix; with none stored, the bare prompt's."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path, 'block_causal'))
+  eng = engine.Engine(
+    model, max_batch=2, max_queue=2, buckets=engine.Buckets(batch=(1, 2), width=(64,))
+  )
+  settings = sampler.SamplingConfig(**SETTINGS, cache='block')
+
+  def prompts(prefixed):
+    units = eng.warmup.units(settings, prompt=17, prefixed=prefixed)
+    return {tuple(group[0].prompt) for group, *_ in units}
+
+  pad = model.config.model.pad_token_id
+  assert prompts(True) == prompts(False) == {(pad,) * 17}
+  system = tuple(range(5, 21))
+  eng.prefixes[system] = None  # a stored prefix; planning reads its tokens only
+  assert prompts(False) == {(pad,) * 17, (*system, pad)}
+  assert prompts(True) == {(*system, pad)}
 
 
 def test_idle_warm_up_compiles_every_width_bucket_between_requests_never_beside_one(
@@ -554,7 +575,7 @@ def test_idle_warm_up_compiles_every_width_bucket_between_requests_never_beside_
     model, max_batch=1, max_queue=2, buckets=engine.Buckets(batch=(1,), width=(32, 64))
   )
   jobs = [engine.Job(prompt=model.tokenizer.encode(p), settings=settings) for p in (short, long)]
-  kinds, dispatch = [], eng._dispatch  # pylint: disable=protected-access
+  kinds, dispatch = [], eng.dispatch
 
   def recorded(group, *args, **kwargs):  # each call: its kind and whether a job was decoding
     if group[0] in jobs:
@@ -566,7 +587,7 @@ def test_idle_warm_up_compiles_every_width_bucket_between_requests_never_beside_
         eng.submit(jobs[0])
     return dispatch(group, *args, **kwargs)
 
-  eng._dispatch = recorded  # pylint: disable=protected-access
+  eng.dispatch = recorded
   eng.start(warmup=settings)
   for _ in range(1200):
     if eng.stats()['warmed'] == eng.stats()['to_warm'] and jobs[0].finish_reason:

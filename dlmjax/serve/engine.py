@@ -23,6 +23,9 @@ A lone group (nothing waiting, no other group ready, none of its jobs at its fir
 up to blocks_per_call blocks in one call (make_block_fn's loop over its blocks, each row to its
 own end), so one client pays one host round trip per that many blocks; its blocks are then taken
 one by one, each streamed and checked for EOS and stop strings as a block of its own.
+
+While idle the scheduler runs the warm-up's calls (warmup.py plans them) through the same
+dispatch and wait, one at a time.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import itertools
 import logging
 import threading
 import time
@@ -39,9 +41,12 @@ import jax
 import numpy as np
 
 from dlmjax.diffusion import cache_modes, sampler
+from dlmjax.serve import job as job_lib
 from dlmjax.serve import layout as layout_lib
+from dlmjax.serve import warmup as warmup_lib
 
-Buckets = layout_lib.Buckets  # the engine's argument, named where the engine is made
+# Named where the engine is made and fed (api.py, benchmarks/serve.py, tests).
+Buckets, Job = layout_lib.Buckets, job_lib.Job
 
 log = logging.getLogger('dlmjax.serve')
 
@@ -52,34 +57,6 @@ class QueueFull(Exception):
 
 class Compiling(Exception):
   """The start-up compilation is still running; the client should retry later."""
-
-
-def stochastic(settings: sampler.SamplingConfig) -> bool:
-  """Whether the decode draws random numbers (its text depends on the key)."""
-  return settings.temperature > 0 or settings.alg_temp > 0 or settings.remasking == 'random'
-
-
-@dataclasses.dataclass(eq=False)
-class Job:
-  """One completion: its prompt ids, settings (gen_length = max_tokens), and the decode so far.
-
-  The engine calls on_update(job) from its thread after every chunk (and once when the job
-  ends); `tokens` then holds every committed token, `finish_reason` is set when it ended.
-  """
-
-  prompt: list
-  settings: sampler.SamplingConfig
-  seed: int | None = None
-  stop: tuple = ()
-  on_update: object = None
-  tokens: list = dataclasses.field(default_factory=list)
-  finish_reason: str | None = None  # 'stop' | 'length' | 'cancelled' | 'error'
-  error: str | None = None
-  text: str = ''
-  chunks: int = 0
-  inflight: int = 0  # blocks dispatched whose tokens are not taken yet
-  cancelled: bool = False
-  created: float = dataclasses.field(default_factory=time.monotonic)
 
 
 @dataclasses.dataclass
@@ -132,11 +109,7 @@ class Engine:
     self.active = []
     self.compiled = set()  # (block settings, batch, length, static start) already compiled.
     self.compiling = False
-    self._warming = collections.deque()  # warm-up calls not run yet (warm_units)
-    self._warm_last = None  # the last new-row warm-up call, which its continuing row carries
-    self.warmed = 0
-    self.to_warm = 0
-    self._startup = 0  # how many of them run before requests are taken
+    self.warmup = warmup_lib.Warmup(self)
     self.draining = False
     self.calls = 0
     self.rows = 0  # requests' rows over every call; rows / calls is the batching achieved
@@ -200,8 +173,8 @@ class Engine:
         'waiting': len(self.waiting),
         'decoding': len(self.active),
         'compiling': self.compiling,
-        'warmed': self.warmed,
-        'to_warm': self.to_warm,
+        'warmed': self.warmup.done,
+        'to_warm': self.warmup.total,
         'draining': self.draining,
         'calls': self.calls,
         'rows': self.rows,
@@ -227,18 +200,12 @@ class Engine:
 
   def start(self, warmup: sampler.SamplingConfig | None = None) -> None:
     """Starts the scheduler; with warmup, first compiles that setting's programs for a one-token
-    prompt (warm; requests meanwhile get Compiling), then, only while no job waits or decodes,
+    prompt (warmup.py; requests meanwhile get Compiling), then, only while no job waits or decodes,
     one call at a time, the rest of every width bucket's (a request arriving meanwhile waits
     for at most the one compilation under way)."""
     self.compiling = warmup is not None
     if warmup is not None:
-      first = self.warm_units(warmup)
-      seen = {self._unit_key(u) for u in first}
-      rest = [
-        u for u in self.warm_units(warmup, self.buckets.width) if self._unit_key(u) not in seen
-      ]
-      self._warming.extend(first + rest)
-      self.to_warm, self._startup = len(first) + len(rest), len(first)
+      self.warmup.plan(warmup)
     self._thread.start()
 
   def stop_taking(self) -> None:
@@ -283,13 +250,13 @@ class Engine:
     seed, and the phase of its block on the model's grid (non-zero only where blocks end inside
     the model's blocks: the rows' offsets must all sit on the grid)."""
     s = self.block_settings(job.settings)
-    seed = job.seed if stochastic(s) and job.seed is not None else None
+    seed = job.seed if job_lib.stochastic(s) and job.seed is not None else None
     return (s, seed, self.layout.row(job)[0] % self.layout.grid)
 
   def _run(self) -> None:
     try:
-      for _ in range(self._startup):
-        self._warm_next()
+      for _ in range(self.warmup.startup):
+        self.warmup.next()
     finally:
       with self._lock:
         self.compiling = False
@@ -303,32 +270,18 @@ class Engine:
         ready = [j for j in self.active if self.wants_block(j)]
         # Idle (no job waits or decodes, nothing in flight): the next warm-up call, if any.
         idle = not ready and pending is None
-        if idle and not (self._warming and not self.draining):
+        if idle and not (self.warmup.queue and not self.draining):
           self._lock.wait(timeout=0.5)
           continue
         group = self._next_group(ready) if ready else None
         blocks = self.call_blocks(group, ready) if group else 0
       if idle:
-        self._warm_idle()
+        self.warmup.next_idle()
         continue
-      following = self._dispatch(group, pending, blocks=blocks) if group else None
+      following = self.dispatch(group, pending, blocks=blocks) if group else None
       if pending is not None:
         self._collect(pending)
       pending = following
-
-  def _warm_idle(self) -> None:
-    """The next warm-up call, from the idle scheduler (a failure ends the warm-up, not the
-    server: the rest compile on first use); logs when the last is done."""
-    try:
-      self._warm_next()
-    except Exception:  # pylint: disable=broad-except
-      log.exception('warm-up stopped; the remaining programs compile on first use')
-      self._warming.clear()
-    if not self._warming:
-      log.warning(
-        'warm-up done: %d of %d calls of the default settings, every width bucket (%d while idle)',
-        self.warmed, self.to_warm, self.warmed - self._startup,
-      )  # fmt: skip
 
   def _admit(self) -> None:
     for job in [j for j in self.active if j.cancelled]:
@@ -361,11 +314,12 @@ class Engine:
       out_rows=self.max_batch,  # carry's input: one program a call shape, not a pair of calls'
     )
 
-  def _dispatch(self, group: list, pending=None, shape=None, blocks=1):
+  def dispatch(self, group: list, pending=None, shape=None, blocks=1):
     """Dispatches a call of a group decoding up to `blocks` blocks, each job as many as it needs:
     the Call, its launch queued on the dispatch thread (nothing here waits for the device; a
     failed launch ends its jobs with the error when the call is collected). A job whose last
-    blocks are in `pending` (the call before, not taken yet) takes them from the device."""
+    blocks are in `pending` (the call before, not taken yet) takes them from the device. Also
+    the warm-up's, with the `shape` it compiles."""
     settings = self.block_settings(group[0].settings)
     _, seed, _ = self._group_key(group[0])
     if seed is None:
@@ -423,7 +377,7 @@ class Engine:
     """Best seconds over `repeats` of one block call of `batch` new rows (a `prompt`, these
     settings) at canvas `length`, run directly, not scheduled: the device's cost of a block at
     that batch, with no host work overlapped (the load test's ceiling, benchmarks/serve.py). The
-    program is the one traffic runs (warm compiled it); no counter moves. Not thread-safe with
+    program is the one traffic runs (warm-up compiled it); no counter moves. Not thread-safe with
     traffic."""
     group = [Job(prompt=list(prompt), settings=settings)] * batch
     shape = self.layout.shape(group, length)
@@ -439,7 +393,7 @@ class Engine:
   def _collect(self, call) -> None:
     """Waits for a dispatched call and gives each of its jobs its blocks one by one, each an
     update of its own (a job that ended before a block, or was cancelled, drops the rest)."""
-    out = self._wait(call)
+    out = self.wait(call)
     block = call.group[0].settings.block_length
     with self._lock:
       for job, count, row in zip(call.group, call.blocks, [] if out is None else out):
@@ -457,7 +411,7 @@ class Engine:
           elif job.on_update:
             job.on_update(job)
 
-  def _wait(self, call):
+  def wait(self, call):
     """A call's output (numpy, or None if it failed: its jobs end with the error), accounting
     the device's time: from the later of the call's launch and the previous call's end (the
     device runs calls in order) to its end; a first call of its shape logs its compilation."""
@@ -492,62 +446,6 @@ class Engine:
         if job.finish_reason is None:
           job.error = f'the decode failed: {type(e).__name__}: {e}'
           self._finish(job, 'error')
-
-  def warm(self, settings, lengths=(), prompt: int = 1) -> None:
-    """Compiles the programs jobs with these settings run (warm_units), now: not thread-safe
-    with traffic (the engine's own warm-up runs them from its scheduler thread)."""
-    for unit in self.warm_units(settings, lengths, prompt):
-      self._warm_unit(unit)
-
-  def warm_units(self, settings, lengths=(), prompt: int = 1) -> list:
-    """The calls (group, shape, blocks, carried) that compile the programs jobs with these
-    settings run at every batch bucket: at each canvas length of `lengths` (default: a
-    `prompt`-token prompt's) that such a prompt's row fits (the shortest prompt and max_tokens
-    traffic sends: a longer row never runs a shorter canvas), for one block and, where the
-    layout differs (a row that does not see ahead), for blocks_per_call, each for a new row and
-    then for a continuing one (carried: its blocks taken from the new row's call), and the
-    calls' key split: nothing compiles under the first request. Each again after each stored
-    prefix (a system prompt the caller had the engine remember), for rows that start with it.
-    A static start (cache prefix on a model that sees ahead) varies with the traffic: those
-    compile on first use."""
-    pad = self.pad_id
-    prompts = [[pad] * prompt] + [[*k, *[pad] * max(prompt - len(k), 1)] for k in self.prefixes]
-    ahead = self.layout.sees_ahead(settings)
-    spans = {1} if ahead else {1, self.blocks_per_call}
-    units = []
-    for tokens, batch in itertools.product(prompts, self.buckets.batch):
-      job = Job(prompt=tokens, settings=settings)
-      if batch <= self.max_batch:
-        group = [job] * batch
-        for length, span in itertools.product(lengths or (self.layout.shape(group)[1],), spans):
-          shape = self.layout.shape(group, length, span)
-          fits = length >= sum(self.layout.row(job, blocks=span))
-          if fits and not (ahead and shape[3]):
-            units += [(group, shape, span, False), (group, shape, span, True)]
-    return units
-
-  @staticmethod
-  def _unit_key(unit) -> tuple:
-    group, shape, span, carried = unit
-    return tuple(group[0].prompt), shape, span, carried
-
-  def _warm_next(self) -> None:
-    self._warm_unit(self._warming.popleft())
-    self.warmed += 1
-
-  def _warm_unit(self, unit) -> None:
-    """Runs one warm-up call and waits for it. A continuing row's call carries the blocks of
-    its new row's call (kept from the unit before; skipped if that failed): the program then
-    takes carry's device array, not numpy, a program of its own where the params are committed
-    (a loaded model's)."""
-    group, shape, span, carried = unit
-    last = self._warm_last
-    if carried and (last is None or last.group is not group):
-      return
-    call = self._dispatch(group, last if carried else None, shape=shape, blocks=span)
-    group[0].inflight = 0
-    ok = self._wait(call) is not None
-    self._warm_last = call if ok and not carried else None
 
   def _take(self, job: Job, new: list) -> str | None:
     """Appends a call's kept tokens to a job: the finish reason if it ended, else None."""

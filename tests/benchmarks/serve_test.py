@@ -1,8 +1,12 @@
 """python -m benchmarks.serve: its loopback load test runs its bounded requests and stops."""
 
+import functools
 import json
 
+import jax
+
 from benchmarks import serve
+from dlmjax import model as model_lib
 from tests.checkpoint import tiny_run
 
 
@@ -45,15 +49,43 @@ def test_several_clients_compile_nothing_after_warm_up(tmp_path, capsys):
 
 def test_a_stored_system_prompts_programs_are_warmed_too(tmp_path, capsys):
   """Rows after a stored system prompt (a block-causal model, the block cache) run programs of
-  their own: warm-up compiles them, the prompt stored first, so nothing compiles while timed."""
+  their own: warm-up compiles them, the prompt stored first, so nothing compiles while timed;
+  and only them, since every request starts with it (no row runs the prefix-less programs)."""
   overrides = {'model.seq_len': 64, 'model.attention_mask': 'block_causal', 'model.block_size': 4}
   tiny_run.make_run(tmp_path / 'run', **overrides)
   args = ['--checkpoint-path', str(tmp_path / 'run'), '--clients', '2', '--cache', 'block']
   args += ['--prompt-lengths', '4,12', '--gen-lengths', '8,16', '--block-length', '8']
   assert serve.main(args + ['--system-prompt', '16', '--requests-per-client', '2']) == 0
   lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-  assert lines[0]['compiled'] == 4  # batch 1 and 2, canvas 64, with and without the prefix
+  assert lines[0]['compiled'] == 2  # batch 1 and 2, canvas 64, after the prefix only
   row = lines[1]
   assert row['requests'] == 4 and row['errors'] == 0 and row['prefix_rows'] > 0
   assert row['compiled_while_timed'] == 0, row
   assert row['ceiling_compiled'] == 0, row  # its rows start with the stored prompt, as warmed
+
+
+def test_the_8b_runs_random_weights_of_the_llada_8b_shape(capsys):
+  """--preset llada_8b over the 1.7B config (the GPU table's 8B run) builds LLaDA-8B's shape:
+  its parameter count by hand from the preset's dims, traced only (no weights on the CPU); the
+  same path initialises a small preset's weights here; a preset over a checkpoint is refused."""
+  flags = ['--config', 'configs/pretrain_1p7b.py', '--preset', 'llada_8b', '--dtype', 'bf16']
+  config = serve.random_config(serve._parser().parse_args(flags))
+  shapes = jax.eval_shape(
+    functools.partial(model_lib.init_params, model_lib.ModelConfig.from_config(config)),
+    jax.random.key(0),
+  )
+  layers, d, ffn, vocab = 32, 4096, 12288, 126464  # LLaDA-8B: MHA 32 x 128, untied, no QK-norm
+  expected = layers * (4 * d * d + 3 * d * ffn + 2 * d) + 2 * vocab * d + d
+  assert sum(x.size for x in jax.tree.leaves(shapes)) == expected == 8_015_581_184
+  m = config.model
+  assert (m.attention_mask, m.dtype, m.seq_len, m.mask_token_id) == (
+    'bidirectional',
+    'bfloat16',
+    4096,
+    126336,
+  )
+  small = ['--config', 'configs/pretrain_1p7b.py:smoke', '--preset', 'tiny', '--dtype', 'fp32']
+  model = serve._load(serve._parser().parse_args(small))
+  assert model.config.model.num_layers == 4 and model.config.model.dtype == 'float32'
+  assert serve.main(['--checkpoint-path', 'run', '--preset', 'llada_8b']) == 2
+  assert '--preset shapes random weights' in capsys.readouterr().err
