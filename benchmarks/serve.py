@@ -136,6 +136,8 @@ def random_config(args):
     config.model.dtype = {'fp32': 'float32', 'bf16': 'bfloat16'}[args.dtype]
   if config.model.attention_backend != 'xla' and jax.default_backend() != 'gpu':
     config.model.attention_backend = 'xla'
+  elif config.model.attention_backend == 'cudnn' and config.model.attention_mask != 'bidirectional':
+    config.model.attention_backend = 'auto'  # cuDNN has no block-causal mask (SDAR's presets)
   config_lib.validate(config)
   return config
 
@@ -150,7 +152,14 @@ def _load(args):
   else:
     config = random_config(args)
     model_config = model_lib.ModelConfig.from_config(config)
-    params = jax.jit(model_lib.init_params, static_argnums=0)(model_config, jax.random.key(0))
+    # Stored in the compute dtype, as a served checkpoint's bf16 weights are: float32 ones
+    # would hold the 8B twice over (32 GB beside the engine's bf16 copy; out of memory at 16
+    # rows on an 80 GB card).
+    params = jax.jit(
+      lambda key: jax.tree.map(
+        lambda a: a.astype(model_config.compute_dtype), model_lib.init_params(model_config, key)
+      )
+    )(jax.random.key(0))
     model = inference.Pretrained(config, params, source='')
   try:
     model.tokenizer  # pylint: disable=pointless-statement
