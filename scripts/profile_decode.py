@@ -195,9 +195,11 @@ def main(argv=None):
   if args.scan_unroll > 1:
     unroll_layer_scan(args.scan_unroll)
   m = config.model
-  params = jax.jit(model_lib.init_params, static_argnums=0)(model_config, jax.random.key(0))
-  if args.param_dtype == 'bfloat16':
-    params = jax.jit(lambda p: jax.tree.map(lambda a: a.astype(jnp.bfloat16), p))(params)
+  dtype = jnp.bfloat16 if args.param_dtype == 'bfloat16' else jnp.float32
+  # One program: a float32 copy of the LLaDA2-mini's 16B weights alone would fill an 80 GB card.
+  params = jax.jit(
+    lambda k: jax.tree.map(lambda a: a.astype(dtype), model_lib.init_params(model_config, k))
+  )(jax.random.key(0))
   if args.forward:
     return profile_forward(args, model_config, params)
   weight_bytes = sum(p.size * 2 for p in jax.tree.leaves(params)) - m.vocab_size * m.d_model * 2
