@@ -227,12 +227,7 @@ def _main(argv=None) -> int:
   return 0
 
 
-def main(argv=None) -> int:
-  try:
-    return _main(argv)
-  except InterruptedError as e:  # a time limit's SIGTERM: the stage checkpointed its step
-    print(f'stopped: {e}', file=sys.stderr)
-    return 3
+main = sampler_accuracy.stopped_in_one_line(_main)
 
 
 if __name__ == '__main__':

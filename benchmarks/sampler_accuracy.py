@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import sys
 import time
 
@@ -103,6 +104,22 @@ def train_if_needed(config, what: str) -> float:
     where = f'at step {saved} of {config.train.steps}' if saved >= 0 else 'before its first step'
     raise InterruptedError(f'{what} stopped {where}; the same command resumes it from there.')
   return time.perf_counter() - start
+
+
+def stopped_in_one_line(body):
+  """body(argv) -> exit code, as a benchmark's main whose stages run through train_if_needed: a
+  stage a time limit stopped (InterruptedError, its step checkpointed) ends the chain with one
+  line and exit 3, not a trace; the same command resumes it."""
+
+  @functools.wraps(body)
+  def main(argv=None) -> int:
+    try:
+      return body(argv)
+    except InterruptedError as e:
+      print(f'stopped: {e}', file=sys.stderr)
+      return 3
+
+  return main
 
 
 def _trained(configs, stages, args) -> dict:
@@ -238,12 +255,7 @@ def _main(argv=None) -> int:
   return 0
 
 
-def main(argv=None) -> int:
-  try:
-    return _main(argv)
-  except InterruptedError as e:  # a time limit's SIGTERM: the stage checkpointed its step
-    print(f'stopped: {e}', file=sys.stderr)
-    return 3
+main = stopped_in_one_line(_main)
 
 
 if __name__ == '__main__':

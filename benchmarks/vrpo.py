@@ -311,7 +311,7 @@ def main(argv=None) -> int:
 
   try:
     result = _quality(args)
-  except InterruptedError as e:  # a time limit's SIGTERM: the stage checkpointed its step
+  except InterruptedError as e:  # caught before OSError, its base class
     print(f'stopped: {e}', file=sys.stderr)
     return 3
   except (ValueError, OSError) + cli.user_errors() as e:

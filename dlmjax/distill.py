@@ -144,11 +144,10 @@ def encode_prompts(pretrained, prompts, gen_length: int) -> tuple[list[list[int]
 def judge(rows, examples, task, decode, eos_id: int) -> np.ndarray:
   """bool [rows]: whether the task judges each row's completion (its RESPONSE tokens up to the
   first EOS, as text) correct, as held-out accuracy does."""
-  texts = []
-  for tokens, roles in zip(rows['tokens'], rows['roles']):
-    completion = tokens[roles == RESPONSE]
-    eos = np.flatnonzero(completion == eos_id)
-    texts.append(decode(completion[: eos[0] if len(eos) else len(completion)].tolist()))
+  texts = [
+    decode(sampler_lib.completions(tokens[None, roles == RESPONSE], 0, eos_id)[0])
+    for tokens, roles in zip(rows['tokens'], rows['roles'])
+  ]
   return np.array(task.judge(examples, texts)[1], bool)
 
 
