@@ -115,13 +115,6 @@ def settings_of(base, args) -> dict:
   )
 
 
-def rows_suffix(args) -> str:
-  """'' for every row on one try (the names of earlier runs), else what --keep and --retries
-  chose, so that rows and students of another choice are not reused."""
-  suffix = '' if args.keep == 'all' else f'_{args.keep}'
-  return suffix + (f'_retries{args.retries}' if args.retries else '')
-
-
 def stage_configs(args) -> dict:
   """The demo's pretrain and SFT configs (the teacher's recipe, as the accuracy benchmark's) and
   one distillation config per objective, --override applied; the sampler of every stage is the
@@ -131,13 +124,12 @@ def stage_configs(args) -> dict:
   configs = {s: configs[s] for s in ('pretrain', 'sft')}
   teacher = args.teacher or configs['sft'].output_dir
   for objective in _objectives(args):
-    c = demo.distill_config(configs['sft'], objective, args.work_dir, base, teacher)
+    c = demo.distill_config(
+      configs['sft'], objective, args.work_dir, base, teacher, keep=args.keep, retries=args.retries
+    )
     if args.teacher:  # its canvas, which its rows have (the demo's is sized for the task)
       run_dir = checkpoint_lib.resolve_step_dir(args.teacher)[0]
       c.model.seq_len = checkpoint_lib.load_run_config(run_dir).model.seq_len
-    suffix = rows_suffix(args)
-    c.sft.teacher_file = c.sft.teacher_file.replace('.npz', f'{suffix}.npz')
-    c.output_dir += suffix
     configs[f'distill_{objective}'] = c
   for name, config in configs.items():
     stage = 'distill' if name.startswith('distill') else name

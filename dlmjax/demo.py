@@ -2,7 +2,7 @@
 
   python -m dlmjax.demo [--seeds 0,1,2] [--output-dir runs/demo] [--task arithmetic]
                         [--objective d1|espo|spg|wd1|wd1pp|coupled_grpo] [--route rl|vrpo|reward]
-                        [--distill certainty|trajectory]
+                        [--distill certainty|trajectory [--keep all|correct]]
 
 Per seed, the three stages run through the normal trainer (`dlmjax.train.loop.train` on
 configs/tiny.py, configs/sft.py and configs/rl.py with configs/demo.py's recipe on top), each
@@ -19,7 +19,8 @@ and SFT runs and trains only its own RL stage (OUTPUT/seedN/rl_<objective>).
 TEACHER_ROWS train problems (python -m dlmjax.distill), a student distils from it with
 sft.objective=OBJECTIVE (OUTPUT/seedN/distill_<objective>), and a second table gives teacher vs
 student per decoding setting (dlmjax/decoding_table.py: accuracy, tokens per forward, steps,
-tokens/s, x none), as benchmarks/distill.py does on a larger model.
+tokens/s, x none), as benchmarks/distill.py does on a larger model. With --keep correct the
+student learns only from the teacher's rows the task judges correct (distill_<objective>_correct).
 
 --route vrpo trains VRPO after SFT on the task's preference pairs (a worked solution over another
 problem's); --route reward trains a reward model on them, then RL against it (rl.reward_model),
@@ -168,17 +169,28 @@ def write_sft_set(path: str, task: str, num: int = SFT_EXAMPLES, seed: int = 0) 
   return jsonl.write_objects(path, [{'prompt': e.prompt, 'response': e.response} for e in examples])
 
 
-def distill_config(sft_config, objective: str, run_dir: str, sampling, teacher: str = ''):
+def rows_suffix(keep: str = 'all', retries: int = 0) -> str:
+  """'' for every teacher row on one try (the names of earlier runs), else what --keep and
+  --retries chose, so that rows and students of another choice are not reused."""
+  suffix = '' if keep == 'all' else f'_{keep}'
+  return suffix + (f'_retries{retries}' if retries else '')
+
+
+def distill_config(
+  sft_config, objective: str, run_dir: str, sampling, teacher: str = '', *, keep='all', retries=0
+):
   """The distill stage of one objective: the SFT config started from the teacher (the SFT run
-  unless `teacher`), trained on its rows (RUN_DIR/teacher_rows.npz) with sft.objective and
-  DISTILL_RECIPE, its sampler the eval sampler (the block it distils is the block it decodes)."""
+  unless `teacher`), trained on its rows (RUN_DIR/teacher_rows<suffix>.npz, rows_suffix of
+  `keep` and `retries`) with sft.objective and DISTILL_RECIPE, its sampler the eval sampler (the
+  block it distils is the block it decodes)."""
   distill_objectives.get(objective)  # an unknown one fails naming the known ones
+  suffix = rows_suffix(keep, retries)
   c = copy.deepcopy(sft_config)
   c.init_from = teacher or sft_config.output_dir
-  c.output_dir = os.path.join(run_dir, f'distill_{objective}')
+  c.output_dir = os.path.join(run_dir, f'distill_{objective}{suffix}')
   c.sft.objective = objective
   c.sft.train_file = ''  # it trains on the teacher's rows alone
-  c.sft.teacher_file = os.path.join(run_dir, 'teacher_rows.npz')
+  c.sft.teacher_file = os.path.join(run_dir, f'teacher_rows{suffix}.npz')
   config_lib.apply_overrides(c, DISTILL_RECIPE)
   keys = ('gen_length', 'steps', 'block_length')
   return config_lib.apply_overrides(c, {f'sampler.{k}': getattr(sampling, k) for k in keys})
@@ -215,14 +227,17 @@ def decoding_rows(models: dict, task, settings, *, num=EVAL_EXAMPLES, log=print)
   return decoding_table.measure_models(models, settings, measure_fn, log=log)
 
 
-def run_distill(seed: int, output_dir: str, task: str, objective: str, log=print) -> list[dict]:
-  """The fourth stage of one seed (after run_seed): teacher rows, the student, then teacher vs
-  student per DISTILL_SETTINGS; one row per model and setting."""
+def run_distill(
+  seed: int, output_dir: str, task: str, objective: str, log=print, *, keep: str = 'all'
+) -> list[dict]:
+  """The fourth stage of one seed (after run_seed): teacher rows (`keep`: every row, or the
+  task's correct ones), the student, then teacher vs student per DISTILL_SETTINGS; one row per
+  model and setting."""
   run_dir = os.path.join(output_dir, f'seed{seed}')
   configs = stage_configs(seed, run_dir, task)
   sampling = eval_sampling(configs['rl'])
-  config = distill_config(configs['sft'], objective, run_dir, sampling)
-  write_teacher_rows(config.init_from, config.sft.teacher_file, sampling, task)
+  config = distill_config(configs['sft'], objective, run_dir, sampling, keep=keep)
+  write_teacher_rows(config.init_from, config.sft.teacher_file, sampling, task, keep=keep)
   log(f'== seed {seed}: distill ({objective}) -> {config.output_dir}')
   loop.train(config)
   saved = checkpoint_lib.resolve_step_dir(config.output_dir)[2]
@@ -534,6 +549,12 @@ def _parser() -> argparse.ArgumentParser:
     help='a fourth stage: distil the SFT model with this sft.objective (certainty | '
     'trajectory) and table teacher vs student per decoding setting',
   )
+  parser.add_argument(
+    '--keep',
+    choices=distill_cli.KEEP,
+    default='all',
+    help="--distill's teacher rows: all, or only those the task judges correct (dParallel)",
+  )
   return parser
 
 
@@ -552,7 +573,7 @@ def main(argv=None) -> int:
     for seed in seeds:
       rows += run_seed(seed, args.output_dir, args.task, args.objective, route=args.route)
       if args.distill:
-        distilled += run_distill(seed, args.output_dir, args.task, args.distill)
+        distilled += run_distill(seed, args.output_dir, args.task, args.distill, keep=args.keep)
     summary = aggregate(rows)
   except (ValueError, OSError) + cli.user_errors() as e:
     print(f'error: {e}', file=sys.stderr)

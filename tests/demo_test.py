@@ -287,7 +287,9 @@ def test_the_distill_stage_chains_rows_training_and_the_table(tmp_path, monkeypa
   student trains from it, and the table's rows are teacher then student, tagged with the seed."""
   calls = []
   monkeypatch.setattr(
-    demo, 'write_teacher_rows', lambda teacher, path, *a, **k: calls.append(('rows', teacher))
+    demo,
+    'write_teacher_rows',
+    lambda teacher, path, *a, **k: calls.append(('rows', teacher, path, k.get('keep', 'all'))),
   )
   monkeypatch.setattr(demo.loop, 'train', lambda config: calls.append(('train', config)))
   monkeypatch.setattr(demo.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 400))
@@ -299,12 +301,18 @@ def test_the_distill_stage_chains_rows_training_and_the_table(tmp_path, monkeypa
   monkeypatch.setattr(demo, 'decoding_rows', rows)
   out = demo.run_distill(2, str(tmp_path), 'arithmetic', 'certainty', log=lambda *a: None)
   sft = str(tmp_path / 'seed2' / 'sft')
-  assert calls[0] == ('rows', sft)
+  assert calls[0] == ('rows', sft, str(tmp_path / 'seed2' / 'teacher_rows.npz'), 'all')
   assert calls[1][0] == 'train' and calls[1][1].init_from == sft
   assert calls[1][1].output_dir == str(tmp_path / 'seed2' / 'distill_certainty')
   assert calls[2][1] == {'teacher': sft, 'certainty': calls[1][1].output_dir}
   assert calls[2][2][0] == 'none' and 'multi-block 0.1 entropy 0.5' in calls[2][2]
   assert [(r['model'], r['seed']) for r in out][:1] == [('teacher', 2)] and len(out) == 2 * 7
+  # --keep correct: the teacher keeps only judged-correct rows, in files and a student of their own.
+  calls.clear()
+  demo.run_distill(2, str(tmp_path), 'arithmetic', 'certainty', log=lambda *a: None, keep='correct')
+  assert calls[0][2:] == (str(tmp_path / 'seed2' / 'teacher_rows_correct.npz'), 'correct')
+  assert calls[1][1].output_dir == str(tmp_path / 'seed2' / 'distill_certainty_correct')
+  assert calls[1][1].sft.teacher_file == calls[0][2]
   monkeypatch.setattr(demo.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 100))
   with pytest.raises(InterruptedError, match='distill stopped with its checkpoint at step 100'):
     demo.run_distill(2, str(tmp_path), 'arithmetic', 'certainty', log=lambda *a: None)
