@@ -308,17 +308,22 @@ def verify_stage(run_dir: str) -> tuple[bool, str]:
 
 def reward_model_accuracy(config) -> dict:
   """A reward run's held-out pair accuracy and mean margin before training (the SFT model with
-  the fresh head the run started from) and after (its last checkpoint)."""
+  the fresh head the run started from) and after: the loop's evaluation of its final step, or
+  its last checkpoint scored when the run logged none. Both are whole models (a LoRA run's
+  base with the head, or merged), so they are scored without adapters."""
+  config = copy.deepcopy(config)
+  config.train.lora.rank = 0
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
   evaluator = stages_lib.build(config).evaluator(setup)
-  out = {}
-  for when, params in (
-    ('before', run_model.source_params(config, setup.mesh, purpose=None)),
-    ('after', run_model.restore(config.output_dir, setup.mesh).params),
-  ):
-    margins = evaluator.margins(params)
-    out[when] = dict(accuracy=float((margins > 0).mean()), margin=float(margins.mean()))
+  margins = evaluator.margins(run_model.source_params(config, setup.mesh, purpose=None))
+  out = dict(before=dict(accuracy=float((margins > 0).mean()), margin=float(margins.mean())))
   out['pairs'] = len(margins)
+  scored = [r for r in metric_rows(config.output_dir) if 'val_reward_accuracy' in r]
+  if scored and scored[-1]['step'] == config.train.steps:
+    out['after'] = dict(accuracy=scored[-1]['val_reward_accuracy'], margin=scored[-1]['val_margin'])
+  else:
+    margins = evaluator.margins(run_model.restore(config.output_dir, setup.mesh).params)
+    out['after'] = dict(accuracy=float((margins > 0).mean()), margin=float(margins.mean()))
   return out
 
 
