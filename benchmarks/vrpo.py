@@ -10,19 +10,24 @@ the 8B LoRA shape's memory and speed.
 
 quality: the demo's preference route (dlmjax/demo.py, configs/demo.py; --task, arithmetic by
 default) at --preset's shape: pre-training on the built-in corpus, SFT on the task's worked train
-problems, then VRPO on the task's pairs (a worked solution over another problem's, the generator
-of the built-in pairs: preference_rows.task_pairs) per --lora-ranks variant (0: full fine-tuning)
-and --seeds seed, each from the one SFT model. A preset gives the shape only: the tokenizer
-(vocabulary and special ids) stays the built-in one, which the offline data is written in.
+problems, then VRPO and a reward model (configs/reward.py's recipe, VRPO's size) on the task's
+pairs (preference_rows.task_pairs, --pairs: 'other', a worked solution over another problem's;
+'near_miss', over its own with a plausible wrong final answer) per --lora-ranks variant (0: full
+fine-tuning) and --seeds seed, each from the one SFT model. A preset gives the shape only: the
+tokenizer (vocabulary and special ids) stays the built-in one, which the offline data is written
+in.
 --init-from RUN skips the first two stages and starts VRPO from RUN (of the same shape). Stages
 finished under --work-dir are skipped and a stopped one (a time limit's SIGTERM: the trainer
 checkpoints its step) resumes, so one command can be repeated until it prints the table. Per
 variant the table gives the held-out pairs' figures, mean +- std (ddof 1) over seeds: before
 (val_reference_elbo_accuracy: the SFT model ranks chosen above rejected) and after VRPO
-(val_elbo_accuracy, val_margin, val_preference_accuracy); then one JSON line with every seed's.
---override [STAGE:]KEY=VALUE (repeatable; STAGE pretrain, sft, vrpo or a variant: full,
-lora16, ...) sets a config key in every stage or in one. --tiny: a 2-layer model, a few steps
-of each, on the CPU.
+(val_elbo_accuracy, val_margin, val_preference_accuracy); a second table gives the reward
+model's held-out accuracy before (the SFT model with the run's fresh head) and after; then one
+JSON line with every seed's. Each finished run's figures stay in its directory (quality.json) and
+its checkpoints are removed (--keep-checkpoints keeps them). --override [STAGE:]KEY=VALUE
+(repeatable; STAGE pretrain, sft, vrpo, reward, a variant's VRPO runs: full, lora16, ..., or its
+reward runs: reward_full, ...) sets a config key in every stage or in one. --tiny: a 2-layer
+model, a few steps of each, on the CPU.
 
 speed: dlmjax.bench's timing of the real compiled step on random pairs, for SFT and
 for VRPO at the same model, canvas and batch, plus the reference's scoring that VRPO's batch
