@@ -10,19 +10,24 @@ the 8B LoRA shape's memory and speed.
 
 quality: the demo's preference route (dlmjax/demo.py, configs/demo.py; --task, arithmetic by
 default) at --preset's shape: pre-training on the built-in corpus, SFT on the task's worked train
-problems, then VRPO on the task's pairs (a worked solution over another problem's, the generator
-of the built-in pairs: preference_rows.task_pairs) per --lora-ranks variant (0: full fine-tuning)
-and --seeds seed, each from the one SFT model. A preset gives the shape only: the tokenizer
-(vocabulary and special ids) stays the built-in one, which the offline data is written in.
+problems, then VRPO and a reward model (configs/reward.py's recipe, VRPO's size) on the task's
+pairs (preference_rows.task_pairs, --pairs: 'other', a worked solution over another problem's;
+'near_miss', over its own with a plausible wrong final answer) per --lora-ranks variant (0: full
+fine-tuning) and --seeds seed, each from the one SFT model. A preset gives the shape only: the
+tokenizer (vocabulary and special ids) stays the built-in one, which the offline data is written
+in.
 --init-from RUN skips the first two stages and starts VRPO from RUN (of the same shape). Stages
 finished under --work-dir are skipped and a stopped one (a time limit's SIGTERM: the trainer
 checkpoints its step) resumes, so one command can be repeated until it prints the table. Per
 variant the table gives the held-out pairs' figures, mean +- std (ddof 1) over seeds: before
 (val_reference_elbo_accuracy: the SFT model ranks chosen above rejected) and after VRPO
-(val_elbo_accuracy, val_margin, val_preference_accuracy); then one JSON line with every seed's.
---override [STAGE:]KEY=VALUE (repeatable; STAGE pretrain, sft, vrpo or a variant: full,
-lora16, ...) sets a config key in every stage or in one. --tiny: a 2-layer model, a few steps
-of each, on the CPU.
+(val_elbo_accuracy, val_margin, val_preference_accuracy); a second table gives the reward
+model's held-out accuracy before (the SFT model with the run's fresh head) and after; then one
+JSON line with every seed's. Each finished run's figures stay in its directory (quality.json) and
+its checkpoints are removed (--keep-checkpoints keeps them). --override [STAGE:]KEY=VALUE
+(repeatable; STAGE pretrain, sft, vrpo, reward, a variant's VRPO runs: full, lora16, ..., or its
+reward runs: reward_full, ...) sets a config key in every stage or in one. --tiny: a 2-layer
+model, a few steps of each, on the CPU.
 
 speed: dlmjax.bench's timing of the real compiled step on random pairs, for SFT and
 for VRPO at the same model, canvas and batch, plus the reference's scoring that VRPO's batch
@@ -38,6 +43,7 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -65,6 +71,8 @@ GPU_RECIPE = {
     'train.wsd_decay_steps': 60,
   },
   'vrpo': {'train.lr': 1e-5, 'eval.batches': 8},  # 128 held-out pairs
+  # configs/reward.py's rate (LoRA's is LORA_LR_FACTOR x, as there), sized like VRPO's runs.
+  'reward': {'train.steps': 40, 'train.lr': 1e-4, 'eval.every': 40, 'eval.batches': 8},
 }
 GPU_SFT_EXAMPLES = 40_000
 # --tiny: the test suite's 2-layer shape (tests/conftest.py), a few steps of each stage.
@@ -82,6 +90,7 @@ TINY_RECIPE = {
   'pretrain': {'train.steps': 1, 'train.warmup_steps': 0, 'train.wsd_decay_steps': 1},
   'sft': {'train.steps': 2, 'train.warmup_steps': 1, 'train.wsd_decay_steps': 1},
   'vrpo': {'train.steps': 2, 'eval.every': 2, 'eval.batches': 1, 'preference.budget': 2},
+  'reward': {'train.steps': 2, 'eval.every': 2, 'eval.batches': 1},
 }
 TINY_SFT_EXAMPLES = 64
 # Adapters start at zero and move the model only through their low-rank product, so they train
@@ -94,6 +103,18 @@ QUALITY_KEYS = (
   'val_margin',
   'val_preference_accuracy',
 )
+QUALITY_HEADER = (
+  'before: ELBO accuracy (SFT)',
+  'after: ELBO accuracy',
+  'margin',
+  'preference accuracy',
+)
+# The reward model's held-out pairs: before (the SFT model with the run's fresh score head), after.
+REWARD_KEYS = ('reward_accuracy_before', 'val_reward_accuracy', 'val_margin')
+REWARD_HEADER = ('before: reward accuracy (SFT + fresh head)', 'after: reward accuracy', 'margin')
+# Each finished VRPO or reward run's figures, kept in its directory: a rerun reads them, and its
+# checkpoints can go (--keep-checkpoints keeps them): eight 5.3 GB full runs overfill a 64 GB disk.
+FIGURES = 'quality.json'
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -111,8 +132,9 @@ def variant_name(rank: int) -> str:
 
 
 def quality_configs(args) -> dict:
-  """{name: config} in training order: pretrain and sft (unless --init-from), then one VRPO
-  config per variant and seed ('full/seed0', 'lora16/seed0', ...), each from the SFT run."""
+  """{name: config} in training order: pretrain and sft (unless --init-from), then per variant
+  and seed one VRPO config ('full/seed0', 'lora16/seed0', ...) and one reward-model config
+  ('reward_full/seed0', ...), each from the SFT run, on the --pairs kind of pairs."""
   from dlmjax import config as config_lib  # pylint: disable=import-outside-toplevel
   from dlmjax import demo  # pylint: disable=import-outside-toplevel
   from dlmjax.model import presets  # pylint: disable=import-outside-toplevel
@@ -131,19 +153,26 @@ def quality_configs(args) -> dict:
       config_lib.apply_overrides(c, keys, presets=presets.PRESETS)
     return c
 
-  stages = demo.stage_configs(0, args.work_dir, args.task, route='vrpo')
+  stages = demo.stage_configs(0, args.work_dir, args.task, route='vrpo', pairs=args.pairs)
+  stages['reward'] = demo.stage_configs(
+    0, args.work_dir, args.task, route='reward', pairs=args.pairs
+  )['reward']
   configs = {} if args.init_from else {s: stage_config(stages[s], s) for s in ('pretrain', 'sft')}
+  suffix = demo.pairs_suffix(args.pairs)
   for rank in _ints(args.lora_ranks, '--lora-ranks'):
     variant = variant_name(rank)
     for seed in demo.parse_seeds(args.seeds):
-      c = stage_config(copy.deepcopy(stages['vrpo']), 'vrpo')
-      c.seed, c.init_from = seed, args.init_from or stages['sft'].output_dir
-      c.output_dir = os.path.join(args.work_dir, f'vrpo_{variant}', f'seed{seed}')
-      if rank:
-        c.train.lora.rank, c.train.lora.alpha = rank, 2.0 * rank
-        c.train.lr, c.train.min_lr = LORA_LR_FACTOR * c.train.lr, LORA_LR_FACTOR * c.train.min_lr
-      config_lib.apply_overrides(c, sampler_accuracy.overrides_of(args.override, variant))
-      configs[f'{variant}/seed{seed}'] = c
+      for stage in ('vrpo', 'reward'):
+        c = stage_config(copy.deepcopy(stages[stage]), stage)
+        c.seed, c.init_from = seed, args.init_from or stages['sft'].output_dir
+        c.output_dir = os.path.join(args.work_dir, f'{stage}_{variant}{suffix}', f'seed{seed}')
+        if rank:
+          c.train.lora.rank, c.train.lora.alpha = rank, 2.0 * rank
+          c.train.lr = LORA_LR_FACTOR * c.train.lr
+          c.train.min_lr = LORA_LR_FACTOR * c.train.min_lr
+        name = variant if stage == 'vrpo' else f'reward_{variant}'
+        config_lib.apply_overrides(c, sampler_accuracy.overrides_of(args.override, name))
+        configs[f'{name}/seed{seed}'] = c
   for c in configs.values():
     config_lib.validate(c)
   return configs
@@ -158,6 +187,41 @@ def _compile_once(work_dir: str) -> None:
     jax.config.update('jax_compilation_cache_dir', os.path.join(work_dir, 'jax_cache'))
 
 
+def _figures(config) -> dict:
+  """A finished run's held-out figures: VRPO's last evaluation, or the reward model's accuracy
+  before and after training (demo.reward_model_accuracy)."""
+  from dlmjax import demo  # pylint: disable=import-outside-toplevel
+
+  if config.stage == 'reward':
+    scored = demo.reward_model_accuracy(config)
+    return dict(
+      step=config.train.steps,
+      pairs=scored['pairs'],
+      reward_accuracy_before=scored['before']['accuracy'],
+      val_reward_accuracy=scored['after']['accuracy'],
+      val_margin=scored['after']['margin'],
+    )
+  last = [r for r in demo.metric_rows(config.output_dir) if 'val_margin' in r][-1]
+  return dict(step=last['step'], **{k: last[k] for k in QUALITY_KEYS})
+
+
+def _run_figures(config, name: str, keep_checkpoints: bool) -> dict:
+  """Trains the run unless its figures are there, then scores it once (FIGURES)."""
+  from benchmarks import sampler_accuracy  # pylint: disable=import-outside-toplevel
+
+  path = os.path.join(config.output_dir, FIGURES)
+  if os.path.isfile(path):
+    with open(path) as f:
+      return json.load(f)
+  sampler_accuracy.train_if_needed(config, name)
+  row = dict(seed=config.seed, **_figures(config))
+  with open(path, 'w') as f:
+    json.dump(row, f)
+  if not keep_checkpoints:
+    shutil.rmtree(os.path.join(config.output_dir, 'checkpoints'), ignore_errors=True)
+  return row
+
+
 def _quality(args) -> dict:
   from dlmjax import demo  # pylint: disable=import-outside-toplevel
 
@@ -168,24 +232,27 @@ def _quality(args) -> dict:
   if not args.init_from:
     examples = args.sft_examples or (TINY_SFT_EXAMPLES if args.tiny else GPU_SFT_EXAMPLES)
     demo.write_sft_set(configs['sft'].sft.train_file, args.task, num=examples)
-  demo.write_pair_sets(args.work_dir, args.task)
+  demo.write_pair_sets(args.work_dir, args.task, pairs=args.pairs)
   variants = {}
   for name, config in configs.items():
-    sampler_accuracy.train_if_needed(config, name)
     if '/' not in name:
+      sampler_accuracy.train_if_needed(config, name)
       continue
-    evals = [r for r in demo.metric_rows(config.output_dir) if 'val_margin' in r]
-    row = dict(seed=config.seed, step=evals[-1]['step'], **{k: evals[-1][k] for k in QUALITY_KEYS})
+    row = _run_figures(config, name, args.keep_checkpoints)
     print(json.dumps(dict(run=name, **row)), flush=True)
     variants.setdefault(name.split('/')[0], []).append(row)
   summary = {
-    variant: {k: _mean_std([r[k] for r in rows]) for k in QUALITY_KEYS}
+    variant: {
+      k: _mean_std([r[k] for r in rows])
+      for k in (REWARD_KEYS if variant.startswith('reward_') else QUALITY_KEYS)
+    }
     for variant, rows in variants.items()
   }
   print(quality_table(summary), flush=True)
   return dict(
     part='quality',
     task=args.task,
+    pairs=args.pairs,
     preset='tiny' if args.tiny else args.preset,
     init_from=args.init_from or configs['sft'].output_dir,
     per_seed=variants,
@@ -200,16 +267,26 @@ def _mean_std(values) -> dict:
 
 
 def quality_table(summary: dict) -> str:
-  """Markdown: per variant, before (the SFT model) and after VRPO, mean +- std over seeds."""
-  lines = [
-    '| variant | seeds | before: ELBO accuracy (SFT) | after: ELBO accuracy | margin | '
-    'preference accuracy |',
-    '| --- | ---: | ---: | ---: | ---: | ---: |',
-  ]
-  for variant, stats in summary.items():
-    cells = [f'{stats[k]["mean"]:.3f} +- {stats[k]["std"]:.3f}' for k in QUALITY_KEYS]
-    lines.append(f'| {variant} | {stats[QUALITY_KEYS[0]]["n"]} | ' + ' | '.join(cells) + ' |')
-  return '\n'.join(lines)
+  """Markdown, mean +- std over seeds: per variant, before (the SFT model) and after VRPO; then
+  per variant, the reward model's held-out accuracy before (the fresh head) and after training."""
+  tables = []
+  for keys, header, reward in (
+    (QUALITY_KEYS, QUALITY_HEADER, False),
+    (REWARD_KEYS, REWARD_HEADER, True),
+  ):
+    rows = {v: stats for v, stats in summary.items() if v.startswith('reward_') == reward}
+    if not rows:
+      continue
+    lines = [
+      f'| {"reward model" if reward else "variant"} | seeds | ' + ' | '.join(header) + ' |',
+      '| --- | ---: |' + ' ---: |' * len(keys),
+    ]
+    for variant, stats in rows.items():
+      cells = [f'{stats[k]["mean"]:.3f} +- {stats[k]["std"]:.3f}' for k in keys]
+      name = variant.removeprefix('reward_')
+      lines.append(f'| {name} | {stats[keys[0]]["n"]} | ' + ' | '.join(cells) + ' |')
+    tables.append('\n'.join(lines))
+  return '\n\n'.join(tables)
 
 
 def _config(args, stage: str):
@@ -288,6 +365,17 @@ def main(argv=None) -> int:
   parser.add_argument('--lora-ranks', default='0,16', help='quality: 0 is full fine-tuning')
   parser.add_argument('--sft-examples', type=int, help='quality: worked train problems for SFT')
   parser.add_argument('--override', action='append', default=[], help='quality: [STAGE:]KEY=VALUE')
+  parser.add_argument(
+    '--pairs',
+    default='other',
+    help="quality: the pairs' rejected responses, other (another problem's solution) or "
+    "near_miss (the problem's own solution with a plausible wrong final answer)",
+  )
+  parser.add_argument(
+    '--keep-checkpoints',
+    action='store_true',
+    help="quality: keep each VRPO and reward run's checkpoints once its figures are saved",
+  )
   parser.add_argument('--tiny', action='store_true', help='a 2-layer model on the CPU')
   parser.add_argument('--preset', default='qwen3_0p6b', help="the model's shape")
   parser.add_argument('--seq', type=int, default=64)

@@ -10,7 +10,8 @@ on the built-in preference pairs, for RL against a learned reward (docs/preferen
 Each step scores every pair's chosen and rejected row (prompt + response + EOS, clean) and takes
 -log sigmoid(r(chosen) - r(rejected)); metrics.jsonl gets loss, margin and reward_accuracy, and
 every eval.every steps the held-out pairs' val_reward_accuracy and val_margin.
-configs/reward.py:PRESET[,lora] sets a preset's model keys (the GPU runs of docs/preference.md).
+configs/reward.py:PRESET[,lora][,near_miss] sets a preset's model keys (the GPU runs of
+docs/preference.md); near_miss trains on the built-in near-miss pairs (docs/preference.md).
 """
 
 from dlmjax import config as config_lib
@@ -19,7 +20,7 @@ from dlmjax import config as config_lib
 def get_config(arg=None):
   c = config_lib.defaults()
   names = [a for a in (arg or '').split(',') if a]
-  for preset in [n for n in names if n != 'lora']:
+  for preset in [n for n in names if n not in ('lora', 'near_miss')]:
     config_lib.apply_preset(c.model, preset)
   c.stage = 'reward'
   c.init_from = 'runs/sft'
@@ -41,4 +42,7 @@ def get_config(arg=None):
     c.train.lora.alpha = 32.0
     c.train.lora.base_dtype = 'float32'
     c.train.lr = 1e-3
+  if 'near_miss' in names:  # rejected: the problem's own solution with a wrong final answer
+    c.preference.train_file = 'builtin:near_miss'
+    c.output_dir += '_near_miss'
   return c

@@ -6,11 +6,14 @@ built-in preference pairs (a task's worked solution over another problem's).
     python -m dlmjax.train --config=configs/vrpo.py        # VRPO from runs/sft: runs/vrpo
     python -m dlmjax.train --config=configs/vrpo.py --config.preference.antithetic=False \
       --config.preference.n_time=1  # no reductions
+    python -m dlmjax.train --config=configs/vrpo.py:near_miss  # the harder built-in pairs
 
 Each step scores every pair's chosen and rejected response under the frozen reference (the SFT
 model) and the policy with preference.budget masked forwards each, and takes DPO's loss on the
 ELBO differences. metrics.jsonl gets loss, margin and preference_accuracy per step; the held-out
 pairs' val_margin / val_preference_accuracy every eval.every steps (docs/preference.md).
+configs/vrpo.py:PRESET[,near_miss] sets a preset's model keys; near_miss trains on the built-in
+near-miss pairs (each problem's own worked solution with a plausible wrong final answer).
 """
 
 from dlmjax import config as config_lib
@@ -18,8 +21,9 @@ from dlmjax import config as config_lib
 
 def get_config(arg=None):
   c = config_lib.defaults()
-  if arg:  # configs/vrpo.py:PRESET sets the model keys of a preset (benchmarks/vrpo.py)
-    config_lib.apply_preset(c.model, arg)
+  names = [a for a in (arg or '').split(',') if a]
+  for preset in [n for n in names if n != 'near_miss']:  # a preset's model keys
+    config_lib.apply_preset(c.model, preset)
   c.stage = 'preference'
   c.init_from = 'runs/sft'
   c.output_dir = 'runs/vrpo'
@@ -36,4 +40,7 @@ def get_config(arg=None):
   c.eval.batches = 2
   c.checkpoint.every = 20
   c.log.every = 5
+  if 'near_miss' in names:  # rejected: the problem's own solution with a wrong final answer
+    c.preference.train_file = 'builtin:near_miss'
+    c.output_dir += '_near_miss'
   return c

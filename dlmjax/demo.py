@@ -2,6 +2,7 @@
 
   python -m dlmjax.demo [--seeds 0,1,2] [--output-dir runs/demo] [--task arithmetic]
                         [--objective d1|espo|spg|wd1|wd1pp|coupled_grpo] [--route rl|vrpo|reward]
+                        [--pairs other|near_miss]
                         [--distill certainty|trajectory [--keep all|correct]]
 
 Per seed, the three stages run through the normal trainer (`dlmjax.train.loop.train` on
@@ -25,6 +26,8 @@ student learns only from the teacher's rows the task judges correct (distill_<ob
 --route vrpo trains VRPO after SFT on the task's preference pairs (a worked solution over another
 problem's); --route reward trains a reward model on them, then RL against it (rl.reward_model),
 and reports the reward model's held-out pair accuracy before and after (docs/preference.md).
+--pairs near_miss makes each pair's rejected response the problem's own worked solution with a
+plausible wrong final answer (preference_rows.PAIR_KINDS), in its own runs (vrpo_near_miss, ...).
 """
 
 from __future__ import annotations
@@ -116,26 +119,29 @@ def route_stages(route: str) -> tuple[str, ...]:
 
 
 def stage_configs(
-  seed: int, run_dir: str, task: str, objective: str = 'd1', route: str = 'rl'
+  seed: int, run_dir: str, task: str, objective: str = 'd1', route: str = 'rl', pairs: str = 'other'
 ) -> dict:
   """The stage configs of one seed and route (configs/demo.py's recipe): OUTPUT/seedN/{pretrain,
   sft, ...}, each after SFT from SFT; another objective's RL stage is OUTPUT/seedN/rl_<objective>,
   RL against the reward model rl_reward_model[_<objective>] (its rl.reward_model the seed's
-  reward run). The preference stages read the task's pairs (write_pair_sets)."""
+  reward run). The preference stages read the task's pairs of kind `pairs` (write_pair_sets);
+  a kind other than the default suffixes their run directories (vrpo_near_miss, ...)."""
   if not os.path.isdir(configs_dir()):
     raise FileNotFoundError(
       f'{configs_dir()} does not exist: the demo builds on the '
       "repository's configs/; run it from a source checkout of dlmjax."
     )
   stages = route_stages(route)
+  suffix = pairs_suffix(pairs)
   rl_name = 'rl' if objective == 'd1' else f'rl_{objective}'
   if route == 'reward':
-    rl_name = 'rl_reward_model' + ('' if objective == 'd1' else f'_{objective}')
+    rl_name = 'rl_reward_model' + ('' if objective == 'd1' else f'_{objective}') + suffix
   configs = {}
   for stage in stages:
     c = config_lib.load_file(config_spec(stage, task, objective))
     c.seed = seed
-    c.output_dir = os.path.join(run_dir, rl_name if stage == 'rl' else stage)
+    name = stage + (suffix if stage in ('vrpo', 'reward') else '')
+    c.output_dir = os.path.join(run_dir, rl_name if stage == 'rl' else name)
     c.log.outputs = ''
     if stage == 'sft':
       c.init_from = configs['pretrain'].output_dir
@@ -143,23 +149,35 @@ def stage_configs(
     elif stage != 'pretrain':
       c.init_from = configs['sft'].output_dir
     if stage in ('vrpo', 'reward'):
-      c.preference.train_file, c.preference.eval_file = pair_files(run_dir, task)
+      c.preference.train_file, c.preference.eval_file = pair_files(run_dir, task, pairs)
     if stage == 'rl' and 'reward' in configs:
       c.rl.reward_model = configs['reward'].output_dir
     configs[stage] = c
   return configs
 
 
-def pair_files(run_dir: str, task: str) -> tuple[str, str]:
+def pairs_suffix(pairs: str) -> str:
+  """'' for the default pair kind, '_KIND' for another (its files' and runs' names)."""
+  if pairs not in preference_rows.PAIR_KINDS:
+    raise ValueError(f'--pairs {pairs!r}: choose one of {preference_rows.PAIR_KINDS}.')
+  return '' if pairs == preference_rows.PAIR_KINDS[0] else f'_{pairs}'
+
+
+def pair_files(run_dir: str, task: str, pairs: str = 'other') -> tuple[str, str]:
   """(train, held-out) preference pair files of a seed's run directory."""
-  return tuple(os.path.join(run_dir, f'pairs_{task}_{split}.jsonl') for split in ('train', 'test'))
+  name = f'pairs_{task}{pairs_suffix(pairs)}'
+  return tuple(os.path.join(run_dir, f'{name}_{split}.jsonl') for split in ('train', 'test'))
 
 
-def write_pair_sets(run_dir: str, task: str, num: int = SFT_EXAMPLES, seed: int = 0) -> None:
-  """The task's preference pairs: from its train split for training, its test split held out."""
-  for path, split, count in zip(pair_files(run_dir, task), ('train', 'test'), (num, EVAL_EXAMPLES)):
+def write_pair_sets(
+  run_dir: str, task: str, num: int = SFT_EXAMPLES, seed: int = 0, pairs: str = 'other'
+) -> None:
+  """The task's preference pairs of kind `pairs`: from its train split for training, its test
+  split held out."""
+  files = pair_files(run_dir, task, pairs)
+  for path, split, count in zip(files, ('train', 'test'), (num, EVAL_EXAMPLES)):
     os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-    jsonl.write_objects(path, preference_rows.task_pairs(task, split, count, seed))
+    jsonl.write_objects(path, preference_rows.task_pairs(task, split, count, seed, pairs))
 
 
 def write_sft_set(path: str, task: str, num: int = SFT_EXAMPLES, seed: int = 0) -> str:
@@ -306,31 +324,42 @@ def verify_stage(run_dir: str) -> tuple[bool, str]:
 
 def reward_model_accuracy(config) -> dict:
   """A reward run's held-out pair accuracy and mean margin before training (the SFT model with
-  the fresh head the run started from) and after (its last checkpoint)."""
+  the fresh head the run started from) and after: the loop's evaluation of its final step, or
+  its last checkpoint scored when the run logged none. Both are whole models (a LoRA run's
+  base with the head, or merged), so they are scored without adapters."""
+  config = copy.deepcopy(config)
+  config.train.lora.rank = 0
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
   evaluator = stages_lib.build(config).evaluator(setup)
-  out = {}
-  for when, params in (
-    ('before', run_model.source_params(config, setup.mesh, purpose=None)),
-    ('after', run_model.restore(config.output_dir, setup.mesh).params),
-  ):
-    margins = evaluator.margins(params)
-    out[when] = dict(accuracy=float((margins > 0).mean()), margin=float(margins.mean()))
+  margins = evaluator.margins(run_model.source_params(config, setup.mesh, purpose=None))
+  out = dict(before=dict(accuracy=float((margins > 0).mean()), margin=float(margins.mean())))
   out['pairs'] = len(margins)
+  scored = [r for r in metric_rows(config.output_dir) if 'val_reward_accuracy' in r]
+  if scored and scored[-1]['step'] == config.train.steps:
+    out['after'] = dict(accuracy=scored[-1]['val_reward_accuracy'], margin=scored[-1]['val_margin'])
+  else:
+    margins = evaluator.margins(run_model.restore(config.output_dir, setup.mesh).params)
+    out['after'] = dict(accuracy=float((margins > 0).mean()), margin=float(margins.mean()))
   return out
 
 
 def run_seed(
-  seed: int, output_dir: str, task: str, objective: str = 'd1', log=print, route: str = 'rl'
+  seed: int,
+  output_dir: str,
+  task: str,
+  objective: str = 'd1',
+  log=print,
+  route: str = 'rl',
+  pairs: str = 'other',
 ) -> list[dict]:
   """Trains the stages of one seed's route, then evaluates and verifies each generator; one row
   per generator stage (a reward model's accuracy goes in the last row's `reward_model`)."""
   run_dir = os.path.join(output_dir, f'seed{seed}')
-  configs = stage_configs(seed, run_dir, task, objective, route)
+  configs = stage_configs(seed, run_dir, task, objective, route, pairs)
   sampling = eval_sampling(stage_configs(seed, run_dir, task, objective)['rl'])
   write_sft_set(configs['sft'].sft.train_file, task)
   if route != 'rl':
-    write_pair_sets(run_dir, task)
+    write_pair_sets(run_dir, task, pairs=pairs)
   rows, start = [], time.time()
   for stage in configs:
     log(f'== seed {seed}: {stage} -> {configs[stage].output_dir}')
@@ -537,6 +566,12 @@ def _parser() -> argparse.ArgumentParser:
     'reward (SFT -> a reward model on those pairs -> RL against it)',
   )
   parser.add_argument(
+    '--pairs',
+    default='other',
+    help="the preference routes' rejected responses: other (another problem's solution) | "
+    "near_miss (the problem's own solution with a plausible wrong final answer)",
+  )
+  parser.add_argument(
     '--task',
     default='arithmetic',
     help='arithmetic (where RL beats the '
@@ -565,13 +600,15 @@ def main(argv=None) -> int:
     if args.task not in tasks_lib.TASKS:
       raise ValueError(f'--task {args.task!r}: choose one of {sorted(tasks_lib.TASKS)}.')
     # refuses bad input
-    stage_configs(seeds[0], args.output_dir, args.task, args.objective, args.route)
+    stage_configs(seeds[0], args.output_dir, args.task, args.objective, args.route, args.pairs)
     if args.distill:
       distill_objectives.get(args.distill)
     os.makedirs(args.output_dir, exist_ok=True)
     start, rows, distilled = time.time(), [], []
     for seed in seeds:
-      rows += run_seed(seed, args.output_dir, args.task, args.objective, route=args.route)
+      rows += run_seed(
+        seed, args.output_dir, args.task, args.objective, route=args.route, pairs=args.pairs
+      )
       if args.distill:
         distilled += run_distill(seed, args.output_dir, args.task, args.distill, keep=args.keep)
     summary = aggregate(rows)
@@ -595,6 +632,7 @@ def main(argv=None) -> int:
     task=args.task,
     objective=args.objective,
     route=args.route,
+    pairs=args.pairs,
     seeds=seeds,
     configs=configs,
     eval_examples=EVAL_EXAMPLES,
@@ -605,6 +643,7 @@ def main(argv=None) -> int:
     distill=dict(objective=args.distill, rows=distilled) if args.distill else None,
   )
   tag = args.objective if args.route == 'rl' else f'{args.route}_{args.objective}'
+  tag += pairs_suffix(args.pairs) if args.route != 'rl' else ''
   name = 'results.json' if tag == 'd1' else f'results_{tag}.json'
   with open(os.path.join(args.output_dir, name), 'w') as f:
     json.dump(result, f, indent=2)

@@ -338,6 +338,17 @@ def test_the_preference_routes_chain_from_sft_and_validate(tmp_path, route):
     assert not plain['rl'].rl.reward_model
   with pytest.raises(ValueError, match="--route 'dpo': choose one of"):
     demo.stage_configs(2, str(tmp_path), 'arithmetic', route='dpo')
+  # --pairs near_miss: its own pair files and preference runs beside the default kind's
+  near = demo.stage_configs(2, str(tmp_path), 'arithmetic', route=route, pairs='near_miss')
+  files = demo.pair_files(str(tmp_path), 'arithmetic', 'near_miss')
+  assert not set(files) & {train, held_out}
+  for stage in configs:
+    same = stage in ('pretrain', 'sft')
+    assert (near[stage].output_dir == configs[stage].output_dir) == same
+    if stage in ('vrpo', 'reward'):
+      assert (near[stage].preference.train_file, near[stage].preference.eval_file) == files
+  with pytest.raises(ValueError, match="--pairs 'hard': choose one of"):
+    demo.stage_configs(2, str(tmp_path), 'arithmetic', route=route, pairs='hard')
 
 
 def test_pair_sets_train_on_the_train_split_and_hold_out_the_test_split(tmp_path):
@@ -353,6 +364,14 @@ def test_pair_sets_train_on_the_train_split_and_hold_out_the_test_split(tmp_path
   ]
   assert all(r['chosen'] != r['rejected'] for r in train + held_out)
   assert not {r['prompt'] for r in train} & {r['prompt'] for r in held_out}
+  demo.write_pair_sets(str(tmp_path), 'arithmetic', num=40, pairs='near_miss')
+  near = [
+    json.loads(line) for line in open(demo.pair_files(str(tmp_path), 'arithmetic', 'near_miss')[0])
+  ]
+  assert [r['chosen'] for r in near] == [r['chosen'] for r in train]
+  assert all(
+    not task.is_correct(e, r['rejected']) for e, r in zip(task.examples('train', 40, 0), near)
+  )
 
 
 def test_the_vrpo_route_table_gives_vrpos_gain_and_the_reward_models_accuracy():

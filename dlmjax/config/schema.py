@@ -245,8 +245,9 @@ def defaults() -> ml_collections.ConfigDict:
   # is RL's (rl.reference_dtype, rl.reference_on_host; LoRA: the base with the adapters off).
   c.preference = ml_collections.ConfigDict()
   # jsonl/parquet/hub:NAME rows {"prompt", "chosen", "rejected"} (strings), or chosen / rejected
-  # as message lists (UltraFeedback); data.columns renames. '' with data.source=builtin: the
-  # built-in pairs made from dlmjax.tasks (chosen: a worked solution, rejected: a wrong answer).
+  # as message lists (UltraFeedback); data.columns renames. builtin[:KIND], or '' with
+  # data.source=builtin: the built-in pairs made from dlmjax.tasks (chosen: a worked solution;
+  # rejected, by KIND: 'other' another problem's solution, 'near_miss' its own with a wrong answer).
   c.preference.train_file = ''
   c.preference.eval_file = ''  # held-out pairs (eval.every); builtin: the tasks' test split
   c.preference.beta = 0.1  # DPO's beta on the ELBO differences

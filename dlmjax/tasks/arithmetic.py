@@ -34,6 +34,16 @@ class Arithmetic(base.Task):
   def examples(self, split, num, seed):
     return base.collect(self.name, split, num, seed, self._draw)
 
+  def near_miss(self, example, rng):
+    """The last step's result and the answer, both off by a slip (1, 2 or 10 either way), so
+    the response stays self-consistent and only checking the arithmetic tells it is wrong."""
+    reasoning = example.response.split('<reasoning>\n', 1)[1].split('\n</reasoning>', 1)[0]
+    head = reasoning.rpartition('=')[0]  # the steps end in '=ANSWER'
+    answer = int(example.answer)
+    slips = [answer + d for d in (-10, -2, -1, 1, 2, 10) if answer + d >= 0]
+    wrong = str(rng.choice(slips))
+    return gsm8k.format_response(f'{head}={wrong}', wrong)
+
   def score(self, example, completion):
     return gsm8k.total_reward(completion, example.answer)
 

@@ -83,6 +83,14 @@ class Task:
     """The reward; may raise on garbage (reward() turns that into 0)."""
     raise NotImplementedError
 
+  def near_miss(self, example: Example, rng) -> str:
+    """The example's worked solution with a plausible wrong final answer (the judge calls it
+    wrong): the rejected side of the hard preference pairs (preference_rows.PAIR_KINDS)."""
+    raise ValueError(
+      f'task {self.name} has no near-miss responses; use the pairs of another problem (other) '
+      'or a task that has them (arithmetic, countdown3/4, sudoku4).'
+    )
+
   def is_correct(self, example: Example, completion: str) -> bool:
     """Whether the completion solves the problem (held-out accuracy)."""
     return self.reward(example, completion) >= self.max_reward - 1e-9

@@ -138,9 +138,28 @@ class Countdown(base.Task):
   def examples(self, split, num, seed):
     return base.collect(self.name, split, num, seed, self._draw)
 
+  def near_miss(self, example, rng, *, draws: int = 32):
+    """A worked solution over the same numbers that misses the target by the least of `draws`
+    random expression trees: self-consistent steps, only the value is wrong."""
+    numbers, target = self._numbers(example), int(example.answer)
+    misses = []
+    for _ in range(50 * draws):  # most trees are valid; the cap only guards a degenerate set
+      solution = _random_solution(rng, numbers)
+      if solution is not None and solution[2] != target:
+        misses.append(solution)
+      if len(misses) == draws:
+        break
+    if not misses:
+      raise ValueError(f'{self.name}: no expression over {numbers} misses {target}.')
+    expression, steps, _ = min(misses, key=lambda s: abs(s[2] - target))
+    return f'{", ".join(steps)}\n<answer>{expression}</answer>'
+
+  @staticmethod
+  def _numbers(example) -> list[int]:
+    return [int(n) for n in re.findall(r'\d+', example.prompt.split(' to make ')[0])]
+
   def score(self, example, completion):
-    numbers = [int(n) for n in re.findall(r'\d+', example.prompt.split(' to make ')[0])]
-    return compute_score(completion, numbers, int(example.answer))
+    return compute_score(completion, self._numbers(example), int(example.answer))
 
 
 # d1's RL prompt: its system prompt (gsm8k.SYSTEM_PROMPT between newlines), then the task.

@@ -88,9 +88,19 @@ class Sudoku4(base.Task):
   def examples(self, split, num, seed):
     return base.collect(self.name, split, num, seed, self._draw)
 
+  def near_miss(self, example, rng):
+    """The solution with one blank cell's digit changed: a single slip in the grid."""
+    cell = rng.choice([i for i, ch in enumerate(self._puzzle(example)) if ch == '0'])
+    digit = rng.choice([d for d in '1234' if d != example.answer[cell]])
+    grid = example.answer[:cell] + digit + example.answer[cell + 1 :]
+    return f'<answer>{_rows(grid)}</answer>'
+
+  @staticmethod
+  def _puzzle(example) -> str:
+    return ''.join(ch for ch in example.prompt.split(':', 1)[1] if ch.isdigit())
+
   def score(self, example, completion):
-    puzzle = ''.join(ch for ch in example.prompt.split(':', 1)[1] if ch.isdigit())
-    return compute_score(completion, puzzle, example.answer)
+    return compute_score(completion, self._puzzle(example), example.answer)
 
 
 D1_SYSTEM_PROMPT = """

@@ -12,8 +12,8 @@ common layouts:
 
 `pair_rows` gives {'chosen', 'rejected'} [N, seq_len] (prompt + response + EOS, EOS-padded like
 SFT rows) and 'prompt_lengths' [N]: a reward stage scores the same rows. The built-in set pairs a
-built-in task's worked solution (chosen) with a solution of another problem of the same task
-(rejected: its answer is wrong here), generated offline into the cache like the SFT set.
+built-in task's worked solution (chosen) with a wrong one (rejected) of a PAIR_KINDS kind,
+generated offline into the cache like the SFT set.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from dlmjax.data.errors import DataError
 from dlmjax.train import sft_rows
 
 BUILTIN_VERSION = 1  # bump when the built-in pairs change.
+BUILTIN = 'builtin'  # preference.train_file / eval_file 'builtin[:KIND]' names the built-in pairs
 LAYOUTS = (
   'rows need "chosen" and "rejected" (strings with a "prompt" string, or message lists); rename '
   "columns with --config.data.columns='prompt=COL,chosen=COL,rejected=COL'."
@@ -120,14 +122,48 @@ def pair_rows(pairs, tokenizer, *, eos_id: int, canvas: int, too_long: str, log=
 # The built-in pairs
 
 
-def ensure_builtin_pairs(cache_dir: str, seed: int = 0, split: str = 'train') -> str:
-  """The jsonl of the built-in pairs of `split`: for each problem of the built-in SFT tasks, its
-  worked solution (chosen) and the next problem's solution with a different answer (rejected).
-  Generated once, offline, into the cache (temporary file, then an atomic rename)."""
+def _other_problems(task, examples, i, rng) -> str | None:
+  """The next problem's solution with a different answer: wrong here, but about another problem,
+  a ranking an SFT model gets almost always right."""
+  del task, rng
+  others = examples[i + 1 :] + examples[:i]
+  return next((o.response for o in others if o.answer != examples[i].answer), None)
+
+
+def _near_miss(task, examples, i, rng) -> str:
+  """The problem's own worked solution with a plausible wrong final answer (Task.near_miss):
+  telling the two apart takes checking the answer."""
+  return task.near_miss(examples[i], rng)
+
+
+# How the rejected response of a pair is made (task_pairs); the first is the default.
+REJECTED = {'other': _other_problems, 'near_miss': _near_miss}
+PAIR_KINDS = tuple(REJECTED)
+
+
+def builtin_kind(spec: str) -> str | None:
+  """The pair kind a file setting names ('builtin' -> 'other', 'builtin:KIND' -> KIND), or None
+  for a data path; an unknown kind fails in one line."""
+  name, _, kind = spec.partition(':')
+  if name != BUILTIN:
+    return None
+  if kind and kind not in PAIR_KINDS:
+    raise DataError(f'{spec!r}: the built-in pairs are builtin:KIND, KIND one of {PAIR_KINDS}.')
+  return kind or PAIR_KINDS[0]
+
+
+def ensure_builtin_pairs(
+  cache_dir: str, seed: int = 0, split: str = 'train', kind: str = PAIR_KINDS[0]
+) -> str:
+  """The jsonl of the built-in pairs of `split` and `kind`: for each problem of the built-in SFT
+  tasks, its worked solution (chosen) and a wrong one (rejected, task_pairs). Generated once,
+  offline, into the cache (temporary file, then an atomic rename)."""
   per_task = (
     sft_rows.BUILTIN_EXAMPLES_PER_TASK if split == 'train' else sft_rows.BUILTIN_HELD_OUT_PER_TASK
   )
+  # The default kind keeps its old key, so caches made before kinds existed stay valid.
   key = [BUILTIN_VERSION, sft_rows.BUILTIN_TASKS, per_task, seed, split]
+  key += [] if kind == PAIR_KINDS[0] else [kind]
   digest = hashlib.md5(json.dumps(key).encode()).hexdigest()[:10]
   path = os.path.join(cache_dir, f'preference-builtin-v{BUILTIN_VERSION}-{digest}.jsonl')
   if os.path.isfile(path):
@@ -135,19 +171,26 @@ def ensure_builtin_pairs(cache_dir: str, seed: int = 0, split: str = 'train') ->
   os.makedirs(cache_dir, exist_ok=True)
   rows = []
   for task in sft_rows.BUILTIN_TASKS:
-    rows += task_pairs(task, split, per_task, seed)
+    rows += task_pairs(task, split, per_task, seed, kind)
   return jsonl.write_objects(path, rows)
 
 
-def task_pairs(task: str, split: str, num: int, seed: int = 0) -> list[dict]:
-  """Pair rows of one task's `num` problems of `split`: each worked solution (chosen) beside the
-  next problem's solution with a different answer (rejected)."""
-  examples = tasks.TASKS[task].examples(split, num, seed)
+def task_pairs(
+  task: str, split: str, num: int, seed: int = 0, kind: str = PAIR_KINDS[0]
+) -> list[dict]:
+  """Pair rows of one task's `num` problems of `split`: each worked solution (chosen) beside a
+  wrong response (rejected) of `kind`: the next problem's solution with a different answer
+  ('other'), or the problem's own solution with a plausible wrong answer ('near_miss')."""
+  if kind not in PAIR_KINDS:
+    raise ValueError(f'pair kind {kind!r}: choose one of {PAIR_KINDS}.')
+  generator = tasks.TASKS[task]
+  examples = generator.examples(split, num, seed)
+  rng = random.Random(f'{kind}:{task}:{split}:{seed}')
   rows = []
   for i, example in enumerate(examples):
-    wrong = next((o for o in examples[i + 1 :] + examples[:i] if o.answer != example.answer), None)
-    if wrong is not None:
+    rejected = REJECTED[kind](generator, examples, i, rng)
+    if rejected is not None:
       rows.append(
-        dict(prompt=example.prompt, chosen=example.response, rejected=wrong.response, task=task)
+        dict(prompt=example.prompt, chosen=example.response, rejected=rejected, task=task)
       )
   return rows

@@ -2,6 +2,7 @@
 pairs."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -82,3 +83,50 @@ def test_builtin_pairs_prefer_a_correct_solution_to_a_wrong_one(tmp_path):
     task = tasks.TASKS[row['task']]
     example = next(e for e in task.examples('test', 64, 0) if e.prompt == row['prompt'])
     assert task.reward(example, row['chosen']) > task.reward(example, row['rejected'])
+
+
+@pytest.mark.parametrize('task', sft_rows.BUILTIN_TASKS)
+def test_near_miss_pairs_are_judged_right_over_wrong(task):
+  """The task's own judge calls every chosen right and every rejected wrong; the rejected is the
+  same problem's solution, and for arithmetic and sudoku differs only in the final answer."""
+  rows = preference_rows.task_pairs(task, 'test', 48, seed=3, kind='near_miss')
+  examples = {e.prompt: e for e in tasks.TASKS[task].examples('test', 48, 3)}
+  judge = tasks.TASKS[task]
+  assert len(rows) == 48
+  for row in rows:
+    example = examples[row['prompt']]
+    assert row['chosen'] == example.response and row['rejected'] != row['chosen']
+    assert judge.is_correct(example, row['chosen'])
+    assert not judge.is_correct(example, row['rejected'])
+    assert judge.reward(example, row['rejected']) < judge.reward(example, row['chosen'])
+  if task == 'arithmetic':  # the last step's result and the answer slip together
+    for row in rows:
+      chosen, rejected = row['chosen'], row['rejected']
+      right, wrong = (t.split('<answer>\n')[1].split('\n')[0] for t in (chosen, rejected))
+      assert rejected == chosen.replace(f'={right}\n', f'={wrong}\n').replace(
+        f'<answer>\n{right}\n', f'<answer>\n{wrong}\n'
+      )
+      assert 0 < abs(int(wrong) - int(right)) <= 10
+  if task == 'sudoku4':  # one cell of the grid
+    for row in rows:
+      diff = [i for i, (a, b) in enumerate(zip(row['chosen'], row['rejected'])) if a != b]
+      assert len(diff) == 1 and len(row['chosen']) == len(row['rejected'])
+  if task.startswith('countdown'):  # the same numbers, the value off the target
+    for row in rows:
+      example = examples[row['prompt']]
+      expression = tasks.base.last_answer(row['rejected'])
+      numbers = re.findall(r'\d+', example.prompt.split(' to make ')[0])
+      assert sorted(re.findall(r'\d+', expression), key=int) == sorted(numbers, key=int)
+
+
+def test_the_builtin_pair_kind_is_named_by_the_file_setting(tmp_path):
+  assert preference_rows.builtin_kind('builtin') == 'other'
+  assert preference_rows.builtin_kind('builtin:near_miss') == 'near_miss'
+  assert preference_rows.builtin_kind('pairs.jsonl') is None
+  with pytest.raises(DataError, match="'builtin:nope': the built-in pairs are builtin:KIND"):
+    preference_rows.builtin_kind('builtin:nope')
+  other = preference_rows.ensure_builtin_pairs(str(tmp_path), split='test')
+  near = preference_rows.ensure_builtin_pairs(str(tmp_path), split='test', kind='near_miss')
+  assert other != near
+  rows = [json.loads(line) for line in open(near)]
+  assert {r['task'] for r in rows} == set(sft_rows.BUILTIN_TASKS)

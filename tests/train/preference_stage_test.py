@@ -47,6 +47,34 @@ def test_a_run_needs_a_model_to_align():
     preference.check_files(config)
 
 
+def test_the_file_setting_names_the_builtin_pair_kind(tmp_path):
+  """builtin:near_miss (configs/vrpo.py:near_miss, configs/reward.py:near_miss) reads the
+  near-miss pairs for training and, with eval_file unset, for the held-out pairs too; '' keeps
+  the default kind; a data path is read as it is."""
+  config = config_lib.load_file('configs/vrpo.py:near_miss')
+  config.data.cache_dir = str(tmp_path)
+  assert config.output_dir == 'runs/vrpo_near_miss'
+  assert config_lib.load_file('configs/reward.py:lora,near_miss').preference.train_file == (
+    'builtin:near_miss'
+  )
+  for split, path in (
+    ('train', preference.train_file(config)),
+    ('test', preference.eval_file(config)),
+  ):
+    assert path == preference.preference_rows.ensure_builtin_pairs(
+      str(tmp_path), split=split, kind='near_miss'
+    )
+  config.preference.train_file = ''
+  assert preference.eval_file(config) == preference.preference_rows.ensure_builtin_pairs(
+    str(tmp_path), split='test'
+  )
+  config.preference.train_file = config.preference.eval_file = 'pairs.jsonl'
+  assert preference.train_file(config) == preference.eval_file(config) == 'pairs.jsonl'
+  config.preference.train_file = 'builtin:nope'
+  with pytest.raises(ValueError, match="'builtin:nope': the built-in pairs are builtin:KIND"):
+    preference.check_files(config)
+
+
 def test_the_allocation_and_antithetic_switches_reach_the_estimator():
   config = tiny_test_config(**{'stage': 'preference', 'preference.budget': 6})
   assert preference.settings(config)['n_time'] == 6 and preference.settings(config)['n_mask'] == 1

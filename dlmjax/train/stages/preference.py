@@ -272,27 +272,34 @@ class HeldOutPreference:
 
 
 def train_file(config) -> str:
-  """preference.train_file, or the built-in pairs (data.source=builtin)."""
-  if config.preference.train_file:
-    return config.preference.train_file
-  if config.data.source != 'builtin':
+  """preference.train_file, or the built-in pairs: 'builtin[:KIND]', or '' with
+  data.source=builtin (the default kind)."""
+  path = config.preference.train_file
+  kind = preference_rows.builtin_kind(path or preference_rows.BUILTIN)
+  if path and kind is None:
+    return path
+  if not path and config.data.source != 'builtin':
     raise DataError(
       f'stage {config.stage} reads preference.train_file, or the built-in pairs when '
       'data.source=builtin; set --config.preference.train_file=PATH.'
     )
-  return preference_rows.ensure_builtin_pairs(pipeline.cache_dir(config))
+  return preference_rows.ensure_builtin_pairs(pipeline.cache_dir(config), kind=kind)
 
 
 def eval_file(config) -> str:
-  """preference.eval_file, or the built-in pairs' held-out split (data.source=builtin)."""
-  if config.preference.eval_file:
-    return config.preference.eval_file
-  if config.preference.train_file or config.data.source != 'builtin':
+  """preference.eval_file, or the built-in pairs' held-out split: 'builtin[:KIND]', or '' when
+  the training pairs are the built-in ones (of their kind)."""
+  path = config.preference.eval_file
+  train = config.preference.train_file or ('' if config.data.source != 'builtin' else 'builtin')
+  kind = preference_rows.builtin_kind(path or train)
+  if path and kind is None:
+    return path
+  if kind is None:
     raise DataError(
       f'eval.every > 0 in stage {config.stage} scores held-out pairs: set '
       '--config.preference.eval_file=PATH, or --config.eval.every=0.'
     )
-  return preference_rows.ensure_builtin_pairs(pipeline.cache_dir(config), split='test')
+  return preference_rows.ensure_builtin_pairs(pipeline.cache_dir(config), split='test', kind=kind)
 
 
 def build_rows(config, path: str, log=print) -> dict:
@@ -387,7 +394,7 @@ def check_files(config) -> None:
       'run or step directory (an SFT run) or a Hugging Face directory.'
     )
   path = config.preference.train_file
-  if path and not records.exists(path):
+  if path and preference_rows.builtin_kind(path) is None and not records.exists(path):
     raise DataError(
       f'preference.train_file {path!r} is not a file; set --config.preference.train_file to a '
       'jsonl/parquet of {"prompt", "chosen", "rejected"} rows, or hub:NAME.'
