@@ -3,6 +3,8 @@
     python scripts/profile_decode.py --preset llada_8b --batches 1,16 --modes dual,none \
         [--param-dtype float32|bfloat16] [--layer-loop scan|unrolled] [--steps-per-token 1]
     python scripts/profile_decode.py --preset llada_8b --param-dtype bfloat16 --forward 16x512
+    python scripts/profile_decode.py --preset llada2_mini --modes block --batches 1 --gen 128 \
+        --param-dtype bfloat16 --experts both [--block-experts 48]
 
 Random weights at the preset's shape, bf16 compute, a 64-token prompt, gen 256, block 32. Each
 (batch, mode) decode is compiled ahead, run once untimed, then timed and traced once; the trace's
@@ -58,6 +60,17 @@ def parse(argv):
   p.add_argument('--param-dtype', default='float32', choices=('float32', 'bfloat16'))
   p.add_argument('--layer-loop', default='scan', choices=('scan', 'unrolled'))
   p.add_argument(
+    '--experts',
+    default='in_place',
+    choices=('in_place', 'sliced', 'both'),
+    help="an MoE's routed experts read in place from their stacks (the sampler's default), or "
+    'cut per layer (the old path: the Pallas grouped matmul copies each layer), or both, each '
+    'its own row',
+  )
+  p.add_argument(
+    '--block-experts', type=int, default=0, help='model.moe.block_experts (LLaDA2.2 block routing)'
+  )
+  p.add_argument(
     '--scan-unroll', type=int, default=1, help='probe: the layer scan unrolled by this factor'
   )
   p.add_argument(
@@ -97,11 +110,13 @@ def build(args):
   config.model.dtype = 'bfloat16'
   config.model.remat = 'none'
   config.model.scan_layers = args.layer_loop == 'scan'
+  config.model.moe.block_experts = args.block_experts
   if args.tiny:
     m = config.model
-    m.num_layers, m.d_model, m.ffn_dim = 2, 64, 128
+    m.num_layers, m.d_model, m.ffn_dim = 3, 64, 128
     m.num_heads, m.num_kv_heads, m.head_dim = 4, 4, 16
     m.vocab_size, m.mask_token_id, m.eos_token_id, m.pad_token_id = 512, 3, 2, 0
+    m.moe.num_experts, m.moe.ffn_dim = min(m.moe.num_experts, 16), min(m.moe.ffn_dim, 32)
   if jax.default_backend() != 'gpu':
     config.model.attention_backend, config.model.norm_backend = 'xla', 'xla'
   elif config.model.attention_backend == 'cudnn':
@@ -202,11 +217,12 @@ def main(argv=None):
     return profile_forward(args, model_config, params)
   weight_bytes = sum(p.size * 2 for p in jax.tree.leaves(params)) - m.vocab_size * m.d_model * 2
   rng = np.random.default_rng(0)
-  rows = []
+  rows, outputs = [], {}
   for batch in [int(b) for b in args.batches.split(',')]:
     prompt_BP = rng.integers(10, 1000, (batch, args.prompt)).astype(np.int32)
     lengths_B = np.full(batch, args.prompt, np.int32)
-    for mode in args.modes.split(','):
+    layouts = ('in_place', 'sliced') if args.experts == 'both' else (args.experts,)
+    for mode, layout in [(mode, layout) for mode in args.modes.split(',') for layout in layouts]:
       steps = args.gen // args.tokens_per_step
       sampling = sampler.SamplingConfig(
         gen_length=args.gen, steps=steps, block_length=args.block, cache=mode
@@ -218,20 +234,23 @@ def main(argv=None):
         eos_id=m.eos_token_id,
         pad_id=m.pad_token_id,
         vocab_size=m.vocab_size,
+        experts_in_place=layout == 'in_place',
       )
       t = time.perf_counter()
       compiled = fn.lower(params, prompt_BP, lengths_B, jax.random.key(0)).compile()
       compile_s = time.perf_counter() - t
       jax.block_until_ready(compiled(params, prompt_BP, lengths_B, jax.random.key(0)))
       t = time.perf_counter()
-      jax.block_until_ready(compiled(params, prompt_BP, lengths_B, jax.random.key(1)))
+      out = jax.block_until_ready(compiled(params, prompt_BP, lengths_B, jax.random.key(1)))
       wall = (time.perf_counter() - t) / steps * 1e3
+      first_tokens = outputs.setdefault((batch, mode), np.asarray(out))
       length = args.prompt + args.gen
       tokens = {'none': length, 'dual': args.block, 'prefix': length // 2}.get(mode, length)
       flops = step_flops(model_config, params, batch, tokens, length)
       bound = max(weight_bytes / bandwidth(), flops / PEAK) * 1e3
       row = dict(
         label=args.label or f'{args.param_dtype}/{args.layer_loop}',
+        experts=f'{layout} (block_experts {args.block_experts})' if m.moe.num_experts else '',
         batch=batch,
         mode=mode,
         k=args.tokens_per_step,
@@ -241,6 +260,8 @@ def main(argv=None):
         pct_bound=round(100 * bound / wall, 1),
         compile_s=round(compile_s, 1),
       )
+      if len(layouts) > 1:  # the layouts' greedy tokens (the in-place read changes no value)
+        row['tokens_equal_in_place'] = bool(np.array_equal(first_tokens, np.asarray(out)))
       if not args.no_trace:
         by_class, by_kernel, calls, span = trace_classes(
           lambda: compiled(params, prompt_BP, lengths_B, jax.random.key(2)), steps
@@ -249,18 +270,23 @@ def main(argv=None):
         row['gpu_busy_ms'] = round(busy, 2)
         row['gaps_ms'] = round(max(span - busy, 0.0), 2)
         row['classes'] = {k: round(v, 3) for k, v in by_class.most_common()}
-        print(f'--- {row["label"]} batch {batch} {mode}: top kernels (ms/step, calls/step)')
+        print(
+          f'--- {row["label"]} {row["experts"]} batch {batch} {mode}: top kernels '
+          '(ms/step, calls/step)'
+        )
         hlo = compiled.as_text()
         for name, ms in by_kernel.most_common(14):
           print(f'  {ms:8.3f} {calls[name]:7.1f}x  {name}  <- {origin(hlo, name)}')
       print(json.dumps(row), flush=True)
       rows.append(row)
   print(
-    '| label | batch | mode | k | step ms | tok/s | bound ms | % bound | busy | gaps | compile s |'
+    '| label | experts | batch | mode | k | step ms | tok/s | bound ms | % bound | busy | gaps '
+    '| compile s |'
   )
   for r in rows:
     print(
-      f'| {r["label"]} | {r["batch"]} | {r["mode"]} | {r["k"]} | {r["step_ms"]} | {r["tok_s"]} | '
+      f'| {r["label"]} | {r["experts"]} | {r["batch"]} | {r["mode"]} | {r["k"]} | {r["step_ms"]} '
+      f'| {r["tok_s"]} | '
       f'{r["bound_ms"]} | {r["pct_bound"]} | {r.get("gpu_busy_ms", "-")} | '
       f'{r.get("gaps_ms", "-")} | {r["compile_s"]} |'
     )
