@@ -68,6 +68,12 @@ def parse(argv):
     'its own row',
   )
   p.add_argument(
+    '--gmm-fwd-tile',
+    default='',
+    help='probe: the Pallas grouped matmul forward tile BMxBNxBK[xWARPS[xSTAGES]] (default '
+    '128x256x64x8x3); at batch-1 decode its 256 rows x 512 columns make only 4 programs',
+  )
+  p.add_argument(
     '--block-experts', type=int, default=0, help='model.moe.block_experts (LLaDA2.2 block routing)'
   )
   p.add_argument(
@@ -102,6 +108,15 @@ def unroll_layer_scan(factor):
       return getattr(jax, name)
 
   transformer.jax = Jax()
+
+
+def set_gmm_forward_tile(spec):
+  """Probe only: every Pallas grouped matmul forward with this tile (kernels.grouped_matmul
+  calls the module's function, so the partial reaches the model's experts)."""
+  from dlmjax.kernels import grouped_matmul_pallas as gmp  # pylint: disable=import-outside-toplevel
+
+  tiles = gmp.Tiles(fwd=gmp.Tile(*(int(n) for n in spec.lower().split('x'))))
+  gmp.grouped_matmul = functools.partial(gmp.grouped_matmul, tiles=tiles)
 
 
 def build(args):
@@ -209,6 +224,8 @@ def main(argv=None):
   config, model_config = build(args)
   if args.scan_unroll > 1:
     unroll_layer_scan(args.scan_unroll)
+  if args.gmm_fwd_tile:
+    set_gmm_forward_tile(args.gmm_fwd_tile)
   m = config.model
   params = jax.jit(model_lib.init_params, static_argnums=0)(model_config, jax.random.key(0))
   if args.param_dtype == 'bfloat16':
@@ -249,7 +266,8 @@ def main(argv=None):
       flops = step_flops(model_config, params, batch, tokens, length)
       bound = max(weight_bytes / bandwidth(), flops / PEAK) * 1e3
       row = dict(
-        label=args.label or f'{args.param_dtype}/{args.layer_loop}',
+        label=args.label
+        or f'{args.param_dtype}/{args.layer_loop}{args.gmm_fwd_tile and "/"}{args.gmm_fwd_tile}',
         experts=f'{layout} (block_experts {args.block_experts})' if m.moe.num_experts else '',
         batch=batch,
         mode=mode,
