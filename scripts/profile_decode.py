@@ -3,6 +3,8 @@
     python scripts/profile_decode.py --preset llada_8b --batches 1,16 --modes dual,none \
         [--param-dtype float32|bfloat16] [--layer-loop scan|unrolled] [--steps-per-token 1]
     python scripts/profile_decode.py --preset llada_8b --param-dtype bfloat16 --forward 16x512
+    python scripts/profile_decode.py --preset llada2_mini --modes block --batches 1 --gen 128 \
+        --param-dtype bfloat16 --experts both [--block-experts 48]
 
 Random weights at the preset's shape, bf16 compute, a 64-token prompt, gen 256, block 32. Each
 (batch, mode) decode is compiled ahead, run once untimed, then timed and traced once; the trace's
@@ -58,6 +60,23 @@ def parse(argv):
   p.add_argument('--param-dtype', default='float32', choices=('float32', 'bfloat16'))
   p.add_argument('--layer-loop', default='scan', choices=('scan', 'unrolled'))
   p.add_argument(
+    '--experts',
+    default='in_place',
+    choices=('in_place', 'sliced', 'both'),
+    help="an MoE's routed experts read in place from their stacks (the sampler's default), or "
+    'cut per layer (the old path: the Pallas grouped matmul copies each layer), or both, each '
+    'its own row',
+  )
+  p.add_argument(
+    '--gmm-fwd-tile',
+    default='',
+    help='probe: the Pallas grouped matmul forward tile BMxBNxBK[xWARPS[xSTAGES]] (default '
+    '128x256x64x8x3); at batch-1 decode its 256 rows x 512 columns make only 4 programs',
+  )
+  p.add_argument(
+    '--block-experts', type=int, default=0, help='model.moe.block_experts (LLaDA2.2 block routing)'
+  )
+  p.add_argument(
     '--scan-unroll', type=int, default=1, help='probe: the layer scan unrolled by this factor'
   )
   p.add_argument(
@@ -91,17 +110,28 @@ def unroll_layer_scan(factor):
   transformer.jax = Jax()
 
 
+def set_gmm_forward_tile(spec):
+  """Probe only: every Pallas grouped matmul forward with this tile (kernels.grouped_matmul
+  calls the module's function, so the partial reaches the model's experts)."""
+  from dlmjax.kernels import grouped_matmul_pallas as gmp  # pylint: disable=import-outside-toplevel
+
+  tiles = gmp.Tiles(fwd=gmp.Tile(*(int(n) for n in spec.lower().split('x'))))
+  gmp.grouped_matmul = functools.partial(gmp.grouped_matmul, tiles=tiles)
+
+
 def build(args):
   config = config_lib.load_file('configs/pretrain_1p7b.py')
   config_lib.apply_overrides(config, [f'model.preset={args.preset}'], presets.PRESETS)
   config.model.dtype = 'bfloat16'
   config.model.remat = 'none'
   config.model.scan_layers = args.layer_loop == 'scan'
+  config.model.moe.block_experts = args.block_experts
   if args.tiny:
     m = config.model
-    m.num_layers, m.d_model, m.ffn_dim = 2, 64, 128
+    m.num_layers, m.d_model, m.ffn_dim = 3, 64, 128
     m.num_heads, m.num_kv_heads, m.head_dim = 4, 4, 16
     m.vocab_size, m.mask_token_id, m.eos_token_id, m.pad_token_id = 512, 3, 2, 0
+    m.moe.num_experts, m.moe.ffn_dim = min(m.moe.num_experts, 16), min(m.moe.ffn_dim, 32)
   if jax.default_backend() != 'gpu':
     config.model.attention_backend, config.model.norm_backend = 'xla', 'xla'
   elif config.model.attention_backend == 'cudnn':
@@ -194,6 +224,8 @@ def main(argv=None):
   config, model_config = build(args)
   if args.scan_unroll > 1:
     unroll_layer_scan(args.scan_unroll)
+  if args.gmm_fwd_tile:
+    set_gmm_forward_tile(args.gmm_fwd_tile)
   m = config.model
   dtype = jnp.bfloat16 if args.param_dtype == 'bfloat16' else jnp.float32
   # One program: a float32 copy of the LLaDA2-mini's 16B weights alone would fill an 80 GB card.
@@ -204,11 +236,12 @@ def main(argv=None):
     return profile_forward(args, model_config, params)
   weight_bytes = sum(p.size * 2 for p in jax.tree.leaves(params)) - m.vocab_size * m.d_model * 2
   rng = np.random.default_rng(0)
-  rows = []
+  rows, outputs = [], {}
   for batch in [int(b) for b in args.batches.split(',')]:
     prompt_BP = rng.integers(10, 1000, (batch, args.prompt)).astype(np.int32)
     lengths_B = np.full(batch, args.prompt, np.int32)
-    for mode in args.modes.split(','):
+    layouts = ('in_place', 'sliced') if args.experts == 'both' else (args.experts,)
+    for mode, layout in [(mode, layout) for mode in args.modes.split(',') for layout in layouts]:
       steps = args.gen // args.tokens_per_step
       sampling = sampler.SamplingConfig(
         gen_length=args.gen, steps=steps, block_length=args.block, cache=mode
@@ -220,20 +253,24 @@ def main(argv=None):
         eos_id=m.eos_token_id,
         pad_id=m.pad_token_id,
         vocab_size=m.vocab_size,
+        experts_in_place=layout == 'in_place',
       )
       t = time.perf_counter()
       compiled = fn.lower(params, prompt_BP, lengths_B, jax.random.key(0)).compile()
       compile_s = time.perf_counter() - t
       jax.block_until_ready(compiled(params, prompt_BP, lengths_B, jax.random.key(0)))
       t = time.perf_counter()
-      jax.block_until_ready(compiled(params, prompt_BP, lengths_B, jax.random.key(1)))
+      out = jax.block_until_ready(compiled(params, prompt_BP, lengths_B, jax.random.key(1)))
       wall = (time.perf_counter() - t) / steps * 1e3
+      first_tokens = outputs.setdefault((batch, mode), np.asarray(out))
       length = args.prompt + args.gen
       tokens = {'none': length, 'dual': args.block, 'prefix': length // 2}.get(mode, length)
       flops = step_flops(model_config, params, batch, tokens, length)
       bound = max(weight_bytes / bandwidth(), flops / PEAK) * 1e3
       row = dict(
-        label=args.label or f'{args.param_dtype}/{args.layer_loop}',
+        label=args.label
+        or f'{args.param_dtype}/{args.layer_loop}{args.gmm_fwd_tile and "/"}{args.gmm_fwd_tile}',
+        experts=f'{layout} (block_experts {args.block_experts})' if m.moe.num_experts else '',
         batch=batch,
         mode=mode,
         k=args.tokens_per_step,
@@ -243,6 +280,8 @@ def main(argv=None):
         pct_bound=round(100 * bound / wall, 1),
         compile_s=round(compile_s, 1),
       )
+      if len(layouts) > 1:  # the layouts' greedy tokens (the in-place read changes no value)
+        row['tokens_equal_in_place'] = bool(np.array_equal(first_tokens, np.asarray(out)))
       if not args.no_trace:
         by_class, by_kernel, calls, span = trace_classes(
           lambda: compiled(params, prompt_BP, lengths_B, jax.random.key(2)), steps
@@ -251,18 +290,23 @@ def main(argv=None):
         row['gpu_busy_ms'] = round(busy, 2)
         row['gaps_ms'] = round(max(span - busy, 0.0), 2)
         row['classes'] = {k: round(v, 3) for k, v in by_class.most_common()}
-        print(f'--- {row["label"]} batch {batch} {mode}: top kernels (ms/step, calls/step)')
+        print(
+          f'--- {row["label"]} {row["experts"]} batch {batch} {mode}: top kernels '
+          '(ms/step, calls/step)'
+        )
         hlo = compiled.as_text()
         for name, ms in by_kernel.most_common(14):
           print(f'  {ms:8.3f} {calls[name]:7.1f}x  {name}  <- {origin(hlo, name)}')
       print(json.dumps(row), flush=True)
       rows.append(row)
   print(
-    '| label | batch | mode | k | step ms | tok/s | bound ms | % bound | busy | gaps | compile s |'
+    '| label | experts | batch | mode | k | step ms | tok/s | bound ms | % bound | busy | gaps '
+    '| compile s |'
   )
   for r in rows:
     print(
-      f'| {r["label"]} | {r["batch"]} | {r["mode"]} | {r["k"]} | {r["step_ms"]} | {r["tok_s"]} | '
+      f'| {r["label"]} | {r["experts"]} | {r["batch"]} | {r["mode"]} | {r["k"]} | {r["step_ms"]} '
+      f'| {r["tok_s"]} | '
       f'{r["bound_ms"]} | {r["pct_bound"]} | {r.get("gpu_busy_ms", "-")} | '
       f'{r.get("gaps_ms", "-")} | {r["compile_s"]} |'
     )

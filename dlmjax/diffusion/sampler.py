@@ -471,6 +471,7 @@ def make_generate_fn(
   with_steps: bool = False,
   with_predictions: bool = False,
   fuse_projections: bool = True,
+  experts_in_place: bool = True,
 ):
   """jit(fn(params, prompt_BP, prompt_lengths_B, key) -> int32 [B, P + gen_length]; with_steps,
   also each generated token's commit step [B, gen_length]; with_predictions, the commit steps
@@ -479,7 +480,10 @@ def make_generate_fn(
   fuse_projections: decode with q / k / v and gate / up as one matmul each over weights
   concatenated once per generate (model.inference_module; docs/benchmarks.md, Fused
   projections); off (a benchmark's baseline), or on a mesh that splits the heads
-  (model.splits_projections), three matmuls and two.
+  (model.splits_projections), three matmuls and two. experts_in_place: an MoE's routed experts
+  read from their stacks in place by every layer (model.transformer._run_layers); off (a
+  benchmark's baseline), each layer's experts cut from the stacks, which the Pallas grouped
+  matmul then copies each step.
 
   With a mesh, params take their training shardings and the batch splits over the batch axes;
   with several processes each passes the whole (identical) batch and gets a global array back.
@@ -491,7 +495,9 @@ def make_generate_fn(
 
   def fn(params, prompt_BP, prompt_lengths_B, key):
     # cast (and fuse) once, not once a step (model.transformer.computed_params)
-    module = model_lib.inference_module(model_config, params, fuse=fuse_projections, mesh=mesh)
+    module = model_lib.inference_module(
+      model_config, params, fuse=fuse_projections, mesh=mesh, experts_in_place=experts_in_place
+    )
     tokens, _, steps, *preds = decode_blocks(
       module,
       prompt_BP,

@@ -59,11 +59,17 @@ def resolve(backend: str = 'auto') -> str:
   return backend
 
 
-def grouped_matmul(lhs_MK, rhs_GKN, group_sizes_G, *, backend: str = 'auto'):
+def grouped_matmul(lhs_MK, rhs_GKN, group_sizes_G, *, backend: str = 'auto', layer=None):
   """[M, K] x [G, K, N] -> [M, N] in lhs's dtype (float32 accumulation); rows outside every
-  group come out zero whatever the kernel leaves there, and get a zero gradient."""
+  group come out zero whatever the kernel leaves there, and get a zero gradient.
+
+  layer (inference only, no gradient): rhs is a stack [layers, G, K, N] and the product is with
+  rhs[layer]. pallas reads that layer in place; xla and tokamax take the slice first (the same
+  values), which off GPU costs nothing that matters."""
   if resolve(backend) == 'pallas':  # zero outside the groups by construction (masked loads)
-    return grouped_matmul_pallas.grouped_matmul(lhs_MK, rhs_GKN, group_sizes_G)
+    return grouped_matmul_pallas.grouped_matmul(lhs_MK, rhs_GKN, group_sizes_G, layer=layer)
+  if layer is not None:
+    rhs_GKN = jax.lax.dynamic_index_in_dim(rhs_GKN, layer, 0, keepdims=False)
   rows = jnp.arange(lhs_MK.shape[0])
   in_group_M = rows < jnp.sum(group_sizes_G)
   # Masked on the way in too: a kernel may leave anything in rows it does not own, and the

@@ -18,6 +18,11 @@ built for another jax is needed:
 No [G, M, ...] array ever exists; the extra work is the masked rows of straddling tiles (at most
 one tile per group boundary). Dimensions are padded to whole tiles (zeros, so sums are exact):
 Triton's blocks are powers of two, and a matmul needs at least 16 along every side.
+
+The forward also reads one layer of a stacked [layers, G, K, N] rhs in place (`layer`): an
+inference program hands every layer the whole stack of its experts and the layer's index, since a
+custom call cannot read a slice where it lies and XLA would copy the layer's experts (all of
+them, every step) into a buffer of their own first (docs/benchmarks.md, LLaDA2.0-mini).
 """
 
 from __future__ import annotations
@@ -57,22 +62,34 @@ class Tiles:
   drhs: Tile = Tile(64, 256, 128, 8, 3)
 
 
-def grouped_matmul(lhs_MK, rhs_GKN, group_sizes_G, *, tiles: Tiles | None = None, interpret=None):
+def grouped_matmul(
+  lhs_MK, rhs_GKN, group_sizes_G, *, layer=None, tiles: Tiles | None = None, interpret=None
+):
   """[M, K] x [G, K, N] -> [M, N] in lhs's dtype, float32 accumulation; differentiable in lhs
   and rhs (rows outside every group: zero output, zero gradient). rhs is cast to lhs's dtype.
-  `interpret` defaults to True off GPU."""
-  if lhs_MK.ndim != 2 or rhs_GKN.ndim != 3 or lhs_MK.shape[1] != rhs_GKN.shape[1]:
+  `interpret` defaults to True off GPU.
+
+  layer (an int or a traced int32 scalar): rhs is a stack [layers, G, K, N] and the product is
+  with rhs[layer], read in place (module docstring). Forward only (inference programs): the
+  gradient of a whole stack per layer would cost the stack's memory per layer."""
+  stacked = layer is not None
+  if lhs_MK.ndim != 2 or rhs_GKN.ndim != 3 + stacked or lhs_MK.shape[1] != rhs_GKN.shape[-2]:
+    rhs = 'rhs [layers, G, K, N] with a layer' if stacked else 'rhs [G, K, N]'
     raise ValueError(
-      f'grouped matmul takes lhs [M, K] and rhs [G, K, N], got {lhs_MK.shape} and {rhs_GKN.shape}'
+      f'grouped matmul takes lhs [M, K] and {rhs}, got {lhs_MK.shape} and {rhs_GKN.shape}'
     )
-  if group_sizes_G.shape != rhs_GKN.shape[:1]:
+  if group_sizes_G.shape != rhs_GKN.shape[-3:-2]:
     raise ValueError(
       f'group_sizes {group_sizes_G.shape} must have one entry per group of rhs {rhs_GKN.shape}'
     )
   if interpret is None:
     interpret = jax.default_backend() != 'gpu'
   rhs_GKN = rhs_GKN.astype(lhs_MK.dtype)
-  return _gmm(lhs_MK, rhs_GKN, group_sizes_G.astype(jnp.int32), tiles or Tiles(), interpret)
+  group_sizes_G, tiles = group_sizes_G.astype(jnp.int32), tiles or Tiles()
+  if not stacked:
+    return _gmm(lhs_MK, rhs_GKN, group_sizes_G, tiles, interpret)
+  starts, ends = _bounds(group_sizes_G, lhs_MK.shape[0])
+  return _forward(lhs_MK, rhs_GKN, starts, ends, tiles.fwd, interpret, layer=layer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,11 +158,22 @@ def _masked_load():
 
 
 def _gmm_kernel(
-  tile_groups_ref, starts_ref, ends_ref, lhs_ref, rhs_ref, out_ref, *, block_k, transpose_rhs
+  tile_groups_ref,
+  starts_ref,
+  ends_ref,
+  layer_ref,
+  lhs_ref,
+  rhs_ref,
+  out_ref,
+  *,
+  block_k,
+  transpose_rhs,
 ):
   """out tile (row tile program_id(1), column tile program_id(0)) = sum over the groups g its
-  rows meet of lhs[rows of g] @ rhs[g] (transpose_rhs: rhs[g]^T, rhs stored [G, N, K])."""
+  rows meet of lhs[rows of g] @ rhs[layer, g] (transpose_rhs: rhs[layer, g]^T, rhs stored
+  [layers, G, N, K]); layer = layer_ref[0]."""
   block_m, block_n = out_ref.shape
+  layer = layer_ref[0]
   num_k = lhs_ref.shape[1] // block_k
   n0 = pl.program_id(0) * block_n
   m0 = pl.program_id(1) * block_m
@@ -160,8 +188,8 @@ def _gmm_kernel(
       ks = pl.ds(pl.multiple_of(kk * block_k, block_k), block_k)
       x = _load(lhs_ref.at[row_slice, ks], in_group)
       if transpose_rhs:
-        return acc + _dot(x, rhs_ref[g, col_slice, ks], trans_b=True)
-      return acc + _dot(x, rhs_ref[g, ks, col_slice])
+        return acc + _dot(x, rhs_ref[layer, g, col_slice, ks], trans_b=True)
+      return acc + _dot(x, rhs_ref[layer, g, ks, col_slice])
 
     # An empty group runs no K step. (Not jnp.where(end > start, num_k, 0): Pallas' Triton
     # lowering gives select's two literals the predicate's i1 type, so the loop fails to verify.)
@@ -216,15 +244,21 @@ def _full(shape):
   return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
 
 
-def _forward(lhs_MK, rhs, starts_G, ends_G, tile, interpret, *, transpose_rhs=False):
-  """lhs @ rhs[g] per row ([G, K, N]; transpose_rhs: rhs [G, N, K], times rhs[g]^T)."""
+def _forward(lhs_MK, rhs, starts_G, ends_G, tile, interpret, *, transpose_rhs=False, layer=None):
+  """lhs @ rhs[g] per row ([G, K, N]; transpose_rhs: rhs [G, N, K], times rhs[g]^T); with layer,
+  rhs is a stack [layers, G, ...] read at that layer. One kernel serves both: an unstacked rhs
+  is a stack of one (a reshape, no copy). Dimensions not whole tiles are padded, which copies
+  the rhs, a whole stack included (none at the MoE presets' shapes)."""
+  if layer is None:
+    rhs, layer = rhs[None], 0
   rows, depth = lhs_MK.shape
-  width = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  width = rhs.shape[-2] if transpose_rhs else rhs.shape[-1]
   bm, bn, bk = _block(rows, tile.block_m), _block(width, tile.block_n), _block(depth, tile.block_k)
   rows_p, width_p, depth_p = _round_up(rows, bm), _round_up(width, bn), _round_up(depth, bk)
   lhs = _pad_to(_pad_to(lhs_MK, 0, rows_p), 1, depth_p)
-  k_axis, n_axis = (2, 1) if transpose_rhs else (1, 2)
+  k_axis, n_axis = (3, 2) if transpose_rhs else (2, 3)
   rhs = _pad_to(_pad_to(rhs, k_axis, depth_p), n_axis, width_p)
+  layer_1 = jnp.reshape(jnp.asarray(layer, jnp.int32), (1,))
   tile_groups = _tile_groups(starts_G, ends_G, rows_p // bm, bm)
   out = pl.pallas_call(
     functools.partial(_gmm_kernel, block_k=bk, transpose_rhs=transpose_rhs),
@@ -233,6 +267,7 @@ def _forward(lhs_MK, rhs, starts_G, ends_G, tile, interpret, *, transpose_rhs=Fa
       pl.BlockSpec((None, 2), lambda j, i: (i, 0)),
       _full(starts_G.shape),
       _full(ends_G.shape),
+      _full((1,)),
       _full(lhs.shape),
       _full(rhs.shape),
     ],
@@ -241,7 +276,7 @@ def _forward(lhs_MK, rhs, starts_G, ends_G, tile, interpret, *, transpose_rhs=Fa
     interpret=interpret,
     name='grouped_matmul_dlhs' if transpose_rhs else 'grouped_matmul_fwd',
     **_params(tile, interpret),
-  )(tile_groups, starts_G, ends_G, lhs, rhs)
+  )(tile_groups, starts_G, ends_G, layer_1, lhs, rhs)
   return out[:rows, :width]
 
 

@@ -59,14 +59,16 @@ def merge(cfg: ModelConfig, params: dict) -> Transformer:
 
 
 def inference_module(
-  cfg: ModelConfig, params: dict, *, fuse: bool = True, mesh=None
+  cfg: ModelConfig, params: dict, *, fuse: bool = True, mesh=None, experts_in_place: bool = True
 ) -> Transformer:
   """The module a program running many forwards over the same weights (every decode: the
   sampler's generate, serving, RL rollouts, evaluation, infilling) builds once, outside its
   loop: computed_params in inference_config's layout (weights cast to the compute dtype; with
-  fuse, q / k / v and gate / up each one weight, unless `mesh` splits the heads)."""
+  fuse, q / k / v and gate / up each one weight, unless `mesh` splits the heads; an MoE's routed
+  experts read in place, unless experts_in_place=False)."""
   fuse = fuse and not splits_projections(mesh)
-  return merge(inference_config(cfg, fuse=fuse), computed_params(cfg, params, fuse=fuse))
+  layout = inference_config(cfg, fuse=fuse, experts_in_place=experts_in_place)
+  return merge(layout, computed_params(cfg, params, fuse=fuse))
 
 
 def splits_projections(mesh) -> bool:

@@ -173,12 +173,22 @@ class MoE(nnx.Module):
       weights_BLK = weights_BLK * self.routed_scale
     return experts_BLK, weights_BLK, layer_sums(logits_BLE, probs_BLE, experts_BLK)
 
-  def __call__(self, x_BLD):
-    """(output [B, L, D] in x's dtype, this layer's router statistics as `layer_sums`)."""
+  def __call__(self, x_BLD, layer=None):
+    """(output [B, L, D] in x's dtype, this layer's router statistics as `layer_sums`).
+
+    layer: the routed experts' weights hold every layer of the stack ([layers, E, ...], the
+    inference layout: transformer._run_layers) and this layer is number `layer` of them; the
+    grouped matmul reads it in place (kernels/grouped_matmul.py)."""
     experts_BLK, weights_BLK, stats = self.route(x_BLD)
     w = [p.value.astype(x_BLD.dtype) for p in (self.gate_proj, self.up_proj, self.down_proj)]
     out_BLD = _sharded_dispatch(
-      x_BLD, experts_BLK, weights_BLK, *w, backend=self.backend, exchange=self.exchange
+      x_BLD,
+      experts_BLK,
+      weights_BLK,
+      *w,
+      backend=self.backend,
+      exchange=self.exchange,
+      layer=layer,
     )
     if hasattr(self, 'shared'):
       out_BLD = out_BLD + self.shared(x_BLD)
@@ -264,10 +274,20 @@ def layer_stats(sums: dict) -> dict:
 
 
 def dispatch(
-  x_TD, experts_TK, weights_TK, gate_EDF, up_EDF, down_EFD, *, first_expert=0, backend='auto'
+  x_TD,
+  experts_TK,
+  weights_TK,
+  gate_EDF,
+  up_EDF,
+  down_EFD,
+  *,
+  first_expert=0,
+  backend='auto',
+  layer=None,
 ):
   """sum_k weights[t, k] * Expert_{experts[t, k]}(x[t]) over the experts held here: global ids
-  [first_expert, first_expert + E_local); assignments to other experts add nothing."""
+  [first_expert, first_expert + E_local); assignments to other experts add nothing. layer: the
+  weights are stacks [layers, E_local, ...] of which this is one (`run_experts`)."""
   k = experts_TK.shape[1]
   y_AD = run_experts(
     x_TD,
@@ -277,18 +297,23 @@ def dispatch(
     down_EFD,
     rows_per_token=k,
     backend=backend,
+    layer=layer,
   )
   return combine(y_AD, weights_TK, x_TD.dtype)
 
 
-def run_experts(x_RD, local_A, gate_EDF, up_EDF, down_EFD, *, rows_per_token=1, backend='auto'):
+def run_experts(
+  x_RD, local_A, gate_EDF, up_EDF, down_EFD, *, rows_per_token=1, backend='auto', layer=None
+):
   """y[a] = Expert_{local[a]}(x[a // rows_per_token]) for every assignment a, in a's order; zero
   where local[a] is not in [0, E_local) (an expert held elsewhere, or a padding row).
 
   The assignments are sorted by expert and the experts run as a grouped matmul over their
   contiguous rows; the rows are gathered from x in sorted order, so no sorted copy of x is
-  built first."""
-  local_experts = gate_EDF.shape[0]
+  built first. layer: the weights are stacks [layers, E_local, ...], read at that layer in place
+  (kernels/grouped_matmul.py)."""
+  local_experts = gate_EDF.shape[-3]
+  gmm_kw = dict(backend=backend, layer=layer)
   # Assignments to experts held elsewhere sort last, past every group.
   key_A = jnp.where((local_A >= 0) & (local_A < local_experts), local_A, local_experts)
   order_A = jnp.argsort(key_A, stable=True)
@@ -296,14 +321,10 @@ def run_experts(x_RD, local_A, gate_EDF, up_EDF, down_EFD, *, rows_per_token=1, 
   x_AD = jnp.take(x_RD, order_A // rows_per_token, axis=0)
   # The dense MLP's activation names (model/transformer.py REMAT_POLICIES): the policies that
   # keep its projections keep the experts' too, instead of re-running the grouped matmuls.
-  gate_AF = checkpoint_name(
-    gmm.grouped_matmul(x_AD, gate_EDF, group_sizes, backend=backend), 'mlp_gate'
-  )
-  up_AF = checkpoint_name(gmm.grouped_matmul(x_AD, up_EDF, group_sizes, backend=backend), 'mlp_up')
+  gate_AF = checkpoint_name(gmm.grouped_matmul(x_AD, gate_EDF, group_sizes, **gmm_kw), 'mlp_gate')
+  up_AF = checkpoint_name(gmm.grouped_matmul(x_AD, up_EDF, group_sizes, **gmm_kw), 'mlp_up')
   hidden_AF = checkpoint_name(jax.nn.silu(gate_AF) * up_AF, 'mlp_hidden')
-  y_AD = checkpoint_name(
-    gmm.grouped_matmul(hidden_AF, down_EFD, group_sizes, backend=backend), 'mlp_out'
-  )
+  y_AD = checkpoint_name(gmm.grouped_matmul(hidden_AF, down_EFD, group_sizes, **gmm_kw), 'mlp_out')
   return jnp.take(y_AD, jnp.argsort(order_A), axis=0)
 
 
@@ -317,7 +338,9 @@ def combine(y_AD, weights_TK, dtype):
   return out_TD.astype(dtype)
 
 
-def exchange_dispatch(x_TD, experts_TK, weights_TK, gate, up, down, *, axis, shards, backend):
+def exchange_dispatch(
+  x_TD, experts_TK, weights_TK, gate, up, down, *, axis, shards, backend, layer=None
+):
   """`dispatch` of this device's tokens over experts split across `shards` devices of mesh axis
   `axis` (inside shard_map), the assignments exchanged by all-to-all.
 
@@ -338,7 +361,7 @@ def exchange_dispatch(x_TD, experts_TK, weights_TK, gate, up, down, *, axis, sha
   only the real rows, T x k at any balance.
   """
   tokens, k = experts_TK.shape
-  local_experts = gate.shape[0]
+  local_experts = gate.shape[-3]
   capacity = tokens * min(k, local_experts)
   experts_A = experts_TK.reshape(-1)
   order_A = jnp.argsort(experts_A, stable=True)  # by expert, so by destination shard
@@ -362,6 +385,7 @@ def exchange_dispatch(x_TD, experts_TK, weights_TK, gate, up, down, *, axis, sha
     up,
     down,
     backend=backend,
+    layer=layer,
   )
   back_SCD = jax.lax.all_to_all(y_RD.reshape(shards, capacity, -1), axis, 0, 0)
   y_sorted_AD = back_SCD[dest_A, slot_A]
@@ -370,7 +394,7 @@ def exchange_dispatch(x_TD, experts_TK, weights_TK, gate, up, down, *, axis, sha
 
 
 def _sharded_dispatch(
-  x_BLD, experts_BLK, weights_BLK, gate, up, down, *, backend, exchange='gather'
+  x_BLD, experts_BLK, weights_BLK, gate, up, down, *, backend, exchange='gather', layer=None
 ):
   """`dispatch` on every device of the activation mesh (plainly without one); exchange (one of
   EXCHANGES, model.moe.exchange) picks how tokens meet the experts split over `expert`.
@@ -388,7 +412,8 @@ def _sharded_dispatch(
   exchange='all_to_all' moves the assignments instead (`exchange_dispatch`: its docstring gives
   its cost); each device keeps its own rows, so no reduce-scatter, and `tensor` is summed as
   above. Rows replicated over the mesh need no exchange either way: both take the gather path,
-  which then gathers nothing.
+  which then gathers nothing. layer: the weights are stacks [layers, E, ...] (MoE.__call__), split
+  the same way behind their layers axis.
   """
   if exchange not in EXCHANGES:
     raise ValueError(f'model.moe.exchange={exchange!r} is not one of {EXCHANGES}.')
@@ -405,7 +430,7 @@ def _sharded_dispatch(
   # `expert` in place of the reduce-scatter.
   split_rows = stream != P()
 
-  def body(x, experts, weights, gate, up, down):
+  def body(x, experts, weights, gate, up, down, layer=None):
     exchanged = expert_axis and split_rows and exchange == 'all_to_all'
     first = 0
     if expert_axis and not exchanged:
@@ -413,15 +438,16 @@ def _sharded_dispatch(
         x, experts, weights = (
           jax.lax.all_gather(a, expert_axis, axis=0, tiled=True) for a in (x, experts, weights)
         )
-      first = jax.lax.axis_index(expert_axis) * gate.shape[0]
+      first = jax.lax.axis_index(expert_axis) * gate.shape[-3]
     rows, length, dim = x.shape
     flat = [a.reshape(rows * length, -1) for a in (x, experts, weights)]
     if exchanged:
+      shards = mesh.shape[expert_axis]
       out = exchange_dispatch(
-        *flat, gate, up, down, axis=expert_axis, shards=mesh.shape[expert_axis], backend=backend
+        *flat, gate, up, down, axis=expert_axis, shards=shards, backend=backend, layer=layer
       )
     else:
-      out = dispatch(*flat, gate, up, down, first_expert=first, backend=backend)
+      out = dispatch(*flat, gate, up, down, first_expert=first, backend=backend, layer=layer)
     out = out.reshape(rows, length, dim)
     if tensor_axis:
       out = jax.lax.psum(out, tensor_axis)
@@ -433,16 +459,20 @@ def _sharded_dispatch(
       out = jax.lax.psum(out, expert_axis)
     return out
 
+  operands = (x_BLD, experts_BLK, weights_BLK, gate, up, down)
+  if layer is not None:  # an operand (replicated), not a tracer the mapped body closes over
+    operands += (jnp.asarray(layer, jnp.int32),)
   if mesh is None or mesh.size == 1:
-    return body(x_BLD, experts_BLK, weights_BLK, gate, up, down)
-  wide, narrow = P('expert', None, 'tensor'), P('expert', 'tensor', None)
+    return body(*operands)
+  stack = (None,) * (layer is not None)  # the weights' layers axis, whole on every device
+  wide, narrow = P(*stack, 'expert', None, 'tensor'), P(*stack, 'expert', 'tensor', None)
   return jax.shard_map(
     body,
     mesh=mesh,
-    in_specs=(stream, stream, stream, wide, wide, narrow),
+    in_specs=(stream, stream, stream, wide, wide, narrow, P())[: len(operands)],
     out_specs=stream,
     check_vma=False,
-  )(x_BLD, experts_BLK, weights_BLK, gate, up, down)
+  )(*operands)
 
 
 def _axes_size(mesh, part) -> int:

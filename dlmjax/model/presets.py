@@ -85,6 +85,9 @@ class ModelConfig:
   # the dense MLP's gate / up each one concatenated weight, as transformer.computed_params
   # builds them from the trained tree. Training, checkpoints and converters never see it.
   fused_projections: bool = False
+  # The inference layout too: every layer's routed experts read in place from their stacks
+  # (transformer._run_layers), not cut per layer by the layer loop. Forward only.
+  experts_in_place: bool = False
 
   @property
   def lora_spec(self):

@@ -144,19 +144,22 @@ class Block(nnx.Module):
         **kw,
       )
 
-  def __call__(self, x_BLD, positions_BL, **attention_kwargs):
+  def __call__(self, x_BLD, positions_BL, expert_layer=None, **attention_kwargs):
     """(x out, the attention's (k, v), the MoE router's statistics or None); attention_kwargs go
-    to Attention (kv_cache included)."""
+    to Attention (kv_cache included). expert_layer: the MoE's routed experts are whole stacks
+    and this block is that layer of them (_run_layers, ModelConfig.experts_in_place)."""
     x_BLD, normed_BLD = self.input_norm.with_residual(x_BLD)
     attn_BLD, kv = self.attn.with_kv(
       checkpoint_name(normed_BLD, 'attn_norm'), positions_BL, **attention_kwargs
     )
     x_BLD = x_BLD + attn_BLD
     x_BLD, normed_BLD = self.post_attn_norm.with_residual(checkpoint_name(x_BLD, 'attn_residual'))
-    mlp_out = self.mlp(checkpoint_name(normed_BLD, 'mlp_norm'))
+    normed_BLD = checkpoint_name(normed_BLD, 'mlp_norm')
     stats = None
     if isinstance(self.mlp, moe.MoE):
-      mlp_out, stats = mlp_out
+      mlp_out, stats = self.mlp(normed_BLD, layer=expert_layer)
+    else:
+      mlp_out = self.mlp(normed_BLD)
     x_BLD = x_BLD + mlp_out
     return rules.constrain(x_BLD, (rules.BATCH, rules.LENGTH, rules.ACT_EMBED)), kv, stats
 
@@ -186,6 +189,13 @@ def _run_layers(
   closes over, never copied) and its own index, and its attention reads its layer in place
   (attention.cached_slice_attention). Scanned, the cache would be cut into a [B, S, K, H] copy
   per layer per step (docs/benchmarks.md, Sampler, K/V caches).
+
+  With cfg.experts_in_place (the inference layout) an MoE's routed experts are handled the same
+  way: neither scanned nor unstacked, every layer gets the whole [layers, E, ...] stacks and its
+  index, and the grouped matmul reads its layer in place (kernels/grouped_matmul.py). Cut per
+  layer, the Pallas kernel's operand was a copy of the layer's every expert, each step: 40 of a
+  46 ms LLaDA2.0-mini decode step on an H100 (docs/benchmarks.md, LLaDA2.0-mini). Training
+  keeps the cut: the gradient of a whole stack per layer would hold the stack once per layer.
   """
   attention_kwargs = dict(
     kind=kind or cfg.attention_mask,
@@ -198,20 +208,33 @@ def _run_layers(
   )
 
   dropout = lora.dropout_active()  # a LoRA train step's adapter dropout: per-layer keys
+  stacked, experts = _split_experts(cfg, stacked)
+  experts = _compute_weights(cfg, experts)  # cast once, outside the loop (a no-op when computed)
 
   def layer(x, inputs):
     layer_params, index = inputs
     cache_layer = None if kv_cache is None else index
+    expert_layer = None
+    if experts:  # the whole stacks, and this layer's index among them
+      layer_params = dict(layer_params, mlp=dict(layer_params['mlp'], **experts))
+      expert_layer = index - first
     with lora.dropout_layer(index):
       block = nnx.merge(graphdef, layer_params)
-      x, kv, stats = block(x, side['positions_BL'], cache_layer=cache_layer, **attention_kwargs)
+      x, kv, stats = block(
+        x,
+        side['positions_BL'],
+        expert_layer=expert_layer,
+        cache_layer=cache_layer,
+        **attention_kwargs,
+      )
     return x, (kv if want_kv else None, stats)
 
   if cfg.remat != 'none':
     layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
     num_layers = jax.tree.leaves(stacked)[0].shape[0]
-    indices = first + jnp.arange(num_layers) if dropout or kv_cache is not None else None
+    needs_index = dropout or kv_cache is not None or experts
+    indices = first + jnp.arange(num_layers) if needs_index else None
     x_BLD, (kv, stats) = jax.lax.scan(layer, x_BLD, (_compute_weights(cfg, stacked), indices))
     return x_BLD, kv, stats
   kvs, stats = [], []
@@ -221,6 +244,19 @@ def _run_layers(
     stats.append(layer_sums)
   stacked_stats = None if stats[0] is None else jax.tree.map(lambda *s: jnp.stack(s), *stats)
   return x_BLD, (tuple(jnp.stack(c) for c in zip(*kvs)) if want_kv else None), stacked_stats
+
+
+_ROUTED_EXPERTS = ('gate_proj', 'up_proj', 'down_proj')  # moe.MoE's stacked expert weights
+
+
+def _split_experts(cfg, stacked):
+  """(stacked without the routed experts, {name: whole stack}) under cfg.experts_in_place and an
+  MoE stack (its router tells it from a dense MLP of the same weight names); else (stacked, {})."""
+  mlp = stacked.get('mlp', {})
+  if not cfg.experts_in_place or 'router_kernel' not in mlp:
+    return stacked, {}
+  rest = {k: v for k, v in mlp.items() if k not in _ROUTED_EXPERTS}
+  return dict(stacked, mlp=rest), {name: mlp[name] for name in _ROUTED_EXPERTS}
 
 
 def _unstack(stacked):
@@ -262,9 +298,17 @@ def fusable(cfg) -> bool:
   return cfg.matmul_dtype == 'compute' and not cfg.fused_projections
 
 
-def inference_config(cfg, *, fuse: bool = True):
-  """The ModelConfig whose module holds computed_params(cfg, params, fuse=fuse)."""
-  return dataclasses.replace(cfg, fused_projections=True) if fuse and fusable(cfg) else cfg
+def inference_config(cfg, *, fuse: bool = True, experts_in_place: bool = True):
+  """The ModelConfig whose module holds computed_params(cfg, params, fuse=fuse), its routed
+  experts read in place by the layer loop unless experts_in_place=False (a benchmark's
+  baseline: each layer's experts cut from their stacks). In place needs the experts in the
+  compute dtype, as computed_params leaves them for matmuls in the compute dtype (an FP8 model's
+  stacks would be cast whole in every layer)."""
+  if fuse and fusable(cfg):
+    cfg = dataclasses.replace(cfg, fused_projections=True)
+  if experts_in_place and cfg.num_experts and cfg.matmul_dtype == 'compute':
+    cfg = dataclasses.replace(cfg, experts_in_place=True)
+  return cfg
 
 
 def computed_params(cfg, params: dict, *, fuse: bool = True) -> dict:

@@ -3,6 +3,8 @@ forward and both gradients, with 16-row tiles that straddle up to three groups, 
 inside a tile, rows past every group (NaN there must not leak), and dimensions that are not whole
 tiles; and its Triton lowering at the Qwen3-30B-A3B expert shape."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,11 +77,10 @@ def test_bad_shapes_name_the_contract():
     kernel.grouped_matmul(jnp.ones((4, 3)), jnp.ones((2, 3, 6)), jnp.array([4]))
 
 
-def test_forward_and_backward_lower_for_triton(monkeypatch):
-  """What a GPU compiles: the three kernels at Qwen3-30B-A3B's expert shape (2048 -> 768, 128
-  experts, 16,384 tokens x top-8), bf16, each Triton module passing MLIR's verifier (the GPU's
-  compiler parses and verifies it; a loop whose bounds differ in type fails there only). jax
-  releases that lower Triton only beside a GPU skip."""
+@pytest.fixture
+def verified_triton(monkeypatch):
+  """The list of Triton modules lowered from here on, each passing MLIR's verifier (the GPU's
+  compiler parses and verifies it; a loop whose bounds differ in type fails there only)."""
   from jax._src.pallas.triton import lowering  # pylint: disable=import-outside-toplevel
 
   verified = []
@@ -92,6 +93,23 @@ def test_forward_and_backward_lower_for_triton(monkeypatch):
     return result
 
   monkeypatch.setattr(lowering, 'lower_jaxpr_to_triton_module', lower_and_verify)
+  return verified
+
+
+def _lower_for_cuda(fn, *args):
+  try:
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=('cuda',)).as_text()
+  except RuntimeError as e:
+    if 'GPU' not in str(e):
+      raise
+    pytest.skip(f'this jax lowers Triton only with a GPU: {e}')
+
+
+def test_forward_and_backward_lower_for_triton(verified_triton):
+  """What a GPU compiles: the three kernels at Qwen3-30B-A3B's expert shape (2048 -> 768, 128
+  experts, 16,384 tokens x top-8), bf16, each Triton module verified. jax releases that lower
+  Triton only beside a GPU skip."""
+  verified = verified_triton
   lhs = jax.ShapeDtypeStruct((131072, 2048), jnp.bfloat16)
   rhs = jax.ShapeDtypeStruct((128, 2048, 768), jnp.bfloat16)
   sizes = jax.ShapeDtypeStruct((128,), jnp.int32)
@@ -101,17 +119,33 @@ def test_forward_and_backward_lower_for_triton(monkeypatch):
     out, vjp = jax.vjp(lambda a, b: kernel.grouped_matmul(a, b, sizes, interpret=False), lhs, rhs)
     return out, *vjp(cot)
 
-  try:
-    lowered = jax.jit(fwd_bwd).trace(lhs, rhs, sizes, cot).lower(lowering_platforms=('cuda',))
-  except RuntimeError as e:
-    if 'GPU' not in str(e):
-      raise
-    pytest.skip(f'this jax lowers Triton only with a GPU: {e}')
-  text = lowered.as_text()
+  text = _lower_for_cuda(fwd_bwd, lhs, rhs, sizes, cot)
   for name in ('grouped_matmul_fwd', 'grouped_matmul_dlhs', 'grouped_matmul_drhs'):
     assert f'name = "{name}"' in text, name
   assert text.count('__gpu$xla.gpu.triton') == 3
   assert len(verified) == 3
+
+
+def test_a_stacked_rhs_lowers_for_triton_and_reaches_the_kernel_whole(verified_triton):
+  """The inference layout's read at LLaDA2.0-mini's shape (19 MoE layers x 256 experts, 2048 ->
+  512, a batch-1 block of 32 tokens x top-8): the Triton module verifies, and the custom call's
+  operand is the whole [19, 256, 2048, 512] stack with no slice of it before the call."""
+  lhs = jax.ShapeDtypeStruct((256, 2048), jnp.bfloat16)
+  rhs = jax.ShapeDtypeStruct((19, 256, 2048, 512), jnp.bfloat16)
+  sizes = jax.ShapeDtypeStruct((256,), jnp.int32)
+  layer = jax.ShapeDtypeStruct((), jnp.int32)
+
+  def forward(lhs, rhs, sizes, layer):
+    return kernel.grouped_matmul(lhs, rhs, sizes, layer=layer, interpret=False)
+
+  text = _lower_for_cuda(forward, lhs, rhs, sizes, layer)
+  assert text.count('__gpu$xla.gpu.triton') == 1 and len(verified_triton) == 1
+  main = text[text.index('func.func public @main') :]
+  main = main[: main.index('\n  }')].splitlines()[1:]  # the entry function's body
+  body = [line for line in main if re.search(r'%arg1\b', line)]
+  # rhs (%arg1) is read by the kernel call alone, as it was passed: no slice, pad or copy.
+  assert len(body) == 1 and '__gpu$xla.gpu.triton' in body[0], body
+  assert '%arg0, %arg1)' in body[0] and 'tensor<19x256x2048x512xbf16>' in body[0]
 
 
 @pytest.mark.gpu

@@ -40,6 +40,28 @@ def test_grouped_matmul_matches_the_dense_reference_forward_and_backward(backend
   assert not np.any(got[0][10:]) and not np.any(got[1][10:])  # no group: zero out, zero gradient
 
 
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_a_stacked_rhs_read_at_a_traced_layer_is_that_layers_product(backend):
+  """The inference layout's read (layer: rhs [layers, G, K, N], a traced index) against the
+  dense reference of rhs[layer] in numpy; every layer differs, so a kernel that read another
+  layer (or layer 0) would miss. Pallas: no padding (K, N whole 16-tiles) and padding (12, 20)."""
+  for depth, width in ((16, 32), (12, 20)):
+    keys = jax.random.split(jax.random.key(depth), 2)
+    lhs = jax.random.normal(keys[0], (20, depth))
+    rhs = jax.random.normal(keys[1], (3, 4, depth, width))  # 3 layers of 4 groups
+    sizes = jnp.array([3, 0, 9, 5])  # an empty group, and 3 rows past every group
+    run = jax.jit(lambda a, b, layer: gmm.grouped_matmul(a, b, sizes, backend=backend, layer=layer))
+    for layer in (2, 1):
+      got = np.asarray(run(lhs, rhs, layer))
+      want = np.asarray(_dense(lhs, rhs[layer], sizes))
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+      np.testing.assert_array_equal(
+        got, gmm.grouped_matmul(lhs, rhs[layer], sizes, backend=backend)
+      )
+  with pytest.raises(ValueError, match=r'rhs \[layers, G, K, N\] with a layer'):
+    gmm.grouped_matmul(lhs, rhs[0], sizes, backend='pallas', layer=0)
+
+
 def test_unknown_backend_names_the_choices():
   with pytest.raises(ValueError, match="backend 'cuda' is not one of"):
     gmm.resolve('cuda')

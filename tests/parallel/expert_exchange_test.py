@@ -93,6 +93,32 @@ def test_all_to_all_matches_one_device_forward_and_gradient(reference, axes, unb
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.parametrize(
+  'exchange,axes',
+  [('gather', dict(data=2, expert=2, tensor=2)), ('all_to_all', dict(fsdp=2, expert=4))],
+)
+def test_stacked_experts_read_at_a_layer_match_one_device(reference, exchange, axes):
+  """The inference layout's experts (ModelConfig.experts_in_place): stacks [layers, E, ...] split
+  behind their layers axis, read at a traced layer; layer 1 holds the reference's experts and
+  layer 0 others, so reading the wrong layer misses. Forward only, as inference runs it."""
+  mesh = _mesh(**axes)
+  x, experts, weights, *w = _inputs()
+  stacks = [jnp.stack([-2.0 * a, a]) for a in w]
+  stream = rules.spec((rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
+  wide, narrow = P(None, 'expert', None, 'tensor'), P(None, 'expert', 'tensor', None)
+  args = [
+    jax.device_put(a, NamedSharding(mesh, s))
+    for a, s in zip((x, experts, weights, *stacks), (stream, stream, stream, wide, wide, narrow))
+  ]
+
+  @jax.jit
+  def run(layer, *a):
+    with rules.activation_mesh(mesh):
+      return moe._sharded_dispatch(*a, backend='xla', exchange=exchange, layer=layer)
+
+  np.testing.assert_allclose(run(1, *args), reference[False][0], rtol=1e-5, atol=1e-5)
+
+
 def test_an_unknown_exchange_names_the_choices():
   with pytest.raises(ValueError, match=r"model.moe.exchange='ragged' is not one of"):
     moe._sharded_dispatch(*_inputs(), backend='xla', exchange='ragged')
