@@ -9,17 +9,9 @@ import pytest
 
 from dlmjax import model as model_lib
 from dlmjax.model import programs
+from tests.model import transformer_test
 
-CFG = model_lib.ModelConfig(
-  num_layers=2,
-  d_model=32,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=8,
-  ffn_dim=64,
-  vocab_size=128,
-  seq_len=16,
-)
+CFG = transformer_test.CFG
 MOE = dict(num_experts=4, experts_per_token=2, moe_ffn_dim=16, shared_experts=1, dense_layers=(0,))
 
 
