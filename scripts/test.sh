@@ -24,4 +24,5 @@ fi
 export DLMJAX_CACHE_DIR=${DLMJAX_CACHE_DIR:-$PWD/.cache/dlmjax}
 # Whole test files per worker (loadscope): a module-scoped fixture (a tiny training run, a model
 # directory) is built once; with per-test distribution both workers often build it.
-exec "$PY" -m pytest -n 2 --dist loadscope -q "$@"
+# --durations=25: every log names the slowest tests, where the 15-minute budget goes.
+exec "$PY" -m pytest -n 2 --dist loadscope -q --durations=25 "$@"

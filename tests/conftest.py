@@ -1,14 +1,22 @@
 """Test set-up: 8 virtual CPU devices for mesh tests, and tiny configs built from real presets."""
 
+import contextlib
 import os
 import shutil
 import tempfile
 
 # Before JAX initialises its backends. The tests' tiny programs spend their time in compilation:
 # LLVM at -O0 without its expensive passes cuts the suite's compile time by about 40% on the
-# 2-core machine. The HLO passes are unchanged; float results may differ in the last bits.
+# 2-core machine; XLA:CPU's older elemental fusion emitter in place of its MLIR fusion emitters
+# compiles a tiny train step in ~55% of the time again (3.2 -> 1.8 s; step_test.py 44 -> 27 s).
+# The HLO passes are unchanged; float results may differ in the last bits. XLA aborts on a flag
+# it does not know: when a jaxlib drops one of these, drop it here.
 _DEVICE_COUNT = '--xla_force_host_platform_device_count'
-FAST_COMPILE = ('--xla_backend_optimization_level=0', '--xla_llvm_disable_expensive_passes=true')
+FAST_COMPILE = (
+  '--xla_backend_optimization_level=0',
+  '--xla_llvm_disable_expensive_passes=true',
+  '--xla_cpu_use_fusion_emitters=false',
+)
 
 
 def with_test_xla_flags(flags):
@@ -57,6 +65,30 @@ if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' in os.environ:
 if 'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES' in os.environ:
   _size = int(os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'])
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', _size)
+
+
+@contextlib.contextmanager
+def compile_cache_writes_off():
+  """Keeps the programs compiled inside out of the shared persistent cache (it is still read).
+  jaxlib's CPU `executable.serialize()`, which every cache write calls, twice segfaulted in CI
+  serialising the LLaDA2 MoE train step and took an xdist worker down (the other then hung).
+  JAX compares the compile time with its minimum before it serialises (compiler._cache_write),
+  the entry size only after, and reads `jax_enable_compilation_cache` once per process: an
+  infinite minimum compile time is the switch that skips the serialisation."""
+  name = 'jax_persistent_cache_min_compile_time_secs'
+  before = getattr(jax.config, name)
+  jax.config.update(name, float('inf'))
+  try:
+    yield
+  finally:
+    jax.config.update(name, before)
+
+
+@pytest.fixture
+def no_compile_cache_writes():
+  """compile_cache_writes_off for a whole test."""
+  with compile_cache_writes_off():
+    yield
 
 
 @pytest.fixture(scope='session', autouse=True)

@@ -53,7 +53,8 @@ def _leaves(params, prefix=''):
   return out
 
 
-@pytest.mark.slow  # two SFT and two RL compiles of the MoE model: ~65 s of CPU on 2 cores
+@pytest.mark.slow  # two SFT and two RL compiles of the MoE model: ~40 s of CPU on 2 cores
+@pytest.mark.usefixtures('no_compile_cache_writes')  # conftest: a serialisation crash
 def test_llada2_block_sft_full_and_lora_then_trace_and_d1(tmp_path):
   hf_dir, _, _ = family_dirs.llada2_dir(tmp_path / 'hf')
   train_file = _train_file(tmp_path)

@@ -16,6 +16,7 @@ def test_user_xla_flags_are_kept_and_the_device_count_is_the_suites():
     '--xla_dump_to=/tmp/d',
     '--xla_backend_optimization_level=2',
     '--xla_llvm_disable_expensive_passes=true',
+    '--xla_cpu_use_fusion_emitters=false',
     '--xla_force_host_platform_device_count=8',
   ]
   assert conftest.with_test_xla_flags(flags) == flags  # applying twice adds nothing
@@ -52,3 +53,25 @@ def test_heavy_files_are_collected_first():
   conftest.heavy_files_first(items)
   order = ['b_test.py::x', 'b_test.py::y', 'd_test.py::x', 'a_test.py::x', 'c_test.py::x']
   assert [item.nodeid for item in items] == order
+
+
+def _cache_entries(prefix):
+  import os  # pylint: disable=import-outside-toplevel
+
+  directory = os.environ['JAX_COMPILATION_CACHE_DIR']
+  return [name for name in os.listdir(directory) if name.startswith(prefix)]
+
+
+def test_compile_cache_writes_off_keeps_a_program_out_and_restores_the_threshold():
+  def kept_out(x):
+    return x * 5 - 2
+
+  def written(x):
+    return x * 7 - 2
+
+  threshold = jax.config.jax_persistent_cache_min_compile_time_secs
+  with conftest.compile_cache_writes_off():
+    jax.jit(kept_out)(jnp.arange(3.0)).block_until_ready()
+  assert jax.config.jax_persistent_cache_min_compile_time_secs == threshold
+  jax.jit(written)(jnp.arange(3.0)).block_until_ready()
+  assert not _cache_entries('jit_kept_out') and _cache_entries('jit_written')

@@ -1,8 +1,10 @@
 """The sampler tests' tiny model and prompts: one definition for the sampler, cache, block
 decoding and step-prediction tests."""
 
+import contextlib
 import dataclasses
 import functools
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ import numpy as np
 
 from dlmjax import model as model_lib
 from dlmjax.diffusion import sampler
+from dlmjax.model import programs
 from tests.conftest import tiny_test_config
 
 MASK, EOS, PAD, VOCAB = 3, 2, 0, 100
@@ -23,6 +26,30 @@ PROMPTS = [
   [60, 61, 62, 63],
   [70, 71, 72],
 ]
+
+
+@contextlib.contextmanager
+def default_cpu_emitters():
+  """Sampler programs built inside compile with XLA:CPU's default fusion emitters, not the suite's
+  faster legacy one (tests/conftest.py FAST_COMPILE). A sampled decode (temperature > 0) gives
+  the same tokens with and without a cache only while both programs' logits agree bit for bit,
+  as the default emitters compute them; the legacy one rounds the cached slice and the whole
+  canvas apart in the last bit, enough to flip a near-tied draw."""
+  compiler_options = programs.compiler_options
+  default = {'xla_cpu_use_fusion_emitters': True} if jax.default_backend() == 'cpu' else {}
+  builders = (sampler.make_generate_fn, sampler.make_block_fn, sampler.make_prefix_fn)
+
+  def options(matmul_dtype, *, decode=False):
+    return {**compiler_options(matmul_dtype, decode=decode), **default}
+
+  for built in builders:  # their programs were jitted with the suite's options
+    built.cache_clear()
+  try:
+    with mock.patch.object(programs, 'compiler_options', options):
+      yield
+  finally:
+    for built in builders:
+      built.cache_clear()
 
 
 # 2 blocks of 8, 3 steps per block: 3, 3, 2 tokens per step (the remainder goes first).

@@ -18,6 +18,7 @@ import pytest
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import manager as checkpoint_lib
+from tests.conftest import FAST_COMPILE
 from tests.parallel import processes
 from tests.parallel.multiprocess_test import OVERRIDES, ROOT
 
@@ -41,7 +42,7 @@ def _start(tmp, run_dir, port, process_id):
     **{checkpoint_lib.COMMIT_DELAY_ENV: '4:300'},
     JAX_PLATFORMS='cpu',
     JAX_NUM_CPU_DEVICES='2',
-    XLA_FLAGS='--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true',
+    XLA_FLAGS=' '.join(FAST_COMPILE),
   )
   overrides = dict(OVERRIDES, **{'checkpoint.every': 2, 'log.outputs': '', 'output_dir': run_dir})
   args = [f'--config.{k}={v}' for k, v in overrides.items()]

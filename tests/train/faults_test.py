@@ -26,6 +26,7 @@ from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import manager as checkpoint_lib
 from dlmjax.observability import sinks, tensorboard
+from tests.conftest import FAST_COMPILE
 
 # ~35 s on 2 cores (one chain of 4 training subprocesses), more on a busy machine.
 pytestmark = pytest.mark.slow
@@ -72,7 +73,7 @@ def _env(compile_cache, **extra):
   env = dict(
     os.environ,
     JAX_PLATFORMS='cpu',
-    XLA_FLAGS='--xla_force_host_platform_device_count=1',
+    XLA_FLAGS=' '.join([*FAST_COMPILE, '--xla_force_host_platform_device_count=1']),
     JAX_COMPILATION_CACHE_DIR=str(compile_cache),
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0',
