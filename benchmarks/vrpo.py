@@ -8,7 +8,7 @@ the 8B LoRA shape's memory and speed.
     python -m benchmarks.vrpo speed --tiny                                       # CPU: it runs
     python -m benchmarks.vrpo speed --preset qwen3_0p6b --seq 512 --batch 16 --stages sft,reward
 
-quality: the demo's preference route (dlmjax/demo.py, configs/demo.py; --task, arithmetic by
+quality: the demo's preference route (dlmjax/demo/, configs/demo.py; --task, arithmetic by
 default) at --preset's shape: pre-training on the built-in corpus, SFT on the task's worked train
 problems, then VRPO and a reward model (configs/reward.py's recipe, VRPO's size) on the task's
 pairs (preference_rows.task_pairs, --pairs: 'other', a worked solution over another problem's;

@@ -15,7 +15,7 @@ docs/benchmarks.md, "Three-stage result" (the trials: docs/history/rl.md).
 import copy
 import os
 
-STAGES = ('pretrain', 'sft', 'rl')  # the default route (dlmjax/demo.py ROUTES: vrpo, reward)
+STAGES = ('pretrain', 'sft', 'rl')  # the default route (dlmjax/demo/routes.py ROUTES: vrpo, reward)
 BASE_CONFIGS = {
   'pretrain': 'tiny.py',
   'sft': 'sft.py',

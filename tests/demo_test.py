@@ -13,6 +13,7 @@ from dlmjax import demo
 from dlmjax import tasks as tasks_lib
 from dlmjax.data import builtin, chat
 from dlmjax.data import tokenizer as tokenizer_lib
+from dlmjax.demo import distill_stage, runs
 
 
 def _recipe():
@@ -253,9 +254,9 @@ def test_one_stage_alone_from_the_config_file(tmp_path):
 def test_an_early_stop_names_the_step_its_checkpoint_holds(tmp_path, monkeypatch):
   """The stop message names the checkpointed step (what a resume starts from), not the last
   logged row's."""
-  monkeypatch.setattr(demo.loop, 'train', lambda config: None)
-  monkeypatch.setattr(demo.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 6))
-  monkeypatch.setattr(demo, 'final_loss', lambda run_dir, step=None: (5, 1.0))
+  monkeypatch.setattr(runs.loop, 'train', lambda config: None)
+  monkeypatch.setattr(runs.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 6))
+  monkeypatch.setattr(runs, 'final_loss', lambda run_dir, step=None: (5, 1.0))
   with pytest.raises(InterruptedError, match=r'pretrain stopped with its checkpoint at step 6 of'):
     demo.run_seed(0, str(tmp_path), 'sudoku4')
 
@@ -287,18 +288,20 @@ def test_the_distill_stage_chains_rows_training_and_the_table(tmp_path, monkeypa
   student trains from it, and the table's rows are teacher then student, tagged with the seed."""
   calls = []
   monkeypatch.setattr(
-    demo,
+    distill_stage,
     'write_teacher_rows',
     lambda teacher, path, *a, **k: calls.append(('rows', teacher, path, k.get('keep', 'all'))),
   )
-  monkeypatch.setattr(demo.loop, 'train', lambda config: calls.append(('train', config)))
-  monkeypatch.setattr(demo.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 400))
+  monkeypatch.setattr(distill_stage.loop, 'train', lambda config: calls.append(('train', config)))
+  monkeypatch.setattr(
+    distill_stage.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 400)
+  )
 
   def rows(models, task, settings, **kwargs):
     calls.append(('table', models, list(settings)))
     return [dict(model=m, setting=s) for m in models for s in settings]
 
-  monkeypatch.setattr(demo, 'decoding_rows', rows)
+  monkeypatch.setattr(distill_stage, 'decoding_rows', rows)
   out = demo.run_distill(2, str(tmp_path), 'arithmetic', 'certainty', log=lambda *a: None)
   sft = str(tmp_path / 'seed2' / 'sft')
   assert calls[0] == ('rows', sft, str(tmp_path / 'seed2' / 'teacher_rows.npz'), 'all')
@@ -313,7 +316,9 @@ def test_the_distill_stage_chains_rows_training_and_the_table(tmp_path, monkeypa
   assert calls[0][2:] == (str(tmp_path / 'seed2' / 'teacher_rows_correct.npz'), 'correct')
   assert calls[1][1].output_dir == str(tmp_path / 'seed2' / 'distill_certainty_correct')
   assert calls[1][1].sft.teacher_file == calls[0][2]
-  monkeypatch.setattr(demo.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 100))
+  monkeypatch.setattr(
+    distill_stage.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 100)
+  )
   with pytest.raises(InterruptedError, match='distill stopped with its checkpoint at step 100'):
     demo.run_distill(2, str(tmp_path), 'arithmetic', 'certainty', log=lambda *a: None)
 
