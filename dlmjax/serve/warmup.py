@@ -41,8 +41,8 @@ class Warmup:
     self.total, self.startup, self.on = len(first) + len(rest), len(first), True
 
   def plan_prefix(self, tokens: tuple, settings) -> None:
-    """Queues, if planned, the calls of rows after a newly stored prefix (its first job's
-    settings: the ones that stored it) at every batch and width bucket its shortest row fits:
+    """Queues, if planned, the calls of rows after a newly stored prefix (with the
+    settings of the job that stored it) at every batch and width bucket its shortest row fits:
     else each would compile on first use, a stall for every row of that call."""
     if self.on:
       pad = self.engine.pad_id
