@@ -560,6 +560,35 @@ def test_warm_up_for_jobs_that_all_start_with_a_stored_prefix_skips_the_bare_row
   assert prompts(True) == {(*system, pad)}
 
 
+def test_a_stored_prefixs_warm_up_calls_need_warm_up_on_and_the_prefix_still_stored(tmp_path):
+  """plan_prefix queues nothing unless the warm-up was planned (--no-warmup: compile on first
+  use); a prefix's calls run its rows' shapes at every bucket, and those of a prefix evicted
+  before they ran are dropped, neither run (no row runs them) nor counted."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path, 'block_causal'))
+  eng = engine.Engine(
+    model, max_batch=2, max_queue=2, buckets=engine.Buckets(batch=(1, 2), width=(32, 64))
+  )
+  dispatched = []
+  eng.dispatch = lambda group, *_, shape, **__: dispatched.append((group[0].prompt, shape[:2]))
+  eng.wait = lambda call: None  # no call's blocks to carry: a new row's calls only
+  settings = sampler.SamplingConfig(**SETTINGS, cache='block')
+  kept, evicted = tuple(range(5, 21)), tuple(range(21, 37))
+  eng.warmup.plan_prefix(kept, settings)
+  assert not eng.warmup.queue and eng.warmup.total == 0
+  eng.warmup.plan(settings)
+  planned = eng.warmup.total
+  for tokens in (kept, evicted):
+    eng.prefixes[tokens] = None  # stored; planning reads the tokens only
+    eng.warmup.plan_prefix(tokens, settings)
+  del eng.prefixes[evicted]
+  while eng.warmup.queue:
+    eng.warmup.next()
+  pad = model.config.model.pad_token_id
+  after = [shape for prompt, shape in dispatched if prompt == [*kept, pad]]
+  assert after == [(1, 32), (1, 64), (2, 32), (2, 64)] and len(dispatched) == planned // 2 + 4
+  assert eng.warmup.done == eng.warmup.total == planned + 8
+
+
 def test_idle_warm_up_compiles_every_width_bucket_between_requests_never_beside_one(
   tmp_path, caplog
 ):
@@ -605,4 +634,60 @@ def test_idle_warm_up_compiles_every_width_bucket_between_requests_never_beside_
   finally:
     jax.config.update('jax_log_compiles', False)
   assert [j.text for j in jobs] == expected
+  assert not [r.getMessage() for r in caplog.records if 'Compiling' in r.getMessage()]
+
+
+def test_a_stored_prefix_queues_its_programs_for_the_idle_warm_up(tmp_path, caplog):
+  """Two requests that share a system prompt, arriving during the default warm-up's idle calls,
+  store it and decode in the 32 canvas; the scheduler then compiles, while idle, the programs
+  of rows after it at every width bucket, never beside a job: a later request with it in the 64
+  canvas compiles nothing."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path, 'block_causal', **{'model.seq_len': 64}))
+  system = ' '.join(f't{100 + 3 * j % 150}' for j in range(21))  # one 16-token unit stored
+  prompts = [f'{system} {p}' for p in (PROMPTS[0], PROMPTS[1], ' '.join(PROMPTS[10:13]))]
+  settings = sampler.SamplingConfig(gen_length=8, steps=4, block_length=4, cache='block')
+  eng = engine.Engine(
+    model,
+    max_batch=2,
+    max_queue=2,
+    buckets=engine.Buckets(batch=(2,), width=(32, 64)),
+    prefix_cache=1,
+  )
+  jobs = [engine.Job(prompt=model.tokenizer.encode(p), settings=settings) for p in prompts]
+  kinds, dispatch = [], eng.dispatch
+
+  def recorded(group, *args, **kwargs):  # each call: its kind and whether a job was decoding
+    if group[0] in jobs:
+      kinds.append('job')
+    else:
+      kinds.append('start-up' if eng.compiling else 'idle')
+      assert not eng.active and not eng.waiting, 'a warm-up call beside a job'
+      if kinds.count('idle') == 2:  # the two arrive during the default warm-up's last call
+        eng.submit(jobs[0])
+        eng.submit(jobs[1])
+    return dispatch(group, *args, **kwargs)
+
+  eng.dispatch = recorded
+  eng.start(warmup=settings)
+  for _ in range(1200):
+    if eng.stats()['warmed'] == eng.stats()['to_warm'] and jobs[1].finish_reason:
+      break
+    time.sleep(0.05)
+  # The default settings' 4 calls (2 widths: a new row's and a continuing one's), the jobs' 3
+  # blocks (the first keeps the prompt's tokens after its last whole model block), then the 4
+  # calls after the stored prefix.
+  assert (eng.stats()['warmed'], eng.stats()['to_warm']) == (8, 8)
+  assert kinds == ['start-up'] * 2 + ['idle'] * 2 + ['job'] * 3 + ['idle'] * 4
+  assert list(eng.prefixes) == [tuple(jobs[0].prompt[:16])]
+  assert {n for _, _, n, _, window in eng.compiled if window is not None} == {32, 64}
+  caplog.set_level(logging.WARNING)
+  jax.config.update('jax_log_compiles', True)
+  before = eng.prefix_rows
+  try:
+    eng.submit(jobs[2])
+    assert eng.drain(timeout=60)
+  finally:
+    jax.config.update('jax_log_compiles', False)
+  assert jobs[2].finish_reason and kinds[4 + 3 + 4 :] == ['job'] * 3
+  assert eng.prefix_rows - before == 3  # its every call ran after the stored prefix
   assert not [r.getMessage() for r in caplog.records if 'Compiling' in r.getMessage()]

@@ -25,7 +25,8 @@ own end), so one client pays one host round trip per that many blocks; its block
 one by one, each streamed and checked for EOS and stop strings as a block of its own.
 
 While idle the scheduler runs the warm-up's calls (warmup.py plans them) through the same
-dispatch and wait, one at a time.
+dispatch and wait, one at a time: those planned at start and, for each prefix stored since, the
+calls of rows after it.
 """
 
 from __future__ import annotations
@@ -202,7 +203,8 @@ class Engine:
     """Starts the scheduler; with warmup, first compiles that setting's programs for a one-token
     prompt (warmup.py; requests meanwhile get Compiling), then, only while no job waits or decodes,
     one call at a time, the rest of every width bucket's (a request arriving meanwhile waits
-    for at most the one compilation under way)."""
+    for at most the one compilation under way), and later the calls of rows after each prefix
+    stored (without warmup, none: everything compiles on first use)."""
     self.compiling = warmup is not None
     if warmup is not None:
       self.warmup.plan(warmup)
@@ -292,7 +294,9 @@ class Engine:
     while self.waiting and len(self.active) < self.max_batch:
       job = self.waiting.popleft()
       self.active.append(job)
-      self.prefixes.remember(job)
+      stored = self.prefixes.remember(job)
+      if stored:  # the idle warm-up compiles the programs of rows after it (warmup.py)
+        self.warmup.plan_prefix(stored, job.settings)
 
   def _next_group(self, jobs: list) -> list:
     """The jobs sharing the oldest job's program (first come, first served)."""

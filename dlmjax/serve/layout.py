@@ -185,12 +185,12 @@ class Prefixes(collections.OrderedDict):
       and not self.layout.sees_ahead(settings)
     )
 
-  def remember(self, job) -> None:
+  def remember(self, job) -> tuple | None:
     """Stores the K/V of the longest prefix (whole units, within the prompts' whole model
     blocks) that a new job's prompt shares with a recent one, unless a stored prefix that long
-    already covers it."""
+    already covers it: its tokens if it stored one, else None."""
     if not self.reuses(job.settings):
-      return
+      return None
     prompt, unit, grid = job.prompt, self.unit, self.layout.grid
     shared = 0
     for other in self._recent:
@@ -199,12 +199,13 @@ class Prefixes(collections.OrderedDict):
       shared = max(shared, same // unit * unit)
     self._recent.append(list(prompt))
     if shared < unit or any(len(k) >= shared and _starts(prompt, k) for k in self):
-      return
+      return None
     tokens = tuple(prompt[:shared])
     fn = sampler.make_prefix_fn(self.model.model_config)
     self[tokens] = fn(self.model.params, np.asarray([tokens], np.int32))
     while len(self) > self.size:
       self.popitem(last=False)
+    return tokens
 
   def find(self, group: list, prefill: int):
     """(token ids, K/V, prefill window) of the longest stored prefix every job of a group starts

@@ -3,7 +3,9 @@ running them one at a time through the engine's own dispatch and wait (engine.py
 
 The plan is apart from the scheduling: the engine runs the start-up part before it takes
 requests, then the rest one call at a time from its scheduler thread, only while no job waits or
-decodes, so a request arriving meanwhile waits for at most the one compilation under way.
+decodes, so a request arriving meanwhile waits for at most the one compilation under way. A prefix
+the engine stores later (a system prompt its traffic shares) queues the calls of rows after it, so
+the next requests with it find them compiled whatever their length or batch.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ class Warmup:
 
   def __init__(self, eng):
     self.engine = eng
-    self.queue = collections.deque()  # calls not run yet (units)
+    self.queue = collections.deque()  # calls not run yet: (unit, the stored prefix it runs after)
+    self.on = False  # planned: stored prefixes queue their calls too (off: compile on first use)
     self.done = 0
     self.total = 0
     self.startup = 0  # how many of them run before requests are taken
@@ -34,8 +37,18 @@ class Warmup:
     first = self.units(settings)
     seen = {_key(u) for u in first}
     rest = [u for u in self.units(settings, self.engine.buckets.width) if _key(u) not in seen]
-    self.queue.extend(first + rest)
-    self.total, self.startup = len(first) + len(rest), len(first)
+    self.queue.extend((u, None) for u in first + rest)
+    self.total, self.startup, self.on = len(first) + len(rest), len(first), True
+
+  def plan_prefix(self, tokens: tuple, settings) -> None:
+    """Queues, if planned, the calls of rows after a newly stored prefix (with the
+    settings of the job that stored it) at every batch and width bucket its shortest row fits:
+    else each would compile on first use, a stall for every row of that call."""
+    if self.on:
+      pad = self.engine.pad_id
+      units = self._units(settings, self.engine.buckets.width, [[*tokens, pad]])
+      self.queue.extend((u, tokens) for u in units)
+      self.total += len(units)
 
   def run(self, settings, lengths=(), prompt: int = 1, prefixed: bool = False) -> None:
     """Compiles the programs jobs with these settings run (units), now: not thread-safe with
@@ -57,10 +70,14 @@ class Warmup:
     such job runs the programs of a row without one.
     A static start (cache prefix on a model that sees ahead) varies with the traffic: those
     compile on first use."""
-    eng = self.engine
-    pad, layout = eng.pad_id, eng.layout
-    bare = [] if prefixed and eng.prefixes else [[pad] * prompt]
-    prompts = bare + [[*k, *[pad] * max(prompt - len(k), 1)] for k in eng.prefixes]
+    pad = self.engine.pad_id
+    bare = [] if prefixed and self.engine.prefixes else [[pad] * prompt]
+    after = [[*k, *[pad] * max(prompt - len(k), 1)] for k in self.engine.prefixes]
+    return self._units(settings, lengths, bare + after)
+
+  def _units(self, settings, lengths, prompts) -> list:
+    """units() for rows of these prompts."""
+    eng, layout = self.engine, self.engine.layout
     ahead = layout.sees_ahead(settings)
     spans = {1} if ahead else {1, eng.blocks_per_call}
     units = []
@@ -76,8 +93,13 @@ class Warmup:
     return units
 
   def next(self) -> None:
-    """Runs the next queued call."""
-    self._run(self.queue.popleft())
+    """Runs the next queued call, unless it runs after a prefix no longer stored (evicted:
+    no row runs it; then it is no more counted)."""
+    unit, prefix = self.queue.popleft()
+    if prefix is not None and prefix not in self.engine.prefixes:
+      self.total -= 1
+      return
+    self._run(unit)
     self.done += 1
 
   def next_idle(self) -> None:
@@ -88,9 +110,11 @@ class Warmup:
     except Exception:  # pylint: disable=broad-except
       log.exception('warm-up stopped; the remaining programs compile on first use')
       self.queue.clear()
+      self.on = False
     if not self.queue:
       log.warning(
-        'warm-up done: %d of %d calls of the default settings, every width bucket (%d while idle)',
+        'warm-up done: %d of %d calls (the default settings at every width bucket, rows after '
+        'each stored prefix; %d while idle)',
         self.done, self.total, self.done - self.startup,
       )  # fmt: skip
 
