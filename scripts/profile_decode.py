@@ -10,10 +10,11 @@ Random weights at the preset's shape, bf16 compute, a 64-token prompt, gen 256, 
 (batch, mode) decode is compiled ahead, run once untimed, then timed and traced once; the trace's
 GPU kernels are summed by class (matmul, attention, copies, elementwise and reduction fusions,
 ...) and divided by the number of sampler steps, and the host-side gap (wall time minus GPU busy
-time) is reported beside them. The bound of a step: the larger of the weight bytes over memory
-bandwidth (4.8 TB/s on an H200, 3.35 on an H100) and the step's matmul FLOPs over bf16 peak
-(about 790 TFLOP/s). docs/benchmarks.md, Sampler, "where a decode step's time goes", records
-its output. Reads the trace with jax.profiler.ProfileData (no TensorBoard).
+time) is reported beside them. The bound of a step: the larger of the weight bytes it must read
+(an MoE layer: only the experts its tokens route to, read_bytes) over memory bandwidth (4.8 TB/s
+on an H200, 3.35 on an H100) and the step's matmul FLOPs over bf16 peak (about 790 TFLOP/s).
+docs/benchmarks.md, Sampler, "where a decode step's time goes", records its output. Reads the
+trace with jax.profiler.ProfileData (no TensorBoard).
 """
 
 import argparse
@@ -139,6 +140,31 @@ def build(args):
   return config, model_lib.ModelConfig.from_config(config)
 
 
+ROUTED = ('gate_proj', 'up_proj', 'down_proj')  # an MoE layer's routed experts (model/moe.py)
+
+
+def read_bytes(model_config, params, batch, tokens):
+  """Weight bytes a forward of `tokens` rows per sequence must read: every weight but the
+  embedding table, except that an MoE layer reads only the experts its batch x tokens routed
+  tokens choose. With uniform routing (random weights route about so) T tokens choosing k of E
+  touch E (1 - (1 - k / E)^T) experts (163 of 256 for LLaDA2.0-mini's 32-token block at batch 1;
+  153 measured); a block's pool (block_experts C) caps that at C per row's block."""
+  c = model_config
+  total = sum(p.size * p.dtype.itemsize for p in jax.tree.leaves(params))
+  total -= c.vocab_size * c.d_model * jax.tree.leaves(params)[0].dtype.itemsize
+  if not c.num_experts:
+    return total
+  e, k, t = c.num_experts, c.experts_per_token, batch * tokens
+  touched = e * (1 - (1 - k / e) ** t)
+  if c.block_experts:
+    touched = min(touched, batch * c.block_experts)
+  for key, moe_mlp, *_ in c.layer_runs():
+    if moe_mlp:
+      routed = sum(params[key]['mlp'][n].nbytes for n in ROUTED)
+      total -= routed * (1 - touched / e)
+  return total
+
+
 def step_flops(model_config, params, batch, tokens, context):
   """Matmul FLOPs of one forward of `tokens` rows per sequence attending to `context` keys."""
   c = model_config
@@ -234,7 +260,6 @@ def main(argv=None):
   )(jax.random.key(0))
   if args.forward:
     return profile_forward(args, model_config, params)
-  weight_bytes = sum(p.size * 2 for p in jax.tree.leaves(params)) - m.vocab_size * m.d_model * 2
   rng = np.random.default_rng(0)
   rows, outputs = [], {}
   for batch in [int(b) for b in args.batches.split(',')]:
@@ -264,8 +289,10 @@ def main(argv=None):
       wall = (time.perf_counter() - t) / steps * 1e3
       first_tokens = outputs.setdefault((batch, mode), np.asarray(out))
       length = args.prompt + args.gen
-      tokens = {'none': length, 'dual': args.block, 'prefix': length // 2}.get(mode, length)
+      tokens = {'none': length, 'dual': args.block, 'block': args.block, 'prefix': length // 2}
+      tokens = tokens.get(mode, length)
       flops = step_flops(model_config, params, batch, tokens, length)
+      weight_bytes = read_bytes(model_config, params, batch, tokens)
       bound = max(weight_bytes / bandwidth(), flops / PEAK) * 1e3
       row = dict(
         label=args.label
