@@ -119,7 +119,7 @@ def tiny_config(output_dir: str, **overrides):
 def rl_bench(rows, workdir: str, args) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
 
-  from dlmjax.checkpoint import manager  # pylint: disable=import-outside-toplevel
+  from dlmjax.checkpoint import params_checkpoint  # pylint: disable=import-outside-toplevel
   from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.train import loop  # pylint: disable=import-outside-toplevel
   from dlmjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
@@ -130,7 +130,7 @@ def rl_bench(rows, workdir: str, args) -> dict:
   init = os.path.join(workdir, 'init')
   c = tiny_config(init)
   setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c))
-  manager.save_params_checkpoint(init, c, jax.device_get(setup.init_state(0)['params']))
+  params_checkpoint.save_params_checkpoint(init, c, jax.device_get(setup.init_state(0)['params']))
   rl = tiny_config(
     os.path.join(workdir, 'rl'),
     **{

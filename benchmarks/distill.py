@@ -53,7 +53,7 @@ from benchmarks import sampler_accuracy
 from dlmjax import config as config_lib
 from dlmjax import decoding_table, demo
 from dlmjax import distill as distill_cli
-from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.diffusion import distill as distill_objectives
 from dlmjax.model import presets
 
@@ -128,8 +128,8 @@ def stage_configs(args) -> dict:
       configs['sft'], objective, args.work_dir, base, teacher, keep=args.keep, retries=args.retries
     )
     if args.teacher:  # its canvas, which its rows have (the demo's is sized for the task)
-      run_dir = checkpoint_lib.resolve_step_dir(args.teacher)[0]
-      c.model.seq_len = checkpoint_lib.load_run_config(run_dir).model.seq_len
+      run_dir = run_dir_lib.resolve_step_dir(args.teacher)[0]
+      c.model.seq_len = run_dir_lib.load_run_config(run_dir).model.seq_len
     configs[f'distill_{objective}'] = c
   for name, config in configs.items():
     stage = 'distill' if name.startswith('distill') else name

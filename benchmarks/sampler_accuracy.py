@@ -35,7 +35,7 @@ import time
 
 from dlmjax import config as config_lib
 from dlmjax import demo
-from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.model import presets
 from dlmjax.train import loop
 
@@ -84,8 +84,8 @@ def overrides_of(overrides: list[str], stage: str) -> list[str]:
 
 def _saved_step(config) -> int:
   try:
-    return checkpoint_lib.resolve_step_dir(config.output_dir)[2]
-  except checkpoint_lib.CheckpointError:
+    return run_dir_lib.resolve_step_dir(config.output_dir)[2]
+  except run_dir_lib.CheckpointError:
     return -1
 
 

@@ -36,8 +36,8 @@ from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_layouts
 from dlmjax.checkpoint import hf_mapping
-from dlmjax.checkpoint import manager
 from dlmjax.checkpoint import peft_io
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.checkpoint import run_model
 from dlmjax.checkpoint import safetensors_io
 from dlmjax.model import quantize, score_head
@@ -60,8 +60,8 @@ def lora_to_hf(
   if adapter == 'merged':
     run = run_model.restore(checkpoint_path)
     return hf_io.write_hf(output_dir, run.config, run.params, layout=layout, **kwargs)
-  run_dir, step_dir, _ = manager.resolve_step_dir(checkpoint_path)
-  config = manager.load_run_config(run_dir)
+  run_dir, step_dir, _ = run_dir_lib.resolve_step_dir(checkpoint_path)
+  config = run_dir_lib.load_run_config(run_dir)
   cfg, adapters, frozen = run_model.restore_lora(run_dir, step_dir, config)
   plain = config.copy_and_resolve_references()
   plain.train.lora.rank = 0  # the exported base is a plain model
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
         )
   except (
     hf_io.ConvertError,
-    manager.CheckpointError,
+    run_dir_lib.CheckpointError,
     hf_config.HFConfigError,
     hf_mapping.MappingError,
     safetensors_io.SafetensorsError,

@@ -22,7 +22,7 @@ from absl import flags  # noqa: E402
 from dlmjax import config as config_lib  # noqa: E402
 from dlmjax import model as model_lib  # noqa: E402
 from dlmjax.checkpoint import init_from as init_from_lib  # noqa: E402
-from dlmjax.checkpoint import manager as checkpoint_lib  # noqa: E402
+from dlmjax.checkpoint import run_dir as run_dir_lib  # noqa: E402
 from dlmjax.model import lora  # noqa: E402
 from dlmjax.parallel import mesh as mesh_lib  # noqa: E402
 from dlmjax.parallel import pipeline  # noqa: E402
@@ -83,7 +83,7 @@ def _adopt_init_from(config) -> list[str]:
     return []
   try:
     adopted = init_from_lib.adopt_source_config(config)
-  except (config_lib.ConfigError, checkpoint_lib.CheckpointError) as e:
+  except (config_lib.ConfigError, run_dir_lib.CheckpointError) as e:
     return [f"model: the config's own keys, not init_from's ({e})"]
   changed = f' ({", ".join(adopted)})' if adopted else ''
   return [f'model: the one init_from {config.init_from} holds{changed}']

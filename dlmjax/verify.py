@@ -44,8 +44,11 @@ from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_mapping
 from dlmjax.checkpoint import lora_checkpoint
 from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.checkpoint import run_model
 from dlmjax.checkpoint import safetensors_io
+from dlmjax.checkpoint import step_meta
 from dlmjax.model import lora
 from dlmjax.parallel import distributed
 from dlmjax.parallel import mesh as mesh_lib
@@ -72,7 +75,7 @@ def _flat(tree) -> dict:
 
 
 def _metadata(item_dir: str) -> dict:
-  return _flat(manager.item_metadata(item_dir))
+  return _flat(params_checkpoint.item_metadata(item_dir))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,8 +161,8 @@ def _check_opt_state(step_dir, shapes, meta) -> Check:
 
 
 def _check_checksums(meta, params) -> Check:
-  saved = manager.saved_checksums(meta)
-  if saved is None and manager.predates_checksums(meta):
+  saved = step_meta.saved_checksums(meta)
+  if saved is None and step_meta.predates_checksums(meta):
     return Check('checksums', True, 'the checkpoint predates checksums; skipped')
   if saved is None:
     return Check('checksums', False, 'the meta has no params checksums in this format (damaged)')
@@ -181,7 +184,9 @@ def check_integrity(step_dir: str, config, step: int):
   if not checks[0].ok:
     return checks, None
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  params = manager.restore_params(step_dir, shapes, jax.tree.map(lambda _: device, shapes))
+  params = params_checkpoint.restore_params(
+    step_dir, shapes, jax.tree.map(lambda _: device, shapes)
+  )
   finite = _all_finite(params)
   bad = [k for k, v in _flat(finite).items() if not bool(v)]
   checks.append(
@@ -190,8 +195,8 @@ def check_integrity(step_dir: str, config, step: int):
     )
   )
   try:
-    meta = manager.read_meta(step_dir)
-  except (manager.CheckpointError, ValueError) as e:
+    meta = step_meta.read_meta(step_dir)
+  except (run_dir_lib.CheckpointError, ValueError) as e:
     return checks + [Check('step metadata', False, str(e))], params
   checks += [
     _check_checksums(meta, params),
@@ -204,11 +209,11 @@ def check_integrity(step_dir: str, config, step: int):
 
 
 def _check_step_meta(meta, step, items) -> Check:
-  """The meta item as resume tests it (manager.check_meta): its step, the data state's sha256,
+  """The meta item as resume tests it (step_meta.check_meta): its step, the data state's sha256,
   every integrity key a checksummed checkpoint must hold."""
   try:
-    verified = manager.check_meta(meta, step, items=items)
-  except manager.DamagedCheckpoint as e:
+    verified = step_meta.check_meta(meta, step, items=items)
+  except step_meta.DamagedCheckpoint as e:
     return Check('step metadata', False, str(e))
   detail = f'step {step}; ' + (
     'step and data state match their checksum' if verified else 'predates checksums'
@@ -231,7 +236,7 @@ def _check_as_resume_reads(step_dir, config, step) -> Check:
       state, _ = checkpoints.restore(step, setup)
     finally:
       checkpoints.close()
-  except (manager.DamagedCheckpoint, manager.CheckpointError) as e:
+  except (step_meta.DamagedCheckpoint, run_dir_lib.CheckpointError) as e:
     return Check('saved state, as resume reads it', False, str(e))
   items = ', '.join(k for k in state if k != 'step')
   return Check(
@@ -414,9 +419,9 @@ def verify(
 ) -> list[Check]:
   """Every check on one checkpoint; parity exports to a temporary directory unless hf_dir."""
   try:
-    run_dir, step_dir, step = manager.resolve_step_dir(checkpoint_path)
-    config = manager.load_run_config(run_dir)
-  except manager.CheckpointError as e:
+    run_dir, step_dir, step = run_dir_lib.resolve_step_dir(checkpoint_path)
+    config = run_dir_lib.load_run_config(run_dir)
+  except run_dir_lib.CheckpointError as e:
     return [Check('checkpoint found', False, str(e))]
   checks = [Check('checkpoint found', True, f'{step_dir} (step {step})')]
   try:
@@ -429,7 +434,7 @@ def verify(
   if lora.is_lora_run(config):  # the base it names, joined to the adapters (parity's model)
     try:
       run = run_model.restore(step_dir)
-    except (manager.CheckpointError, config_lib.ConfigError) as e:
+    except (run_dir_lib.CheckpointError, config_lib.ConfigError) as e:
       return checks + [Check('LoRA base', False, str(e))]
     base = lora_checkpoint.recorded_base(run_dir).get('path', config.init_from)
     checks.append(Check('LoRA base', True, f'{base}, merged with the adapters for parity'))

@@ -11,7 +11,8 @@ import pytest
 
 from dlmjax import cli
 from dlmjax import config as config_lib
-from dlmjax.checkpoint import hf_config, manager
+from dlmjax.checkpoint import hf_config
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.data import errors as data_errors
 from dlmjax.train import guards, loop
 
@@ -151,7 +152,7 @@ def test_summary_checks_a_config_whose_source_is_not_trained_yet(monkeypatch, tm
 def test_every_error_the_command_lines_report_is_a_user_error():
   for error in (
     config_lib.ConfigError,
-    manager.CheckpointError,
+    run_dir_lib.CheckpointError,
     data_errors.DataError,
     loop.NonFiniteError,
     guards.ResourceError,

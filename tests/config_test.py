@@ -9,7 +9,8 @@ import re
 import pytest
 
 from dlmjax import config as config_lib
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import compatibility
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.config import registry, schema
 from dlmjax.data import chat
 from dlmjax.diffusion import cache_modes, distill, loss, sampler, schedules
@@ -205,11 +206,12 @@ def test_architecture_keys_are_keys_and_resume_compares_them():
   for key in config_lib.ARCHITECTURE_KEYS + config_lib.STREAM_KEYS:
     flat(config_lib.defaults(), key)
   saved, run = tiny_test_config(), tiny_test_config(**{'model.qkv_bias': True})
-  with pytest.raises(manager.CheckpointError, match='model.qkv_bias: checkpoint False'):
-    manager.check_architecture(saved, run)
-  manager.check_architecture(saved, tiny_test_config(**{'seed': 7}))  # a stream key: resume only
-  with pytest.raises(manager.CheckpointError, match='seed: checkpoint'):
-    manager.check_resumable(saved, tiny_test_config(**{'seed': 7}))
+  with pytest.raises(run_dir_lib.CheckpointError, match='model.qkv_bias: checkpoint False'):
+    compatibility.check_architecture(saved, run)
+  # a stream key: resume only
+  compatibility.check_architecture(saved, tiny_test_config(**{'seed': 7}))
+  with pytest.raises(run_dir_lib.CheckpointError, match='seed: checkpoint'):
+    compatibility.check_resumable(saved, tiny_test_config(**{'seed': 7}))
 
 
 def test_sampler_group_is_the_sampling_config():

@@ -31,8 +31,10 @@ from dlmjax import verify
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint.families import dream
 from dlmjax.checkpoint import hf_io
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.checkpoint import safetensors_io
+from dlmjax.checkpoint import step_meta
 from dlmjax.data import tokenizer as tokenizer_lib
 from tests.checkpoint import family_dirs
 from tests.checkpoint import tiny_run
@@ -106,9 +108,9 @@ def _close(theirs, ours):
 
 
 def _restored(run_dir):
-  run_dir, step_dir, _ = manager.resolve_step_dir(run_dir)
-  config = manager.load_run_config(run_dir)
-  return config, manager.restore_params(step_dir, *model_lib.param_placement(config))
+  run_dir, step_dir, _ = run_dir_lib.resolve_step_dir(run_dir)
+  config = run_dir_lib.load_run_config(run_dir)
+  return config, params_checkpoint.restore_params(step_dir, *model_lib.param_placement(config))
 
 
 @pytest.mark.parametrize('changes', [{}, dict(tie_word_embeddings=True)], ids=['untied', 'tied'])
@@ -131,8 +133,8 @@ def test_dream_directory_imports_to_dream_function(tmp_path, changes):
   assert (m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_dim) == (4, 2, 16, 96)
   assert (m.rope_theta, m.norm_eps, m.seq_len) == (1e6, 1e-6, dream.TRAINED_LENGTH)
   assert (m.vocab_size, m.mask_token_id, m.eos_token_id, m.pad_token_id) == (256, 250, 2, 2)
-  step_dir = manager.resolve_step_dir(run_dir)[1]
-  assert manager.read_meta(step_dir)['source']['family'] == 'dream'
+  step_dir = run_dir_lib.resolve_step_dir(run_dir)[1]
+  assert step_meta.read_meta(step_dir)['source']['family'] == 'dream'
   _close(theirs, _ours(config, params, tokens))
 
   _, params = hf_io.load_hf(hf_dir)

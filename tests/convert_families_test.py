@@ -12,8 +12,10 @@ from dlmjax import convert
 from dlmjax import inference
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_io
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.checkpoint import safetensors_io
+from dlmjax.checkpoint import step_meta
 from tests.checkpoint import family_dirs
 from tests.checkpoint import tiny_run
 
@@ -43,9 +45,9 @@ def _close(theirs, ours):
 
 
 def _restored(step_dir):
-  run_dir, step_dir, _ = manager.resolve_step_dir(step_dir)
-  config = manager.load_run_config(run_dir)
-  return config, manager.restore_params(step_dir, *model_lib.param_placement(config))
+  run_dir, step_dir, _ = run_dir_lib.resolve_step_dir(step_dir)
+  config = run_dir_lib.load_run_config(run_dir)
+  return config, params_checkpoint.restore_params(step_dir, *model_lib.param_placement(config))
 
 
 @pytest.mark.parametrize('family', sorted(FAMILIES))
@@ -67,8 +69,10 @@ def test_transformers_model_imports_exports_and_reloads_exactly(tmp_path, family
     kwargs['tie_word_embeddings'],
   )
   assert (m.vocab_size, m.eos_token_id, m.pad_token_id, m.head_dim) == (256, 2, 1, 16)
-  step_dir = manager.resolve_step_dir(run_dir)[1]
-  assert manager.read_meta(step_dir)['source'] == dict(family=family, path=os.path.abspath(hf_dir))
+  step_dir = run_dir_lib.resolve_step_dir(run_dir)[1]
+  assert step_meta.read_meta(step_dir)['source'] == dict(
+    family=family, path=os.path.abspath(hf_dir)
+  )
   if family == 'qwen2':
     assert np.abs(params['blocks']['attn']['k_bias']).min() > 0  # the biases came across
   _close(theirs, _ours(config, params, tokens))

@@ -14,8 +14,10 @@ from dlmjax import convert
 from dlmjax import model as model_lib
 from dlmjax import verify
 from dlmjax.checkpoint import hf_io
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.checkpoint import safetensors_io
+from dlmjax.checkpoint import step_meta
 from tests.checkpoint import family_dirs, references, tiny_run
 
 torch = pytest.importorskip('torch')
@@ -44,9 +46,9 @@ def _to_hf(run_dir, out, *extra):
 
 
 def _restored(step_dir):
-  run_dir, step_dir, _ = manager.resolve_step_dir(step_dir)
-  config = manager.load_run_config(run_dir)
-  return config, manager.restore_params(step_dir, *model_lib.param_placement(config))
+  run_dir, step_dir, _ = run_dir_lib.resolve_step_dir(step_dir)
+  config = run_dir_lib.load_run_config(run_dir)
+  return config, params_checkpoint.restore_params(step_dir, *model_lib.param_placement(config))
 
 
 def _ours(config, params, tokens):
@@ -61,7 +63,7 @@ def test_each_layout_reimports_bit_exact(tmp_path, layout):
   names = set(safetensors_io.SafetensorsReader(out).keys())
   assert names & {_Q_NORM, _K_BIAS, _GATE, _FF_PROJ} == _WRITES[layout]
   step_dir = hf_io.checkpoint_from_hf(out, str(tmp_path / 'back'))
-  assert manager.read_meta(step_dir)['source']['family'] == layout
+  assert step_meta.read_meta(step_dir)['source']['family'] == layout
   back_config, back = _restored(step_dir)
   tiny_run.assert_same_params(params, back)
   assert back_config.model == config.model
@@ -126,8 +128,9 @@ def test_source_layout_goes_back_to_the_imported_family(tmp_path):
   config, params = _restored(imported)
   finetuned = tmp_path / 'finetuned'
   config.init_from, config.output_dir = imported, str(finetuned)
-  manager.save_params_checkpoint(str(finetuned), config, params)  # a run's save, no `source`
-  assert 'source' not in manager.read_meta(manager.resolve_step_dir(str(finetuned))[1])
+  # a run's save, no `source`
+  params_checkpoint.save_params_checkpoint(str(finetuned), config, params)
+  assert 'source' not in step_meta.read_meta(run_dir_lib.resolve_step_dir(str(finetuned))[1])
   for run in (imported, str(finetuned)):
     assert hf_io.source_family(run) == 'llada'
     out = str(tmp_path / f'out_{os.path.basename(run)}')

@@ -26,7 +26,9 @@ from dlmjax import inference
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
+from dlmjax.checkpoint import step_meta
 from tests.checkpoint import family_dirs, references
 from tests.checkpoint import tiny_run
 
@@ -44,9 +46,9 @@ def _ours(config, params, tokens):
 
 
 def _restored(run_dir):
-  run_dir, step_dir, _ = manager.resolve_step_dir(run_dir)
-  config = manager.load_run_config(run_dir)
-  return config, manager.restore_params(step_dir, *model_lib.param_placement(config))
+  run_dir, step_dir, _ = run_dir_lib.resolve_step_dir(run_dir)
+  config = run_dir_lib.load_run_config(run_dir)
+  return config, params_checkpoint.restore_params(step_dir, *model_lib.param_placement(config))
 
 
 @pytest.mark.parametrize('variant', sorted(VARIANTS))
@@ -72,8 +74,8 @@ def test_llada_directory_imports_to_llada_function(tmp_path, variant):
     2,
     2,
   )
-  step_dir = manager.resolve_step_dir(run_dir)[1]
-  assert manager.read_meta(step_dir)['source']['family'] == 'llada'
+  step_dir = run_dir_lib.resolve_step_dir(run_dir)[1]
+  assert step_meta.read_meta(step_dir)['source']['family'] == 'llada'
   references.assert_close(theirs, _ours(config, params, tokens))
 
   _, params = hf_io.load_hf(hf_dir)

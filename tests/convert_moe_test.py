@@ -401,13 +401,14 @@ def test_moe_cli_round_trip_and_dense_layouts_refused(qwen3_moe, tmp_path, capsy
   dense layout, or the LLaDA-MoE one for a renormalising router, is refused in one line naming
   the one that can hold the model."""
   from dlmjax import convert  # pylint: disable=import-outside-toplevel
-  from dlmjax.checkpoint import manager  # pylint: disable=import-outside-toplevel
+  from dlmjax.checkpoint import run_dir as run_dir_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.checkpoint import step_meta  # pylint: disable=import-outside-toplevel
 
   hf_dir = qwen3_moe[0]
   run_dir = str(tmp_path / 'run')
   assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', run_dir]) == 0
-  _, step_dir, _ = manager.resolve_step_dir(run_dir)
-  assert manager.read_meta(step_dir)['source']['family'] == 'qwen3_moe'
+  _, step_dir, _ = run_dir_lib.resolve_step_dir(run_dir)
+  assert step_meta.read_meta(step_dir)['source']['family'] == 'qwen3_moe'
   out = tmp_path / 'hf'
   to_hf = ['to-hf', '--checkpoint-path', run_dir, '--dtype', 'fp32', '--trim-vocab']
   assert convert.main([*to_hf, '--output-dir', str(out)]) == 0

@@ -23,7 +23,9 @@ from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint.families import sdar
 from dlmjax.checkpoint import hf_io
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
+from dlmjax.checkpoint import step_meta
 from tests.checkpoint import family_dirs
 from tests.checkpoint import tiny_run
 
@@ -106,14 +108,14 @@ def test_sdar_directory_imports_to_sdar_function(tmp_path, tied):
 
   run_dir = str(tmp_path / 'run')
   assert convert.main(['from-hf', '--hf-dir', hf_dir, '--output-dir', run_dir]) == 0
-  _, step_dir, _ = manager.resolve_step_dir(run_dir)
-  config = manager.load_run_config(run_dir)
-  params = manager.restore_params(step_dir, *model_lib.param_placement(config))
+  _, step_dir, _ = run_dir_lib.resolve_step_dir(run_dir)
+  config = run_dir_lib.load_run_config(run_dir)
+  params = params_checkpoint.restore_params(step_dir, *model_lib.param_placement(config))
   m = config.model
   assert (m.attention_mask, m.block_size, m.qk_norm, m.qkv_bias) == ('block_causal', 4, True, False)
   assert (m.mask_token_id, m.eos_token_id, m.pad_token_id) == (250, 2, 2)
   assert (m.rope_theta, m.norm_eps, m.tie_embeddings, m.head_dim) == (1e6, 1e-6, tied, 16)
-  assert manager.read_meta(step_dir)['source']['family'] == 'sdar'
+  assert step_meta.read_meta(step_dir)['source']['family'] == 'sdar'
   _close(theirs, _ours(config, params, tokens))
   pretrained = inference.load_pretrained(hf_dir)
   _close(theirs, _ours(pretrained.config, pretrained.params, tokens))

@@ -15,8 +15,10 @@ from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hf_mapping
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.checkpoint import safetensors_io
+from dlmjax.checkpoint import step_meta
 from tests.checkpoint import tiny_run
 
 
@@ -30,9 +32,9 @@ def run(tmp_path_factory):
 
 
 def _restored(step_dir):
-  run_dir, step_dir, _ = manager.resolve_step_dir(step_dir)
-  config = manager.load_run_config(run_dir)
-  return config, manager.restore_params(step_dir, *model_lib.param_placement(config))
+  run_dir, step_dir, _ = run_dir_lib.resolve_step_dir(step_dir)
+  config = run_dir_lib.load_run_config(run_dir)
+  return config, params_checkpoint.restore_params(step_dir, *model_lib.param_placement(config))
 
 
 def test_hf_round_trip_is_exact(run, tmp_path):
@@ -54,7 +56,7 @@ def test_hf_round_trip_is_exact(run, tmp_path):
   back_config, back = _restored(step_dir)
   tiny_run.assert_same_params(params, back)
   assert back_config.model == config.model
-  assert manager.read_meta(step_dir)['checksums'] == checksums.compute(params)
+  assert step_meta.read_meta(step_dir)['checksums'] == checksums.compute(params)
 
 
 def test_torch_round_trip_is_exact(run, tmp_path):
@@ -150,7 +152,7 @@ def test_half_written_checkpoint_is_refused(run, tmp_path):
   copy = tmp_path / 'run'
   shutil.copytree(run_dir, copy)
   shutil.rmtree(copy / 'checkpoints' / '0' / 'params')
-  with pytest.raises(manager.CheckpointError, match='no complete checkpoint'):
+  with pytest.raises(run_dir_lib.CheckpointError, match='no complete checkpoint'):
     hf_io.hf_from_checkpoint(str(copy), str(tmp_path / 'hf'))
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from dlmjax import evaluate
 from dlmjax import model as model_lib
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
 from dlmjax.diffusion import sampler
 from dlmjax.tasks.code import InfillExample
 from tests.checkpoint import tiny_run
@@ -33,7 +33,7 @@ def make_word_run(directory, seq_len):
   config = tiny_run.tiny_config(**{'model.seq_len': seq_len})
   cfg = model_lib.ModelConfig.from_config(config)
   params = jax.jit(lambda key: model_lib.init_params(cfg, key))(jax.random.key(0))
-  manager.save_params_checkpoint(str(directory), config, params)
+  params_checkpoint.save_params_checkpoint(str(directory), config, params)
   write_word_tokenizer(directory)
   return directory
 

@@ -31,7 +31,8 @@ from dlmjax import model as model_lib
 from dlmjax import verify
 from dlmjax.checkpoint import hf_config
 from dlmjax.checkpoint import hf_io
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.data import chat
 from dlmjax.train import loop
 from tests.checkpoint import family_dirs
@@ -122,7 +123,7 @@ def test_every_stage_runs_from_a_family_directory_and_exports_back(
   )
   row = loop.train(sft)
   assert row['step'] == 1 and np.isfinite(row['loss'])
-  saved = manager.load_run_config(str(run_dir))
+  saved = run_dir_lib.load_run_config(str(run_dir))
   assert _options(saved) == options  # import
   assert saved.sft.chat_template == template
 
@@ -143,7 +144,7 @@ def test_every_stage_runs_from_a_family_directory_and_exports_back(
   )
   row = loop.train(rl)
   assert row['step'] == 1 and np.isfinite(row['loss'])
-  assert _options(manager.load_run_config(str(run_dir))) == options
+  assert _options(run_dir_lib.load_run_config(str(run_dir))) == options
 
   # generate wraps the prompt in the run's chat template.
   rendered = []
@@ -169,9 +170,9 @@ def test_every_stage_runs_from_a_family_directory_and_exports_back(
   assert convert.main(argv) == 0, capsys.readouterr()
   assert hf_config.read(export)['model_type'] == model_type
   if family not in VERIFIED:
-    config = manager.load_run_config(str(run_dir))
-    _, step_dir, _ = manager.resolve_step_dir(str(run_dir))
-    params = manager.restore_params(step_dir, *model_lib.param_placement(config))
+    config = run_dir_lib.load_run_config(str(run_dir))
+    _, step_dir, _ = run_dir_lib.resolve_step_dir(str(run_dir))
+    params = params_checkpoint.restore_params(step_dir, *model_lib.param_placement(config))
     tiny_run.assert_same_params(params, hf_io.load_hf(export)[1])
     return
   # verify --hf-dir: the export holds the run's tensors and its PyTorch forward (transformers'

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from dlmjax import config as config_lib
-from dlmjax.checkpoint import hf_io, manager, run_model
+from dlmjax.checkpoint import hf_io, run_model
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.train import loop
 from tests import stage_configs
 from tests.checkpoint import family_dirs
@@ -69,7 +70,7 @@ def test_llada2_block_sft_full_and_lora_then_trace_and_d1(tmp_path):
       **{'train.lora.rank': lora_rank, 'train.lora.base_dtype': 'float32'},
     )
     loop.train(c)
-    saved = manager.load_run_config(str(run_dir))
+    saved = run_dir_lib.load_run_config(str(run_dir))
     assert (saved.model.attention_mask, saved.model.block_size) == ('block_causal', 4)
     assert saved.model.moe.router == 'sigmoid_bias' and saved.model.moe.router_groups == 4
     losses = [row['loss'] for row in _rows(run_dir) if 'loss' in row]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dlmjax import evaluate, generate
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.observability import plots
 from dlmjax.train import loop
 from tests import stage_configs
@@ -69,7 +69,7 @@ def test_moe_pretrain_sft_rl_generate_and_likelihood(tmp_path, capsys):
   )
   sft.train.global_batch_size = sft.train.micro_batch_size = 8
   loop.train(sft)
-  saved = manager.load_run_config(str(sft_dir))
+  saved = run_dir_lib.load_run_config(str(sft_dir))
   assert (saved.model.moe.num_experts, saved.model.moe.router) == (4, 'softmax_topk_raw')
   assert 'moe_entropy' in _rows(sft_dir)[-1]
 

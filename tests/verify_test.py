@@ -13,6 +13,7 @@ from dlmjax import verify
 from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
 from dlmjax.checkpoint import safetensors_io
 from tests.checkpoint import tiny_run
 
@@ -88,7 +89,7 @@ def test_non_finite_and_changed_params_are_named(run, tmp_path):
   _, config, params = run
   params = dict(params, final_norm={'scale': params['final_norm']['scale'].copy()})
   params['final_norm']['scale'][3] = np.nan
-  step_dir = manager.save_params_checkpoint(str(tmp_path / 'nan'), config, params)
+  step_dir = params_checkpoint.save_params_checkpoint(str(tmp_path / 'nan'), config, params)
   meta_file = os.path.join(step_dir, 'meta', 'metadata')
   meta = json.loads(open(meta_file).read())
   meta['checksums'] = checksums.compute(run[2])  # the digests of the good params
@@ -119,7 +120,7 @@ def train_run(tmp_path_factory):
     opt_state,
   )
   checkpoints = manager.RunCheckpoints(str(root), async_save=False)
-  manager.write_run_config(str(root), config)
+  params_checkpoint.write_run_config(str(root), config)
   state = dict(step=jnp.int32(3), params=params, opt_state=opt_state)
   checkpoints.save(state, data_state={'consumed_samples': 48})
   checkpoints.close()

@@ -6,7 +6,7 @@ LlamaForCausalLM loads it), with MegaDLMs DiffLM's `mask_token_id` and `attn_mas
 modeling_dlmjax.py (auto_map) for the mask kind, our full config in dlmjax_config.json and the
 tokenizer files.
 The .pt file holds {'state_dict' (the same names), 'hf_config', 'dlmjax_config'}. An import records
-the source family (and directory) in its checkpoint's metadata (`source`, manager.read_meta).
+the source family (and directory) in its checkpoint's metadata (`source`, step_meta.read_meta).
 Tensors move one at a time (hf_mapping): exports hold one tensor on the host beside the restored
 params, imports build one stacked array at a time and move it to the device. Orbax's own restore
 and save buffers dominate host memory (1.7B on an H200: to-hf 29 s, 11.7 GiB peak RSS; from-hf
@@ -32,8 +32,10 @@ from dlmjax.checkpoint import hf_dir as hf_dir_lib
 from dlmjax.checkpoint import hf_layouts
 from dlmjax.checkpoint import hf_mapping
 from dlmjax.checkpoint import hub
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.checkpoint import safetensors_io
+from dlmjax.checkpoint import step_meta
 from dlmjax.data import errors as data_errors
 from dlmjax.data import run_tokenizer
 from dlmjax.data import tokenizer as tokenizer_lib
@@ -230,15 +232,15 @@ def _write_tokenizer_config(tokenizer: str, output_dir: str, config) -> None:
 
 def _restore(checkpoint_path: str):
   """A full run's params (a LoRA run's go through checkpoint/run_model.py, as convert does)."""
-  run_dir, step_dir, step = manager.resolve_step_dir(checkpoint_path)
-  config = manager.load_run_config(run_dir)
+  run_dir, step_dir, step = run_dir_lib.resolve_step_dir(checkpoint_path)
+  config = run_dir_lib.load_run_config(run_dir)
   if lora.is_lora_run(config):
     raise ConvertError(
       f'{checkpoint_path} is a LoRA run (adapters over a base): export it with python -m '
       'dlmjax.convert, which merges them, or read it with checkpoint/run_model.py.'
     )
   shapes, shardings = model_lib.param_placement(config)
-  return config, manager.restore_params(step_dir, shapes, shardings), step
+  return config, params_checkpoint.restore_params(step_dir, shapes, shardings), step
 
 
 def source_family(checkpoint_path: str) -> str | None:
@@ -253,10 +255,10 @@ def source_family(checkpoint_path: str) -> str | None:
       except hf_config.HFConfigError:
         return None
     try:
-      run_dir, step_dir, _ = manager.resolve_step_dir(checkpoint_path)
-      family = (manager.read_meta(step_dir).get('source') or {}).get('family')
-      checkpoint_path = manager.load_run_config(run_dir).get('init_from') or ''
-    except (manager.CheckpointError, OSError, ValueError):
+      run_dir, step_dir, _ = run_dir_lib.resolve_step_dir(checkpoint_path)
+      family = (step_meta.read_meta(step_dir).get('source') or {}).get('family')
+      checkpoint_path = run_dir_lib.load_run_config(run_dir).get('init_from') or ''
+    except (run_dir_lib.CheckpointError, OSError, ValueError):
       return None
     if family:
       return family
@@ -352,9 +354,9 @@ def load_hf(hf_dir: str, *, config=None, missing_qk_norm: str = 'error'):
 
 
 def _save(output_dir: str, config, params: dict, source: dict) -> str:
-  if os.path.exists(os.path.join(output_dir, manager.CHECKPOINT_DIR)):
+  if os.path.exists(os.path.join(output_dir, run_dir_lib.CHECKPOINT_DIR)):
     raise ConvertError(f'{output_dir} already holds checkpoints; choose a new --output-dir.')
-  return manager.save_params_checkpoint(output_dir, config, params, source=source)
+  return params_checkpoint.save_params_checkpoint(output_dir, config, params, source=source)
 
 
 def _source(hf: dict, path: str) -> dict:

@@ -1,8 +1,8 @@
 """A run directory read from its files alone: the step a path names and the config it saved.
 
 No orbax or JAX here, so a command line can read an init_from source's config and check the
-run's config against it before its heavy imports (config.validate_early); checkpoint/manager.py
-re-exports these names for everything else.
+run's config against it before its heavy imports (config.validate_early); everything else reads
+run directories through these names too.
 """
 
 from __future__ import annotations

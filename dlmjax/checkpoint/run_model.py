@@ -21,10 +21,12 @@ import jax
 import ml_collections
 
 from dlmjax import model as model_lib
+from dlmjax.checkpoint import compatibility
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hub
 from dlmjax.checkpoint import lora_checkpoint
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.model import lora, score_head
 from dlmjax.parallel import rules
 
@@ -42,18 +44,18 @@ class RunModel:
 
 def is_lora_run(path: str) -> bool:
   """Whether a run or step directory belongs to a LoRA run (its checkpoints hold adapters)."""
-  run_dir, _, _ = manager.resolve_step_dir(path)
-  return lora.is_lora_run(manager.load_run_config(run_dir))
+  run_dir, _, _ = run_dir_lib.resolve_step_dir(path)
+  return lora.is_lora_run(run_dir_lib.load_run_config(run_dir))
 
 
 def restore(path: str, mesh=None, *, merge_lora: bool = True) -> RunModel:
   """The model of a run directory (its latest step) or step directory, on one device or in the
   mesh's shardings. A LoRA run comes back merged into its base (merge_lora) or with its adapters
   beside the frozen base."""
-  run_dir, step_dir, step = manager.resolve_step_dir(path)
-  config = manager.load_run_config(run_dir)
+  run_dir, step_dir, step = run_dir_lib.resolve_step_dir(path)
+  config = run_dir_lib.load_run_config(run_dir)
   if not lora.is_lora_run(config):
-    params = manager.restore_params(step_dir, *model_lib.param_placement(config, mesh))
+    params = params_checkpoint.restore_params(step_dir, *model_lib.param_placement(config, mesh))
     return RunModel(config, model_lib.ModelConfig.from_config(config), params, step_dir, step)
   cfg, adapters, frozen = restore_lora(run_dir, step_dir, config, mesh)
   if not merge_lora:
@@ -72,7 +74,7 @@ def restore_lora(run_dir: str, step_dir: str, config, mesh=None):
   _, shapes, axes = model_lib.abstract(cfg)
   adapter_shapes, base_shapes = lora.split(shapes)
   adapter_axes, frozen_axes = lora.split(axes)
-  adapters = manager.restore_params(
+  adapters = params_checkpoint.restore_params(
     step_dir, adapter_shapes, _shardings(adapter_shapes, adapter_axes, mesh)
   )
   recorded = lora_checkpoint.recorded_base(run_dir)
@@ -84,7 +86,7 @@ def restore_lora(run_dir: str, step_dir: str, config, mesh=None):
     out_shardings=_shardings(base_shapes, frozen_axes, mesh),
   )(base)
   if recorded and lora_checkpoint.check_base(recorded, source.init_from, frozen) is not None:
-    raise manager.CheckpointError(
+    raise run_dir_lib.CheckpointError(
       f'the LoRA base {source.init_from} changed since {run_dir} trained on it (checksum '
       f'{recorded["checksum"][:12]}); restore that base, or use a run whose base matches.'
     )
@@ -106,15 +108,15 @@ def source_params(config, mesh=None, purpose: str | None = 'initialising') -> di
     if cfg.score_head and score_head.KEY not in params:  # a language model: a fresh head
       params = score_head.attach(params, cfg, config.seed)
     return jax.device_put(params, shardings)
-  run_dir, step_dir, _ = manager.resolve_step_dir(path)
-  saved = manager.load_run_config(run_dir)
+  run_dir, step_dir, _ = run_dir_lib.resolve_step_dir(path)
+  saved = run_dir_lib.load_run_config(run_dir)
   if model_lib.ModelConfig.from_config(saved).score_head and not cfg.score_head:
-    raise manager.CheckpointError(
+    raise run_dir_lib.CheckpointError(
       f'init_from={config.init_from!r} is a reward model (a score head, no token head): a '
       f'stage={config.stage} run cannot start from it; set --config.init_from to the language '
       f'model it was trained from ({saved.init_from or "its init_from"}).'
     )
-  manager.check_architecture(saved, config)
+  compatibility.check_architecture(saved, config)
   if purpose is not None and jax.process_index() == 0:
     print(f'{purpose} from {step_dir}', flush=True)
   if cfg.score_head and not model_lib.ModelConfig.from_config(saved).score_head:
@@ -122,7 +124,7 @@ def source_params(config, mesh=None, purpose: str | None = 'initialising') -> di
     return jax.device_put(score_head.attach(language_model, cfg, config.seed), shardings)
   if is_lora_run(step_dir):
     return jax.device_put(restore(step_dir, mesh).params, shardings)
-  return manager.restore_params(step_dir, shapes, shardings)
+  return params_checkpoint.restore_params(step_dir, shapes, shardings)
 
 
 def _shardings(shapes, axes, mesh):

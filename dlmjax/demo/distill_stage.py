@@ -10,7 +10,7 @@ import os
 from dlmjax import config as config_lib
 from dlmjax import decoding_table
 from dlmjax import distill as distill_cli
-from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.demo import routes, runs, sets
 from dlmjax.diffusion import distill as distill_objectives
 from dlmjax.train import loop
@@ -110,7 +110,7 @@ def run_distill(
   write_teacher_rows(config.init_from, config.sft.teacher_file, sampling, task, keep=keep)
   log(f'== seed {seed}: distill ({objective}) -> {config.output_dir}')
   loop.train(config)
-  saved = checkpoint_lib.resolve_step_dir(config.output_dir)[2]
+  saved = run_dir_lib.resolve_step_dir(config.output_dir)[2]
   if saved < config.train.steps:
     raise InterruptedError(
       f'seed {seed}: distill stopped with its checkpoint at step {saved} of '

@@ -9,7 +9,7 @@ import os
 import time
 
 from dlmjax import evaluate, verify
-from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.checkpoint import run_model
 from dlmjax.demo import routes, sets
 from dlmjax.parallel import mesh as mesh_lib
@@ -111,7 +111,7 @@ def run_seed(
     log(f'== seed {seed}: {stage} -> {configs[stage].output_dir}')
     stage_start = time.time()
     loop.train(configs[stage])
-    saved = checkpoint_lib.resolve_step_dir(configs[stage].output_dir)[2]
+    saved = run_dir_lib.resolve_step_dir(configs[stage].output_dir)[2]
     if saved < configs[stage].train.steps:  # a stop signal checkpointed it early
       raise InterruptedError(
         f'seed {seed}: {stage} stopped with its checkpoint at step {saved} of '

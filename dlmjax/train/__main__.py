@@ -16,7 +16,7 @@ preemption.install_early()  # before the heavy imports below: a SIGTERM now stop
 if __name__ == '__main__':  # a config error in about a second, before jax and the model load
   cli.check_command_line(CONFIG_FILE)
 
-from dlmjax.checkpoint import manager  # noqa: E402
+from dlmjax.checkpoint import run_dir as run_dir_lib  # noqa: E402
 from dlmjax.parallel import distributed  # noqa: E402
 from dlmjax.train import loop, peer_watch  # noqa: E402
 
@@ -25,7 +25,7 @@ def main(argv, config):
   del argv
   launch = distributed.launch_from_env()
   if launch.is_multiprocess:
-    checkpoints = os.path.join(os.path.abspath(config.output_dir), manager.CHECKPOINT_DIR)
+    checkpoints = os.path.join(os.path.abspath(config.output_dir), run_dir_lib.CHECKPOINT_DIR)
     peer_watch.start(
       launch.process_id, launch.num_processes, launch.heartbeat_timeout_s, checkpoints
     )

@@ -16,7 +16,7 @@ import os
 import jax
 
 from dlmjax import config as config_lib
-from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.data import blend
 
 KEY = 'dataset'  # the fingerprint's key inside the saved data state
@@ -88,7 +88,7 @@ def position_to_resume(saved: dict | None, dataset: dict, config) -> dict | None
   details = '; '.join(
     f'{k}: checkpoint {_short(before.get(k))}, run {_short(dataset.get(k))}' for k in differing
   )
-  raise checkpoint_lib.CheckpointError(
+  raise run_dir_lib.CheckpointError(
     f"the checkpoint's data position counts samples of other data ({details}). Set these keys "
     "back to the checkpoint's values to resume, or --config.data.new_phase=True to train on "
     'this data from its first sample (a new phase of training; model and optimizer resume).'

@@ -11,9 +11,12 @@ import time
 import jax
 
 from dlmjax import config as config_lib
+from dlmjax.checkpoint import compatibility
 from dlmjax.checkpoint import init_from as init_from_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import params_checkpoint
 from dlmjax.checkpoint import peft_io
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.checkpoint import run_model
 from dlmjax.observability import history, plots
 from dlmjax.observability import sinks as sinks_lib
@@ -59,8 +62,8 @@ def initial_state(config, setup, checkpoints):
       config.output_dir, config.init_from, setup.frozen, resuming=resuming
     )
   if resuming:
-    saved = checkpoint_lib.load_run_config(config.output_dir)
-    checkpoint_lib.check_resumable(saved, config)
+    saved = run_dir_lib.load_run_config(config.output_dir)
+    compatibility.check_resumable(saved, config)
     lora_setup.check_resumable(saved, config)
     return checkpoints.restore_latest(setup)  # skips corrupt steps, with a warning
   if setup.lora:
@@ -123,7 +126,7 @@ def train(config) -> dict | None:
 def _remove_if_unused(output_dir: str) -> None:
   """A start that failed before its first metrics row or checkpoint leaves no run directory
   behind (it would hold only the config and an empty log)."""
-  checkpoints = os.path.join(output_dir, checkpoint_lib.CHECKPOINT_DIR)
+  checkpoints = os.path.join(output_dir, run_dir_lib.CHECKPOINT_DIR)
   used = os.path.exists(os.path.join(output_dir, 'metrics.jsonl')) or (
     os.path.isdir(checkpoints) and os.listdir(checkpoints)
   )
@@ -198,7 +201,7 @@ def _run(config, stop, cleanup) -> dict | None:
   # State.
   state, data_state = initial_state(config, setup, checkpoints)
   checkpoints.warm_up(state)  # the save's checksums compile beside the train step
-  checkpoint_lib.write_run_config(config.output_dir, config)
+  params_checkpoint.write_run_config(config.output_dir, config)
   start = int(jax.device_get(state['step']))
   if start >= _last_step(config):  # a finished run: say so, and how to go on, not silently exit
     if jax.process_index() == 0:

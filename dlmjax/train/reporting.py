@@ -10,7 +10,7 @@ import time
 import jax
 
 from dlmjax.observability import progress
-from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.observability import plots as plots_lib
 from dlmjax.observability import sinks as sinks_lib
 from dlmjax.train import completion
@@ -192,7 +192,7 @@ class Reporter:
     lines = [f'{head}, {self.tokens_total:,.0f} tokens in {_duration(time.time() - self.started)}']
     if saved_step is not None:
       lines.append(
-        f'  checkpoint   {os.path.join(run_dir, checkpoint_lib.CHECKPOINT_DIR, str(saved_step))}'
+        f'  checkpoint   {os.path.join(run_dir, run_dir_lib.CHECKPOINT_DIR, str(saved_step))}'
       )
     lines.append(f'  metrics      {self.path}')
     if 'plots' in outputs:

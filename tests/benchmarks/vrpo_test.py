@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from benchmarks import vrpo
-from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.model import presets
 from dlmjax.train import loop
 
@@ -39,13 +39,13 @@ def test_the_chain_trains_sft_then_vrpo_and_a_reward_model_per_variant_and_seed(
   result = _result(out)
   sft = os.path.join(work, 'sft')
   assert result['init_from'] == sft and result['preset'] == 'tiny' and result['pairs'] == 'other'
-  assert checkpoint_lib.resolve_step_dir(sft)[2] == vrpo.TINY_RECIPE['sft']['train.steps']
+  assert run_dir_lib.resolve_step_dir(sft)[2] == vrpo.TINY_RECIPE['sft']['train.steps']
   assert list(result['per_seed']) == ['lora4', 'reward_lora4']
   for variant, stage in (('lora4', 'preference'), ('reward_lora4', 'reward')):
     assert [r['seed'] for r in result['per_seed'][variant]] == [0, 1]
     for row in result['per_seed'][variant]:
       run = os.path.join(work, f'{stage.replace("preference", "vrpo")}_lora4', f'seed{row["seed"]}')
-      config = checkpoint_lib.load_run_config(run)
+      config = run_dir_lib.load_run_config(run)
       assert config.init_from == sft and config.seed == row['seed'] and config.stage == stage
       assert (config.train.lora.rank, config.train.lora.alpha) == (4, 8.0)
       assert config.preference.train_file == os.path.join(work, 'pairs_arithmetic_train.jsonl')

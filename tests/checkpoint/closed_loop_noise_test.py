@@ -1,11 +1,13 @@
 """After a failed save (a full disk), tensorstore's writes still finishing report `Event loop is
-closed` through sys.unraisablehook; the manager drops exactly those (docs/faults.md, Disk full)."""
+closed` through sys.unraisablehook; checkpoint/orbax_noise.py drops exactly those (docs/faults.md,
+Disk full)."""
 
 import asyncio
 import sys
+import threading
 import types
 
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import orbax_noise
 
 
 def _report(error_from, *args):
@@ -31,8 +33,8 @@ def test_only_callbacks_on_the_closed_loop_are_dropped(monkeypatch):
   closed = _report(loop.call_soon_threadsafe, print)
   assert str(closed.exc_value) == 'Event loop is closed'
   other = _report(int, 'x')
-  manager._quiet_writes_after_the_loop_closed()
-  manager._quiet_writes_after_the_loop_closed()  # once: not a chain of hooks
+  orbax_noise._quiet_writes_after_the_loop_closed()
+  orbax_noise._quiet_writes_after_the_loop_closed()  # once: not a chain of hooks
   sys.unraisablehook(closed)
   sys.unraisablehook(other)
   assert seen == [other]
@@ -50,8 +52,8 @@ def test_abandoned_reads_of_a_damaged_step_are_dropped_only_after_a_read_failed(
   <coroutine ...>` reports are dropped once a read failed, and never before."""
   seen = []
   monkeypatch.setattr(sys, 'unraisablehook', seen.append)
-  monkeypatch.setattr(manager, '_READ_FAILED', manager.threading.Event())
-  manager._quiet_writes_after_the_loop_closed()
+  monkeypatch.setattr(orbax_noise, 'READ_FAILED', threading.Event())
+  orbax_noise._quiet_writes_after_the_loop_closed()
 
   async def read():
     pass
@@ -66,7 +68,7 @@ def test_abandoned_reads_of_a_damaged_step_are_dropped_only_after_a_read_failed(
   )
   sys.unraisablehook(abandoned)
   assert seen == [abandoned]
-  manager._READ_FAILED.set()
+  orbax_noise.READ_FAILED.set()
   sys.unraisablehook(abandoned)
   other = _report(int, 'x')
   sys.unraisablehook(other)

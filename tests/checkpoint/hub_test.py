@@ -15,7 +15,7 @@ from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_io
 from dlmjax.checkpoint import hub
 from dlmjax.checkpoint import init_from
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from tests.checkpoint import tiny_run
 
 COMMIT = '0123456789abcdef0123456789abcdef01234567'
@@ -59,7 +59,7 @@ def test_every_entry_point_reads_a_hub_id(cache, tmp_path):
   assert init_from.source_config('org/tiny').model.vocab_size == 250
   out = tmp_path / 'imported'
   assert convert.main(['from-hf', '--hf-dir', 'org/tiny', '--output-dir', str(out)]) == 0
-  assert manager.resolve_step_dir(str(out))[2] == 0
+  assert run_dir_lib.resolve_step_dir(str(out))[2] == 0
 
 
 def test_an_id_missing_offline_is_one_line_naming_it_and_the_cache(cache, capsys):

@@ -9,7 +9,10 @@ import jax
 import numpy as np
 import pytest
 
+from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import run_dir as run_dir_lib
+from dlmjax.checkpoint import step_meta
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.train import state as state_lib
 from tests.checkpoint import tiny_run
@@ -146,11 +149,11 @@ def test_all_set_aside_refuses_instead_of_starting_afresh(saved, tmp_path):
   for step in ('1', '2'):
     tiny_run.flip_bytes(str(run_dir / 'checkpoints' / step / 'params'))
   checkpoints = manager.RunCheckpoints(str(run_dir))
-  with pytest.raises(manager.CheckpointError, match='no usable checkpoint'):
+  with pytest.raises(run_dir_lib.CheckpointError, match='no usable checkpoint'):
     checkpoints.restore_latest(_setup(**{'mesh.fsdp': 8}))
   checkpoints.close()
   checkpoints = manager.RunCheckpoints(str(run_dir))  # the same command again
-  with pytest.raises(manager.CheckpointError) as e:
+  with pytest.raises(run_dir_lib.CheckpointError) as e:
     checkpoints.refuse_if_only_set_aside()
   checkpoints.close()
   message = str(e.value)
@@ -162,7 +165,7 @@ def test_all_set_aside_refuses_instead_of_starting_afresh(saved, tmp_path):
 def test_a_step_of_another_model_is_refused_and_left_alone(saved, tmp_path):
   run_dir = _copy(saved, tmp_path)
   checkpoints = manager.RunCheckpoints(str(run_dir))
-  with pytest.raises(manager.CheckpointError, match='other shapes') as e:
+  with pytest.raises(run_dir_lib.CheckpointError, match='other shapes') as e:
     checkpoints.restore_latest(_setup(**{'mesh.fsdp': 8, 'model.ffn_dim': 256}))
   checkpoints.close()
   assert '\n' not in str(e.value)
@@ -200,9 +203,9 @@ def test_a_full_disk_mid_save_names_the_knobs_and_keeps_the_last_checkpoint(
 
 def test_saves_from_an_import_verify(tmp_path):
   _, params, step_dir = tiny_run.make_run(tmp_path)
-  meta = manager.read_meta(step_dir)
-  assert manager.saved_checksums(meta) == manager.checksums.compute(params)
-  assert manager.saved_checksums({'checksums': {'a': 'f' * 64}}) is None  # an older format
+  meta = step_meta.read_meta(step_dir)
+  assert step_meta.saved_checksums(meta) == checksums.compute(params)
+  assert step_meta.saved_checksums({'checksums': {'a': 'f' * 64}}) is None  # an older format
 
 
 def test_set_aside_renames_without_clobbering(tmp_path):

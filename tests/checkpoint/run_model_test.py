@@ -13,7 +13,8 @@ import pytest
 import dlmjax
 from dlmjax import model as model_lib
 from dlmjax import verify as verify_lib
-from dlmjax.checkpoint import lora_checkpoint, manager, run_model
+from dlmjax.checkpoint import lora_checkpoint, params_checkpoint, run_model
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.model import lora
 from tests.checkpoint import tiny_run
 
@@ -39,7 +40,7 @@ def lora_run(tmp_path_factory):
   adapters = jax.tree.map(
     lambda s: np.asarray(0.3 * rng.standard_normal(s.shape), np.float32), adapter_shapes
   )
-  manager.save_params_checkpoint(str(run_dir), config, adapters, step=3)
+  params_checkpoint.save_params_checkpoint(str(run_dir), config, adapters, step=3)
   frozen = lora.freeze(base, cfg, lora.storage_dtype(config))
   with open(os.path.join(run_dir, lora_checkpoint.BASE_FILE), 'w') as f:
     json.dump(lora_checkpoint.base_record(str(base_dir), frozen), f)
@@ -100,14 +101,14 @@ def test_verify_and_to_torch_read_a_lora_run(lora_run, tmp_path):
 
 def test_a_mismatched_checkpoint_says_what_differs(lora_run, tmp_path):
   _, run_dir, _, _, config = lora_run
-  step_dir = manager.resolve_step_dir(run_dir)[1]
-  with pytest.raises(manager.CheckpointError) as e:  # adapters read as a whole model
-    manager.restore_params(step_dir, *model_lib.param_placement(config))
+  step_dir = run_dir_lib.resolve_step_dir(run_dir)[1]
+  with pytest.raises(run_dir_lib.CheckpointError) as e:  # adapters read as a whole model
+    params_checkpoint.restore_params(step_dir, *model_lib.param_placement(config))
   assert 'adapters of a LoRA run' in str(e.value) and 'edited' not in str(e.value)
   wider = tiny_run.tiny_config(**{'model.ffn_dim': 192})
-  with pytest.raises(manager.CheckpointError) as e:  # a plain run read as another model
-    manager.restore_params(
-      manager.resolve_step_dir(lora_run[0])[1], *model_lib.param_placement(wider)
+  with pytest.raises(run_dir_lib.CheckpointError) as e:  # a plain run read as another model
+    params_checkpoint.restore_params(
+      run_dir_lib.resolve_step_dir(lora_run[0])[1], *model_lib.param_placement(wider)
     )
   assert 'shaped otherwise' in str(e.value) and 'up_proj' in str(e.value)
   assert '\n' not in str(e.value)

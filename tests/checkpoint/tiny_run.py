@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 from dlmjax import model as model_lib
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
 from tests.conftest import tiny_test_config
 
 
@@ -31,7 +31,7 @@ def make_run(directory, seed=0, **overrides):
   config = tiny_config(**overrides)
   config.output_dir = str(directory)
   params = random_params(config, seed)
-  step_dir = manager.save_params_checkpoint(str(directory), config, params)
+  step_dir = params_checkpoint.save_params_checkpoint(str(directory), config, params)
   return config, params, step_dir
 
 

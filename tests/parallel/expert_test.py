@@ -86,8 +86,11 @@ def test_bad_expert_configs_name_the_fix(overrides, message):
 
 
 def test_a_checkpoint_with_other_experts_names_the_keys_to_set_back():
-  from dlmjax.checkpoint import manager
+  from dlmjax.checkpoint import compatibility
+  from dlmjax.checkpoint import run_dir as run_dir_lib
 
   saved = tiny_test_config(**{'model.moe.num_experts': 8})
-  with pytest.raises(manager.CheckpointError, match='model.moe.num_experts: checkpoint 8, run 4'):
-    manager.check_architecture(saved, tiny_test_config(**{'model.moe.num_experts': 4}))
+  with pytest.raises(
+    run_dir_lib.CheckpointError, match='model.moe.num_experts: checkpoint 8, run 4'
+  ):
+    compatibility.check_architecture(saved, tiny_test_config(**{'model.moe.num_experts': 4}))

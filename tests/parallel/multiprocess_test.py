@@ -17,7 +17,9 @@ import pytest
 
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
-from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
+from dlmjax.checkpoint import step_meta
 from dlmjax.train import loop
 from tests.conftest import FAST_COMPILE, tiny_test_config
 from tests.parallel import processes
@@ -115,9 +117,9 @@ def test_two_then_four_processes_match_one_process(tmp_path):
   assert 'data 1 x fsdp 4' in two
   # The checksums saved from 2 processes (of arrays no process holds whole) are the params'.
   step_dir = os.path.join(run_dir, 'checkpoints', '2')
-  saved = checkpoint_lib.load_run_config(str(run_dir))
-  params = checkpoint_lib.restore_params(step_dir, *model_lib.param_placement(saved))
-  assert checkpoint_lib.read_meta(step_dir)['checksums'] == checksums.compute(params)
+  saved = run_dir_lib.load_run_config(str(run_dir))
+  params = params_checkpoint.restore_params(step_dir, *model_lib.param_placement(saved))
+  assert step_meta.read_meta(step_dir)['checksums'] == checksums.compute(params)
 
   four = _launch(tmp_path, run_dir, nodes=2)  # 2 "nodes" x 2 processes x 2 devices, resumed
   rows = _rows(run_dir)
@@ -165,7 +167,7 @@ def test_rl_on_two_processes_matches_one_process(tmp_path, monkeypatch):
   source = tiny_test_config(**{'model.seq_len': 64, 'output_dir': init})
   source.data.cache_dir = processes.cache_dir(tmp_path)
   params = model_lib.init_params(model_lib.ModelConfig.from_config(source), jax.random.key(0))
-  checkpoint_lib.save_params_checkpoint(init, source, jax.device_get(params))
+  params_checkpoint.save_params_checkpoint(init, source, jax.device_get(params))
   overrides = dict(
     RL_OVERRIDES, init_from=init, **{'data.cache_dir': processes.cache_dir(tmp_path)}
   )

@@ -18,6 +18,9 @@ import pytest
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
+from dlmjax.checkpoint import step_meta
 from tests.conftest import FAST_COMPILE
 from tests.parallel import processes
 from tests.parallel.multiprocess_test import OVERRIDES, ROOT
@@ -94,13 +97,13 @@ def test_a_killed_process_ends_the_other_with_one_line(tmp_path):
   assert len(errors) == 1, output[-3000:]
   for noise in ('Traceback', 'Fatal Python error', 'coordination_service', 'Check failure'):
     assert noise not in output, (noise, output[-3000:])
-  _, step_dir, step = checkpoint_lib.resolve_step_dir(run_dir)
+  _, step_dir, step = run_dir_lib.resolve_step_dir(run_dir)
   assert step == 2  # the save of step 4 was in flight: not a checkpoint
   assert errors[0].startswith('error: process 1 of 2 stopped'), errors[0]
   assert f'the last complete checkpoint is step {step} ({step_dir})' in errors[0], errors[0]
   assert 'same command: python -m dlmjax.train --config=configs/tiny.py' in errors[0], errors[0]
   assert f'--config.output_dir={run_dir}' in errors[0], errors[0]
   # That checkpoint is intact: its params restore and match the checksums saved with them.
-  saved = checkpoint_lib.load_run_config(run_dir)
-  params = checkpoint_lib.restore_params(step_dir, *model_lib.param_placement(saved))
-  assert checkpoint_lib.read_meta(step_dir)['checksums'] == checksums.compute(params)
+  saved = run_dir_lib.load_run_config(run_dir)
+  params = params_checkpoint.restore_params(step_dir, *model_lib.param_placement(saved))
+  assert step_meta.read_meta(step_dir)['checksums'] == checksums.compute(params)

@@ -12,7 +12,7 @@ import pytest
 
 from dlmjax import model as model_lib
 from dlmjax import tasks
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
 from dlmjax.diffusion import sampler as sampler_lib
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.rl import objectives, reward_model, rollout
@@ -104,7 +104,7 @@ def reward_dir(tmp_path_factory):
     **{'stage': 'reward', 'init_from': 'unused', 'model.seq_len': WIDTH, 'output_dir': out}
   )
   cfg, params = _reward_params(c, seed=3)
-  manager.save_params_checkpoint(out, c, params)
+  params_checkpoint.save_params_checkpoint(out, c, params)
   return out, cfg, params
 
 
@@ -198,7 +198,9 @@ def test_an_rl_step_trains_on_the_reward_models_scores(reward_dir, direct_scores
 def test_a_language_model_is_no_reward_model(tmp_path):
   c = tiny_test_config(**{'output_dir': str(tmp_path)})
   cfg = model_lib.ModelConfig.from_config(c)
-  manager.save_params_checkpoint(str(tmp_path), c, model_lib.init_params(cfg, jax.random.key(0)))
+  params_checkpoint.save_params_checkpoint(
+    str(tmp_path), c, model_lib.init_params(cfg, jax.random.key(0))
+  )
   with pytest.raises(ValueError, match='not a reward model; set it to the run directory'):
     reward_model.RewardModel(str(tmp_path))
   with pytest.raises(ValueError, match='is not a directory'):

@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from dlmjax import config as config_lib
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
 from dlmjax.train import loop
 from dlmjax.train.stages import rl as rl_stage
 from dlmjax.train import state as state_lib
@@ -23,7 +23,7 @@ def init_dir(tmp_path_factory):
   c = tiny_test_config(**{'model.seq_len': 64, 'output_dir': out})
   setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c))
   params = setup.init_state(0)['params']
-  manager.save_params_checkpoint(out, c, jax.device_get(params))
+  params_checkpoint.save_params_checkpoint(out, c, jax.device_get(params))
   return out
 
 

@@ -10,7 +10,7 @@ import pytest
 from dlmjax import config as config_lib
 from dlmjax import distill as distill_cli
 from dlmjax import inference
-from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.data import teacher_rows
 from dlmjax.data.errors import DataError
 from dlmjax.data.roles import PADDING, PROMPT, RESPONSE
@@ -95,5 +95,5 @@ def test_trajectory_distillation_trains_lora_on_a_block_causal_teacher(teacher):
   for row in rows:
     assert np.isfinite(row['loss']) and np.isfinite(row['certainty']), row
     assert 0 < row['masked_tokens'] < row['response_tokens']  # the block, not the whole answer
-  saved = checkpoint_lib.load_run_config(c.output_dir)
+  saved = run_dir_lib.load_run_config(c.output_dir)
   assert saved.sft.objective == 'trajectory' and saved.model.attention_mask == 'block_causal'

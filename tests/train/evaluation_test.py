@@ -10,7 +10,8 @@ import pytest
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.data import pipeline
 from dlmjax.diffusion import masking
 from dlmjax.train import loop, stages
@@ -69,8 +70,8 @@ def test_loop_logs_validation_rows(run):
 
 def test_validation_loss_is_fixed_and_equals_a_hand_written_loss(run):
   config, rows, evaluator = run
-  _, step_dir, _ = checkpoint_lib.resolve_step_dir(config.output_dir)
-  params = checkpoint_lib.restore_params(
+  _, step_dir, _ = run_dir_lib.resolve_step_dir(config.output_dir)
+  params = params_checkpoint.restore_params(
     step_dir, *model_lib.param_placement(config, evaluator.setup.mesh)
   )
   again = evaluator.run(4, params)

@@ -25,6 +25,9 @@ import pytest
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import checksums
 from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
+from dlmjax.checkpoint import step_meta
 from dlmjax.observability import sinks, tensorboard
 from tests.conftest import FAST_COMPILE
 
@@ -161,7 +164,7 @@ def chain(tmp_path_factory):
   )
   out.c_entries = sorted(os.listdir(out.run / 'checkpoints'))
   out.c_losses = _losses(out.run)
-  out.after_kill = checkpoint_lib.resolve_step_dir(str(out.run))
+  out.after_kill = run_dir_lib.resolve_step_dir(str(out.run))
   _corrupt_params(str(out.run / 'checkpoints' / '6'))
   done = subprocess.run(
     _command(out.run), env=_env(cache), cwd=REPO, capture_output=True, text=True, timeout=600
@@ -206,10 +209,10 @@ def test_kill_9_mid_save_leaves_the_previous_checkpoint_usable(chain):
   assert any(n.startswith('12.') for n in chain.c_entries), chain.c_entries
   run_dir, step_dir, step = chain.after_kill
   assert step == 6
-  params = checkpoint_lib.restore_params(
-    step_dir, *model_lib.param_placement(checkpoint_lib.load_run_config(run_dir))
+  params = params_checkpoint.restore_params(
+    step_dir, *model_lib.param_placement(run_dir_lib.load_run_config(run_dir))
   )
-  saved = checkpoint_lib.read_meta(step_dir)['checksums']
+  saved = step_meta.read_meta(step_dir)['checksums']
   assert checksums.compare(saved, checksums.compute(params)) == []
   # The run resumed from SIGTERM's checkpoint reproduced the uninterrupted losses exactly.
   straight = _losses(chain.straight)

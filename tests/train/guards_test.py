@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import run_dir as run_dir_lib
+from dlmjax.checkpoint import step_meta
 from dlmjax.data.errors import DataError
 from dlmjax.train import guards, loop, stages
 from dlmjax.train.stages import base
@@ -204,8 +205,8 @@ def test_bad_data_mid_run_keeps_only_complete_checkpoints(
   # Saved before the fault: 2 and 4, each complete and restorable; nothing of step 5.
   steps = sorted(os.listdir(tmp_path / 'checkpoints'))
   assert steps == ['2', '4'], steps
-  _, step_dir, step = checkpoint_lib.resolve_step_dir(str(tmp_path))
-  assert step == 4 and checkpoint_lib.read_meta(step_dir)['step'] == 4
+  _, step_dir, step = run_dir_lib.resolve_step_dir(str(tmp_path))
+  assert step == 4 and step_meta.read_meta(step_dir)['step'] == 4
 
 
 def test_out_of_memory_names_the_knobs(tmp_path, monkeypatch, fake_step):

@@ -8,6 +8,9 @@ import pytest
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import params_checkpoint
+from dlmjax.checkpoint import run_dir as run_dir_lib
+from dlmjax.checkpoint import step_meta
 from dlmjax.train import loop
 from tests.train import faults
 from tests.conftest import tiny_test_config
@@ -49,7 +52,7 @@ def test_run_directory_contract(straight_run):
     assert key in rows[0]
   # Step 1 ran with compilation: no speed for it; the next steps have one.
   assert 'tokens_per_s' not in rows[0] and 'tokens_per_s' in rows[1]
-  saved = checkpoint_lib.load_run_config(straight_run)
+  saved = run_dir_lib.load_run_config(straight_run)
   assert saved.model.d_model == 64
   # keep=2 of the saves at 8, 16, 20.
   assert sorted(os.listdir(os.path.join(straight_run, 'checkpoints'))) == ['16', '20']
@@ -72,7 +75,7 @@ def test_resume_refuses_a_different_model(straight_run, tmp_path):
   import shutil  # pylint: disable=import-outside-toplevel
 
   shutil.copytree(straight_run, tmp_path / 'run')
-  with pytest.raises(checkpoint_lib.CheckpointError, match='model.d_model'):
+  with pytest.raises(run_dir_lib.CheckpointError, match='model.d_model'):
     loop.train(_config(tmp_path / 'run', **{'model.d_model': 128, 'train.steps': 20}))
 
 
@@ -83,7 +86,7 @@ def test_resume_on_other_data_is_refused_unless_a_new_phase(straight_run, tmp_pa
 
   shutil.copytree(straight_run, tmp_path / 'run')
   other = {'data.split': '900,90,10', 'model.seq_len': 16}
-  with pytest.raises(checkpoint_lib.CheckpointError) as e:  # (a finished run would just say so)
+  with pytest.raises(run_dir_lib.CheckpointError) as e:  # (a finished run would just say so)
     loop.train(_config(tmp_path / 'run', **other, **{'train.steps': 22}))
   message = str(e.value)
   assert "data.split: checkpoint '969,30,1', run '900,90,10'; model.seq_len: checkpoint 32" in (
@@ -94,8 +97,8 @@ def test_resume_on_other_data_is_refused_unless_a_new_phase(straight_run, tmp_pa
   assert 'data.new_phase: the data changed (data.split, model.seq_len); the data position ' in (
     capsys.readouterr().out
   )
-  _, step_dir, step = checkpoint_lib.resolve_step_dir(str(tmp_path / 'run'))
-  data_state = checkpoint_lib.read_meta(step_dir)['data_state']
+  _, step_dir, step = run_dir_lib.resolve_step_dir(str(tmp_path / 'run'))
+  data_state = step_meta.read_meta(step_dir)['data_state']
   assert step == 22 and data_state['consumed_samples'] == 2 * 16  # restarted at 0 at step 20
   assert data_state['dataset']['model.seq_len'] == 16
   # The same command again (the switch still set, the data now the checkpoint's): a resume.
@@ -122,9 +125,9 @@ def test_sigterm_checkpoints_the_step_in_flight_not_one_after(
   monkeypatch.setattr(guards, 'next_batch', signalled_on_5)
   loop.train(_config(tmp_path))
   assert 'SIGTERM: checkpointing step 4 and stopping' in capsys.readouterr().out
-  _, step_dir, step = checkpoint_lib.resolve_step_dir(str(tmp_path))
+  _, step_dir, step = run_dir_lib.resolve_step_dir(str(tmp_path))
   assert step == 4
-  assert checkpoint_lib.read_meta(step_dir)['data_state']['consumed_samples'] == 4 * 16
+  assert step_meta.read_meta(step_dir)['data_state']['consumed_samples'] == 4 * 16
   monkeypatch.setattr(guards, 'next_batch', read)
   loop.train(_config(tmp_path))
   assert _losses(tmp_path) == _losses(straight_run)
@@ -208,8 +211,8 @@ def test_consecutive_non_finite_steps_stop_with_a_good_checkpoint(tmp_path, monk
   assert [r['skipped'] for r in rows] == [0.0, 0.0, 1.0, 1.0]
   assert rows[-1]['skipped_total'] == 2
   # The saved state is the last good one: finite params, as step 2 left them.
-  _, step_dir, step = checkpoint_lib.resolve_step_dir(str(tmp_path))
-  params = checkpoint_lib.restore_params(step_dir, *model_lib.param_placement(c))
+  _, step_dir, step = run_dir_lib.resolve_step_dir(str(tmp_path))
+  params = params_checkpoint.restore_params(step_dir, *model_lib.param_placement(c))
   assert step >= 3
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 

@@ -14,7 +14,8 @@ import pytest
 from dlmjax import config as config_lib
 from dlmjax import convert
 from dlmjax import model as model_lib
-from dlmjax.checkpoint import lora_checkpoint, manager, peft_io, run_model
+from dlmjax.checkpoint import lora_checkpoint, params_checkpoint, peft_io, run_model, step_meta
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.model import lora
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.train import loop
@@ -68,7 +69,7 @@ def runs(tmp_path_factory):
   base = tmp_path_factory.mktemp('base')
   config = _config(base)
   params = model_lib.init_params(model_lib.ModelConfig.from_config(config), jax.random.key(1))
-  manager.save_params_checkpoint(str(base), config, jax.device_get(params))
+  params_checkpoint.save_params_checkpoint(str(base), config, jax.device_get(params))
   straight = tmp_path_factory.mktemp('lora')
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
@@ -80,8 +81,8 @@ def runs(tmp_path_factory):
 
 def test_the_start_line_counts_the_adapters_it_trains(runs):
   _, straight = runs
-  run_dir, step_dir, _ = manager.resolve_step_dir(str(straight))
-  _, adapters, _ = run_model.restore_lora(run_dir, step_dir, manager.load_run_config(run_dir))
+  run_dir, step_dir, _ = run_dir_lib.resolve_step_dir(str(straight))
+  _, adapters, _ = run_model.restore_lora(run_dir, step_dir, run_dir_lib.load_run_config(run_dir))
   count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(adapters))
   line = next(x for x in _PRINTED['start'].splitlines() if x.startswith('pretrain: '))
   assert f': {count:,} trainable adapter parameters (LoRA) over a frozen base of ' in line, line
@@ -90,8 +91,8 @@ def test_the_start_line_counts_the_adapters_it_trains(runs):
 @pytest.mark.slow  # the fixture's LoRA run and two more (~60 s on 2 cores)
 def test_lora_checkpoints_hold_adapters_and_resume_exactly(runs, tmp_path):
   base, straight = runs
-  step_dir = os.path.join(straight, manager.CHECKPOINT_DIR, '4')
-  digests = manager.read_meta(step_dir)['checksums']
+  step_dir = os.path.join(straight, run_dir_lib.CHECKPOINT_DIR, '4')
+  digests = step_meta.read_meta(step_dir)['checksums']
   assert digests and all(lora.is_adapter(k.split('/')[-1]) for k in digests)
   loop.train(_lora(tmp_path, base, **{'train.exit_at_step': 2}))
   loop.train(_lora(tmp_path, base))  # resumes from step 2
@@ -110,8 +111,8 @@ def test_lora_checkpoints_hold_adapters_and_resume_exactly(runs, tmp_path):
 
 
 def _our_logits(run_dir, tokens):
-  run_dir, step_dir, _ = manager.resolve_step_dir(str(run_dir))
-  config = manager.load_run_config(run_dir)
+  run_dir, step_dir, _ = run_dir_lib.resolve_step_dir(str(run_dir))
+  config = run_dir_lib.load_run_config(run_dir)
   cfg, adapters, frozen = run_model.restore_lora(run_dir, step_dir, config)
   adapted = np.asarray(model_lib.merge(cfg, lora.combine(adapters, frozen))(tokens))
   base_cfg = model_lib.ModelConfig.from_config(config)

@@ -8,7 +8,7 @@ import pytest
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.checkpoint import manager
+from dlmjax.checkpoint import params_checkpoint
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.train import stages
 from dlmjax.train import state as state_lib
@@ -90,7 +90,7 @@ def test_the_start_line_names_vrpos_reference_not_a_kl_term(tmp_path, capsys):
   init = str(tmp_path / 'init')
   c = tiny_test_config(**{'model.seq_len': 96, 'output_dir': init})
   params = model_lib.init_params(model_lib.ModelConfig.from_config(c), jax.random.key(0))
-  manager.save_params_checkpoint(init, c, params)
+  params_checkpoint.save_params_checkpoint(init, c, params)
   config = stage_configs.with_cache(
     tiny_test_config(**{'stage': 'preference', 'init_from': init, 'model.seq_len': 96})
   )

@@ -12,7 +12,8 @@ import pytest
 from dlmjax import convert, generate, inference
 from dlmjax import model as model_lib
 from dlmjax import verify
-from dlmjax.checkpoint import hf_config, hf_io, hf_layouts, manager, peft_io, run_model
+from dlmjax.checkpoint import hf_config, hf_io, hf_layouts, params_checkpoint, peft_io, run_model
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.model import lora, score_head
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.rl import reward_model
@@ -30,7 +31,7 @@ def reward_run(tmp_path_factory):
   init = str(tmp_path_factory.mktemp('init'))
   c = tiny_test_config(**{'model.seq_len': SEQ, 'output_dir': init})
   cfg = model_lib.ModelConfig.from_config(c)
-  manager.save_params_checkpoint(init, c, model_lib.init_params(cfg, jax.random.key(0)))
+  params_checkpoint.save_params_checkpoint(init, c, model_lib.init_params(cfg, jax.random.key(0)))
   out = str(tmp_path_factory.mktemp('reward'))
   config = stage_configs.with_cache(
     tiny_test_config(
@@ -127,7 +128,7 @@ def lora_reward_run(reward_run, tmp_path_factory):
 
 def test_lora_trains_the_score_head_whole_beside_the_adapters(lora_reward_run):
   c, out = lora_reward_run
-  run_dir, step_dir, _ = manager.resolve_step_dir(out)
+  run_dir, step_dir, _ = run_dir_lib.resolve_step_dir(out)
   _, adapters, frozen = run_model.restore_lora(run_dir, step_dir, c)
   assert 'score' in adapters and 'score' not in frozen  # trained, saved with the adapters
   fresh = np.asarray(score_head.fresh(c.seed, c.model.d_model, c.model.init_std))
@@ -156,7 +157,7 @@ def test_a_lora_reward_runs_peft_export_holds_the_score_head(lora_reward_run, tm
   loaded = run_model.restore(out)  # merged: the adapters and the trained head
   ours = np.asarray(reward_model.score_program(loaded.model_config, eos)(loaded.params, rows))
   base_dir = os.path.join(peft_dir, 'base')
-  run_dir, step_dir, _ = manager.resolve_step_dir(out)
+  run_dir, step_dir, _ = run_dir_lib.resolve_step_dir(out)
   _, _, frozen = run_model.restore_lora(run_dir, step_dir, c)
   start = score_head.attach(jax.device_get(frozen), loaded.model_config, c.seed)
   at_start = np.asarray(reward_model.score_program(loaded.model_config, eos)(start, rows))
@@ -205,7 +206,7 @@ def test_a_reward_run_refuses_to_generate_and_to_start_a_language_model(reward_r
   assert len(err.splitlines()) == 1 and 'is a reward model (a score head, no token head)' in err
   sft = tiny_test_config(**{'stage': 'sft', 'init_from': out, 'model.seq_len': SEQ})
   with pytest.raises(
-    manager.CheckpointError, match='is a reward model .*stage=sft run cannot start from it'
+    run_dir_lib.CheckpointError, match='is a reward model .*stage=sft run cannot start from it'
   ):
     run_model.source_params(sft)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dlmjax import config as config_lib
-from dlmjax.checkpoint import manager as checkpoint_lib
+from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.train import loop
 from tests import stage_configs
 from tests.conftest import tiny_test_config
@@ -78,12 +78,12 @@ def test_sft_runs_from_a_pretrained_run_and_adopts_its_model(sft_run, pretrained
   assert np.isfinite(rows[1]['tokens_per_s'])  # step 1 compiles: it reports no speed
   assert [r['step'] for r in val] == [2] and np.isfinite(val[0]['val_loss'])
   assert 0 < rows[0]['mask_ratio'] < 1
-  saved = checkpoint_lib.load_run_config(str(run_dir))
-  source = checkpoint_lib.load_run_config(str(pretrained))
+  saved = run_dir_lib.load_run_config(str(run_dir))
+  source = run_dir_lib.load_run_config(str(pretrained))
   assert saved.stage == 'sft' and saved.sft.chat_template == 'plain'
   for key in ('num_layers', 'd_model', 'num_kv_heads', 'ffn_dim', 'seq_len', 'vocab_size'):
     assert saved.model[key] == source.model[key], key  # from the checkpoint, not the defaults
-  _, step_dir, step = checkpoint_lib.resolve_step_dir(str(run_dir))
+  _, step_dir, step = run_dir_lib.resolve_step_dir(str(run_dir))
   assert step == 2 and os.path.isdir(step_dir)
 
 
