@@ -29,7 +29,7 @@ import numpy as np
 
 from benchmarks import sampler_cache
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import sampler, sampling_config
 
 NO_EOS = -1  # an EOS id no token has: every row decodes gen_length tokens, as in the other modes.
 # (attention mask, cache mode, block length or None for --block-length): the variants timed.
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 def _settings(args, gen, variant):
   kind, mode, block = VARIANTS[variant]
   block = block or args.block_length
-  return kind, sampler.SamplingConfig(
+  return kind, sampling_config.SamplingConfig(
     gen_length=gen,
     steps=gen // args.tokens_per_step,
     block_length=block,
@@ -117,7 +117,7 @@ def check_tokens(model_config, params, prompt_BP, args, m) -> float:
   lengths = np.maximum(rows.shape[1] - np.arange(len(rows)) * 3, 1).astype(np.int32)
   live = np.arange(rows.shape[1])[None] >= rows.shape[1] - lengths[:, None]
   rows = np.where(live, rows, m.pad_token_id).astype(np.int32)
-  s = sampler.SamplingConfig(
+  s = sampling_config.SamplingConfig(
     gen_length=2 * args.block_length,
     steps=2 * args.block_length // args.tokens_per_step,
     block_length=args.block_length,

@@ -172,9 +172,9 @@ def rl_bench(rows, workdir: str, args) -> dict:
 
 def overlap(init: str, rows, args) -> dict:
   from dlmjax import evaluate  # pylint: disable=import-outside-toplevel
-  from dlmjax.diffusion import sampler as sampler_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.diffusion import sampling_config  # pylint: disable=import-outside-toplevel
 
-  sampling = sampler_lib.SamplingConfig(gen_length=64, steps=16, block_length=64)
+  sampling = sampling_config.SamplingConfig(gen_length=64, steps=16, block_length=64)
   model = evaluate.EvalModel(init, sampling=sampling, batch_size=args.rl_batch)
   task = tasks.Mbpp('')
   prompts = [task.example_of(r).prompt[:160] for r in rows][: args.rl_batch]

@@ -43,7 +43,7 @@ from dlmjax import config as config_lib  # noqa: E402
 from dlmjax import model as model_lib  # noqa: E402
 from dlmjax.checkpoint import hf_config  # noqa: E402
 from dlmjax.checkpoint import hf_mapping  # noqa: E402
-from dlmjax.diffusion import sampler  # noqa: E402
+from dlmjax.diffusion import sampler_programs, sampling_config  # noqa: E402
 from dlmjax.model import programs  # noqa: E402
 
 _TINY = dict(num_layers=2, d_model=128, num_heads=4, head_dim=32, ffn_dim=256, vocab_size=512)
@@ -133,10 +133,10 @@ def run_ours(config, params, shape: Shape, tokens, prompt) -> dict:
       forward_peak_gib=forward_peak,
       peak_gib=_peak_gib(device),
     )
-  sampling = sampler.SamplingConfig(
+  sampling = sampling_config.SamplingConfig(
     gen_length=shape.gen, steps=shape.steps, block_length=shape.block, temperature=0.0
   )
-  generate = sampler.make_generate_fn(
+  generate = sampler_programs.make_generate_fn(
     cfg,
     sampling,
     mask_id=m.mask_token_id,

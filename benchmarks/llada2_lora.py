@@ -419,11 +419,11 @@ def decode_rows(args) -> list:
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
 
-  from dlmjax.diffusion import sampler  # pylint: disable=import-outside-toplevel
+  from dlmjax.diffusion import sampler_programs, sampling_config  # pylint: disable=import-outside-toplevel
 
   model_config, params, m = _decode_setup(args.tiny)
   prompt, gen, block = (8, 16, 8) if args.tiny else (64, 256, 32)
-  sampling = sampler.SamplingConfig(
+  sampling = sampling_config.SamplingConfig(
     gen_length=gen, steps=gen, block_length=block, threshold=0.95, cache='block'
   ).validate()
   active = model_config.num_params(active=True) - model_config.vocab_size * model_config.d_model
@@ -432,9 +432,9 @@ def decode_rows(args) -> list:
   every_ms = 2 * every / _bandwidth() * 1e3
 
   def decode_fn(pool):
-    """The program generate runs (sampler.make_generate_fn: weights cast and fused once, the
-    decode compiler options of model/programs.py), block routing with `pool` experts."""
-    return sampler.make_generate_fn(
+    """The program generate runs (sampler_programs.make_generate_fn: weights cast and fused
+    once, the decode compiler options of model/programs.py), block routing with `pool` experts."""
+    return sampler_programs.make_generate_fn(
       dataclasses.replace(model_config, block_experts=pool),
       sampling,
       mask_id=m.mask_token_id,

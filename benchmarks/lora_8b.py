@@ -191,7 +191,7 @@ def _jax_rl(args) -> dict:
   import numpy as np  # pylint: disable=import-outside-toplevel
 
   from dlmjax import bench  # pylint: disable=import-outside-toplevel
-  from dlmjax.diffusion import sampler as sampler_lib  # pylint: disable=import-outside-toplevel
+  from dlmjax.diffusion import prompt_rows, sampler_programs, sampling_config  # pylint: disable=import-outside-toplevel
   from dlmjax.parallel import distributed, rules  # pylint: disable=import-outside-toplevel
   from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.rl import advantages as advantages_lib  # pylint: disable=import-outside-toplevel
@@ -207,9 +207,9 @@ def _jax_rl(args) -> dict:
   setup = state_lib.TrainSetup(c, mesh_lib.make_mesh(c))
   step_fn = step_lib.CompiledStep(setup, stages.build(c))
   state = setup.init_state(c.seed)
-  generate = sampler_lib.make_generate_fn(
+  generate = sampler_programs.make_generate_fn(
     setup.model_config,
-    sampler_lib.SamplingConfig.from_config(c),
+    sampling_config.SamplingConfig.from_config(c),
     mask_id=m.mask_token_id,
     eos_id=m.eos_token_id,
     pad_id=m.pad_token_id,
@@ -226,7 +226,7 @@ def _jax_rl(args) -> dict:
   rng = np.random.default_rng(0)
   rows, group, mu = d1['rows'], d1['group'], d1['mu']
   prompts = [list(rng.integers(0, m.mask_token_id, d1['prompt'])) for _ in range(rows // group)]
-  prompt_BP, prompt_lengths = sampler_lib.pad_prompts(
+  prompt_BP, prompt_lengths = prompt_rows.pad_prompts(
     [p for p in prompts for _ in range(group)], m.pad_token_id, width=d1['prompt']
   )
   key = jax.random.key(1)

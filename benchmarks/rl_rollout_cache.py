@@ -27,7 +27,7 @@ import jax
 from dlmjax import config as config_lib
 from dlmjax import inference
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.diffusion import sampling_config
 from dlmjax.rl import rollout as rollout_lib
 from dlmjax.rl import sampler as rl_sampler
 from dlmjax.train.stages import rl as rl_stage
@@ -79,7 +79,7 @@ def _config(args):
 def rollout(config, model_config, params, prompts, repeats) -> dict:
   """The stage's rollout 0 (its prompts and keys): a compiling call, then the best timed one."""
   setup = types.SimpleNamespace(model_config=model_config, mesh=None, lora=False)
-  sampling = sampler_lib.SamplingConfig.from_config(config)
+  sampling = sampling_config.SamplingConfig.from_config(config)
   sampler = rl_sampler.RolloutSampler(config, setup, prompts.tokenizer, sampling, greedy=True)
   batches = rollout_lib.RolloutBatches(config, setup, prompts, sampler)
   best = None
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
         variant = copy.deepcopy(config)
         variant.sampler.cache, variant.sampler.threshold = mode, threshold
         variant.sampler.temperature = 0.0
-        sampler_lib.SamplingConfig.from_config(variant)  # bad settings: one line, before work
+        sampling_config.SamplingConfig.from_config(variant)  # bad settings: one line, before work
         runs.append(variant)
   except (ValueError, config_lib.ConfigError) as e:
     print(f'error: {e}', file=sys.stderr)

@@ -20,7 +20,7 @@ import time
 import jax
 import numpy as np
 
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import sampler_programs, sampling_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,10 +62,12 @@ def _load(args):
   return inference.Pretrained(config, params, source=args.config)
 
 
-def measure(model, sampling: sampler.SamplingConfig, prompt_BP, lengths_B, repeats: int) -> dict:
+def measure(
+  model, sampling: sampling_config.SamplingConfig, prompt_BP, lengths_B, repeats: int
+) -> dict:
   """Compile time and the best of `repeats` timed runs, as generated tokens per second."""
   m = model.config.model
-  fn = sampler.make_generate_fn(
+  fn = sampler_programs.make_generate_fn(
     model.model_config,
     sampling,
     mask_id=m.mask_token_id,
@@ -96,7 +98,7 @@ def measure(model, sampling: sampler.SamplingConfig, prompt_BP, lengths_B, repea
 
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
-  plain = sampler.SamplingConfig(
+  plain = sampling_config.SamplingConfig(
     gen_length=args.gen_length, steps=args.steps, block_length=args.block_length
   )
   variants = {

@@ -53,7 +53,7 @@ import numpy as np
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import sampler_programs, sampling_config
 from dlmjax.model import attention, presets
 
 MODES = ('none', 'prefix', 'dual')
@@ -168,7 +168,7 @@ def slice_path(path: str):
   per setting, not per path: the cache is cleared on the way in and out."""
   if path not in SLICE_PATHS:
     raise ValueError(f'unknown slice path {path!r}; known: {SLICE_PATHS}')
-  sampler.make_generate_fn.cache_clear()
+  sampler_programs.make_generate_fn.cache_clear()
   original = attention.cached_slice_attention, attention.slice_attention
   if path in ('copy', 'xla'):
     attention.cached_slice_attention = attention.gathered_slice_attention
@@ -183,12 +183,12 @@ def slice_path(path: str):
     yield
   finally:
     attention.cached_slice_attention, attention.slice_attention = original
-    sampler.make_generate_fn.cache_clear()
+    sampler_programs.make_generate_fn.cache_clear()
 
 
 def time_jax(config, model_config, params, sampling, prompt_BP, repeats, fuse=True) -> dict:
   m = config.model
-  fn = sampler.make_generate_fn(
+  fn = sampler_programs.make_generate_fn(
     model_config,
     sampling,
     mask_id=m.mask_token_id,
@@ -319,7 +319,7 @@ class TorchPeer:
       x = x[:, rows[0] : rows[1]]
     return self.model.lm_head(self.model.model.norm(x)).float(), kv
 
-  def generate(self, prompt, s: sampler.SamplingConfig, mask_id, vocab_size):
+  def generate(self, prompt, s: sampling_config.SamplingConfig, mask_id, vocab_size):
     """The batched Fast-dLLM loop, greedy, low-confidence remasking; tokens [B, P + gen]."""
     torch = self.torch
     b, width = prompt.shape
@@ -467,7 +467,9 @@ def main(argv=None) -> int:
         'bidirectional models (a causal one takes the exact cache=block).'
       )
     for gen in gens:
-      sampler.SamplingConfig(gen_length=gen, steps=gen, block_length=args.block_length).validate()
+      sampling_config.SamplingConfig(
+        gen_length=gen, steps=gen, block_length=args.block_length
+      ).validate()
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
@@ -499,7 +501,9 @@ def main(argv=None) -> int:
     return 1
   rows = []
   for gen in gens:
-    plain = sampler.SamplingConfig(gen_length=gen, steps=gen, block_length=args.block_length)
+    plain = sampling_config.SamplingConfig(
+      gen_length=gen, steps=gen, block_length=args.block_length
+    )
     base = {}
     variants = [
       (mode, threshold, path, fuse)

@@ -50,7 +50,7 @@ import numpy as np
 
 from dlmjax import cli
 from dlmjax.data.errors import DataError
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import sampling_config
 
 REPEATS = 3  # timed block calls per ceiling measurement, the best kept
 
@@ -308,7 +308,7 @@ def main(argv=None) -> int:
         '--preset shapes random weights (--config); a checkpoint has its own shape: drop one.'
       )
     gen = max(args.gen_lengths)
-    defaults = sampler.SamplingConfig(
+    defaults = sampling_config.SamplingConfig(
       gen_length=gen,
       steps=gen // args.tokens_per_step,
       block_length=min(args.block_length, gen),

@@ -34,7 +34,7 @@ from dlmjax import cli, inference
 from dlmjax import tasks as tasks_lib
 from dlmjax.data import chat, teacher_rows
 from dlmjax.data.roles import PADDING, PROMPT, RESPONSE
-from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.diffusion import prompt_rows, sampler_programs, sampling_config
 
 KEEP = ('all', 'correct')
 # d3LLM's regeneration: up to 5 tries, at temperature 0.0 then these, until the answer matches.
@@ -85,10 +85,10 @@ def prompts_of(args) -> tuple[list[str], list | None]:
 
 def teacher_sampling(config, overrides):
   """The run's sampler group, greedy, with KEY=VALUE overrides on top."""
-  base = sampler_lib.SamplingConfig.from_config(config)
+  base = sampling_config.SamplingConfig.from_config(config)
   values = dict(o.split('=', 1) for o in overrides)
   return dataclasses.replace(
-    sampler_lib.SamplingConfig.from_values(**{**dataclasses.asdict(base), **values}),
+    sampling_config.SamplingConfig.from_values(**{**dataclasses.asdict(base), **values}),
     temperature=0.0,
   ).validate()
 
@@ -98,7 +98,7 @@ def build_rows(pretrained, prompt_ids, sampling, *, batch_size: int, seed: int) 
   m = pretrained.config.model
   width, gen = m.seq_len + 1, sampling.gen_length
   prompt_width = max(len(p) for p in prompt_ids)
-  fn = sampler_lib.make_generate_fn(
+  fn = sampler_programs.make_generate_fn(
     pretrained.model_config,
     sampling,
     mask_id=m.mask_token_id,
@@ -115,7 +115,7 @@ def build_rows(pretrained, prompt_ids, sampling, *, batch_size: int, seed: int) 
   for first in range(0, len(prompt_ids), batch_size):
     chunk = prompt_ids[first : first + batch_size]
     padded = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one compiled batch shape
-    prompt_BP, lengths = sampler_lib.pad_prompts(padded, m.pad_token_id, prompt_width)
+    prompt_BP, lengths = prompt_rows.pad_prompts(padded, m.pad_token_id, prompt_width)
     tokens, steps = fn(pretrained.params, prompt_BP, lengths, jax.random.fold_in(key, first))
     tokens, steps = np.asarray(tokens)[:, prompt_width:], np.asarray(steps)
     for i, prompt in enumerate(chunk):
@@ -145,7 +145,7 @@ def judge(rows, examples, task, decode, eos_id: int) -> np.ndarray:
   """bool [rows]: whether the task judges each row's completion (its RESPONSE tokens up to the
   first EOS, as text) correct, as held-out accuracy does."""
   texts = [
-    decode(sampler_lib.completions(tokens[None, roles == RESPONSE], 0, eos_id)[0])
+    decode(prompt_rows.completions(tokens[None, roles == RESPONSE], 0, eos_id)[0])
     for tokens, roles in zip(rows['tokens'], rows['roles'])
   ]
   return np.array(task.judge(examples, texts)[1], bool)

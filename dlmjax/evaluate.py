@@ -33,7 +33,7 @@ from dlmjax.data import jsonl
 from dlmjax.data import tokenizer as tokenizer_lib
 from dlmjax.diffusion import infill as infill_lib
 from dlmjax.diffusion import likelihood as likelihood_lib
-from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.diffusion import sampling_config
 
 
 class EvalModel:
@@ -44,7 +44,7 @@ class EvalModel:
     path: str,
     *,
     settings=likelihood_lib.LikelihoodConfig(),
-    sampling=sampler_lib.SamplingConfig(),
+    sampling=sampling_config.SamplingConfig(),
     tokenizer: str = '',
     seed: int = 0,
     batch_size: int = 8,
@@ -336,7 +336,7 @@ def _parser() -> argparse.ArgumentParser:
     help='code tasks: run the programs where the machine has no OS boundary (bubblewrap), '
     'behind the audit hook and rlimits alone (docs/evaluation.md, Code sandbox)',
   )
-  sampler_lib.add_arguments(tk)
+  sampling_config.add_arguments(tk)
   return parser
 
 
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
       )
       results, summary = likelihood_mode(model, rows)
     else:
-      sampling = sampler_lib.from_arguments(args)
+      sampling = sampling_config.from_arguments(args)
       model = EvalModel(
         args.checkpoint_path,
         sampling=sampling,

@@ -23,7 +23,7 @@ from dlmjax import inference
 from dlmjax.data import jsonl
 from dlmjax.data.errors import DataError
 from dlmjax.diffusion import infill as infill_lib
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import sampling_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     help='a template with <mask:N> holes to fill (repeat for several; raw text; --steps steps)',
   )
   parser.add_argument('--output', default='', help='jsonl out (with --prompts-file)')
-  sampler.add_arguments(parser)
+  sampling_config.add_arguments(parser)
   parser.add_argument(
     '--chat-template', default=None, help="override the checkpoint's template ('none' = raw prompt)"
   )
@@ -66,7 +66,7 @@ def _read_prompts(path: str) -> list[dict]:
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
-    sampling = sampler.from_arguments(args)  # validated before the (slow) checkpoint load
+    sampling = sampling_config.from_arguments(args)  # validated before the (slow) checkpoint load
     rows = (
       _read_prompts(args.prompts_file)
       if args.prompts_file

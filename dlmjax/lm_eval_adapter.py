@@ -38,7 +38,7 @@ from dlmjax import evaluate
 from dlmjax import tasks
 from dlmjax.data import records
 from dlmjax.diffusion import likelihood as likelihood_lib
-from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.diffusion import sampling_config
 
 
 @register_model('dlmjax')
@@ -65,8 +65,8 @@ class DlmjaxLM(LM):
     settings = likelihood_lib.LikelihoodConfig(
       mc_num=int(mc_num), mc_batch=int(mc_batch), cfg_scale=float(cfg)
     )
-    sampling = sampler_lib.SamplingConfig.from_values(
-      cfg_scale=cfg, **{k: v for k, v in kwargs.items() if k in sampler_lib.FIELDS}
+    sampling = sampling_config.SamplingConfig.from_values(
+      cfg_scale=cfg, **{k: v for k, v in kwargs.items() if k in sampling_config.FIELDS}
     )
     rows = int(batch_size) if str(batch_size).isdigit() else 8  # 'auto' -> 8
     self.model = evaluate.EvalModel(

@@ -36,7 +36,7 @@ import profile_step  # noqa: E402  (the kernel classes and the HLO source map)
 
 from dlmjax import config as config_lib  # noqa: E402
 from dlmjax import model as model_lib  # noqa: E402
-from dlmjax.diffusion import sampler  # noqa: E402
+from dlmjax.diffusion import sampler_programs, sampling_config  # noqa: E402
 from dlmjax.model import presets  # noqa: E402
 
 # Memory bandwidth by device kind (H200: 4.8 TB/s, H100 80GB HBM3: 3.35 TB/s, the datasheets)
@@ -268,10 +268,10 @@ def main(argv=None):
     layouts = ('in_place', 'sliced') if args.experts == 'both' else (args.experts,)
     for mode, layout in [(mode, layout) for mode in args.modes.split(',') for layout in layouts]:
       steps = args.gen // args.tokens_per_step
-      sampling = sampler.SamplingConfig(
+      sampling = sampling_config.SamplingConfig(
         gen_length=args.gen, steps=steps, block_length=args.block, cache=mode
       )
-      fn = sampler.make_generate_fn(
+      fn = sampler_programs.make_generate_fn(
         model_config,
         sampling,
         mask_id=m.mask_token_id,

@@ -13,7 +13,7 @@ from dlmjax.checkpoint import compatibility
 from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.config import registry, schema
 from dlmjax.data import chat
-from dlmjax.diffusion import cache_modes, distill, loss, sampler, schedules
+from dlmjax.diffusion import cache_modes, distill, loss, sampling_config, schedules
 from dlmjax.kernels import grouped_matmul
 from dlmjax.model import attention, layers, moe, transformer
 from dlmjax.model.presets import PRESETS, ModelConfig
@@ -216,8 +216,8 @@ def test_architecture_keys_are_keys_and_resume_compares_them():
 
 def test_sampler_group_is_the_sampling_config():
   c = config_lib.defaults()
-  assert set(c.sampler.keys()) == set(sampler.FIELDS)
-  settings = sampler.SamplingConfig.from_config(c)
+  assert set(c.sampler.keys()) == set(sampling_config.FIELDS)
+  settings = sampling_config.SamplingConfig.from_config(c)
   assert dataclasses.asdict(settings) == c.sampler.to_dict()
   # The rollout sampler as it was under rl.*: 64 tokens, 32 steps, blocks of 32, temperature 0.9.
   assert (settings.gen_length, settings.steps, settings.block_length, settings.temperature) == (
@@ -231,7 +231,7 @@ def test_sampler_group_is_the_sampling_config():
     config_lib.ConfigError,
     match='config.sampler: gen_length=64 is not a multiple of block_length=5',
   ):
-    sampler.SamplingConfig.from_config(c)
+    sampling_config.SamplingConfig.from_config(c)
 
 
 @pytest.mark.parametrize(

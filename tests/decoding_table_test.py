@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from dlmjax import decoding_table
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import sampling_config
 
 
 def test_settings_are_none_first_then_each_rule_per_cache():
-  base = sampler.SamplingConfig(gen_length=16, steps=16, block_length=8)
+  base = sampling_config.SamplingConfig(gen_length=16, steps=16, block_length=8)
   settings = decoding_table.settings_of(
     base,
     thresholds=(0.9,),

@@ -9,7 +9,7 @@ import pytest
 from dlmjax import evaluate
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import params_checkpoint
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import sampling_config
 from dlmjax.tasks.code import InfillExample
 from tests.checkpoint import tiny_run
 
@@ -239,7 +239,7 @@ def test_file_tasks_report_the_peers_metrics(tmp_path):
 def test_eval_model_fills_the_hole_between_prefix_and_suffix(run_dir, monkeypatch):
   """evaluate tasks' infilling (tests/evaluate_infill_test.py): the canvas is prefix, the hole
   of MASKs, suffix; the middle comes back without MASK, EOS or padding."""
-  sampling = sampler.SamplingConfig(gen_length=4, steps=2, block_length=4)
+  sampling = sampling_config.SamplingConfig(gen_length=4, steps=2, block_length=4)
   model = evaluate.EvalModel(str(run_dir), batch_size=2, sampling=sampling)
   mask = model.mask_id
   examples = [

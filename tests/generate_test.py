@@ -10,7 +10,7 @@ import pytest
 import dlmjax
 from dlmjax import generate
 from dlmjax.data import chat
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import prompt_rows, sampler_programs, sampling_config
 from tests.checkpoint import tiny_run
 
 SAMPLING = dict(gen_length=8, steps=4, block_length=4, temperature=0.7, batch_size=2)
@@ -48,9 +48,9 @@ def test_generate_is_the_sampler(run):
   got = model.generate_tokens(prompts, seed=3, **SAMPLING)
   m = model.config.model
   settings = {k: v for k, v in SAMPLING.items() if k != 'batch_size'}
-  fn = sampler.make_generate_fn(
+  fn = sampler_programs.make_generate_fn(
     model.model_config,
-    sampler.SamplingConfig(**settings),
+    sampling_config.SamplingConfig(**settings),
     mask_id=m.mask_token_id,
     eos_id=m.eos_token_id,
     pad_id=m.pad_token_id,
@@ -63,12 +63,12 @@ def test_generate_is_the_sampler(run):
     out = np.asarray(
       fn(
         model.params,
-        *sampler.pad_prompts(chunk, m.pad_token_id, 3),
+        *prompt_rows.pad_prompts(chunk, m.pad_token_id, 3),
         jax.random.fold_in(jax.random.key(3), start),
       )
     )
     assert (out != m.mask_token_id).all()  # every position decoded, whatever the tokens are
-    expected += sampler.completions(out, 3, m.eos_token_id)
+    expected += prompt_rows.completions(out, 3, m.eos_token_id)
   assert got == expected[:3]
   assert all(0 <= t < m.vocab_size and t != m.mask_token_id for row in got for t in row)
 

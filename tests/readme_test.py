@@ -171,7 +171,7 @@ SAMPLER_COMMANDS = {
 def test_sampling_commands_fit_the_quick_start_model():
   """generate / evaluate / serve on a quick-start run: the flags parse with the command's own
   parser, the sampler settings validate, and a short prompt plus gen_length fits its context."""
-  from dlmjax.diffusion import sampler  # pylint: disable=import-outside-toplevel
+  from dlmjax.diffusion import sampling_config  # pylint: disable=import-outside-toplevel
 
   seq_len = config_lib.load_file('configs/tiny.py').model.seq_len
   checked = 0
@@ -183,7 +183,7 @@ def test_sampling_commands_fit_the_quick_start_model():
     parsed = importlib.import_module(SAMPLER_COMMANDS[module])._parser().parse_args(args)
     if getattr(parsed, 'mode', 'tasks') == 'likelihood':
       continue
-    settings = sampler.from_arguments(parsed)
+    settings = sampling_config.from_arguments(parsed)
     prompt = 16  # a short prompt's tokens
     assert prompt + settings.gen_length <= seq_len, (
       f'{module} {" ".join(args)}: gen_length {settings.gen_length} leaves no room for a prompt '

@@ -3,7 +3,7 @@ evaluate tasks, the lm-eval adapter's generate_until, RL rollouts and RL's held-
 every cache mode among them (block decoding's `block` too).
 
 The sampler itself is replaced by a recorder (its output: all EOS), so these tests compile
-nothing; what they check is the SamplingConfig that reaches sampler.make_generate_fn."""
+nothing; what they check is the SamplingConfig that reaches sampler_programs.make_generate_fn."""
 
 import dataclasses
 import types
@@ -14,7 +14,7 @@ import pytest
 from dlmjax import evaluate
 from dlmjax import generate
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import sampler_programs, sampling_config
 from dlmjax.rl import evaluation as rl_evaluation
 from dlmjax.rl import rollout as rollout_lib
 from tests import evaluate_test
@@ -72,9 +72,9 @@ SETTINGS = [THRESHOLD, FACTOR, BLOCK, MULTI]
 
 
 def test_the_settings_cover_every_field():
-  defaults = sampler.SamplingConfig()
-  assert set(THRESHOLD) == set(sampler.FIELDS)
-  for name in sampler.FIELDS:
+  defaults = sampling_config.SamplingConfig()
+  assert set(THRESHOLD) == set(sampling_config.FIELDS)
+  for name in sampling_config.FIELDS:
     assert any(s[name] != getattr(defaults, name) for s in SETTINGS), name
 
 
@@ -90,7 +90,7 @@ def recorded(monkeypatch):
       (prompt_BP.shape[0], prompt_BP.shape[1] + sampling.gen_length), eos_id, np.int32
     )
 
-  monkeypatch.setattr(sampler, 'make_generate_fn', fake_make_generate_fn)
+  monkeypatch.setattr(sampler_programs, 'make_generate_fn', fake_make_generate_fn)
   return seen
 
 
@@ -103,9 +103,9 @@ def _flags(settings):
   argv = []
   for name, value in settings.items():
     if isinstance(value, bool):
-      argv += [sampler.FLAGS[name]] if value else []
+      argv += [sampling_config.FLAGS[name]] if value else []
     else:
-      argv += [sampler.FLAGS[name], str(value)]
+      argv += [sampling_config.FLAGS[name], str(value)]
   return argv
 
 
@@ -113,14 +113,14 @@ def _flags(settings):
 def test_generate(run_dir, recorded, settings, capsys):
   argv = ['--checkpoint-path', run_dir, '--prompt', 'w1 w2', *_flags(settings)]
   assert generate.main(argv) == 0, capsys.readouterr().err
-  assert recorded == [sampler.SamplingConfig(**settings)]
+  assert recorded == [sampling_config.SamplingConfig(**settings)]
 
 
 @pytest.mark.parametrize('settings', SETTINGS)
 def test_evaluate_tasks(run_dir, recorded, settings, capsys):
   argv = ['--checkpoint-path', run_dir, 'tasks', '--tasks', 'arithmetic', '--num', '2']
   assert evaluate.main(argv + _flags(settings)) == 0, capsys.readouterr().err
-  assert recorded == [sampler.SamplingConfig(**settings)]
+  assert recorded == [sampling_config.SamplingConfig(**settings)]
 
 
 @pytest.mark.parametrize('settings', SETTINGS)
@@ -132,7 +132,7 @@ def test_lm_eval_generate_until(run_dir, recorded, settings):
   model = lm_eval_adapter.DlmjaxLM(checkpoint_path=run_dir, batch_size='2', **args)
   request = types.SimpleNamespace(args=('w1 w2', {'until': ['w9']}))
   assert model.generate_until([request]) == ['']
-  assert recorded == [sampler.SamplingConfig(**settings)]
+  assert recorded == [sampling_config.SamplingConfig(**settings)]
 
 
 def _rl_config(settings):
@@ -155,6 +155,6 @@ def test_rl_rollouts_and_held_out_evaluation(recorded, settings):
   prompts = types.SimpleNamespace(tokenizer=None)
   rollout_lib.make_batches(config, setup, prompts)
   rl_evaluation.HeldOutReward(config, setup, prompts)
-  expected = sampler.SamplingConfig(**settings)
+  expected = sampling_config.SamplingConfig(**settings)
   # Held-out problems are decoded greedily, with every other setting the rollouts'.
   assert recorded == [expected, dataclasses.replace(expected, temperature=0.0)]

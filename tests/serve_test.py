@@ -22,7 +22,7 @@ import pytest
 import dlmjax
 
 from dlmjax import generate
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import sampling_config
 from dlmjax.serve import engine
 from tests.checkpoint import tiny_run
 
@@ -318,7 +318,7 @@ def test_block_causal_jobs_joining_mid_decode_get_generates_text(tmp_path, cache
     blocks_per_call=3,
   )
   eng.start()
-  long = sampler.SamplingConfig(**SETTINGS, cache=cache)
+  long = sampling_config.SamplingConfig(**SETTINGS, cache=cache)
   short = dataclasses.replace(long, gen_length=8, steps=4)
   settings = [long if i % 2 else short for i in range(8)]
   jobs = [
@@ -357,7 +357,7 @@ def test_pipelined_calls_carry_blocks_on_the_device_and_drop_a_stopped_jobs_next
   long = next(i for i, t in enumerate(expected) if len(model.tokenizer.encode(t)) >= 12)
   other = (long + 1) % 6
   stop = model.tokenizer.decode(model.tokenizer.encode(expected[long])[:6])  # in block 2 of 4
-  settings = sampler.SamplingConfig(**SETTINGS)
+  settings = sampling_config.SamplingConfig(**SETTINGS)
   jobs = [
     engine.Job(prompt=model.tokenizer.encode(PROMPTS[other]), settings=settings),
     engine.Job(prompt=model.tokenizer.encode(PROMPTS[long]), settings=settings, stop=(stop,)),
@@ -381,7 +381,7 @@ def test_a_shared_system_prompt_is_prefilled_once_and_reused_exactly(tmp_path, a
   model = dlmjax.load_pretrained(_make_run(tmp_path, attention, **{'model.seq_len': 64}))
   system = ' '.join(f't{100 + 3 * j % 150}' for j in range(21))  # 21 tokens: one 16-token unit
   prompts = [f'{system} {p}' for p in PROMPTS[:5]]
-  settings = sampler.SamplingConfig(**SETTINGS, cache='block')
+  settings = sampling_config.SamplingConfig(**SETTINGS, cache='block')
   expected = model.generate(prompts, batch_size=5, **SETTINGS, cache='block')
   eng = engine.Engine(
     model,
@@ -409,7 +409,7 @@ def test_a_lone_groups_multi_block_calls_end_jobs_mid_call_and_admit_a_late_job_
   up to it and nothing after, and a job that arrives while a multi-block call runs joins the
   very next call (one block, beside the others) and decodes generate's text."""
   model = dlmjax.load_pretrained(_make_run(tmp_path))
-  settings = sampler.SamplingConfig(gen_length=24, steps=12, block_length=4)  # 6 blocks
+  settings = sampling_config.SamplingConfig(gen_length=24, steps=12, block_length=4)  # 6 blocks
   prompts = [PROMPTS[0], PROMPTS[9], PROMPTS[10], PROMPTS[2]]  # the last one arrives late
   expected = [model.tokenizer.encode(t) for t in model.generate(prompts, **vars(settings))]
   decode = model.tokenizer.decode
@@ -476,7 +476,9 @@ def test_a_blocking_dispatch_holds_back_neither_a_lone_jobs_first_block_nor_busy
   while its next call (4 blocks) runs, and busy_s counts each call's device time; after warm,
   nothing compiles under the job."""
   model = dlmjax.load_pretrained(_make_run(tmp_path))
-  settings = sampler.SamplingConfig(gen_length=24, steps=12, block_length=4)  # calls: 1, 4, 1
+  settings = sampling_config.SamplingConfig(
+    gen_length=24, steps=12, block_length=4
+  )  # calls: 1, 4, 1
   eng = engine.Engine(
     model,
     max_batch=1,
@@ -531,7 +533,7 @@ def test_warm_skips_canvas_lengths_the_shortest_row_never_runs(tmp_path):
   dispatched = []
   eng.dispatch = lambda group, *_, shape, **__: dispatched.append(shape[:2])
   eng.wait = lambda call: None
-  settings = sampler.SamplingConfig(**SETTINGS)
+  settings = sampling_config.SamplingConfig(**SETTINGS)
   eng.warmup.run(settings, (32, 64), prompt=20)
   assert dispatched == [(1, 64), (2, 64)]
   dispatched.clear()
@@ -546,7 +548,7 @@ def test_warm_up_for_jobs_that_all_start_with_a_stored_prefix_skips_the_bare_row
   eng = engine.Engine(
     model, max_batch=2, max_queue=2, buckets=engine.Buckets(batch=(1, 2), width=(64,))
   )
-  settings = sampler.SamplingConfig(**SETTINGS, cache='block')
+  settings = sampling_config.SamplingConfig(**SETTINGS, cache='block')
 
   def prompts(prefixed):
     units = eng.warmup.units(settings, prompt=17, prefixed=prefixed)
@@ -571,7 +573,7 @@ def test_a_stored_prefixs_warm_up_calls_need_warm_up_on_and_the_prefix_still_sto
   dispatched = []
   eng.dispatch = lambda group, *_, shape, **__: dispatched.append((group[0].prompt, shape[:2]))
   eng.wait = lambda call: None  # no call's blocks to carry: a new row's calls only
-  settings = sampler.SamplingConfig(**SETTINGS, cache='block')
+  settings = sampling_config.SamplingConfig(**SETTINGS, cache='block')
   kept, evicted = tuple(range(5, 21)), tuple(range(21, 37))
   eng.warmup.plan_prefix(kept, settings)
   assert not eng.warmup.queue and eng.warmup.total == 0
@@ -599,7 +601,7 @@ def test_idle_warm_up_compiles_every_width_bucket_between_requests_never_beside_
   model = dlmjax.load_pretrained(_make_run(tmp_path, **{'model.seq_len': 64}))
   short, long = PROMPTS[3], ' '.join(PROMPTS[10:15])  # canvases 32 and 64 (17 + 16 tokens)
   expected = model.generate([short, long], batch_size=2, **SETTINGS)
-  settings = sampler.SamplingConfig(**SETTINGS)
+  settings = sampling_config.SamplingConfig(**SETTINGS)
   eng = engine.Engine(
     model, max_batch=1, max_queue=2, buckets=engine.Buckets(batch=(1,), width=(32, 64))
   )
@@ -645,7 +647,7 @@ def test_a_stored_prefix_queues_its_programs_for_the_idle_warm_up(tmp_path, capl
   model = dlmjax.load_pretrained(_make_run(tmp_path, 'block_causal', **{'model.seq_len': 64}))
   system = ' '.join(f't{100 + 3 * j % 150}' for j in range(21))  # one 16-token unit stored
   prompts = [f'{system} {p}' for p in (PROMPTS[0], PROMPTS[1], ' '.join(PROMPTS[10:13]))]
-  settings = sampler.SamplingConfig(gen_length=8, steps=4, block_length=4, cache='block')
+  settings = sampling_config.SamplingConfig(gen_length=8, steps=4, block_length=4, cache='block')
   eng = engine.Engine(
     model,
     max_batch=2,

@@ -267,9 +267,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.eval.every = 0  # steps between evaluations (and at the last step); 0 turns them off.
   c.eval.batches = 4  # global batches of the valid split per evaluation.
 
-  # The masked-diffusion sampler (dlmjax/diffusion/sampler.py, SamplingConfig.from_config): RL's
-  # rollouts and held-out decoding (at temperature 0) read it. generate, evaluate and the lm-eval
-  # adapter take the same settings as flags / model_args, defaulting to LLaDA's demo.
+  # The masked-diffusion sampler (dlmjax/diffusion/sampling_config.py, SamplingConfig.from_config):
+  # RL's rollouts and held-out decoding (at temperature 0) read it. generate, evaluate and the
+  # lm-eval adapter take the same settings as flags / model_args, defaulting to LLaDA's demo.
   c.sampler = ml_collections.ConfigDict()
   c.sampler.gen_length = 64  # completion tokens (the canvas after the prompt).
   c.sampler.steps = 32  # denoising steps over the whole completion (a multiple of its blocks).

@@ -7,7 +7,7 @@ import dataclasses
 import os
 
 from dlmjax import config as config_lib
-from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.diffusion import sampling_config
 from dlmjax.train import preference_rows
 
 STAGES = ('pretrain', 'sft', 'rl')
@@ -25,7 +25,7 @@ GENERATORS = ('pretrain', 'sft', 'vrpo', 'rl')  # the table's stages, in order
 
 def eval_sampling(rl_config):
   """Greedy decoding with the rollouts' sampler settings (canvas, gen length, steps, blocks)."""
-  return dataclasses.replace(sampler_lib.SamplingConfig.from_config(rl_config), temperature=0.0)
+  return dataclasses.replace(sampling_config.SamplingConfig.from_config(rl_config), temperature=0.0)
 
 
 def configs_dir() -> str:

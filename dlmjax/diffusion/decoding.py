@@ -176,7 +176,7 @@ def commit_step(
 
   logits_BKV: float32 logits of the block (forbidden tokens at -inf; MASK's kept where
   settings.mask_in_softmax, so that the order scores with it); count_B: the schedule's
-  tokens for this step; keys: (noise key, remasking key) of the step (sampler.step_keys);
+  tokens for this step; keys: (noise key, remasking key) of the step (block_loop.step_keys);
   settings: a SamplingConfig; frozen_B: rows that must not change (their text is final);
   decodable_BK: the completion's positions (a block may start inside the prompt, whose MASK ids
   stay), default all.

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from dlmjax import model as model_lib
 from dlmjax.diffusion import decoding, schedules
-from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.diffusion import block_loop
 from dlmjax.model import programs
 
 HOLE_RE = re.compile(r'<mask:(\d+)>')
@@ -79,7 +79,7 @@ def infill(module, canvas_BL, lengths_B, sampling, key, *, mask_id: int, vocab_s
       allowed_V = allowed_V & (vocab_V != mask_id)
     logits = jnp.where(allowed_V, logits, -jnp.inf)
     count_B = step_count(i, jnp.sum(x_BL == mask_id, -1))
-    keys = sampler_lib.step_keys(key, 0, i)
+    keys = block_loop.step_keys(key, 0, i)
     return decoding.commit_step(logits, x_BL, count_B, keys, sampling, mask_id=mask_id)
 
   return jax.lax.fori_loop(0, sampling.steps, step, x_BL)

@@ -22,7 +22,7 @@ LLADA21_MODES = {
 
 def check_sampler_settings(settings, prefix: str = '') -> None:
   """The sampler's rules, written once: for the sampler.* group (prefix 'sampler.') and for any
-  dlmjax.diffusion.sampler.SamplingConfig (its validate); raises ConfigError naming the setting."""
+  sampling_config.SamplingConfig (its validate); raises ConfigError naming the setting."""
   p = prefix
   for key in ('gen_length', 'steps', 'block_length'):
     value = getattr(settings, key)

@@ -20,7 +20,7 @@ from dlmjax.checkpoint import run_model
 from dlmjax.data import chat
 from dlmjax.data import run_tokenizer
 from dlmjax.diffusion import infill as infill_lib
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import prompt_rows, sampler_programs, sampling_config
 from dlmjax.model import lora
 from dlmjax.model import programs
 from dlmjax.parallel import rules
@@ -103,14 +103,14 @@ class Pretrained:
     longest prompt; the last batch is filled up so one compilation serves every batch.
     """
     self._check_token_head('tokens to generate')
-    settings = sampler.SamplingConfig.from_values(**sampling).validate()
+    settings = sampling_config.SamplingConfig.from_values(**sampling).validate()
     m = self.config.model
     if batch_size < 1:
       raise ValueError(f'batch_size must be positive, got {batch_size}.')
     if self.mesh is not None:  # whole batches per batch shard of the mesh.
       shards = int(np.prod([self.mesh.shape[a] for a in rules.RULES[rules.BATCH]]))
       batch_size = -(-batch_size // shards) * shards
-    fn = sampler.make_generate_fn(  # lru-cached there: one compilation per setting.
+    fn = sampler_programs.make_generate_fn(  # lru-cached there: one compilation per setting.
       self.model_config,
       settings,
       mask_id=m.mask_token_id,
@@ -132,9 +132,9 @@ class Pretrained:
     for start in progress.track(range(0, len(token_lists), batch_size), 'generate'):
       chunk = token_lists[start : start + batch_size]
       chunk += [chunk[-1]] * (batch_size - len(chunk))
-      prompt_BP, lengths_B = sampler.pad_prompts(chunk, m.pad_token_id, width)
+      prompt_BP, lengths_B = prompt_rows.pad_prompts(chunk, m.pad_token_id, width)
       out = fn(self.params, prompt_BP, lengths_B, jax.random.fold_in(key, start))
-      rows = sampler.completions(jax.device_get(out), width, m.eos_token_id)
+      rows = prompt_rows.completions(jax.device_get(out), width, m.eos_token_id)
       result += rows[: len(token_lists) - start]
     return result
 
@@ -170,7 +170,7 @@ class Pretrained:
   ) -> list[list[int]]:
     """Each token list with its MASK ids decoded (dlmjax/diffusion/infill.py), the rest kept."""
     self._check_token_head('tokens to infill')
-    settings = sampler.SamplingConfig.from_values(**sampling).validate()
+    settings = sampling_config.SamplingConfig.from_values(**sampling).validate()
     m = self.config.model
     if self.mesh is not None:
       raise ValueError('infilling runs on one device; load the checkpoint without a mesh.')
@@ -185,7 +185,7 @@ class Pretrained:
     for start in range(0, len(token_lists), batch_size):
       chunk = token_lists[start : start + batch_size]
       chunk += [chunk[-1]] * (batch_size - len(chunk))
-      canvas_BL, lengths_B = sampler.pad_prompts(chunk, m.pad_token_id, width)
+      canvas_BL, lengths_B = prompt_rows.pad_prompts(chunk, m.pad_token_id, width)
       out = jax.device_get(fn(self.params, canvas_BL, lengths_B, jax.random.fold_in(key, start)))
       rows = [list(row[width - n :]) for row, n in zip(out.tolist(), lengths_B.tolist())]
       result += rows[: len(token_lists) - start]

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from dlmjax import config as config_lib
-from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.diffusion import sampling_config
 from dlmjax.rl import rollout as rollout_lib
 from dlmjax.rl import sampler as rl_sampler
 
@@ -28,7 +28,11 @@ class HeldOutReward:
     self.config, self.prompts = config, prompts
     self.num = config.eval.batches * config.train.global_batch_size
     self.sampler = rl_sampler.RolloutSampler(
-      config, setup, prompts.tokenizer, sampler_lib.SamplingConfig.from_config(config), greedy=True
+      config,
+      setup,
+      prompts.tokenizer,
+      sampling_config.SamplingConfig.from_config(config),
+      greedy=True,
     )
     self._held_out = {}  # (split, num, seed) -> PromptSet, built on first use
 

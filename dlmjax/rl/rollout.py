@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.diffusion import sampling_config
 from dlmjax.model import programs
 from dlmjax.parallel import distributed, rules
 from dlmjax.rl import advantages as advantages_lib
@@ -295,7 +295,7 @@ def make_batches(config, setup, prompts, *, process_index: int = 0, process_coun
     config,
     setup,
     prompts.tokenizer,
-    sampler_lib.SamplingConfig.from_config(config),
+    sampling_config.SamplingConfig.from_config(config),
     with_steps='steps' in objectives.of(config).records,
     with_predictions='predictions' in objectives.of(config).records,
   )

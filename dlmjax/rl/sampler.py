@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 
-from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.diffusion import prompt_rows, sampler_programs, sampling_config
 from dlmjax.parallel import distributed
 
 
@@ -23,7 +23,7 @@ class RolloutSampler:
     config,
     setup,
     tokenizer,
-    sampling: sampler_lib.SamplingConfig,
+    sampling: sampling_config.SamplingConfig,
     greedy: bool = False,
     with_steps: bool = False,
     with_predictions: bool = False,
@@ -34,7 +34,7 @@ class RolloutSampler:
     self.sampling, self.tokenizer = sampling, tokenizer
     self.prompt_width = config.rl.max_prompt_tokens
     self.pad_id, self.eos_id = m.pad_token_id, m.eos_token_id
-    self._generate = sampler_lib.make_generate_fn(
+    self._generate = sampler_programs.make_generate_fn(
       setup.model_config,
       sampling,
       mask_id=m.mask_token_id,
@@ -48,7 +48,7 @@ class RolloutSampler:
 
   def pad(self, token_ids: list[list[int]]):
     """(prompt_BP, prompt_lengths_B): prompts left-padded to rl.max_prompt_tokens."""
-    return sampler_lib.pad_prompts(token_ids, self.pad_id, width=self.prompt_width)
+    return prompt_rows.pad_prompts(token_ids, self.pad_id, width=self.prompt_width)
 
   def generate(self, params, prompt_BP, prompt_lengths_B, key):
     """int32 [B, prompt width + gen_length] on the host: prompts and their completions (with
@@ -63,5 +63,5 @@ class RolloutSampler:
     """The completion texts (up to the first EOS) of generate's rows."""
     return [
       self.tokenizer.decode(c)
-      for c in sampler_lib.completions(out_BW, self.prompt_width, self.eos_id)
+      for c in prompt_rows.completions(out_BW, self.prompt_width, self.eos_id)
     ]

@@ -17,7 +17,7 @@ import sys
 
 from dlmjax import cli
 from dlmjax import inference
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import sampling_config
 from dlmjax.serve import engine as engine_lib
 
 log = logging.getLogger('dlmjax.serve')
@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
   )
   parser.add_argument('--no-warmup', action='store_true', help='compile on first use only')
   parser.add_argument('--drain-timeout', type=float, default=120.0, help='SIGTERM: seconds')
-  sampler.add_arguments(parser)
+  sampling_config.add_arguments(parser)
   parser.add_argument(
     '--chat-template', default=None, help="override the checkpoint's template ('none' = raw)"
   )
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     cli.fail("the server needs its extra: pip install -e '.[serve]'")
   name = args.served_model_name or args.checkpoint_path.rstrip('/').split('/')[-1]
   try:
-    defaults = sampler.from_arguments(args)
+    defaults = sampling_config.from_arguments(args)
     if min(args.max_batch, args.blocks_per_call) < 1 or min(args.max_queue, args.prefix_cache) < 0:
       raise ValueError(
         '--max-batch and --blocks-per-call must be >= 1, --max-queue and --prefix-cache >= 0.'

@@ -23,7 +23,7 @@ from fastapi import responses
 from dlmjax import inference
 from dlmjax.data import chat
 from dlmjax.data.errors import DataError
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import sampling_config
 from dlmjax.serve import engine as engine_lib
 
 # OpenAI fields dlmjax cannot honour: refused when set to anything but their default.
@@ -38,7 +38,9 @@ UNSUPPORTED = {
   'tool_choice': (None, 'none'),
   'response_format': (None, {'type': 'text'}),
 }
-DLM_FIELDS = tuple(f for f in sampler.FIELDS if f != 'gen_length')  # max_tokens is gen_length.
+DLM_FIELDS = tuple(
+  f for f in sampling_config.FIELDS if f != 'gen_length'
+)  # max_tokens is gen_length.
 MAX_STOPS = 4  # OpenAI's limit on `stop` strings.
 
 
@@ -78,7 +80,7 @@ def _is_prompt(value) -> bool:
 @dataclasses.dataclass
 class Parsed:
   prompts: list  # token id lists
-  settings: sampler.SamplingConfig
+  settings: sampling_config.SamplingConfig
   n: int
   seed: int | None
   stop: tuple
@@ -94,7 +96,7 @@ class Server:
     self.tokenizer = eng.model.tokenizer
     self.created = int(time.time())
 
-  def settings(self, body) -> sampler.SamplingConfig:
+  def settings(self, body) -> sampling_config.SamplingConfig:
     """The request's SamplingConfig: its DLM fields over the server's defaults. max_tokens
     alone keeps the default block_length (or max_tokens, if smaller) and tokens per step."""
     values = {}

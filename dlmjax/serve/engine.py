@@ -5,7 +5,8 @@ scheduler thread runs the set block by block: each round it takes the group of j
 runs the same compiled program (same block settings: jobs that differ only in max_tokens share
 one; a seeded stochastic job is a group of its own), lays their rows out in a fixed (batch, canvas
 length) bucket (layout.py: every row's current block at one position, generate's canvas around
-it) and calls the sampler's block program (sampler.make_block_fn: the step generate loops) once.
+it) and calls the sampler's block program (sampler_programs.make_block_fn: the step generate
+loops) once.
 After the call every job takes its block, may finish (EOS, a stop string, max_tokens) and leaves;
 the next round admits waiting jobs into the freed slots. So requests join and leave between
 blocks and a request's block b decodes beside other requests' blocks.
@@ -41,7 +42,7 @@ import time
 import jax
 import numpy as np
 
-from dlmjax.diffusion import cache_modes, sampler
+from dlmjax.diffusion import cache_modes, sampler_programs, sampling_config
 from dlmjax.serve import job as job_lib
 from dlmjax.serve import layout as layout_lib
 from dlmjax.serve import warmup as warmup_lib
@@ -199,7 +200,7 @@ class Engine:
 
   # ---- lifecycle ----
 
-  def start(self, warmup: sampler.SamplingConfig | None = None) -> None:
+  def start(self, warmup: sampling_config.SamplingConfig | None = None) -> None:
     """Starts the scheduler; with warmup, first compiles that setting's programs for a one-token
     prompt (warmup.py; requests meanwhile get Compiling), then, only while no job waits or decodes,
     one call at a time, the rest of every width bucket's (a request arriving meanwhile waits
@@ -228,7 +229,9 @@ class Engine:
 
   # ---- the scheduler thread ----
 
-  def block_settings(self, settings: sampler.SamplingConfig) -> sampler.SamplingConfig:
+  def block_settings(
+    self, settings: sampling_config.SamplingConfig
+  ) -> sampling_config.SamplingConfig:
     """The program every block of a job runs: one block of its settings. Jobs that differ only
     in max_tokens share it (their rows' ends are the program's inputs)."""
     return dataclasses.replace(
@@ -306,7 +309,7 @@ class Engine:
 
   def _program(self, settings, static_start, reuse_window=None):
     m = self.model.config.model
-    return sampler.make_block_fn(
+    return sampler_programs.make_block_fn(
       self.model.model_config,
       settings,
       mask_id=m.mask_token_id,

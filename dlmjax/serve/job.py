@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import sampling_config
 
 
-def stochastic(settings: sampler.SamplingConfig) -> bool:
+def stochastic(settings: sampling_config.SamplingConfig) -> bool:
   """Whether the decode draws random numbers (its text depends on the key)."""
   return settings.temperature > 0 or settings.alg_temp > 0 or settings.remasking == 'random'
 
@@ -23,7 +23,7 @@ class Job:
   """
 
   prompt: list
-  settings: sampler.SamplingConfig
+  settings: sampling_config.SamplingConfig
   seed: int | None = None
   stop: tuple = ()
   on_update: object = None

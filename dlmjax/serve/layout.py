@@ -12,8 +12,8 @@ prompt prefixes a call may start from.
 Prefix reuse (Prefixes): on a causal or block-causal model with the block cache, the K/V of the
 longest whole-unit prefix two prompts share (a system prompt) are kept on the device in a small
 LRU; a call whose rows all start with a stored prefix places it in each row and prefills only what
-follows it (sampler.make_block_fn's reuse_window): exact, since a prefix's K/V depend only on the
-tokens before it.
+follows it (sampler_programs.make_block_fn's reuse_window): exact, since a prefix's K/V depend
+only on the tokens before it.
 
 A job here is the engine's Job: its prompt, settings, tokens, chunks and inflight are read.
 """
@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dlmjax.diffusion import cache_modes, sampler
+from dlmjax.diffusion import cache_modes, sampler_programs
+from dlmjax.diffusion import canvas as canvas_lib
 
 PREFIX_UNIT = 16  # stored prefixes are whole multiples of this (and of the model's block grid)
 
@@ -67,7 +68,7 @@ class Layout:
     self, model_config, *, buckets: Buckets, max_batch: int, blocks_per_call: int, pad_id, mask_id
   ):
     self.model_config = model_config
-    self.grid = sampler.block_grid(model_config)
+    self.grid = canvas_lib.block_grid(model_config)
     self.buckets = buckets
     self.max_batch = max_batch
     self.blocks_per_call = blocks_per_call
@@ -107,7 +108,7 @@ class Layout:
 
   def shape(self, group: list, length: int | None = None, blocks: int = 1):
     """(batch, canvas length, block start, the start if the program needs it static: a mode
-    whose forward's shape depends on the block, sampler.make_block_fn) of a
+    whose forward's shape depends on the block, sampler_programs.make_block_fn) of a
     group's call of `blocks` blocks (length: a bucket at least the group's need). Every row's
     current block starts at one position. A row that sees ahead keeps its tail after the block,
     so the canvas holds the longest prefix plus the longest tail, and the block starts the
@@ -201,7 +202,7 @@ class Prefixes(collections.OrderedDict):
     if shared < unit or any(len(k) >= shared and _starts(prompt, k) for k in self):
       return None
     tokens = tuple(prompt[:shared])
-    fn = sampler.make_prefix_fn(self.model.model_config)
+    fn = sampler_programs.make_prefix_fn(self.model.model_config)
     self[tokens] = fn(self.model.params, np.asarray([tokens], np.int32))
     while len(self) > self.size:
       self.popitem(last=False)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import prompt_rows, sampler, sampling_config
 from tests.diffusion import tiny_sampler
 
 BLOCK_SIZE = 4
@@ -21,8 +21,8 @@ PROMPTS.append(list(range(50, 58)))
 REFERENCE_WIDTH = 32  # one compiled reference forward: the model's seq_len.
 # SDAR's setting (block 4, one token per step, threshold) and a LLaDA-like one: blocks of 8
 # (two model blocks), fixed steps, no threshold.
-SDAR = sampler.SamplingConfig(gen_length=16, steps=16, block_length=4, threshold=0.3)
-FIXED = sampler.SamplingConfig(gen_length=16, steps=8, block_length=8)
+SDAR = sampling_config.SamplingConfig(gen_length=16, steps=16, block_length=4, threshold=0.3)
+FIXED = sampling_config.SamplingConfig(gen_length=16, steps=8, block_length=8)
 
 
 @functools.lru_cache
@@ -62,7 +62,9 @@ def _decode(sampling, eos_id, prompts=PROMPTS):
   so the cases of a setting share a compile."""
   _, params = _block_causal()
   rows = [prompts[i % len(prompts)] for i in range(len(PROMPTS))]
-  prompt_BP, lengths_B = sampler.pad_prompts(rows, tiny_sampler.PAD, width=max(map(len, PROMPTS)))
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(
+    rows, tiny_sampler.PAD, width=max(map(len, PROMPTS))
+  )
   fn = _decode_fn(sampling)
   out, ran, steps = fn(params, prompt_BP, lengths_B, jax.random.key(0), np.int32(eos_id))
   _decode.steps = np.asarray(steps)[: len(prompts)]  # each token's commit step
@@ -178,7 +180,7 @@ def test_stops_once_every_text_has_ended():
 def test_block_decoding_refusals():
   model_config, params = tiny_sampler.model()  # bidirectional
   module = model_lib.merge(model_config, params)
-  prompt_BP, lengths_B = sampler.pad_prompts(PROMPTS[:2], tiny_sampler.PAD)
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(PROMPTS[:2], tiny_sampler.PAD)
   kwargs = dict(mask_id=tiny_sampler.MASK, eos_id=tiny_sampler.VOCAB - 1, pad_id=tiny_sampler.PAD)
   block = dataclasses.replace(SDAR, cache='block')
   with pytest.raises(ValueError, match="exact only for causal or block_causal.*cache='none'"):

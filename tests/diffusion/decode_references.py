@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import block_loop, prompt_rows
 from tests.diffusion import tiny_sampler
 
 MASK, PAD, VOCAB = tiny_sampler.MASK, tiny_sampler.PAD, tiny_sampler.VOCAB
@@ -63,7 +63,7 @@ def llada_reference(logits_fn, prompts, s, key=0, cache=None):
   first step (and every s.cache_refresh-th) is a whole-canvas forward whose K/V are kept; the
   other steps run dual: the block alone, prefix: the block and everything after it, against
   those K/V, and commit from the block's logits exactly as LLaDA's loop does."""
-  prompt_BP, lengths_B = sampler.pad_prompts(prompts, PAD)
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(prompts, PAD)
   batch, width = prompt_BP.shape
   length = width + s.gen_length
   x = np.concatenate([prompt_BP, np.full((batch, s.gen_length), MASK)], 1)
@@ -109,7 +109,7 @@ def llada_reference(logits_fn, prompts, s, key=0, cache=None):
         x0_p = np.take_along_axis(p, x0[..., None], -1)[..., 0]
       else:
         x0_p = np.zeros((batch, length))
-        remask_key = sampler.step_keys(jax.random.key(key), nb, i)[1]
+        remask_key = block_loop.step_keys(jax.random.key(key), nb, i)[1]
         x0_p[:, lo:hi] = jax.random.uniform(remask_key, (batch, s.block_length))
       x0_p[:, hi:] = -np.inf
       x0 = np.where(mask_index, x0, x)

@@ -12,7 +12,7 @@ import pytest
 
 from dlmjax import model as model_lib
 from dlmjax.diffusion import decoding
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import block_loop, prompt_rows, sampler, sampler_programs, sampling_config
 from tests.conftest import tiny_test_config
 
 MASK, EOS, PAD, VOCAB = 3, 2, 0, 100
@@ -92,12 +92,12 @@ def test_factor_rule_is_fast_dllms(factor):
   logits[..., 0] += rng.uniform(0, 9, (rows, k)).astype(np.float32)
   logits[..., MASK] = -np.inf  # as the sampler's logits: MASK is never predicted
   x_BK = np.where(rng.uniform(size=(rows, k)) < 0.75, MASK, 10).astype(np.int32)
-  settings = sampler.SamplingConfig(factor=factor)
+  settings = sampling_config.SamplingConfig(factor=factor)
   got = decoding.commit_step(
     logits,
     x_BK,
     np.zeros(rows, np.int32),  # no scheduled tokens: only the factor rule commits
-    sampler.step_keys(jax.random.key(0), 0, 0),
+    block_loop.step_keys(jax.random.key(0), 0, 0),
     settings,
     mask_id=MASK,
   )
@@ -190,7 +190,7 @@ def test_rows_stop_at_their_eos_and_the_block_ends_when_all_are_done():
       table[row, width + j, 10 + j] = 8.0 - 0.3 * j
     table[row, width + eos_at, :] = 0.0
     table[row, width + eos_at, EOS] = 9.0
-  s = sampler.SamplingConfig(gen_length=gen, steps=gen, block_length=8)
+  s = sampling_config.SamplingConfig(gen_length=gen, steps=gen, block_length=8)
   prompt_BP, lengths = np.array([[5], [6]], np.int32), np.array([1, 1], np.int32)
 
   def run(settings):
@@ -204,8 +204,8 @@ def test_rows_stop_at_their_eos_and_the_block_ends_when_all_are_done():
   plain, plain_forwards = run(s)
   fast, fast_forwards = run(dataclasses.replace(s, stop_at_eos=True))
   assert (plain_forwards, fast_forwards) == (16, 6)
-  assert sampler.completions(fast, width, EOS) == sampler.completions(plain, width, EOS)
-  assert sampler.completions(plain, width, EOS) == [[10, 11], [10, 11, 12, 13, 14]]
+  assert prompt_rows.completions(fast, width, EOS) == prompt_rows.completions(plain, width, EOS)
+  assert prompt_rows.completions(plain, width, EOS) == [[10, 11], [10, 11, 12, 13, 14]]
   assert (fast[0, width + 3 :] == EOS).all()  # row 0 froze: its masks read as EOS
 
 
@@ -223,13 +223,13 @@ def test_per_row_exit_keeps_the_text_of_a_real_model(tiny):
   """Sampled decoding with Dream's margin order and the factor rule: freezing rows at their EOS
   changes no completion text, for the plain run's 2 most common tokens as EOS."""
   model_config, params = tiny
-  s = sampler.SamplingConfig(
+  s = sampling_config.SamplingConfig(
     gen_length=16, steps=16, block_length=8, temperature=0.7, remasking='margin', factor=1.0
   )
-  prompt_BP, lengths = sampler.pad_prompts(PROMPTS, PAD)
+  prompt_BP, lengths = prompt_rows.pad_prompts(PROMPTS, PAD)
 
   def run(settings, eos_id):
-    fn = sampler.make_generate_fn(
+    fn = sampler_programs.make_generate_fn(
       model_config, settings, mask_id=MASK, eos_id=eos_id, pad_id=PAD, vocab_size=VOCAB
     )
     return np.asarray(fn(params, prompt_BP, lengths, jax.random.key(4)))
@@ -239,7 +239,7 @@ def test_per_row_exit_keeps_the_text_of_a_real_model(tiny):
   froze = False
   for eos in values[np.argsort(-counts)][:2]:
     fast = run(dataclasses.replace(s, stop_at_eos=True), int(eos))
-    assert sampler.completions(fast, 6, eos) == sampler.completions(plain, 6, eos)
+    assert prompt_rows.completions(fast, 6, eos) == prompt_rows.completions(plain, 6, eos)
     froze |= bool((fast != plain).any())
   assert froze  # some row stopped at its EOS while the plain run kept decoding it
 
@@ -254,12 +254,12 @@ def test_entropy_threshold_is_dparallels_rule():
   logits[..., 0] += rng.uniform(0, 9, (rows, k)).astype(np.float32)
   logits[..., MASK] = -np.inf
   x_BK = np.where(rng.uniform(size=(rows, k)) < 0.75, MASK, 10).astype(np.int32)
-  settings = sampler.SamplingConfig(remasking='entropy', entropy_threshold=0.5)
+  settings = sampling_config.SamplingConfig(remasking='entropy', entropy_threshold=0.5)
   got = decoding.commit_step(
     logits,
     x_BK,
     np.ones(rows, np.int32),
-    sampler.step_keys(jax.random.key(0), 0, 0),
+    block_loop.step_keys(jax.random.key(0), 0, 0),
     settings,
     mask_id=MASK,
   )

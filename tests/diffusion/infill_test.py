@@ -8,7 +8,7 @@ import pytest
 from dlmjax import generate
 from dlmjax import model as model_lib
 from dlmjax.diffusion import infill
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import prompt_rows, sampling_config
 from tests import evaluate_test
 from tests.conftest import tiny_test_config
 
@@ -59,8 +59,8 @@ def reference(forward, canvas_BL, lengths_B, steps):
 
 def test_infill_matches_the_plain_loop_and_keeps_the_text(tiny):
   model_config, params, forward = tiny
-  settings = sampler.SamplingConfig(gen_length=8, steps=2, block_length=8)  # 2+1 on row 0
-  canvas_BL, lengths_B = sampler.pad_prompts(CANVASES, PAD)
+  settings = sampling_config.SamplingConfig(gen_length=8, steps=2, block_length=8)  # 2+1 on row 0
+  canvas_BL, lengths_B = prompt_rows.pad_prompts(CANVASES, PAD)
   fn = infill.make_infill_fn(model_config, settings, mask_id=MASK, vocab_size=VOCAB)
   out = np.asarray(fn(params, canvas_BL, lengths_B, jax.random.key(0)))
   np.testing.assert_array_equal(out, reference(forward, canvas_BL, lengths_B, 2))
@@ -77,7 +77,7 @@ def test_templates_and_bad_settings():
   with pytest.raises(ValueError, match='empty hole'):
     infill.template_tokens('a<mask:0>', encode, MASK)
   with pytest.raises(ValueError, match='cache none'):
-    infill.check_settings(sampler.SamplingConfig(cache='dual'))
+    infill.check_settings(sampling_config.SamplingConfig(cache='dual'))
 
 
 def test_generate_infill_fills_the_holes(tmp_path, capsys):

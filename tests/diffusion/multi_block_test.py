@@ -9,11 +9,11 @@ import pytest
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import prompt_rows, sampler_programs, sampling_config
 from tests.diffusion import tiny_sampler
 
 MASK, PAD, VOCAB = tiny_sampler.MASK, tiny_sampler.PAD, tiny_sampler.VOCAB
-BASE = sampler.SamplingConfig(
+BASE = sampling_config.SamplingConfig(
   gen_length=16,
   steps=16,
   block_length=4,
@@ -36,7 +36,7 @@ def tiny():
 
 def d3llm_reference(logits_fn, prompts, s, decoded_token_threshold):
   """generate_multi_block, greedy, without early stop, one row at a time: (x, commit steps)."""
-  prompt_BP, lengths_B = sampler.pad_prompts(prompts, PAD)
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(prompts, PAD)
   batch, width = prompt_BP.shape
   x = np.concatenate([prompt_BP, np.full((batch, s.gen_length), MASK)], 1)
   steps = np.full(x.shape, -1)
@@ -102,8 +102,8 @@ def d3llm_reference(logits_fn, prompts, s, decoded_token_threshold):
 
 
 def _decode(model_config, params, s, prompts=tiny_sampler.PROMPTS):
-  prompt_BP, lengths_B = sampler.pad_prompts(prompts, PAD)
-  fn = sampler.make_generate_fn(
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(prompts, PAD)
+  fn = sampler_programs.make_generate_fn(
     model_config,
     s,
     mask_id=MASK,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import prompt_rows, sampler_programs
 from dlmjax.model import attention
 from dlmjax.parallel import mesh as mesh_lib
 from tests.conftest import tiny_test_config
@@ -246,8 +246,8 @@ def test_slice_kernel_decodes_the_xla_backends_tokens(kind, mode, options):
   sampling = dataclasses.replace(tiny_sampler.CACHE_BASE, cache=mode, cfg_scale=0.5)
   pallas_config, params = _models(kind, options=(('model.attention_backend', 'pallas'), *options))
   xla_config, xla_params = _models(kind, options=options)
-  prompt_BP, lengths_B = sampler.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD)
-  fn = sampler.make_generate_fn(
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD)
+  fn = sampler_programs.make_generate_fn(
     pallas_config, sampling, mask_id=tiny_sampler.MASK, eos_id=2, pad_id=tiny_sampler.PAD
   )
   jaxpr = str(fn.trace(params, prompt_BP, lengths_B, jax.random.key(0)).jaxpr)
@@ -328,10 +328,14 @@ def test_fused_projections_decode_the_unfused_tokens(mode):
   model_config, params = _models('bidirectional', options=(('model.qkv_bias', True),))
   params = jax.tree.map(lambda x: x + 0.01, params)  # non-zero biases
   sampling = dataclasses.replace(tiny_sampler.CACHE_BASE, cache=mode)
-  args = (params, *sampler.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD), jax.random.key(0))
+  args = (
+    params,
+    *prompt_rows.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD),
+    jax.random.key(0),
+  )
   tokens, matmuls = [], []
   for fuse in (True, False):
-    fn = sampler.make_generate_fn(
+    fn = sampler_programs.make_generate_fn(
       model_config,
       sampling,
       mask_id=tiny_sampler.MASK,

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import prompt_rows, sampler_programs
 from tests.diffusion.tiny_sampler import BASE, EOS, MASK, PAD, PROMPTS, model
 
 VOCAB_PADDED = 128  # the tiny model's vocabulary of 100, padded to a multiple of 128.
@@ -22,10 +22,10 @@ def tiny():
 
 def _float32_shapes(model_config, params, sampling, **kwargs):
   """Every float32 array shape in the lowered program of make_generate_fn."""
-  fn = sampler.make_generate_fn(
+  fn = sampler_programs.make_generate_fn(
     model_config, sampling, mask_id=MASK, eos_id=EOS, pad_id=PAD, vocab_size=100, **kwargs
   )
-  prompt_BP, lengths_B = sampler.pad_prompts(PROMPTS, PAD)
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(PROMPTS, PAD)
   text = fn.lower(params, prompt_BP, lengths_B, jax.random.key(0)).as_text()
   return prompt_BP.shape[1], {
     tuple(int(d) for d in m.split('x')) for m in re.findall(r'tensor<([\dx]+)xf32>', text)

@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import decoding, prompt_rows, sampler, sampling_config, schedules
 from dlmjax.parallel import mesh as mesh_lib
 from tests.conftest import tiny_test_config
 from tests.diffusion import tiny_sampler
@@ -34,7 +34,7 @@ def tiny():
 )
 def test_matches_llada_token_for_token(tiny, remasking, cfg_scale):
   model_config, params, logits_fn = tiny
-  s = sampler.SamplingConfig(
+  s = sampling_config.SamplingConfig(
     gen_length=16, steps=6, block_length=8, remasking=remasking, cfg_scale=cfg_scale
   )
   out = tiny_sampler.generate(model_config, params, s)
@@ -48,7 +48,7 @@ def test_shifted_model_matches_the_reference_on_shifted_logits(tiny):
   reference loop does on the unshifted model's logits moved right by one, Dream's generate
   (cat([logits[:, :1], logits[:, :-1]], 1)); the same weights unshifted decode differently."""
   model_config, params, logits_fn = tiny
-  s = sampler.SamplingConfig(gen_length=16, steps=6, block_length=8, schedule='linear')
+  s = sampling_config.SamplingConfig(gen_length=16, steps=6, block_length=8, schedule='linear')
   dream_logits = _shifted(logits_fn)
 
   shifted = dataclasses.replace(model_config, shift_logits=True)
@@ -72,7 +72,7 @@ def dream_reference(logits_fn, prompts, steps, gen_length, alg, eps=1e-3):
   """Dream's diffusion_generate at temperature 0 (alg_temp 0), written out: every step, each
   masked position's prediction and its confidence by `alg`; int(m * (1 - s / t)) of the batch's
   mean m masked commit (the last step: all of them), t on torch.linspace(1, eps, steps + 1)."""
-  prompt_BP, lengths_B = sampler.pad_prompts(prompts, tiny_sampler.PAD)
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(prompts, tiny_sampler.PAD)
   batch, width = prompt_BP.shape
   x = np.concatenate([prompt_BP, np.full((batch, gen_length), tiny_sampler.MASK)], 1)
   index = np.arange(width + gen_length)[None]
@@ -107,7 +107,7 @@ def test_dream_family_decodes_with_dreams_schedule(tiny, alg):
   token for token as Dream's own loop; LLaDA's even split decodes otherwise."""
   model_config, params, logits_fn = tiny
   shifted = dataclasses.replace(model_config, shift_logits=True)
-  s = sampler.SamplingConfig(gen_length=16, steps=8, block_length=16, remasking=alg)
+  s = sampling_config.SamplingConfig(gen_length=16, steps=8, block_length=16, remasking=alg)
   out = tiny_sampler.generate(shifted, params, s)
   np.testing.assert_array_equal(
     out, dream_reference(_shifted(logits_fn), tiny_sampler.PROMPTS, 8, 16, alg)
@@ -134,7 +134,7 @@ def test_mask_in_softmax_scores_as_llada(tiny):
 
 def test_threshold_decoding_matches_reference_and_finishes_early(tiny):
   model_config, params, logits_fn = tiny
-  s = sampler.SamplingConfig(gen_length=16, steps=16, block_length=8, threshold=0.3)
+  s = sampling_config.SamplingConfig(gen_length=16, steps=16, block_length=8, threshold=0.3)
   expected, forwards = llada_reference(logits_fn, tiny_sampler.PROMPTS[:2], s)
   assert forwards < s.steps  # the threshold committed several tokens in some step.
   np.testing.assert_array_equal(
@@ -152,10 +152,12 @@ def test_stop_at_eos_keeps_the_text(tiny):
     model_config, dataclasses.replace(tiny_sampler.BASE, stop_at_eos=True), eos_id=int(eos)
   )
   out = np.asarray(
-    fast(params, *sampler.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD), jax.random.key(0))
+    fast(
+      params, *prompt_rows.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD), jax.random.key(0)
+    )
   )
   assert (out[:, 16:] == eos).all()
-  assert sampler.completions(out, 8, eos) == sampler.completions(plain, 8, eos)
+  assert prompt_rows.completions(out, 8, eos) == prompt_rows.completions(plain, 8, eos)
 
 
 def test_sharded_over_a_mesh_equals_one_device(tiny):
@@ -171,7 +173,7 @@ def test_truncated_canvas_is_exact_for_block_causal_models():
   model_config, params = tiny_sampler.model(
     **{'model.attention_mask': 'block_causal', 'model.block_size': 8}
   )
-  s = sampler.SamplingConfig(
+  s = sampling_config.SamplingConfig(
     gen_length=16, steps=8, block_length=8, temperature=0.8, remasking='random'
   )
   plain = tiny_sampler.generate(model_config, params, s, key=3)
@@ -186,7 +188,7 @@ def test_truncated_canvas_is_exact_for_block_causal_models():
 
 def test_truncation_refused_where_inexact(tiny):
   model_config, params, _ = tiny
-  s = sampler.SamplingConfig(gen_length=16, steps=8, block_length=8, cache='truncate')
+  s = sampling_config.SamplingConfig(gen_length=16, steps=8, block_length=8, cache='truncate')
   with pytest.raises(ValueError, match="cache='none'"):
     tiny_sampler.generate(model_config, params, s)
   block_causal, bc_params = tiny_sampler.model(
@@ -198,7 +200,7 @@ def test_truncation_refused_where_inexact(tiny):
 
 def test_num_transfer_tokens():
   n = np.random.default_rng(0).integers(0, 40, 16)
-  got = np.asarray(sampler.num_transfer_tokens(n, 7))
+  got = np.asarray(schedules.num_transfer_tokens(n, 7))
   for row, count in zip(got, n):
     expected = [count // 7 + (s < count % 7) for s in range(7)]
     np.testing.assert_array_equal(row, expected)
@@ -206,7 +208,7 @@ def test_num_transfer_tokens():
 
 
 def test_gumbel_noise_follows_the_gumbel_law_into_the_tails():
-  noise = jax.jit(sampler.gumbel_noise, static_argnums=1)
+  noise = jax.jit(decoding.gumbel_noise, static_argnums=1)
   g = np.asarray(noise(jax.random.key(0), (400_000,)), np.float64)
   assert stats.kstest(g, 'gumbel_r').pvalue > 1e-3
   # P(g > 9) = 1 - exp(-e^-9) = 1.23e-4: ~49 of 400k; float32 uniforms cap the noise near 16.
@@ -225,24 +227,24 @@ def test_sample_tokens_draws_from_top_p_then_temperature():
   expected = np.zeros(10)
   expected[kept] = np.exp((logits[kept] - logits.max()) / temperature)
   expected /= expected.sum()
-  draw = jax.jit(sampler.sample_tokens, static_argnums=(2, 3))
+  draw = jax.jit(decoding.sample_tokens, static_argnums=(2, 3))
   draws = np.asarray(draw(np.tile(logits, (50_000, 1)), jax.random.key(2), temperature, top_p))
   freq = np.bincount(draws, minlength=10) / len(draws)
   np.testing.assert_allclose(freq, expected, atol=0.01)
   assert set(np.flatnonzero(freq)) == set(kept)
   np.testing.assert_array_equal(
-    sampler.sample_tokens(np.tile(logits, (3, 1)), jax.random.key(2), 0.0), [order[0]] * 3
+    decoding.sample_tokens(np.tile(logits, (3, 1)), jax.random.key(2), 0.0), [order[0]] * 3
   )
 
 
 def test_pad_prompts_and_completions():
-  prompt_BP, lengths = sampler.pad_prompts([[5, 6], [], [7]], tiny_sampler.PAD, width=3)
+  prompt_BP, lengths = prompt_rows.pad_prompts([[5, 6], [], [7]], tiny_sampler.PAD, width=3)
   np.testing.assert_array_equal(prompt_BP, [[0, 5, 6], [0, 0, 0], [0, 0, 7]])
   np.testing.assert_array_equal(lengths, [2, 0, 1])
   with pytest.raises(ValueError, match='width'):
-    sampler.pad_prompts([[1, 2, 3]], tiny_sampler.PAD, width=2)
+    prompt_rows.pad_prompts([[1, 2, 3]], tiny_sampler.PAD, width=2)
   out = np.array([[9, 4, 5, tiny_sampler.EOS, 6], [9, 4, 4, 4, 4]])
-  assert sampler.completions(out, 1, tiny_sampler.EOS) == [[4, 5], [4, 4, 4, 4]]
+  assert prompt_rows.completions(out, 1, tiny_sampler.EOS) == [[4, 5], [4, 4, 4, 4]]
 
 
 @pytest.mark.parametrize(
@@ -266,13 +268,13 @@ def test_pad_prompts_and_completions():
 )
 def test_bad_settings_are_refused(kwargs, message):
   with pytest.raises(ValueError, match=message):
-    sampler.SamplingConfig(**kwargs).validate()
+    sampling_config.SamplingConfig(**kwargs).validate()
 
 
 def test_prompt_longer_than_the_canvas_is_refused(tiny):
   model_config, params, _ = tiny
   module = model_lib.merge(model_config, params)
-  prompt_BP, lengths = sampler.pad_prompts([list(range(5, 25))], tiny_sampler.PAD)
+  prompt_BP, lengths = prompt_rows.pad_prompts([list(range(5, 25))], tiny_sampler.PAD)
   with pytest.raises(ValueError, match='exceed the model context'):
     sampler.generate(
       module,

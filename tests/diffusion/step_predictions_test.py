@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import prompt_rows, sampler
 from tests.diffusion import tiny_sampler
 
 
 def _decode(model_config, params, sampling, with_predictions=True):
-  prompt_BP, lengths_B = sampler.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD)
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD)
   fn = jax.jit(
     lambda p, x, n, k: sampler.decode_blocks(
       model_lib.merge(model_config, p),
@@ -72,7 +72,7 @@ def test_step_predictions_match_commits_and_the_reconstructed_states(temperature
 def test_step_predictions_refuse_a_cache():
   model_config, params = tiny_sampler.model()
   module = model_lib.merge(model_config, params)
-  prompt_BP, lengths_B = sampler.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD)
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(tiny_sampler.PROMPTS, tiny_sampler.PAD)
   with pytest.raises(ValueError, match='set sampler.cache=none'):
     sampler.decode_blocks(
       module,

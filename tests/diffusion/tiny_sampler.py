@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import prompt_rows, sampler_programs, sampling_config
 from dlmjax.model import programs
 from tests.conftest import tiny_test_config
 
@@ -37,7 +37,11 @@ def default_cpu_emitters():
   canvas apart in the last bit, enough to flip a near-tied draw."""
   compiler_options = programs.compiler_options
   default = {'xla_cpu_use_fusion_emitters': True} if jax.default_backend() == 'cpu' else {}
-  builders = (sampler.make_generate_fn, sampler.make_block_fn, sampler.make_prefix_fn)
+  builders = (
+    sampler_programs.make_generate_fn,
+    sampler_programs.make_block_fn,
+    sampler_programs.make_prefix_fn,
+  )
 
   def options(matmul_dtype, *, decode=False):
     return {**compiler_options(matmul_dtype, decode=decode), **default}
@@ -53,7 +57,7 @@ def default_cpu_emitters():
 
 
 # 2 blocks of 8, 3 steps per block: 3, 3, 2 tokens per step (the remainder goes first).
-BASE = sampler.SamplingConfig(gen_length=16, steps=6, block_length=8)
+BASE = sampling_config.SamplingConfig(gen_length=16, steps=6, block_length=8)
 
 
 def model(**overrides):
@@ -67,7 +71,7 @@ def model(**overrides):
 def generate_fn(model_config, sampling, mesh=None, eos_id=EOS, fuse=True):
   """The fast path (fuse: q / k / v and gate / up fused, as every decode runs) or, fuse=False,
   the trained layout's three and two matmuls: the plain loop exact modes are held to."""
-  return sampler.make_generate_fn(
+  return sampler_programs.make_generate_fn(
     model_config,
     sampling,
     mask_id=MASK,
@@ -80,18 +84,18 @@ def generate_fn(model_config, sampling, mesh=None, eos_id=EOS, fuse=True):
 
 
 def generate(model_config, params, sampling, key=0, prompts=PROMPTS, mesh=None, fuse=True):
-  prompt_BP, lengths_B = sampler.pad_prompts(prompts, PAD)
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(prompts, PAD)
   fn = generate_fn(model_config, sampling, mesh, fuse=fuse)
   return np.asarray(fn(params, prompt_BP, lengths_B, jax.random.key(key)))
 
 
 # 2 blocks of 8, 4 steps per block: the cached steps are 3 of every 4.
-CACHE_BASE = sampler.SamplingConfig(gen_length=16, steps=8, block_length=8)
+CACHE_BASE = sampling_config.SamplingConfig(gen_length=16, steps=8, block_length=8)
 
 
 def canvas(prompts, gen_length, seed=0):
   """A left-padded canvas of prompts and random completion tokens, its segment ids and positions."""
-  prompt_BP, lengths_B = sampler.pad_prompts(prompts, PAD)
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(prompts, PAD)
   batch, width = prompt_BP.shape
   rng = np.random.default_rng(seed)
   tokens = np.concatenate([prompt_BP, rng.integers(4, 100, (batch, gen_length))], 1)

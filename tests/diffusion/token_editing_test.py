@@ -14,14 +14,23 @@ import pytest
 
 from dlmjax import model as model_lib
 from dlmjax.checkpoint import hf_io
-from dlmjax.diffusion import decoding, sampler, sampler_settings
+from dlmjax.diffusion import (
+  block_loop,
+  decoding,
+  prompt_rows,
+  sampler_programs,
+  sampler_settings,
+  sampling_config,
+)
 from tests.checkpoint import family_dirs
 
 MASK, EOS, VOCAB, BLOCK = 250, 2, 256, 4  # family_dirs.LLADA2_CONFIG
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [20], [30, 31, 32, 33, 34, 35, 36]]
 WIDTH = 32  # the reference's canvas
 # Blocks of the model's 4 positions, 4 steps each, LLaDA2's threshold rule; edits above 0.2.
-PLAIN = sampler.SamplingConfig(gen_length=8, steps=8, block_length=4, threshold=0.5, cache='block')
+PLAIN = sampling_config.SamplingConfig(
+  gen_length=8, steps=8, block_length=4, threshold=0.5, cache='block'
+)
 EDITING = dataclasses.replace(PLAIN, edit_threshold=0.2, edit_steps=3)
 
 
@@ -40,12 +49,12 @@ def test_one_step_edits_exactly_the_confident_disagreeing_committed_tokens():
   logits[..., 3] = -np.inf  # MASK (id 3 here) is never predicted
   x_BK = rng.choice([3, 4, 5], (rows, k)).astype(np.int32)
   decodable = rng.uniform(size=(rows, k)) < 0.8
-  settings = sampler.SamplingConfig(threshold=0.6, edit_threshold=0.4)
+  settings = sampling_config.SamplingConfig(threshold=0.6, edit_threshold=0.4)
   got = decoding.commit_step(
     logits,
     x_BK,
     np.zeros(rows, np.int32),
-    sampler.step_keys(jax.random.key(0), 0, 0),
+    block_loop.step_keys(jax.random.key(0), 0, 0),
     settings,
     mask_id=3,
     decodable_BK=decodable,
@@ -69,8 +78,8 @@ def llada2(tmp_path_factory):
 
 def _decode(llada2, sampling):
   model_config, params = llada2
-  prompt_BP, lengths_B = sampler.pad_prompts(PROMPTS, EOS)
-  fn = sampler.make_generate_fn(
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(PROMPTS, EOS)
+  fn = sampler_programs.make_generate_fn(
     model_config, sampling, mask_id=MASK, eos_id=EOS, pad_id=EOS, vocab_size=VOCAB
   )
   out = fn(params, prompt_BP, lengths_B, jax.random.key(0))
@@ -136,8 +145,8 @@ def test_block_cache_decoding_of_the_family_with_and_without_editing_is_the_refe
 
 def test_edit_settings_are_checked_and_the_modes_are_settings():
   for mode in sampler_settings.LLADA21_MODES.values():
-    sampler.SamplingConfig(**mode).validate()
+    sampling_config.SamplingConfig(**mode).validate()
   with pytest.raises(ValueError, match=r'edit_threshold=1.0 must lie in \[0, 1\)'):
-    sampler.SamplingConfig(edit_threshold=1.0).validate()
+    sampling_config.SamplingConfig(edit_threshold=1.0).validate()
   with pytest.raises(ValueError, match='edit_steps=-1 must be an integer >= 0'):
-    sampler.SamplingConfig(edit_steps=-1).validate()
+    sampling_config.SamplingConfig(edit_steps=-1).validate()

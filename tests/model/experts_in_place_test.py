@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import prompt_rows, sampler_programs, sampling_config
 from tests.diffusion import tiny_sampler
 
 # 3 layers: a dense first one, then a run of 2 MoE layers (so a wrong layer index is seen).
@@ -82,11 +82,11 @@ def test_in_place_experts_give_the_sliced_logits(params, scan, block_experts, ba
 def test_in_place_experts_decode_the_sliced_tokens(params):
   """The block-cached sampler (model.block_experts on), its whole program compiled both ways."""
   cfg = _config(block_experts=3)
-  sampling = sampler.SamplingConfig(gen_length=8, steps=4, block_length=4, cache='block')
-  prompt_BP, lengths_B = sampler.pad_prompts(tiny_sampler.PROMPTS[:3], tiny_sampler.PAD)
+  sampling = sampling_config.SamplingConfig(gen_length=8, steps=4, block_length=4, cache='block')
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(tiny_sampler.PROMPTS[:3], tiny_sampler.PAD)
 
   def decode(in_place):
-    fn = sampler.make_generate_fn(
+    fn = sampler_programs.make_generate_fn(
       cfg,
       sampling,
       mask_id=tiny_sampler.MASK,
@@ -124,11 +124,11 @@ def test_the_decode_program_hands_the_kernel_the_whole_stacks(params, scan):
   expert stacks [layers, E, ...], and no layer loop scans over them; with experts_in_place off
   each kernel gets one layer's (the copy this removes), so the check can fail."""
   cfg = _config(scan=scan, block_experts=3, backend='pallas')
-  sampling = sampler.SamplingConfig(gen_length=4, steps=2, block_length=4, cache='block')
-  prompt_BP, lengths_B = sampler.pad_prompts(tiny_sampler.PROMPTS[:1], tiny_sampler.PAD)
+  sampling = sampling_config.SamplingConfig(gen_length=4, steps=2, block_length=4, cache='block')
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(tiny_sampler.PROMPTS[:1], tiny_sampler.PAD)
   shapes = {}
   for in_place in (True, False):
-    fn = sampler.make_generate_fn.__wrapped__(
+    fn = sampler_programs.make_generate_fn.__wrapped__(
       cfg,
       sampling,
       mask_id=tiny_sampler.MASK,

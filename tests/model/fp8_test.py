@@ -213,7 +213,7 @@ def test_every_model_program_compiles_with_the_fp8_options(monkeypatch):
   """Train step, sampler and RL scoring all jit through programs.jit_program with the model's
   matmul dtype, and a program built with the GPU options still compiles and runs (here, on the
   CPU)."""
-  from dlmjax.diffusion import sampler  # pylint: disable=import-outside-toplevel
+  from dlmjax.diffusion import sampler_programs, sampling_config  # pylint: disable=import-outside-toplevel
   from dlmjax.parallel import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   from dlmjax.rl import rollout  # pylint: disable=import-outside-toplevel
   from dlmjax.train import stages  # pylint: disable=import-outside-toplevel
@@ -232,9 +232,9 @@ def test_every_model_program_compiles_with_the_fp8_options(monkeypatch):
   step_lib.CompiledStep(setup, stages.build(config))
   rollout.make_score_fn(config, setup.model_config)
   cfg = dataclasses.replace(CFG, matmul_dtype='fp8')
-  generate = sampler.make_generate_fn.__wrapped__(  # uncached: this test's own build
+  generate = sampler_programs.make_generate_fn.__wrapped__(  # uncached: this test's own build
     cfg,
-    sampler.SamplingConfig(gen_length=8, steps=4, block_length=8),
+    sampling_config.SamplingConfig(gen_length=8, steps=4, block_length=8),
     mask_id=1,
     eos_id=2,
     pad_id=0,

@@ -11,7 +11,7 @@ import pytest
 
 from dlmjax import tasks
 from dlmjax import model as model_lib
-from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.diffusion import prompt_rows
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.rl import objectives, rollout
 from dlmjax.train import state as state_lib
@@ -28,7 +28,7 @@ class _FixedSampler:
     self.pad_id = pad_id
 
   def pad(self, token_ids):
-    return sampler_lib.pad_prompts(token_ids, self.pad_id, width=PROMPT)
+    return prompt_rows.pad_prompts(token_ids, self.pad_id, width=PROMPT)
 
   def generate(self, params, prompt_BP, prompt_lengths_B, key):
     del params, prompt_lengths_B, key

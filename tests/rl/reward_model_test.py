@@ -13,7 +13,7 @@ import pytest
 from dlmjax import model as model_lib
 from dlmjax import tasks
 from dlmjax.checkpoint import params_checkpoint
-from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.diffusion import prompt_rows
 from dlmjax.parallel import mesh as mesh_lib
 from dlmjax.rl import objectives, reward_model, rollout
 from dlmjax.train import stages
@@ -69,7 +69,7 @@ class _FixedSampler:
     self.pad_id, self.records, self.one_a_step = pad_id, records, one_a_step
 
   def pad(self, token_ids):
-    return sampler_lib.pad_prompts(token_ids, self.pad_id, width=PROMPT)
+    return prompt_rows.pad_prompts(token_ids, self.pad_id, width=PROMPT)
 
   def generate(self, params, prompt_BP, prompt_lengths_B, key):
     del params, prompt_lengths_B, key

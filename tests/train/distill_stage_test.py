@@ -14,7 +14,7 @@ from dlmjax.checkpoint import run_dir as run_dir_lib
 from dlmjax.data import teacher_rows
 from dlmjax.data.errors import DataError
 from dlmjax.data.roles import PADDING, PROMPT, RESPONSE
-from dlmjax.diffusion import sampler
+from dlmjax.diffusion import sampling_config
 from dlmjax.train import loop
 from tests import stage_configs
 from tests.checkpoint import tiny_run
@@ -35,7 +35,7 @@ def teacher(tmp_path_factory):
   pretrained = inference.load_pretrained(str(root / 'teacher'))
   rng = np.random.default_rng(0)
   prompts = [list(rng.integers(10, 200, rng.integers(3, 10))) for _ in range(16)]
-  sampling = sampler.SamplingConfig(
+  sampling = sampling_config.SamplingConfig(
     gen_length=GEN, steps=STEPS, block_length=GEN, temperature=0.0, cache='none'
   )
   rows = distill_cli.build_rows(pretrained, prompts, sampling, batch_size=8, seed=0)

@@ -9,7 +9,7 @@ EOS-padded (tokens committed there are the later states' context).
 from __future__ import annotations
 
 from dlmjax.config import ConfigError
-from dlmjax.diffusion import sampler as sampler_lib
+from dlmjax.diffusion import sampling_config
 from dlmjax.rl import estimators
 from dlmjax.rl.objectives import base, d1
 
@@ -17,7 +17,7 @@ from dlmjax.rl.objectives import base, d1
 def rounds(config) -> int:
   """TraceRL's rounds per model block: a block holds at most min(block_size, steps per block)
   distinct commit steps."""
-  sampling = sampler_lib.SamplingConfig.from_config(config)
+  sampling = sampling_config.SamplingConfig.from_config(config)
   return min(config.model.block_size, sampling.steps_per_block)
 
 
