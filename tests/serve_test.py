@@ -693,3 +693,31 @@ def test_a_stored_prefix_queues_its_programs_for_the_idle_warm_up(tmp_path, capl
   assert jobs[2].finish_reason and kinds[4 + 3 + 4 :] == ['job'] * 3
   assert eng.prefix_rows - before == 3  # its every call ran after the stored prefix
   assert not [r.getMessage() for r in caplog.records if 'Compiling' in r.getMessage()]
+
+
+def test_a_seeded_sampled_jobs_text_does_not_depend_on_how_its_blocks_are_split_into_calls(
+  tmp_path,
+):
+  """A seeded job at temperature > 0 draws each block's keys from its seed and the block's index
+  in the whole decode (sampler.decode_canvas_blocks' first_index), so one block a call and four
+  blocks a call give the same text, as the seed promises whatever the server's load."""
+  model = dlmjax.load_pretrained(_make_run(tmp_path))
+  settings = sampling_config.SamplingConfig(
+    gen_length=24, steps=12, block_length=4, temperature=0.9
+  )  # 6 blocks
+  texts = []
+  for blocks_per_call in (1, 4):
+    eng = engine.Engine(
+      model,
+      max_batch=1,
+      max_queue=1,
+      buckets=engine.Buckets(batch=(1,), width=(64,)),
+      blocks_per_call=blocks_per_call,
+    )
+    job = engine.Job(prompt=model.tokenizer.encode(PROMPTS[0]), settings=settings, seed=7)
+    eng.submit(job)
+    eng.start()
+    assert eng.drain(timeout=120)
+    assert eng.blocks > eng.calls or blocks_per_call == 1  # four a call did happen
+    texts.append((job.text, job.finish_reason))
+  assert texts[0] == texts[1] and texts[0][0]

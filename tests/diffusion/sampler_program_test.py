@@ -8,7 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from dlmjax.diffusion import prompt_rows, sampler_programs
+from dlmjax import model as model_lib
+from dlmjax.diffusion import prompt_rows, sampler, sampler_programs
 from tests.diffusion.tiny_sampler import BASE, EOS, MASK, PAD, PROMPTS, model
 
 VOCAB_PADDED = 128  # the tiny model's vocabulary of 100, padded to a multiple of 128.
@@ -49,3 +50,38 @@ def test_no_canvas_wide_float32_logits(tiny, changes, kwargs):
   assert all(s[-2] == BASE.block_length for s in logits), sorted(logits)
   assert not any(length in s[:-1] for s in logits)
   assert np.prod(max(logits, key=np.prod)) <= 2 * len(PROMPTS) * BASE.block_length * VOCAB_PADDED
+
+
+def test_the_program_returns_the_loops_tokens_and_commit_steps(tiny):
+  """make_generate_fn(with_steps=True) is decode_blocks on the inference module, unchanged: the
+  same tokens and the same commit step of every generated token (sampled, two blocks)."""
+  model_config, params = tiny
+  sampling = dataclasses.replace(BASE, cache='dual', temperature=0.7)
+  prompt_BP, lengths_B = prompt_rows.pad_prompts(PROMPTS, PAD)
+  key = jax.random.key(3)
+  program = sampler_programs.make_generate_fn(
+    model_config, sampling, mask_id=MASK, eos_id=EOS, pad_id=PAD, vocab_size=100, with_steps=True
+  )
+  tokens, steps = program(params, prompt_BP, lengths_B, key)
+
+  @jax.jit
+  def loop(params):
+    module = model_lib.inference_module(model_config, params)
+    out = sampler.decode_blocks(
+      module,
+      prompt_BP,
+      lengths_B,
+      sampling,
+      key,
+      mask_id=MASK,
+      eos_id=EOS,
+      pad_id=PAD,
+      vocab_size=100,
+    )
+    return out[0], out[2]
+
+  want_tokens, want_steps = loop(params)
+  np.testing.assert_array_equal(tokens, want_tokens)
+  np.testing.assert_array_equal(steps, want_steps)
+  per_block = BASE.steps // (BASE.gen_length // BASE.block_length)
+  assert np.asarray(steps).max() >= per_block  # the second block's steps are counted on
