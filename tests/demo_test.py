@@ -255,7 +255,7 @@ def test_an_early_stop_names_the_step_its_checkpoint_holds(tmp_path, monkeypatch
   """The stop message names the checkpointed step (what a resume starts from), not the last
   logged row's."""
   monkeypatch.setattr(runs.loop, 'train', lambda config: None)
-  monkeypatch.setattr(runs.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 6))
+  monkeypatch.setattr(runs.run_dir_lib, 'resolve_step_dir', lambda path: (path, path, 6))
   monkeypatch.setattr(runs, 'final_loss', lambda run_dir, step=None: (5, 1.0))
   with pytest.raises(InterruptedError, match=r'pretrain stopped with its checkpoint at step 6 of'):
     demo.run_seed(0, str(tmp_path), 'sudoku4')
@@ -293,9 +293,7 @@ def test_the_distill_stage_chains_rows_training_and_the_table(tmp_path, monkeypa
     lambda teacher, path, *a, **k: calls.append(('rows', teacher, path, k.get('keep', 'all'))),
   )
   monkeypatch.setattr(distill_stage.loop, 'train', lambda config: calls.append(('train', config)))
-  monkeypatch.setattr(
-    distill_stage.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 400)
-  )
+  monkeypatch.setattr(distill_stage.run_dir_lib, 'resolve_step_dir', lambda path: (path, path, 400))
 
   def rows(models, task, settings, **kwargs):
     calls.append(('table', models, list(settings)))
@@ -316,9 +314,7 @@ def test_the_distill_stage_chains_rows_training_and_the_table(tmp_path, monkeypa
   assert calls[0][2:] == (str(tmp_path / 'seed2' / 'teacher_rows_correct.npz'), 'correct')
   assert calls[1][1].output_dir == str(tmp_path / 'seed2' / 'distill_certainty_correct')
   assert calls[1][1].sft.teacher_file == calls[0][2]
-  monkeypatch.setattr(
-    distill_stage.checkpoint_lib, 'resolve_step_dir', lambda path: (path, path, 100)
-  )
+  monkeypatch.setattr(distill_stage.run_dir_lib, 'resolve_step_dir', lambda path: (path, path, 100))
   with pytest.raises(InterruptedError, match='distill stopped with its checkpoint at step 100'):
     demo.run_distill(2, str(tmp_path), 'arithmetic', 'certainty', log=lambda *a: None)
 
