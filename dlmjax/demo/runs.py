@@ -78,15 +78,20 @@ def reward_model_accuracy(config) -> dict:
   setup = state_lib.TrainSetup(config, mesh_lib.make_mesh(config))
   evaluator = stages_lib.build(config).evaluator(setup)
   margins = evaluator.margins(run_model.source_params(config, setup.mesh, purpose=None))
-  out = dict(before=dict(accuracy=float((margins > 0).mean()), margin=float(margins.mean())))
-  out['pairs'] = len(margins)
+  out = dict(before=_ranked(margins), pairs=len(margins))
   scored = [r for r in metric_rows(config.output_dir) if 'val_reward_accuracy' in r]
   if scored and scored[-1]['step'] == config.train.steps:
     out['after'] = dict(accuracy=scored[-1]['val_reward_accuracy'], margin=scored[-1]['val_margin'])
   else:
-    margins = evaluator.margins(run_model.restore(config.output_dir, setup.mesh).params)
-    out['after'] = dict(accuracy=float((margins > 0).mean()), margin=float(margins.mean()))
+    out['after'] = _ranked(
+      evaluator.margins(run_model.restore(config.output_dir, setup.mesh).params)
+    )
   return out
+
+
+def _ranked(margins) -> dict:
+  """Held-out pairs' reward margins as the share ranked right and the mean margin."""
+  return dict(accuracy=float((margins > 0).mean()), margin=float(margins.mean()))
 
 
 def run_seed(

@@ -45,8 +45,7 @@ class Warmup:
     settings of the job that stored it) at every batch and width bucket its shortest row fits:
     else each would compile on first use, a stall for every row of that call."""
     if self.on:
-      pad = self.engine.pad_id
-      units = self._units(settings, self.engine.buckets.width, [[*tokens, pad]])
+      units = self._units(settings, self.engine.buckets.width, [self._after(tokens, 1)])
       self.queue.extend((u, tokens) for u in units)
       self.total += len(units)
 
@@ -72,8 +71,12 @@ class Warmup:
     compile on first use."""
     pad = self.engine.pad_id
     bare = [] if prefixed and self.engine.prefixes else [[pad] * prompt]
-    after = [[*k, *[pad] * max(prompt - len(k), 1)] for k in self.engine.prefixes]
+    after = [self._after(k, prompt) for k in self.engine.prefixes]
     return self._units(settings, lengths, bare + after)
+
+  def _after(self, prefix, prompt: int) -> list:
+    """A `prompt`-token prompt's row after a stored prefix: at least one token beyond it."""
+    return [*prefix, *[self.engine.pad_id] * max(prompt - len(prefix), 1)]
 
   def _units(self, settings, lengths, prompts) -> list:
     """units() for rows of these prompts."""
