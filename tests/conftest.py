@@ -10,12 +10,23 @@ import tempfile
 # 2-core machine; XLA:CPU's older elemental fusion emitter in place of its MLIR fusion emitters
 # compiles a tiny train step in ~55% of the time again (3.2 -> 1.8 s; step_test.py 44 -> 27 s).
 # The HLO passes are unchanged; float results may differ in the last bits. XLA aborts on a flag
-# it does not know: when a jaxlib drops one of these, drop it here.
+# it does not know, and jaxlib 0.11 (the GPU image's) has no fusion-emitter flag: it is set only
+# for the jaxlib releases that read it.
 _DEVICE_COUNT = '--xla_force_host_platform_device_count'
+
+
+def _jaxlib_version() -> tuple[int, int]:
+  from importlib import metadata  # pylint: disable=import-outside-toplevel
+
+  return tuple(int(p) for p in metadata.version('jaxlib').split('.')[:2])
+
+
+# XLA:CPU's legacy fusion emitter can be chosen up to jaxlib 0.10 (tests/diffusion/tiny_sampler).
+LEGACY_CPU_EMITTER = _jaxlib_version() < (0, 11)
 FAST_COMPILE = (
   '--xla_backend_optimization_level=0',
   '--xla_llvm_disable_expensive_passes=true',
-  '--xla_cpu_use_fusion_emitters=false',
+  *(('--xla_cpu_use_fusion_emitters=false',) if LEGACY_CPU_EMITTER else ()),
 )
 
 

@@ -12,11 +12,12 @@ def test_user_xla_flags_are_kept_and_the_device_count_is_the_suites():
     '--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=2 '
     '--xla_backend_optimization_level=2'
   )
+  emitter = ['--xla_cpu_use_fusion_emitters=false'] if conftest.LEGACY_CPU_EMITTER else []
   assert flags.split() == [
     '--xla_dump_to=/tmp/d',
     '--xla_backend_optimization_level=2',
     '--xla_llvm_disable_expensive_passes=true',
-    '--xla_cpu_use_fusion_emitters=false',
+    *emitter,
     '--xla_force_host_platform_device_count=8',
   ]
   assert conftest.with_test_xla_flags(flags) == flags  # applying twice adds nothing

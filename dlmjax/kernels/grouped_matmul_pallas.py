@@ -62,6 +62,22 @@ class Tiles:
   drhs: Tile = Tile(64, 256, 128, 8, 3)
 
 
+# A decode step routes few rows to each expert (a batch-1 block of 32 tokens, top-8 of 256: one
+# on average), so 128-row tiles are mostly masked and a call has a few programs, each reading
+# many experts in turn. Tiles of 16 x 64 on 4 warps give every (expert, column) pair its own
+# program: the LLaDA2.0-mini's batch-1 block step went 23.6 -> 9.1 ms on one H100, 32 x 128 11.1,
+# 64 x 128 13.2 (docs/benchmarks.md, LLaDA2.0-mini).
+DECODE_FWD = Tile(16, 64, 128, 4, 3)
+DECODE_ROWS_PER_GROUP = 16  # at most this many rows per expert on average: the decode tile
+
+
+def forward_tile(rows: int, groups: int, tiles: Tiles | None) -> Tile:
+  """The forward's tile: the caller's, else the decode tile for few rows per expert."""
+  if tiles is not None:
+    return tiles.fwd
+  return DECODE_FWD if rows <= DECODE_ROWS_PER_GROUP * groups else Tiles().fwd
+
+
 def grouped_matmul(
   lhs_MK, rhs_GKN, group_sizes_G, *, layer=None, tiles: Tiles | None = None, interpret=None
 ):
@@ -85,10 +101,12 @@ def grouped_matmul(
   if interpret is None:
     interpret = jax.default_backend() != 'gpu'
   rhs_GKN = rhs_GKN.astype(lhs_MK.dtype)
-  group_sizes_G, tiles = group_sizes_G.astype(jnp.int32), tiles or Tiles()
+  group_sizes_G = group_sizes_G.astype(jnp.int32)
+  rows, groups = lhs_MK.shape[0], group_sizes_G.shape[0]
+  tiles = dataclasses.replace(tiles or Tiles(), fwd=forward_tile(rows, groups, tiles))
   if not stacked:
     return _gmm(lhs_MK, rhs_GKN, group_sizes_G, tiles, interpret)
-  starts, ends = _bounds(group_sizes_G, lhs_MK.shape[0])
+  starts, ends = _bounds(group_sizes_G, rows)
   return _forward(lhs_MK, rhs_GKN, starts, ends, tiles.fwd, interpret, layer=layer)
 
 

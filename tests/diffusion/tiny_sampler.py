@@ -13,7 +13,7 @@ import numpy as np
 from dlmjax import model as model_lib
 from dlmjax.diffusion import prompt_rows, sampler_programs, sampling_config
 from dlmjax.model import programs
-from tests.conftest import tiny_test_config
+from tests.conftest import LEGACY_CPU_EMITTER, tiny_test_config
 
 MASK, EOS, PAD, VOCAB = 3, 2, 0, 100
 PROMPTS = [
@@ -36,7 +36,8 @@ def default_cpu_emitters():
   as the default emitters compute them; the legacy one rounds the cached slice and the whole
   canvas apart in the last bit, enough to flip a near-tied draw."""
   compiler_options = programs.compiler_options
-  default = {'xla_cpu_use_fusion_emitters': True} if jax.default_backend() == 'cpu' else {}
+  legacy = LEGACY_CPU_EMITTER and jax.default_backend() == 'cpu'
+  default = {'xla_cpu_use_fusion_emitters': True} if legacy else {}
   builders = (
     sampler_programs.make_generate_fn,
     sampler_programs.make_block_fn,

@@ -168,3 +168,44 @@ def test_gpu_bf16_matches_the_numpy_loop():
   for g, w in zip(got, want):
     g = np.asarray(g, np.float64)
     assert np.linalg.norm(g - w) / np.linalg.norm(w) < 1e-2
+
+
+def test_few_rows_per_expert_take_the_decode_tile():
+  """A decode step (a batch-1 block of 32 tokens x top-8 over 256 experts: 256 rows) gets the
+  16 x 64 decode tile; a training batch (16,384 tokens x top-8 over 128) the default; a tile the
+  caller names wins."""
+  assert kernel.forward_tile(256, 256, None) == kernel.DECODE_FWD
+  assert kernel.forward_tile(16 * 256, 256, None) == kernel.DECODE_FWD
+  assert kernel.forward_tile(16 * 256 + 1, 256, None) == kernel.Tiles().fwd
+  assert kernel.forward_tile(131072, 128, None) == kernel.Tiles().fwd
+  assert kernel.forward_tile(256, 256, TILES) == SMALL
+
+
+def test_the_decode_tile_matches_the_numpy_loop_on_a_stacked_rhs():
+  """The inference path with the tile it picks itself: few rows over many groups (some empty),
+  one layer of a stack read in place, K and N not whole decode tiles."""
+  sizes = [2, 0, 1, 3, 0, 0, 4, 1]
+  rows, depth, width = 13, 136, 72  # row 12 in no group
+  keys = jax.random.split(jax.random.key(3), 2)
+  lhs = jax.random.normal(keys[0], (rows, depth))
+  stack = jax.random.normal(keys[1], (3, len(sizes), depth, width))
+  assert kernel.forward_tile(rows, len(sizes), None) == kernel.DECODE_FWD
+  got = jax.jit(
+    lambda a, b, layer: kernel.grouped_matmul(a, b, jnp.array(sizes), layer=layer, interpret=True)
+  )(lhs, stack, 2)
+  want = _reference(lhs, stack[2], sizes, np.zeros((rows, width)))[0]
+  np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_tile_matches_the_numpy_loop():
+  """The decode tile in Triton at LLaDA2.0-mini's expert shape: 256 rows over 256 experts."""
+  rng = np.random.default_rng(4)
+  sizes = np.bincount(rng.integers(0, 256, 256), minlength=256).tolist()
+  keys = jax.random.split(jax.random.key(4), 2)
+  lhs = jax.random.normal(keys[0], (256, 2048), jnp.bfloat16)
+  rhs = (jax.random.normal(keys[1], (256, 2048, 512)) / 2048**0.5).astype(jnp.bfloat16)
+  got = jax.jit(lambda a, b: kernel.grouped_matmul(a, b, jnp.array(sizes)))(lhs, rhs)
+  want = _reference(lhs, rhs.astype(jnp.float32), sizes, np.zeros((256, 512)))[0]
+  g = np.asarray(got, np.float64)
+  assert np.linalg.norm(g - want) / np.linalg.norm(want) < 1e-2
