@@ -136,7 +136,9 @@ def test_the_decode_program_hands_the_kernel_the_whole_stacks(params, scan):
       pad_id=tiny_sampler.PAD,
       experts_in_place=in_place,
     )
-    jaxpr = jax.make_jaxpr(fn)(params, prompt_BP, lengths_B, jax.random.key(0)).jaxpr
+    # traced as the top-level program it is (on GPU it carries compiler options, which a jit
+    # nested inside make_jaxpr may not)
+    jaxpr = fn.trace(params, prompt_BP, lengths_B, jax.random.key(0)).jaxpr.jaxpr
     shapes[in_place] = _pallas_rhs_and_scan_xs(jaxpr, [], [])
   rhs, xs = shapes[True]
   down = (EXPERTS[0], EXPERTS[1], EXPERTS[3], EXPERTS[2])
