@@ -60,10 +60,10 @@ Buckets, Job = layout_lib.Buckets, job_lib.Job
 
 log = logging.getLogger('dlmjax.serve')
 
-# How long, in a block call's device time, the next dispatch holds for the next requests of jobs
-# that just ended (a closed-loop client's turn-around is milliseconds; a block call, tens or
-# hundreds): below one block, so a request held for clients that never come back still gets
-# its first block sooner than it would behind a call without it.
+# How long, in blocks of device time, the next dispatch holds for the next requests of jobs that
+# just ended: a closed-loop client's turn-around is milliseconds, a block tens or hundreds of
+# them. Under one block: a request that came back too late for a call waits for all of it, one
+# held for clients that never come back waits for half of one.
 HOLD = 0.5
 
 
@@ -138,6 +138,7 @@ class Engine:
     self._block_s = 0.0  # the device's seconds a block in the last collected call (compiled)
     self.returning = 0  # jobs ended whose clients' next requests the next dispatch holds for
     self._hold_until = 0.0  # until when (time.monotonic) it holds for them
+    self.held_s = 0.0  # the scheduler's time holding for them
     self.cancelled = 0
     self.carried = 0  # rows whose last block the device kept for their next call (pipelining)
     self.prefixes = layout_lib.Prefixes(model, self.layout, prefix_cache)
@@ -202,6 +203,7 @@ class Engine:
         'blocks': self.blocks,
         'busy_s': round(self.busy_s, 3),
         'dispatch_s': round(self.dispatch_s, 3),
+        'held_s': round(self.held_s, 3),
         'cancelled': self.cancelled,
         'carried': self.carried,
         'prefixes': len(self.prefixes),
@@ -326,9 +328,11 @@ class Engine:
     """Waits (lock held) until the jobs that ended last are replaced by new requests, or the
     hold ends, and admits what came; those not back by then are new requests when they come."""
     if not self.draining and len(self.active) < self.max_batch:
+      began = time.perf_counter()
       self._lock.wait_for(
         lambda: not self.returning or self._stopped, self._hold_until - time.monotonic()
       )
+      self.held_s += time.perf_counter() - began
       self._admit()
     self.returning = 0
 
