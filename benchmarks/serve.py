@@ -217,7 +217,7 @@ def run_level(url, eng, clients, bodies, time_limit) -> dict:
   """`clients` threads sending their bodies in turn; the measured row."""
   results, errors, deadline = [], [], time.perf_counter() + time_limit
   busy0, calls0, rows0, slots0 = eng.busy_s, eng.calls, eng.rows, eng.slots
-  reused0, blocks0, dispatch0 = eng.prefix_rows, eng.blocks, eng.dispatch_s
+  reused0, blocks0, dispatch0, held0 = eng.prefix_rows, eng.blocks, eng.dispatch_s, eng.held_s
 
   def client(mine):
     # One connection a client, as a real client keeps: a new httpx.Client per request builds
@@ -263,6 +263,8 @@ def run_level(url, eng, clients, bodies, time_limit) -> dict:
     # Blocks a call decoded (a lone group decodes up to --blocks-per-call in one call).
     'blocks_per_call': round((eng.blocks - blocks0) / max(eng.calls - calls0, 1), 2),
     'prefix_rows': eng.prefix_rows - reused0,  # rows prefilled after a stored system prompt
+    # The scheduler's time holding a dispatch for the next requests of clients whose jobs ended.
+    'held_s': round(eng.held_s - held0, 3),
     # Time outside the sampler's calls per unit of decode: meaningful with one client.
     'http_overhead': round((sum(latencies) - busy) / busy, 4) if busy and clients == 1 else None,
     'first_error': errors[0] if errors else None,

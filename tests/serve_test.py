@@ -721,3 +721,70 @@ def test_a_seeded_sampled_jobs_text_does_not_depend_on_how_its_blocks_are_split_
     assert eng.blocks > eng.calls or blocks_per_call == 1  # four a call did happen
     texts.append((job.text, job.finish_reason))
   assert texts[0] == texts[1] and texts[0][0]
+
+
+def test_closed_loop_clients_share_every_call_at_steady_state(tmp_path):
+  """N clients that each send their next request a moment (3 ms: an HTTP turn-around) after
+  their last one ends (a call takes 60 ms), half of them arriving once the first half's first
+  two calls (1 block, then 3) are dispatched: once every client is in its loop, each call
+  carries close to N rows, and texts stay generate's. Without the engine's hold for the clients
+  of jobs that just ended, the two halves alternated for ever, each shut out of the other's
+  multi-block call (4.0 rows a call of 8)."""
+  clients, rounds = 8, 5
+  model = dlmjax.load_pretrained(_make_run(tmp_path))
+  settings = sampling_config.SamplingConfig(**SETTINGS)  # 4 blocks: a call of 1, then of 3
+  expected = model.generate(PROMPTS[:clients], batch_size=clients, **SETTINGS)
+  eng = engine.Engine(
+    model,
+    max_batch=clients,
+    max_queue=clients,
+    buckets=engine.Buckets(batch=(clients,), width=(32,)),
+    blocks_per_call=4,
+  )
+  eng.warmup.run(settings)
+  program = eng._program  # pylint: disable=protected-access
+
+  def timed(*key):  # a call takes 60 ms, as a device's would, its dispatch returning then
+    fn = program(*key)
+    return lambda *args: time.sleep(0.06) or jax.block_until_ready(fn(*args))
+
+  eng._program = timed  # pylint: disable=protected-access
+  calls, running, lock, dispatch = [], [0], threading.Lock(), eng.dispatch
+
+  def recorded(group, *args, **kwargs):  # each call's rows, and whether every client was looping
+    calls.append((len(group), running[0] == clients))
+    return dispatch(group, *args, **kwargs)
+
+  eng.dispatch = recorded
+  eng.start()
+  texts = [[] for _ in range(clients)]
+
+  def client(i):
+    for r in range(rounds):
+      ended = threading.Event()
+      job = engine.Job(
+        prompt=model.tokenizer.encode(PROMPTS[i]),
+        settings=settings,
+        on_update=lambda j, ended=ended: j.finish_reason and ended.set(),
+      )
+      with lock:  # from its second request to its last one's end, a client is in its loop
+        eng.submit(job)
+        running[0] += r == 1
+      assert ended.wait(timeout=60)
+      texts[i].append(job.text)
+      with lock:
+        running[0] -= r == rounds - 1
+      time.sleep(0.003)
+
+  threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+  for i, t in enumerate(threads):
+    t.start()
+    while i == clients // 2 - 1 and len(calls) < 2:  # half arrive after the first two calls
+      time.sleep(0.001)
+  for t in threads:
+    t.join()
+  assert eng.drain(timeout=60)
+  assert texts == [[e] * rounds for e in expected]
+  steady = [rows for rows, looping in calls if looping]
+  assert len(steady) >= 4 and sum(steady) / len(steady) >= 0.75 * clients, calls
+  assert eng.blocks > eng.calls  # the lone group's several blocks a call still happen

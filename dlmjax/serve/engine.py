@@ -25,6 +25,14 @@ up to blocks_per_call blocks in one call (make_block_fn's loop over its blocks, 
 own end), so one client pays one host round trip per that many blocks; its blocks are then taken
 one by one, each streamed and checked for EOS and stop strings as a block of its own.
 
+Closed-loop clients (each sends its next request when its last one ends) come back between
+calls, after the host has taken their last block and the HTTP round trip: a few milliseconds
+after the next call was composed. Dispatched at once, that call would leave them out and, where
+it is a lone group's several-blocks call, they would decode as a cohort of their own, the two
+cohorts alternating at half the rows each for ever. So when jobs end, the next dispatch holds
+for their clients' next requests, at most HOLD of a block's device time after they ended (the
+device meanwhile runs the call in flight, if any); requests that arrive in time join that call.
+
 While idle the scheduler runs the warm-up's calls (warmup.py plans them) through the same
 dispatch and wait, one at a time: those planned at start and, for each prefix stored since, the
 calls of rows after it.
@@ -51,6 +59,12 @@ from dlmjax.serve import warmup as warmup_lib
 Buckets, Job = layout_lib.Buckets, job_lib.Job
 
 log = logging.getLogger('dlmjax.serve')
+
+# How long, in blocks of device time, the next dispatch holds for the next requests of jobs that
+# just ended: a closed-loop client's turn-around is milliseconds, a block tens or hundreds of
+# them. Under one block: a request that came back too late for a call waits for all of it, one
+# held for clients that never come back waits for half of one.
+HOLD = 0.5
 
 
 class QueueFull(Exception):
@@ -121,6 +135,10 @@ class Engine:
     self.busy_s = 0.0
     self.dispatch_s = 0.0  # host time inside the program calls: ~busy_s where dispatch blocks
     self._device_free = 0.0  # when the device finished the last collected call
+    self._block_s = 0.0  # the device's seconds a block in the last collected call (compiled)
+    self.returning = 0  # jobs ended whose clients' next requests the next dispatch holds for
+    self._hold_until = 0.0  # until when (time.monotonic) it holds for them
+    self.held_s = 0.0  # the scheduler's time holding for them
     self.cancelled = 0
     self.carried = 0  # rows whose last block the device kept for their next call (pipelining)
     self.prefixes = layout_lib.Prefixes(model, self.layout, prefix_cache)
@@ -160,6 +178,7 @@ class Engine:
       if self.draining or len(self.waiting) >= self.max_queue:
         raise QueueFull()
       self.waiting.append(job)
+      self.returning = max(0, self.returning - 1)
       self._lock.notify_all()
 
   def cancel(self, job: Job) -> None:
@@ -184,6 +203,7 @@ class Engine:
         'blocks': self.blocks,
         'busy_s': round(self.busy_s, 3),
         'dispatch_s': round(self.dispatch_s, 3),
+        'held_s': round(self.held_s, 3),
         'cancelled': self.cancelled,
         'carried': self.carried,
         'prefixes': len(self.prefixes),
@@ -273,6 +293,9 @@ class Engine:
           self._launcher.shutdown(wait=False)
           return
         ready = [j for j in self.active if self.wants_block(j)]
+        if ready and self.returning:
+          self._hold()
+          ready = [j for j in self.active if self.wants_block(j)]
         # Idle (no job waits or decodes, nothing in flight): the next warm-up call, if any.
         idle = not ready and pending is None
         if idle and not (self.warmup.queue and not self.draining):
@@ -300,6 +323,18 @@ class Engine:
       stored = self.prefixes.remember(job)
       if stored:  # the idle warm-up compiles the programs of rows after it (warmup.py)
         self.warmup.plan_prefix(stored, job.settings)
+
+  def _hold(self) -> None:
+    """Waits (lock held) until the jobs that ended last are replaced by new requests, or the
+    hold ends, and admits what came; those not back by then are new requests when they come."""
+    if not self.draining and len(self.active) < self.max_batch:
+      began = time.perf_counter()
+      self._lock.wait_for(
+        lambda: not self.returning or self._stopped, self._hold_until - time.monotonic()
+      )
+      self.held_s += time.perf_counter() - began
+      self._admit()
+    self.returning = 0
 
   def _next_group(self, jobs: list) -> list:
     """The jobs sharing the oldest job's program (first come, first served)."""
@@ -431,8 +466,10 @@ class Engine:
     done = time.perf_counter()
     settings, batch, length, static, window = call.shape
     if call.compiled:
-      self.busy_s += done - max(began, self._device_free)
+      device_s = done - max(began, self._device_free)
+      self.busy_s += device_s
       self.dispatch_s += returned - began
+      self._block_s = device_s / max(call.blocks)
     else:
       self.compiled.add(call.shape)
       log.warning(
@@ -474,6 +511,10 @@ class Engine:
     job.finish_reason = reason
     if reason == 'cancelled':
       self.cancelled += 1
+    if reason in ('stop', 'length'):  # its client may send its next request now (closed loop)
+      now = time.monotonic()
+      self.returning = 1 + (self.returning if now < self._hold_until else 0)
+      self._hold_until = now + HOLD * self._block_s
     if job.on_update:
       job.on_update(job)
     self._lock.notify_all()
