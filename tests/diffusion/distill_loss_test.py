@@ -23,6 +23,7 @@ def _rows():
   for row, prompt in enumerate((2, 3, 5)):
     roles[row, :prompt] = PROMPT
   roles[0, 11:] = PADDING
+  roles[1, 7:] = PADDING
   steps = rng.permutation(S + 1)[None].repeat(B, 0).astype(np.int32)
   steps[:, :2] = -1
   return tokens, roles, steps
@@ -31,15 +32,22 @@ def _rows():
 TABLE = np.random.default_rng(1).normal(size=(V, V)).astype(np.float32) * 3
 
 
-def _logits(noisy_BL, clean_BL=None):
-  """A student whose logits at i depend on its token and its right neighbour."""
-  right = jnp.roll(noisy_BL, -1, axis=1)
-  del clean_BL
+def _right(tokens_BL, valid_length_B):
+  """Each token's right neighbour, token 0 where it lies past the row's canvas end (unseen)."""
+  right = jnp.roll(tokens_BL, -1, axis=1)
+  seen = jnp.arange(1, tokens_BL.shape[1] + 1)[None] < valid_length_B[:, None]
+  return jnp.where(seen, right, 0)
+
+
+def _logits(noisy_BL, valid_length_B):
+  """A student whose logits at i depend on its token and its right neighbour (if seen)."""
+  right = _right(noisy_BL, valid_length_B)
   return jnp.asarray(TABLE)[noisy_BL] + 0.5 * jnp.asarray(TABLE)[right][..., ::-1]
 
 
-def _terms(noisy_BL, clean_BL, targets_BL):
-  return distill_base.logit_terms(_logits(noisy_BL, clean_BL), targets_BL, temperature=0.5)
+def _terms(noisy_BL, clean_BL, targets_BL, valid_length_B):
+  del clean_BL
+  return distill_base.logit_terms(_logits(noisy_BL, valid_length_B), targets_BL, temperature=0.5)
 
 
 def _settings(**kw):
@@ -55,16 +63,11 @@ def _run(name, tokens, roles, steps, key, progress):
   loss, _ = distill_base.distill_loss(
     objective, _terms, tokens, roles, keys_B=keys, settings=settings, **extra
   )
-  x, r = tokens[:, :-1], roles[:, :-1]
+  maskable, ends = distill_base.maskable_rows(keys, roles[:, :-1])
   masks = distill_base.pass_masks(
-    objective,
-    keys,
-    (r == RESPONSE) | (r == PADDING),
-    {k: v[:, :-1] for k, v in extra.items()},
-    settings,
+    objective, keys, maskable, {k: v[:, :-1] for k, v in extra.items()}, settings
   )
-  del x
-  return loss, masks
+  return loss, masks, ends
 
 
 def _log_softmax(z):
@@ -72,14 +75,14 @@ def _log_softmax(z):
   return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
-def _hand_terms(tokens, masks):
+def _hand_terms(tokens, masks, ends):
   """CE_k = -(1/|M_k|) sum log softmax(z)[y]; H_k = (1/|M_c|) sum_{argmax z = y} H(softmax(z/T))."""
   x = tokens[:, :-1]
   primary, reverse, future = (np.asarray(m) for m in masks)
   out = []
   for m in (primary, reverse):
     noisy = np.where(m | future, MASK, x)
-    z = np.asarray(_logits(jnp.asarray(noisy)), np.float64)
+    z = np.asarray(_logits(jnp.asarray(noisy), jnp.asarray(ends)), np.float64)
     logp = _log_softmax(z)
     ce = -sum(logp[b, i, x[b, i]] for b, i in zip(*np.nonzero(m))) / max(m.sum(), 1)
     q = np.exp(_log_softmax(z / 0.5))
@@ -90,14 +93,17 @@ def _hand_terms(tokens, masks):
   return out  # ce, cert, ce_rev, cert_rev
 
 
-def _check_block(masks, roles):
-  """The active block is a block_size-aligned span of the response (the last runs to the end),
-  the passes partition it, the future is the response after it, context and prompt are clean."""
+def _check_block(masks, roles, ends):
+  """The active block is a block_size-aligned span of the response up to the row's canvas end
+  (the last block runs to that end, at least the answer's), the passes partition it, the
+  future is the response after it, context and prompt are clean."""
   primary, reverse, future = (np.asarray(m) for m in masks)
   active = primary | reverse
   assert not (primary & reverse).any()
+  answered = (roles[:, :-1] != PADDING).sum(1)
+  assert (ends >= answered).all() and (ends <= S).all()
   for b in range(B):
-    response = np.flatnonzero(roles[b, :-1] != PROMPT)
+    response = np.flatnonzero(roles[b, : ends[b]] != PROMPT)
     first, n_resp = response[0], len(response)
     span = np.flatnonzero(active[b])
     assert len(span) > 0 or n_resp % BLOCK == 0
@@ -105,26 +111,29 @@ def _check_block(masks, roles):
       start = span[0]
       assert (start - first) % BLOCK == 0
       n = (start - first) // BLOCK
-      end = S if n == n_resp // BLOCK else start + BLOCK
+      end = ends[b] if n == n_resp // BLOCK else start + BLOCK
       np.testing.assert_array_equal(span, np.arange(start, end))
-      np.testing.assert_array_equal(np.flatnonzero(future[b]), np.arange(end, S))
+      np.testing.assert_array_equal(np.flatnonzero(future[b]), np.arange(end, ends[b]))
 
 
 def test_certainty_is_dparallel_formula():
   tokens, roles, steps = _rows()
+  cut = []
   for seed in range(3):
-    loss, masks = _run('certainty', tokens, roles, steps, jax.random.key(seed), 0.0)
-    _check_block(masks, roles)
-    ce, cert, ce_rev, cert_rev = _hand_terms(tokens, masks)
+    loss, masks, ends = _run('certainty', tokens, roles, steps, jax.random.key(seed), 0.0)
+    cut += list(np.asarray(ends) < S)
+    _check_block(masks, roles, np.asarray(ends))
+    ce, cert, ce_rev, cert_rev = _hand_terms(tokens, masks, ends)
     want = ce + ce_rev + 2.0 * (cert + cert_rev)  # LLaDA: beta = entropy_weight = 2
     np.testing.assert_allclose(float(loss), want, rtol=2e-5)
+  assert any(cut)  # some row's canvas ended before the row's end
 
 
 def test_trajectory_masks_the_late_tokens_and_is_d3llm_formula():
   tokens, roles, steps = _rows()
   for seed, progress in ((0, 0.0), (1, 0.5), (2, 1.0)):
-    loss, masks = _run('trajectory', tokens, roles, steps, jax.random.key(seed), progress)
-    _check_block(masks, roles)
+    loss, masks, ends = _run('trajectory', tokens, roles, steps, jax.random.key(seed), progress)
+    _check_block(masks, roles, np.asarray(ends))
     primary, reverse, _ = (np.asarray(m) for m in masks)
     for b in range(B):
       block = np.flatnonzero(primary[b] | reverse[b])
@@ -134,7 +143,7 @@ def test_trajectory_masks_the_late_tokens_and_is_d3llm_formula():
       assert sorted(order[len(block) - len(late) :]) == list(late)
       if progress == 1.0 and len(block):  # r = 0.8 exactly: k = int(0.2 n)
         assert len(block) - len(late) == int(np.floor(0.2 * len(block) + 1e-6))
-    ce, cert, ce_rev, _ = _hand_terms(tokens, masks)
+    ce, cert, ce_rev, _ = _hand_terms(tokens, masks, ends)
     want = (ce + ce_rev + 2.0 * cert) / 4  # d3LLM LLaDA: certainty on the primary pass only
     np.testing.assert_allclose(float(loss), want, rtol=2e-5)
 
@@ -159,14 +168,14 @@ class _Student:
   def __init__(self, params):
     self.embed, self.head = params
 
-  def hidden(self, tokens_BL):
-    return self.embed[tokens_BL] + 0.5 * self.embed[jnp.roll(tokens_BL, -1, axis=1)][..., ::-1]
+  def hidden(self, tokens_BL, valid_length_B):
+    return self.embed[tokens_BL] + 0.5 * self.embed[_right(tokens_BL, valid_length_B)][..., ::-1]
 
   def head_weight_DV(self):
     return self.head
 
-  def __call__(self, tokens_BL):
-    return jnp.einsum('bld,dv->blv', self.hidden(tokens_BL), self.head)
+  def __call__(self, tokens_BL, valid_length_B):
+    return jnp.einsum('bld,dv->blv', self.hidden(tokens_BL, valid_length_B), self.head)
 
 
 V_PADDED, DIM = 16, 8
@@ -186,7 +195,7 @@ def test_fused_head_loss_equals_the_full_logits_loss(name='certainty'):
   extra = {'commit_steps': steps} if name == 'trajectory' else {}
   settings = _settings(progress=0.3)
   keys = jax.random.split(jax.random.key(4), B)
-  maskable = jnp.asarray((roles[:, :-1] == RESPONSE) | (roles[:, :-1] == PADDING))
+  maskable, ends = distill_base.maskable_rows(keys, roles[:, :-1])
   arrays = {k: v[:, :-1] for k, v in extra.items()}
   primary, _, future = (
     np.asarray(m)
@@ -194,7 +203,7 @@ def test_fused_head_loss_equals_the_full_logits_loss(name='certainty'):
   )
   # The primary pass's targets are the student's own argmax there, so the certainty term counts.
   noisy = np.where(primary | future, MASK, tokens[:, :-1])
-  guess = np.asarray(_Student(params)(jnp.asarray(noisy)))[..., :V].argmax(-1)
+  guess = np.asarray(_Student(params)(jnp.asarray(noisy), ends))[..., :V].argmax(-1)
   tokens = tokens.copy()
   tokens[:, :-1] = np.where(primary, guess, tokens[:, :-1])
   assert primary.sum() > 0
@@ -202,9 +211,15 @@ def test_fused_head_loss_equals_the_full_logits_loss(name='certainty'):
   @functools.partial(jax.jit, static_argnums=1)
   @functools.partial(jax.value_and_grad, has_aux=True)
   def loss(params, chunk_size):
-    def terms_fn(noisy, clean, targets):
+    def terms_fn(noisy, clean, targets, valid_length_B):
       return distill_base.model_terms(
-        _Student(params), noisy, targets, temperature=0.5, chunk_size=chunk_size, bias_V=bias_V
+        _Student(params),
+        noisy,
+        targets,
+        temperature=0.5,
+        chunk_size=chunk_size,
+        bias_V=bias_V,
+        valid_length_B=valid_length_B,
       )
 
     value, sums = distill_base.distill_loss(

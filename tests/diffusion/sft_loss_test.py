@@ -37,17 +37,20 @@ def random_rows(rng, batch, width, packed):
   return tokens, roles, segments
 
 
-def numpy_sft_loss(ce, masked, p, roles, segments, *, normalisation, supervise_padding, weight):
+def numpy_sft_loss(
+  ce, masked, p, roles, segments, *, normalisation, supervise_padding, weight, ends=None
+):
   """LLaDA GUIDELINES.md's loss written out: per conversation, sum the masked tokens' CE (over p
   when weighted); `sequence` divides each by its answer length and averages over conversations,
-  `token` divides the total by all answer tokens, `batch` averages over conversations."""
+  `token` divides the total by all answer tokens, `batch` averages over conversations. ends:
+  each row's canvas end (the row cut there), None for whole rows."""
   total, conversations, answer_tokens = 0.0, 0, 0
   batch, length = ce.shape
   for b in range(batch):
     for conversation in sorted(set(segments[b])):
       answer = [
         i
-        for i in range(length)
+        for i in range(length if ends is None else ends[b])
         if segments[b, i] == conversation
         and (roles[b, i] == RESPONSE or (roles[b, i] == PADDING and supervise_padding))
       ]
@@ -95,6 +98,8 @@ def compiled_losses(packed, supervise_padding, time_eps, batch, width):
       out[f'{normalisation}-{weight}'] = (objective, sums, seen)
     x, r = tokens[:, :-1], roles[:, :-1]
     maskable = (r == RESPONSE) | ((r == PADDING) & supervise_padding)
+    if supervise_padding and not packed:  # the rows' random canvas ends (checked by the tests)
+      maskable = maskable & sft_loss.random_canvas_ends(masking.example_keys(SEED, STEP, ids), r)[1]
     segs = (
       jnp.where((r == PADDING) & (not supervise_padding), 0, segments[:, :-1])
       if packed
@@ -151,6 +156,7 @@ def test_padded_rows_match_numpy(normalisation, supervise_padding, weight):
     normalisation=normalisation,
     supervise_padding=supervise_padding,
     weight=weight,
+    ends=seen['valid_length_B'],
   )
   np.testing.assert_allclose(objective, expected, rtol=1e-5)
   np.testing.assert_allclose(float(sums['loss_num'] / sums['loss_den']), expected, rtol=1e-5)
@@ -158,8 +164,11 @@ def test_padded_rows_match_numpy(normalisation, supervise_padding, weight):
   assert not (masked & (r == PROMPT)).any()
   np.testing.assert_array_equal(seen['noisy'], np.where(masked, MASK, tokens[:, :-1]))
   np.testing.assert_array_equal(seen['targets'], tokens[:, :-1])
-  if supervise_padding:  # LLaDA: no attention mask at all; padding is seen and trained.
-    assert 'valid_length_B' not in seen and (masked & (r == PADDING)).any()
+  ends, answered = seen['valid_length_B'], (r != PADDING).sum(1)
+  if supervise_padding:  # padding is seen and trained up to each row's random canvas end.
+    assert (masked & (r == PADDING)).any() and (ends > answered).any()
+    assert (ends >= answered).all() and (ends <= r.shape[1]).all() and len(set(ends)) > 1
+    assert not (masked & (np.arange(r.shape[1]) >= ends[:, None])).any()
     np.testing.assert_allclose(sums['conversations'], 6, rtol=1e-5)
   else:  # unsupervised padding is invisible: attention stops at the answer's EOS.
     np.testing.assert_array_equal(seen['valid_length_B'], (r != PADDING).sum(1))
@@ -228,6 +237,30 @@ def test_masking_rate_is_p_and_p_is_lladas():
   # t is uniform: its mean is 1/2 (std of the mean of 512 draws ~ 0.013).
   t = (p[:, 0] - eps) / (1 - eps)
   assert abs(t.mean() - 0.5) < 0.06
+
+
+def test_canvas_ends_are_uniform_from_the_answer_to_the_row_end():
+  """Every end from the answer's EOS to the full row is drawn, evenly, apart from t: the model
+  sees canvases of every length the decode may give it (prompt + gen_length)."""
+  batch, length = 4000, 12
+  roles = np.full((batch, length), PADDING, np.int32)
+  answered = np.arange(batch) % 5 + 3  # 3 .. 7 tokens of prompt and answer
+  roles[np.arange(length) < answered[:, None]] = RESPONSE
+  keys = masking.example_keys(SEED, STEP, np.arange(batch))
+  ends, kept = jax.device_get(jax.jit(sft_loss.random_canvas_ends)(keys, roles))
+  np.testing.assert_array_equal(kept, np.arange(length) < ends[:, None])
+  for n in range(3, 8):
+    counts = np.bincount(ends[answered == n] - n, minlength=length + 1 - n)
+    assert len(counts) == length + 1 - n and counts.min() > 0.6 * counts.mean()
+  _, _, p = sft_loss.forward_process(
+    keys,
+    jnp.zeros((batch, length), jnp.int32),
+    jnp.asarray(roles == RESPONSE),
+    jnp.ones((batch, length), jnp.int32),
+    mask_id=MASK,
+    time_eps=0.0,
+  )
+  assert abs(np.corrcoef(ends - answered, np.asarray(p)[:, 0])[0, 1]) < 0.06
 
 
 def test_unknown_normalisation_is_refused():

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from dlmjax.data.roles import PADDING, RESPONSE
+from dlmjax.diffusion import sft_loss
 from dlmjax.kernels import linear_cross_entropy
 
 TIME_EPS = 1e-3  # dParallel's p = (1 - eps) t + eps
@@ -121,14 +122,23 @@ def pass_masks(objective, keys_B, maskable_BL, arrays_BL, settings):
   return jax.vmap(one_row)(keys_B, maskable_BL, arrays_BL)
 
 
+def maskable_rows(keys_B, roles_BL):
+  """(maskable [B, L] bool, end_B): the response and its EOS padding up to each row's random
+  canvas end (sft_loss.random_canvas_ends, as SFT: the student must not learn where the
+  canvas ends either), the row past it hidden from attention."""
+  end_B, kept_BL = sft_loss.random_canvas_ends(keys_B, roles_BL)
+  return ((roles_BL == RESPONSE) | (roles_BL == PADDING)) & kept_BL, end_B
+
+
 def distill_loss(objective, terms_fn, tokens_BS, roles, *, keys_B, settings, **arrays):
   """The objective's loss of teacher rows [B, S+1] (the first S are the canvas, as in SFT) and
-  its sums. terms_fn(noisy_BL, clean_BL, targets_BL) -> per-token (CE, entropy, hit) [B, L]
-  (model_terms or logit_terms of the student's forward; a block-causal one reads clean_BL as its
-  x_0 stream). Both passes run as one forward of 2B rows."""
+  its sums. terms_fn(noisy_BL, clean_BL, targets_BL, valid_length_B) -> per-token (CE, entropy,
+  hit) [B, L] (model_terms or logit_terms of the student's forward, attending to each row's
+  first valid_length_B tokens; a block-causal one reads clean_BL as its x_0 stream). Both passes
+  run as one forward of 2B rows."""
   x_BL = tokens_BS[:, :-1]
   roles_BL = roles[:, :-1]
-  maskable_BL = (roles_BL == RESPONSE) | (roles_BL == PADDING)
+  maskable_BL, end_B = maskable_rows(keys_B, roles_BL)
   arrays_BL = {k: v[:, :-1] for k, v in arrays.items()}
   mask_id = settings['mask_id']
 
@@ -138,7 +148,8 @@ def distill_loss(objective, terms_fn, tokens_BS, roles, *, keys_B, settings, **a
   noisy = [jnp.where(m | future_BL, mask_id, x_BL) for m in (primary_BL, reverse_BL)]
   clean = jnp.concatenate([x_BL, x_BL], axis=0)
   ce, entropy, hit = (
-    jnp.split(t, 2, axis=0) for t in terms_fn(jnp.concatenate(noisy, axis=0), clean, clean)
+    jnp.split(t, 2, axis=0)
+    for t in terms_fn(jnp.concatenate(noisy, axis=0), clean, clean, jnp.concatenate([end_B] * 2))
   )
   terms = dict(
     ce=masked_mean(ce[0], primary_BL),

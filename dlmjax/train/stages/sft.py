@@ -48,8 +48,8 @@ def make_distill_loss(config):
     del micro_index
     bias_V = loss_lib.column_bias(module.cfg, loss_lib.excluded_ids(config))
 
-    def terms_fn(noisy_BL, clean_BL, targets_BL):
-      kwargs = dict(clean_BL=clean_BL) if two_stream else {}
+    def terms_fn(noisy_BL, clean_BL, targets_BL, valid_length_B):
+      kwargs = dict(clean_BL=clean_BL) if two_stream else dict(valid_length_B=valid_length_B)
       return distill_base.model_terms(module, noisy_BL, targets_BL, bias_V=bias_V, **head, **kwargs)
 
     progress = step / max(config.train.steps, 1)  # d3LLM's progressive noise
