@@ -12,6 +12,7 @@ from jax.sharding import Mesh
 
 from dlmjax import config as config_lib
 from dlmjax.kernels import flash_attention as fa
+from dlmjax.kernels import flash_masks as fm
 from dlmjax.model import attention as attention_lib
 from dlmjax.parallel import rules
 from tests.conftest import tiny_test_config
@@ -157,15 +158,15 @@ def test_loops_skip_blind_tiles_and_keep_seen_ones(kind, segments):
   seg = documents(jax.random.key(1), batch, half or length, 4)
   seg = jnp.concatenate([seg, seg], axis=1) if half else seg  # the same documents in both
   valid = jnp.array([64, 41, 9], jnp.int32)
-  mask = fa._Mask(kind, 4, segments=segments, lengths=True, half=half)
+  mask = fm._Mask(kind, 4, segments=segments, lengths=True, half=half)
   ids = fa.document_keys(seg, 4, half=half) if mask.per_document else seg  # as the kernel reads
-  live = np.asarray(fa._live_tiles(mask, ids, valid, block_q, block_k))
+  live = np.asarray(fm._live_tiles(mask, ids, valid, block_q, block_k))
   want = brute_live(kind, 4, seg if segments else None, valid, block_q, block_k)
   if segments:  # id ranges per tile: a superset (a tile may hold ids 1 and 3 but not 2).
     assert np.all(live >= want) and live.sum() < 1.2 * want.sum()
   else:
     np.testing.assert_array_equal(live, want)
-  ranges = np.asarray(fa._ranges(jnp.asarray(live), valid))
+  ranges = np.asarray(fm._ranges(jnp.asarray(live), valid))
   second_runs = 0
   for b in range(batch):
     for i in range(live.shape[1]):
@@ -297,12 +298,12 @@ def test_slice_kernel_matches_reference(kind):
     np.testing.assert_allclose(np.where(sees, got, 0), np.where(sees, want, 0), atol=2e-6)
     assert np.all(got[~np.broadcast_to(sees, got.shape)] == 0)  # rows that see nothing: 0
   # Without documents the loops visit exactly the key tiles some row of the tile sees.
-  mask = fa._Mask(kind, 4, segments=False, lengths=True)
+  mask = fm._Mask(kind, 4, segments=False, lengths=True)
   rows, block = 2 * 16, 8
   positions = 13 + jnp.arange(rows) % 16
   seg_rows, seg_keys = jnp.zeros((batch, rows), jnp.int32), jnp.zeros((batch, length), jnp.int32)
   valid = kw['valid_length_B']
-  live = np.asarray(fa._slice_live_tiles(mask, positions, seg_rows, seg_keys, valid, 16, block))
+  live = np.asarray(fm._slice_live_tiles(mask, positions, seg_rows, seg_keys, valid, 16, block))
   q_pos = np.asarray(positions).reshape(2, 16)
   k_pos = np.arange(length)
   vis = {'bidirectional': np.ones((2, 16, length), bool)}.get(kind)
