@@ -394,7 +394,7 @@ class Transformer(nnx.Module):
 
     clean_BL (a block_causal model): BD3LM's training forward. tokens_BL is the noisy x_t and
     clean_BL the clean x_0; the layers run once over [x_t || x_0] (2L) with the two-stream mask
-    (kernels/flash_attention.py two_stream_visible), the clean copy at the same RoPE positions,
+    (kernels/flash_masks.py two_stream_visible), the clean copy at the same RoPE positions,
     segment ids and lengths applying to both streams; only x_t's L rows come back (the head never
     sees the clean stream). docs/block_diffusion.md.
     """
