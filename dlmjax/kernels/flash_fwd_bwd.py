@@ -98,13 +98,6 @@ def _dkv_kernel(range_ref, seg_q_ref, seg_k_ref, k_ref, v_ref, *refs, mask, bloc
 # pallas_call wiring.
 
 
-def _rows(block, head):
-  """BlockSpec of `block` rows of one head of [B, L, heads, H], grid (row tile, b, head)."""
-  return lambda head_dim: pl.BlockSpec(
-    (None, block, None, head_dim), lambda i, b, n: (b, i, head(n), 0)
-  )
-
-
 def _forward(q, k, v, seg_BL, valid_B, mask, tiles, interpret):
   batch, length, num_heads, head_dim = q.shape
   groups = num_heads // k.shape[2]
