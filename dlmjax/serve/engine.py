@@ -1,12 +1,12 @@
 """The serving engine: continuous batching of sampler requests at block boundaries.
 
 Requests (Jobs) wait in a bounded queue and join the decoding set while it has a free slot. One
-scheduler thread runs the set block by block: each round it takes the group of jobs whose block
-runs the same compiled program (same block settings: jobs that differ only in max_tokens share
-one; a seeded stochastic job is a group of its own), lays their rows out in a fixed (batch, canvas
-length) bucket (layout.py: every row's current block at one position, generate's canvas around
-it) and calls the sampler's block program (sampler_programs.make_block_fn: the step generate
-loops) once.
+scheduler thread runs the set block by block: each round it takes a group of jobs whose block
+runs the same compiled program, lays their rows out in a fixed (batch, canvas length) bucket
+(layout.py: every row's current block at one position, generate's canvas around it) and calls
+the sampler's block program (sampler_programs.make_block_fn: the step generate loops) once.
+Which group runs, how many blocks its call decodes (a lone group's several) and the hold for
+closed-loop clients' next requests are the scheduling policy (schedule.py).
 After the call every job takes its block, may finish (EOS, a stop string, max_tokens) and leaves;
 the next round admits waiting jobs into the freed slots. So requests join and leave between
 blocks and a request's block b decodes beside other requests' blocks.
@@ -19,19 +19,6 @@ a thread of their own, since dispatch is not always asynchronous: XLA:GPU runs a
 trip count is data-dependent (the sampler's step and block loops) by reading its predicate on the
 host each iteration, so the call returns only once the device is done; from the scheduler's
 thread that would hold the current block's tokens until the next call had run.
-
-A lone group (nothing waiting, no other group ready, none of its jobs at its first block) decodes
-up to blocks_per_call blocks in one call (make_block_fn's loop over its blocks, each row to its
-own end), so one client pays one host round trip per that many blocks; its blocks are then taken
-one by one, each streamed and checked for EOS and stop strings as a block of its own.
-
-Closed-loop clients (each sends its next request when its last one ends) come back between
-calls, after the host has taken their last block and the HTTP round trip: a few milliseconds
-after the next call was composed. Dispatched at once, that call would leave them out and, where
-it is a lone group's several-blocks call, they would decode as a cohort of their own, the two
-cohorts alternating at half the rows each for ever. So when jobs end, the next dispatch holds
-for their clients' next requests, at most HOLD of a block's device time after they ended (the
-device meanwhile runs the call in flight, if any); requests that arrive in time join that call.
 
 While idle the scheduler runs the warm-up's calls (warmup.py plans them) through the same
 dispatch and wait, one at a time: those planned at start and, for each prefix stored since, the
@@ -53,18 +40,13 @@ import numpy as np
 from dlmjax.diffusion import cache_modes, sampler_programs, sampling_config
 from dlmjax.serve import job as job_lib
 from dlmjax.serve import layout as layout_lib
+from dlmjax.serve import schedule as schedule_lib
 from dlmjax.serve import warmup as warmup_lib
 
 # Named where the engine is made and fed (api.py, benchmarks/serve.py, tests).
 Buckets, Job = layout_lib.Buckets, job_lib.Job
 
 log = logging.getLogger('dlmjax.serve')
-
-# How long, in blocks of device time, the next dispatch holds for the next requests of jobs that
-# just ended: a closed-loop client's turn-around is milliseconds, a block tens or hundreds of
-# them. Under one block: a request that came back too late for a call waits for all of it, one
-# held for clients that never come back waits for half of one.
-HOLD = 0.5
 
 
 class QueueFull(Exception):
@@ -120,6 +102,9 @@ class Engine:
       pad_id=m.pad_token_id,
       mask_id=m.mask_token_id,
     )
+    self.schedule = schedule_lib.Schedule(
+      self.layout, max_batch=max_batch, blocks_per_call=blocks_per_call
+    )
     self.stop_ids = {m.eos_token_id} | ({stop_piece} if stop_piece is not None else set())
     self.waiting = collections.deque()
     self.active = []
@@ -136,9 +121,6 @@ class Engine:
     self.dispatch_s = 0.0  # host time inside the program calls: ~busy_s where dispatch blocks
     self._device_free = 0.0  # when the device finished the last collected call
     self._block_s = 0.0  # the device's seconds a block in the last collected call (compiled)
-    self.returning = 0  # jobs ended whose clients' next requests the next dispatch holds for
-    self._hold_until = 0.0  # until when (time.monotonic) it holds for them
-    self.held_s = 0.0  # the scheduler's time holding for them
     self.cancelled = 0
     self.carried = 0  # rows whose last block the device kept for their next call (pipelining)
     self.prefixes = layout_lib.Prefixes(model, self.layout, prefix_cache)
@@ -178,7 +160,7 @@ class Engine:
       if self.draining or len(self.waiting) >= self.max_queue:
         raise QueueFull()
       self.waiting.append(job)
-      self.returning = max(0, self.returning - 1)
+      self.schedule.arrived()
       self._lock.notify_all()
 
   def cancel(self, job: Job) -> None:
@@ -187,6 +169,11 @@ class Engine:
       if job.finish_reason is None and not job.cancelled:
         job.cancelled = True
         self._lock.notify_all()
+
+  @property
+  def held_s(self) -> float:
+    """The scheduler's time holding for closed-loop clients' next requests (schedule.py)."""
+    return self.schedule.held_s
 
   def stats(self) -> dict:
     with self._lock:
@@ -249,34 +236,7 @@ class Engine:
 
   # ---- the scheduler thread ----
 
-  def block_settings(
-    self, settings: sampling_config.SamplingConfig
-  ) -> sampling_config.SamplingConfig:
-    """The program every block of a job runs: one block of its settings. Jobs that differ only
-    in max_tokens share it (their rows' ends are the program's inputs)."""
-    return dataclasses.replace(
-      settings, gen_length=settings.block_length, steps=settings.steps_per_block
-    )
-
-  def wants_block(self, job: Job) -> bool:
-    return job.inflight == 0 or self.layout.blocks_left(job) > 0
-
-  def call_blocks(self, group: list, ready: list) -> int:
-    """How many blocks a group's call decodes: up to blocks_per_call (as many as its jobs still
-    need) for a lone group, nothing waiting and no other group ready, whose jobs are all past
-    their first block (so a new job's first text comes after one block); else 1, so that a
-    waiting job or another group gets the next call."""
-    if self.waiting or len(group) < len(ready) or any(self.layout.chunk(j) == 0 for j in group):
-      return 1
-    return max(1, min(self.blocks_per_call, max(self.layout.blocks_left(j) for j in group)))
-
-  def _group_key(self, job: Job):
-    """Jobs of one key run one program together: the block settings, a seeded stochastic job's
-    seed, and the phase of its block on the model's grid (non-zero only where blocks end inside
-    the model's blocks: the rows' offsets must all sit on the grid)."""
-    s = self.block_settings(job.settings)
-    seed = job.seed if job_lib.stochastic(s) and job.seed is not None else None
-    return (s, seed, self.layout.row(job)[0] % self.layout.grid)
+  block_settings = staticmethod(schedule_lib.block_settings)  # a job's block's program
 
   def _run(self) -> None:
     try:
@@ -292,17 +252,17 @@ class Engine:
         if self._stopped:
           self._launcher.shutdown(wait=False)
           return
-        ready = [j for j in self.active if self.wants_block(j)]
-        if ready and self.returning:
+        ready = [j for j in self.active if self.schedule.wants_block(j)]
+        if ready and self.schedule.returning:
           self._hold()
-          ready = [j for j in self.active if self.wants_block(j)]
+          ready = [j for j in self.active if self.schedule.wants_block(j)]
         # Idle (no job waits or decodes, nothing in flight): the next warm-up call, if any.
         idle = not ready and pending is None
         if idle and not (self.warmup.queue and not self.draining):
           self._lock.wait(timeout=0.5)
           continue
-        group = self._next_group(ready) if ready else None
-        blocks = self.call_blocks(group, ready) if group else 0
+        group = self.schedule.next_group(ready) if ready else None
+        blocks = self.schedule.call_blocks(group, ready, self.waiting) if group else 0
       if idle:
         self.warmup.next_idle()
         continue
@@ -328,19 +288,9 @@ class Engine:
     """Waits (lock held) until the jobs that ended last are replaced by new requests, or the
     hold ends, and admits what came; those not back by then are new requests when they come."""
     if not self.draining and len(self.active) < self.max_batch:
-      began = time.perf_counter()
-      self._lock.wait_for(
-        lambda: not self.returning or self._stopped, self._hold_until - time.monotonic()
-      )
-      self.held_s += time.perf_counter() - began
+      self.schedule.hold(self._lock, lambda: self._stopped)
       self._admit()
-    self.returning = 0
-
-  def _next_group(self, jobs: list) -> list:
-    """The jobs sharing the oldest job's program (first come, first served)."""
-    oldest = min(jobs, key=lambda j: j.created)
-    key = self._group_key(oldest)
-    return [j for j in jobs if self._group_key(j) == key][: self.max_batch]
+    self.schedule.returning = 0
 
   def _program(self, settings, static_start, reuse_window=None):
     m = self.model.config.model
@@ -363,7 +313,7 @@ class Engine:
     blocks are in `pending` (the call before, not taken yet) takes them from the device. Also
     the warm-up's, with the `shape` it compiles."""
     settings = self.block_settings(group[0].settings)
-    _, seed, _ = self._group_key(group[0])
+    _, seed, _ = self.schedule.group_key(group[0])
     if seed is None:
       self._key, key = jax.random.split(self._key)
     else:
@@ -512,9 +462,7 @@ class Engine:
     if reason == 'cancelled':
       self.cancelled += 1
     if reason in ('stop', 'length'):  # its client may send its next request now (closed loop)
-      now = time.monotonic()
-      self.returning = 1 + (self.returning if now < self._hold_until else 0)
-      self._hold_until = now + HOLD * self._block_s
+      self.schedule.ended(self._block_s)
     if job.on_update:
       job.on_update(job)
     self._lock.notify_all()
