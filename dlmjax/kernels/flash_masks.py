@@ -138,7 +138,7 @@ def _two_stream_live(mask, block_BL, block_q, block_k):
   A tile covers a run of noisy blocks and/or a run of clean blocks (in-stream block indices; a
   tile may straddle the streams' boundary). A pair is live iff some covered pair is visible:
   noisy-noisy the same block, noisy query - clean key an earlier block, clean-clean the same or
-  an earlier one (attention.two_stream_visible).
+  an earlier one (two_stream_visible, above).
   """
   rows, length = block_BL.shape
   big = jnp.iinfo(jnp.int32).max
