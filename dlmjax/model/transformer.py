@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from dlmjax.model import attention, layers, lora, moe
+from dlmjax.model import attention, layers, lora, moe, moe_stats
 from dlmjax.model.presets import ModelConfig
 from dlmjax.parallel import pipeline, rules
 
@@ -179,7 +179,7 @@ def _run_layers(
   """The stacked blocks (leading axis: layers) applied in order, scanned or unrolled, with remat.
 
   Returns (x, every layer's fresh (k, v) of x stacked [layers, B, L, K, H], or None unless
-  want_kv, an MoE's router sums (moe.layer_sums) stacked over layers or None); kv_cache,
+  want_kv, an MoE's router sums (moe_stats.layer_sums) stacked over layers or None); kv_cache,
   [layers, B, S, K, H], holds the K/V each layer's slice attends to. kind overrides
   cfg.attention_mask (two_stream: Transformer.hidden's clean_BL). first: the model's index of the
   stack's first layer (a run of layers, ModelConfig.layer_runs), so LoRA dropout draws each
@@ -507,7 +507,7 @@ class Transformer(nnx.Module):
         aux=True,
       )
       if sums is not None:  # [M, L, ...]: summed over the micro-batches, then formed (as below)
-        moe.record(moe.layer_stats(jax.tree.map(lambda a: jnp.sum(a, axis=0), sums)))
+        moe_stats.record(moe_stats.layer_stats(jax.tree.map(lambda a: jnp.sum(a, axis=0), sums)))
     else:
       kvs, stats = [], []
       for key, _, start, _ in runs:  # each run of one kind of layer, scanned, in order
@@ -531,8 +531,8 @@ class Transformer(nnx.Module):
         kv = kvs[0] if len(kvs) == 1 else tuple(jnp.concatenate(c) for c in zip(*kvs))
       elif stats:  # the MoE layers' router sums only, stacked in order
         stats = stats[0] if len(stats) == 1 else jax.tree.map(lambda *s: jnp.concatenate(s), *stats)
-        # the train step's router losses and metrics (moe.collect)
-        moe.record(moe.layer_stats(stats))
+        # the train step's router losses and metrics (moe_stats.collect)
+        moe_stats.record(moe_stats.layer_stats(stats))
     if rows is not None:
       x_BLD = rules.constrain(x_BLD[:, :rows], (rules.BATCH, rules.LENGTH, rules.ACT_EMBED))
     hidden_BLD = self.final_norm(x_BLD)

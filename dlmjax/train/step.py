@@ -15,7 +15,7 @@ import optax
 
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
-from dlmjax.model import lora, moe, programs
+from dlmjax.model import lora, moe, moe_stats, programs
 from dlmjax.parallel import rules
 from dlmjax.train import optimizer as optimizer_lib
 
@@ -49,7 +49,7 @@ def make_step_fn(setup, stage):
   num_micro = config_lib.num_microbatches(config)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
   experts = config.model.moe
-  # The MoE router losses (model/moe.py) join the objective where the stage says so.
+  # The MoE router losses (model/moe_stats.py) join the objective where the stage says so.
   router_weight = dict(balance_loss=experts.balance_loss, z_loss=experts.z_loss)
   if not stage.router_losses:
     router_weight = dict(balance_loss=0.0, z_loss=0.0)
@@ -61,17 +61,17 @@ def make_step_fn(setup, stage):
       module = model_lib.merge(cfg, lora.combine(p, frozen) if setup.lora else p)
       # Adapter dropout in the train step's forward only (docs/lora.md, What is trained).
       with lora.dropout(lora.dropout_key(config.seed, step, micro_index), dropout):
-        with moe.collect() as calls:
+        with moe_stats.collect() as calls:
           value, sums = loss_fn(
             module, step=step, micro_index=micro_index, example_ids_B=example_ids, **arrays
           )
       if calls:  # an MoE: its router losses join the objective, its statistics the sums
-        stats = moe.summarize(calls)
+        stats = moe_stats.summarize(calls)
         # Each micro-batch's share of the step's mean, as the step's sum rule wants.
         weighted = [w * stats[k] for k, w in router_weight.items() if w]
         stats['router_loss'] = sum(weighted, jnp.zeros((), jnp.float32))
         value = value + stats['router_loss'] / num_micro
-        sums = dict(sums, **{moe.SUM_PREFIX + k: v for k, v in stats.items()})
+        sums = dict(sums, **{moe_stats.SUM_PREFIX + k: v for k, v in stats.items()})
       return value, sums
 
     (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(params)
@@ -113,13 +113,13 @@ def make_step_fn(setup, stage):
     # schedule's count, as Megatron's skipped iterations) stay as they were; the data moves on.
     metrics = dict(metrics_fn(sums))
     new_params = optax.apply_updates(params, updates)
-    if moe.SUM_PREFIX + 'counts' in sums:
-      metrics.update(moe.metrics(sums, num_micro))
+    if moe_stats.SUM_PREFIX + 'counts' in sums:
+      metrics.update(moe_stats.metrics(sums, num_micro))
       if stage.loss_is_objective:  # the router losses' part of the objective too
-        metrics['loss'] = metrics['loss'] + metrics[moe.SUM_PREFIX + 'router_loss']
+        metrics['loss'] = metrics['loss'] + metrics[moe_stats.SUM_PREFIX + 'router_loss']
       # Loss-free balancing: the sigmoid router's bias takes its sign update, not optax's.
       new_params = moe.balance_bias(
-        new_params, sums[moe.SUM_PREFIX + 'counts'], experts.bias_rate, old=params
+        new_params, sums[moe_stats.SUM_PREFIX + 'counts'], experts.bias_rate, old=params
       )
     finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(grad_norm)
 

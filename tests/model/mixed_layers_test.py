@@ -19,7 +19,7 @@ from flax import nnx
 from dlmjax import config as config_lib
 from dlmjax import model as model_lib
 from dlmjax import summary
-from dlmjax.model import moe, transformer
+from dlmjax.model import moe, moe_stats, transformer
 from dlmjax.train import memory
 from tests.conftest import tiny_test_config
 from tests.diffusion import tiny_sampler
@@ -91,9 +91,9 @@ def test_router_statistics_and_losses_count_the_moe_layers_only():
   cfg, params = _model()
 
   def loss(p):
-    with moe.collect() as calls:
+    with moe_stats.collect() as calls:
       logits = model_lib.merge(cfg, p)(TOKENS)
-    return jnp.mean(jnp.square(logits)) + moe.summarize(calls)['balance_loss'], calls
+    return jnp.mean(jnp.square(logits)) + moe_stats.summarize(calls)['balance_loss'], calls
 
   (_, calls), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
   (stats,) = calls

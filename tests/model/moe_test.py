@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dlmjax.model import moe
+from dlmjax.model import moe, moe_stats
 
 D, E, K, F = 16, 4, 2, 16
 
@@ -87,7 +87,7 @@ def test_statistics_count_every_assignment_and_balance_loss_is_k_when_uniform():
   layer = _layer('softmax_topk')
   x = jax.random.normal(jax.random.key(2), (2, 3, D))
   graphdef, state = nnx.split(layer)
-  stats_of = jax.jit(lambda state, x: moe.layer_stats(nnx.merge(graphdef, state).route(x)[2]))
+  stats_of = jax.jit(lambda state, x: moe_stats.layer_stats(nnx.merge(graphdef, state).route(x)[2]))
   stats = stats_of(state, x)
   assert float(stats['counts'].sum()) == 2 * 3 * K
   # A zero router: every probability 1/E, so the loss is E * sum_e f_e / E = k.
@@ -106,11 +106,11 @@ def test_statistics_of_a_split_batch_summed_are_the_whole_batch_statistics():
   graphdef, state = nnx.split(layer)
   sums_of = jax.jit(lambda state, x: nnx.merge(graphdef, state).route(x)[2])
   pieces = [sums_of(state, x[i::2]) for i in range(2)]
-  got = moe.layer_stats(jax.tree.map(lambda *a: sum(a), *pieces))
-  want = moe.layer_stats(sums_of(state, x))
+  got = moe_stats.layer_stats(jax.tree.map(lambda *a: sum(a), *pieces))
+  want = moe_stats.layer_stats(sums_of(state, x))
   for key in want:
     np.testing.assert_allclose(got[key], want[key], rtol=1e-6)
-  split = np.mean([moe.layer_stats(p)['balance_loss'] for p in pieces])
+  split = np.mean([moe_stats.layer_stats(p)['balance_loss'] for p in pieces])
   assert abs(split - want['balance_loss']) > 1e-4  # averaging the pieces' losses would differ
 
 
@@ -182,9 +182,9 @@ def test_moe_transformer_gradient_is_the_same_scanned_or_unrolled_with_or_withou
 
   def grads(cfg):
     def loss(p):
-      with moe.collect() as calls:
+      with moe_stats.collect() as calls:
         logits = model_lib.merge(cfg, p)(tokens)
-      return jnp.mean(jnp.square(logits)) + moe.summarize(calls)['balance_loss']
+      return jnp.mean(jnp.square(logits)) + moe_stats.summarize(calls)['balance_loss']
 
     return jax.jit(jax.grad(loss))(params)
 
