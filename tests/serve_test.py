@@ -109,6 +109,17 @@ def _error(response) -> dict:
   return body['error']
 
 
+@contextlib.contextmanager
+def _compile_logging(caplog):
+  """Every compilation inside the block logged to caplog (a test then finds none)."""
+  caplog.set_level(logging.WARNING)
+  jax.config.update('jax_log_compiles', True)
+  try:
+    yield
+  finally:
+    jax.config.update('jax_log_compiles', False)
+
+
 def test_a_request_while_compiling_gets_503(served):
   first = served[3]
   assert first.status_code == 503 and first.headers['Retry-After']
@@ -509,14 +520,10 @@ def test_a_blocking_dispatch_holds_back_neither_a_lone_jobs_first_block_nor_busy
   job = engine.Job(
     prompt=model.tokenizer.encode(PROMPTS[3]), settings=settings, on_update=lambda j: streamed.set()
   )
-  caplog.set_level(logging.WARNING)
-  jax.config.update('jax_log_compiles', True)
-  try:
+  with _compile_logging(caplog):
     eng.submit(job)
     eng.start()
     assert eng.drain(timeout=60)
-  finally:
-    jax.config.update('jax_log_compiles', False)
   assert job.finish_reason == 'length' and (eng.calls - warm_calls, job.chunks) == (3, 6)
   assert first_block_before_call_2 == [True]
   assert eng.busy_s - warm_busy >= 3 * device_s and eng.dispatch_s - warm_dispatch >= 3 * device_s
@@ -628,13 +635,9 @@ def test_idle_warm_up_compiles_every_width_bucket_between_requests_never_beside_
   # A new row's call and a continuing row's at each bucket; the job's 4 blocks between idle's.
   assert kinds == ['start-up'] * 2 + ['idle'] + ['job'] * 4 + ['idle']
   assert {(b, n) for _, b, n, _, _ in eng.compiled} == {(1, 32), (1, 64)}
-  caplog.set_level(logging.WARNING)
-  jax.config.update('jax_log_compiles', True)
-  try:
+  with _compile_logging(caplog):
     eng.submit(jobs[1])
     assert eng.drain(timeout=60)
-  finally:
-    jax.config.update('jax_log_compiles', False)
   assert [j.text for j in jobs] == expected
   assert not [r.getMessage() for r in caplog.records if 'Compiling' in r.getMessage()]
 
@@ -682,14 +685,10 @@ def test_a_stored_prefix_queues_its_programs_for_the_idle_warm_up(tmp_path, capl
   assert kinds == ['start-up'] * 2 + ['idle'] * 2 + ['job'] * 3 + ['idle'] * 4
   assert list(eng.prefixes) == [tuple(jobs[0].prompt[:16])]
   assert {n for _, _, n, _, window in eng.compiled if window is not None} == {32, 64}
-  caplog.set_level(logging.WARNING)
-  jax.config.update('jax_log_compiles', True)
   before = eng.prefix_rows
-  try:
+  with _compile_logging(caplog):
     eng.submit(jobs[2])
     assert eng.drain(timeout=60)
-  finally:
-    jax.config.update('jax_log_compiles', False)
   assert jobs[2].finish_reason and kinds[4 + 3 + 4 :] == ['job'] * 3
   assert eng.prefix_rows - before == 3  # its every call ran after the stored prefix
   assert not [r.getMessage() for r in caplog.records if 'Compiling' in r.getMessage()]

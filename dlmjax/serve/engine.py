@@ -253,9 +253,12 @@ class Engine:
           self._launcher.shutdown(wait=False)
           return
         ready = [j for j in self.active if self.schedule.wants_block(j)]
-        if ready and self.schedule.returning:
-          self._hold()
-          ready = [j for j in self.active if self.schedule.wants_block(j)]
+        if ready and self.schedule.returning:  # jobs just ended: their clients may be back
+          room = not self.draining and len(self.active) < self.max_batch
+          self.schedule.hold(self._lock, lambda: self._stopped, room=room)
+          if room:
+            self._admit()
+            ready = [j for j in self.active if self.schedule.wants_block(j)]
         # Idle (no job waits or decodes, nothing in flight): the next warm-up call, if any.
         idle = not ready and pending is None
         if idle and not (self.warmup.queue and not self.draining):
@@ -283,14 +286,6 @@ class Engine:
       stored = self.prefixes.remember(job)
       if stored:  # the idle warm-up compiles the programs of rows after it (warmup.py)
         self.warmup.plan_prefix(stored, job.settings)
-
-  def _hold(self) -> None:
-    """Waits (lock held) until the jobs that ended last are replaced by new requests, or the
-    hold ends, and admits what came; those not back by then are new requests when they come."""
-    if not self.draining and len(self.active) < self.max_batch:
-      self.schedule.hold(self._lock, lambda: self._stopped)
-      self._admit()
-    self.schedule.returning = 0
 
   def _program(self, settings, static_start, reuse_window=None):
     m = self.model.config.model

@@ -97,9 +97,12 @@ class Schedule:
     """A request came: perhaps one of those held for."""
     self.returning = max(0, self.returning - 1)
 
-  def hold(self, lock: threading.Condition, stopped) -> None:
-    """Waits on the lock (held) until every client held for came back, `stopped()`, or the
-    hold ends."""
-    began = time.perf_counter()
-    lock.wait_for(lambda: not self.returning or stopped(), self._hold_until - time.monotonic())
-    self.held_s += time.perf_counter() - began
+  def hold(self, lock: threading.Condition, stopped, *, room: bool) -> None:
+    """With room for them, waits on the lock (held) until every client held for came back,
+    `stopped()`, or the hold ends; either way the hold is over: those not back by then are new
+    requests when they come."""
+    if room:
+      began = time.perf_counter()
+      lock.wait_for(lambda: not self.returning or stopped(), self._hold_until - time.monotonic())
+      self.held_s += time.perf_counter() - began
+    self.returning = 0
